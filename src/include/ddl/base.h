@@ -1,0 +1,64 @@
+// ddl/base.h: memory, logging and random numbers shared by every engine module.
+// No MPI and no BLAS here.
+#ifndef DDL_BASE_H
+#define DDL_BASE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ddl/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DDL_ALIGN 64
+
+// ---- memory ----------------------------------------------------------------
+// All engine memory goes through these. Allocations are 64-byte aligned and counted,
+// so tests can assert that a steady-state step allocates nothing.
+// ddl_malloc returns NULL on failure (and for size 0 returns a valid unique pointer).
+DDL_EXTERN void  *ddl_malloc(size_t bytes);
+DDL_EXTERN void  *ddl_calloc(size_t count, size_t size);
+DDL_EXTERN void   ddl_free(void *p);
+// Number of successful ddl_malloc/ddl_calloc calls since start (monotonic).
+DDL_EXTERN uint64_t ddl_alloc_count(void);
+// Bytes currently allocated through ddl_malloc/ddl_calloc.
+DDL_EXTERN int64_t  ddl_alloc_bytes_live(void);
+
+// ---- logging ---------------------------------------------------------------
+typedef enum { DDL_LOG_ERROR = 0, DDL_LOG_WARN = 1, DDL_LOG_INFO = 2, DDL_LOG_DEBUG = 3 } ddl_log_level;
+typedef void (*ddl_log_cb)(ddl_log_level level, const char *msg, void *user_data);
+// Routes engine log lines to cb (NULL restores the default: stderr for WARN and above).
+DDL_EXTERN void ddl_log_set(ddl_log_cb cb, void *user_data);
+DDL_EXTERN void ddl_log(ddl_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+// ---- errors ----------------------------------------------------------------
+// Records an error message for this thread and returns code; used by DDL_REQUIRE.
+DDL_EXTERN ddl_status ddl_set_error(ddl_status code, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+// ---- random numbers --------------------------------------------------------
+// Counter-based generator: the value at (seed, stream, index) never depends on the
+// order of calls, so a parameter's initial value can be a function of its global
+// index alone (partition-invariant initialization).
+DDL_EXTERN uint64_t ddl_rng_u64(uint64_t seed, uint64_t stream, uint64_t index);
+// Uniform in [0, 1) with 53 random bits.
+DDL_EXTERN double   ddl_rng_uniform(uint64_t seed, uint64_t stream, uint64_t index);
+// Standard normal (Box-Muller on two counter draws).
+DDL_EXTERN double   ddl_rng_normal(uint64_t seed, uint64_t stream, uint64_t index);
+
+// A sequential stream for things that are naturally sequential (shuffles, dropout).
+typedef struct ddl_rng {
+    uint64_t seed;
+    uint64_t stream;
+    uint64_t counter;
+} ddl_rng;
+DDL_EXTERN void     ddl_rng_init(ddl_rng *r, uint64_t seed, uint64_t stream);
+DDL_EXTERN uint64_t ddl_rng_next_u64(ddl_rng *r);
+DDL_EXTERN double   ddl_rng_next_uniform(ddl_rng *r);
+
+#ifdef __cplusplus
+}
+#endif
+#endif // DDL_BASE_H

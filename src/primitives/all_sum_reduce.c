@@ -1,0 +1,1 @@
+// all_sum_reduce: implementation in progress

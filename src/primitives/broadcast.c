@@ -1,0 +1,1 @@
+// broadcast: implementation in progress

@@ -1,0 +1,1 @@
+// halo_exchange: implementation in progress

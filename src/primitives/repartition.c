@@ -1,0 +1,1 @@
+// repartition: implementation in progress

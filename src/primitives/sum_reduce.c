@@ -1,0 +1,1 @@
+// sum_reduce: implementation in progress

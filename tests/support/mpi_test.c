@@ -1,0 +1,73 @@
+// tests/support/mpi_test.c: shared MPI test helpers.
+#include <math.h>
+
+#include "mpi_test.h"
+
+void ddl_test_mpi_init(int *argc, char ***argv)
+{
+    MPI_Init(argc, argv);
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(MPI_COMM_WORLD, &ddl_test_rank);
+}
+
+int ddl_test_mpi_finalize(void)
+{
+    MPI_Barrier(MPI_COMM_WORLD);
+    MPI_Finalize();
+    return 0;
+}
+
+void ddl_test_require_ranks(int n)
+{
+    int size;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (size < n) {
+        if (ddl_test_rank == 0) {
+            fprintf(stderr, "skipped: needs %d ranks, have %d\n", n, size);
+        }
+        MPI_Finalize();
+        exit(DDL_TEST_SKIP);
+    }
+}
+
+double ddl_test_adjoint_error(MPI_Comm comm, const ddl_tensor_t *x, const ddl_tensor_t *Fx,
+                              const ddl_tensor_t *y, const ddl_tensor_t *Fty)
+{
+    double loc[6] = {ddl_tensor_dot(Fx, y),  ddl_tensor_dot(x, Fty), ddl_tensor_dot(x, x),
+                     ddl_tensor_dot(Fx, Fx), ddl_tensor_dot(y, y),   ddl_tensor_dot(Fty, Fty)};
+    double g[6];
+    MPI_Allreduce(loc, g, 6, MPI_DOUBLE, MPI_SUM, comm);
+    double d = fmax(sqrt(g[3]) * sqrt(g[4]), sqrt(g[2]) * sqrt(g[5]));
+    if (d == 0.0) {
+        return fabs(g[0] - g[1]);
+    }
+    return fabs(g[0] - g[1]) / d;
+}
+
+double ddl_test_adjoint_tol(ddl_dtype dt)
+{
+    return dt == DDL_F64 ? 1e-13 : 1e-5;
+}
+
+ddl_partition_t *ddl_test_partition_range(int first, int ndim, const int *shape)
+{
+    int n = 1;
+    for (int i = 0; i < ndim; i++) {
+        n *= shape[i];
+    }
+    int ranks[256];
+    for (int i = 0; i < n; i++) {
+        ranks[i] = first + i;
+    }
+    ddl_partition_t *P = NULL;
+    ASSERT_OK(ddl_partition_create(MPI_COMM_WORLD, n, ranks, ndim, shape, &P));
+    return P;
+}
+
+ddl_tensor_t *ddl_test_random(ddl_dtype dt, const ddl_shape *shape, uint64_t seed)
+{
+    ddl_tensor_t *t = NULL;
+    ASSERT_OK(ddl_tensor_create(dt, shape, &t));
+    ddl_tensor_fill_uniform(t, seed, (uint64_t)(ddl_test_rank + 1));
+    return t;
+}

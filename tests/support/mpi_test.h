@@ -1,0 +1,35 @@
+// tests/support/mpi_test.h: MPI test helpers: init/finalize, the adjoint test, and
+// gathering a distributed tensor onto one rank.
+#ifndef DDL_MPI_TEST_H
+#define DDL_MPI_TEST_H
+
+#include <mpi.h>
+
+#include "ddl/primitives.h"
+#include "test.h"
+
+// MPI_Init, errors-return on COMM_WORLD, and ddl_test_rank.
+void ddl_test_mpi_init(int *argc, char ***argv);
+// Barrier and MPI_Finalize; returns 0 for main to return.
+int  ddl_test_mpi_finalize(void);
+// Skips (exit 7 on every rank) when the world has fewer than n ranks.
+void ddl_test_require_ranks(int n);
+
+// The adjoint (dot-product) test over comm: x and Fx are this rank's blocks of x and
+// F x; y and Fty of y and F* y. Returns
+//   |<Fx, y> - <x, F*y>| / max(|Fx||y|, |x||F*y|)
+// (0 when both inner products and norms vanish), identical on every rank of comm.
+double ddl_test_adjoint_error(MPI_Comm comm, const ddl_tensor_t *x, const ddl_tensor_t *Fx,
+                              const ddl_tensor_t *y, const ddl_tensor_t *Fty);
+
+// Tolerance by dtype: 1e-13 for f64, 1e-5 for f32.
+double ddl_test_adjoint_tol(ddl_dtype dt);
+
+// Creates a partition over world ranks [first, first + prod(shape)).
+ddl_partition_t *ddl_test_partition_range(int first, int ndim, const int *shape);
+
+// Creates a tensor of the given shape filled with seeded uniform values in [-1, 1)
+// (seed mixed with this rank so ranks differ).
+ddl_tensor_t *ddl_test_random(ddl_dtype dt, const ddl_shape *shape, uint64_t seed);
+
+#endif // DDL_MPI_TEST_H

@@ -1,0 +1,75 @@
+// tests/test.h: the test kit. Assertions print the expression, both values, the rank
+// and file:line; a failing rank calls MPI_Abort so mpirun fails instead of hanging.
+// A skipped test exits with DDL_TEST_SKIP (wired to ctest's SKIP_RETURN_CODE).
+#ifndef DDL_TEST_H
+#define DDL_TEST_H
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "ddl/status.h"
+
+#define DDL_TEST_SKIP 7
+
+// Set by MPI tests (ddl_test_mpi_init); -1 in unit tests.
+extern int ddl_test_rank;
+void ddl_test_fail(void) __attribute__((noreturn));
+
+#define TEST_FAIL_(...)                                                             \
+    do {                                                                            \
+        fprintf(stderr, "[rank %d] %s:%d: ", ddl_test_rank, __FILE__, __LINE__);    \
+        fprintf(stderr, __VA_ARGS__);                                               \
+        fprintf(stderr, "\n");                                                      \
+        ddl_test_fail();                                                            \
+    } while (0)
+
+#define ASSERT_TRUE(c)                              \
+    do {                                            \
+        if (!(c)) {                                 \
+            TEST_FAIL_("assertion failed: %s", #c); \
+        }                                           \
+    } while (0)
+
+#define ASSERT_OK(expr)                                                                   \
+    do {                                                                                  \
+        ddl_status st__ = (expr);                                                         \
+        if (st__ != DDL_OK) {                                                             \
+            TEST_FAIL_("%s returned %s: %s", #expr, ddl_status_name(st__), ddl_last_error()); \
+        }                                                                                 \
+    } while (0)
+
+#define ASSERT_STATUS(expr, want)                                                      \
+    do {                                                                               \
+        ddl_status st__ = (expr);                                                      \
+        if (st__ != (want)) {                                                          \
+            TEST_FAIL_("%s returned %s, expected %s (%s)", #expr, ddl_status_name(st__), \
+                       ddl_status_name(want), ddl_last_error());                       \
+        }                                                                              \
+    } while (0)
+
+#define ASSERT_EQ(a, b)                                                                       \
+    do {                                                                                      \
+        long long a__ = (long long)(a), b__ = (long long)(b);                                 \
+        if (a__ != b__) {                                                                     \
+            TEST_FAIL_("%s == %s failed: %lld != %lld", #a, #b, a__, b__);                    \
+        }                                                                                     \
+    } while (0)
+
+#define ASSERT_NEAR(a, b, tol)                                                                \
+    do {                                                                                      \
+        double a__ = (double)(a), b__ = (double)(b), t__ = (double)(tol);                     \
+        if (!(fabs(a__ - b__) <= t__)) {                                                      \
+            TEST_FAIL_("|%s - %s| <= %g failed: %.17g vs %.17g", #a, #b, t__, a__, b__);      \
+        }                                                                                     \
+    } while (0)
+
+#define ASSERT_LE(a, b)                                                                       \
+    do {                                                                                      \
+        double a__ = (double)(a), b__ = (double)(b);                                          \
+        if (!(a__ <= b__)) {                                                                  \
+            TEST_FAIL_("%s <= %s failed: %.17g > %.17g", #a, #b, a__, b__);                   \
+        }                                                                                     \
+    } while (0)
+
+#endif // DDL_TEST_H

@@ -1,0 +1,122 @@
+// Unit tests of tensors and box movement (pack/unpack with copy and add).
+#include <string.h>
+
+#include "ddl/base.h"
+#include "ddl/tensor.h"
+#include "test.h"
+
+static void test_create(void)
+{
+    ddl_tensor_t *t;
+    ddl_shape     s = ddl_shape_make(3, (int64_t[]){2, 3, 4});
+    ASSERT_OK(ddl_tensor_create(DDL_F32, &s, &t));
+    ASSERT_EQ(ddl_tensor_numel(t), 24);
+    ASSERT_EQ(((uintptr_t)t->data) % 64, 0);
+    ASSERT_EQ(ddl_tensor_get(t, 5), 0);
+    ddl_tensor_destroy(&t);
+    ASSERT_TRUE(t == NULL);
+    ddl_tensor_destroy(&t);  // NULL-safe
+    ddl_shape z = ddl_shape_make(2, (int64_t[]){0, 5});
+    ASSERT_OK(ddl_tensor_create(DDL_F64, &z, &t));
+    ASSERT_EQ(ddl_tensor_numel(t), 0);
+    ddl_tensor_destroy(&t);
+    ddl_shape bad = ddl_shape_make(2, (int64_t[]){-1, 5});
+    ASSERT_STATUS(ddl_tensor_create(DDL_F64, &bad, &t), DDL_EINVAL);
+    ddl_shape big = {.ndim = 9};
+    ASSERT_STATUS(ddl_tensor_create(DDL_F64, &big, &t), DDL_EINVAL);
+}
+
+// Packs every sub-box of a small 3-D tensor and checks against direct indexing.
+static void test_pack_unpack(ddl_dtype dt)
+{
+    ddl_tensor_t *t;
+    ddl_shape     s = ddl_shape_make(3, (int64_t[]){4, 5, 6});
+    ASSERT_OK(ddl_tensor_create(dt, &s, &t));
+    for (int64_t i = 0; i < 120; i++) {
+        ddl_tensor_set(t, i, (double)i);
+    }
+    double buf64[120];
+    float  buf32[120];
+    void  *buf = dt == DDL_F64 ? (void *)buf64 : (void *)buf32;
+    for (int a0 = 0; a0 < 4; a0++)
+        for (int a1 = a0; a1 <= 4; a1++)
+            for (int b0 = 0; b0 < 5; b0 += 2)
+                for (int b1 = b0; b1 <= 5; b1++)
+                    for (int c0 = 0; c0 < 6; c0 += 3)
+                        for (int c1 = c0; c1 <= 6; c1 += 2) {
+                            ddl_box b = ddl_box_make(3, (int64_t[]){a0, b0, c0},
+                                                     (int64_t[]){a1, b1, c1});
+                            ddl_tensor_pack(t, &b, buf);
+                            int64_t k = 0;
+                            for (int i = a0; i < a1; i++)
+                                for (int j = b0; j < b1; j++)
+                                    for (int l = c0; l < c1; l++, k++) {
+                                        double got = dt == DDL_F64 ? buf64[k] : buf32[k];
+                                        ASSERT_EQ(got, i * 30 + j * 6 + l);
+                                    }
+                            ASSERT_EQ(k, ddl_box_numel(&b));
+                            // unpack_add doubles the box, unpack restores it.
+                            ddl_tensor_unpack_add(t, &b, buf);
+                            if (k > 0) {
+                                ASSERT_EQ(ddl_tensor_get(t, a0 * 30 + b0 * 6 + c0),
+                                          2 * (a0 * 30 + b0 * 6 + c0));
+                            }
+                            ddl_tensor_unpack(t, &b, buf);
+                            for (int64_t i = 0; i < 120; i++) {
+                                ASSERT_EQ(ddl_tensor_get(t, i), i);
+                            }
+                        }
+    // Box-to-box copy between tensors of different shapes, and zeroing.
+    ddl_tensor_t *u;
+    ddl_shape     su = ddl_shape_make(3, (int64_t[]){2, 7, 3});
+    ASSERT_OK(ddl_tensor_create(dt, &su, &u));
+    ddl_box bx = ddl_box_make(3, (int64_t[]){1, 1, 2}, (int64_t[]){3, 4, 5});
+    ddl_box by = ddl_box_make(3, (int64_t[]){0, 4, 0}, (int64_t[]){2, 7, 3});
+    ddl_tensor_copy_box(t, &bx, u, &by);
+    ASSERT_EQ(ddl_tensor_get(u, 0 * 21 + 4 * 3 + 0), 1 * 30 + 1 * 6 + 2);
+    ASSERT_EQ(ddl_tensor_get(u, 1 * 21 + 6 * 3 + 2), 2 * 30 + 3 * 6 + 4);
+    ddl_tensor_add_box(t, &bx, u, &by);
+    ASSERT_EQ(ddl_tensor_get(u, 1 * 21 + 6 * 3 + 2), 2 * (2 * 30 + 3 * 6 + 4));
+    ddl_tensor_zero_box(u, &by);
+    for (int64_t i = 0; i < 42; i++) {
+        ASSERT_EQ(ddl_tensor_get(u, i), 0);
+    }
+    ddl_tensor_destroy(&u);
+    ddl_tensor_destroy(&t);
+}
+
+static void test_alloc_counting(void)
+{
+    int64_t live = ddl_alloc_bytes_live();
+    void   *p    = ddl_malloc(1000);
+    ASSERT_EQ(((uintptr_t)p) % 64, 0);
+    ASSERT_EQ(ddl_alloc_bytes_live(), live + 1000);
+    ddl_free(p);
+    ASSERT_EQ(ddl_alloc_bytes_live(), live);
+}
+
+static void test_rng(void)
+{
+    // Counter-based: the same (seed, stream, index) gives the same value.
+    ASSERT_EQ(ddl_rng_u64(1, 2, 3), ddl_rng_u64(1, 2, 3));
+    ASSERT_TRUE(ddl_rng_u64(1, 2, 3) != ddl_rng_u64(1, 2, 4));
+    ASSERT_TRUE(ddl_rng_u64(1, 2, 3) != ddl_rng_u64(2, 2, 3));
+    double mean = 0;
+    for (int i = 0; i < 100000; i++) {
+        double u = ddl_rng_uniform(7, 0, (uint64_t)i);
+        ASSERT_TRUE(u >= 0 && u < 1);
+        mean += u;
+    }
+    ASSERT_NEAR(mean / 100000, 0.5, 0.01);
+}
+
+int main(void)
+{
+    test_create();
+    test_pack_unpack(DDL_F64);
+    test_pack_unpack(DDL_F32);
+    test_alloc_counting();
+    test_rng();
+    printf("test_tensor: ok\n");
+    return 0;
+}

@@ -1,0 +1,1 @@
+// batchnorm: being written

@@ -1,0 +1,1 @@
+// conv: being written

@@ -1,0 +1,1 @@
+// gemm: being written

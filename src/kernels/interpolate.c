@@ -1,0 +1,1 @@
+// interpolate: being written

@@ -1,0 +1,239 @@
+// ddl/layers.h: distributed layers = primitives composed with sequential kernels.
+//
+// A layer maps a distributed input x (global shape x_global, decomposed balanced over
+// P_in) to a distributed output y (y_global over P_out). Its backward is the reverse
+// composition of its parts' adjoints: given dy it writes dx and ACCUMULATES (+=) into
+// the gradients of its parameters (ddl_layer_zero_grad clears them).
+//
+// Parameters follow DistDL's placement: each global element of a parameter lives on
+// exactly one owner rank (Linear: blocks over P_w with the bias on column 0; feature
+// conv: rank 0 of P_x, broadcast to the others; ...). ddl_param records the global
+// shape (PyTorch layout) and the box of it held on this rank, so initialization is
+// partition-invariant (a value depends only on the seed and the global index) and
+// parameters can be gathered, checkpointed and redistributed generically.
+//
+// Every rank calls every layer function (ranks outside a layer's partitions pass and
+// receive zero-volume tensors). Creation is collective over the world of the
+// partitions and fails alike on every rank for a bad configuration.
+#ifndef DDL_LAYERS_H
+#define DDL_LAYERS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "ddl/partition.h"
+#include "ddl/primitives.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DDL_LAYER_MAX_PARAMS 4
+
+typedef enum {
+    DDL_INIT_NONE = 0,
+    DDL_INIT_KAIMING_UNIFORM,  // U(-b, b), b = sqrt(6 / ((1 + a^2) fan_in)), a = sqrt(5) (PyTorch)
+    DDL_INIT_FAN_IN_UNIFORM,   // U(-1/sqrt(fan_in), 1/sqrt(fan_in)) (PyTorch's bias init)
+    DDL_INIT_ONES,
+    DDL_INIT_ZEROS,
+} ddl_init_kind;
+
+typedef struct ddl_param {
+    char          name[32];  // "weight", "bias"
+    ddl_shape     global;    // PyTorch layout (conv [C_out, C_in, k...], linear [out, in])
+    ddl_box       box;       // the global box held on this rank (empty when not an owner)
+    ddl_tensor_t *value;     // local piece, shape = box shape
+    ddl_tensor_t *grad;      // same shape; accumulated by backward
+    ddl_init_kind init;
+    int64_t       fan_in;
+} ddl_param;
+
+typedef struct ddl_layer ddl_layer_t;
+
+typedef struct ddl_layer_ops {
+    ddl_status (*forward)(ddl_layer_t *L, const ddl_tensor_t *x, ddl_tensor_t *y);
+    ddl_status (*backward)(ddl_layer_t *L, const ddl_tensor_t *dy, ddl_tensor_t *dx);
+    void (*destroy)(ddl_layer_t *L);  // frees impl (params are freed by the framework)
+} ddl_layer_ops;
+
+struct ddl_layer {
+    const ddl_layer_ops   *ops;
+    char                   kind[32];
+    ddl_dtype              dt;
+    ddl_shape              x_global, y_global;
+    ddl_shape              x_shape, y_shape;  // local shapes on this rank
+    const ddl_partition_t *P_in, *P_out;      // borrowed: must outlive the layer
+    bool                   training;
+    int                    nparams;
+    ddl_param              params[DDL_LAYER_MAX_PARAMS];
+    void                  *impl;
+};
+
+// ---- framework ---------------------------------------------------------------
+// y = L(x). x and y must have the layer's local shapes on this rank.
+DDL_EXTERN ddl_status ddl_layer_forward(ddl_layer_t *L, const ddl_tensor_t *x, ddl_tensor_t *y);
+// dx = (dL/dx)^T dy (overwrites dx); parameter gradients += (dL/dp)^T dy. Needs the
+// state saved by the most recent forward.
+DDL_EXTERN ddl_status ddl_layer_backward(ddl_layer_t *L, const ddl_tensor_t *dy, ddl_tensor_t *dx);
+// NULL-safe; sets *L to NULL.
+DDL_EXTERN void       ddl_layer_destroy(ddl_layer_t **L);
+DDL_EXTERN void       ddl_layer_zero_grad(ddl_layer_t *L);
+DDL_EXTERN void       ddl_layer_set_training(ddl_layer_t *L, bool training);
+// Initializes every parameter from (seed, stream_base + parameter index) by global index.
+DDL_EXTERN void       ddl_layer_init_params(ddl_layer_t *L, uint64_t seed, uint64_t stream_base);
+
+// Framework helpers for layer implementations.
+// Allocates a layer with zeroed fields and the given ops/kind.
+DDL_EXTERN ddl_status ddl_layer_alloc(const ddl_layer_ops *ops, const char *kind, ddl_dtype dt,
+                                      ddl_layer_t **out);
+// Adds a parameter of global shape `global` of which this rank holds `box` (empty box:
+// not an owner). Allocates value and grad (zero).
+DDL_EXTERN ddl_status ddl_layer_add_param(ddl_layer_t *L, const char *name, const ddl_shape *global,
+                                          const ddl_box *box, ddl_init_kind init, int64_t fan_in);
+
+// Fills t, the piece `box` of a tensor of global shape `global`, with the values the
+// global tensor has under init (seeded by (seed, stream), by global flat index).
+DDL_EXTERN void ddl_init_fill(ddl_tensor_t *t, const ddl_box *box, const ddl_shape *global,
+                              ddl_init_kind init, int64_t fan_in, uint64_t seed, uint64_t stream);
+// Fills t with uniform [-1, 1) values by global flat index (a partition-invariant
+// random tensor: the same global values whatever the decomposition).
+DDL_EXTERN void ddl_fill_global_uniform(ddl_tensor_t *t, const ddl_box *box,
+                                        const ddl_shape *global, uint64_t seed, uint64_t stream);
+
+// ---- layers ------------------------------------------------------------------
+// Each constructor validates everything before any communication (same verdict on
+// every rank, DDL_EINVAL with a message naming the value) and is collective over the
+// union of the partitions it is given. Partitions are borrowed and must outlive the
+// layer. Local shapes: L->x_shape / L->y_shape.
+
+// Linear (DistDL DistributedLinear): x [batch, in] over P_x = [1, P_fi], weight [out, in]
+// over P_w = [P_fo, P_fi] (block (r, c) on P_w rank (r, c); bias [out] on column 0),
+// y [batch, out] over P_y = [1, P_fo]. y = SumReduce_{P_w -> P_y, transpose_src}(
+// x_local W_rc^T + b_r) after x is broadcast from P_x down the columns of P_w.
+DDL_EXTERN ddl_status ddl_linear_create(const ddl_partition_t *P_x, const ddl_partition_t *P_y,
+                                        const ddl_partition_t *P_w, ddl_dtype dt, int64_t batch,
+                                        int64_t in_features, int64_t out_features, bool bias,
+                                        ddl_layer_t **out);
+
+// Convolution 1/2/3-D (nsp spatial dims). x_global [N, C_in, spatial...].
+//  - only P_x given (P_y = P_w = NULL): feature-partitioned, P_x = [1, 1, S...]; weight
+//    and bias on P_x rank 0, broadcast to the others; halo exchange on the input.
+//  - P_y and P_w given and every spatial entry of P_x, P_y is 1: channel-partitioned,
+//    P_x [1, P_ci, 1...], P_y [1, P_co, 1...], P_w [P_co, P_ci, 1...].
+//  - P_y and P_w given otherwise: general (channels and space), P_w [P_co, P_ci, S...].
+// Giving exactly one of P_y / P_w is an error (DistDL's selector).
+typedef struct ddl_conv_params {
+    int     nsp;
+    int64_t in_channels, out_channels;
+    int64_t kernel[3], stride[3], padding[3], dilation[3];
+    bool    bias;
+} ddl_conv_params;
+DDL_EXTERN ddl_status ddl_conv_create(const ddl_partition_t *P_x, const ddl_partition_t *P_y,
+                                      const ddl_partition_t *P_w, ddl_dtype dt,
+                                      const ddl_shape *x_global, const ddl_conv_params *p,
+                                      ddl_layer_t **out);
+
+// Max / average pooling 1/2/3-D on a feature partition P_x = [1, 1, S...] (halo
+// exchange). stride 0 means stride = kernel (PyTorch's default; DistDL defaults to 1,
+// which we do not follow). Average pooling counts padding (count_include_pad=True) and
+// refuses dilation != 1.
+typedef enum { DDL_POOL_MAX = 0, DDL_POOL_AVG = 1 } ddl_pool_kind;
+typedef struct ddl_pool_params {
+    int           nsp;
+    ddl_pool_kind kind;
+    int64_t       kernel[3], stride[3], padding[3], dilation[3];
+} ddl_pool_params;
+DDL_EXTERN ddl_status ddl_pool_create(const ddl_partition_t *P_x, ddl_dtype dt,
+                                      const ddl_shape *x_global, const ddl_pool_params *p,
+                                      ddl_layer_t **out);
+
+// Batch normalization over dim 1 of x [N, C, spatial...] partitioned any way by P_x.
+// Statistics by SumReduce to the [0, c, 0...] ranks and Broadcast back; gamma/beta
+// (affine) live on those ranks. Running statistics use PyTorch's unbiased variance.
+// momentum < 0 means the cumulative average (PyTorch's momentum=None).
+DDL_EXTERN ddl_status ddl_batchnorm_create(const ddl_partition_t *P_x, ddl_dtype dt,
+                                           const ddl_shape *x_global, double eps, double momentum,
+                                           bool affine, ddl_layer_t **out);
+
+// Upsampling (nearest / linear) of x [N, C, spatial...] on a feature partition; give
+// scale_factor (per spatial dim) or size (per spatial dim), the other NULL.
+typedef enum { DDL_UPSAMPLE_NEAREST = 0, DDL_UPSAMPLE_LINEAR = 1 } ddl_upsample_mode;
+DDL_EXTERN ddl_status ddl_upsample_create(const ddl_partition_t *P_x, ddl_dtype dt,
+                                          const ddl_shape *x_global, ddl_upsample_mode mode,
+                                          bool align_corners, const double *scale_factor,
+                                          const int64_t *size, ddl_layer_t **out);
+
+// Repartition as a layer: x over P_x to y over P_y (same global shape).
+DDL_EXTERN ddl_status ddl_repartition_layer_create(const ddl_partition_t *P_x,
+                                                   const ddl_partition_t *P_y, ddl_dtype dt,
+                                                   const ddl_shape *x_global, ddl_layer_t **out);
+
+// Flatten [N, C, spatial...] over P_x = [P_n, P_c, 1...] to [N, C * prod(spatial)] over
+// P_y = [P_n, P_c] (same ranks); rebalances with a Repartition when the channel split
+// does not give balanced feature blocks.
+DDL_EXTERN ddl_status ddl_flatten_create(const ddl_partition_t *P_x, const ddl_partition_t *P_y,
+                                         ddl_dtype dt, const ddl_shape *x_global,
+                                         ddl_layer_t **out);
+
+// Pointwise activations on any partition (local): ReLU, LeakyReLU(alpha), Sigmoid,
+// Tanh, GELU, and Dropout(p = alpha; identity when not training; the mask is drawn by
+// global index so it does not depend on the partition).
+typedef enum {
+    DDL_ACT_RELU = 0,
+    DDL_ACT_LEAKY_RELU,
+    DDL_ACT_SIGMOID,
+    DDL_ACT_TANH,
+    DDL_ACT_GELU,
+    DDL_ACT_DROPOUT,
+} ddl_act_kind;
+DDL_EXTERN ddl_status ddl_activation_create(const ddl_partition_t *P_x, ddl_dtype dt,
+                                            const ddl_shape *x_global, ddl_act_kind kind,
+                                            double alpha, uint64_t seed, ddl_layer_t **out);
+
+// ---- losses ------------------------------------------------------------------
+// A loss of x (over P_x) against a target of the same layout (or integer class labels
+// for cross-entropy). With a reduction other than none the value is a scalar on P_x
+// rank 0 (local sums reduced by SumReduce; the adjoint broadcasts the upstream gradient
+// back to every rank). Cross-entropy takes x [batch, classes] with the class
+// dimension split over P_x's dimension 1 (max and sum of exponentials by all-sum-reduce).
+typedef enum {
+    DDL_LOSS_MSE = 0,
+    DDL_LOSS_L1,
+    DDL_LOSS_BCE,
+    DDL_LOSS_BCE_WITH_LOGITS,
+    DDL_LOSS_KL_DIV,
+    DDL_LOSS_POISSON_NLL,
+    DDL_LOSS_CROSS_ENTROPY,
+} ddl_loss_kind;
+typedef enum {
+    DDL_REDUCTION_NONE = 0,
+    DDL_REDUCTION_SUM,
+    DDL_REDUCTION_MEAN,
+    DDL_REDUCTION_BATCHMEAN,  // KL divergence only: sum / batch size
+} ddl_reduction;
+
+typedef struct ddl_loss ddl_loss_t;
+DDL_EXTERN ddl_status ddl_loss_create(const ddl_partition_t *P_x, ddl_dtype dt,
+                                      const ddl_shape *x_global, ddl_loss_kind kind,
+                                      ddl_reduction reduction, ddl_loss_t **out);
+DDL_EXTERN void       ddl_loss_destroy(ddl_loss_t **l);
+// Local shape of x (and of target) on this rank; for cross-entropy the labels are
+// int64 [local batch rows].
+DDL_EXTERN ddl_shape  ddl_loss_x_shape(const ddl_loss_t *l);
+// Forward. target: same local shape as x (NULL for cross-entropy); labels: int64 per
+// local batch row (cross-entropy only). Reduced losses: *value on P_x rank 0 (0 on
+// other ranks). Reduction none: per-element losses into `elementwise` (x's local shape;
+// for cross-entropy [local batch rows], held by the column-0 ranks of P_x).
+DDL_EXTERN ddl_status ddl_loss_forward(ddl_loss_t *l, const ddl_tensor_t *x,
+                                       const ddl_tensor_t *target, const int64_t *labels,
+                                       double *value, ddl_tensor_t *elementwise);
+// Backward: dx = d(loss)/dx times the upstream gradient (dvalue for reduced losses,
+// meaningful on P_x rank 0 and broadcast by the adjoint; the elementwise gradient
+// tensor for reduction none). Overwrites dx. Uses the state of the last forward.
+DDL_EXTERN ddl_status ddl_loss_backward(ddl_loss_t *l, double dvalue,
+                                        const ddl_tensor_t *delementwise, ddl_tensor_t *dx);
+
+#ifdef __cplusplus
+}
+#endif
+#endif // DDL_LAYERS_H

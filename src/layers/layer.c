@@ -1,0 +1,189 @@
+// layers/layer.c: the layer framework: lifecycle, parameters and partition-invariant
+// initialization.
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "ddl/base.h"
+#include "ddl/layers.h"
+
+// ---- lifecycle ---------------------------------------------------------------
+
+ddl_status ddl_layer_alloc(const ddl_layer_ops *ops, const char *kind, ddl_dtype dt,
+                           ddl_layer_t **out)
+{
+    ddl_layer_t *L = ddl_calloc(1, sizeof *L);
+    if (L == NULL) {
+        return ddl_set_error(DDL_ENOMEM, "%s: out of memory", kind);
+    }
+    L->ops = ops;
+    snprintf(L->kind, sizeof L->kind, "%s", kind);
+    L->dt       = dt;
+    L->training = true;
+    *out        = L;
+    return DDL_OK;
+}
+
+ddl_status ddl_layer_add_param(ddl_layer_t *L, const char *name, const ddl_shape *global,
+                               const ddl_box *box, ddl_init_kind init, int64_t fan_in)
+{
+    DDL_REQUIRE(L->nparams < DDL_LAYER_MAX_PARAMS, DDL_EINTERNAL, "%s: too many parameters",
+                L->kind);
+    ddl_param *p = &L->params[L->nparams];
+    memset(p, 0, sizeof *p);
+    snprintf(p->name, sizeof p->name, "%s", name);
+    p->global     = *global;
+    p->box        = *box;
+    p->init       = init;
+    p->fan_in     = fan_in;
+    ddl_shape s   = ddl_box_shape(box);
+    ddl_status st = ddl_tensor_create(L->dt, &s, &p->value);
+    if (st == DDL_OK) {
+        st = ddl_tensor_create(L->dt, &s, &p->grad);
+    }
+    if (st != DDL_OK) {
+        ddl_tensor_destroy(&p->value);
+        return st;
+    }
+    L->nparams++;
+    return DDL_OK;
+}
+
+ddl_status ddl_layer_forward(ddl_layer_t *L, const ddl_tensor_t *x, ddl_tensor_t *y)
+{
+    DDL_REQUIRE(ddl_shape_equal(&x->shape, &L->x_shape) && x->dtype == L->dt, DDL_ESHAPE,
+                "%s: input has the wrong local shape or dtype", L->kind);
+    DDL_REQUIRE(ddl_shape_equal(&y->shape, &L->y_shape) && y->dtype == L->dt, DDL_ESHAPE,
+                "%s: output has the wrong local shape or dtype", L->kind);
+    return L->ops->forward(L, x, y);
+}
+
+ddl_status ddl_layer_backward(ddl_layer_t *L, const ddl_tensor_t *dy, ddl_tensor_t *dx)
+{
+    DDL_REQUIRE(ddl_shape_equal(&dy->shape, &L->y_shape) && dy->dtype == L->dt, DDL_ESHAPE,
+                "%s: output gradient has the wrong local shape or dtype", L->kind);
+    DDL_REQUIRE(ddl_shape_equal(&dx->shape, &L->x_shape) && dx->dtype == L->dt, DDL_ESHAPE,
+                "%s: input gradient has the wrong local shape or dtype", L->kind);
+    return L->ops->backward(L, dy, dx);
+}
+
+void ddl_layer_destroy(ddl_layer_t **L)
+{
+    if (L == NULL || *L == NULL) {
+        return;
+    }
+    if ((*L)->ops != NULL && (*L)->ops->destroy != NULL) {
+        (*L)->ops->destroy(*L);
+    }
+    for (int i = 0; i < (*L)->nparams; i++) {
+        ddl_tensor_destroy(&(*L)->params[i].value);
+        ddl_tensor_destroy(&(*L)->params[i].grad);
+    }
+    ddl_free(*L);
+    *L = NULL;
+}
+
+void ddl_layer_zero_grad(ddl_layer_t *L)
+{
+    for (int i = 0; i < L->nparams; i++) {
+        ddl_tensor_zero(L->params[i].grad);
+    }
+}
+
+void ddl_layer_set_training(ddl_layer_t *L, bool training)
+{
+    L->training = training;
+}
+
+void ddl_layer_init_params(ddl_layer_t *L, uint64_t seed, uint64_t stream_base)
+{
+    for (int i = 0; i < L->nparams; i++) {
+        ddl_param *p = &L->params[i];
+        ddl_init_fill(p->value, &p->box, &p->global, p->init, p->fan_in, seed,
+                      stream_base + (uint64_t)i);
+    }
+}
+
+// ---- partition-invariant fills -------------------------------------------------
+
+// Calls fn for every element of box (row-major), with its global flat index.
+static void for_box(ddl_tensor_t *t, const ddl_box *box, const ddl_shape *global,
+                    double (*fn)(const void *ctx, uint64_t g), const void *ctx)
+{
+    int64_t n = ddl_box_numel(box);
+    if (n == 0) {
+        return;
+    }
+    int     nd = box->ndim;
+    int64_t idx[DDL_MAX_DIMS], stride[DDL_MAX_DIMS], acc = 1;
+    for (int d = nd - 1; d >= 0; d--) {
+        stride[d] = acc;
+        acc *= global->d[d];
+        idx[d] = box->start[d];
+    }
+    for (int64_t i = 0; i < n; i++) {
+        int64_t g = 0;
+        for (int d = 0; d < nd; d++) {
+            g += idx[d] * stride[d];
+        }
+        ddl_tensor_set(t, i, fn(ctx, (uint64_t)g));
+        for (int d = nd - 1; d >= 0; d--) {
+            if (++idx[d] < box->stop[d]) {
+                break;
+            }
+            idx[d] = box->start[d];
+        }
+    }
+}
+
+typedef struct fill_ctx {
+    uint64_t seed, stream;
+    double   bound;
+    double   constant;
+} fill_ctx;
+
+static double fill_uniform(const void *ctx, uint64_t g)
+{
+    const fill_ctx *c = ctx;
+    return c->bound * (2.0 * ddl_rng_uniform(c->seed, c->stream, g) - 1.0);
+}
+
+static double fill_constant(const void *ctx, uint64_t g)
+{
+    (void)g;
+    return ((const fill_ctx *)ctx)->constant;
+}
+
+void ddl_init_fill(ddl_tensor_t *t, const ddl_box *box, const ddl_shape *global, ddl_init_kind init,
+                   int64_t fan_in, uint64_t seed, uint64_t stream)
+{
+    fill_ctx c  = {.seed = seed, .stream = stream};
+    double   fi = fan_in > 0 ? (double)fan_in : 1.0;
+    switch (init) {
+    case DDL_INIT_KAIMING_UNIFORM:
+        // PyTorch: kaiming_uniform_(a=sqrt(5)) gives bound = sqrt(6/((1+5) fan_in)) = 1/sqrt(fan_in).
+        c.bound = sqrt(6.0 / (6.0 * fi));
+        for_box(t, box, global, fill_uniform, &c);
+        break;
+    case DDL_INIT_FAN_IN_UNIFORM:
+        c.bound = 1.0 / sqrt(fi);
+        for_box(t, box, global, fill_uniform, &c);
+        break;
+    case DDL_INIT_ONES:
+        c.constant = 1.0;
+        for_box(t, box, global, fill_constant, &c);
+        break;
+    case DDL_INIT_ZEROS:
+    case DDL_INIT_NONE:
+        ddl_tensor_zero(t);
+        break;
+    }
+}
+
+void ddl_fill_global_uniform(ddl_tensor_t *t, const ddl_box *box, const ddl_shape *global,
+                             uint64_t seed, uint64_t stream)
+{
+    fill_ctx c = {.seed = seed, .stream = stream, .bound = 1.0};
+    for_box(t, box, global, fill_uniform, &c);
+}
+

@@ -1,0 +1,366 @@
+// tools/verify/layer_checks.c: adjoint, sequential-equivalence and finite-difference
+// checks of distributed layers, generic over the layer framework.
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "ddl/base.h"
+#include "ddl/collect.h"
+#include "ddl/npy.h"
+#include "layer_checks.h"
+
+#define CK(expr)                      \
+    do {                              \
+        st = (expr);                  \
+        if (st != DDL_OK) {           \
+            goto done;                \
+        }                             \
+    } while (0)
+
+// Streams of the random tensors used by the checks.
+enum { S_X = 101, S_DY = 102, S_PARAM = 200 };
+
+static int world_rank(void)
+{
+    int r;
+    MPI_Comm_rank(MPI_COMM_WORLD, &r);
+    return r;
+}
+
+static ddl_box in_box(const ddl_layer_t *L)
+{
+    return ddl_partition_local_box(L->P_in, &L->x_global);
+}
+
+static ddl_box out_box(const ddl_layer_t *L)
+{
+    return ddl_partition_local_box(L->P_out, &L->y_global);
+}
+
+// A local tensor holding this rank's piece of a partition-invariant random global tensor.
+static ddl_status global_random(ddl_dtype dt, const ddl_shape *local, const ddl_box *box,
+                                const ddl_shape *global, uint64_t seed, uint64_t stream,
+                                ddl_tensor_t **out)
+{
+    ddl_status st = ddl_tensor_create(dt, local, out);
+    if (st == DDL_OK) {
+        ddl_fill_global_uniform(*out, box, global, seed, stream);
+    }
+    return st;
+}
+
+static ddl_status build(const ddl_layer_builder *b, bool seq, ddl_dtype dt, ddl_layer_t **L)
+{
+    ddl_status st = b->build(b->ctx, seq, dt, L);
+    if (st == DDL_OK) {
+        ddl_layer_init_params(*L, b->seed, S_PARAM);
+        ddl_layer_set_training(*L, b->training);
+    }
+    return st;
+}
+
+static double allsum(double v)
+{
+    double g;
+    MPI_Allreduce(&v, &g, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    return g;
+}
+
+// |<a, b> - <c, d>| / max(|a||b|, |c||d|) with global sums.
+static double adjoint_ratio(const ddl_tensor_t *Jv, const ddl_tensor_t *dy, const ddl_tensor_t *v,
+                            const ddl_tensor_t *Jtdy)
+{
+    double loc[6] = {ddl_tensor_dot(Jv, dy), ddl_tensor_dot(v, Jtdy), ddl_tensor_dot(Jv, Jv),
+                     ddl_tensor_dot(dy, dy), ddl_tensor_dot(v, v),    ddl_tensor_dot(Jtdy, Jtdy)};
+    double g[6];
+    MPI_Allreduce(loc, g, 6, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    double d = fmax(sqrt(g[2] * g[3]), sqrt(g[4] * g[5]));
+    return d == 0.0 ? fabs(g[0] - g[1]) : fabs(g[0] - g[1]) / d;
+}
+
+static void sub_inplace(ddl_tensor_t *a, const ddl_tensor_t *b)
+{
+    int64_t n = ddl_tensor_numel(a);
+    for (int64_t i = 0; i < n; i++) {
+        ddl_tensor_set(a, i, ddl_tensor_get(a, i) - ddl_tensor_get(b, i));
+    }
+}
+
+static void finish(ddl_check_result *r, const ddl_layer_t *L)
+{
+    r->nparams = L->nparams;
+    r->max     = r->err_input;
+    for (int i = 0; i < L->nparams; i++) {
+        snprintf(r->param_names[i], sizeof r->param_names[i], "%s", L->params[i].name);
+        r->max = fmax(r->max, r->err_param[i]);
+    }
+}
+
+ddl_status ddl_check_adjoint(const ddl_layer_builder *b, ddl_dtype dt, ddl_check_result *out)
+{
+    memset(out, 0, sizeof *out);
+    ddl_layer_t  *L  = NULL;
+    ddl_tensor_t *x = NULL, *zero_x = NULL, *y1 = NULL, *y0 = NULL, *dy = NULL, *dx = NULL;
+    ddl_tensor_t *keep = NULL;
+    ddl_status    st;
+    CK(build(b, false, dt, &L));
+    ddl_box xb = in_box(L), yb = out_box(L);
+    CK(global_random(dt, &L->x_shape, &xb, &L->x_global, b->seed, S_X, &x));
+    CK(global_random(dt, &L->y_shape, &yb, &L->y_global, b->seed, S_DY, &dy));
+    CK(ddl_tensor_create(dt, &L->x_shape, &zero_x));
+    CK(ddl_tensor_create(dt, &L->y_shape, &y1));
+    CK(ddl_tensor_create(dt, &L->y_shape, &y0));
+    CK(ddl_tensor_create(dt, &L->x_shape, &dx));
+    // Input: J x = F(x) - F(0) with the parameters as they are.
+    CK(ddl_layer_forward(L, x, y1));
+    CK(ddl_layer_forward(L, zero_x, y0));
+    sub_inplace(y1, y0);
+    ddl_layer_zero_grad(L);
+    CK(ddl_layer_forward(L, x, y0));
+    CK(ddl_layer_backward(L, dy, dx));
+    out->err_input = adjoint_ratio(y1, dy, x, dx);
+    // Each parameter p: J_p p = F(p) - F(p = 0) at the same x; gradient from backward.
+    for (int i = 0; i < L->nparams; i++) {
+        ddl_param *p = &L->params[i];
+        ddl_tensor_destroy(&keep);
+        CK(ddl_tensor_create(dt, &p->value->shape, &keep));
+        CK(ddl_tensor_copy(p->value, keep));
+        CK(ddl_layer_forward(L, x, y1));
+        ddl_tensor_zero(p->value);
+        CK(ddl_layer_forward(L, x, y0));
+        CK(ddl_tensor_copy(keep, p->value));
+        sub_inplace(y1, y0);
+        ddl_layer_zero_grad(L);
+        CK(ddl_layer_forward(L, x, y0));
+        CK(ddl_layer_backward(L, dy, dx));
+        out->err_param[i] = adjoint_ratio(y1, dy, p->value, p->grad);
+    }
+    finish(out, L);
+done:
+    ddl_tensor_destroy(&keep);
+    ddl_tensor_destroy(&x);
+    ddl_tensor_destroy(&zero_x);
+    ddl_tensor_destroy(&y1);
+    ddl_tensor_destroy(&y0);
+    ddl_tensor_destroy(&dy);
+    ddl_tensor_destroy(&dx);
+    ddl_layer_destroy(&L);
+    return st;
+}
+
+// One run of a layer: forward then backward on the global random x and dy.
+typedef struct run {
+    ddl_layer_t  *L;
+    ddl_tensor_t *x, *y, *dy, *dx;
+} run;
+
+static void run_free(run *r)
+{
+    ddl_tensor_destroy(&r->x);
+    ddl_tensor_destroy(&r->y);
+    ddl_tensor_destroy(&r->dy);
+    ddl_tensor_destroy(&r->dx);
+    ddl_layer_destroy(&r->L);
+}
+
+static ddl_status run_layer(const ddl_layer_builder *b, bool seq, ddl_dtype dt, run *r)
+{
+    memset(r, 0, sizeof *r);
+    ddl_status st;
+    CK(build(b, seq, dt, &r->L));
+    ddl_layer_t *L  = r->L;
+    ddl_box      xb = in_box(L), yb = out_box(L);
+    CK(global_random(dt, &L->x_shape, &xb, &L->x_global, b->seed, S_X, &r->x));
+    CK(global_random(dt, &L->y_shape, &yb, &L->y_global, b->seed, S_DY, &r->dy));
+    CK(ddl_tensor_create(dt, &L->y_shape, &r->y));
+    CK(ddl_tensor_create(dt, &L->x_shape, &r->dx));
+    ddl_layer_zero_grad(L);
+    CK(ddl_layer_forward(L, r->x, r->y));
+    CK(ddl_layer_backward(L, r->dy, r->dx));
+done:
+    return st;
+}
+
+// Gathers a distributed piece to rank 0 into a new global tensor (NULL elsewhere).
+static ddl_status gather(const ddl_tensor_t *local, const ddl_box *box, const ddl_shape *global,
+                         ddl_tensor_t **out)
+{
+    *out          = NULL;
+    ddl_status st = DDL_OK;
+    if (world_rank() == 0) {
+        st = ddl_tensor_create(local->dtype, global, out);
+    }
+    int ok = st == DDL_OK, all;
+    MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    if (!all) {
+        ddl_tensor_destroy(out);
+        return st != DDL_OK ? st : ddl_set_error(DDL_ENOMEM, "gather: root out of memory");
+    }
+    return ddl_gather_boxes(MPI_COMM_WORLD, 0, local, box, global, *out);
+}
+
+// max |a - b| / max(max |b|, 1e-30) on rank 0, broadcast to all.
+static double compare(const ddl_tensor_t *a, const ddl_tensor_t *b)
+{
+    double e = 0.0;
+    if (world_rank() == 0) {
+        double num = 0, den = 0;
+        int64_t n  = ddl_tensor_numel(b);
+        for (int64_t i = 0; i < n; i++) {
+            num = fmax(num, fabs(ddl_tensor_get(a, i) - ddl_tensor_get(b, i)));
+            den = fmax(den, fabs(ddl_tensor_get(b, i)));
+        }
+        e = den > 0 ? num / den : num;
+    }
+    MPI_Bcast(&e, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+    return e;
+}
+
+ddl_status ddl_check_sequential(const ddl_layer_builder *b, ddl_dtype dt, ddl_check_result *out)
+{
+    memset(out, 0, sizeof *out);
+    run           d = {0}, s = {0};
+    ddl_tensor_t *g = NULL;
+    ddl_status    st;
+    CK(run_layer(b, false, dt, &d));
+    CK(run_layer(b, true, dt, &s));
+    ddl_box yb = out_box(d.L), xb = in_box(d.L);
+    CK(gather(d.y, &yb, &d.L->y_global, &g));
+    double ey = compare(g, s.y);
+    ddl_tensor_destroy(&g);
+    CK(gather(d.dx, &xb, &d.L->x_global, &g));
+    out->err_input = fmax(ey, compare(g, s.dx));
+    ddl_tensor_destroy(&g);
+    for (int i = 0; i < d.L->nparams; i++) {
+        ddl_param *p = &d.L->params[i];
+        CK(gather(p->grad, &p->box, &p->global, &g));
+        out->err_param[i] = compare(g, s.L->params[i].grad);
+        ddl_tensor_destroy(&g);
+    }
+    finish(out, d.L);
+done:
+    ddl_tensor_destroy(&g);
+    run_free(&d);
+    run_free(&s);
+    return st;
+}
+
+// <F(x), r> summed over the world.
+static ddl_status objective(run *r, double *out)
+{
+    ddl_status st = ddl_layer_forward(r->L, r->x, r->y);
+    if (st == DDL_OK) {
+        *out = allsum(ddl_tensor_dot(r->y, r->dy));
+    }
+    return st;
+}
+
+// Local flat offset of global flat index g inside box (or -1 if not inside).
+static int64_t local_offset(const ddl_box *box, const ddl_shape *global, int64_t g)
+{
+    int64_t coord[DDL_MAX_DIMS];
+    for (int d = global->ndim - 1; d >= 0; d--) {
+        coord[d] = g % global->d[d];
+        g /= global->d[d];
+    }
+    int64_t off = 0;
+    for (int d = 0; d < global->ndim; d++) {
+        if (coord[d] < box->start[d] || coord[d] >= box->stop[d]) {
+            return -1;
+        }
+        off = off * (box->stop[d] - box->start[d]) + (coord[d] - box->start[d]);
+    }
+    return off;
+}
+
+// Finite differences over `points` sampled global indices of one distributed tensor
+// (t holds this rank's piece `box`; grad its analytic gradient).
+static ddl_status fd_tensor(run *r, ddl_tensor_t *t, const ddl_tensor_t *grad, const ddl_box *box,
+                            const ddl_shape *global, int points, double *err)
+{
+    const double eps = 1e-6;
+    int64_t      n   = ddl_shape_numel(global);
+    *err             = 0.0;
+    for (int k = 0; k < points && n > 0; k++) {
+        int64_t g   = (int64_t)(ddl_rng_u64(12345, 7, (uint64_t)k) % (uint64_t)n);
+        int64_t off = local_offset(box, global, g);
+        double  keep = off >= 0 ? ddl_tensor_get(t, off) : 0.0;
+        double  ana  = allsum(off >= 0 ? ddl_tensor_get(grad, off) : 0.0);
+        double  fp, fm;
+        if (off >= 0) {
+            ddl_tensor_set(t, off, keep + eps);
+        }
+        ddl_status st = objective(r, &fp);
+        if (off >= 0) {
+            ddl_tensor_set(t, off, keep - eps);
+        }
+        if (st == DDL_OK) {
+            st = objective(r, &fm);
+        }
+        if (off >= 0) {
+            ddl_tensor_set(t, off, keep);
+        }
+        if (st != DDL_OK) {
+            return st;
+        }
+        double num = (fp - fm) / (2 * eps);
+        *err       = fmax(*err, fabs(num - ana) / fmax(1.0, fmax(fabs(num), fabs(ana))));
+    }
+    return DDL_OK;
+}
+
+ddl_status ddl_check_gradcheck(const ddl_layer_builder *b, int points, ddl_check_result *out)
+{
+    memset(out, 0, sizeof *out);
+    run        r = {0};
+    ddl_status st;
+    CK(run_layer(b, false, DDL_F64, &r));
+    ddl_box xb = in_box(r.L);
+    CK(fd_tensor(&r, r.x, r.dx, &xb, &r.L->x_global, points, &out->err_input));
+    for (int i = 0; i < r.L->nparams; i++) {
+        ddl_param *p = &r.L->params[i];
+        CK(fd_tensor(&r, p->value, p->grad, &p->box, &p->global, points, &out->err_param[i]));
+    }
+    finish(out, r.L);
+done:
+    run_free(&r);
+    return st;
+}
+
+static ddl_status dump_one(const char *dir, const char *name, const ddl_tensor_t *local,
+                           const ddl_box *box, const ddl_shape *global)
+{
+    ddl_tensor_t *g  = NULL;
+    ddl_status    st = gather(local, box, global, &g);
+    if (st == DDL_OK && world_rank() == 0) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s.npy", dir, name);
+        st = ddl_npy_write(path, g);
+    }
+    ddl_tensor_destroy(&g);
+    int ok = st == DDL_OK, all;
+    MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    return all ? DDL_OK : (st != DDL_OK ? st : ddl_set_error(DDL_EIO, "dump failed on rank 0"));
+}
+
+ddl_status ddl_check_dump(const ddl_layer_builder *b, ddl_dtype dt, const char *dir)
+{
+    run        r = {0};
+    ddl_status st;
+    CK(run_layer(b, false, dt, &r));
+    ddl_box xb = in_box(r.L), yb = out_box(r.L);
+    CK(dump_one(dir, "x", r.x, &xb, &r.L->x_global));
+    CK(dump_one(dir, "dy", r.dy, &yb, &r.L->y_global));
+    CK(dump_one(dir, "y", r.y, &yb, &r.L->y_global));
+    CK(dump_one(dir, "dx", r.dx, &xb, &r.L->x_global));
+    for (int i = 0; i < r.L->nparams; i++) {
+        ddl_param *p = &r.L->params[i];
+        char       dname[40];
+        snprintf(dname, sizeof dname, "d%s", p->name);
+        CK(dump_one(dir, p->name, p->value, &p->box, &p->global));
+        CK(dump_one(dir, dname, p->grad, &p->box, &p->global));
+    }
+done:
+    run_free(&r);
+    return st;
+}

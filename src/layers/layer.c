@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "base/check.h"
 #include "ddl/base.h"
 #include "ddl/layers.h"
 

@@ -1,1 +1,343 @@
-// activation: being written
+// kernels/activation.c: elementwise activations and dropout, forward and backward.
+//
+// n = number of elements; every array is [n] of the dtype given. The math is done in
+// double per element and rounded once on store. Backward accumulates (dx += ...).
+//
+// Each kernel body is written once with the dtype as a parameter and force-inlined
+// into a call with a constant dtype (and activation kind), so the compiler emits one
+// specialised loop per (kind, dtype) with no per-element branching on either.
+// References: the PyTorch docs of torch.nn.ReLU, LeakyReLU, Sigmoid, Tanh, GELU and Dropout
+// (https://pytorch.org/docs/stable/nn.html, "Non-linear Activations").
+#include <math.h>
+
+#include "base/check.h"
+#include "ddl/base.h"
+#include "ddl/kernels_pointwise.h"
+
+#define KERNEL static inline __attribute__((always_inline))
+
+// ---- dtype access -------------------------------------------------------------
+
+KERNEL double ld(ddl_dtype dt, const void *p, int64_t i)
+{
+    return dt == DDL_F32 ? (double)((const float *)p)[i] : ((const double *)p)[i];
+}
+
+KERNEL void st(ddl_dtype dt, void *p, int64_t i, double v)
+{
+    if (dt == DDL_F32) {
+        ((float *)p)[i] = (float)v;
+    } else {
+        ((double *)p)[i] = v;
+    }
+}
+
+// p[i] += v, rounded once.
+KERNEL void acc(ddl_dtype dt, void *p, int64_t i, double v)
+{
+    if (dt == DDL_F32) {
+        ((float *)p)[i] = (float)((double)((float *)p)[i] + v);
+    } else {
+        ((double *)p)[i] += v;
+    }
+}
+
+static ddl_status check_common(const char *who, ddl_dtype dt, int64_t n)
+{
+    DDL_REQUIRE(dt == DDL_F32 || dt == DDL_F64, DDL_EINVAL, "%s: unknown dtype %d", who, (int)dt);
+    DDL_REQUIRE(n >= 0, DDL_EINVAL, "%s: element count %lld < 0", who, (long long)n);
+    return DDL_OK;
+}
+
+// ---- elementwise math -----------------------------------------------------------
+
+#define INV_SQRT2    0.70710678118654752440
+#define INV_SQRT_2PI 0.39894228040143267794
+
+KERNEL double sigmoid(double x)
+{
+    // Split by sign so exp never overflows.
+    if (x >= 0.0) {
+        return 1.0 / (1.0 + exp(-x));
+    }
+    double e = exp(x);
+    return e / (1.0 + e);
+}
+
+KERNEL double act_f(ddl_activation act, double a, double x)
+{
+    switch (act) {
+    case DDL_ACTIVATION_RELU:
+        return (x > 0.0 || isnan(x)) ? x : 0.0; // NaN propagates, as in clamp_min
+    case DDL_ACTIVATION_LEAKY_RELU:
+        return x > 0.0 ? x : a * x;
+    case DDL_ACTIVATION_SIGMOID:
+        return sigmoid(x);
+    case DDL_ACTIVATION_TANH:
+        return tanh(x);
+    case DDL_ACTIVATION_GELU:
+        return 0.5 * x * (1.0 + erf(x * INV_SQRT2));
+    }
+    return 0.0;
+}
+
+// f'(x) from the saved input x or output y (whichever the kind uses).
+KERNEL double act_df(ddl_activation act, double a, double x, double y)
+{
+    switch (act) {
+    case DDL_ACTIVATION_RELU:
+        return y > 0.0 ? 1.0 : 0.0;
+    case DDL_ACTIVATION_LEAKY_RELU:
+        return x > 0.0 ? 1.0 : a;
+    case DDL_ACTIVATION_SIGMOID:
+        return y * (1.0 - y);
+    case DDL_ACTIVATION_TANH:
+        return 1.0 - y * y;
+    case DDL_ACTIVATION_GELU:
+        return 0.5 * (1.0 + erf(x * INV_SQRT2)) + x * INV_SQRT_2PI * exp(-0.5 * x * x);
+    }
+    return 0.0;
+}
+
+KERNEL bool act_needs_x(ddl_activation act)
+{
+    return act == DDL_ACTIVATION_LEAKY_RELU || act == DDL_ACTIVATION_GELU;
+}
+
+static const char *act_name(ddl_activation act)
+{
+    switch (act) {
+    case DDL_ACTIVATION_RELU:
+        return "relu";
+    case DDL_ACTIVATION_LEAKY_RELU:
+        return "leaky_relu";
+    case DDL_ACTIVATION_SIGMOID:
+        return "sigmoid";
+    case DDL_ACTIVATION_TANH:
+        return "tanh";
+    case DDL_ACTIVATION_GELU:
+        return "gelu";
+    }
+    return "activation";
+}
+
+// ---- generic kernels ------------------------------------------------------------
+
+// y = f(x); x, y [n].
+KERNEL void act_forward_kernel(ddl_dtype dt, ddl_activation act, double a, void *y,
+                               const void *x, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        st(dt, y, i, act_f(act, a, ld(dt, x, i)));
+    }
+}
+
+// dx += dy * f'(x); dx, dy, x, y [n] (only the one the kind needs is read).
+KERNEL void act_backward_kernel(ddl_dtype dt, ddl_activation act, double a, void *dx,
+                                const void *dy, const void *x, const void *y, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        double xi = act_needs_x(act) ? ld(dt, x, i) : 0.0;
+        double yi = act_needs_x(act) ? 0.0 : ld(dt, y, i);
+        acc(dt, dx, i, ld(dt, dy, i) * act_df(act, a, xi, yi));
+    }
+}
+
+KERNEL ddl_status act_forward(ddl_activation act, double a, ddl_dtype dt, void *y,
+                              const void *x, int64_t n)
+{
+    DDL_CHECK(check_common(act_name(act), dt, n));
+    DDL_REQUIRE(n == 0 || (x && y), DDL_EINVAL, "%s_forward: NULL x or y with n = %lld",
+                act_name(act), (long long)n);
+    if (dt == DDL_F32) {
+        act_forward_kernel(DDL_F32, act, a, y, x, n);
+    } else {
+        act_forward_kernel(DDL_F64, act, a, y, x, n);
+    }
+    return DDL_OK;
+}
+
+KERNEL ddl_status act_backward(ddl_activation act, double a, ddl_dtype dt, void *dx,
+                               const void *dy, const void *x, const void *y, int64_t n)
+{
+    DDL_CHECK(check_common(act_name(act), dt, n));
+    if (dx == NULL || n == 0) {
+        return DDL_OK;
+    }
+    const void *saved = act_needs_x(act) ? x : y;
+    DDL_REQUIRE(dy && saved, DDL_EINVAL, "%s_backward: NULL dy or saved %s", act_name(act),
+                act_needs_x(act) ? "input x" : "output y");
+    if (dt == DDL_F32) {
+        act_backward_kernel(DDL_F32, act, a, dx, dy, x, y, n);
+    } else {
+        act_backward_kernel(DDL_F64, act, a, dx, dy, x, y, n);
+    }
+    return DDL_OK;
+}
+
+// ---- named activations ------------------------------------------------------------
+
+ddl_status ddl_relu_forward(ddl_dtype dt, void *y, const void *x, int64_t n)
+{
+    return act_forward(DDL_ACTIVATION_RELU, 0.0, dt, y, x, n);
+}
+
+ddl_status ddl_relu_backward(ddl_dtype dt, void *dx, const void *dy, const void *y, int64_t n)
+{
+    return act_backward(DDL_ACTIVATION_RELU, 0.0, dt, dx, dy, NULL, y, n);
+}
+
+ddl_status ddl_leaky_relu_forward(ddl_dtype dt, void *y, const void *x, int64_t n,
+                                  double negative_slope)
+{
+    return act_forward(DDL_ACTIVATION_LEAKY_RELU, negative_slope, dt, y, x, n);
+}
+
+ddl_status ddl_leaky_relu_backward(ddl_dtype dt, void *dx, const void *dy, const void *x,
+                                   int64_t n, double negative_slope)
+{
+    return act_backward(DDL_ACTIVATION_LEAKY_RELU, negative_slope, dt, dx, dy, x, NULL, n);
+}
+
+ddl_status ddl_sigmoid_forward(ddl_dtype dt, void *y, const void *x, int64_t n)
+{
+    return act_forward(DDL_ACTIVATION_SIGMOID, 0.0, dt, y, x, n);
+}
+
+ddl_status ddl_sigmoid_backward(ddl_dtype dt, void *dx, const void *dy, const void *y, int64_t n)
+{
+    return act_backward(DDL_ACTIVATION_SIGMOID, 0.0, dt, dx, dy, NULL, y, n);
+}
+
+ddl_status ddl_tanh_forward(ddl_dtype dt, void *y, const void *x, int64_t n)
+{
+    return act_forward(DDL_ACTIVATION_TANH, 0.0, dt, y, x, n);
+}
+
+ddl_status ddl_tanh_backward(ddl_dtype dt, void *dx, const void *dy, const void *y, int64_t n)
+{
+    return act_backward(DDL_ACTIVATION_TANH, 0.0, dt, dx, dy, NULL, y, n);
+}
+
+ddl_status ddl_gelu_forward(ddl_dtype dt, void *y, const void *x, int64_t n)
+{
+    return act_forward(DDL_ACTIVATION_GELU, 0.0, dt, y, x, n);
+}
+
+ddl_status ddl_gelu_backward(ddl_dtype dt, void *dx, const void *dy, const void *x, int64_t n)
+{
+    return act_backward(DDL_ACTIVATION_GELU, 0.0, dt, dx, dy, x, NULL, n);
+}
+
+ddl_status ddl_activation_forward(ddl_activation act, double param, ddl_dtype dt, void *y,
+                                  const void *x, int64_t n)
+{
+    switch (act) {
+    case DDL_ACTIVATION_RELU:
+        return ddl_relu_forward(dt, y, x, n);
+    case DDL_ACTIVATION_LEAKY_RELU:
+        return ddl_leaky_relu_forward(dt, y, x, n, param);
+    case DDL_ACTIVATION_SIGMOID:
+        return ddl_sigmoid_forward(dt, y, x, n);
+    case DDL_ACTIVATION_TANH:
+        return ddl_tanh_forward(dt, y, x, n);
+    case DDL_ACTIVATION_GELU:
+        return ddl_gelu_forward(dt, y, x, n);
+    }
+    return ddl_set_error(DDL_EINVAL, "activation_forward: unknown activation %d", (int)act);
+}
+
+ddl_status ddl_activation_backward(ddl_activation act, double param, ddl_dtype dt, void *dx,
+                                   const void *dy, const void *x, const void *y, int64_t n)
+{
+    switch (act) {
+    case DDL_ACTIVATION_RELU:
+        return ddl_relu_backward(dt, dx, dy, y, n);
+    case DDL_ACTIVATION_LEAKY_RELU:
+        return ddl_leaky_relu_backward(dt, dx, dy, x, n, param);
+    case DDL_ACTIVATION_SIGMOID:
+        return ddl_sigmoid_backward(dt, dx, dy, y, n);
+    case DDL_ACTIVATION_TANH:
+        return ddl_tanh_backward(dt, dx, dy, y, n);
+    case DDL_ACTIVATION_GELU:
+        return ddl_gelu_backward(dt, dx, dy, x, n);
+    }
+    return ddl_set_error(DDL_EINVAL, "activation_backward: unknown activation %d", (int)act);
+}
+
+// ---- dropout ------------------------------------------------------------------------
+
+// Element i is kept when its counter draw is at least p; draws are in [0, 1), so p = 0
+// keeps everything and p = 1 drops everything.
+KERNEL bool dropout_keep(double p, uint64_t seed, uint64_t stream, uint64_t offset, int64_t i)
+{
+    return ddl_rng_uniform(seed, stream, offset + (uint64_t)i) >= p;
+}
+
+// y = x * keep / (1 - p); mask [n] written when non-NULL.
+KERNEL void dropout_forward_kernel(ddl_dtype dt, void *y, uint8_t *mask, const void *x,
+                                   int64_t n, double p, double scale, uint64_t seed,
+                                   uint64_t stream, uint64_t offset)
+{
+    for (int64_t i = 0; i < n; i++) {
+        bool keep = dropout_keep(p, seed, stream, offset, i);
+        if (mask) {
+            mask[i] = keep ? 1 : 0;
+        }
+        st(dt, y, i, keep ? ld(dt, x, i) * scale : 0.0);
+    }
+}
+
+// dx += dy * keep / (1 - p), keep from mask or recomputed.
+KERNEL void dropout_backward_kernel(ddl_dtype dt, void *dx, const void *dy, const uint8_t *mask,
+                                    int64_t n, double p, double scale, uint64_t seed,
+                                    uint64_t stream, uint64_t offset)
+{
+    for (int64_t i = 0; i < n; i++) {
+        bool keep = mask ? mask[i] != 0 : dropout_keep(p, seed, stream, offset, i);
+        if (keep) {
+            acc(dt, dx, i, ld(dt, dy, i) * scale);
+        }
+    }
+}
+
+static ddl_status dropout_check(const char *who, ddl_dtype dt, int64_t n, double p)
+{
+    DDL_CHECK(check_common(who, dt, n));
+    DDL_REQUIRE(p >= 0.0 && p <= 1.0, DDL_EINVAL,
+                "%s: dropout probability has to be between 0 and 1, but got %g", who, p);
+    return DDL_OK;
+}
+
+ddl_status ddl_dropout_forward(ddl_dtype dt, void *y, uint8_t *mask, const void *x, int64_t n,
+                               double p, uint64_t seed, uint64_t stream, uint64_t offset)
+{
+    DDL_CHECK(dropout_check("dropout_forward", dt, n, p));
+    DDL_REQUIRE(n == 0 || (x && y), DDL_EINVAL, "dropout_forward: NULL x or y with n = %lld",
+                (long long)n);
+    double scale = p < 1.0 ? 1.0 / (1.0 - p) : 0.0;
+    if (dt == DDL_F32) {
+        dropout_forward_kernel(DDL_F32, y, mask, x, n, p, scale, seed, stream, offset);
+    } else {
+        dropout_forward_kernel(DDL_F64, y, mask, x, n, p, scale, seed, stream, offset);
+    }
+    return DDL_OK;
+}
+
+ddl_status ddl_dropout_backward(ddl_dtype dt, void *dx, const void *dy, const uint8_t *mask,
+                                int64_t n, double p, uint64_t seed, uint64_t stream,
+                                uint64_t offset)
+{
+    DDL_CHECK(dropout_check("dropout_backward", dt, n, p));
+    if (dx == NULL || n == 0) {
+        return DDL_OK;
+    }
+    DDL_REQUIRE(dy != NULL, DDL_EINVAL, "dropout_backward: NULL dy with n = %lld", (long long)n);
+    double scale = p < 1.0 ? 1.0 / (1.0 - p) : 0.0;
+    if (dt == DDL_F32) {
+        dropout_backward_kernel(DDL_F32, dx, dy, mask, n, p, scale, seed, stream, offset);
+    } else {
+        dropout_backward_kernel(DDL_F64, dx, dy, mask, n, p, scale, seed, stream, offset);
+    }
+    return DDL_OK;
+}

@@ -1,1 +1,403 @@
-// batchnorm: being written
+// kernels/batchnorm.c: batch-normalization statistics, normalization and backward.
+//
+// x, y, dx, dy are [N, C, S] (S = product of the spatial dims, 1 for [N, C]); the
+// element (n, c, s) sits at (n*C + c)*S + s, so each (n, c) row of S values is
+// contiguous. Per channel c, over V values (V = N*S locally, or the global count when
+// the sums come from an all-reduce):
+//   mean = sum(x)/V,  var = sum((x - mean)^2)/V,  invstd = 1/sqrt(var + eps)
+//   xhat = (x - mean)*invstd,  y = gamma*xhat + beta
+//   dx  += gamma*invstd*(dy - sum(dy)/V - xhat*sum(dy*xhat)/V)
+//   dgamma += sum(dy*xhat),  dbeta += sum(dy)
+// The variance takes two passes (sum, then squared deviations about the mean), which
+// is what DistDL does and avoids the cancellation of E[x^2] - E[x]^2. All sums are in
+// double. Reference: https://pytorch.org/docs/stable/generated/torch.nn.BatchNorm2d.html
+// and, for the backward, the batch_norm_backward_reduce / _elemt split of PyTorch's
+// SyncBatchNorm, which is the same decomposition the distributed layer uses.
+#include <math.h>
+
+#include "base/check.h"
+#include "ddl/base.h"
+#include "ddl/kernels_pointwise.h"
+
+#define KERNEL static inline __attribute__((always_inline))
+
+// ---- dtype access -------------------------------------------------------------
+
+KERNEL double ld(ddl_dtype dt, const void *p, int64_t i)
+{
+    return dt == DDL_F32 ? (double)((const float *)p)[i] : ((const double *)p)[i];
+}
+
+KERNEL void st(ddl_dtype dt, void *p, int64_t i, double v)
+{
+    if (dt == DDL_F32) {
+        ((float *)p)[i] = (float)v;
+    } else {
+        ((double *)p)[i] = v;
+    }
+}
+
+// p[i] += v, rounded once.
+KERNEL void acc(ddl_dtype dt, void *p, int64_t i, double v)
+{
+    if (dt == DDL_F32) {
+        ((float *)p)[i] = (float)((double)((float *)p)[i] + v);
+    } else {
+        ((double *)p)[i] += v;
+    }
+}
+
+static ddl_status check_dims(const char *who, ddl_dtype dt, int64_t N, int64_t C, int64_t S)
+{
+    DDL_REQUIRE(dt == DDL_F32 || dt == DDL_F64, DDL_EINVAL, "%s: unknown dtype %d", who, (int)dt);
+    DDL_REQUIRE(N >= 0 && C >= 0 && S >= 0, DDL_EINVAL,
+                "%s: negative size in [N, C, S] = [%lld, %lld, %lld]", who, (long long)N,
+                (long long)C, (long long)S);
+    return DDL_OK;
+}
+
+// ---- per-channel kernels ----------------------------------------------------------
+// Each walks the N rows of S contiguous values of one channel c.
+
+// sum over (n, s) of x[n, c, s].
+KERNEL double ch_sum(ddl_dtype dt, const void *x, int64_t N, int64_t C, int64_t S, int64_t c)
+{
+    double sum = 0.0;
+    for (int64_t n = 0; n < N; n++) {
+        int64_t row = (n * C + c) * S;
+        for (int64_t s = 0; s < S; s++) {
+            sum += ld(dt, x, row + s);
+        }
+    }
+    return sum;
+}
+
+// sum over (n, s) of (x - mean)^2.
+KERNEL double ch_sqdev(ddl_dtype dt, const void *x, double mean, int64_t N, int64_t C, int64_t S,
+                       int64_t c)
+{
+    double sum = 0.0;
+    for (int64_t n = 0; n < N; n++) {
+        int64_t row = (n * C + c) * S;
+        for (int64_t s = 0; s < S; s++) {
+            double d = ld(dt, x, row + s) - mean;
+            sum += d * d;
+        }
+    }
+    return sum;
+}
+
+// y = (x - mean)*invstd*g + b for channel c (y may alias x).
+KERNEL void ch_normalize(ddl_dtype dt, void *y, const void *x, double mean, double invstd,
+                         double g, double b, int64_t N, int64_t C, int64_t S, int64_t c)
+{
+    double k = invstd * g;
+    for (int64_t n = 0; n < N; n++) {
+        int64_t row = (n * C + c) * S;
+        for (int64_t s = 0; s < S; s++) {
+            st(dt, y, row + s, (ld(dt, x, row + s) - mean) * k + b);
+        }
+    }
+}
+
+// *sdy = sum(dy), *sdyxh = sum(dy*xhat) for channel c.
+KERNEL void ch_reduce(ddl_dtype dt, const void *dy, const void *x, double mean, double invstd,
+                      int64_t N, int64_t C, int64_t S, int64_t c, double *sdy, double *sdyxh)
+{
+    double a = 0.0, b = 0.0;
+    for (int64_t n = 0; n < N; n++) {
+        int64_t row = (n * C + c) * S;
+        for (int64_t s = 0; s < S; s++) {
+            double g = ld(dt, dy, row + s);
+            a += g;
+            b += g * (ld(dt, x, row + s) - mean);
+        }
+    }
+    *sdy   = a;
+    *sdyxh = b * invstd;
+}
+
+// dx += g*invstd*(dy - k1 - xhat*k2) for channel c, with k1 = sum(dy)/V and
+// k2 = sum(dy*xhat)/V (both 0 for frozen statistics).
+KERNEL void ch_apply(ddl_dtype dt, void *dx, const void *dy, const void *x, double mean,
+                     double invstd, double g, double k1, double k2, int64_t N, int64_t C,
+                     int64_t S, int64_t c)
+{
+    double k = g * invstd;
+    for (int64_t n = 0; n < N; n++) {
+        int64_t row = (n * C + c) * S;
+        for (int64_t s = 0; s < S; s++) {
+            double xhat = (ld(dt, x, row + s) - mean) * invstd;
+            acc(dt, dx, row + s, k * (ld(dt, dy, row + s) - k1 - xhat * k2));
+        }
+    }
+}
+
+// running_mean[c], running_var[c] moved towards the batch's mean and unbiased variance.
+KERNEL void ch_running(ddl_dtype dt, void *rm, void *rv, int64_t c, double mean, double var,
+                       int64_t V, double f)
+{
+    double unbiased = var * (double)V / (double)(V - 1);
+    st(dt, rm, c, (1.0 - f) * ld(dt, rm, c) + f * mean);
+    st(dt, rv, c, (1.0 - f) * ld(dt, rv, c) + f * unbiased);
+}
+
+// ---- local pieces -------------------------------------------------------------------
+
+ddl_batchnorm_params ddl_batchnorm_params_default(void)
+{
+    return (ddl_batchnorm_params){.eps = 1e-5, .momentum = 0.1, .cumulative = false,
+                                  .training = true};
+}
+
+ddl_status ddl_batchnorm_sum(ddl_dtype dt, double *sum, const void *x, int64_t N, int64_t C,
+                             int64_t S)
+{
+    DDL_CHECK(check_dims("batchnorm_sum", dt, N, C, S));
+    DDL_REQUIRE(C == 0 || (sum && (x || N * S == 0)), DDL_EINVAL, "batchnorm_sum: NULL buffer");
+    for (int64_t c = 0; c < C; c++) {
+        sum[c] = dt == DDL_F32 ? ch_sum(DDL_F32, x, N, C, S, c) : ch_sum(DDL_F64, x, N, C, S, c);
+    }
+    return DDL_OK;
+}
+
+ddl_status ddl_batchnorm_sqdev(ddl_dtype dt, double *sqdev, const void *x, const double *mean,
+                               int64_t N, int64_t C, int64_t S)
+{
+    DDL_CHECK(check_dims("batchnorm_sqdev", dt, N, C, S));
+    DDL_REQUIRE(C == 0 || (sqdev && mean && (x || N * S == 0)), DDL_EINVAL,
+                "batchnorm_sqdev: NULL buffer");
+    for (int64_t c = 0; c < C; c++) {
+        sqdev[c] = dt == DDL_F32 ? ch_sqdev(DDL_F32, x, mean[c], N, C, S, c)
+                                 : ch_sqdev(DDL_F64, x, mean[c], N, C, S, c);
+    }
+    return DDL_OK;
+}
+
+ddl_status ddl_batchnorm_normalize(ddl_dtype dt, void *y, const void *x, const double *mean,
+                                   const double *invstd, const void *gamma, const void *beta,
+                                   int64_t N, int64_t C, int64_t S)
+{
+    DDL_CHECK(check_dims("batchnorm_normalize", dt, N, C, S));
+    if (N * C * S == 0) {
+        return DDL_OK;
+    }
+    DDL_REQUIRE(y && x && mean && invstd, DDL_EINVAL, "batchnorm_normalize: NULL buffer");
+    for (int64_t c = 0; c < C; c++) {
+        double g = gamma ? ld(dt, gamma, c) : 1.0;
+        double b = beta ? ld(dt, beta, c) : 0.0;
+        if (dt == DDL_F32) {
+            ch_normalize(DDL_F32, y, x, mean[c], invstd[c], g, b, N, C, S, c);
+        } else {
+            ch_normalize(DDL_F64, y, x, mean[c], invstd[c], g, b, N, C, S, c);
+        }
+    }
+    return DDL_OK;
+}
+
+ddl_status ddl_batchnorm_backward_reduce(ddl_dtype dt, double *sum_dy, double *sum_dy_xhat,
+                                         const void *dy, const void *x, const double *mean,
+                                         const double *invstd, int64_t N, int64_t C, int64_t S)
+{
+    DDL_CHECK(check_dims("batchnorm_backward_reduce", dt, N, C, S));
+    DDL_REQUIRE(C == 0 || (sum_dy && sum_dy_xhat && mean && invstd && ((dy && x) || N * S == 0)),
+                DDL_EINVAL, "batchnorm_backward_reduce: NULL buffer");
+    for (int64_t c = 0; c < C; c++) {
+        if (dt == DDL_F32) {
+            ch_reduce(DDL_F32, dy, x, mean[c], invstd[c], N, C, S, c, &sum_dy[c], &sum_dy_xhat[c]);
+        } else {
+            ch_reduce(DDL_F64, dy, x, mean[c], invstd[c], N, C, S, c, &sum_dy[c], &sum_dy_xhat[c]);
+        }
+    }
+    return DDL_OK;
+}
+
+ddl_status ddl_batchnorm_backward_apply(ddl_dtype dt, void *dx, const void *dy, const void *x,
+                                        const double *mean, const double *invstd,
+                                        const void *gamma, const double *sum_dy,
+                                        const double *sum_dy_xhat, int64_t V, int64_t N,
+                                        int64_t C, int64_t S)
+{
+    DDL_CHECK(check_dims("batchnorm_backward_apply", dt, N, C, S));
+    DDL_REQUIRE((sum_dy == NULL) == (sum_dy_xhat == NULL), DDL_EINVAL,
+                "batchnorm_backward_apply: pass both sum_dy and sum_dy_xhat, or neither");
+    DDL_REQUIRE(sum_dy == NULL || V > 0, DDL_EINVAL,
+                "batchnorm_backward_apply: global count V = %lld must be positive", (long long)V);
+    if (dx == NULL || N * C * S == 0) {
+        return DDL_OK;
+    }
+    DDL_REQUIRE(dy && x && mean && invstd, DDL_EINVAL, "batchnorm_backward_apply: NULL buffer");
+    for (int64_t c = 0; c < C; c++) {
+        double g  = gamma ? ld(dt, gamma, c) : 1.0;
+        double k1 = sum_dy ? sum_dy[c] / (double)V : 0.0;
+        double k2 = sum_dy ? sum_dy_xhat[c] / (double)V : 0.0;
+        if (dt == DDL_F32) {
+            ch_apply(DDL_F32, dx, dy, x, mean[c], invstd[c], g, k1, k2, N, C, S, c);
+        } else {
+            ch_apply(DDL_F64, dx, dy, x, mean[c], invstd[c], g, k1, k2, N, C, S, c);
+        }
+    }
+    return DDL_OK;
+}
+
+ddl_status ddl_batchnorm_param_grads(ddl_dtype dt, void *dgamma, void *dbeta,
+                                     const double *sum_dy, const double *sum_dy_xhat, int64_t C)
+{
+    DDL_CHECK(check_dims("batchnorm_param_grads", dt, 0, C, 0));
+    DDL_REQUIRE(C == 0 || ((!dgamma || sum_dy_xhat) && (!dbeta || sum_dy)), DDL_EINVAL,
+                "batchnorm_param_grads: NULL sums");
+    for (int64_t c = 0; c < C; c++) {
+        if (dgamma) {
+            acc(dt, dgamma, c, sum_dy_xhat[c]);
+        }
+        if (dbeta) {
+            acc(dt, dbeta, c, sum_dy[c]);
+        }
+    }
+    return DDL_OK;
+}
+
+ddl_status ddl_batchnorm_running_update(ddl_dtype dt, void *running_mean, void *running_var,
+                                        const double *mean, const double *var, int64_t C,
+                                        int64_t V, double factor)
+{
+    DDL_CHECK(check_dims("batchnorm_running_update", dt, 0, C, 0));
+    DDL_REQUIRE(V > 1, DDL_EINVAL,
+                "batchnorm_running_update: expected more than 1 value per channel, got V = %lld",
+                (long long)V);
+    DDL_REQUIRE(C == 0 || (running_mean && running_var && mean && var), DDL_EINVAL,
+                "batchnorm_running_update: NULL buffer");
+    for (int64_t c = 0; c < C; c++) {
+        if (dt == DDL_F32) {
+            ch_running(DDL_F32, running_mean, running_var, c, mean[c], var[c], V, factor);
+        } else {
+            ch_running(DDL_F64, running_mean, running_var, c, mean[c], var[c], V, factor);
+        }
+    }
+    return DDL_OK;
+}
+
+double ddl_batchnorm_update_factor(const ddl_batchnorm_params *p, int64_t num_batches_tracked)
+{
+    if (p->cumulative) {
+        return num_batches_tracked > 0 ? 1.0 / (double)num_batches_tracked : 1.0;
+    }
+    return p->momentum;
+}
+
+// ---- sequential batch norm ------------------------------------------------------------
+
+// One channel of the forward: statistics (batch or running), optional running update,
+// normalization. Separate from the public function so the dtype folds into the loops.
+KERNEL void bn_forward_channel(ddl_dtype dt, void *y, double *mean, double *invstd,
+                               const void *x, const void *gamma, const void *beta, void *rm,
+                               void *rv, bool batch, bool update, double factor, double eps,
+                               int64_t N, int64_t C, int64_t S, int64_t c)
+{
+    int64_t V = N * S;
+    double  m, var;
+    if (batch) {
+        m   = ch_sum(dt, x, N, C, S, c) / (double)V;
+        var = ch_sqdev(dt, x, m, N, C, S, c) / (double)V;
+        if (update) {
+            ch_running(dt, rm, rv, c, m, var, V, factor);
+        }
+    } else {
+        m   = ld(dt, rm, c);
+        var = ld(dt, rv, c);
+    }
+    mean[c]   = m;
+    invstd[c] = 1.0 / sqrt(var + eps);
+    double g  = gamma ? ld(dt, gamma, c) : 1.0;
+    double b  = beta ? ld(dt, beta, c) : 0.0;
+    ch_normalize(dt, y, x, m, invstd[c], g, b, N, C, S, c);
+}
+
+ddl_status ddl_batchnorm_forward(ddl_dtype dt, void *y, double *mean, double *invstd,
+                                 const void *x, const void *gamma, const void *beta,
+                                 void *running_mean, void *running_var,
+                                 int64_t *num_batches_tracked, const ddl_batchnorm_params *p,
+                                 int64_t N, int64_t C, int64_t S)
+{
+    DDL_CHECK(check_dims("batchnorm_forward", dt, N, C, S));
+    DDL_REQUIRE(p != NULL, DDL_EINVAL, "batchnorm_forward: NULL params");
+    DDL_REQUIRE((running_mean == NULL) == (running_var == NULL), DDL_EINVAL,
+                "batchnorm_forward: pass both running_mean and running_var, or neither");
+    DDL_REQUIRE(p->eps >= 0.0, DDL_EINVAL, "batchnorm_forward: eps %g < 0", p->eps);
+    bool    running = running_mean != NULL;
+    bool    batch   = p->training || !running;
+    bool    update  = p->training && running;
+    int64_t V       = N * S;
+    DDL_REQUIRE(!p->training || V > 1, DDL_EINVAL,
+                "batchnorm_forward: expected more than 1 value per channel when training, "
+                "got N*S = %lld",
+                (long long)V);
+    DDL_REQUIRE(!batch || V > 0 || C == 0, DDL_EINVAL,
+                "batchnorm_forward: batch statistics of an empty batch");
+    DDL_REQUIRE(!(update && p->cumulative) || num_batches_tracked, DDL_EINVAL,
+                "batchnorm_forward: cumulative running statistics need num_batches_tracked");
+    DDL_REQUIRE(C == 0 || (mean && invstd && (V == 0 || (x && y))), DDL_EINVAL,
+                "batchnorm_forward: NULL buffer");
+    if (update && num_batches_tracked) {
+        (*num_batches_tracked)++;
+    }
+    double factor = ddl_batchnorm_update_factor(p, num_batches_tracked ? *num_batches_tracked : 0);
+    for (int64_t c = 0; c < C; c++) {
+        if (dt == DDL_F32) {
+            bn_forward_channel(DDL_F32, y, mean, invstd, x, gamma, beta, running_mean,
+                               running_var, batch, update, factor, p->eps, N, C, S, c);
+        } else {
+            bn_forward_channel(DDL_F64, y, mean, invstd, x, gamma, beta, running_mean,
+                               running_var, batch, update, factor, p->eps, N, C, S, c);
+        }
+    }
+    return DDL_OK;
+}
+
+// One channel of the backward.
+KERNEL void bn_backward_channel(ddl_dtype dt, void *dx, void *dgamma, void *dbeta,
+                                const void *dy, const void *x, double mean, double invstd,
+                                double g, bool batch_stats, int64_t N, int64_t C, int64_t S,
+                                int64_t c)
+{
+    double sdy = 0.0, sdyxh = 0.0;
+    if (batch_stats || dgamma || dbeta) {
+        ch_reduce(dt, dy, x, mean, invstd, N, C, S, c, &sdy, &sdyxh);
+    }
+    if (dx) {
+        double V  = (double)(N * S);
+        double k1 = batch_stats ? sdy / V : 0.0;
+        double k2 = batch_stats ? sdyxh / V : 0.0;
+        ch_apply(dt, dx, dy, x, mean, invstd, g, k1, k2, N, C, S, c);
+    }
+    if (dgamma) {
+        acc(dt, dgamma, c, sdyxh);
+    }
+    if (dbeta) {
+        acc(dt, dbeta, c, sdy);
+    }
+}
+
+ddl_status ddl_batchnorm_backward(ddl_dtype dt, void *dx, void *dgamma, void *dbeta,
+                                  const void *dy, const void *x, const double *mean,
+                                  const double *invstd, const void *gamma, bool batch_stats,
+                                  int64_t N, int64_t C, int64_t S)
+{
+    DDL_CHECK(check_dims("batchnorm_backward", dt, N, C, S));
+    if (C == 0 || (dx == NULL && dgamma == NULL && dbeta == NULL)) {
+        return DDL_OK;
+    }
+    DDL_REQUIRE(mean && invstd && (N * S == 0 || (dy && x)), DDL_EINVAL,
+                "batchnorm_backward: NULL buffer");
+    for (int64_t c = 0; c < C; c++) {
+        double g = gamma ? ld(dt, gamma, c) : 1.0;
+        if (dt == DDL_F32) {
+            bn_backward_channel(DDL_F32, dx, dgamma, dbeta, dy, x, mean[c], invstd[c], g,
+                                batch_stats, N, C, S, c);
+        } else {
+            bn_backward_channel(DDL_F64, dx, dgamma, dbeta, dy, x, mean[c], invstd[c], g,
+                                batch_stats, N, C, S, c);
+        }
+    }
+    return DDL_OK;
+}

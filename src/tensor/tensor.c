@@ -334,14 +334,14 @@ static void run_op(move_op op, ddl_dtype dt, char *dst, const char *src, int64_t
         break;
     case OP_ADD:
         if (dt == DDL_F64) {
-            double       *d = (double *)dst;
-            const double *s = (const double *)src;
+            double *restrict d       = (double *)dst;
+            const double *restrict s = (const double *)src;
             for (int64_t i = 0; i < n; i++) {
                 d[i] += s[i];
             }
         } else {
-            float       *d = (float *)dst;
-            const float *s = (const float *)src;
+            float *restrict d       = (float *)dst;
+            const float *restrict s = (const float *)src;
             for (int64_t i = 0; i < n; i++) {
                 d[i] += s[i];
             }

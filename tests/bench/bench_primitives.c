@@ -9,7 +9,8 @@
 //   sum_reduce     all -> root            vs MPI_Reduce  / MPI_Bcast
 //   all_sum_reduce over all ranks         vs MPI_Allreduce
 //   repartition    [P,1] -> [1,P]         vs MPI_Alltoallv of the same counts
-//   halo_exchange  [1,P] split, k=3 x 65  vs MPI_Sendrecv of the same ghost volume
+//   halo_rows      [P,1] split, kernel 65 vs MPI_Sendrecv of the same (contiguous) ghost volume
+//   halo_columns   [1,P] split, kernel 65 vs MPI_Sendrecv of the same ghost volume (strided)
 // Times are maxima over ranks of each repetition (the collective's completion).
 #include <mpi.h>
 #include <stdio.h>
@@ -242,24 +243,30 @@ static void bench_size(double mib, int reps)
         ddl_partition_destroy(&Px);
         ddl_partition_destroy(&Py);
     }
-    // HaloExchange: [1, W] split along dim 1 with a kernel of 65 (32-element halos on
-    // each side) over rows of length n/ (P)... the ghost volume is rows * 32 per side.
-    {
-        int64_t rows = n / 4096, W = 4096 * nprocs;
-        ddl_shape g = ddl_shape_make(2, (int64_t[]){rows, W});
-        ddl_partition_t *P = part(nprocs, all, 2, (int[]){1, nprocs});
+    // HaloExchange of a [rows, 4096] tensor split along dim 0 (contiguous halos) and of
+    // a [rows, 4096 P] tensor split along dim 1 (strided column halos), kernel 65 with
+    // padding 32: 32 ghost rows (columns) on each interior side.
+    for (int along = 0; along < 2; along++) {
+        int64_t rows = n / 4096;
+        ddl_shape g  = along == 0 ? ddl_shape_make(2, (int64_t[]){rows * nprocs, 4096})
+                                  : ddl_shape_make(2, (int64_t[]){rows, 4096 * (int64_t)nprocs});
+        int pshape[2] = {along == 0 ? nprocs : 1, along == 0 ? 1 : nprocs};
+        ddl_partition_t *P = part(nprocs, all, 2, pshape);
         ddl_halo_exchange_t *h;
-        int64_t k[2] = {1, 65}, s[2] = {1, 1}, p[2] = {0, 32}, d[2] = {1, 1};
+        int64_t k[2] = {along == 0 ? 65 : 1, along == 0 ? 1 : 65};
+        int64_t s[2] = {1, 1}, d[2] = {1, 1};
+        int64_t p[2] = {along == 0 ? 32 : 0, along == 0 ? 0 : 32};
         CHECK(ddl_halo_exchange_create(P, DDL_F32, &g, k, s, p, d, &h));
         ddl_shape bs = ddl_halo_exchange_shape(h);
         ctx       c  = {.plan = h, .a = tensor(&bs)};
         double    f = bench(f_halo_fwd, &c, reps), a = bench(f_halo_adj, &c, reps);
         ctx       r2 = raw;
-        r2.halo_count = (int)(rows * 32);
+        r2.halo_count = (int)((along == 0 ? 4096 : rows) * 32);
         r2.left       = rank > 0 ? rank - 1 : MPI_PROC_NULL;
         r2.right      = rank < nprocs - 1 ? rank + 1 : MPI_PROC_NULL;
         double rf     = bench(raw_sendrecv, &r2, reps);
-        report("halo_exchange", mib, f, a, rf, rf, "MPI_Sendrecv", "MPI_Sendrecv");
+        report(along == 0 ? "halo_rows" : "halo_columns", mib, f, a, rf, rf, "MPI_Sendrecv",
+               "MPI_Sendrecv");
         ddl_tensor_destroy(&c.a);
         ddl_halo_exchange_destroy(&h);
         ddl_partition_destroy(&P);

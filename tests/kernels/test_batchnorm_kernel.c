@@ -1,6 +1,467 @@
-// Placeholder: being written.
+// Tests of the batch-norm kernels: a hand-checked batch, running statistics (momentum
+// and cumulative), random batches against a naive reference, eval mode, f64
+// finite-difference gradient checks on x, gamma and beta (batch and running
+// statistics), the local pieces over simulated ranks equal to the sequential version,
+// accumulation, and argument errors. x is [N, C, S].
+#include <math.h>
+#include <string.h>
+
+#include "ddl/base.h"
+#include "ddl/kernels_pointwise.h"
+#include "gradcheck.h"
 #include "test.h"
+
+#define EPS 1e-5
+
+static void fill_uniform(double *a, int64_t n, uint64_t seed, double lo, double hi)
+{
+    for (int64_t i = 0; i < n; i++) {
+        a[i] = lo + (hi - lo) * ddl_rng_uniform(seed, 21, (uint64_t)i);
+    }
+}
+
+static void to_f32(float *out, const double *in, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        out[i] = (float)in[i];
+    }
+}
+
+// ---- hand-checked batch ---------------------------------------------------------------
+
+static void test_hand(void)
+{
+    // One channel, x = {1, 3}: mean 2, biased var 1, unbiased var 2.
+    const double x[2] = {1.0, 3.0};
+    double       y[2], mean[1], invstd[1];
+    double       rm[1] = {0.0}, rv[1] = {1.0};
+    int64_t      nbt = 0;
+    ddl_batchnorm_params p = ddl_batchnorm_params_default();
+    ASSERT_NEAR(p.eps, 1e-5, 0.0);
+    ASSERT_NEAR(p.momentum, 0.1, 0.0);
+    ASSERT_TRUE(p.training && !p.cumulative);
+    ASSERT_OK(ddl_batchnorm_forward(DDL_F64, y, mean, invstd, x, NULL, NULL, rm, rv, &nbt, &p, 2,
+                                    1, 1));
+    ASSERT_NEAR(mean[0], 2.0, 0.0);
+    ASSERT_NEAR(invstd[0], 1.0 / sqrt(1.0 + EPS), 1e-16);
+    ASSERT_NEAR(y[0], -1.0 / sqrt(1.0 + EPS), 1e-15);
+    ASSERT_NEAR(y[1], 1.0 / sqrt(1.0 + EPS), 1e-15);
+    ASSERT_NEAR(rm[0], 0.9 * 0.0 + 0.1 * 2.0, 1e-16);
+    ASSERT_NEAR(rv[0], 0.9 * 1.0 + 0.1 * 2.0, 1e-15);
+    ASSERT_EQ(nbt, 1);
+
+    // Affine with gamma = 2, beta = -1 on [N=1, C=2, S=2].
+    const double x2[4] = {0.0, 4.0, 10.0, 10.0 + 2.0};
+    const double g2[2] = {2.0, 3.0}, b2[2] = {-1.0, 0.5};
+    double       y2[4], m2[2], is2[2];
+    ASSERT_OK(ddl_batchnorm_forward(DDL_F64, y2, m2, is2, x2, g2, b2, NULL, NULL, NULL, &p, 1, 2,
+                                    2));
+    // Channel 0: mean 2, var 4; channel 1: mean 11, var 1.
+    ASSERT_NEAR(y2[0], 2.0 * (-2.0 / sqrt(4.0 + EPS)) - 1.0, 1e-15);
+    ASSERT_NEAR(y2[1], 2.0 * (2.0 / sqrt(4.0 + EPS)) - 1.0, 1e-15);
+    ASSERT_NEAR(y2[2], 3.0 * (-1.0 / sqrt(1.0 + EPS)) + 0.5, 1e-15);
+    ASSERT_NEAR(y2[3], 3.0 * (1.0 / sqrt(1.0 + EPS)) + 0.5, 1e-15);
+}
+
+// ---- running statistics --------------------------------------------------------------
+
+static void test_running(void)
+{
+    // Cumulative average (momentum=None): after two batches the running mean is the
+    // mean of the two batch means, and the running variance the mean of their unbiased
+    // variances; the first batch replaces the initial values entirely.
+    const double a[3] = {1.0, 2.0, 6.0}; // mean 3, sum sq dev 14, unbiased 7
+    const double b[3] = {0.0, 0.0, 3.0}; // mean 1, sum sq dev 6, unbiased 3
+    double       y[3], mean[1], invstd[1], rm[1] = {5.0}, rv[1] = {9.0};
+    int64_t      nbt = 0;
+    ddl_batchnorm_params p = ddl_batchnorm_params_default();
+    p.cumulative = true;
+    ASSERT_OK(ddl_batchnorm_forward(DDL_F64, y, mean, invstd, a, NULL, NULL, rm, rv, &nbt, &p, 3,
+                                    1, 1));
+    ASSERT_NEAR(rm[0], 3.0, 1e-15);
+    ASSERT_NEAR(rv[0], 7.0, 1e-14);
+    ASSERT_OK(ddl_batchnorm_forward(DDL_F64, y, mean, invstd, b, NULL, NULL, rm, rv, &nbt, &p, 3,
+                                    1, 1));
+    ASSERT_EQ(nbt, 2);
+    ASSERT_NEAR(rm[0], 2.0, 1e-15);
+    ASSERT_NEAR(rv[0], 5.0, 1e-14);
+    ASSERT_NEAR(ddl_batchnorm_update_factor(&p, 4), 0.25, 0.0);
+    p.cumulative = false;
+    ASSERT_NEAR(ddl_batchnorm_update_factor(&p, 4), 0.1, 0.0);
+
+    // The piece on its own, f32: factor 0.5, V = 4.
+    float  rmf[2] = {1.0f, 2.0f}, rvf[2] = {3.0f, 4.0f};
+    double m[2] = {5.0, -1.0}, v[2] = {3.0, 0.75};
+    ASSERT_OK(ddl_batchnorm_running_update(DDL_F32, rmf, rvf, m, v, 2, 4, 0.5));
+    ASSERT_NEAR(rmf[0], 3.0, 0.0);
+    ASSERT_NEAR(rmf[1], 0.5, 0.0);
+    ASSERT_NEAR(rvf[0], 0.5 * 3.0 + 0.5 * 4.0, 1e-6);
+    ASSERT_NEAR(rvf[1], 0.5 * 4.0 + 0.5 * 1.0, 1e-6);
+
+    // Eval mode normalizes with the running statistics and leaves them alone.
+    const double x[4] = {1.0, 2.0, 3.0, 4.0};
+    const double g[1] = {2.0}, be[1] = {0.25};
+    double       rm2[1] = {2.0}, rv2[1] = {4.0}, y4[4];
+    p.training = false;
+    nbt        = 7;
+    ASSERT_OK(ddl_batchnorm_forward(DDL_F64, y4, mean, invstd, x, g, be, rm2, rv2, &nbt, &p, 4,
+                                    1, 1));
+    for (int i = 0; i < 4; i++) {
+        ASSERT_NEAR(y4[i], (x[i] - 2.0) / sqrt(4.0 + EPS) * 2.0 + 0.25, 1e-15);
+    }
+    ASSERT_NEAR(rm2[0], 2.0, 0.0);
+    ASSERT_NEAR(rv2[0], 4.0, 0.0);
+    ASSERT_EQ(nbt, 7);
+    // Eval without running statistics uses the batch's (track_running_stats=False).
+    ASSERT_OK(ddl_batchnorm_forward(DDL_F64, y4, mean, invstd, x, NULL, NULL, NULL, NULL, NULL,
+                                    &p, 4, 1, 1));
+    ASSERT_NEAR(mean[0], 2.5, 0.0);
+    ASSERT_NEAR(y4[0], -1.5 / sqrt(1.25 + EPS), 1e-15);
+}
+
+// ---- random batches against a naive reference ---------------------------------------------
+
+// Straight from the definition: three separate passes per channel.
+static void ref_forward(const double *x, const double *g, const double *b, double *y, int64_t N,
+                        int64_t C, int64_t S)
+{
+    for (int64_t c = 0; c < C; c++) {
+        double m = 0.0, v = 0.0;
+        for (int64_t n = 0; n < N; n++) {
+            for (int64_t s = 0; s < S; s++) {
+                m += x[(n * C + c) * S + s];
+            }
+        }
+        m /= (double)(N * S);
+        for (int64_t n = 0; n < N; n++) {
+            for (int64_t s = 0; s < S; s++) {
+                double d = x[(n * C + c) * S + s] - m;
+                v += d * d;
+            }
+        }
+        v /= (double)(N * S);
+        for (int64_t n = 0; n < N; n++) {
+            for (int64_t s = 0; s < S; s++) {
+                int64_t i = (n * C + c) * S + s;
+                y[i]      = (x[i] - m) / sqrt(v + EPS) * g[c] + b[c];
+            }
+        }
+    }
+}
+
+enum { RN = 3, RC = 4, RS = 5, RV = RN * RC * RS };
+
+static void test_random(void)
+{
+    double x[RV], y[RV], yr[RV], g[RC], b[RC], mean[RC], invstd[RC];
+    float  xf[RV], yf[RV], gf[RC], bf[RC];
+    fill_uniform(x, RV, 1, -3.0, 5.0);
+    fill_uniform(g, RC, 2, 0.5, 2.0);
+    fill_uniform(b, RC, 3, -1.0, 1.0);
+    ddl_batchnorm_params p = ddl_batchnorm_params_default();
+    ASSERT_OK(ddl_batchnorm_forward(DDL_F64, y, mean, invstd, x, g, b, NULL, NULL, NULL, &p, RN,
+                                    RC, RS));
+    ref_forward(x, g, b, yr, RN, RC, RS);
+    for (int i = 0; i < RV; i++) {
+        ASSERT_NEAR(y[i], yr[i], 1e-14);
+    }
+    // Normalized output: per channel mean beta and variance gamma^2 var/(var + eps).
+    for (int c = 0; c < RC; c++) {
+        double m = 0.0, v = 0.0;
+        for (int n = 0; n < RN; n++) {
+            for (int s = 0; s < RS; s++) {
+                m += y[(n * RC + c) * RS + s];
+            }
+        }
+        m /= RN * RS;
+        for (int n = 0; n < RN; n++) {
+            for (int s = 0; s < RS; s++) {
+                double d = y[(n * RC + c) * RS + s] - m;
+                v += d * d;
+            }
+        }
+        v /= RN * RS;
+        double var = 1.0 / (invstd[c] * invstd[c]) - EPS;
+        ASSERT_NEAR(m, b[c], 1e-14);
+        ASSERT_NEAR(v, g[c] * g[c] * var / (var + EPS), 1e-13);
+    }
+    // f32 against the f64 result.
+    to_f32(xf, x, RV);
+    to_f32(gf, g, RC);
+    to_f32(bf, b, RC);
+    ASSERT_OK(ddl_batchnorm_forward(DDL_F32, yf, mean, invstd, xf, gf, bf, NULL, NULL, NULL, &p,
+                                    RN, RC, RS));
+    for (int i = 0; i < RV; i++) {
+        ASSERT_NEAR(yf[i], yr[i], 2e-6);
+    }
+    // [N, C] (S = 1) works the same way.
+    double x2[12], y2[12], r2[12];
+    fill_uniform(x2, 12, 4, -1.0, 1.0);
+    ASSERT_OK(ddl_batchnorm_forward(DDL_F64, y2, mean, invstd, x2, g, b, NULL, NULL, NULL, &p, 4,
+                                    3, 1));
+    ref_forward(x2, g, b, r2, 4, 3, 1);
+    for (int i = 0; i < 12; i++) {
+        ASSERT_NEAR(y2[i], r2[i], 1e-14);
+    }
+}
+
+// ---- gradient checks ----------------------------------------------------------------------
+
+typedef struct bn_ctx {
+    double *x, *g, *b, *w, *y;
+    double *rm, *rv; // non-NULL: eval with running statistics
+    int64_t N, C, S;
+} bn_ctx;
+
+// f = sum w * y.
+static double bn_objective(void *p)
+{
+    bn_ctx              *c   = p;
+    ddl_batchnorm_params prm = ddl_batchnorm_params_default();
+    prm.training             = c->rm == NULL;
+    double mean[8], invstd[8];
+    ASSERT_OK(ddl_batchnorm_forward(DDL_F64, c->y, mean, invstd, c->x, c->g, c->b, c->rm, c->rv,
+                                    NULL, &prm, c->N, c->C, c->S));
+    double s = 0.0;
+    for (int64_t i = 0; i < c->N * c->C * c->S; i++) {
+        s += c->w[i] * c->y[i];
+    }
+    return s;
+}
+
+static void test_gradcheck(void)
+{
+    for (int mode = 0; mode < 2; mode++) {
+        bool   eval = mode == 1;
+        double x[RV], y[RV], w[RV], g[RC], b[RC], rm[RC], rv[RC], mean[RC], invstd[RC];
+        double dx[RV], dg[RC], db[RC];
+        fill_uniform(x, RV, 10, -2.0, 3.0);
+        fill_uniform(w, RV, 11, -1.0, 1.0);
+        fill_uniform(g, RC, 12, 0.5, 1.5);
+        fill_uniform(b, RC, 13, -0.5, 0.5);
+        fill_uniform(rm, RC, 14, -0.5, 0.5);
+        fill_uniform(rv, RC, 15, 0.5, 2.0);
+        bn_ctx c = {.x = x, .g = g, .b = b, .w = w, .y = y, .rm = eval ? rm : NULL,
+                    .rv = eval ? rv : NULL, .N = RN, .C = RC, .S = RS};
+        ddl_batchnorm_params prm = ddl_batchnorm_params_default();
+        prm.training             = !eval;
+        ASSERT_OK(ddl_batchnorm_forward(DDL_F64, y, mean, invstd, x, g, b, c.rm, c.rv, NULL, &prm,
+                                        RN, RC, RS));
+        // Accumulation: start the gradients at known values.
+        for (int i = 0; i < RV; i++) {
+            dx[i] = 1.0;
+        }
+        for (int i = 0; i < RC; i++) {
+            dg[i] = 2.0;
+            db[i] = 3.0;
+        }
+        ASSERT_OK(ddl_batchnorm_backward(DDL_F64, dx, dg, db, w, x, mean, invstd, g, !eval, RN,
+                                         RC, RS));
+        for (int i = 0; i < RV; i++) {
+            dx[i] -= 1.0;
+        }
+        for (int i = 0; i < RC; i++) {
+            dg[i] -= 2.0;
+            db[i] -= 3.0;
+        }
+        ASSERT_LE(ddl_test_gradcheck(RV, x, dx, bn_objective, &c, 1e-6, 0), 1e-7);
+        ASSERT_LE(ddl_test_gradcheck(RC, g, dg, bn_objective, &c, 1e-6, 0), 1e-7);
+        ASSERT_LE(ddl_test_gradcheck(RC, b, db, bn_objective, &c, 1e-6, 0), 1e-7);
+        // In training the gradient w.r.t. x sums to zero per channel (the mean is removed).
+        if (!eval) {
+            for (int ch = 0; ch < RC; ch++) {
+                double s = 0.0;
+                for (int n = 0; n < RN; n++) {
+                    for (int k = 0; k < RS; k++) {
+                        s += dx[(n * RC + ch) * RS + k];
+                    }
+                }
+                ASSERT_NEAR(s, 0.0, 1e-13);
+            }
+        }
+        // f32 backward against f64.
+        float xf[RV], wf[RV], gf[RC], dxf[RV], dgf[RC], dbf[RC];
+        to_f32(xf, x, RV);
+        to_f32(wf, w, RV);
+        to_f32(gf, g, RC);
+        double meanf[RC], invstdf[RC];
+        float  yf[RV], rmf[RC], rvf[RC];
+        to_f32(rmf, rm, RC);
+        to_f32(rvf, rv, RC);
+        ASSERT_OK(ddl_batchnorm_forward(DDL_F32, yf, meanf, invstdf, xf, gf, NULL,
+                                        eval ? rmf : NULL, eval ? rvf : NULL, NULL, &prm, RN, RC,
+                                        RS));
+        memset(dxf, 0, sizeof dxf);
+        memset(dgf, 0, sizeof dgf);
+        memset(dbf, 0, sizeof dbf);
+        ASSERT_OK(ddl_batchnorm_backward(DDL_F32, dxf, dgf, dbf, wf, xf, meanf, invstdf, gf, !eval,
+                                         RN, RC, RS));
+        for (int i = 0; i < RV; i++) {
+            ASSERT_NEAR(dxf[i], dx[i], 1e-5);
+        }
+        for (int i = 0; i < RC; i++) {
+            ASSERT_NEAR(dgf[i], dg[i], 1e-5);
+            ASSERT_NEAR(dbf[i], db[i], 1e-5);
+        }
+    }
+}
+
+// ---- local pieces over simulated ranks ----------------------------------------------------
+
+// Rank r holds the box n in [n0, n1), s in [s0, s1) of the global [N, C, S], packed as
+// its own [n1-n0, C, s1-s0] array.
+typedef struct piece {
+    int64_t n0, n1, s0, s1;
+} piece;
+
+static void pack(const double *g, double *l, piece p, int64_t C, int64_t S)
+{
+    int64_t ls = p.s1 - p.s0, k = 0;
+    for (int64_t n = p.n0; n < p.n1; n++) {
+        for (int64_t c = 0; c < C; c++) {
+            for (int64_t s = 0; s < ls; s++) {
+                l[k++] = g[(n * C + c) * S + p.s0 + s];
+            }
+        }
+    }
+}
+
+static void test_pieces(void)
+{
+    enum { N = 4, C = 3, S = 6, V = N * C * S, P = 4 };
+    // A 2 x 2 split of (N, S), uneven in S, plus the box layout each rank holds.
+    const piece pcs[P] = {{0, 2, 0, 4}, {0, 2, 4, 6}, {2, 4, 0, 4}, {2, 4, 4, 6}};
+    double      x[V], dy[V], g[C], b[C];
+    fill_uniform(x, V, 30, -2.0, 2.0);
+    fill_uniform(dy, V, 31, -1.0, 1.0);
+    fill_uniform(g, C, 32, 0.5, 1.5);
+    fill_uniform(b, C, 33, -0.5, 0.5);
+
+    // Sequential reference.
+    ddl_batchnorm_params prm = ddl_batchnorm_params_default();
+    double y[V], mean[C], invstd[C], dx[V] = {0}, dg[C] = {0}, db[C] = {0};
+    double rm[C] = {0}, rv[C] = {1, 1, 1};
+    int64_t nbt = 0;
+    ASSERT_OK(ddl_batchnorm_forward(DDL_F64, y, mean, invstd, x, g, b, rm, rv, &nbt, &prm, N, C,
+                                    S));
+    ASSERT_OK(ddl_batchnorm_backward(DDL_F64, dx, dg, db, dy, x, mean, invstd, g, true, N, C, S));
+
+    // Distributed: local sums -> "all-reduce" -> mean -> local sqdev -> "all-reduce".
+    static double lx[P][V], ldy[P][V], ly[P][V], ldx[P][V];
+    int64_t       ln[P], lsz[P];
+    double        gsum[C] = {0}, gsq[C] = {0}, gm[C], gv[C], gis[C];
+    for (int r = 0; r < P; r++) {
+        ln[r]  = pcs[r].n1 - pcs[r].n0;
+        lsz[r] = pcs[r].s1 - pcs[r].s0;
+        pack(x, lx[r], pcs[r], C, S);
+        pack(dy, ldy[r], pcs[r], C, S);
+        double part[C];
+        ASSERT_OK(ddl_batchnorm_sum(DDL_F64, part, lx[r], ln[r], C, lsz[r]));
+        for (int c = 0; c < C; c++) {
+            gsum[c] += part[c];
+        }
+    }
+    for (int c = 0; c < C; c++) {
+        gm[c] = gsum[c] / (N * S);
+    }
+    for (int r = 0; r < P; r++) {
+        double part[C];
+        ASSERT_OK(ddl_batchnorm_sqdev(DDL_F64, part, lx[r], gm, ln[r], C, lsz[r]));
+        for (int c = 0; c < C; c++) {
+            gsq[c] += part[c];
+        }
+    }
+    for (int c = 0; c < C; c++) {
+        gv[c]  = gsq[c] / (N * S);
+        gis[c] = 1.0 / sqrt(gv[c] + EPS);
+        ASSERT_NEAR(gm[c], mean[c], 1e-15);
+        ASSERT_NEAR(gis[c], invstd[c], 1e-14);
+    }
+    double rm2[C] = {0}, rv2[C] = {1, 1, 1};
+    ASSERT_OK(ddl_batchnorm_running_update(DDL_F64, rm2, rv2, gm, gv, C, N * S,
+                                           ddl_batchnorm_update_factor(&prm, 1)));
+    // Backward sums, "all-reduced".
+    double gdy[C] = {0}, gdyx[C] = {0};
+    for (int r = 0; r < P; r++) {
+        ASSERT_OK(ddl_batchnorm_normalize(DDL_F64, ly[r], lx[r], gm, gis, g, b, ln[r], C, lsz[r]));
+        double a[C], c2[C];
+        ASSERT_OK(ddl_batchnorm_backward_reduce(DDL_F64, a, c2, ldy[r], lx[r], gm, gis, ln[r], C,
+                                                lsz[r]));
+        for (int c = 0; c < C; c++) {
+            gdy[c] += a[c];
+            gdyx[c] += c2[c];
+        }
+    }
+    for (int r = 0; r < P; r++) {
+        memset(ldx[r], 0, sizeof ldx[r]);
+        ASSERT_OK(ddl_batchnorm_backward_apply(DDL_F64, ldx[r], ldy[r], lx[r], gm, gis, g, gdy,
+                                               gdyx, N * S, ln[r], C, lsz[r]));
+        double wy[V], wdx[V];
+        pack(y, wy, pcs[r], C, S);
+        pack(dx, wdx, pcs[r], C, S);
+        for (int64_t i = 0; i < ln[r] * C * lsz[r]; i++) {
+            ASSERT_NEAR(ly[r][i], wy[i], 1e-14);
+            ASSERT_NEAR(ldx[r][i], wdx[i], 1e-14);
+        }
+    }
+    double dg2[C] = {0}, db2[C] = {0};
+    ASSERT_OK(ddl_batchnorm_param_grads(DDL_F64, dg2, db2, gdy, gdyx, C));
+    for (int c = 0; c < C; c++) {
+        ASSERT_NEAR(dg2[c], dg[c], 1e-13);
+        ASSERT_NEAR(db2[c], db[c], 1e-13);
+        ASSERT_NEAR(rm2[c], rm[c], 1e-15);
+        ASSERT_NEAR(rv2[c], rv[c], 1e-15);
+    }
+    // Frozen statistics: apply without sums is gamma*invstd*dy, accumulated.
+    double fdx[V];
+    for (int i = 0; i < V; i++) {
+        fdx[i] = 0.5;
+    }
+    ASSERT_OK(ddl_batchnorm_backward_apply(DDL_F64, fdx, dy, x, gm, gis, g, NULL, NULL, 0, N, C,
+                                           S));
+    for (int n = 0; n < N; n++) {
+        for (int c = 0; c < C; c++) {
+            for (int s = 0; s < S; s++) {
+                int i = (n * C + c) * S + s;
+                ASSERT_NEAR(fdx[i], 0.5 + g[c] * gis[c] * dy[i], 1e-15);
+            }
+        }
+    }
+}
+
+static void test_errors(void)
+{
+    double               x[4] = {1, 2, 3, 4}, y[4], m[4], is[4], rm[4], rv[4];
+    ddl_batchnorm_params p    = ddl_batchnorm_params_default();
+    // One value per channel while training.
+    ASSERT_STATUS(ddl_batchnorm_forward(DDL_F64, y, m, is, x, NULL, NULL, NULL, NULL, NULL, &p, 1,
+                                        4, 1),
+                  DDL_EINVAL);
+    ASSERT_STATUS(ddl_batchnorm_forward(DDL_F64, y, m, is, x, NULL, NULL, rm, NULL, NULL, &p, 4,
+                                        1, 1),
+                  DDL_EINVAL);
+    p.cumulative = true;
+    ASSERT_STATUS(ddl_batchnorm_forward(DDL_F64, y, m, is, x, NULL, NULL, rm, rv, NULL, &p, 4, 1,
+                                        1),
+                  DDL_EINVAL);
+    ASSERT_STATUS(ddl_batchnorm_forward(DDL_F64, y, m, is, x, NULL, NULL, NULL, NULL, NULL, NULL,
+                                        4, 1, 1),
+                  DDL_EINVAL);
+    ASSERT_STATUS(ddl_batchnorm_sum((ddl_dtype)3, m, x, 4, 1, 1), DDL_EINVAL);
+    ASSERT_STATUS(ddl_batchnorm_sum(DDL_F64, m, x, -1, 1, 1), DDL_EINVAL);
+    ASSERT_STATUS(ddl_batchnorm_running_update(DDL_F64, rm, rv, m, is, 1, 1, 0.1), DDL_EINVAL);
+    ASSERT_STATUS(ddl_batchnorm_backward_apply(DDL_F64, y, x, x, m, is, NULL, m, NULL, 4, 4, 1, 1),
+                  DDL_EINVAL);
+}
+
 int main(void)
 {
+    test_hand();
+    test_running();
+    test_random();
+    test_gradcheck();
+    test_pieces();
+    test_errors();
+    printf("test_batchnorm_kernel: ok\n");
     return 0;
 }

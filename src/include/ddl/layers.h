@@ -21,6 +21,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "ddl/kernels_pointwise.h"
 #include "ddl/partition.h"
 #include "ddl/primitives.h"
 
@@ -196,15 +197,6 @@ DDL_EXTERN ddl_status ddl_activation_create(const ddl_partition_t *P_x, ddl_dtyp
 // rank 0 (local sums reduced by SumReduce; the adjoint broadcasts the upstream gradient
 // back to every rank). Cross-entropy takes x [batch, classes] with the class
 // dimension split over P_x's dimension 1 (max and sum of exponentials by all-sum-reduce).
-typedef enum {
-    DDL_LOSS_MSE = 0,
-    DDL_LOSS_L1,
-    DDL_LOSS_BCE,
-    DDL_LOSS_BCE_WITH_LOGITS,
-    DDL_LOSS_KL_DIV,
-    DDL_LOSS_POISSON_NLL,
-    DDL_LOSS_CROSS_ENTROPY,
-} ddl_loss_kind;
 typedef enum {
     DDL_REDUCTION_NONE = 0,
     DDL_REDUCTION_SUM,

@@ -1,1 +1,788 @@
-// conv: being written
+// kernels/conv.c: 1-D, 2-D and 3-D convolution (PyTorch Conv{1,2,3}d, groups = 1) as
+// im2col + GEMM, with a direct nested-loop reference beside it.
+//
+//   y[n, co, o] = b[co] + sum_{ci, kk} w[co, ci, kk] * x[n, ci, o*s - p + kk*d]
+//   x [N, C_in, in...], w [C_out, C_in, k...], b [C_out], y [N, C_out, out...]
+// (x is zero outside [0, in)). Dimension letters: N batch, Ci/Co channels, ov = prod(out)
+// output positions, iv = prod(in), Kc = Ci * prod(k) rows of the column matrix.
+//
+// The column matrix of sample n is col[(ci, kk), j] = x[n, ci, o(j)*s - p + kk*d], so
+//   forward     y_n [Co, ov]  = W [Co, Kc] · col [Kc, ov]            (+ b)
+//   backward    dW  [Co, Kc] += dy_n [Co, ov] · col^T
+//               dcol [Kc, ov] = W^T · dy_n,  dx_n += col2im(dcol)   (the adjoint of im2col)
+// (Chellapilla et al. 2006; cs231n "Convolutional Networks", im2col).
+//
+// Performance: the column matrix is built in blocks of output positions sized to stay in
+// L2 (DDL_CONV_BLOCK_BYTES), so im2col writes and the GEMM reads hit cache (measured: a
+// GEMM per block is faster than one over the whole column matrix). When one sample has fewer positions than
+// a block, several samples share a block (one larger GEMM) and the output goes through a
+// staging block. Along the innermost spatial dimension im2col copies contiguous runs
+// (memcpy when the stride is 1) and zero-fills the padding; col2im adds runs back.
+// 1x1 convolutions with stride 1 and no padding skip im2col (x is its own column matrix).
+// Not collective; allocates nothing.
+#include <limits.h>
+#include <string.h>
+
+#include "base/check.h"
+#include "ddl/kernels.h"
+
+// Target size of one im2col block: half of a 1 MiB L2, leaving room for W and the output
+// block. Measured on the 64->64, 56x56, 3x3 case (see tests/bench/bench_kernels.c).
+#define DDL_CONV_BLOCK_BYTES ((size_t)512 * 1024)
+// Fewest columns per block, so that very deep inputs (large Kc) still give GEMMs with a
+// reasonable N.
+#define DDL_CONV_MIN_COLS 128
+
+// ---- geometry ----------------------------------------------------------------
+
+// The spatial geometry as three dimensions, the leading ones padded with extent 1, so
+// every loop below is a fixed 3-deep nest whatever nsp is.
+typedef struct sp3 {
+    int64_t in[3], k[3], s[3], p[3], d[3], out[3];
+    int64_t iv, ov, kv; // prod(in), prod(out), prod(k)
+} sp3;
+
+typedef struct conv_plan {
+    sp3     sp;
+    int64_t Kc;          // C_in * kv: rows of the column matrix
+    bool    direct;      // 1x1, stride 1, no padding: x_n is its own column matrix
+    int64_t nb;          // samples per block (> 1 only when a sample is smaller than a block)
+    int64_t cols;        // columns per block (a piece of one sample, or nb whole samples)
+    size_t  col_bytes;   // im2col block, rounded up to DDL_ALIGN
+    size_t  stage_bytes; // output staging block, used when nb > 1
+} conv_plan;
+
+static bool mul_ok(int64_t a, int64_t b, int64_t *out)
+{
+    return !__builtin_mul_overflow(a, b, out);
+}
+
+ddl_status ddl_conv_geom_init(ddl_conv_geom *g, int nsp, int64_t N, int64_t C_in,
+                              int64_t C_out, const int64_t *in, const int64_t *k,
+                              const int64_t *stride, const int64_t *pad,
+                              const int64_t *dilation)
+{
+    DDL_REQUIRE(g != NULL, DDL_EINVAL, "conv: geometry pointer is NULL");
+    DDL_REQUIRE(nsp >= 1 && nsp <= 3, DDL_EINVAL, "conv: %d spatial dimensions, expected 1..3",
+                nsp);
+    DDL_REQUIRE(in != NULL && k != NULL, DDL_EINVAL, "conv: input or kernel extents are NULL");
+    DDL_REQUIRE(N >= 0 && C_in >= 0 && C_out >= 0, DDL_EINVAL,
+                "conv: negative size N=%lld C_in=%lld C_out=%lld", (long long)N,
+                (long long)C_in, (long long)C_out);
+    ddl_conv_geom t = {.nsp = nsp, .N = N, .C_in = C_in, .C_out = C_out};
+    int64_t       iv = 1, ov = 1, kv = 1;
+    for (int i = 0; i < 3; i++) {
+        t.in[i] = t.k[i] = t.s[i] = t.d[i] = t.out[i] = 1;
+        t.p[i] = 0;
+    }
+    for (int i = 0; i < nsp; i++) {
+        t.in[i] = in[i];
+        t.k[i]  = k[i];
+        t.s[i]  = stride ? stride[i] : 1;
+        t.p[i]  = pad ? pad[i] : 0;
+        t.d[i]  = dilation ? dilation[i] : 1;
+        DDL_REQUIRE(t.in[i] >= 1 && t.in[i] <= INT_MAX, DDL_EINVAL,
+                    "conv: input extent in[%d] = %lld, expected 1..INT_MAX", i,
+                    (long long)t.in[i]);
+        DDL_REQUIRE(t.k[i] >= 1 && t.k[i] <= INT_MAX, DDL_EINVAL,
+                    "conv: kernel extent k[%d] = %lld, expected >= 1", i, (long long)t.k[i]);
+        DDL_REQUIRE(t.s[i] >= 1 && t.s[i] <= INT_MAX, DDL_EINVAL,
+                    "conv: stride s[%d] = %lld, expected >= 1", i, (long long)t.s[i]);
+        DDL_REQUIRE(t.d[i] >= 1 && t.d[i] <= INT_MAX, DDL_EINVAL,
+                    "conv: dilation d[%d] = %lld, expected >= 1", i, (long long)t.d[i]);
+        DDL_REQUIRE(t.p[i] >= 0 && t.p[i] <= INT_MAX, DDL_EINVAL,
+                    "conv: padding p[%d] = %lld, expected >= 0", i, (long long)t.p[i]);
+        int64_t extent = t.d[i] * (t.k[i] - 1) + 1;
+        int64_t padded = t.in[i] + 2 * t.p[i];
+        DDL_REQUIRE(extent <= padded, DDL_EINVAL,
+                    "conv: dim %d: dilated kernel extent %lld (k=%lld, d=%lld) exceeds the "
+                    "padded input %lld (in=%lld + 2*pad=%lld)",
+                    i, (long long)extent, (long long)t.k[i], (long long)t.d[i],
+                    (long long)padded, (long long)t.in[i], (long long)t.p[i]);
+        t.out[i] = (padded - extent) / t.s[i] + 1;
+        DDL_REQUIRE(mul_ok(iv, t.in[i], &iv) && mul_ok(ov, t.out[i], &ov) &&
+                        mul_ok(kv, t.k[i], &kv),
+                    DDL_EINVAL, "conv: spatial volume overflows");
+    }
+    // GEMM sizes and leading dimensions are BLAS ints; whole tensors are int64 indexed.
+    int64_t Kc, tmp;
+    DDL_REQUIRE(iv <= INT_MAX && ov <= INT_MAX && mul_ok(C_in, kv, &Kc) && Kc <= INT_MAX,
+                DDL_EINVAL, "conv: per-sample sizes exceed INT_MAX (in %lld, out %lld)",
+                (long long)iv, (long long)ov);
+    DDL_REQUIRE(mul_ok(N, C_in, &tmp) && mul_ok(tmp, iv, &tmp) && mul_ok(N, C_out, &tmp) &&
+                    mul_ok(tmp, ov, &tmp) && mul_ok(C_out, Kc, &tmp),
+                DDL_EINVAL, "conv: tensor sizes overflow int64");
+    *g = t;
+    return DDL_OK;
+}
+
+static sp3 sp3_from(const ddl_conv_geom *g)
+{
+    sp3 sp;
+    int sh = 3 - g->nsp;
+    sp.iv = sp.ov = sp.kv = 1;
+    for (int i = 0; i < 3; i++) {
+        int j    = i - sh; // user dimension, or < 0 for a padding dimension
+        sp.in[i] = j >= 0 ? g->in[j] : 1;
+        sp.k[i]  = j >= 0 ? g->k[j] : 1;
+        sp.s[i]  = j >= 0 ? g->s[j] : 1;
+        sp.p[i]  = j >= 0 ? g->p[j] : 0;
+        sp.d[i]  = j >= 0 ? g->d[j] : 1;
+        sp.out[i] = j >= 0 ? g->out[j] : 1;
+        sp.iv *= sp.in[i];
+        sp.ov *= sp.out[i];
+        sp.kv *= sp.k[i];
+    }
+    return sp;
+}
+
+// Re-validates g (it is a public struct the caller may have edited) and derives the plan:
+// how many columns an im2col block has and how much workspace that takes.
+static ddl_status conv_plan_make(const char *who, ddl_dtype dt, const ddl_conv_geom *g,
+                                 conv_plan *P)
+{
+    DDL_REQUIRE(dt == DDL_F32 || dt == DDL_F64, DDL_EINVAL, "%s: unknown dtype %d", who,
+                (int)dt);
+    DDL_REQUIRE(g != NULL, DDL_EINVAL, "%s: geometry is NULL", who);
+    ddl_conv_geom chk;
+    DDL_CHECK(ddl_conv_geom_init(&chk, g->nsp, g->N, g->C_in, g->C_out, g->in, g->k, g->s,
+                                 g->p, g->d));
+    for (int i = 0; i < 3; i++) {
+        DDL_REQUIRE(chk.out[i] == g->out[i], DDL_EINVAL,
+                    "%s: geometry out[%d] = %lld but in/k/s/p/d give %lld (use "
+                    "ddl_conv_geom_init)",
+                    who, i, (long long)g->out[i], (long long)chk.out[i]);
+    }
+    memset(P, 0, sizeof(*P));
+    P->sp     = sp3_from(g);
+    P->Kc     = g->C_in * P->sp.kv;
+    P->direct = true;
+    for (int i = 0; i < 3; i++) {
+        if (P->sp.k[i] != 1 || P->sp.s[i] != 1 || P->sp.p[i] != 0) {
+            P->direct = false;
+        }
+    }
+    if (P->direct || P->Kc == 0 || g->N == 0 || g->C_out == 0) {
+        P->nb   = 1;
+        P->cols = P->sp.ov;
+        return DDL_OK; // no workspace
+    }
+    size_t  es     = ddl_dtype_size(dt);
+    int64_t target = (int64_t)(DDL_CONV_BLOCK_BYTES / ((size_t)P->Kc * es));
+    if (target < DDL_CONV_MIN_COLS) {
+        target = DDL_CONV_MIN_COLS;
+    }
+    int64_t ov = P->sp.ov;
+    if (ov >= target) {
+        // Split each sample's positions into equal pieces of at most `target` columns.
+        int64_t pieces = (ov + target - 1) / target;
+        P->nb          = 1;
+        P->cols        = (ov + pieces - 1) / pieces;
+    } else {
+        P->nb = target / ov;
+        if (P->nb > g->N) {
+            P->nb = g->N;
+        }
+        P->cols = P->nb * ov;
+    }
+    size_t a       = DDL_ALIGN;
+    P->col_bytes   = ((size_t)P->Kc * (size_t)P->cols * es + a - 1) / a * a;
+    P->stage_bytes = P->nb > 1 ? (size_t)g->C_out * (size_t)P->cols * es : 0;
+    return DDL_OK;
+}
+
+size_t ddl_conv_workspace_bytes(ddl_dtype dt, const ddl_conv_geom *g)
+{
+    conv_plan P;
+    if (conv_plan_make("conv_workspace_bytes", dt, g, &P) != DDL_OK) {
+        return 0;
+    }
+    return P.col_bytes + P.stage_bytes;
+}
+
+// ---- element helpers -----------------------------------------------------------
+
+static inline int64_t floor_div(int64_t a, int64_t b) // b > 0
+{
+    int64_t q = a / b;
+    return (a % b != 0 && a < 0) ? q - 1 : q;
+}
+
+static inline int64_t clamp64(int64_t v, int64_t lo, int64_t hi)
+{
+    return v < lo ? lo : (v > hi ? hi : v);
+}
+
+static inline double ld_at(ddl_dtype dt, const void *p, int64_t i)
+{
+    return dt == DDL_F32 ? (double)((const float *)p)[i] : ((const double *)p)[i];
+}
+
+static inline void add_at(ddl_dtype dt, void *p, int64_t i, double v)
+{
+    if (dt == DDL_F32) {
+        ((float *)p)[i] += (float)v;
+    } else {
+        ((double *)p)[i] += v;
+    }
+}
+
+static inline void st_at(ddl_dtype dt, void *p, int64_t i, double v)
+{
+    if (dt == DDL_F32) {
+        ((float *)p)[i] = (float)v;
+    } else {
+        ((double *)p)[i] = v;
+    }
+}
+
+// dst[0..n) = src[0, s, 2s, ...].
+static inline void copy_run(ddl_dtype dt, void *dst, const void *src, int64_t n, int64_t s)
+{
+    if (n <= 0) {
+        return;
+    }
+    if (s == 1) {
+        memcpy(dst, src, (size_t)n * ddl_dtype_size(dt));
+    } else if (dt == DDL_F32) {
+        const float *x = src;
+        float       *y = dst;
+        for (int64_t i = 0; i < n; i++) {
+            y[i] = x[i * s];
+        }
+    } else {
+        const double *x = src;
+        double       *y = dst;
+        for (int64_t i = 0; i < n; i++) {
+            y[i] = x[i * s];
+        }
+    }
+}
+
+static inline void zero_run(ddl_dtype dt, void *dst, int64_t n)
+{
+    if (n > 0) {
+        memset(dst, 0, (size_t)n * ddl_dtype_size(dt));
+    }
+}
+
+// Eight lanes at a time through GCC/Clang vector types: the default -O2 build does not
+// auto-vectorize these short runs, and col2im is dominated by them. memcpy does the
+// unaligned loads and stores.
+typedef float  ddl_v8f __attribute__((vector_size(32)));
+typedef double ddl_v4d __attribute__((vector_size(32)));
+
+// dst[0, s, 2s, ...] += src[0..n).
+static inline void add_run(ddl_dtype dt, void *dst, const void *src, int64_t n, int64_t s)
+{
+    if (dt == DDL_F32) {
+        const float *restrict x = src;
+        float *restrict y       = dst;
+        int64_t i               = 0;
+        if (s == 1) {
+            for (; i + 8 <= n; i += 8) {
+                ddl_v8f a, b;
+                memcpy(&a, y + i, sizeof a);
+                memcpy(&b, x + i, sizeof b);
+                a += b;
+                memcpy(y + i, &a, sizeof a);
+            }
+        }
+        for (; i < n; i++) {
+            y[i * s] += x[i];
+        }
+    } else {
+        const double *restrict x = src;
+        double *restrict y       = dst;
+        int64_t i                = 0;
+        if (s == 1) {
+            for (; i + 4 <= n; i += 4) {
+                ddl_v4d a, b;
+                memcpy(&a, y + i, sizeof a);
+                memcpy(&b, x + i, sizeof b);
+                a += b;
+                memcpy(y + i, &a, sizeof a);
+            }
+        }
+        for (; i < n; i++) {
+            y[i * s] += x[i];
+        }
+    }
+}
+
+// ---- im2col / col2im --------------------------------------------------------------
+// Both walk the column matrix of one sample restricted to output positions [j0, j0 + nc):
+// row r = (ci, k0, k1, k2) has nc entries, stored with leading dimension ldcol. The
+// positions are visited as runs along the innermost output dimension (o2 in [a, b) of
+// output row (o0, o1)), stepping from run to run without divisions. Within a run the
+// taps inside the input are o2 in [lo2, hi2), an interval that depends only on k2, and
+// their input index advances by the stride s2.
+
+typedef struct col_row {
+    int64_t off[3];   // kk*d - p per dimension: input index = o*s + off
+    int64_t lo2, hi2; // o2 whose tap lies inside the input
+} col_row;
+
+static inline void col_row_init(const sp3 *sp, int64_t k0, int64_t k1, int64_t k2,
+                                col_row *w)
+{
+    w->off[0] = k0 * sp->d[0] - sp->p[0];
+    w->off[1] = k1 * sp->d[1] - sp->p[1];
+    w->off[2] = k2 * sp->d[2] - sp->p[2];
+    // 0 <= o2*s2 + off2 <= in2 - 1, i.e. ceil(-off2 / s2) <= o2 <= floor((in2-1-off2) / s2)
+    w->lo2 = clamp64(-floor_div(w->off[2], sp->s[2]), 0, sp->out[2]);
+    w->hi2 = clamp64(floor_div(sp->in[2] - 1 - w->off[2], sp->s[2]) + 1, w->lo2, sp->out[2]);
+}
+
+// Where the block starts: output row (o0, o1) and position a within it.
+typedef struct run_start {
+    int64_t o0, o1, a;
+} run_start;
+
+static inline run_start run_start_of(const sp3 *sp, int64_t j0)
+{
+    run_start st;
+    int64_t   row = j0 / sp->out[2];
+    st.a          = j0 - row * sp->out[2];
+    st.o0         = row / sp->out[1];
+    st.o1         = row - st.o0 * sp->out[1];
+    return st;
+}
+
+// col[r, j - j0] = x_n[ci, o(j)*s + kk*d - p] (0 outside the input).
+static void im2col(ddl_dtype dt, const sp3 *sp, int64_t Ci, void *col, int64_t ldcol,
+                   const void *xn, int64_t j0, int64_t nc)
+{
+    const size_t    es = ddl_dtype_size(dt);
+    const int64_t   O1 = sp->out[1], O2 = sp->out[2];
+    const int64_t   I0 = sp->in[0], I1 = sp->in[1], I2 = sp->in[2];
+    const run_start st = run_start_of(sp, j0);
+    int64_t         r  = 0;
+    for (int64_t ci = 0; ci < Ci; ci++) {
+        const char *xc = (const char *)xn + (size_t)(ci * sp->iv) * es;
+        for (int64_t k0 = 0; k0 < sp->k[0]; k0++) {
+            for (int64_t k1 = 0; k1 < sp->k[1]; k1++) {
+                for (int64_t k2 = 0; k2 < sp->k[2]; k2++, r++) {
+                    col_row w;
+                    col_row_init(sp, k0, k1, k2, &w);
+                    char   *dst = (char *)col + (size_t)(r * ldcol) * es;
+                    int64_t o0 = st.o0, o1 = st.o1, a = st.a, left = nc;
+                    while (left > 0) {
+                        int64_t b  = O2 - a < left ? O2 : a + left;
+                        int64_t i0 = o0 * sp->s[0] + w.off[0], i1 = o1 * sp->s[1] + w.off[1];
+                        if (i0 < 0 || i0 >= I0 || i1 < 0 || i1 >= I1) {
+                            zero_run(dt, dst, b - a);
+                        } else {
+                            int64_t lo = clamp64(w.lo2, a, b), hi = clamp64(w.hi2, lo, b);
+                            int64_t i2 = lo * sp->s[2] + w.off[2];
+                            zero_run(dt, dst, lo - a);
+                            copy_run(dt, dst + (size_t)(lo - a) * es,
+                                     xc + (size_t)((i0 * I1 + i1) * I2 + i2) * es, hi - lo,
+                                     sp->s[2]);
+                            zero_run(dt, dst + (size_t)(hi - a) * es, b - hi);
+                        }
+                        dst += (size_t)(b - a) * es;
+                        left -= b - a;
+                        a = 0;
+                        if (++o1 == O1) {
+                            o1 = 0;
+                            o0++;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+// dx_n[ci, o(j)*s + kk*d - p] += col[r, j - j0] for taps inside the input: the adjoint
+// of im2col (padding taps are dropped).
+static void col2im_add(ddl_dtype dt, const sp3 *sp, int64_t Ci, const void *col,
+                       int64_t ldcol, void *dxn, int64_t j0, int64_t nc)
+{
+    const size_t    es = ddl_dtype_size(dt);
+    const int64_t   O1 = sp->out[1], O2 = sp->out[2];
+    const int64_t   I0 = sp->in[0], I1 = sp->in[1], I2 = sp->in[2];
+    const run_start st = run_start_of(sp, j0);
+    int64_t         r  = 0;
+    for (int64_t ci = 0; ci < Ci; ci++) {
+        char *xc = (char *)dxn + (size_t)(ci * sp->iv) * es;
+        for (int64_t k0 = 0; k0 < sp->k[0]; k0++) {
+            for (int64_t k1 = 0; k1 < sp->k[1]; k1++) {
+                for (int64_t k2 = 0; k2 < sp->k[2]; k2++, r++) {
+                    col_row w;
+                    col_row_init(sp, k0, k1, k2, &w);
+                    const char *src = (const char *)col + (size_t)(r * ldcol) * es;
+                    int64_t     o0 = st.o0, o1 = st.o1, a = st.a, left = nc;
+                    while (left > 0) {
+                        int64_t b  = O2 - a < left ? O2 : a + left;
+                        int64_t i0 = o0 * sp->s[0] + w.off[0], i1 = o1 * sp->s[1] + w.off[1];
+                        if (i0 >= 0 && i0 < I0 && i1 >= 0 && i1 < I1) {
+                            int64_t lo = clamp64(w.lo2, a, b), hi = clamp64(w.hi2, lo, b);
+                            int64_t i2 = lo * sp->s[2] + w.off[2];
+                            add_run(dt, xc + (size_t)((i0 * I1 + i1) * I2 + i2) * es,
+                                    src + (size_t)(lo - a) * es, hi - lo, sp->s[2]);
+                        }
+                        src += (size_t)(b - a) * es;
+                        left -= b - a;
+                        a = 0;
+                        if (++o1 == O1) {
+                            o1 = 0;
+                            o0++;
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+// ---- forward ----------------------------------------------------------------------
+
+// Sum of p[0..n) in double, in four independent chains (a single chain is bound by the
+// add latency; this one by the loads).
+static double row_sum(ddl_dtype dt, const void *p, int64_t n)
+{
+    double  s[4] = {0.0, 0.0, 0.0, 0.0};
+    int64_t i    = 0;
+    if (dt == DDL_F32) {
+        const float *x = p;
+        for (; i + 4 <= n; i += 4) {
+            s[0] += x[i];
+            s[1] += x[i + 1];
+            s[2] += x[i + 2];
+            s[3] += x[i + 3];
+        }
+        for (; i < n; i++) {
+            s[0] += x[i];
+        }
+    } else {
+        const double *x = p;
+        for (; i + 4 <= n; i += 4) {
+            s[0] += x[i];
+            s[1] += x[i + 1];
+            s[2] += x[i + 2];
+            s[3] += x[i + 3];
+        }
+        for (; i < n; i++) {
+            s[0] += x[i];
+        }
+    }
+    return (s[0] + s[1]) + (s[2] + s[3]);
+}
+
+static inline char *elem(const void *p, int64_t i, size_t es)
+{
+    return (char *)p + (size_t)i * es;
+}
+
+// rows [Co] x cols [nc] block with leading dimension ld: y[co, :] += b[co].
+static void add_bias(ddl_dtype dt, void *y, int64_t ld, int64_t Co, int64_t nc, const void *b)
+{
+    for (int64_t co = 0; co < Co; co++) {
+        if (dt == DDL_F32) {
+            float *r = (float *)y + co * ld, v = ((const float *)b)[co];
+            for (int64_t j = 0; j < nc; j++) {
+                r[j] += v;
+            }
+        } else {
+            double *r = (double *)y + co * ld, v = ((const double *)b)[co];
+            for (int64_t j = 0; j < nc; j++) {
+                r[j] += v;
+            }
+        }
+    }
+}
+
+static ddl_status conv_args(const char *who, ddl_dtype dt, const ddl_conv_geom *g,
+                            const void *ws, size_t ws_bytes, conv_plan *P)
+{
+    DDL_CHECK(conv_plan_make(who, dt, g, P));
+    size_t need = P->col_bytes + P->stage_bytes;
+    DDL_REQUIRE(ws_bytes >= need && (need == 0 || ws != NULL), DDL_EINVAL,
+                "%s: workspace of %zu bytes%s, need %zu (ddl_conv_workspace_bytes)", who,
+                ws_bytes, ws == NULL ? " (NULL)" : "", need);
+    return DDL_OK;
+}
+
+ddl_status ddl_conv_forward(ddl_dtype dt, const ddl_conv_geom *g, void *y, const void *x,
+                            const void *w, const void *b, void *ws, size_t ws_bytes)
+{
+    conv_plan P;
+    DDL_CHECK(conv_args("conv_forward", dt, g, ws, ws_bytes, &P));
+    const int64_t N = g->N, Ci = g->C_in, Co = g->C_out, Kc = P.Kc;
+    const int64_t iv = P.sp.iv, ov = P.sp.ov;
+    const size_t  es = ddl_dtype_size(dt);
+    if (N == 0 || Co == 0) {
+        return DDL_OK;
+    }
+    DDL_REQUIRE(y != NULL && (Kc == 0 || (x != NULL && w != NULL)), DDL_EINVAL,
+                "conv_forward: y, x or w is NULL");
+    if (Kc == 0) {
+        // No input channels: the product is empty and y is the bias (or zero).
+        memset(y, 0, (size_t)(N * Co * ov) * es);
+        for (int64_t n = 0; b != NULL && n < N; n++) {
+            add_bias(dt, elem(y, n * Co * ov, es), ov, Co, ov, b);
+        }
+        return DDL_OK;
+    }
+    if (P.direct) {
+        // y_n [Co, ov] = W [Co, Ci] · x_n [Ci, ov] (+ b): x_n is its own column matrix.
+        for (int64_t n = 0; n < N; n++) {
+            char *yn = elem(y, n * Co * ov, es);
+            DDL_CHECK(ddl_gemm(dt, false, false, Co, ov, Ci, 1.0, w, Ci, elem(x, n * Ci * iv, es),
+                               ov, 0.0, yn, ov));
+            if (b != NULL) {
+                add_bias(dt, yn, ov, Co, ov, b);
+            }
+        }
+        return DDL_OK;
+    }
+    char *col   = ws;
+    char *stage = (char *)ws + P.col_bytes;
+    if (P.nb == 1) {
+        for (int64_t n = 0; n < N; n++) {
+            const char *xn = elem(x, n * Ci * iv, es);
+            char       *yn = elem(y, n * Co * ov, es);
+            for (int64_t j0 = 0; j0 < ov; j0 += P.cols) {
+                int64_t nc = ov - j0 < P.cols ? ov - j0 : P.cols;
+                im2col(dt, &P.sp, Ci, col, nc, xn, j0, nc);
+                DDL_CHECK(ddl_gemm(dt, false, false, Co, nc, Kc, 1.0, w, Kc, col, nc, 0.0,
+                                   elem(yn, j0, es), ov));
+                if (b != NULL) {
+                    add_bias(dt, elem(yn, j0, es), ov, Co, nc, b);
+                }
+            }
+        }
+        return DDL_OK;
+    }
+    // Several samples per block: columns [t*ov, (t+1)*ov) belong to sample n0 + t, and the
+    // GEMM result [Co, nc] is scattered back to the per-sample [Co, ov] layout.
+    for (int64_t n0 = 0; n0 < N; n0 += P.nb) {
+        int64_t nt = N - n0 < P.nb ? N - n0 : P.nb, nc = nt * ov;
+        for (int64_t t = 0; t < nt; t++) {
+            im2col(dt, &P.sp, Ci, elem(col, t * ov, es), nc, elem(x, (n0 + t) * Ci * iv, es), 0,
+                   ov);
+        }
+        DDL_CHECK(ddl_gemm(dt, false, false, Co, nc, Kc, 1.0, w, Kc, col, nc, 0.0, stage, nc));
+        if (b != NULL) {
+            add_bias(dt, stage, nc, Co, nc, b);
+        }
+        for (int64_t t = 0; t < nt; t++) {
+            for (int64_t co = 0; co < Co; co++) {
+                memcpy(elem(y, ((n0 + t) * Co + co) * ov, es), elem(stage, co * nc + t * ov, es),
+                       (size_t)ov * es);
+            }
+        }
+    }
+    return DDL_OK;
+}
+
+// ---- backward ---------------------------------------------------------------------
+
+ddl_status ddl_conv_backward(ddl_dtype dt, const ddl_conv_geom *g, void *dx, void *dw,
+                             void *db, const void *dy, const void *x, const void *w, void *ws,
+                             size_t ws_bytes)
+{
+    conv_plan P;
+    DDL_CHECK(conv_args("conv_backward", dt, g, ws, ws_bytes, &P));
+    const int64_t N = g->N, Ci = g->C_in, Co = g->C_out, Kc = P.Kc;
+    const int64_t iv = P.sp.iv, ov = P.sp.ov;
+    const size_t  es = ddl_dtype_size(dt);
+    if (N == 0 || Co == 0) {
+        return DDL_OK;
+    }
+    DDL_REQUIRE(dy != NULL, DDL_EINVAL, "conv_backward: dy is NULL");
+    DDL_REQUIRE(dw == NULL || Kc == 0 || x != NULL, DDL_EINVAL,
+                "conv_backward: dw requested but x is NULL");
+    DDL_REQUIRE(dx == NULL || Kc == 0 || w != NULL, DDL_EINVAL,
+                "conv_backward: dx requested but w is NULL");
+    if (db != NULL) {
+        // db[co] += sum over samples and positions of dy, summed in double.
+        for (int64_t co = 0; co < Co; co++) {
+            double acc = 0.0;
+            for (int64_t n = 0; n < N; n++) {
+                acc += row_sum(dt, elem(dy, (n * Co + co) * ov, es), ov);
+            }
+            add_at(dt, db, co, acc);
+        }
+    }
+    if (Kc == 0 || (dx == NULL && dw == NULL)) {
+        return DDL_OK;
+    }
+    if (P.direct) {
+        for (int64_t n = 0; n < N; n++) {
+            const char *dyn = elem(dy, n * Co * ov, es);
+            if (dw != NULL) {
+                DDL_CHECK(ddl_gemm(dt, false, true, Co, Ci, ov, 1.0, dyn, ov,
+                                   elem(x, n * Ci * iv, es), ov, 1.0, dw, Ci));
+            }
+            if (dx != NULL) {
+                DDL_CHECK(ddl_gemm(dt, true, false, Ci, ov, Co, 1.0, w, Ci, dyn, ov, 1.0,
+                                   elem(dx, n * Ci * iv, es), ov));
+            }
+        }
+        return DDL_OK;
+    }
+    char *col   = ws;
+    char *stage = (char *)ws + P.col_bytes;
+    if (P.nb == 1) {
+        for (int64_t n = 0; n < N; n++) {
+            const char *xn  = x != NULL ? elem(x, n * Ci * iv, es) : NULL;
+            const char *dyn = elem(dy, n * Co * ov, es);
+            char       *dxn = dx != NULL ? elem(dx, n * Ci * iv, es) : NULL;
+            for (int64_t j0 = 0; j0 < ov; j0 += P.cols) {
+                int64_t nc = ov - j0 < P.cols ? ov - j0 : P.cols;
+                if (dw != NULL) {
+                    im2col(dt, &P.sp, Ci, col, nc, xn, j0, nc);
+                    DDL_CHECK(ddl_gemm(dt, false, true, Co, Kc, nc, 1.0, elem(dyn, j0, es), ov,
+                                       col, nc, 1.0, dw, Kc));
+                }
+                if (dx != NULL) {
+                    DDL_CHECK(ddl_gemm(dt, true, false, Kc, nc, Co, 1.0, w, Kc,
+                                       elem(dyn, j0, es), ov, 0.0, col, nc));
+                    col2im_add(dt, &P.sp, Ci, col, nc, dxn, j0, nc);
+                }
+            }
+        }
+        return DDL_OK;
+    }
+    // Several samples per block: gather dy of the block into the staging area [Co, nc]
+    // so both GEMMs see one matrix.
+    for (int64_t n0 = 0; n0 < N; n0 += P.nb) {
+        int64_t nt = N - n0 < P.nb ? N - n0 : P.nb, nc = nt * ov;
+        for (int64_t t = 0; t < nt; t++) {
+            for (int64_t co = 0; co < Co; co++) {
+                memcpy(elem(stage, co * nc + t * ov, es), elem(dy, ((n0 + t) * Co + co) * ov, es),
+                       (size_t)ov * es);
+            }
+        }
+        if (dw != NULL) {
+            for (int64_t t = 0; t < nt; t++) {
+                im2col(dt, &P.sp, Ci, elem(col, t * ov, es), nc,
+                       elem(x, (n0 + t) * Ci * iv, es), 0, ov);
+            }
+            DDL_CHECK(ddl_gemm(dt, false, true, Co, Kc, nc, 1.0, stage, nc, col, nc, 1.0, dw,
+                               Kc));
+        }
+        if (dx != NULL) {
+            DDL_CHECK(ddl_gemm(dt, true, false, Kc, nc, Co, 1.0, w, Kc, stage, nc, 0.0, col, nc));
+            for (int64_t t = 0; t < nt; t++) {
+                col2im_add(dt, &P.sp, Ci, elem(col, t * ov, es), nc,
+                           elem(dx, (n0 + t) * Ci * iv, es), 0, ov);
+            }
+        }
+    }
+    return DDL_OK;
+}
+
+// ---- naive reference --------------------------------------------------------------
+// Direct loops over (n, co, o, ci, kk) with explicit bounds tests: slow, obviously right.
+
+// Flat index of input tap (o + kk) of channel plane `plane`, or -1 for a padding tap.
+static inline int64_t tap_index(const sp3 *sp, int64_t plane, const int64_t o[3],
+                                const int64_t kk[3])
+{
+    int64_t idx = 0;
+    for (int i = 0; i < 3; i++) {
+        int64_t ii = o[i] * sp->s[i] - sp->p[i] + kk[i] * sp->d[i];
+        if (ii < 0 || ii >= sp->in[i]) {
+            return -1;
+        }
+        idx = idx * sp->in[i] + ii;
+    }
+    return plane * sp->iv + idx;
+}
+
+ddl_status ddl_conv_forward_naive(ddl_dtype dt, const ddl_conv_geom *g, void *y, const void *x,
+                                  const void *w, const void *b)
+{
+    conv_plan P;
+    DDL_CHECK(conv_plan_make("conv_forward_naive", dt, g, &P));
+    const sp3    *sp = &P.sp;
+    const int64_t Ci = g->C_in, Co = g->C_out;
+    if (g->N == 0 || Co == 0) {
+        return DDL_OK;
+    }
+    DDL_REQUIRE(y != NULL && (P.Kc == 0 || (x != NULL && w != NULL)), DDL_EINVAL,
+                "conv_forward_naive: y, x or w is NULL");
+    int64_t o[3], kk[3];
+    for (int64_t n = 0; n < g->N; n++) {
+        for (int64_t co = 0; co < Co; co++) {
+            int64_t oi = (n * Co + co) * sp->ov;
+            for (o[0] = 0; o[0] < sp->out[0]; o[0]++) {
+                for (o[1] = 0; o[1] < sp->out[1]; o[1]++) {
+                    for (o[2] = 0; o[2] < sp->out[2]; o[2]++, oi++) {
+                        double acc = b != NULL ? ld_at(dt, b, co) : 0.0;
+                        int64_t wi = co * Ci * sp->kv;
+                        for (int64_t ci = 0; ci < Ci; ci++) {
+                            for (kk[0] = 0; kk[0] < sp->k[0]; kk[0]++) {
+                                for (kk[1] = 0; kk[1] < sp->k[1]; kk[1]++) {
+                                    for (kk[2] = 0; kk[2] < sp->k[2]; kk[2]++, wi++) {
+                                        int64_t xi = tap_index(sp, n * Ci + ci, o, kk);
+                                        if (xi >= 0) {
+                                            acc += ld_at(dt, w, wi) * ld_at(dt, x, xi);
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                        st_at(dt, y, oi, acc);
+                    }
+                }
+            }
+        }
+    }
+    return DDL_OK;
+}
+
+ddl_status ddl_conv_backward_naive(ddl_dtype dt, const ddl_conv_geom *g, void *dx, void *dw,
+                                   void *db, const void *dy, const void *x, const void *w)
+{
+    conv_plan P;
+    DDL_CHECK(conv_plan_make("conv_backward_naive", dt, g, &P));
+    const sp3    *sp = &P.sp;
+    const int64_t Ci = g->C_in, Co = g->C_out;
+    if (g->N == 0 || Co == 0) {
+        return DDL_OK;
+    }
+    DDL_REQUIRE(dy != NULL, DDL_EINVAL, "conv_backward_naive: dy is NULL");
+    DDL_REQUIRE((dw == NULL || P.Kc == 0 || x != NULL) && (dx == NULL || P.Kc == 0 || w != NULL),
+                DDL_EINVAL, "conv_backward_naive: x or w is NULL");
+    int64_t o[3], kk[3];
+    for (int64_t n = 0; n < g->N; n++) {
+        for (int64_t co = 0; co < Co; co++) {
+            int64_t oi = (n * Co + co) * sp->ov;
+            for (o[0] = 0; o[0] < sp->out[0]; o[0]++) {
+                for (o[1] = 0; o[1] < sp->out[1]; o[1]++) {
+                    for (o[2] = 0; o[2] < sp->out[2]; o[2]++, oi++) {
+                        double gy = ld_at(dt, dy, oi);
+                        if (db != NULL) {
+                            add_at(dt, db, co, gy);
+                        }
+                        int64_t wi = co * Ci * sp->kv;
+                        for (int64_t ci = 0; ci < Ci; ci++) {
+                            for (kk[0] = 0; kk[0] < sp->k[0]; kk[0]++) {
+                                for (kk[1] = 0; kk[1] < sp->k[1]; kk[1]++) {
+                                    for (kk[2] = 0; kk[2] < sp->k[2]; kk[2]++, wi++) {
+                                        int64_t xi = tap_index(sp, n * Ci + ci, o, kk);
+                                        if (xi < 0) {
+                                            continue;
+                                        }
+                                        if (dx != NULL) {
+                                            add_at(dt, dx, xi, gy * ld_at(dt, w, wi));
+                                        }
+                                        if (dw != NULL) {
+                                            add_at(dt, dw, wi, gy * ld_at(dt, x, xi));
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    return DDL_OK;
+}

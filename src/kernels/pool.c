@@ -1,1 +1,325 @@
-// pool: being written
+// kernels/pool.c: 1-D, 2-D and 3-D max and average pooling (PyTorch MaxPool/AvgPool{1,2,3}d,
+// floor mode), forward and backward.
+//
+//   max: y[n, c, o] = max_{kk} x[n, c, o*s - p + kk*d]      (padding taps are -inf)
+//        argmax[n, c, o] = flat index in x of the first maximum (NaN wins, as in PyTorch)
+//   avg: y[n, c, o] = (1 / prod(k)) sum_{kk} x[n, c, o*s - p + kk]   (padding taps are 0;
+//        count_include_pad = True, PyTorch's default)
+//   x [N, C, in...], y [N, C, out...], argmax [N, C, out...] int64 in the workspace.
+// The backward is the adjoint of the forward for fixed argmax: max sends dy[o] to
+// x[argmax[o]], avg spreads dy[o] / prod(k) over the window's input taps; both add into dx.
+//
+// For each window, the valid kernel offsets along each dimension form one interval
+// [klo, khi) (taps inside the input), so the inner loops carry no bounds tests.
+// Not collective; allocates nothing.
+#include <limits.h>
+#include <math.h>
+#include <string.h>
+
+#include "base/check.h"
+#include "ddl/kernels.h"
+
+// ---- geometry ----------------------------------------------------------------
+
+// The spatial geometry as three dimensions, the leading ones padded with extent 1.
+typedef struct sp3 {
+    int64_t in[3], k[3], s[3], p[3], d[3], out[3];
+    int64_t iv, ov, kv; // prod(in), prod(out), prod(k)
+} sp3;
+
+static bool mul_ok(int64_t a, int64_t b, int64_t *out)
+{
+    return !__builtin_mul_overflow(a, b, out);
+}
+
+ddl_status ddl_pool_geom_init(ddl_pool_geom *g, ddl_pool_mode mode, int nsp, int64_t N,
+                              int64_t C, const int64_t *in, const int64_t *k,
+                              const int64_t *stride, const int64_t *pad,
+                              const int64_t *dilation)
+{
+    DDL_REQUIRE(g != NULL, DDL_EINVAL, "pool: geometry pointer is NULL");
+    DDL_REQUIRE(mode == DDL_POOL_MAX || mode == DDL_POOL_AVG, DDL_EINVAL,
+                "pool: unknown mode %d", (int)mode);
+    const char *name = mode == DDL_POOL_MAX ? "max_pool" : "avg_pool";
+    DDL_REQUIRE(nsp >= 1 && nsp <= 3, DDL_EINVAL, "%s: %d spatial dimensions, expected 1..3",
+                name, nsp);
+    DDL_REQUIRE(in != NULL && k != NULL, DDL_EINVAL, "%s: input or kernel extents are NULL",
+                name);
+    DDL_REQUIRE(N >= 0 && C >= 0, DDL_EINVAL, "%s: negative size N=%lld C=%lld", name,
+                (long long)N, (long long)C);
+    ddl_pool_geom t = {.mode = mode, .nsp = nsp, .N = N, .C = C};
+    int64_t       iv = 1, ov = 1;
+    for (int i = 0; i < 3; i++) {
+        t.in[i] = t.k[i] = t.s[i] = t.d[i] = t.out[i] = 1;
+        t.p[i] = 0;
+    }
+    for (int i = 0; i < nsp; i++) {
+        t.in[i] = in[i];
+        t.k[i]  = k[i];
+        t.s[i]  = (stride != NULL && stride[i] != 0) ? stride[i] : k[i]; // PyTorch default
+        t.p[i]  = pad ? pad[i] : 0;
+        t.d[i]  = dilation ? dilation[i] : 1;
+        DDL_REQUIRE(t.in[i] >= 1 && t.in[i] <= INT_MAX, DDL_EINVAL,
+                    "%s: input extent in[%d] = %lld, expected 1..INT_MAX", name, i,
+                    (long long)t.in[i]);
+        DDL_REQUIRE(t.k[i] >= 1 && t.k[i] <= INT_MAX, DDL_EINVAL,
+                    "%s: kernel extent k[%d] = %lld, expected >= 1", name, i,
+                    (long long)t.k[i]);
+        DDL_REQUIRE(t.s[i] >= 1 && t.s[i] <= INT_MAX, DDL_EINVAL,
+                    "%s: stride s[%d] = %lld, expected >= 1 (or 0 for the kernel size)", name,
+                    i, (long long)t.s[i]);
+        DDL_REQUIRE(t.d[i] >= 1 && t.d[i] <= INT_MAX, DDL_EINVAL,
+                    "%s: dilation d[%d] = %lld, expected >= 1", name, i, (long long)t.d[i]);
+        DDL_REQUIRE(mode == DDL_POOL_MAX || t.d[i] == 1, DDL_EINVAL,
+                    "avg_pool: dilation d[%d] = %lld, average pooling has no dilation "
+                    "(PyTorch AvgPool), expected 1",
+                    i, (long long)t.d[i]);
+        DDL_REQUIRE(t.p[i] >= 0, DDL_EINVAL, "%s: padding p[%d] = %lld, expected >= 0", name,
+                    i, (long long)t.p[i]);
+        DDL_REQUIRE(t.p[i] <= t.k[i] / 2, DDL_EINVAL,
+                    "%s: padding p[%d] = %lld exceeds half the kernel size k/2 = %lld "
+                    "(PyTorch's rule)",
+                    name, i, (long long)t.p[i], (long long)(t.k[i] / 2));
+        int64_t extent = t.d[i] * (t.k[i] - 1) + 1;
+        int64_t padded = t.in[i] + 2 * t.p[i];
+        DDL_REQUIRE(extent <= padded, DDL_EINVAL,
+                    "%s: dim %d: dilated window %lld (k=%lld, d=%lld) exceeds the padded "
+                    "input %lld (in=%lld + 2*pad=%lld): output would be empty",
+                    name, i, (long long)extent, (long long)t.k[i], (long long)t.d[i],
+                    (long long)padded, (long long)t.in[i], (long long)t.p[i]);
+        t.out[i] = (padded - extent) / t.s[i] + 1;
+        DDL_REQUIRE(mul_ok(iv, t.in[i], &iv) && mul_ok(ov, t.out[i], &ov), DDL_EINVAL,
+                    "%s: spatial volume overflows", name);
+    }
+    int64_t tmp;
+    DDL_REQUIRE(mul_ok(N, C, &tmp) && mul_ok(tmp, iv, &tmp) && mul_ok(N * C, ov, &tmp) &&
+                    mul_ok(tmp, 8, &tmp),
+                DDL_EINVAL, "%s: tensor sizes overflow int64", name);
+    *g = t;
+    return DDL_OK;
+}
+
+static sp3 sp3_from(const ddl_pool_geom *g)
+{
+    sp3 sp;
+    int sh = 3 - g->nsp;
+    sp.iv = sp.ov = sp.kv = 1;
+    for (int i = 0; i < 3; i++) {
+        int j     = i - sh; // user dimension, or < 0 for a padding dimension
+        sp.in[i]  = j >= 0 ? g->in[j] : 1;
+        sp.k[i]   = j >= 0 ? g->k[j] : 1;
+        sp.s[i]   = j >= 0 ? g->s[j] : 1;
+        sp.p[i]   = j >= 0 ? g->p[j] : 0;
+        sp.d[i]   = j >= 0 ? g->d[j] : 1;
+        sp.out[i] = j >= 0 ? g->out[j] : 1;
+        sp.iv *= sp.in[i];
+        sp.ov *= sp.out[i];
+        sp.kv *= sp.k[i];
+    }
+    return sp;
+}
+
+// Re-validates g (a public struct the caller may have edited) and its workspace.
+static ddl_status pool_args(const char *who, ddl_dtype dt, const ddl_pool_geom *g,
+                            const void *ws, size_t ws_bytes, sp3 *sp)
+{
+    DDL_REQUIRE(dt == DDL_F32 || dt == DDL_F64, DDL_EINVAL, "%s: unknown dtype %d", who,
+                (int)dt);
+    DDL_REQUIRE(g != NULL, DDL_EINVAL, "%s: geometry is NULL", who);
+    ddl_pool_geom chk;
+    DDL_CHECK(ddl_pool_geom_init(&chk, g->mode, g->nsp, g->N, g->C, g->in, g->k, g->s, g->p,
+                                 g->d));
+    for (int i = 0; i < 3; i++) {
+        DDL_REQUIRE(chk.out[i] == g->out[i], DDL_EINVAL,
+                    "%s: geometry out[%d] = %lld but in/k/s/p/d give %lld (use "
+                    "ddl_pool_geom_init)",
+                    who, i, (long long)g->out[i], (long long)chk.out[i]);
+    }
+    size_t need = ddl_pool_workspace_bytes(g);
+    DDL_REQUIRE(ws_bytes >= need && (need == 0 || ws != NULL), DDL_EINVAL,
+                "%s: workspace of %zu bytes%s, need %zu (ddl_pool_workspace_bytes)", who,
+                ws_bytes, ws == NULL ? " (NULL)" : "", need);
+    DDL_REQUIRE(need == 0 || (uintptr_t)ws % sizeof(int64_t) == 0, DDL_EINVAL,
+                "%s: workspace %p is not 8-byte aligned (argmax is int64)", who, ws);
+    *sp = sp3_from(g);
+    return DDL_OK;
+}
+
+size_t ddl_pool_workspace_bytes(const ddl_pool_geom *g)
+{
+    if (g == NULL || g->mode != DDL_POOL_MAX) {
+        return 0;
+    }
+    int64_t ov = 1;
+    for (int i = 0; i < g->nsp && i < 3; i++) {
+        ov *= g->out[i];
+    }
+    return (size_t)(g->N * g->C * ov) * sizeof(int64_t);
+}
+
+// ---- window walking --------------------------------------------------------------
+
+static inline int64_t floor_div(int64_t a, int64_t b) // b > 0
+{
+    int64_t q = a / b;
+    return (a % b != 0 && a < 0) ? q - 1 : q;
+}
+
+// The window of output position o: along dimension i its taps are start[i] + kk*d[i] for
+// kk in [klo[i], khi[i]) (those inside the input; the interval may be empty).
+typedef struct window {
+    int64_t start[3], klo[3], khi[3];
+} window;
+
+static inline void window_at(const sp3 *sp, const int64_t o[3], window *w)
+{
+    for (int i = 0; i < 3; i++) {
+        int64_t st  = o[i] * sp->s[i] - sp->p[i];
+        int64_t lo  = st < 0 ? -floor_div(st, sp->d[i]) : 0; // ceil(-st / d)
+        int64_t hi  = floor_div(sp->in[i] - 1 - st, sp->d[i]) + 1;
+        w->start[i] = st;
+        w->klo[i]   = lo;
+        w->khi[i]   = hi < sp->k[i] ? hi : sp->k[i];
+        if (w->khi[i] < w->klo[i]) {
+            w->khi[i] = w->klo[i];
+        }
+    }
+}
+
+static inline double ld_at(ddl_dtype dt, const void *p, int64_t i)
+{
+    return dt == DDL_F32 ? (double)((const float *)p)[i] : ((const double *)p)[i];
+}
+
+static inline void st_at(ddl_dtype dt, void *p, int64_t i, double v)
+{
+    if (dt == DDL_F32) {
+        ((float *)p)[i] = (float)v;
+    } else {
+        ((double *)p)[i] = v;
+    }
+}
+
+static inline void add_at(ddl_dtype dt, void *p, int64_t i, double v)
+{
+    if (dt == DDL_F32) {
+        ((float *)p)[i] += (float)v;
+    } else {
+        ((double *)p)[i] += v;
+    }
+}
+
+// ---- forward ----------------------------------------------------------------------
+
+ddl_status ddl_pool_forward(ddl_dtype dt, const ddl_pool_geom *g, void *y, const void *x,
+                            void *ws, size_t ws_bytes)
+{
+    sp3 sp;
+    DDL_CHECK(pool_args("pool_forward", dt, g, ws, ws_bytes, &sp));
+    const int64_t planes = g->N * g->C;
+    if (planes == 0) {
+        return DDL_OK;
+    }
+    DDL_REQUIRE(y != NULL && x != NULL, DDL_EINVAL, "pool_forward: x or y is NULL");
+    const bool is_max = g->mode == DDL_POOL_MAX;
+    int64_t   *arg    = ws;
+    int64_t    o[3];
+    window     w;
+    for (int64_t pl = 0; pl < planes; pl++) {
+        const int64_t xoff = pl * sp.iv;
+        int64_t       oi   = pl * sp.ov;
+        for (o[0] = 0; o[0] < sp.out[0]; o[0]++) {
+            for (o[1] = 0; o[1] < sp.out[1]; o[1]++) {
+                for (o[2] = 0; o[2] < sp.out[2]; o[2]++, oi++) {
+                    window_at(&sp, o, &w);
+                    double  acc  = is_max ? -INFINITY : 0.0;
+                    int64_t best = -1;
+                    for (int64_t k0 = w.klo[0]; k0 < w.khi[0]; k0++) {
+                        int64_t i0 = w.start[0] + k0 * sp.d[0];
+                        for (int64_t k1 = w.klo[1]; k1 < w.khi[1]; k1++) {
+                            int64_t i1  = w.start[1] + k1 * sp.d[1];
+                            int64_t row = xoff + (i0 * sp.in[1] + i1) * sp.in[2] + w.start[2];
+                            for (int64_t k2 = w.klo[2]; k2 < w.khi[2]; k2++) {
+                                int64_t xi = row + k2 * sp.d[2];
+                                double  v  = ld_at(dt, x, xi);
+                                if (!is_max) {
+                                    acc += v;
+                                } else if (best < 0 || v > acc || isnan(v)) {
+                                    acc  = v;
+                                    best = xi;
+                                }
+                            }
+                        }
+                    }
+                    if (is_max) {
+                        arg[oi] = best;
+                        st_at(dt, y, oi, acc);
+                    } else {
+                        st_at(dt, y, oi, acc / (double)sp.kv);
+                    }
+                }
+            }
+        }
+    }
+    return DDL_OK;
+}
+
+// ---- backward ---------------------------------------------------------------------
+
+ddl_status ddl_pool_backward(ddl_dtype dt, const ddl_pool_geom *g, void *dx, const void *dy,
+                             const void *ws, size_t ws_bytes)
+{
+    sp3 sp;
+    DDL_CHECK(pool_args("pool_backward", dt, g, ws, ws_bytes, &sp));
+    const int64_t planes = g->N * g->C;
+    if (planes == 0 || dx == NULL) {
+        return DDL_OK;
+    }
+    DDL_REQUIRE(dy != NULL, DDL_EINVAL, "pool_backward: dy is NULL");
+    if (g->mode == DDL_POOL_MAX) {
+        const int64_t *arg   = ws;
+        const int64_t  n_out = planes * sp.ov;
+        // Validate every index before touching dx (a workspace not filled by
+        // ddl_pool_forward with this geometry must not cause stray writes): an argmax
+        // lies in its output's own plane, or is -1 for a window entirely in the padding.
+        for (int64_t oi = 0; oi < n_out; oi++) {
+            int64_t xi = arg[oi];
+            DDL_REQUIRE(xi == -1 || (xi >= 0 && xi / sp.iv == oi / sp.ov), DDL_EINVAL,
+                        "pool_backward: argmax %lld of output %lld is outside its plane "
+                        "(workspace not from ddl_pool_forward?)",
+                        (long long)xi, (long long)oi);
+        }
+        for (int64_t oi = 0; oi < n_out; oi++) {
+            if (arg[oi] >= 0) {
+                add_at(dt, dx, arg[oi], ld_at(dt, dy, oi));
+            }
+        }
+        return DDL_OK;
+    }
+    const double scale = 1.0 / (double)sp.kv;
+    int64_t      o[3];
+    window       w;
+    for (int64_t pl = 0; pl < planes; pl++) {
+        const int64_t xoff = pl * sp.iv;
+        int64_t       oi   = pl * sp.ov;
+        for (o[0] = 0; o[0] < sp.out[0]; o[0]++) {
+            for (o[1] = 0; o[1] < sp.out[1]; o[1]++) {
+                for (o[2] = 0; o[2] < sp.out[2]; o[2]++, oi++) {
+                    window_at(&sp, o, &w);
+                    double gy = ld_at(dt, dy, oi) * scale;
+                    for (int64_t k0 = w.klo[0]; k0 < w.khi[0]; k0++) {
+                        int64_t i0 = w.start[0] + k0 * sp.d[0];
+                        for (int64_t k1 = w.klo[1]; k1 < w.khi[1]; k1++) {
+                            int64_t i1  = w.start[1] + k1 * sp.d[1];
+                            int64_t row = xoff + (i0 * sp.in[1] + i1) * sp.in[2] + w.start[2];
+                            for (int64_t k2 = w.klo[2]; k2 < w.khi[2]; k2++) {
+                                add_at(dt, dx, row + k2 * sp.d[2], gy);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    return DDL_OK;
+}

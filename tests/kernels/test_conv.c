@@ -1,6 +1,395 @@
-// Placeholder: being written.
+// tests/kernels/test_conv.c: 1-D/2-D/3-D convolution. The im2col + GEMM kernels against the
+// library's direct reference and an independent one in this file (explicit zero padding),
+// in f64 (1e-12) and f32 (1e-4); the backward against central finite differences (f64);
+// accumulation, NULL gradients, hand-computed values and refused geometries.
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ddl/base.h"
+#include "ddl/kernels.h"
+#include "gradcheck.h"
 #include "test.h"
+
+// ---- helpers -----------------------------------------------------------------
+
+// n values uniform in [-1, 1), rounded to float so the same numbers exist in f32.
+static double *rand_vec(int64_t n, uint64_t seed)
+{
+    double *v = malloc((size_t)(n > 0 ? n : 1) * sizeof(double));
+    for (int64_t i = 0; i < n; i++) {
+        v[i] = (double)(float)(2.0 * ddl_rng_uniform(seed, 2, (uint64_t)i) - 1.0);
+    }
+    return v;
+}
+
+static void *as_dtype(ddl_dtype dt, const double *v, int64_t n)
+{
+    void *p = malloc((size_t)(n > 0 ? n : 1) * ddl_dtype_size(dt));
+    for (int64_t i = 0; i < n; i++) {
+        if (dt == DDL_F32) {
+            ((float *)p)[i] = (float)v[i];
+        } else {
+            ((double *)p)[i] = v[i];
+        }
+    }
+    return p;
+}
+
+static void *zeros(ddl_dtype dt, int64_t n)
+{
+    return calloc((size_t)(n > 0 ? n : 1), ddl_dtype_size(dt));
+}
+
+static double at(ddl_dtype dt, const void *p, int64_t i)
+{
+    return dt == DDL_F32 ? (double)((const float *)p)[i] : ((const double *)p)[i];
+}
+
+// max |got - ref| / max |ref| (norm-wise relative error).
+static double rel_err(const double *ref, ddl_dtype dt, const void *got, int64_t n)
+{
+    double num = 0.0, den = 1e-300;
+    for (int64_t i = 0; i < n; i++) {
+        num = fmax(num, fabs(at(dt, got, i) - ref[i]));
+        den = fmax(den, fabs(ref[i]));
+    }
+    return num / den;
+}
+
+static int64_t prod3(const int64_t v[3])
+{
+    return v[0] * v[1] * v[2];
+}
+
+// ---- an independent reference: pad explicitly, then correlate -----------------
+// Spatial dims are taken as three, leading ones of extent 1 (the user's dims last).
+
+typedef struct dims3 {
+    int64_t in[3], k[3], s[3], p[3], d[3], out[3];
+} dims3;
+
+static dims3 dims_of(const ddl_conv_geom *g)
+{
+    dims3 t;
+    int   sh = 3 - g->nsp;
+    for (int i = 0; i < 3; i++) {
+        int j    = i - sh;
+        t.in[i]  = j >= 0 ? g->in[j] : 1;
+        t.k[i]   = j >= 0 ? g->k[j] : 1;
+        t.s[i]   = j >= 0 ? g->s[j] : 1;
+        t.p[i]   = j >= 0 ? g->p[j] : 0;
+        t.d[i]   = j >= 0 ? g->d[j] : 1;
+        t.out[i] = j >= 0 ? g->out[j] : 1;
+    }
+    return t;
+}
+
+static void conv_ref(const ddl_conv_geom *g, double *y, const double *x, const double *w,
+                     const double *b)
+{
+    dims3   t = dims_of(g);
+    int64_t P[3];
+    for (int i = 0; i < 3; i++) {
+        P[i] = t.in[i] + 2 * t.p[i];
+    }
+    int64_t pv = prod3(P), iv = prod3(t.in), ov = prod3(t.out), kv = prod3(t.k);
+    double *xp = calloc((size_t)pv, sizeof(double));
+    for (int64_t n = 0; n < g->N; n++) {
+        for (int64_t co = 0; co < g->C_out; co++) {
+            for (int64_t o = 0; o < ov; o++) {
+                y[(n * g->C_out + co) * ov + o] = b ? b[co] : 0.0;
+            }
+        }
+        for (int64_t ci = 0; ci < g->C_in; ci++) {
+            // The zero-padded plane of channel ci.
+            for (int64_t a = 0; a < t.in[0]; a++) {
+                for (int64_t c = 0; c < t.in[1]; c++) {
+                    for (int64_t e = 0; e < t.in[2]; e++) {
+                        xp[((a + t.p[0]) * P[1] + c + t.p[1]) * P[2] + e + t.p[2]] =
+                            x[(n * g->C_in + ci) * iv + (a * t.in[1] + c) * t.in[2] + e];
+                    }
+                }
+            }
+            for (int64_t co = 0; co < g->C_out; co++) {
+                const double *wk = w + (co * g->C_in + ci) * kv;
+                double       *yo = y + (n * g->C_out + co) * ov;
+                for (int64_t o0 = 0; o0 < t.out[0]; o0++) {
+                    for (int64_t o1 = 0; o1 < t.out[1]; o1++) {
+                        for (int64_t o2 = 0; o2 < t.out[2]; o2++) {
+                            double acc = 0.0;
+                            for (int64_t a = 0; a < t.k[0]; a++) {
+                                for (int64_t c = 0; c < t.k[1]; c++) {
+                                    for (int64_t e = 0; e < t.k[2]; e++) {
+                                        int64_t q0 = o0 * t.s[0] + a * t.d[0];
+                                        int64_t q1 = o1 * t.s[1] + c * t.d[1];
+                                        int64_t q2 = o2 * t.s[2] + e * t.d[2];
+                                        acc += wk[(a * t.k[1] + c) * t.k[2] + e] *
+                                               xp[(q0 * P[1] + q1) * P[2] + q2];
+                                    }
+                                }
+                            }
+                            yo[(o0 * t.out[1] + o1) * t.out[2] + o2] += acc;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    free(xp);
+}
+
+// ---- one case ----------------------------------------------------------------------
+
+typedef struct conv_case {
+    int     nsp;
+    int64_t N, Ci, Co;
+    int64_t in[3], k[3], s[3], p[3], d[3];
+    bool    bias;
+} conv_case;
+
+typedef struct conv_ctx {
+    const ddl_conv_geom *g;
+    double              *x, *w, *b, *r, *y;
+    void                *ws;
+    size_t               ws_bytes;
+} conv_ctx;
+
+// L = <conv(x, w, b), r>, so dL/dy = r.
+static double conv_loss(void *p)
+{
+    conv_ctx *c = p;
+    ASSERT_OK(ddl_conv_forward(DDL_F64, c->g, c->y, c->x, c->w, c->b, c->ws, c->ws_bytes));
+    int64_t ny = c->g->N * c->g->C_out * c->g->out[0] * c->g->out[1] * c->g->out[2];
+    double  s  = 0.0;
+    for (int64_t i = 0; i < ny; i++) {
+        s += c->y[i] * c->r[i];
+    }
+    return s;
+}
+
+static void run_case(const conv_case *cc, uint64_t seed)
+{
+    ddl_conv_geom g;
+    ASSERT_OK(ddl_conv_geom_init(&g, cc->nsp, cc->N, cc->Ci, cc->Co, cc->in, cc->k, cc->s,
+                                 cc->p, cc->d));
+    for (int i = 0; i < cc->nsp; i++) {
+        int64_t want = (cc->in[i] + 2 * cc->p[i] - cc->d[i] * (cc->k[i] - 1) - 1) / cc->s[i] + 1;
+        ASSERT_EQ(g.out[i], want);
+    }
+    int64_t kv = g.k[0] * g.k[1] * g.k[2];
+    int64_t nx = g.N * g.C_in * g.in[0] * g.in[1] * g.in[2];
+    int64_t ny = g.N * g.C_out * g.out[0] * g.out[1] * g.out[2];
+    int64_t nw = g.C_out * g.C_in * kv, nb = g.C_out;
+    double *x = rand_vec(nx, seed), *w = rand_vec(nw, seed + 1);
+    double *b = cc->bias ? rand_vec(nb, seed + 2) : NULL, *r = rand_vec(ny, seed + 3);
+
+    // Forward: the independent reference, then the library's direct one, then im2col.
+    double *yref = calloc((size_t)(ny + 1), sizeof(double));
+    conv_ref(&g, yref, x, w, b);
+    double *ynaive = zeros(DDL_F64, ny);
+    ASSERT_OK(ddl_conv_forward_naive(DDL_F64, &g, ynaive, x, w, b));
+    ASSERT_LE(rel_err(yref, DDL_F64, ynaive, ny), 1e-12);
+
+    // Backward reference: the library's direct loops in f64.
+    double *dxr = zeros(DDL_F64, nx), *dwr = zeros(DDL_F64, nw), *dbr = zeros(DDL_F64, nb);
+    ASSERT_OK(ddl_conv_backward_naive(DDL_F64, &g, dxr, dwr, dbr, r, x, w));
+
+    for (int d = 0; d < 2; d++) {
+        ddl_dtype dt  = d ? DDL_F64 : DDL_F32;
+        double    tol = d ? 1e-12 : 1e-4;
+        size_t    wsb = ddl_conv_workspace_bytes(dt, &g);
+        void     *ws  = malloc(wsb > 0 ? wsb : 1);
+        void *xd = as_dtype(dt, x, nx), *wd = as_dtype(dt, w, nw), *rd = as_dtype(dt, r, ny);
+        void *bd = cc->bias ? as_dtype(dt, b, nb) : NULL;
+        void *yd = zeros(dt, ny);
+        memset(ws, 0xff, wsb > 0 ? wsb : 1); // scratch contents must not matter
+        ASSERT_OK(ddl_conv_forward(dt, &g, yd, xd, wd, bd, ws, wsb));
+        double e = rel_err(yref, dt, yd, ny);
+        if (!(e <= tol)) {
+            TEST_FAIL_("conv forward %s nsp=%d N=%lld: rel err %.3g > %g", ddl_dtype_name(dt),
+                       cc->nsp, (long long)cc->N, e, tol);
+        }
+        void *dxd = zeros(dt, nx), *dwd = zeros(dt, nw), *dbd = zeros(dt, nb);
+        ASSERT_OK(ddl_conv_backward(dt, &g, dxd, dwd, cc->bias ? dbd : NULL, rd, xd, wd, ws,
+                                    wsb));
+        ASSERT_LE(rel_err(dxr, dt, dxd, nx), tol);
+        ASSERT_LE(rel_err(dwr, dt, dwd, nw), tol);
+        if (cc->bias) {
+            ASSERT_LE(rel_err(dbr, dt, dbd, nb), tol);
+        }
+        // Accumulation: more calls add on top (dx alone, then dw and db alone): 2x.
+        ASSERT_OK(ddl_conv_backward(dt, &g, dxd, NULL, NULL, rd, NULL, wd, ws, wsb));
+        ASSERT_OK(ddl_conv_backward(dt, &g, NULL, dwd, cc->bias ? dbd : NULL, rd, xd, NULL, ws,
+                                    wsb));
+        for (int64_t i = 0; i < nx; i++) {
+            dxr[i] *= 2.0;
+        }
+        for (int64_t i = 0; i < nw; i++) {
+            dwr[i] *= 2.0;
+        }
+        for (int64_t i = 0; i < nb; i++) {
+            dbr[i] *= 2.0;
+        }
+        ASSERT_LE(rel_err(dxr, dt, dxd, nx), tol);
+        ASSERT_LE(rel_err(dwr, dt, dwd, nw), tol);
+        if (cc->bias) {
+            ASSERT_LE(rel_err(dbr, dt, dbd, nb), tol);
+        }
+        for (int64_t i = 0; i < nx; i++) {
+            dxr[i] *= 0.5;
+        }
+        for (int64_t i = 0; i < nw; i++) {
+            dwr[i] *= 0.5;
+        }
+        for (int64_t i = 0; i < nb; i++) {
+            dbr[i] *= 0.5;
+        }
+        free(ws), free(xd), free(wd), free(rd), free(bd), free(yd), free(dxd), free(dwd),
+            free(dbd);
+    }
+
+    // Finite differences (f64) of L = <y, r> against the im2col backward with dy = r. L is
+    // linear in each of x, w and b, so the central difference is exact for any step: a
+    // large one keeps the rounding of L (a sum of thousands of terms) out of the quotient.
+    {
+        size_t   wsb = ddl_conv_workspace_bytes(DDL_F64, &g);
+        void    *ws  = malloc(wsb > 0 ? wsb : 1);
+        double  *y   = zeros(DDL_F64, ny);
+        double  *dx = zeros(DDL_F64, nx), *dw = zeros(DDL_F64, nw), *db = zeros(DDL_F64, nb);
+        conv_ctx ctx = {&g, x, w, b, r, y, ws, wsb};
+        ASSERT_OK(ddl_conv_backward(DDL_F64, &g, dx, dw, cc->bias ? db : NULL, r, x, w, ws, wsb));
+        ASSERT_LE(ddl_test_gradcheck(nx, x, dx, conv_loss, &ctx, 1e-3, 40), 1e-8);
+        ASSERT_LE(ddl_test_gradcheck(nw, w, dw, conv_loss, &ctx, 1e-3, 40), 1e-8);
+        if (cc->bias) {
+            ASSERT_LE(ddl_test_gradcheck(nb, b, db, conv_loss, &ctx, 1e-3, 40), 1e-8);
+        }
+        free(ws), free(y), free(dx), free(dw), free(db);
+    }
+    free(x), free(w), free(b), free(r), free(yref), free(ynaive), free(dxr), free(dwr),
+        free(dbr);
+}
+
+static void test_cases(void)
+{
+    // clang-format off
+    const conv_case cases[] = {
+        // Comments say what a case covers beyond the basics.
+        // nsp N Ci Co in          k          s          p          d          bias
+        {1, 2, 3, 4, {11},       {3},       {1},       {1},       {1},       true},
+        {1, 3, 2, 3, {10},       {4},       {2},       {2},       {1},       false}, // even k, s 2
+        {1, 2, 2, 2, {13},       {3},       {1},       {2},       {2},       true},  // dilation 2
+        {1, 1, 1, 1, {5},        {5},       {3},       {0},       {1},       true},  // k = input
+        {2, 2, 3, 2, {7, 9},     {3, 2},    {2, 1},    {1, 0},    {1, 2},    true},
+        {2, 3, 2, 4, {8, 8},     {3, 3},    {1, 1},    {1, 1},    {1, 1},    true},  // shared block
+        {2, 2, 4, 3, {6, 5},     {1, 1},    {1, 1},    {0, 0},    {1, 1},    true},  // 1x1 direct
+        {2, 2, 4, 3, {6, 5},     {1, 1},    {2, 2},    {0, 0},    {1, 1},    false}, // 1x1, s 2
+        {2, 1, 2, 2, {100, 100}, {3, 3},    {1, 1},    {1, 1},    {1, 1},    true},  // split sample
+        {2, 1, 3, 2, {200, 120}, {4, 2},    {2, 3},    {2, 1},    {2, 1},    false}, // split, s 2/3
+        {2, 40, 3, 2, {8, 8},    {3, 3},    {1, 1},    {1, 1},    {1, 1},    true}, // part. block
+        {3, 2, 2, 3, {5, 6, 7},  {2, 3, 3}, {1, 2, 1}, {1, 1, 0}, {2, 1, 1}, true},
+        {3, 1, 3, 2, {6, 6, 6},  {3, 3, 3}, {2, 2, 2}, {1, 1, 1}, {1, 1, 1}, false},
+        {3, 2, 1, 2, {4, 7, 5},  {2, 2, 4}, {2, 1, 1}, {0, 1, 2}, {1, 3, 1}, true},
+    };
+    // clang-format on
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        run_case(&cases[i], 1000 + 10 * i);
+    }
+}
+
+// Values worked out by hand: a 1-D cross-correlation (not flipped) with stride and padding.
+static void test_hand(void)
+{
+    ddl_conv_geom g;
+    ASSERT_OK(ddl_conv_geom_init(&g, 1, 1, 1, 1, (int64_t[]){5}, (int64_t[]){3},
+                                 (int64_t[]){2}, (int64_t[]){1}, NULL));
+    ASSERT_EQ(g.out[0], 3);
+    double x[5] = {1, 2, 3, 4, 5}, w[3] = {1, 0, -1}, b[1] = {0.5}, y[3];
+    // y[o] = x[2o-1] - x[2o+1] + 0.5 with x = 0 outside [0, 5). Without its workspace the
+    // call is refused.
+    ASSERT_STATUS(ddl_conv_forward(DDL_F64, &g, y, x, w, b, NULL, 0), DDL_EINVAL);
+    size_t wsb = ddl_conv_workspace_bytes(DDL_F64, &g);
+    void  *ws  = malloc(wsb);
+    ASSERT_OK(ddl_conv_forward(DDL_F64, &g, y, x, w, b, ws, wsb));
+    ASSERT_EQ(y[0] * 2, -3);
+    ASSERT_EQ(y[1] * 2, -3);
+    ASSERT_EQ(y[2] * 2, 9);
+    // dx = conv^T(dy): dx[i] = sum_o dy[o] w[i - 2o + 1] (w index in [0, 3)).
+    double dy[3] = {1, 10, 100}, dx[5] = {0}, dw[3] = {0}, db[1] = {0};
+    ASSERT_OK(ddl_conv_backward(DDL_F64, &g, dx, dw, db, dy, x, w, ws, wsb));
+    const double dx_want[5] = {0, -1 + 10, 0, -10 + 100, 0};
+    for (int i = 0; i < 5; i++) {
+        ASSERT_EQ(dx[i], dx_want[i]);
+    }
+    // dw[k] = sum_o dy[o] x[2o - 1 + k]: {0*1 + 2*10 + 4*100, 1 + 30 + 500, 2 + 40 + 0}.
+    ASSERT_EQ(dw[0], 420);
+    ASSERT_EQ(dw[1], 531);
+    ASSERT_EQ(dw[2], 42);
+    ASSERT_EQ(db[0], 111);
+    free(ws);
+}
+
+static void test_errors(void)
+{
+    ddl_conv_geom g;
+    const int64_t in[3] = {4, 4, 4}, k3[3] = {3, 3, 3};
+    // Window larger than the padded input (k=7, pad 1, in 4).
+    ASSERT_STATUS(ddl_conv_geom_init(&g, 1, 1, 1, 1, in, (int64_t[]){7}, NULL, (int64_t[]){1},
+                                     NULL),
+                  DDL_EINVAL);
+    // Dilation makes the window too large (d=3: extent 7).
+    ASSERT_STATUS(ddl_conv_geom_init(&g, 1, 1, 1, 1, in, k3, NULL, NULL, (int64_t[]){3}),
+                  DDL_EINVAL);
+    ASSERT_STATUS(ddl_conv_geom_init(&g, 2, 1, 1, 1, in, k3, (int64_t[]){1, 0}, NULL, NULL),
+                  DDL_EINVAL);
+    ASSERT_STATUS(ddl_conv_geom_init(&g, 2, 1, 1, 1, in, k3, NULL, (int64_t[]){0, -1}, NULL),
+                  DDL_EINVAL);
+    ASSERT_STATUS(ddl_conv_geom_init(&g, 4, 1, 1, 1, in, k3, NULL, NULL, NULL), DDL_EINVAL);
+    ASSERT_STATUS(ddl_conv_geom_init(&g, 1, -1, 1, 1, in, k3, NULL, NULL, NULL), DDL_EINVAL);
+    ASSERT_STATUS(ddl_conv_geom_init(&g, 1, 1, 1, 1, (int64_t[]){0}, k3, NULL, NULL, NULL),
+                  DDL_EINVAL);
+    ASSERT_STATUS(ddl_conv_geom_init(&g, 1, 1, 1, 1, in, (int64_t[]){0}, NULL, NULL, NULL),
+                  DDL_EINVAL);
+
+    // A valid geometry with too little workspace, or edited behind the API, is refused.
+    ASSERT_OK(ddl_conv_geom_init(&g, 3, 2, 2, 2, in, k3, NULL, (int64_t[]){1, 1, 1}, NULL));
+    size_t wsb = ddl_conv_workspace_bytes(DDL_F32, &g);
+    ASSERT_TRUE(wsb > 0);
+    ASSERT_TRUE(ddl_conv_workspace_bytes(DDL_F64, &g) > wsb);
+    float *buf = calloc(4096, sizeof(float));
+    void  *ws  = malloc(wsb);
+    ASSERT_STATUS(ddl_conv_forward(DDL_F32, &g, buf, buf, buf, NULL, ws, wsb - 1), DDL_EINVAL);
+    ASSERT_STATUS(ddl_conv_backward(DDL_F32, &g, buf, NULL, NULL, buf, buf, buf, NULL, wsb),
+                  DDL_EINVAL);
+    ddl_conv_geom bad = g;
+    bad.out[0]        = 5;
+    ASSERT_STATUS(ddl_conv_forward(DDL_F32, &bad, buf, buf, buf, NULL, ws, wsb), DDL_EINVAL);
+    ASSERT_STATUS(ddl_conv_forward((ddl_dtype)9, &g, buf, buf, buf, NULL, ws, wsb), DDL_EINVAL);
+
+    // 1x1, stride 1, unpadded needs no workspace; zero batch and zero input channels work.
+    ASSERT_OK(ddl_conv_geom_init(&g, 2, 1, 3, 2, in, (int64_t[]){1, 1}, NULL, NULL, NULL));
+    ASSERT_EQ(ddl_conv_workspace_bytes(DDL_F64, &g), 0);
+    ASSERT_OK(ddl_conv_geom_init(&g, 2, 0, 3, 2, in, k3, NULL, NULL, NULL));
+    ASSERT_OK(ddl_conv_forward(DDL_F64, &g, NULL, NULL, NULL, NULL, NULL, 0));
+    ASSERT_OK(ddl_conv_geom_init(&g, 1, 1, 0, 2, in, k3, NULL, NULL, NULL)); // y [1, 2, 2]
+    double b[2] = {3, 4}, y[4] = {9, 9, 9, 9}, dy[4] = {1, 2, 3, 4}, db[2] = {0};
+    ASSERT_OK(ddl_conv_forward(DDL_F64, &g, y, NULL, NULL, b, NULL, 0));
+    ASSERT_EQ(y[0], 3);
+    ASSERT_EQ(y[1], 3);
+    ASSERT_EQ(y[2], 4);
+    ASSERT_EQ(y[3], 4);
+    ASSERT_OK(ddl_conv_backward(DDL_F64, &g, NULL, NULL, db, dy, NULL, NULL, NULL, 0));
+    ASSERT_EQ(db[0], 1 + 2);
+    ASSERT_EQ(db[1], 3 + 4);
+    free(buf);
+    free(ws);
+}
+
 int main(void)
 {
+    test_hand();
+    test_errors();
+    test_cases();
+    printf("test_conv: ok\n");
     return 0;
 }

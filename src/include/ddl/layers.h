@@ -21,6 +21,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "ddl/kernels.h"
 #include "ddl/kernels_pointwise.h"
 #include "ddl/partition.h"
 #include "ddl/primitives.h"
@@ -138,10 +139,9 @@ DDL_EXTERN ddl_status ddl_conv_create(const ddl_partition_t *P_x, const ddl_part
 // exchange). stride 0 means stride = kernel (PyTorch's default; DistDL defaults to 1,
 // which we do not follow). Average pooling counts padding (count_include_pad=True) and
 // refuses dilation != 1.
-typedef enum { DDL_POOL_MAX = 0, DDL_POOL_AVG = 1 } ddl_pool_kind;
 typedef struct ddl_pool_params {
     int           nsp;
-    ddl_pool_kind kind;
+    ddl_pool_mode kind;
     int64_t       kernel[3], stride[3], padding[3], dilation[3];
 } ddl_pool_params;
 DDL_EXTERN ddl_status ddl_pool_create(const ddl_partition_t *P_x, ddl_dtype dt,

@@ -1,0 +1,1 @@
+// batchnorm layer: being written

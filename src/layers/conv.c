@@ -1,0 +1,1 @@
+// conv layer: being written

@@ -1,0 +1,1 @@
+// linear layer: being written

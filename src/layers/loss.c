@@ -1,0 +1,1 @@
+// loss layer: being written

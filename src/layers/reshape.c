@@ -1,0 +1,1 @@
+// reshape layer: being written

@@ -1,0 +1,1 @@
+// upsample layer: being written

@@ -2,6 +2,7 @@
 //
 // Counting lets tests assert that plans do their allocation at creation and that
 // forward/adjoint allocate nothing (the steady state of a training step).
+#include <malloc.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,4 +64,12 @@ uint64_t ddl_alloc_count(void)
 int64_t ddl_alloc_bytes_live(void)
 {
     return atomic_load(&live_bytes);
+}
+
+void ddl_malloc_tune_for_streaming(void)
+{
+    // PLATFORM.md: with glibc's defaults every large temporary is an mmap/munmap pair and
+    // its pages fault in again on each use (~14 us per 4 KiB page here).
+    mallopt(M_MMAP_THRESHOLD, 256 * 1024 * 1024);
+    mallopt(M_TRIM_THRESHOLD, 1024 * 1024 * 1024);
 }

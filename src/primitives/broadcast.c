@@ -209,9 +209,15 @@ static ddl_status check_pair(const ddl__bcast_reduce *p, const char *op, const d
 {
     DDL_CHECK(ddl__check_tensor(op, "input", in, p->dt, in_shape));
     DDL_CHECK(ddl__check_tensor(op, "output", out, p->dt, out_shape));
-    DDL_REQUIRE(ddl_tensor_numel(in) == 0 || ddl_tensor_numel(out) == 0 || in->data != out->data,
+    // In place is allowed only where it is meaningful: a rank that is root and leaf of
+    // one group, whose input and output are the same block (as MPI_Bcast / MPI_Reduce
+    // with MPI_IN_PLACE); anywhere else the two roles need two buffers.
+    DDL_REQUIRE(ddl_tensor_numel(in) == 0 || ddl_tensor_numel(out) == 0 || in->data != out->data ||
+                    p->same,
                 DDL_EINVAL,
-                "%s: input and output share memory (the primitive is not in place)", op);
+                "%s: input and output share memory, which is allowed only on a rank that is "
+                "source and destination of one group",
+                op);
     return DDL_OK;
 }
 
@@ -227,8 +233,8 @@ ddl_status ddl__bcast_reduce_bcast(const ddl__bcast_reduce *p, const ddl_tensor_
         bool rooted_step = (step == 0) == p->rooted_first;
         if (rooted_step && p->rooted.member) {
             if (p->same) {
-                // I am my own destination: keep a copy, then send that copy on.
-                if (bytes > 0) {
+                // I am my own destination: keep a copy (unless in place), then send it on.
+                if (bytes > 0 && out->data != in->data) {
                     memcpy(out->data, in->data, bytes);
                 }
                 if (p->rooted.comm != MPI_COMM_NULL) {
@@ -259,10 +265,11 @@ ddl_status ddl__bcast_reduce_sum(const ddl__bcast_reduce *p, const ddl_tensor_t 
         bool rooted_step = (step == 0) == p->rooted_first;
         if (rooted_step && p->rooted.member) {
             if (p->same) {
-                // My own contribution is part of the sum.
+                // My own contribution is part of the sum (in place when in == out).
                 if (p->rooted.comm != MPI_COMM_NULL) {
-                    DDL_CHECK(reduce_chunks(p, in->data, out->data, p->rooted.comm));
-                } else if (bytes > 0) {
+                    DDL_CHECK(reduce_chunks(p, in->data == out->data ? MPI_IN_PLACE : in->data,
+                                            out->data, p->rooted.comm));
+                } else if (bytes > 0 && out->data != in->data) {
                     memcpy(out->data, in->data, bytes);
                 }
             } else {

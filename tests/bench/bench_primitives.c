@@ -6,6 +6,7 @@
 // Per primitive and size it prints the median time of forward and adjoint, of the raw
 // MPI reference, and their ratio (primitive / raw; target <= 1.10):
 //   broadcast      root -> all            vs MPI_Bcast   / MPI_Reduce
+//                  (and _inpl: x and y the same tensor on the root, as in MPI_Bcast)
 //   sum_reduce     all -> root            vs MPI_Reduce  / MPI_Bcast
 //   all_sum_reduce over all ranks         vs MPI_Allreduce
 //   repartition    [P,1] -> [1,P]         vs MPI_Alltoallv of the same counts
@@ -17,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ddl/base.h"
 #include "ddl/primitives.h"
 
 static int rank, nprocs;
@@ -171,6 +173,15 @@ static void bench_size(double mib, int reps)
         double    f = bench(f_bcast_fwd, &c, reps), a = bench(f_bcast_adj, &c, reps);
         double    rf = bench(raw_bcast, &raw, reps), rr = bench(raw_reduce, &raw, reps);
         report("broadcast", mib, f, a, rf, rr, "MPI_Bcast", "MPI_Reduce");
+        // In place on the root (x and y the same tensor there), as MPI_Bcast itself is.
+        ddl_tensor_t *keep_a = c.a;
+        if (rank == 0) {
+            c.a = c.b;
+        }
+        f = bench(f_bcast_fwd, &c, reps);
+        a = bench(f_bcast_adj, &c, reps);
+        report("broadcast_inpl", mib, f, a, rf, rr, "MPI_Bcast", "MPI_Reduce");
+        c.a = keep_a;
         ddl_tensor_destroy(&c.a);
         ddl_tensor_destroy(&c.b);
         ddl_broadcast_destroy(&b);
@@ -184,6 +195,14 @@ static void bench_size(double mib, int reps)
         double    f = bench(f_red_fwd, &c, reps), a = bench(f_red_adj, &c, reps);
         double    rf = bench(raw_reduce, &raw, reps), rr = bench(raw_bcast, &raw, reps);
         report("sum_reduce", mib, f, a, rf, rr, "MPI_Reduce", "MPI_Bcast");
+        ddl_tensor_t *keep_b = c.b;
+        if (rank == 0) {
+            c.b = c.a;
+        }
+        f = bench(f_red_fwd, &c, reps);
+        a = bench(f_red_adj, &c, reps);
+        report("sum_reduce_inpl", mib, f, a, rf, rr, "MPI_Reduce", "MPI_Bcast");
+        c.b = keep_b;
         ddl_tensor_destroy(&c.a);
         ddl_tensor_destroy(&c.b);
         ddl_sum_reduce_destroy(&r);
@@ -280,6 +299,8 @@ static void bench_size(double mib, int reps)
 
 int main(int argc, char **argv)
 {
+    // Large temporaries (Open MPI's own, e.g. for an in-place MPI_Reduce) stay mapped.
+    ddl_malloc_tune_for_streaming();
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &nprocs);

@@ -344,7 +344,7 @@ static void test_bad_tensors(void)
         ASSERT_STATUS(ddl_broadcast_forward(b, x, yw), DDL_ESHAPE);
         ASSERT_TRUE(strstr(ddl_last_error(), "[3, 2]") != NULL);
         ASSERT_TRUE(strstr(ddl_last_error(), "[2, 3]") != NULL);
-        ASSERT_STATUS(ddl_broadcast_forward(b, x, x), DDL_EINVAL);  // not in place
+        ASSERT_OK(ddl_broadcast_forward(b, x, x));  // in place: the root is its own destination
         ddl_tensor_destroy(&yw);
     }
     // The identity: a copy.
@@ -359,6 +359,45 @@ static void test_bad_tensors(void)
     ddl_partition_destroy(&P);
 }
 
+// In place on the root that is also a destination (rank 0 of P_x = [1] -> P_y = all):
+// forward and adjoint agree with the out-of-place results.
+static void test_in_place(void)
+{
+    int ranks[64];
+    for (int i = 0; i < world_size; i++) {
+        ranks[i] = i;
+    }
+    ddl_partition_t *Px = NULL, *Py = NULL;
+    ASSERT_OK(ddl_partition_create(MPI_COMM_WORLD, 1, ranks, 1, (int[]){1}, &Px));
+    ASSERT_OK(ddl_partition_create(MPI_COMM_WORLD, world_size, ranks, 1, (int[]){world_size}, &Py));
+    ddl_shape        S = ddl_shape_make(1, (int64_t[]){33});
+    ddl_broadcast_t *b = NULL;
+    ASSERT_OK(ddl_broadcast_create(Px, Py, false, false, DDL_F64, &S, &b));
+    ddl_tensor_t *buf = make(DDL_F64, &S, 0.0);
+    for (int i = 0; i < 33; i++) {
+        ddl_tensor_set(buf, i, ddl_test_rank == 0 ? i + 0.5 : -1.0);
+    }
+    ddl_shape     xs = ddl_broadcast_x_shape(b);
+    ddl_tensor_t *x  = ddl_test_rank == 0 ? buf : make(DDL_F64, &xs, 0.0);
+    ASSERT_OK(ddl_broadcast_forward(b, x, buf));
+    for (int i = 0; i < 33; i++) {
+        ASSERT_EQ(ddl_tensor_get(buf, i), i + 0.5);
+    }
+    // Adjoint in place on the root: the sum of every rank's copy.
+    ASSERT_OK(ddl_broadcast_adjoint(b, buf, x));
+    if (ddl_test_rank == 0) {
+        for (int i = 0; i < 33; i++) {
+            ASSERT_EQ(ddl_tensor_get(buf, i), (i + 0.5) * world_size);
+        }
+    } else {
+        ddl_tensor_destroy(&x);
+    }
+    ddl_tensor_destroy(&buf);
+    ddl_broadcast_destroy(&b);
+    ddl_partition_destroy(&Px);
+    ddl_partition_destroy(&Py);
+}
+
 int main(int argc, char **argv)
 {
     ddl_test_mpi_init(&argc, &argv);
@@ -370,6 +409,7 @@ int main(int argc, char **argv)
     test_odd_shapes();
     test_chunks();
     test_large();
+    test_in_place();
     ASSERT_EQ(ddl_alloc_bytes_live(), live0);  // every plan and tensor was freed
     return ddl_test_mpi_finalize();
 }

@@ -26,6 +26,12 @@ DDL_EXTERN uint64_t ddl_alloc_count(void);
 // Bytes currently allocated through ddl_malloc/ddl_calloc.
 DDL_EXTERN int64_t  ddl_alloc_bytes_live(void);
 
+// Process-wide glibc malloc tuning for programs that move large buffers (the daemon,
+// distdl-train, benchmarks): keeps large blocks (ours and MPI's internal temporaries)
+// mapped instead of returning them to the system and faulting them in again on every
+// call. Call once at start-up, before MPI_Init. Libraries never call it themselves.
+DDL_EXTERN void ddl_malloc_tune_for_streaming(void);
+
 // ---- logging ---------------------------------------------------------------
 typedef enum { DDL_LOG_ERROR = 0, DDL_LOG_WARN = 1, DDL_LOG_INFO = 2, DDL_LOG_DEBUG = 3 } ddl_log_level;
 typedef void (*ddl_log_cb)(ddl_log_level level, const char *msg, void *user_data);

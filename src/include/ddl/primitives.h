@@ -41,7 +41,9 @@ extern "C" {
 // Copies the (whole) local tensor of each P_x rank onto the P_y ranks of its colour
 // (DistDL broadcast rules; see ddl_group_pair_broadcast). `shape` is the local shape of
 // the tensor on P_x ranks, and of its copies on P_y ranks. Identity (no communication)
-// when every group has one member, e.g. P_x == P_y without transposition.
+// when every group has one member, e.g. P_x == P_y without transposition. On a rank
+// that is source and destination of one group, x and y may be the same tensor (in
+// place, as MPI_IN_PLACE); the same holds for SumReduce and for both adjoints.
 typedef struct ddl_broadcast ddl_broadcast_t;
 DDL_EXTERN ddl_status ddl_broadcast_create(const ddl_partition_t *P_x, const ddl_partition_t *P_y,
                                            bool transpose_src, bool transpose_dest, ddl_dtype dt,

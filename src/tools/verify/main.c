@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ddl/base.h"
 #include "verify.h"
 
 static const char *USAGE =
@@ -107,6 +108,7 @@ static int agree(int rc)
 
 int main(int argc, char **argv)
 {
+    ddl_malloc_tune_for_streaming();
     MPI_Init(&argc, &argv);
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     vcase c = {0};

@@ -364,3 +364,243 @@ done:
     run_free(&r);
     return st;
 }
+
+// ---- losses ------------------------------------------------------------------
+
+// Maps uniform [-1, 1) values into the domain each loss expects.
+static double map_input(ddl_loss_kind k, double u)
+{
+    switch (k) {
+    case DDL_LOSS_BCE:
+        return 0.05 + 0.45 * (u + 1.0);  // probabilities in (0, 1)
+    default:
+        return u;
+    }
+}
+
+static double map_target(ddl_loss_kind k, double u)
+{
+    switch (k) {
+    case DDL_LOSS_BCE:
+    case DDL_LOSS_BCE_WITH_LOGITS:
+        return 0.5 * (u + 1.0);
+    case DDL_LOSS_KL_DIV:
+        return 0.01 + 0.5 * (u + 1.0);
+    case DDL_LOSS_POISSON_NLL:
+        return 2.0 * (u + 1.0);
+    default:
+        return u;
+    }
+}
+
+// One evaluation of a loss: inputs, labels, outputs.
+typedef struct loss_run {
+    ddl_loss_t            *l;
+    const ddl_partition_t *P;
+    ddl_tensor_t          *x, *t, *dx, *el, *del;  // el/del: elementwise loss, its upstream
+    int64_t               *labels;
+    ddl_box                xbox, elbox;
+    ddl_shape              el_global;
+    double                 value;
+} loss_run;
+
+static void loss_run_free(loss_run *r)
+{
+    ddl_tensor_destroy(&r->x);
+    ddl_tensor_destroy(&r->t);
+    ddl_tensor_destroy(&r->dx);
+    ddl_tensor_destroy(&r->el);
+    ddl_tensor_destroy(&r->del);
+    ddl_free(r->labels);
+    ddl_loss_destroy(&r->l);
+}
+
+static void map_tensor(ddl_tensor_t *t, ddl_loss_kind k, bool target)
+{
+    int64_t n = ddl_tensor_numel(t);
+    for (int64_t i = 0; i < n; i++) {
+        double u = ddl_tensor_get(t, i);
+        ddl_tensor_set(t, i, target ? map_target(k, u) : map_input(k, u));
+    }
+}
+
+static ddl_status loss_eval(loss_run *r, const ddl_loss_builder *b)
+{
+    return ddl_loss_forward(r->l, r->x, b->kind == DDL_LOSS_CROSS_ENTROPY ? NULL : r->t,
+                            r->labels, &r->value, b->reduction == DDL_REDUCTION_NONE ? r->el : NULL);
+}
+
+static ddl_status loss_setup(const ddl_loss_builder *b, bool seq, ddl_dtype dt, loss_run *r)
+{
+    memset(r, 0, sizeof *r);
+    ddl_status st;
+    CK(b->build(b->ctx, seq, dt, &r->l, &r->P));
+    ddl_shape xs = ddl_loss_x_shape(r->l);
+    r->xbox      = ddl_partition_local_box(r->P, &b->x_global);
+    CK(global_random(dt, &xs, &r->xbox, &b->x_global, b->seed, S_X, &r->x));
+    map_tensor(r->x, b->kind, false);
+    CK(ddl_tensor_create(dt, &xs, &r->dx));
+    bool ce = b->kind == DDL_LOSS_CROSS_ENTROPY;
+    if (ce) {
+        // Labels of this rank's rows, drawn by global row index.
+        int64_t rows = xs.d[0], C = b->x_global.d[1];
+        r->labels    = ddl_malloc(sizeof(int64_t) * (size_t)(rows > 0 ? rows : 1));
+        if (r->labels == NULL) {
+            return ddl_set_error(DDL_ENOMEM, "loss check: out of memory");
+        }
+        for (int64_t i = 0; i < rows; i++) {
+            r->labels[i] = (int64_t)(ddl_rng_u64(b->seed, 77, (uint64_t)(r->xbox.start[0] + i)) %
+                                     (uint64_t)C);
+        }
+        // Elementwise losses live on the column-0 ranks, one per local row.
+        r->el_global = ddl_shape_make(1, (int64_t[]){b->x_global.d[0]});
+        r->elbox     = (ddl_box){.ndim = 1};
+        const int *idx = ddl_partition_index(r->P);
+        if (idx != NULL && idx[1] == 0) {
+            r->elbox.start[0] = r->xbox.start[0];
+            r->elbox.stop[0]  = r->xbox.stop[0];
+        }
+    } else {
+        CK(global_random(dt, &xs, &r->xbox, &b->x_global, b->seed, S_DY + 7, &r->t));
+        map_tensor(r->t, b->kind, true);
+        r->el_global = b->x_global;
+        r->elbox     = r->xbox;
+    }
+    ddl_shape es = ddl_box_shape(&r->elbox);
+    CK(ddl_tensor_create(dt, &es, &r->el));
+    CK(global_random(dt, &es, &r->elbox, &r->el_global, b->seed, S_DY, &r->del));
+    CK(loss_eval(r, b));
+    CK(ddl_loss_backward(r->l, 1.0, r->del, r->dx));
+done:
+    return st;
+}
+
+ddl_status ddl_check_loss_sequential(const ddl_loss_builder *b, ddl_dtype dt, ddl_check_result *out)
+{
+    memset(out, 0, sizeof *out);
+    loss_run      d = {0}, s = {0};
+    ddl_tensor_t *g = NULL;
+    ddl_status    st;
+    CK(loss_setup(b, false, dt, &d));
+    CK(loss_setup(b, true, dt, &s));
+    double err = 0.0;
+    if (b->reduction == DDL_REDUCTION_NONE) {
+        CK(gather(d.el, &d.elbox, &d.el_global, &g));
+        err = compare(g, s.el);
+        ddl_tensor_destroy(&g);
+    } else {
+        double e = 0.0;
+        if (world_rank() == 0) {
+            e = fabs(d.value - s.value) / fmax(fabs(s.value), 1e-300);
+        }
+        MPI_Bcast(&e, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+        err = e;
+    }
+    CK(gather(d.dx, &d.xbox, &b->x_global, &g));
+    out->err_input = fmax(err, compare(g, s.dx));
+    out->max       = out->err_input;
+done:
+    ddl_tensor_destroy(&g);
+    loss_run_free(&d);
+    loss_run_free(&s);
+    return st;
+}
+
+// The scalar the loss gradcheck differentiates: the reduced loss, or <elementwise, del>.
+static ddl_status loss_objective(loss_run *r, const ddl_loss_builder *b, double *out)
+{
+    ddl_status st = loss_eval(r, b);
+    if (st != DDL_OK) {
+        return st;
+    }
+    if (b->reduction == DDL_REDUCTION_NONE) {
+        *out = allsum(ddl_tensor_dot(r->el, r->del));
+    } else {
+        *out = allsum(world_rank() == 0 ? r->value : 0.0);
+    }
+    return DDL_OK;
+}
+
+ddl_status ddl_check_loss_gradcheck(const ddl_loss_builder *b, int points, ddl_check_result *out)
+{
+    memset(out, 0, sizeof *out);
+    loss_run   r = {0};
+    ddl_status st;
+    CK(loss_setup(b, false, DDL_F64, &r));
+    const double eps = 1e-6;
+    int64_t      n   = ddl_shape_numel(&b->x_global);
+    for (int k = 0; k < points && n > 0; k++) {
+        int64_t g    = (int64_t)(ddl_rng_u64(12345, 9, (uint64_t)k) % (uint64_t)n);
+        int64_t off  = local_offset(&r.xbox, &b->x_global, g);
+        double  keep = off >= 0 ? ddl_tensor_get(r.x, off) : 0.0;
+        double  ana  = allsum(off >= 0 ? ddl_tensor_get(r.dx, off) : 0.0);
+        double  fp = 0, fm = 0;
+        if (off >= 0) {
+            ddl_tensor_set(r.x, off, keep + eps);
+        }
+        st = loss_objective(&r, b, &fp);
+        if (off >= 0) {
+            ddl_tensor_set(r.x, off, keep - eps);
+        }
+        if (st == DDL_OK) {
+            st = loss_objective(&r, b, &fm);
+        }
+        if (off >= 0) {
+            ddl_tensor_set(r.x, off, keep);
+        }
+        if (st != DDL_OK) {
+            goto done;
+        }
+        double num     = (fp - fm) / (2 * eps);
+        out->err_input = fmax(out->err_input, fabs(num - ana) / fmax(1.0, fmax(fabs(num), fabs(ana))));
+    }
+    out->max = out->err_input;
+done:
+    loss_run_free(&r);
+    return st;
+}
+
+ddl_status ddl_check_loss_dump(const ddl_loss_builder *b, ddl_dtype dt, const char *dir)
+{
+    loss_run      r = {0};
+    ddl_tensor_t *lab = NULL;
+    ddl_status    st;
+    CK(loss_setup(b, false, dt, &r));
+    CK(dump_one(dir, "x", r.x, &r.xbox, &b->x_global));
+    CK(dump_one(dir, "dx", r.dx, &r.xbox, &b->x_global));
+    if (b->kind == DDL_LOSS_CROSS_ENTROPY) {
+        // Labels as a float tensor of the class indices (held by the column-0 ranks).
+        ddl_shape ls = ddl_box_shape(&r.elbox);
+        CK(ddl_tensor_create(dt, &ls, &lab));
+        for (int64_t i = 0; i < ls.d[0]; i++) {
+            ddl_tensor_set(lab, i, (double)r.labels[i]);
+        }
+        CK(dump_one(dir, "target", lab, &r.elbox, &r.el_global));
+    } else {
+        CK(dump_one(dir, "target", r.t, &r.xbox, &b->x_global));
+    }
+    if (b->reduction == DDL_REDUCTION_NONE) {
+        CK(dump_one(dir, "loss", r.el, &r.elbox, &r.el_global));
+        CK(dump_one(dir, "dloss", r.del, &r.elbox, &r.el_global));
+    } else {
+        ddl_tensor_t *v = NULL;
+        ddl_shape     s = ddl_shape_make(0, NULL);
+        CK(ddl_tensor_create(dt, &s, &v));
+        ddl_tensor_set(v, 0, r.value);
+        if (world_rank() == 0) {
+            char path[4096];
+            snprintf(path, sizeof path, "%s/loss.npy", dir);
+            st = ddl_npy_write(path, v);
+        }
+        ddl_tensor_destroy(&v);
+        int ok = st == DDL_OK, all;
+        MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+        if (!all) {
+            st = st != DDL_OK ? st : ddl_set_error(DDL_EIO, "dump failed on rank 0");
+        }
+    }
+done:
+    ddl_tensor_destroy(&lab);
+    loss_run_free(&r);
+    return st;
+}

@@ -50,3 +50,24 @@ ddl_status ddl_check_gradcheck(const ddl_layer_builder *b, int points, ddl_check
 ddl_status ddl_check_dump(const ddl_layer_builder *b, ddl_dtype dt, const char *dir);
 
 #endif // DDL_LAYER_CHECKS_H
+
+// ---- losses ------------------------------------------------------------------
+// A loss under test: built on its partition (or on rank 0 alone when sequential).
+typedef ddl_status (*ddl_loss_build_fn)(void *ctx, bool sequential, ddl_dtype dt,
+                                        ddl_loss_t **out, const ddl_partition_t **P_x);
+typedef struct ddl_loss_builder {
+    ddl_loss_build_fn build;
+    void             *ctx;
+    uint64_t          seed;
+    ddl_shape         x_global;
+    ddl_loss_kind     kind;
+    ddl_reduction     reduction;
+} ddl_loss_builder;
+
+// Sequential: the loss value (or the gathered elementwise losses) and dx against the
+// loss on rank 0 alone; out->err_input holds the larger relative error.
+ddl_status ddl_check_loss_sequential(const ddl_loss_builder *b, ddl_dtype dt, ddl_check_result *out);
+// Finite differences of the (reduced, or weighted elementwise) loss w.r.t. x, f64.
+ddl_status ddl_check_loss_gradcheck(const ddl_loss_builder *b, int points, ddl_check_result *out);
+// Writes x.npy, target.npy (or labels as target.npy for cross-entropy), loss.npy, dx.npy.
+ddl_status ddl_check_loss_dump(const ddl_loss_builder *b, ddl_dtype dt, const char *dir);

@@ -17,7 +17,10 @@
 
 static const char *USAGE =
     "usage: mpirun -np P distdl-verify '<json case>' | @case.json\n"
-    "  ops: broadcast, sum_reduce, all_sum_reduce, repartition, halo_exchange\n"
+    "  ops: broadcast, sum_reduce, all_sum_reduce, repartition, halo_exchange,\n"
+    "       linear, conv1d|2d|3d, maxpool1d|2d|3d, avgpool1d|2d|3d, batchnorm, upsample,\n"
+    "       loss, cross_entropy (with \"checks\": [\"adjoint\",\"sequential\",\"gradcheck\"],\n"
+    "       and \"dump\": \"DIR\" to write the gathered tensors as .npy)\n"
     "  common keys: op, dtype (\"f32\"|\"f64\"), seed; partitions as {\"ranks\":[..],\"shape\":[..]}\n";
 
 // Reads the case text: the argument itself, or the contents of @file.
@@ -131,9 +134,14 @@ int main(int argc, char **argv)
     if (text != NULL && rc == VERIFY_PASS) {
         rc = verify_primitive(&c);
         if (rc < 0) {
+            rc = verify_layer(&c);
+        }
+        if (rc < 0) {
             rc = vcase_invalid(&c,
                                "unknown op \"%s\" (known: broadcast, sum_reduce, all_sum_reduce, "
-                               "repartition, halo_exchange)",
+                               "repartition, halo_exchange, linear, conv1d|2d|3d, "
+                               "maxpool1d|2d|3d, avgpool1d|2d|3d, batchnorm, upsample, loss, "
+                               "cross_entropy)",
                                c.op);
         }
     }

@@ -65,5 +65,6 @@ ddl_status verify_random(ddl_dtype dt, const ddl_shape *s, uint64_t seed, uint64
 // Op families: each returns VERIFY_PASS/FAIL/INVALID and prints its figures on rank 0.
 // Returns -1 when `op` is not one of the family's.
 int verify_primitive(vcase *c);
+int verify_layer(vcase *c);
 
 #endif // DDL_VERIFY_H

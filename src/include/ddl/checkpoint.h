@@ -1,0 +1,83 @@
+// ddl/checkpoint.h: durable, verifiable, reshardable checkpoints of distributed state,
+// and global (unsharded) weight export/import as safetensors and .npy.
+//
+// The state is a list of named distributed tensors: each rank holds one box of each
+// global tensor (parameters, optimizer moments, ...). A checkpoint of step S is a
+// directory <dir>/step-<S, 9 digits>/ holding one shard file per rank and a manifest
+// (JSON: format version, world size, step, the model spec text, user metadata such as
+// optimizer settings, RNG state and data cursor, every tensor's name, dtype, global
+// shape and per-rank box, and the SHA-256 of every shard file). <dir>/latest names the
+// newest complete checkpoint. Every file is written temp -> fsync -> rename -> fsync
+// directory, the manifest last and `latest` after it, so a crash at any moment leaves
+// `latest` on a complete checkpoint.
+//
+// Loading verifies the manifest and every shard's checksum and refuses a corrupt,
+// truncated or missing file with DDL_ECORRUPT and a message naming the file. It works
+// onto any world size and partitioning: the boxes requested by the caller may differ
+// from the boxes written (the global tensors are reassembled and redistributed).
+// All functions are collective over `comm`; every rank returns the same status.
+#ifndef DDL_CHECKPOINT_H
+#define DDL_CHECKPOINT_H
+
+#include <mpi.h>
+#include <stdint.h>
+
+#include "ddl/tensor.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DDL_CHECKPOINT_FORMAT_VERSION 1
+
+// One named distributed tensor: this rank's box of a global tensor, stored in `local`
+// (shape = box shape; zero-volume box on ranks that hold none of it).
+typedef struct ddl_named_tensor {
+    const char   *name;
+    ddl_shape     global;
+    ddl_box       box;
+    ddl_tensor_t *local;
+} ddl_named_tensor;
+
+typedef struct ddl_checkpoint_meta {
+    int64_t     step;
+    const char *spec_json;  // the model spec the state belongs to (stored verbatim)
+    const char *user_json;  // a JSON object of caller state (optimizer, RNG, data cursor)
+} ddl_checkpoint_meta;
+
+// Writes the checkpoint of meta->step under dir (created if missing) and moves `latest`
+// to it once it is durable. On return with DDL_OK the checkpoint is complete on disk.
+DDL_EXTERN ddl_status ddl_checkpoint_save(MPI_Comm comm, const char *dir,
+                                          const ddl_checkpoint_meta *meta, int n,
+                                          const ddl_named_tensor *tensors);
+// Resolves `path` (a checkpoint root with a `latest` file, or a step directory), verifies
+// it and fills every requested tensor's local box. Tensors are matched by name; a missing
+// name or a global shape/dtype mismatch is DDL_EINVAL naming it. On success
+// *spec_json and *user_json (if not NULL) receive malloc'd copies (free with ddl_free)
+// and *step the step. Nothing is written into the tensors unless everything verifies.
+DDL_EXTERN ddl_status ddl_checkpoint_load(MPI_Comm comm, const char *path, int n,
+                                          const ddl_named_tensor *tensors, int64_t *step,
+                                          char **spec_json, char **user_json);
+
+// Gathers every tensor onto rank 0 and writes one safetensors file (dtype F32/F64,
+// little-endian, C order, with "__metadata__" from metadata_json if not NULL).
+DDL_EXTERN ddl_status ddl_export_safetensors(MPI_Comm comm, const char *path, int n,
+                                             const ddl_named_tensor *tensors,
+                                             const char *metadata_json);
+// Rank 0 reads a safetensors file, checks each requested name's shape and dtype, and
+// scatters the boxes. Unknown or missing names are DDL_EINVAL naming them.
+DDL_EXTERN ddl_status ddl_import_safetensors(MPI_Comm comm, const char *path, int n,
+                                             const ddl_named_tensor *tensors);
+// One <dir>/<name>.npy per tensor (global), and the reverse.
+DDL_EXTERN ddl_status ddl_export_npy_dir(MPI_Comm comm, const char *dir, int n,
+                                         const ddl_named_tensor *tensors);
+DDL_EXTERN ddl_status ddl_import_npy_dir(MPI_Comm comm, const char *dir, int n,
+                                         const ddl_named_tensor *tensors);
+
+// SHA-256 of a file as 64 lowercase hex characters (+ NUL) into hex.
+DDL_EXTERN ddl_status ddl_sha256_file(const char *path, char hex[65]);
+
+#ifdef __cplusplus
+}
+#endif
+#endif // DDL_CHECKPOINT_H

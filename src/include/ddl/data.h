@@ -1,0 +1,50 @@
+// ddl/data.h: datasets in IDX (MNIST) format, gzip'd or plain, and seeded batching.
+// No MPI: the reading rank loads and batches; the model scatters batches onward.
+#ifndef DDL_DATA_H
+#define DDL_DATA_H
+
+#include <stdint.h>
+
+#include "ddl/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// An image-classification dataset: n samples of `sample_dims` (e.g. 28 x 28) uint8
+// pixels and uint8 labels.
+typedef struct ddl_dataset {
+    int64_t  n;
+    int      ndim;            // dims of one sample (1..3)
+    int64_t  dims[3];
+    int64_t  sample_size;     // product of dims
+    uint8_t *pixels;          // n * sample_size
+    uint8_t *labels;          // n
+    int      num_classes;     // max label + 1
+} ddl_dataset;
+
+// Reads an IDX image file and its label file (each .gz or plain). Validates the magic
+// numbers, dtypes (unsigned byte), dimensions, matching counts and the exact data size
+// BEFORE allocating; errors name the file and what is wrong (DDL_EPROTO / DDL_EIO).
+DDL_EXTERN ddl_status ddl_dataset_load_idx(const char *images_path, const char *labels_path,
+                                           ddl_dataset *out);
+// Loads <dir>/{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz] (train = 1 for the
+// training split, 0 for the test split).
+DDL_EXTERN ddl_status ddl_dataset_load_mnist_dir(const char *dir, int train, ddl_dataset *out);
+DDL_EXTERN void       ddl_dataset_free(ddl_dataset *ds);
+
+// A seeded permutation of [0, n) for epoch `epoch` (Fisher-Yates with the counter-based
+// RNG: the same (seed, epoch) always gives the same order).
+DDL_EXTERN void ddl_dataset_shuffle(int64_t n, uint64_t seed, uint64_t epoch, int64_t *perm);
+
+// Writes samples idx[0..count) as floats ((pixel / 255 - mean) / std) into x
+// (count * sample_size, row-major [count, C=1, dims...]) and their labels into labels.
+DDL_EXTERN void ddl_dataset_batch_f32(const ddl_dataset *ds, const int64_t *idx, int64_t count,
+                                      double mean, double std, float *x, int64_t *labels);
+DDL_EXTERN void ddl_dataset_batch_f64(const ddl_dataset *ds, const int64_t *idx, int64_t count,
+                                      double mean, double std, double *x, int64_t *labels);
+
+#ifdef __cplusplus
+}
+#endif
+#endif // DDL_DATA_H

@@ -1,0 +1,6 @@
+// Placeholder: being written.
+#include "test.h"
+int main(void)
+{
+    return 0;
+}

@@ -1,0 +1,71 @@
+// engine/spec_internal.h: the parsed form of a model spec, shared by spec.c and model.c.
+#ifndef DDL_ENGINE_SPEC_INTERNAL_H
+#define DDL_ENGINE_SPEC_INTERNAL_H
+
+#include "ddl/model.h"
+
+#define SPEC_MAX_RANKS 4096
+#define SPEC_NAME 64
+
+typedef struct spec_partition {
+    char name[SPEC_NAME];
+    int  nranks;
+    int *ranks;
+    int  ndim;
+    int  shape[DDL_MAX_DIMS];
+} spec_partition;
+
+typedef enum {
+    SL_REPARTITION,
+    SL_FLATTEN,
+    SL_CONV,
+    SL_POOL,
+    SL_LINEAR,
+    SL_ACTIVATION,
+    SL_BATCHNORM,
+    SL_UPSAMPLE,
+} spec_layer_type;
+
+typedef struct spec_layer {
+    spec_layer_type   type;
+    char              name[SPEC_NAME];  // for parameter names
+    int               P_in, P_out, P_w;  // partition indices (-1: none)
+    int               P_y_given;         // conv: P_y given explicitly (-1 none)
+    ddl_shape         x_global, y_global;
+    ddl_conv_params   conv;
+    ddl_pool_params   pool;
+    int64_t           out_features;
+    bool              bias;
+    ddl_act_kind      act;
+    double            alpha;
+    double            eps, momentum;
+    bool              affine;
+    ddl_upsample_mode mode;
+    bool              align_corners, has_scale;
+    double            scale[3];
+    int64_t           size[3];
+    bool              has_params;
+    int               param_index;       // index among layers with parameters
+} spec_layer;
+
+struct ddl_spec {
+    char             *text;
+    char              source[256];
+    int               world_size;
+    uint64_t          seed;
+    ddl_dtype         dt;
+    int64_t           batch;
+    ddl_shape         input;       // per sample
+    int               input_partition;
+    int               nparts;
+    spec_partition   *parts;
+    int               nlayers;
+    spec_layer       *layers;
+    ddl_reduction     reduction;
+    ddl_optim_params  optim;
+    double            mean, std;
+    bool              shuffle;
+    int               num_classes;
+};
+
+#endif // DDL_ENGINE_SPEC_INTERNAL_H

@@ -1,0 +1,101 @@
+// ddl/model.h: model specs (JSON) and models built from them: a sequence of distributed
+// layers with a loss and an optimizer, trained step by step.
+//
+// A spec names the world size, the partitions, the input, the layer sequence (each
+// layer's partitions and hyper-parameters), the loss, the optimizer and the seed:
+//
+//   {"world_size": 4, "seed": 1, "dtype": "f32", "batch_size": 64,
+//    "input": {"shape": [1, 28, 28], "partition": "root"},
+//    "partitions": {"root": {"ranks": [0], "shape": [1, 1, 1, 1]},
+//                   "conv": {"ranks": [0, 1, 2, 3], "shape": [1, 1, 2, 2]}, ...},
+//    "layers": [{"type": "repartition", "to": "conv"},
+//               {"type": "conv2d", "out_channels": 6, "kernel": [5, 5], "padding": [2, 2]},
+//               {"type": "relu"}, ...],
+//    "loss": {"type": "cross_entropy", "reduction": "mean"},
+//    "optimizer": {"type": "adam", "lr": 0.001},
+//    "data": {"normalize": {"mean": 0.286, "std": 0.353}, "shuffle": true}}
+//
+// Parsing validates everything without MPI and reports the first problem with the key
+// path and its line ("spec.json:14: layers[3].kernel: expected 2 entries, got 3"):
+// unknown keys, wrong types, duplicate keys, shapes that do not follow from layer to
+// layer, partitions needing more ranks than the world. See docs/MODEL_SPEC.md.
+#ifndef DDL_MODEL_H
+#define DDL_MODEL_H
+
+#include <mpi.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "ddl/layers.h"
+#include "ddl/optim.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ddl_spec ddl_spec_t;
+
+// Parses and validates spec text; `source` names it in messages (a file name). When
+// world_size > 0 the spec's world_size must equal it. Not collective.
+DDL_EXTERN ddl_status ddl_spec_parse(const char *text, const char *source, int world_size,
+                                     ddl_spec_t **out);
+DDL_EXTERN ddl_status ddl_spec_load(const char *path, int world_size, ddl_spec_t **out);
+DDL_EXTERN void       ddl_spec_destroy(ddl_spec_t **s);
+DDL_EXTERN const char *ddl_spec_text(const ddl_spec_t *s);
+DDL_EXTERN int        ddl_spec_world_size(const ddl_spec_t *s);
+DDL_EXTERN int64_t    ddl_spec_batch_size(const ddl_spec_t *s);
+DDL_EXTERN uint64_t   ddl_spec_seed(const ddl_spec_t *s);
+DDL_EXTERN ddl_dtype  ddl_spec_dtype(const ddl_spec_t *s);
+// Per-sample input shape (without the batch dimension), e.g. [1, 28, 28].
+DDL_EXTERN ddl_shape  ddl_spec_input_shape(const ddl_spec_t *s);
+DDL_EXTERN int        ddl_spec_num_classes(const ddl_spec_t *s);
+DDL_EXTERN void       ddl_spec_normalize(const ddl_spec_t *s, double *mean, double *std);
+DDL_EXTERN bool       ddl_spec_shuffle(const ddl_spec_t *s);
+
+typedef struct ddl_model ddl_model_t;
+
+// Builds partitions, layers (parameters initialized partition-invariantly from the
+// seed), loss, optimizer and every buffer a step needs. Collective over comm, whose
+// size must be the spec's world size. The spec is copied.
+DDL_EXTERN ddl_status ddl_model_create(MPI_Comm comm, const ddl_spec_t *spec, ddl_model_t **out);
+DDL_EXTERN void       ddl_model_destroy(ddl_model_t **m);
+
+// One training step on a batch of exactly batch_size samples: x (batch_size x sample,
+// the spec's dtype) and labels are read on rank 0 only (other ranks pass NULL).
+// Forward, loss, zero_grad, backward, optimizer step. *loss (the reduced loss) and
+// *correct (argmax hits) are valid on every rank. Collective.
+DDL_EXTERN ddl_status ddl_model_train_step(ddl_model_t *m, const void *x, const int64_t *labels,
+                                           double *loss, int64_t *correct);
+// Evaluation of `count` <= batch_size samples (the rest of the batch is padding and
+// ignored): loss summed over the samples and argmax hits. No parameter changes.
+// Layers run in eval mode. Collective.
+DDL_EXTERN ddl_status ddl_model_eval(ddl_model_t *m, const void *x, const int64_t *labels,
+                                     int64_t count, double *loss_sum, int64_t *correct);
+// Forward only; the output logits [count, classes] are written on rank 0 into `logits`
+// (the spec's dtype). Collective.
+DDL_EXTERN ddl_status ddl_model_predict(ddl_model_t *m, const void *x, int64_t count,
+                                        void *logits);
+
+// Parameters, in spec order; names like "conv2d_0.weight" (layer "name" key if given).
+DDL_EXTERN int              ddl_model_nparams(const ddl_model_t *m);
+DDL_EXTERN ddl_param       *ddl_model_param(const ddl_model_t *m, int i);
+DDL_EXTERN const char      *ddl_model_param_name(const ddl_model_t *m, int i);
+DDL_EXTERN ddl_optimizer_t *ddl_model_optimizer(const ddl_model_t *m);
+DDL_EXTERN int64_t          ddl_model_step(const ddl_model_t *m);
+DDL_EXTERN const ddl_spec_t *ddl_model_spec(const ddl_model_t *m);
+DDL_EXTERN MPI_Comm         ddl_model_comm(const ddl_model_t *m);
+
+// Checkpoint the model, optimizer state, step and caller state (a JSON object text,
+// e.g. the data cursor) under dir; restore from a checkpoint root or step directory,
+// possibly written by a different world size or partitioning (same layer sequence).
+// *user_json (ddl_malloc'd, may be NULL) receives the caller state. Collective.
+DDL_EXTERN ddl_status ddl_model_save(ddl_model_t *m, const char *dir, const char *user_json);
+DDL_EXTERN ddl_status ddl_model_load(ddl_model_t *m, const char *path, char **user_json);
+// Global weights as one safetensors file or a directory of .npy files, and back.
+DDL_EXTERN ddl_status ddl_model_export(ddl_model_t *m, const char *path);
+DDL_EXTERN ddl_status ddl_model_import(ddl_model_t *m, const char *path);
+
+#ifdef __cplusplus
+}
+#endif
+#endif // DDL_MODEL_H

@@ -483,6 +483,23 @@ static ddl_status parse_layer(pctx *c, json_t *o, int li, ddl_shape *cur, int *p
                 f *= cur->d[d];
             }
             L->y_global = ddl_shape_make(2, (int64_t[]){cur->d[0], f});
+            // Flatten is local: the input may split only batch and channels, and the output
+            // partition must be the same ranks as [P_n, P_c].
+            const spec_partition *pi = &s->parts[*part], *po = &s->parts[to];
+            bool ok = pi->ndim == cur->ndim && po->ndim == 2 && pi->nranks == po->nranks &&
+                      pi->shape[0] == po->shape[0] && pi->shape[1] == po->shape[1];
+            for (int d = 2; ok && d < pi->ndim; d++) {
+                ok = pi->shape[d] == 1;
+            }
+            for (int r = 0; ok && r < pi->nranks; r++) {
+                ok = pi->ranks[r] == po->ranks[r];
+            }
+            if (!ok) {
+                return fail(c, path, "flatten is local: the tensor's partition \"%s\" must split "
+                                     "only batch and channels, over the same ranks as \"%s\" "
+                                     "[P_n, P_c]; insert a repartition first",
+                            pi->name, po->name);
+            }
         }
         if (s->parts[to].ndim != L->y_global.ndim) {
             char p[96];

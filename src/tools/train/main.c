@@ -26,9 +26,9 @@
 #include "ddl/model.h"
 
 typedef struct options {
-    const char *model, *data, *ckpt_dir, *export_path;
+    const char *model, *data, *ckpt_dir, *export_path, *resume_from;
     long long   epochs, ckpt_every, max_steps;
-    bool        resume, print_steps, no_eval;
+    bool        resume, print_steps, no_eval, ckpt_on_exit;
 } options;
 
 static int rank;
@@ -36,8 +36,10 @@ static int rank;
 static void usage(FILE *f)
 {
     fputs("usage: mpirun -np P distdl-train --model spec.json --data DIR --epochs N\n"
-          "         [--checkpoint-dir D] [--checkpoint-every K] [--resume]\n"
-          "         [--max-steps S] [--print-steps] [--export FILE.safetensors|DIR] [--no-eval]\n",
+          "         [--checkpoint-dir D] [--checkpoint-every K] [--checkpoint-on-exit]\n"
+          "         [--resume | --resume-from CHECKPOINT]  (any world size / partitioning)\n"
+          "         [--max-steps S (total optimizer steps)] [--print-steps]\n"
+          "         [--export FILE.safetensors|DIR] [--no-eval]\n",
           f);
 }
 
@@ -50,6 +52,7 @@ static int parse_args(int argc, char **argv, options *o, char *err, size_t errle
         {"checkpoint-every", required_argument, 0, 'k'}, {"resume", no_argument, 0, 'r'},
         {"max-steps", required_argument, 0, 's'},      {"print-steps", no_argument, 0, 'p'},
         {"export", required_argument, 0, 'x'},         {"no-eval", no_argument, 0, 'n'},
+        {"resume-from", required_argument, 0, 'R'},    {"checkpoint-on-exit", no_argument, 0, 'E'},
         {"help", no_argument, 0, 'h'},                 {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     o->epochs    = 1;
@@ -64,6 +67,8 @@ static int parse_args(int argc, char **argv, options *o, char *err, size_t errle
         case 'c': o->ckpt_dir = optarg; break;
         case 'x': o->export_path = optarg; break;
         case 'r': o->resume = true; break;
+        case 'R': o->resume = true; o->resume_from = optarg; break;
+        case 'E': o->ckpt_on_exit = true; break;
         case 'p': o->print_steps = true; break;
         case 'n': o->no_eval = true; break;
         case 'h': return 1;
@@ -95,8 +100,10 @@ static int parse_args(int argc, char **argv, options *o, char *err, size_t errle
         snprintf(err, errlen, "--model and --data are required");
         return 2;
     }
-    if ((o->ckpt_every > 0 || o->resume) && o->ckpt_dir == NULL) {
-        snprintf(err, errlen, "--checkpoint-every and --resume need --checkpoint-dir");
+    if ((o->ckpt_every > 0 || o->ckpt_on_exit || (o->resume && o->resume_from == NULL)) &&
+        o->ckpt_dir == NULL) {
+        snprintf(err, errlen,
+                 "--checkpoint-every, --checkpoint-on-exit and --resume need --checkpoint-dir");
         return 2;
     }
     return 0;
@@ -239,10 +246,11 @@ int main(int argc, char **argv)
     int64_t B = ddl_spec_batch_size(spec), epoch0 = 0, batch0 = 0;
     if (o.resume) {
         char *user = NULL;
-        st         = ddl_model_load(m, o.ckpt_dir, &user);
-        if (st == DDL_ENOTFOUND) {
+        const char *from = o.resume_from ? o.resume_from : o.ckpt_dir;
+        st               = ddl_model_load(m, from, &user);
+        if (st == DDL_ENOTFOUND && o.resume_from == NULL) {
             if (rank == 0) {
-                fprintf(stderr, "distdl-train: no checkpoint in %s yet, starting fresh\n", o.ckpt_dir);
+                fprintf(stderr, "distdl-train: no checkpoint in %s yet, starting fresh\n", from);
             }
         } else if (st != DDL_OK) {
             return die("resuming", st);
@@ -252,7 +260,7 @@ int main(int argc, char **argv)
             batch0    = json_integer_value(json_object_get(u, "batch"));
             json_decref(u);
             if (rank == 0) {
-                printf("resumed from %s at step %lld (epoch %lld, batch %lld)\n", o.ckpt_dir,
+                printf("resumed from %s at step %lld (epoch %lld, batch %lld)\n", from,
                        (long long)ddl_model_step(m), (long long)epoch0 + 1, (long long)batch0);
             }
         }
@@ -275,7 +283,7 @@ int main(int argc, char **argv)
                o.model, size, ddl_model_nparams(m), (long long)B, (long long)steps_per_epoch);
         fflush(stdout);
     }
-    int64_t steps_done = 0;
+    int64_t steps_done = 0, cur_epoch = epoch0, cur_batch = batch0;
     bool    stop       = false;
     for (int64_t epoch = epoch0; epoch < o.epochs && !stop; epoch++) {
         if (rank == 0) {
@@ -290,7 +298,7 @@ int main(int argc, char **argv)
         double  t0 = now(), lsum = 0;
         int64_t hits = 0, seen = 0;
         for (int64_t b = (epoch == epoch0 ? batch0 : 0); b < steps_per_epoch; b++) {
-            if (o.max_steps >= 0 && steps_done >= o.max_steps) {
+            if (o.max_steps >= 0 && ddl_model_step(m) >= o.max_steps) {
                 stop = true;
                 break;
             }
@@ -308,6 +316,8 @@ int main(int argc, char **argv)
                 return die("training step", st);
             }
             steps_done++;
+            cur_epoch = b + 1 == steps_per_epoch ? epoch + 1 : epoch;
+            cur_batch = b + 1 == steps_per_epoch ? 0 : b + 1;
             lsum += loss;
             hits += c;
             seen += B;
@@ -349,6 +359,15 @@ int main(int argc, char **argv)
             }
             printf("\n");
             fflush(stdout);
+        }
+    }
+    if (o.ckpt_on_exit) {
+        char user[128];
+        snprintf(user, sizeof user, "{\"epoch\": %lld, \"batch\": %lld}", (long long)cur_epoch,
+                 (long long)cur_batch);
+        st = ddl_model_save(m, o.ckpt_dir, user);
+        if (st != DDL_OK) {
+            return die("writing the final checkpoint", st);
         }
     }
     if (o.export_path != NULL) {

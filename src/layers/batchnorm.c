@@ -1,1 +1,400 @@
-// batchnorm layer: being written
+// layers/batchnorm.c: distributed batch normalization (DistDL DistributedBatchNorm,
+// torch.nn.BatchNorm{1,2,3}d semantics).
+//
+// Shapes. x and y are [N, C, spatial...] (N = batch, C = channels = num_features,
+// S = product of the spatial dims), decomposed balanced over P_x of the same ndim,
+// split along any dims (batch, channels, space, or several). P_c = P_x.shape[1]. This
+// rank holds the block [n, c_loc, s] of x and y. gamma and beta are [C].
+//
+// Partitions. P_sum holds the ranks of P_x at coordinates [0, c, 0, ...], c < P_c, in
+// that order, as a partition of shape [1, P_c, 1, ...]. P_sum rank c owns channel piece
+// c of gamma and beta (the balanced piece of C over P_c, the same channels its x block
+// has) and is the root of every per-channel reduction of the P_x ranks with channel
+// coordinate c.
+//
+// Math, per channel c, over the V = N * prod(spatial) values of the global batch
+// (https://pytorch.org/docs/stable/generated/torch.nn.BatchNorm2d.html):
+//   R = SumReduce(P_x -> P_sum), B = Broadcast(P_sum -> P_x), both per channel piece;
+//   mean   = B(R(sum_local x) / V)
+//   var    = B(R(sum_local (x - mean)^2) / V)     (biased; two passes as in DistDL)
+//   invstd = 1 / sqrt(var + eps),  xhat = (x - mean) * invstd
+//   y      = B(gamma) * xhat + B(beta)            (gamma = 1, beta = 0 without affine)
+// Eval mode (L->training false) uses the running statistics for mean and var.
+//
+// Backward (the reverse composition; the adjoint of a Broadcast is a SumReduce and
+// that of a SumReduce a Broadcast). With the local sums s1 = sum dy, s2 = sum dy*xhat:
+//   training  g = B(R([s1, s2]))                  (the adjoints of the statistics' B)
+//             dx = B(gamma) * invstd * (dy - g1/V - xhat * g2/V)
+//   eval      dx = B(gamma) * invstd * dy        (frozen statistics)
+//   both      dgamma += R(s2), dbeta += R(s1) on P_sum (the adjoint of B(gamma), B(beta))
+// The one SumReduce of [s1, s2] serves both the parameter gradients and, in training,
+// the broadcast to P_x. Statistics move as f64 whatever the layer's dtype; gamma and
+// beta are broadcast in the layer's dtype.
+//
+// Running statistics (state, not parameters). Every P_x rank keeps running_mean and
+// running_var ([C_loc], dtype dt) for its own channels [c0, c0 + C_loc), initialized to
+// 0 and 1 as in PyTorch. All copies of a channel are updated from the same broadcast
+// mean and var, so they stay identical and eval mode needs no communication for them.
+// The update uses PyTorch's unbiased variance (var * V / (V - 1)), not DistDL's biased
+// one; momentum < 0 selects the cumulative average (PyTorch's momentum=None).
+//
+// Collectivity. Create is collective over P_x (it creates P_sum and the group
+// communicators of the primitives). Forward and backward are collective over P_x;
+// ranks outside P_x hold zero-volume x and y and return at once (they belong to no
+// group of this layer). Forward and backward allocate nothing: every plan and buffer
+// is built in create.
+#include <math.h>
+#include <string.h>
+
+#include "base/check.h"
+#include "ddl/base.h"
+#include "ddl/decomp.h"
+#include "ddl/layers.h"
+
+typedef struct bn_impl {
+    ddl_partition_t  *P_sum;       // [1, P_c, 1, ...]: the [0, c, 0, ...] ranks of P_x
+    bool              active;      // this rank is in P_x
+    bool              root;        // this rank is in P_sum (owns gamma/beta piece)
+    bool              affine;
+    double            eps;
+    ddl_batchnorm_params bp;       // momentum / cumulative for the running update
+    int64_t           N, C, S;     // local block [N, C_loc, S] of x
+    int64_t           V;           // global count per channel
+    int64_t           nbt;         // num_batches_tracked
+    // Primitives: statistics of one [C_loc] vector, and of the pair [s1 | s2]
+    // ([2 C_loc]), both f64; gamma | beta ([2 C_loc], dt).
+    ddl_sum_reduce_t *sr1, *sr2;
+    ddl_broadcast_t  *bc1, *bc2, *bc_affine;
+    // Buffers (zero-volume where the rank holds no such piece).
+    ddl_tensor_t     *loc1, *red1;   // [C_loc] f64: local sums, reduced sums (P_sum)
+    ddl_tensor_t     *mean, *var;    // [C_loc] f64: broadcast statistics
+    ddl_tensor_t     *invstd;        // [C_loc] f64
+    ddl_tensor_t     *loc2, *red2;   // [2 C_loc] f64: [s1 | s2] local, reduced (P_sum)
+    ddl_tensor_t     *g2;            // [2 C_loc] f64: [s1 | s2] global, on every P_x rank
+    ddl_tensor_t     *ab_src, *ab;   // [2 C_loc] dt: gamma | beta on P_sum, on P_x
+    ddl_tensor_t     *x_saved;       // x of the last forward (x_shape)
+    ddl_tensor_t     *run_mean, *run_var;  // [C_loc] dt
+    bool              have_forward;  // a forward has run (backward needs its state)
+    bool              batch_stats;   // the last forward normalized with batch statistics
+} bn_impl;
+
+static const char *const KIND = "batchnorm";
+
+// ---- helpers -----------------------------------------------------------------
+
+static ddl_status vec(ddl_dtype dt, int64_t n, ddl_tensor_t **out)
+{
+    ddl_shape s = ddl_shape_make(1, (int64_t[]){n});
+    return ddl_tensor_create(dt, &s, out);
+}
+
+static double *f64(const ddl_tensor_t *t)
+{
+    return (double *)t->data;
+}
+
+// gamma and beta as broadcast to this rank (NULL without affine).
+static const void *gamma_of(const bn_impl *b)
+{
+    return b->affine ? b->ab->data : NULL;
+}
+
+static const void *beta_of(const bn_impl *b, ddl_dtype dt)
+{
+    return b->affine ? (const char *)b->ab->data + (size_t)b->C * ddl_dtype_size(dt) : NULL;
+}
+
+// ---- forward -----------------------------------------------------------------
+
+// One batch statistic: out = B(R(loc) / V).
+static ddl_status stat_reduce(bn_impl *b, ddl_tensor_t *out)
+{
+    DDL_CHECK(ddl_sum_reduce_forward(b->sr1, b->loc1, b->red1));
+    if (b->root) {
+        double *r = f64(b->red1);
+        for (int64_t c = 0; c < b->C; c++) {
+            r[c] /= (double)b->V;
+        }
+    }
+    return ddl_broadcast_forward(b->bc1, b->red1, out);
+}
+
+static ddl_status bn_forward(ddl_layer_t *L, const ddl_tensor_t *x, ddl_tensor_t *y)
+{
+    bn_impl *b = L->impl;
+    // Same verdict on every rank: V is global.
+    DDL_REQUIRE(!L->training || b->V > 1, DDL_EINVAL,
+                "batchnorm: expected more than 1 value per channel when training, got "
+                "N * prod(spatial) = %lld",
+                (long long)b->V);
+    if (!b->active) {
+        return DDL_OK;
+    }
+    ddl_dtype dt = L->dt;
+    DDL_CHECK(ddl_tensor_copy(x, b->x_saved));
+    double *mean = f64(b->mean), *invstd = f64(b->invstd);
+    if (L->training) {
+        DDL_CHECK(ddl_batchnorm_sum(dt, f64(b->loc1), x->data, b->N, b->C, b->S));
+        DDL_CHECK(stat_reduce(b, b->mean));
+        DDL_CHECK(ddl_batchnorm_sqdev(dt, f64(b->loc1), x->data, mean, b->N, b->C, b->S));
+        DDL_CHECK(stat_reduce(b, b->var));
+        const double *var = f64(b->var);
+        for (int64_t c = 0; c < b->C; c++) {
+            invstd[c] = 1.0 / sqrt(var[c] + b->eps);
+        }
+        b->nbt++;
+        double f = ddl_batchnorm_update_factor(&b->bp, b->nbt);
+        DDL_CHECK(ddl_batchnorm_running_update(dt, b->run_mean->data, b->run_var->data, mean, var,
+                                               b->C, b->V, f));
+    } else {
+        for (int64_t c = 0; c < b->C; c++) {
+            mean[c]   = ddl_tensor_get(b->run_mean, c);
+            invstd[c] = 1.0 / sqrt(ddl_tensor_get(b->run_var, c) + b->eps);
+        }
+    }
+    if (b->affine) {
+        if (b->root) {
+            size_t bytes = (size_t)b->C * ddl_dtype_size(dt);
+            if (bytes > 0) {
+                memcpy(b->ab_src->data, L->params[0].value->data, bytes);
+                memcpy((char *)b->ab_src->data + bytes, L->params[1].value->data, bytes);
+            }
+        }
+        DDL_CHECK(ddl_broadcast_forward(b->bc_affine, b->ab_src, b->ab));
+    }
+    DDL_CHECK(ddl_batchnorm_normalize(dt, y->data, x->data, mean, invstd, gamma_of(b),
+                                      beta_of(b, dt), b->N, b->C, b->S));
+    b->batch_stats  = L->training;
+    b->have_forward = true;
+    return DDL_OK;
+}
+
+// ---- backward ----------------------------------------------------------------
+
+static ddl_status bn_backward(ddl_layer_t *L, const ddl_tensor_t *dy, ddl_tensor_t *dx)
+{
+    bn_impl *b = L->impl;
+    DDL_REQUIRE(b->have_forward || !b->active, DDL_EINVAL,
+                "batchnorm: backward called before any forward");
+    if (!b->active) {
+        return DDL_OK;
+    }
+    ddl_dtype     dt     = L->dt;
+    const double *mean   = f64(b->mean), *invstd = f64(b->invstd);
+    double       *s      = f64(b->loc2);
+    bool          reduce = b->batch_stats || b->affine;
+    if (reduce) {
+        // Local [s1 | s2], summed onto P_sum: the parameter gradients there.
+        DDL_CHECK(ddl_batchnorm_backward_reduce(dt, s, s + b->C, dy->data, b->x_saved->data, mean,
+                                                invstd, b->N, b->C, b->S));
+        DDL_CHECK(ddl_sum_reduce_forward(b->sr2, b->loc2, b->red2));
+        if (b->root && b->affine) {
+            const double *r = f64(b->red2);
+            DDL_CHECK(ddl_batchnorm_param_grads(dt, L->params[0].grad->data,
+                                                L->params[1].grad->data, r, r + b->C, b->C));
+        }
+    }
+    ddl_tensor_zero(dx);
+    if (b->batch_stats) {
+        DDL_CHECK(ddl_broadcast_forward(b->bc2, b->red2, b->g2));
+        const double *g = f64(b->g2);
+        DDL_CHECK(ddl_batchnorm_backward_apply(dt, dx->data, dy->data, b->x_saved->data, mean,
+                                               invstd, gamma_of(b), g, g + b->C, b->V, b->N,
+                                               b->C, b->S));
+    } else {
+        DDL_CHECK(ddl_batchnorm_backward_apply(dt, dx->data, dy->data, b->x_saved->data, mean,
+                                               invstd, gamma_of(b), NULL, NULL, b->V, b->N,
+                                               b->C, b->S));
+    }
+    return DDL_OK;
+}
+
+// ---- lifecycle ---------------------------------------------------------------
+
+static void bn_destroy(ddl_layer_t *L)
+{
+    bn_impl *b = L->impl;
+    if (b == NULL) {
+        return;
+    }
+    ddl_sum_reduce_destroy(&b->sr1);
+    ddl_sum_reduce_destroy(&b->sr2);
+    ddl_broadcast_destroy(&b->bc1);
+    ddl_broadcast_destroy(&b->bc2);
+    ddl_broadcast_destroy(&b->bc_affine);
+    ddl_tensor_t **ts[] = {&b->loc1, &b->red1,   &b->mean,    &b->var,      &b->invstd,
+                           &b->loc2, &b->red2,   &b->g2,      &b->ab_src,   &b->ab,
+                           &b->x_saved, &b->run_mean, &b->run_var};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) {
+        ddl_tensor_destroy(ts[i]);
+    }
+    ddl_partition_destroy(&b->P_sum);
+    ddl_free(b);
+    L->impl = NULL;
+}
+
+static const ddl_layer_ops bn_ops = {
+    .forward  = bn_forward,
+    .backward = bn_backward,
+    .destroy  = bn_destroy,
+};
+
+// Pure checks of the arguments: the same verdict on every rank, before any MPI call.
+static ddl_status validate(const ddl_partition_t *P_x, ddl_dtype dt, const ddl_shape *x_global,
+                           double eps, double momentum, ddl_layer_t **out)
+{
+    DDL_REQUIRE(P_x != NULL && x_global != NULL && out != NULL, DDL_EINVAL,
+                "batchnorm: P_x, x_global and out must not be NULL");
+    DDL_REQUIRE(dt == DDL_F32 || dt == DDL_F64, DDL_EINVAL, "batchnorm: unknown dtype %d",
+                (int)dt);
+    int nd = x_global->ndim;
+    DDL_REQUIRE(nd >= 2 && nd <= DDL_MAX_DIMS, DDL_EINVAL,
+                "batchnorm: x has %d dims, expected [N, C, spatial...] with 2 to %d dims", nd,
+                DDL_MAX_DIMS);
+    DDL_REQUIRE(ddl_partition_ndim(P_x) == nd, DDL_EINVAL,
+                "batchnorm: P_x has %d dims but x has %d", ddl_partition_ndim(P_x), nd);
+    for (int d = 0; d < nd; d++) {
+        DDL_REQUIRE(x_global->d[d] >= 0, DDL_EINVAL, "batchnorm: x_global[%d] = %lld < 0", d,
+                    (long long)x_global->d[d]);
+    }
+    DDL_REQUIRE(x_global->d[1] >= 1, DDL_EINVAL,
+                "batchnorm: num_features (x_global[1]) = %lld must be at least 1",
+                (long long)x_global->d[1]);
+    DDL_REQUIRE(isfinite(eps) && eps >= 0.0, DDL_EINVAL,
+                "batchnorm: eps = %g must be finite and >= 0", eps);
+    DDL_REQUIRE(isfinite(momentum) && momentum <= 1.0, DDL_EINVAL,
+                "batchnorm: momentum = %g must be <= 1 (or < 0 for the cumulative average)",
+                momentum);
+    return DDL_OK;
+}
+
+ddl_status ddl_batchnorm_create(const ddl_partition_t *P_x, ddl_dtype dt,
+                                const ddl_shape *x_global, double eps, double momentum,
+                                bool affine, ddl_layer_t **out)
+{
+    DDL_CHECK(validate(P_x, dt, x_global, eps, momentum, out));
+    int        nd  = x_global->ndim;
+    const int *pxs = ddl_partition_shape(P_x);
+    int        Pc  = pxs[1];
+
+    ddl_layer_t *L = NULL;
+    DDL_CHECK(ddl_layer_alloc(&bn_ops, KIND, dt, &L));
+    bn_impl   *b  = ddl_calloc(1, sizeof *b);
+    int       *sr = ddl_malloc(sizeof(int) * (size_t)Pc);
+    ddl_status st = DDL_OK;
+    if (b == NULL || sr == NULL) {
+        ddl_free(b);
+        ddl_free(sr);
+        ddl_layer_destroy(&L);
+        return ddl_set_error(DDL_ENOMEM, "batchnorm: out of memory");
+    }
+    L->impl     = b;
+    L->x_global = *x_global;
+    L->y_global = *x_global;
+    L->x_shape  = ddl_partition_local_shape(P_x, x_global);
+    L->y_shape  = L->x_shape;
+    L->P_in     = P_x;
+    L->P_out    = P_x;
+
+    b->affine        = affine;
+    b->eps           = eps;
+    b->bp            = ddl_batchnorm_params_default();
+    b->bp.eps        = eps;
+    b->bp.cumulative = momentum < 0.0;
+    b->bp.momentum   = momentum < 0.0 ? 0.0 : momentum;
+    b->V             = x_global->d[0];
+    for (int d = 2; d < nd; d++) {
+        b->V *= x_global->d[d];
+    }
+    b->active = ddl_partition_active(P_x);
+    b->N      = L->x_shape.d[0];
+    b->C      = L->x_shape.d[1];
+    b->S      = 1;
+    for (int d = 2; d < nd; d++) {
+        b->S *= L->x_shape.d[d];
+    }
+
+    // P_sum: the P_x ranks at [0, c, 0, ...], as a [1, P_c, 1, ...] partition.
+    int coord[DDL_MAX_DIMS] = {0}, sshape[DDL_MAX_DIMS];
+    for (int d = 0; d < nd; d++) {
+        sshape[d] = d == 1 ? Pc : 1;
+    }
+    for (int c = 0; c < Pc; c++) {
+        coord[1] = c;
+        sr[c]    = ddl_partition_rank_at(P_x, coord);
+    }
+    st = ddl_partition_create(ddl_partition_base(P_x), Pc, sr, nd, sshape, &b->P_sum);
+    ddl_free(sr);
+    DDL_CHECK_GOTO(st, st, fail);
+    b->root = ddl_partition_active(b->P_sum);
+
+    // Primitives and buffers: [C_loc] on P_x ranks (zero elsewhere); the reduced
+    // vectors and the owned parameters only on P_sum.
+    int64_t   Cx = b->C, Cr = b->root ? b->C : 0;
+    ddl_shape s1 = ddl_shape_make(1, (int64_t[]){Cx});
+    ddl_shape s2 = ddl_shape_make(1, (int64_t[]){2 * Cx});
+    DDL_CHECK_GOTO(ddl_sum_reduce_create(P_x, b->P_sum, false, false, DDL_F64, &s1, &b->sr1), st,
+                   fail);
+    DDL_CHECK_GOTO(ddl_broadcast_create(b->P_sum, P_x, false, false, DDL_F64, &s1, &b->bc1), st,
+                   fail);
+    DDL_CHECK_GOTO(ddl_sum_reduce_create(P_x, b->P_sum, false, false, DDL_F64, &s2, &b->sr2), st,
+                   fail);
+    DDL_CHECK_GOTO(ddl_broadcast_create(b->P_sum, P_x, false, false, DDL_F64, &s2, &b->bc2), st,
+                   fail);
+    if (affine) {
+        DDL_CHECK_GOTO(ddl_broadcast_create(b->P_sum, P_x, false, false, dt, &s2, &b->bc_affine),
+                       st, fail);
+    }
+    DDL_CHECK_GOTO(vec(DDL_F64, Cx, &b->loc1), st, fail);
+    DDL_CHECK_GOTO(vec(DDL_F64, Cr, &b->red1), st, fail);
+    DDL_CHECK_GOTO(vec(DDL_F64, Cx, &b->mean), st, fail);
+    DDL_CHECK_GOTO(vec(DDL_F64, Cx, &b->var), st, fail);
+    DDL_CHECK_GOTO(vec(DDL_F64, Cx, &b->invstd), st, fail);
+    DDL_CHECK_GOTO(vec(DDL_F64, 2 * Cx, &b->loc2), st, fail);
+    DDL_CHECK_GOTO(vec(DDL_F64, 2 * Cr, &b->red2), st, fail);
+    DDL_CHECK_GOTO(vec(DDL_F64, 2 * Cx, &b->g2), st, fail);
+    DDL_CHECK_GOTO(vec(dt, affine ? 2 * Cr : 0, &b->ab_src), st, fail);
+    DDL_CHECK_GOTO(vec(dt, affine ? 2 * Cx : 0, &b->ab), st, fail);
+    DDL_CHECK_GOTO(ddl_tensor_create(dt, &L->x_shape, &b->x_saved), st, fail);
+    DDL_CHECK_GOTO(vec(dt, Cx, &b->run_mean), st, fail);
+    DDL_CHECK_GOTO(vec(dt, Cx, &b->run_var), st, fail);
+    for (int64_t c = 0; c < Cx; c++) {
+        ddl_tensor_set(b->run_var, c, 1.0);
+    }
+
+    if (affine) {
+        // gamma ("weight") and beta ("bias"), [C]: piece c on P_sum rank c.
+        ddl_shape pg  = ddl_shape_make(1, (int64_t[]){x_global->d[1]});
+        ddl_box   box = {.ndim = 1};
+        if (b->root) {
+            box.start[0] = ddl_decomp_start(x_global->d[1], Pc, ddl_partition_index(b->P_sum)[1]);
+            box.stop[0]  = box.start[0] + Cr;
+        }
+        DDL_CHECK_GOTO(ddl_layer_add_param(L, "weight", &pg, &box, DDL_INIT_ONES, x_global->d[1]),
+                       st, fail);
+        DDL_CHECK_GOTO(ddl_layer_add_param(L, "bias", &pg, &box, DDL_INIT_ZEROS, x_global->d[1]),
+                       st, fail);
+        // PyTorch's initial values, so the layer is usable without ddl_layer_init_params.
+        ddl_init_fill(L->params[0].value, &box, &pg, DDL_INIT_ONES, 0, 0, 0);
+    }
+    *out = L;
+    return DDL_OK;
+fail:
+    ddl_layer_destroy(&L);
+    return st;
+}
+
+ddl_status ddl_batchnorm_running_stats(const ddl_layer_t *L, ddl_tensor_t **mean,
+                                       ddl_tensor_t **var)
+{
+    DDL_REQUIRE(L != NULL && L->ops == &bn_ops, DDL_EINVAL,
+                "batchnorm_running_stats: the layer is not a batch-norm layer");
+    bn_impl *b = L->impl;
+    if (mean != NULL) {
+        *mean = b->run_mean;
+    }
+    if (var != NULL) {
+        *var = b->run_var;
+    }
+    return DDL_OK;
+}

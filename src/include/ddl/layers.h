@@ -112,6 +112,8 @@ DDL_EXTERN void ddl_fill_global_uniform(ddl_tensor_t *t, const ddl_box *box,
 // over P_w = [P_fo, P_fi] (block (r, c) on P_w rank (r, c); bias [out] on column 0),
 // y [batch, out] over P_y = [1, P_fo]. y = SumReduce_{P_w -> P_y, transpose_src}(
 // x_local W_rc^T + b_r) after x is broadcast from P_x down the columns of P_w.
+// Parameters: "weight" (Kaiming uniform, fan_in = in_features), then "bias" if bias.
+// EINVAL unless P_x [1, a], P_y [1, b], P_w [b, a] share one base, and sizes >= 1.
 DDL_EXTERN ddl_status ddl_linear_create(const ddl_partition_t *P_x, const ddl_partition_t *P_y,
                                         const ddl_partition_t *P_w, ddl_dtype dt, int64_t batch,
                                         int64_t in_features, int64_t out_features, bool bias,
@@ -149,15 +151,30 @@ DDL_EXTERN ddl_status ddl_pool_create(const ddl_partition_t *P_x, ddl_dtype dt,
                                       ddl_layer_t **out);
 
 // Batch normalization over dim 1 of x [N, C, spatial...] partitioned any way by P_x.
-// Statistics by SumReduce to the [0, c, 0...] ranks and Broadcast back; gamma/beta
-// (affine) live on those ranks. Running statistics use PyTorch's unbiased variance.
-// momentum < 0 means the cumulative average (PyTorch's momentum=None).
+// Statistics by SumReduce to the [0, c, 0...] ranks (P_sum, shape [1, P_c, 1...]) and
+// Broadcast back; gamma ("weight", init 1) and beta ("bias", init 0), both [C], live on
+// those ranks (piece c on P_sum rank c). Running statistics use PyTorch's unbiased
+// variance. momentum < 0 means the cumulative average (PyTorch's momentum=None); eps
+// >= 0, momentum <= 1. Training needs N * prod(spatial) > 1 (checked by forward).
 DDL_EXTERN ddl_status ddl_batchnorm_create(const ddl_partition_t *P_x, ddl_dtype dt,
                                            const ddl_shape *x_global, double eps, double momentum,
                                            bool affine, ddl_layer_t **out);
+// The running statistics of a batch-norm layer (state, not parameters): every rank of
+// P_x holds running_mean and running_var ([C_loc], the layer's dtype) for its own
+// channels (the channel range of ddl_partition_local_box(P_x, x_global)); ranks sharing
+// a channel coordinate hold identical copies. Zero-volume outside P_x. The tensors are
+// borrowed (owned by the layer; writable, e.g. to restore a checkpoint, but then every
+// copy of a channel must be written alike). Either output may be NULL. Not collective.
+DDL_EXTERN ddl_status ddl_batchnorm_running_stats(const ddl_layer_t *L, ddl_tensor_t **mean,
+                                                  ddl_tensor_t **var);
 
-// Upsampling (nearest / linear) of x [N, C, spatial...] on a feature partition; give
-// scale_factor (per spatial dim) or size (per spatial dim), the other NULL.
+// Upsampling (nearest / linear) of x [N, C, spatial...] (1 to 3 spatial dims), with
+// torch.nn.Upsample's semantics; give scale_factor (per spatial dim; output
+// floor(in * scale)) or size (per spatial dim), the other NULL. align_corners needs the
+// linear mode (as in PyTorch). x and y are balanced over the same P_x, which may split
+// any dims (typically [1, 1, S...]); each rank gathers the input range its output reads
+// from whichever ranks hold it (point-to-point, planned in create), so halos may reach
+// past the neighbours (downsampling). No parameters; the layer is linear.
 typedef enum { DDL_UPSAMPLE_NEAREST = 0, DDL_UPSAMPLE_LINEAR = 1 } ddl_upsample_mode;
 DDL_EXTERN ddl_status ddl_upsample_create(const ddl_partition_t *P_x, ddl_dtype dt,
                                           const ddl_shape *x_global, ddl_upsample_mode mode,
@@ -171,14 +188,17 @@ DDL_EXTERN ddl_status ddl_repartition_layer_create(const ddl_partition_t *P_x,
 
 // Flatten [N, C, spatial...] over P_x = [P_n, P_c, 1...] to [N, C * prod(spatial)] over
 // P_y = [P_n, P_c] (same ranks); rebalances with a Repartition when the channel split
-// does not give balanced feature blocks.
+// does not give balanced feature blocks. EINVAL when P_x splits a spatial dim or when
+// P_y is not [P_n, P_c] on the same ranks in the same order.
 DDL_EXTERN ddl_status ddl_flatten_create(const ddl_partition_t *P_x, const ddl_partition_t *P_y,
                                          ddl_dtype dt, const ddl_shape *x_global,
                                          ddl_layer_t **out);
 
 // Pointwise activations on any partition (local): ReLU, LeakyReLU(alpha), Sigmoid,
 // Tanh, GELU, and Dropout(p = alpha; identity when not training; the mask is drawn by
-// global index so it does not depend on the partition).
+// global index so it does not depend on the partition). Dropout's k-th training forward
+// (k = 0, 1, ...) keeps element g iff ddl_rng_uniform(seed, k, g) >= p: a fresh mask per
+// step, the same on every partition; backward uses the mask of the last forward.
 typedef enum {
     DDL_ACT_RELU = 0,
     DDL_ACT_LEAKY_RELU,
@@ -215,7 +235,11 @@ DDL_EXTERN ddl_shape  ddl_loss_x_shape(const ddl_loss_t *l);
 // Forward. target: same local shape as x (NULL for cross-entropy); labels: int64 per
 // local batch row (cross-entropy only). Reduced losses: *value on P_x rank 0 (0 on
 // other ranks). Reduction none: per-element losses into `elementwise` (x's local shape;
-// for cross-entropy [local batch rows], held by the column-0 ranks of P_x).
+// for cross-entropy [local batch rows], held by the column-0 ranks of P_x: other ranks
+// pass NULL or a zero-volume tensor, which is ignored). Collective over P_x; ranks
+// outside P_x return at once (value 0). Data errors: a label outside [0, classes) is
+// refused with EINVAL on every rank of P_x; BCE input outside [0, 1] fails (EINVAL) on
+// the ranks holding it and, for reduced losses, on P_x rank 0, with no rank left waiting.
 DDL_EXTERN ddl_status ddl_loss_forward(ddl_loss_t *l, const ddl_tensor_t *x,
                                        const ddl_tensor_t *target, const int64_t *labels,
                                        double *value, ddl_tensor_t *elementwise);

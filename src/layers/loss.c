@@ -1,1 +1,463 @@
-// loss layer: being written
+// layers/loss.c: distributed losses (DistDL nn/loss.py), plus a softmax cross-entropy
+// whose class dimension is split over ranks (DistDL has none).
+//
+// Elementwise kinds (MSE, L1, BCE, BCEWithLogits, KLDiv, KLDiv with log target,
+// PoissonNLL). x and target share the layout: any global shape X decomposed balanced
+// over P_x (same ndim). With l(x_i, t_i) the per-element loss (kernels_pointwise.h):
+//
+//   none       e_i = l(x_i, t_i), local (no communication)      dx_i = de_i l'(x_i, t_i)
+//   sum        v = R(sum_local l) on P_x rank 0                  dx_i = R*(dv) l'(x_i, t_i)
+//   mean       v = R(...) / numel(X)                             dx_i = R*(dv) / numel(X) l'
+//   batchmean  v = R(...) / X[0]   (KL divergence only)          dx_i = R*(dv) / X[0] l'
+//
+// R is a SumReduce of the local sums from P_x onto P_0 = {P_x rank 0} (shape all ones,
+// same ndim); its adjoint R* broadcasts the upstream gradient dv from P_x rank 0 back to
+// every P_x rank (DistDL: "the broadcast is induced automatically by the adjoint").
+//
+// Cross-entropy. x [N, C] (logits) over P_x = [P_b, P_c]: rank (b, c) holds rows
+// [n0, n0 + Nl) and classes [c0, c0 + Cl); integer labels [Nl] (every rank of a P_x row
+// passes the same labels). Per row n, over the ranks of its P_x row:
+//
+//   m_n = max_j x_nj             MPI_Allreduce(MAX) (see below)
+//   s_n = sum_j exp(x_nj - m_n)  } one AllSumReduce over P_x axis 1 of [s | x_n,label]
+//   z_n = x_n,label_n            }
+//   e_n = m_n + log s_n - z_n    (held by the column-0 ranks of P_x)
+//   v   = R(sum over column-0 rows of e_n) / (N for mean, 1 for sum) on P_x rank 0
+//   dx_nj = g_n (exp(x_nj - m_n) / s_n - [j == label_n])
+//
+// with g_n = R*(dv) / norm for reduced losses, and for reduction none g_n = de_n
+// broadcast from the column-0 rank along its P_x row (the adjoint of "e_n lives on
+// column 0"). The row maxima are all-reduced over the whole of P_x as one vector of the
+// N global rows (-inf outside a rank's rows) plus one flag for an out-of-range label:
+// a max is not a sum, and the flag makes every rank of P_x refuse a bad label alike.
+//
+// Errors on data: a label outside [0, C) is refused with EINVAL on every rank of P_x.
+// BCE input outside [0, 1] (the kernel refuses it): the failing ranks return EINVAL
+// but still take part in the reduction, which carries a failure count, so P_x rank 0
+// (the holder of the value) returns EINVAL too and no rank hangs.
+//
+// Collectivity: create is collective over P_x (plans, a duplicate of P_x's
+// communicator for cross-entropy); forward and backward over P_x. Ranks outside P_x hold
+// zero-volume x, get value 0 and a zero-volume gradient, and make no MPI call
+// (DistDL crashes there: `input.clone()` on Python's builtin). Forward and backward
+// allocate nothing.
+#include <math.h>
+#include <string.h>
+
+#include "base/check.h"
+#include "ddl/base.h"
+#include "ddl/decomp.h"
+#include "ddl/layers.h"
+#include "partition/mpi_check.h"
+
+struct ddl_loss {
+    const ddl_partition_t *P_x;
+    ddl_dtype              dt;
+    ddl_loss_kind          kind;
+    ddl_reduction          reduction;
+    ddl_shape              x_global;
+    ddl_shape              x_shape;   // local x (and target) shape; zero-volume outside P_x
+    bool                   active;    // this rank is in P_x
+    double                 norm;      // divisor of the reduced value
+    ddl_tensor_t          *xs, *ts;   // x and target saved by forward (dt)
+
+    // Reduced losses: [local sum, local failures] (f64) summed onto P_x rank 0.
+    ddl_partition_t       *P0;
+    ddl_sum_reduce_t      *reduce;
+    ddl_tensor_t          *part;      // [2] on P_x ranks
+    ddl_tensor_t          *total;     // [2] on P_x rank 0
+
+    // Cross-entropy.
+    int64_t                rows, n0;  // local rows and the first global row
+    int64_t                cl, c0;    // local classes and the first global class
+    int64_t                classes;
+    bool                   col0;      // P_x index[1] == 0: holds the per-row losses
+    MPI_Comm               comm;      // duplicate of P_x's communicator (MAX all-reduce)
+    double                *maxbuf;    // [N + 1]: global row maxima and the label flag
+    double                *gmax;      // [rows]
+    ddl_all_sum_reduce_t  *rowsum;    // P_x axis 1, [2 rows] f64
+    ddl_tensor_t          *stats;     // [2 rows]: sum exp(x - m) | label logit
+    int64_t               *labels;    // [rows] saved by forward
+    ddl_partition_t       *Pc0;       // column-0 ranks of P_x, [P_b, 1] (reduction none)
+    ddl_broadcast_t       *bcast_g;   // Pc0 -> P_x of the per-row upstream gradient
+    ddl_tensor_t          *grow;      // [rows] (dt) upstream gradient on every P_x rank
+};
+
+// ---- creation --------------------------------------------------------------------
+
+static ddl_status loss_validate(const ddl_partition_t *P_x, ddl_dtype dt, const ddl_shape *x_global,
+                                ddl_loss_kind kind, ddl_reduction reduction, ddl_loss_t **out)
+{
+    DDL_REQUIRE(out != NULL, DDL_EINVAL, "loss: out is NULL");
+    DDL_REQUIRE(P_x != NULL && x_global != NULL, DDL_EINVAL, "loss: P_x and x_global are required");
+    DDL_REQUIRE(dt == DDL_F32 || dt == DDL_F64, DDL_EINVAL, "loss: unknown dtype %d", (int)dt);
+    DDL_REQUIRE(kind >= DDL_LOSS_MSE && kind <= DDL_LOSS_CROSS_ENTROPY, DDL_EINVAL,
+                "loss: unknown loss kind %d", (int)kind);
+    DDL_REQUIRE(reduction >= DDL_REDUCTION_NONE && reduction <= DDL_REDUCTION_BATCHMEAN,
+                DDL_EINVAL, "loss: unknown reduction %d", (int)reduction);
+    bool kl = kind == DDL_LOSS_KL_DIV || kind == DDL_LOSS_KL_DIV_LOG_TARGET;
+    DDL_REQUIRE(reduction != DDL_REDUCTION_BATCHMEAN || kl, DDL_EINVAL,
+                "loss: reduction batchmean is valid for the KL divergence only (kind %d)",
+                (int)kind);
+    int nd = ddl_partition_ndim(P_x);
+    DDL_REQUIRE(x_global->ndim >= 1 && x_global->ndim <= DDL_MAX_DIMS, DDL_EINVAL,
+                "loss: x_global has %d dims", x_global->ndim);
+    DDL_REQUIRE(x_global->ndim == nd, DDL_EINVAL,
+                "loss: x_global has %d dims but P_x has %d", x_global->ndim, nd);
+    for (int d = 0; d < nd; d++) {
+        DDL_REQUIRE(x_global->d[d] >= 1, DDL_EINVAL, "loss: x_global[%d] = %lld must be >= 1", d,
+                    (long long)x_global->d[d]);
+    }
+    if (kind == DDL_LOSS_CROSS_ENTROPY) {
+        DDL_REQUIRE(nd == 2, DDL_EINVAL,
+                    "loss: cross-entropy takes x [batch, classes] over P_x [P_b, P_c], got %d dims",
+                    nd);
+        // The row maxima travel as one MPI message of N + 1 doubles.
+        DDL_REQUIRE(x_global->d[0] < INT32_MAX, DDL_EINVAL,
+                    "loss: cross-entropy batch %lld too large", (long long)x_global->d[0]);
+    }
+    return DDL_OK;
+}
+
+static ddl_status ce_setup(ddl_loss_t *l)
+{
+    const ddl_partition_t *P = l->P_x;
+    int64_t                N = l->x_global.d[0];
+    l->classes               = l->x_global.d[1];
+    l->rows                  = l->x_shape.d[0];
+    l->cl                    = l->x_shape.d[1];
+    l->comm                  = MPI_COMM_NULL;
+    if (l->active) {
+        ddl_box b = ddl_partition_local_box(P, &l->x_global);
+        l->n0     = b.start[0];
+        l->c0     = b.start[1];
+        l->col0   = ddl_partition_index(P)[1] == 0;
+        DDL_CHECK_MPI(MPI_Comm_dup(ddl_partition_comm(P), &l->comm));
+    }
+    size_t nr = (size_t)(l->rows > 0 ? l->rows : 1);
+    l->maxbuf = ddl_malloc(sizeof(double) * (size_t)(N + 1));
+    l->gmax   = ddl_malloc(sizeof(double) * nr);
+    l->labels = ddl_malloc(sizeof(int64_t) * nr);
+    if (l->maxbuf == NULL || l->gmax == NULL || l->labels == NULL) {
+        return ddl_set_error(DDL_ENOMEM, "loss: out of memory");
+    }
+    ddl_shape ss = ddl_shape_make(1, (int64_t[]){2 * l->rows});
+    DDL_CHECK(ddl_all_sum_reduce_create(P, 1, (int[]){1}, DDL_F64, &ss, &l->rowsum));
+    ddl_shape sa = ddl_all_sum_reduce_shape(l->rowsum);
+    DDL_CHECK(ddl_tensor_create(DDL_F64, &sa, &l->stats));
+    if (l->reduction == DDL_REDUCTION_NONE) {
+        // The column-0 ranks, one per P_x row, broadcast the per-row gradient along it.
+        const int *ps    = ddl_partition_shape(P);
+        int       *ranks = ddl_malloc(sizeof(int) * (size_t)ps[0]);
+        if (ranks == NULL) {
+            return ddl_set_error(DDL_ENOMEM, "loss: out of memory");
+        }
+        for (int b = 0; b < ps[0]; b++) {
+            ranks[b] = ddl_partition_rank_at(P, (int[]){b, 0});
+        }
+        ddl_status st = ddl_partition_create(ddl_partition_base(P), ps[0], ranks, 2,
+                                             (int[]){ps[0], 1}, &l->Pc0);
+        ddl_free(ranks);
+        DDL_CHECK(st);
+        ddl_shape gs = ddl_shape_make(1, (int64_t[]){l->rows});
+        DDL_CHECK(ddl_broadcast_create(l->Pc0, P, false, false, l->dt, &gs, &l->bcast_g));
+        ddl_shape gy = ddl_broadcast_y_shape(l->bcast_g);
+        DDL_CHECK(ddl_tensor_create(l->dt, &gy, &l->grow));
+    }
+    return DDL_OK;
+}
+
+static ddl_status loss_setup(ddl_loss_t *l)
+{
+    const ddl_partition_t *P = l->P_x;
+    DDL_CHECK(ddl_tensor_create(l->dt, &l->x_shape, &l->xs));
+    if (l->kind != DDL_LOSS_CROSS_ENTROPY) {
+        DDL_CHECK(ddl_tensor_create(l->dt, &l->x_shape, &l->ts));
+    }
+    if (l->reduction != DDL_REDUCTION_NONE) {
+        int nd = ddl_partition_ndim(P);
+        int r0 = ddl_partition_ranks(P)[0];
+        int ones[DDL_MAX_DIMS];
+        for (int d = 0; d < nd; d++) {
+            ones[d] = 1;
+        }
+        DDL_CHECK(ddl_partition_create(ddl_partition_base(P), 1, &r0, nd, ones, &l->P0));
+        ddl_shape two = ddl_shape_make(1, (int64_t[]){2});
+        DDL_CHECK(ddl_sum_reduce_create(P, l->P0, false, false, DDL_F64, &two, &l->reduce));
+        ddl_shape ps = ddl_sum_reduce_x_shape(l->reduce), ts = ddl_sum_reduce_y_shape(l->reduce);
+        DDL_CHECK(ddl_tensor_create(DDL_F64, &ps, &l->part));
+        DDL_CHECK(ddl_tensor_create(DDL_F64, &ts, &l->total));
+    }
+    if (l->kind == DDL_LOSS_CROSS_ENTROPY) {
+        DDL_CHECK(ce_setup(l));
+    }
+    return DDL_OK;
+}
+
+ddl_status ddl_loss_create(const ddl_partition_t *P_x, ddl_dtype dt, const ddl_shape *x_global,
+                           ddl_loss_kind kind, ddl_reduction reduction, ddl_loss_t **out)
+{
+    DDL_CHECK(loss_validate(P_x, dt, x_global, kind, reduction, out));
+    ddl_loss_t *l = ddl_calloc(1, sizeof *l);
+    if (l == NULL) {
+        return ddl_set_error(DDL_ENOMEM, "loss: out of memory");
+    }
+    l->P_x       = P_x;
+    l->dt        = dt;
+    l->kind      = kind;
+    l->reduction = reduction;
+    l->x_global  = *x_global;
+    l->x_shape   = ddl_partition_local_shape(P_x, x_global);
+    l->active    = ddl_partition_active(P_x);
+    l->comm      = MPI_COMM_NULL;
+    switch (reduction) {
+    case DDL_REDUCTION_MEAN:
+        l->norm = kind == DDL_LOSS_CROSS_ENTROPY ? (double)x_global->d[0]
+                                                 : (double)ddl_shape_numel(x_global);
+        break;
+    case DDL_REDUCTION_BATCHMEAN:
+        l->norm = (double)x_global->d[0];
+        break;
+    default:
+        l->norm = 1.0;
+        break;
+    }
+    ddl_status st = loss_setup(l);
+    if (st != DDL_OK) {
+        ddl_loss_destroy(&l);
+        return st;
+    }
+    *out = l;
+    return DDL_OK;
+}
+
+void ddl_loss_destroy(ddl_loss_t **lp)
+{
+    if (lp == NULL || *lp == NULL) {
+        return;
+    }
+    ddl_loss_t *l = *lp;
+    ddl_tensor_destroy(&l->xs);
+    ddl_tensor_destroy(&l->ts);
+    ddl_sum_reduce_destroy(&l->reduce);
+    ddl_tensor_destroy(&l->part);
+    ddl_tensor_destroy(&l->total);
+    ddl_partition_destroy(&l->P0);
+    if (l->comm != MPI_COMM_NULL) {
+        MPI_Comm_free(&l->comm);
+    }
+    ddl_free(l->maxbuf);
+    ddl_free(l->gmax);
+    ddl_free(l->labels);
+    ddl_all_sum_reduce_destroy(&l->rowsum);
+    ddl_tensor_destroy(&l->stats);
+    ddl_broadcast_destroy(&l->bcast_g);
+    ddl_tensor_destroy(&l->grow);
+    ddl_partition_destroy(&l->Pc0);
+    ddl_free(l);
+    *lp = NULL;
+}
+
+ddl_shape ddl_loss_x_shape(const ddl_loss_t *l)
+{
+    return l->x_shape;
+}
+
+// ---- forward ----------------------------------------------------------------------
+
+static ddl_status check_tensor(const ddl_loss_t *l, const char *what, const ddl_tensor_t *t,
+                               const ddl_shape *want)
+{
+    if (t == NULL && ddl_shape_numel(want) == 0) {
+        return DDL_OK;
+    }
+    DDL_REQUIRE(t != NULL, DDL_EINVAL, "loss: %s is NULL", what);
+    char got[96], exp[96];
+    DDL_REQUIRE(t->dtype == l->dt, DDL_ESHAPE, "loss: %s has dtype %s, the loss has %s", what,
+                ddl_dtype_name(t->dtype), ddl_dtype_name(l->dt));
+    DDL_REQUIRE(ddl_shape_equal(&t->shape, want) ||
+                    (ddl_shape_numel(want) == 0 && ddl_tensor_numel(t) == 0),
+                DDL_ESHAPE, "loss: %s has shape %s, expected %s on this rank", what,
+                ddl_shape_str(&t->shape, got, sizeof got), ddl_shape_str(want, exp, sizeof exp));
+    return DDL_OK;
+}
+
+// The reduced value: sum the [local sum, failures] pairs onto P_x rank 0.
+static ddl_status reduce_value(ddl_loss_t *l, double local, bool failed, double *value)
+{
+    if (l->active) {
+        double *p = l->part->data;
+        p[0]      = local;
+        p[1]      = failed ? 1.0 : 0.0;
+    }
+    DDL_CHECK(ddl_sum_reduce_forward(l->reduce, l->part, l->total));
+    if (ddl_tensor_numel(l->total) > 0) {
+        const double *t = l->total->data;
+        DDL_REQUIRE(t[1] == 0.0, DDL_EINVAL,
+                    "loss: the input was refused on %.0f rank(s) of P_x (see their errors)", t[1]);
+        if (value != NULL) {
+            *value = t[0] / l->norm;
+        }
+    }
+    return DDL_OK;
+}
+
+static ddl_status eloss_forward(ddl_loss_t *l, const ddl_tensor_t *x, const ddl_tensor_t *target,
+                                double *value, ddl_tensor_t *elementwise)
+{
+    DDL_CHECK(check_tensor(l, "target", target, &l->x_shape));
+    int64_t n = ddl_shape_numel(&l->x_shape);
+    if (n > 0) {
+        memcpy(l->xs->data, x->data, ddl_tensor_bytes(l->xs));
+        memcpy(l->ts->data, target->data, ddl_tensor_bytes(l->ts));
+    }
+    if (l->reduction == DDL_REDUCTION_NONE) {
+        DDL_CHECK(check_tensor(l, "elementwise", elementwise, &l->x_shape));
+        return ddl_eloss_forward(l->kind, l->dt, n > 0 ? elementwise->data : NULL, NULL,
+                                 l->xs->data, l->ts->data, n);
+    }
+    double     local = 0.0;
+    ddl_status st    = ddl_eloss_forward(l->kind, l->dt, NULL, &local, l->xs->data, l->ts->data, n);
+    // Take part in the reduction whatever happened, so that no partner waits.
+    DDL_CHECK(reduce_value(l, st == DDL_OK ? local : 0.0, st != DDL_OK, value));
+    return st;
+}
+
+static ddl_status ce_forward(ddl_loss_t *l, const ddl_tensor_t *x, const int64_t *labels,
+                             double *value, ddl_tensor_t *elementwise)
+{
+    int64_t rows = l->rows, N = l->x_global.d[0];
+    if (!l->active) {
+        return DDL_OK;  // no rows, no collectives: P_x's members are the only participants
+    }
+    DDL_REQUIRE(rows == 0 || labels != NULL, DDL_EINVAL, "loss: cross-entropy labels are NULL");
+    ddl_shape es = ddl_shape_make(1, (int64_t[]){rows});
+    if (l->reduction == DDL_REDUCTION_NONE && l->col0) {
+        DDL_CHECK(check_tensor(l, "elementwise", elementwise, &es));
+    }
+    if (ddl_tensor_bytes(l->xs) > 0) {
+        memcpy(l->xs->data, x->data, ddl_tensor_bytes(l->xs));
+    }
+    // Local label check; the verdict travels with the row maxima.
+    bool       bad = false;
+    ddl_status lst = DDL_OK;
+    for (int64_t b = 0; b < rows && !bad; b++) {
+        l->labels[b] = labels[b];
+        if (labels[b] < 0 || labels[b] >= l->classes) {
+            bad = true;
+            lst = ddl_set_error(DDL_EINVAL,
+                                "loss: cross-entropy label %lld of row %lld outside [0, %lld)",
+                                (long long)labels[b], (long long)(l->n0 + b),
+                                (long long)l->classes);
+        }
+    }
+    for (int64_t i = 0; i < N; i++) {
+        l->maxbuf[i] = -INFINITY;
+    }
+    l->maxbuf[N] = bad ? 1.0 : 0.0;
+    DDL_CHECK(ddl_cross_entropy_local_max(l->dt, l->maxbuf + l->n0, l->xs->data, rows, l->cl));
+    DDL_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, l->maxbuf, (int)(N + 1), MPI_DOUBLE, MPI_MAX,
+                                l->comm));
+    if (l->maxbuf[N] != 0.0) {
+        return bad ? lst
+                   : ddl_set_error(DDL_EINVAL,
+                                   "loss: cross-entropy labels outside [0, %lld) on another "
+                                   "rank of P_x",
+                                   (long long)l->classes);
+    }
+    memcpy(l->gmax, l->maxbuf + l->n0, sizeof(double) * (size_t)rows);
+
+    // Sum of exponentials and the label logit, summed along the P_x row.
+    double *s = l->stats->data, *z = s + rows;
+    DDL_CHECK(ddl_cross_entropy_local_sumexp(l->dt, s, l->xs->data, l->gmax, rows, l->cl));
+    DDL_CHECK(ddl_cross_entropy_local_label_logit(l->dt, z, l->xs->data, l->labels, rows, l->c0,
+                                                  l->cl, l->classes));
+    DDL_CHECK(ddl_all_sum_reduce_forward(l->rowsum, l->stats, l->stats));
+
+    if (l->reduction == DDL_REDUCTION_NONE) {
+        if (l->col0) {
+            DDL_CHECK(ddl_cross_entropy_combine(l->dt, rows > 0 ? elementwise->data : NULL, NULL,
+                                                l->gmax, s, z, rows));
+        }
+        return DDL_OK;
+    }
+    double local = 0.0;
+    if (l->col0) {
+        DDL_CHECK(ddl_cross_entropy_combine(l->dt, NULL, &local, l->gmax, s, z, rows));
+    }
+    return reduce_value(l, local, false, value);
+}
+
+ddl_status ddl_loss_forward(ddl_loss_t *l, const ddl_tensor_t *x, const ddl_tensor_t *target,
+                            const int64_t *labels, double *value, ddl_tensor_t *elementwise)
+{
+    DDL_REQUIRE(l != NULL, DDL_EINVAL, "loss forward: loss is NULL");
+    if (value != NULL) {
+        *value = 0.0;
+    }
+    DDL_CHECK(check_tensor(l, "x", x, &l->x_shape));
+    if (l->kind == DDL_LOSS_CROSS_ENTROPY) {
+        return ce_forward(l, x, labels, value, elementwise);
+    }
+    return eloss_forward(l, x, target, value, elementwise);
+}
+
+// ---- backward ---------------------------------------------------------------------
+
+// The upstream gradient of a reduced loss on every P_x rank (R* dv), divided by the
+// normaliser.
+static ddl_status reduced_scale(ddl_loss_t *l, double dvalue, double *scale)
+{
+    if (ddl_tensor_numel(l->total) > 0) {
+        double *t = l->total->data;
+        t[0]      = dvalue;
+        t[1]      = 0.0;
+    }
+    DDL_CHECK(ddl_sum_reduce_adjoint(l->reduce, l->total, l->part));
+    *scale = l->active ? ((const double *)l->part->data)[0] / l->norm : 0.0;
+    return DDL_OK;
+}
+
+ddl_status ddl_loss_backward(ddl_loss_t *l, double dvalue, const ddl_tensor_t *delementwise,
+                             ddl_tensor_t *dx)
+{
+    DDL_REQUIRE(l != NULL, DDL_EINVAL, "loss backward: loss is NULL");
+    DDL_CHECK(check_tensor(l, "dx", dx, &l->x_shape));
+    bool    none = l->reduction == DDL_REDUCTION_NONE;
+    bool    ce   = l->kind == DDL_LOSS_CROSS_ENTROPY;
+    int64_t n    = ddl_shape_numel(&l->x_shape);
+    if (none && !ce) {
+        DDL_CHECK(check_tensor(l, "elementwise gradient", delementwise, &l->x_shape));
+    }
+    if (none && ce && l->col0) {
+        ddl_shape es = ddl_shape_make(1, (int64_t[]){l->rows});
+        DDL_CHECK(check_tensor(l, "elementwise gradient", delementwise, &es));
+    }
+    if (n > 0) {
+        ddl_tensor_zero(dx);
+    }
+    double      scale = 1.0;
+    const void *g     = NULL;
+    if (!none) {
+        DDL_CHECK(reduced_scale(l, dvalue, &scale));
+    } else if (ce) {
+        // The per-row gradients live on column 0: broadcast them along each P_x row.
+        // Other ranks send nothing: a zero-volume stand-in.
+        ddl_tensor_t        z   = {.dtype = l->dt, .shape = ddl_shape_make(1, (int64_t[]){0})};
+        const ddl_tensor_t *src = l->col0 && delementwise != NULL ? delementwise : &z;
+        DDL_CHECK(ddl_broadcast_forward(l->bcast_g, src, l->grow));
+        g = l->grow->data;
+    } else {
+        g = n > 0 ? delementwise->data : NULL;
+    }
+    if (!l->active) {
+        return DDL_OK;
+    }
+    if (ce) {
+        return ddl_cross_entropy_local_backward(l->dt, n > 0 ? dx->data : NULL, g, scale,
+                                                l->xs->data, l->labels, l->gmax, l->stats->data,
+                                                l->rows, l->c0, l->cl, l->classes);
+    }
+    return ddl_eloss_backward(l->kind, l->dt, n > 0 ? dx->data : NULL, g, scale, l->xs->data,
+                              l->ts->data, n);
+}

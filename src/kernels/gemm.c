@@ -201,3 +201,12 @@ ddl_status ddl_linear_backward(ddl_dtype dt, void *dx, void *dw, void *db, const
     }
     return DDL_OK;
 }
+
+int ddl_blas_set_threads(int n)
+{
+    int prev = openblas_get_num_threads();
+    if (n >= 1) {
+        openblas_set_num_threads(n);
+    }
+    return prev;
+}

@@ -39,6 +39,10 @@
 extern "C" {
 #endif
 
+// Number of threads the BLAS may use in this process (OpenBLAS); ranks sharing a
+// node's cores should divide them (distdl-train does). Returns the previous count.
+DDL_EXTERN int ddl_blas_set_threads(int n);
+
 // ---- GEMM ------------------------------------------------------------------
 // C[M,N] = alpha * op(A)[M,K] · op(B)[K,N] + beta * C, row-major (BLAS semantics).
 // op(A) = A (stored M x K, lda >= K) or, with transA, A^T (A stored K x M, lda >= M);

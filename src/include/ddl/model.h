@@ -95,6 +95,10 @@ DDL_EXTERN ddl_status ddl_model_load(ddl_model_t *m, const char *path, char **us
 DDL_EXTERN ddl_status ddl_model_export(ddl_model_t *m, const char *path);
 DDL_EXTERN ddl_status ddl_model_import(ddl_model_t *m, const char *path);
 
+// Gives each rank of comm on a node an equal share of the node's cores for the BLAS
+// (OPENBLAS_NUM_THREADS, when set, wins). Returns the thread count chosen. Collective.
+DDL_EXTERN int ddl_runtime_divide_cores(MPI_Comm comm);
+
 #ifdef __cplusplus
 }
 #endif

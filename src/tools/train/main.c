@@ -238,8 +238,9 @@ int main(int argc, char **argv)
         MPI_Finalize();
         return 2;
     }
-    ddl_model_t *m = NULL;
-    st             = ddl_model_create(MPI_COMM_WORLD, spec, &m);
+    int          threads = ddl_runtime_divide_cores(MPI_COMM_WORLD);
+    ddl_model_t *m       = NULL;
+    st                   = ddl_model_create(MPI_COMM_WORLD, spec, &m);
     if (st != DDL_OK) {
         return die("building the model", st);
     }
@@ -279,8 +280,10 @@ int main(int argc, char **argv)
     ddl_spec_normalize(spec, &mean, &std);
     bool tty = rank == 0 && isatty(2);
     if (rank == 0) {
-        printf("model %s on %d ranks: %d parameters tensors, batch %lld, %lld steps per epoch\n",
-               o.model, size, ddl_model_nparams(m), (long long)B, (long long)steps_per_epoch);
+        printf("model %s on %d ranks (%d BLAS thread%s each): %d parameter tensors, batch %lld, "
+               "%lld steps per epoch\n",
+               o.model, size, threads, threads == 1 ? "" : "s", ddl_model_nparams(m), (long long)B,
+               (long long)steps_per_epoch);
         fflush(stdout);
     }
     int64_t steps_done = 0, cur_epoch = epoch0, cur_batch = batch0;

@@ -1,1 +1,843 @@
-// conv layer: being written
+// layers/conv.c: distributed 1-D, 2-D and 3-D convolution (DistDL's DistributedFeatureConv,
+// DistributedChannelConv and DistributedGeneralConv): HaloExchange, Broadcast and SumReduce
+// composed with the sequential convolution kernel.
+//
+// Shapes (nsp spatial dims): x [N, C_in, in...], w [C_out, C_in, k...], b [C_out],
+// y [N, C_out, out...] with out_j = floor((in_j + 2 p_j - d_j (k_j - 1) - 1) / s_j) + 1.
+//
+// Partitions. The unit of work is P_w = [P_co, P_ci, S...]; x lives on P_x = [1, P_ci, S...]
+// and y on P_y = [1, P_co, S...]. The selector (DistDL nn/conv.py):
+//   feature  only P_x given: P_x = [1, 1, S...], and here P_w = P_y = P_x;
+//   channel  P_y, P_w given, every spatial entry of P_x and P_y is 1 (S = 1...);
+//   general  P_y, P_w given otherwise.
+// One implementation serves all three: the feature layer is the general one with
+// P_co = P_ci = 1 and P_w = P_x, the channel layer the general one with S = 1....
+//
+// Forward. With E the embedding of x into the padded halo buffer (global zero padding on
+// the boundary ranks, DistDL's explicit padding), H the halo exchange on P_x (kernel 1 in
+// the N and C dims), C the crop to the needed box, B_x the broadcast P_x -> P_w (down co),
+// conv the local kernel with padding 0, R the sum-reduce P_w -> P_y' (over ci) where
+// P_y' = [P_co, 1, S...] is P_y's ranks re-cast (DistDL conv_channel.py), and B_w, B_b the
+// broadcasts of the parameters from their owners:
+//
+//   y = R( conv( B_x(C H E x); B_w w, B_b b ) )
+//
+// P_w rank (co, ci, s) convolves with the weight block [co piece, ci piece, k...] and adds
+// the bias piece co only where ci == 0, so the sum over ci counts it once. Its output is
+// exactly P_y rank (0, co, s)'s balanced share of y (checked at creation for every piece).
+// When S = 1... no halo is needed: the local conv reads its whole x block and applies the
+// real padding itself. The feature layer has no B_x and R (P_w = P_x = P_y).
+//
+// Parameters (DistDL's placement; each global element on exactly one rank). S = 1...:
+// every P_w rank owns its weight block and the ci == 0 ranks the bias pieces, used in
+// place. Otherwise the spatial-0 slab P_wr = [P_co, P_ci, 1...] of P_w owns the weight
+// blocks and P_br = [P_co, 1, 1...] (ci == 0, spatial 0) the bias pieces; B_w broadcasts
+// along the spatial dims to all of P_w, B_b to the ci == 0 ranks P_b = [P_co, 1, S...].
+// For the feature layer that is: weight and bias on P_x rank 0, broadcast to all of P_x.
+//
+// Adjoint (backward), the reverse composition: dy -> R* (broadcast over ci) -> conv^T
+// (input block, and dw, db accumulated) -> B_x* (sum over co onto P_x) -> C* (zero
+// embedding) -> H* -> E* (the bulk copied out) = dx (overwritten); dw, db -> B_w*, B_b*
+// (sums onto the owners), added into the parameters' gradients.
+//
+// Broadcast and SumReduce move one tensor of one size per rank. A rank that roots one
+// group and is a leaf of another may hold blocks of two sizes (P_y rank 1 of [1, 3] is
+// also P_w rank (0, 1) of [3, 2]: it receives y piece 1 but contributes to piece 0, and
+// 10 channels over 3 give 4, 3, 3). When some rank is in that situation the plan moves
+// flat "envelopes" of the largest block size, each block at the start of its envelope;
+// otherwise blocks move in place at their exact size. All of this is decided at
+// creation from the partitions alone, identically on every rank.
+//
+// Collective over the union of P_x, P_y and P_w (create, forward and backward); ranks
+// outside them hold zero-volume x and y and return at once. Forward and backward
+// allocate nothing: every plan, buffer and workspace is built by ddl_conv_create.
+#include <stdio.h>
+#include <string.h>
+
+#include "base/check.h"
+#include "ddl/base.h"
+#include "ddl/layers.h"
+
+typedef enum { CONV_FEATURE = 0, CONV_CHANNEL, CONV_GENERAL } conv_kind;
+
+static const char *const kind_name[] = {"conv_feature", "conv_channel", "conv_general"};
+
+// The validated configuration: everything is a pure function of the arguments, the same
+// on every rank.
+typedef struct conv_cfg {
+    conv_kind kind;
+    int       nsp, ndim;  // ndim = 2 + nsp
+    int64_t   N, C_in, C_out;
+    int64_t   in[3], k[3], s[3], p[3], d[3], out[3];
+    int       P_co, P_ci, S[3];
+    bool      halo;       // some S_j > 1: halo exchange, local conv without padding
+    bool      bias;
+} conv_cfg;
+
+typedef struct conv_impl {
+    conv_cfg c;
+    bool     in_x, in_w, in_y;  // membership of P_x, P_w, P_y
+    bool     recv_bias;         // this P_w rank adds the bias (ci == 0)
+
+    // Partitions created here (NULL when not needed), destroyed with the layer.
+    ddl_partition_t *P_yr;      // P_y re-cast as [P_co, 1, S...]
+    ddl_partition_t *P_wr_own, *P_br_own, *P_b_own;
+
+    // Input side on P_x: padded buffers of the halo exchange, and a staging block (the
+    // needed crop, a copy of x, or an envelope) with its gradient twin.
+    ddl_halo_exchange_t *halo;
+    ddl_tensor_t        *xbuf, *dxbuf;
+    ddl_box              bulk, need;
+    bool                 x_staged;   // the block the P_x rank hands on lives in xstage
+    bool                 dx_staged;  // its gradient comes back in dxstage
+    ddl_tensor_t        *xstage, *dxstage;
+    int64_t              nx_blk;     // elements of the conv input block on P_x
+
+    // Fans (channel, general): x down co, y over ci; envelopes when sizes differ.
+    ddl_broadcast_t  *x_bc;
+    ddl_sum_reduce_t *y_sr;
+    int64_t           nx_root, nx_leaf, ny_leaf, ny_root;
+    ddl_tensor_t     *xw, *dxw, *yw, *dyw;  // P_w side blocks (flat)
+    ddl_tensor_t     *ystage;               // envelope of y on P_y (NULL if exact)
+
+    // Parameter replication (halo layouts): copies on P_w and the owners' sums.
+    ddl_broadcast_t *w_bc, *b_bc;
+    ddl_tensor_t    *w, *dw, *b, *db, *gw, *gb;
+
+    // The local kernel on P_w.
+    bool          work;       // this rank computes a non-empty output block
+    ddl_conv_geom g;
+    void         *ws;
+    size_t        ws_bytes;
+    const void   *conv_in;    // the input block the kernel reads (plan-owned)
+} conv_impl;
+
+// ---- configuration -------------------------------------------------------------
+
+static char *pshape_str(const ddl_partition_t *P, char *buf, size_t len)
+{
+    ddl_shape s = {.ndim = ddl_partition_ndim(P)};
+    for (int i = 0; i < s.ndim; i++) {
+        s.d[i] = ddl_partition_shape(P)[i];
+    }
+    return ddl_shape_str(&s, buf, len);
+}
+
+// Halo description of spatial dim j, piece i of S_j (validated before any use).
+static ddl_halo_dim sp_halo(const conv_cfg *c, int j, int i)
+{
+    ddl_halo_dim h;
+    ddl_status   st = ddl_halo_dim_compute(c->in[j], c->S[j], i, c->k[j], c->s[j], c->p[j],
+                                           c->d[j], &h);
+    DDL_ASSERT(st == DDL_OK);
+    return h;
+}
+
+// Extent of spatial dim j in spatial piece i: the input block the local conv reads
+// (out == false) or the output share it computes (out == true).
+static int64_t sp_extent(const conv_cfg *c, int j, int i, bool out)
+{
+    if (!c->halo) {
+        return out ? c->out[j] : c->in[j];
+    }
+    ddl_halo_dim h = sp_halo(c, j, i);
+    return out ? h.out_n : h.need_hi - h.need_lo;
+}
+
+// Elements of the conv input (out == false) or output block of channel piece chan and
+// spatial pieces sp[0..nsp).
+static int64_t block_numel(const conv_cfg *c, bool out, int chan, const int *sp)
+{
+    int64_t n = c->N * (out ? ddl_decomp_size(c->C_out, c->P_co, chan)
+                            : ddl_decomp_size(c->C_in, c->P_ci, chan));
+    for (int j = 0; j < c->nsp; j++) {
+        n *= sp_extent(c, j, sp[j], out);
+    }
+    return n;
+}
+
+// Checks everything before anything is created; fills *c. Identical on every rank.
+static ddl_status conv_validate(const ddl_partition_t *P_x, const ddl_partition_t *P_y,
+                                const ddl_partition_t *P_w, ddl_dtype dt, const ddl_shape *xg,
+                                const ddl_conv_params *p, conv_cfg *c)
+{
+    DDL_REQUIRE(P_x != NULL && xg != NULL && p != NULL, DDL_EINVAL,
+                "conv: P_x, x_global and params are required");
+    DDL_REQUIRE((P_y == NULL) == (P_w == NULL), DDL_EINVAL,
+                "conv: give both P_y and P_w (channel or general layer) or neither (feature "
+                "layer); got only %s",
+                P_y != NULL ? "P_y" : "P_w");
+    DDL_REQUIRE(dt == DDL_F32 || dt == DDL_F64, DDL_EINVAL, "conv: unknown dtype %d", (int)dt);
+    DDL_REQUIRE(p->nsp >= 1 && p->nsp <= 3, DDL_EINVAL,
+                "conv: nsp = %d spatial dimensions, expected 1..3", p->nsp);
+    memset(c, 0, sizeof *c);
+    c->nsp  = p->nsp;
+    c->ndim = 2 + p->nsp;
+    c->bias = p->bias;
+    char a[128], b[128], e[128];
+    DDL_REQUIRE(xg->ndim == c->ndim, DDL_EINVAL,
+                "conv: x_global %s has %d dims, expected %d ([N, C_in] and %d spatial)",
+                ddl_shape_str(xg, a, sizeof a), xg->ndim, c->ndim, c->nsp);
+    const ddl_partition_t *parts[3] = {P_x, P_y, P_w};
+    const char *const      pname[3] = {"P_x", "P_y", "P_w"};
+    for (int i = 0; i < 3; i++) {
+        if (parts[i] == NULL) {
+            continue;
+        }
+        DDL_REQUIRE(ddl_partition_ndim(parts[i]) == c->ndim, DDL_EINVAL,
+                    "conv: %s %s has %d dims, but x has %d", pname[i],
+                    pshape_str(parts[i], a, sizeof a), ddl_partition_ndim(parts[i]), c->ndim);
+        DDL_REQUIRE(ddl_partition_base(parts[i]) == ddl_partition_base(P_x), DDL_EINVAL,
+                    "conv: %s and P_x are built on different base communicators", pname[i]);
+    }
+
+    // Partition shapes, per layer kind.
+    const int *sx = ddl_partition_shape(P_x);
+    if (P_y == NULL) {
+        c->kind = CONV_FEATURE;
+        DDL_REQUIRE(sx[0] == 1 && sx[1] == 1, DDL_EINVAL,
+                    "conv_feature: P_x %s must be [1, 1, S...] (batch and channels unsplit); "
+                    "give P_y and P_w for a channel or general layer",
+                    pshape_str(P_x, a, sizeof a));
+        c->P_co = c->P_ci = 1;
+    } else {
+        const int *sy = ddl_partition_shape(P_y), *sw = ddl_partition_shape(P_w);
+        bool       ones = true;
+        for (int j = 2; j < c->ndim; j++) {
+            ones = ones && sx[j] == 1 && sy[j] == 1;
+        }
+        c->kind          = ones ? CONV_CHANNEL : CONV_GENERAL;
+        const char *name = kind_name[c->kind];
+        DDL_REQUIRE(sx[0] == 1, DDL_EINVAL, "%s: P_x %s splits the batch (P_x[0] = %d, expected 1)",
+                    name, pshape_str(P_x, a, sizeof a), sx[0]);
+        DDL_REQUIRE(sy[0] == 1, DDL_EINVAL, "%s: P_y %s splits the batch (P_y[0] = %d, expected 1)",
+                    name, pshape_str(P_y, a, sizeof a), sy[0]);
+        DDL_REQUIRE(sw[1] == sx[1], DDL_EINVAL,
+                    "%s: P_w[1] = %d (input-channel split of P_w %s) must equal P_x[1] = %d", name,
+                    sw[1], pshape_str(P_w, a, sizeof a), sx[1]);
+        DDL_REQUIRE(sw[0] == sy[1], DDL_EINVAL,
+                    "%s: P_w[0] = %d (output-channel split of P_w %s) must equal P_y[1] = %d",
+                    name, sw[0], pshape_str(P_w, a, sizeof a), sy[1]);
+        for (int j = 2; j < c->ndim; j++) {
+            DDL_REQUIRE(sx[j] == sw[j] && sy[j] == sw[j], DDL_EINVAL,
+                        "%s: spatial split differs in dim %d: P_x %s, P_y %s, P_w %s (the "
+                        "spatial entries must be equal)",
+                        name, j, pshape_str(P_x, a, sizeof a), pshape_str(P_y, b, sizeof b),
+                        pshape_str(P_w, e, sizeof e));
+        }
+        c->P_co = sw[0];
+        c->P_ci = sw[1];
+    }
+    const char *name = kind_name[c->kind];
+    for (int j = 0; j < c->nsp; j++) {
+        c->S[j] = sx[2 + j];
+        c->halo = c->halo || c->S[j] > 1;
+    }
+
+    // Sizes and the global window.
+    c->N     = xg->d[0];
+    c->C_in  = p->in_channels;
+    c->C_out = p->out_channels;
+    DDL_REQUIRE(c->N >= 1, DDL_EINVAL, "%s: batch x_global[0] = %lld, expected >= 1", name,
+                (long long)c->N);
+    DDL_REQUIRE(c->C_in == xg->d[1], DDL_EINVAL,
+                "%s: in_channels %lld != x_global[1] = %lld", name, (long long)c->C_in,
+                (long long)xg->d[1]);
+    DDL_REQUIRE(c->C_in >= c->P_ci, DDL_EINVAL,
+                "%s: in_channels %lld split over P_ci = %d leaves a rank without channels", name,
+                (long long)c->C_in, c->P_ci);
+    DDL_REQUIRE(c->C_out >= c->P_co, DDL_EINVAL,
+                "%s: out_channels %lld split over P_co = %d leaves a rank without channels (or "
+                "out_channels < 1)",
+                name, (long long)c->C_out, c->P_co);
+    for (int j = 0; j < c->nsp; j++) {
+        c->in[j] = xg->d[2 + j];
+        c->k[j]  = p->kernel[j];
+        c->s[j]  = p->stride[j];
+        c->p[j]  = p->padding[j];
+        c->d[j]  = p->dilation[j];
+    }
+    ddl_conv_geom g;
+    ddl_status    st = ddl_conv_geom_init(&g, c->nsp, c->N, c->C_in, c->C_out, c->in, c->k, c->s,
+                                          c->p, c->d);
+    if (st != DDL_OK) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", ddl_last_error());
+        return ddl_set_error(st, "%s: %s", name, why);
+    }
+    for (int j = 0; j < c->nsp; j++) {
+        c->out[j] = g.out[j];
+    }
+
+    // Halos: every piece of every split dimension must reach only its neighbours, and the
+    // unpadded local conv on a needed block must produce exactly that piece's output share.
+    if (c->halo) {
+        for (int j = 0; j < c->nsp; j++) {
+            for (int i = 0; i < c->S[j]; i++) {
+                ddl_halo_dim h;
+                st = ddl_halo_dim_compute(c->in[j], c->S[j], i, c->k[j], c->s[j], c->p[j],
+                                          c->d[j], &h);
+                if (st != DDL_OK) {
+                    char why[512];
+                    snprintf(why, sizeof why, "%s", ddl_last_error());
+                    return ddl_set_error(st, "%s: spatial dim %d (length %lld over %d pieces): %s",
+                                         name, j, (long long)c->in[j], c->S[j], why);
+                }
+                if (h.out_n == 0) {
+                    continue;
+                }
+                int64_t need = h.need_hi - h.need_lo, ext = c->d[j] * (c->k[j] - 1) + 1;
+                int64_t loc  = need >= ext ? (need - ext) / c->s[j] + 1 : 0;
+                DDL_REQUIRE(loc == h.out_n, DDL_EINTERNAL,
+                            "%s: spatial dim %d piece %d: local output %lld != share %lld", name,
+                            j, i, (long long)loc, (long long)h.out_n);
+            }
+        }
+    }
+    return DDL_OK;
+}
+
+// Element count of this rank's block in a fan (Broadcast or SumReduce) between `roots`
+// and `leaves`, whose channel coordinate is at rc / lc (spatial coordinates from 2 on);
+// blocks of y when out, else of the conv input. Exact sizes when no rank is root and leaf
+// with blocks of different sizes; else the largest block on every member (*envelope).
+static int64_t fan_count(const conv_cfg *c, const ddl_partition_t *roots, int rc,
+                         const ddl_partition_t *leaves, int lc, bool out, bool *envelope)
+{
+    int     me        = ddl_partition_base_rank(roots);
+    int64_t nmax      = 0;
+    int64_t mine[2]   = {-1, -1};  // this rank's root and leaf block sizes
+    bool    env       = false;
+    int     coord[DDL_MAX_DIMS], qcoord[DDL_MAX_DIMS];
+    for (int side = 0; side < 2; side++) {
+        const ddl_partition_t *P  = side == 0 ? roots : leaves;
+        int                    cc = side == 0 ? rc : lc;
+        for (int j = 0; j < ddl_partition_size(P); j++) {
+            ddl_index_unravel(c->ndim, ddl_partition_shape(P), j, coord);
+            int64_t n = block_numel(c, out, coord[cc], coord + 2);
+            int     r = ddl_partition_ranks(P)[j];
+            nmax      = n > nmax ? n : nmax;
+            if (r == me) {
+                mine[side] = n;
+            }
+            int q = side == 0 ? ddl_partition_position(leaves, r) : -1;
+            if (q >= 0) {
+                ddl_index_unravel(c->ndim, ddl_partition_shape(leaves), q, qcoord);
+                env = env || block_numel(c, out, qcoord[lc], qcoord + 2) != n;
+            }
+        }
+    }
+    *envelope = env;
+    if (env) {
+        return (mine[0] >= 0 || mine[1] >= 0) ? nmax : 0;
+    }
+    return mine[0] >= 0 ? mine[0] : (mine[1] >= 0 ? mine[1] : 0);
+}
+
+// ---- helpers -------------------------------------------------------------------
+
+// A flat, non-owning view (on the stack: forward and backward allocate nothing).
+static ddl_tensor_t flat(ddl_dtype dt, int64_t n, const void *data)
+{
+    ddl_tensor_t t = {.dtype = dt, .shape = {.ndim = 1, .d = {n}}, .data = (void *)data};
+    return t;
+}
+
+static ddl_status flat_create(ddl_dtype dt, int64_t n, ddl_tensor_t **out)
+{
+    ddl_shape s = {.ndim = 1, .d = {n}};
+    return ddl_tensor_create(dt, &s, out);
+}
+
+static void zero_n(ddl_dtype dt, void *p, int64_t n)
+{
+    if (n > 0) {
+        memset(p, 0, (size_t)n * ddl_dtype_size(dt));
+    }
+}
+
+// t += u elementwise (same shapes).
+static void add_into(ddl_tensor_t *t, const ddl_tensor_t *u)
+{
+    if (ddl_tensor_numel(t) > 0) {
+        ddl_box full = ddl_box_full(&t->shape);
+        ddl_tensor_add_box(u, &full, t, &full);
+    }
+}
+
+static bool box_is_full(const ddl_box *b, const ddl_shape *s)
+{
+    for (int i = 0; i < s->ndim; i++) {
+        if (b->start[i] != 0 || b->stop[i] != s->d[i]) {
+            return false;
+        }
+    }
+    return true;
+}
+
+// The sub-partition of P's members with ci == 0 (when ci0) and all spatial coordinates 0
+// (when sp0), in P's order, with the given shape. Collective over its members.
+static ddl_status sub_partition(const ddl_partition_t *P, bool ci0, bool sp0, const int *shape,
+                                ddl_partition_t **out)
+{
+    int  nd = ddl_partition_ndim(P), n = ddl_partition_size(P), m = 0;
+    int *sel = ddl_malloc(sizeof(int) * (size_t)n);
+    if (sel == NULL) {
+        return ddl_set_error(DDL_ENOMEM, "conv: out of memory");
+    }
+    int coord[DDL_MAX_DIMS];
+    for (int j = 0; j < n; j++) {
+        ddl_index_unravel(nd, ddl_partition_shape(P), j, coord);
+        bool keep = !ci0 || coord[1] == 0;
+        for (int i = 2; i < nd && sp0; i++) {
+            keep = keep && coord[i] == 0;
+        }
+        if (keep) {
+            sel[m++] = ddl_partition_ranks(P)[j];
+        }
+    }
+    ddl_status st = ddl_partition_create(ddl_partition_base(P), m, sel, nd, shape, out);
+    ddl_free(sel);
+    return st;
+}
+
+// ---- forward -------------------------------------------------------------------
+
+// The conv input block this P_x rank hands on (in the halo layouts after the exchange,
+// which every P_x rank joins). NULL on other ranks.
+static ddl_status input_block(conv_impl *m, ddl_dtype dt, const ddl_tensor_t *x,
+                              const void **out)
+{
+    *out = NULL;
+    if (m->halo != NULL) {
+        if (m->in_x) {
+            ddl_box full = ddl_box_full(&x->shape);
+            ddl_tensor_copy_box(x, &full, m->xbuf, &m->bulk);
+        }
+        DDL_CHECK(ddl_halo_exchange_forward(m->halo, m->xbuf));
+        if (!m->in_x) {
+            return DDL_OK;
+        }
+        if (m->x_staged) {
+            ddl_tensor_pack(m->xbuf, &m->need, m->xstage->data);
+        }
+        *out = m->x_staged ? m->xstage->data : m->xbuf->data;
+    } else if (m->in_x) {
+        if (m->x_staged) {
+            memcpy(m->xstage->data, x->data, (size_t)m->nx_blk * ddl_dtype_size(dt));
+        }
+        *out = m->x_staged ? m->xstage->data : x->data;
+    }
+    return DDL_OK;
+}
+
+static ddl_status conv_forward(ddl_layer_t *L, const ddl_tensor_t *x, ddl_tensor_t *y)
+{
+    conv_impl *m  = L->impl;
+    ddl_dtype  dt = L->dt;
+    ddl_param *pw = &L->params[0], *pb = m->c.bias ? &L->params[1] : NULL;
+    // Parameters onto the ranks that use them.
+    if (m->w_bc != NULL) {
+        DDL_CHECK(ddl_broadcast_forward(m->w_bc, pw->value, m->w));
+    }
+    if (m->b_bc != NULL) {
+        DDL_CHECK(ddl_broadcast_forward(m->b_bc, pb->value, m->b));
+    }
+    const void *xin;
+    DDL_CHECK(input_block(m, dt, x, &xin));
+    // Down the co dimension of P_w.
+    if (m->x_bc != NULL) {
+        ddl_tensor_t in = flat(dt, m->nx_root, xin), to = flat(dt, m->nx_leaf, m->xw->data);
+        DDL_CHECK(ddl_broadcast_forward(m->x_bc, &in, &to));
+    }
+    void *yout = m->y_sr != NULL ? m->yw->data : y->data;
+    if (m->work) {
+        const void *w = m->w != NULL ? m->w->data : pw->value->data;
+        const void *b = NULL;
+        if (m->recv_bias) {
+            b = m->b != NULL ? m->b->data : pb->value->data;
+        }
+        DDL_CHECK(ddl_conv_forward(dt, &m->g, yout, m->conv_in, w, b, m->ws, m->ws_bytes));
+    }
+    // Over the ci dimension onto P_y.
+    if (m->y_sr != NULL) {
+        void        *dst = m->ystage != NULL ? m->ystage->data : y->data;
+        ddl_tensor_t in = flat(dt, m->ny_leaf, m->yw->data), to = flat(dt, m->ny_root, dst);
+        DDL_CHECK(ddl_sum_reduce_forward(m->y_sr, &in, &to));
+        if (m->ystage != NULL && m->in_y) {
+            memcpy(y->data, m->ystage->data, ddl_tensor_bytes(y));
+        }
+    }
+    return DDL_OK;
+}
+
+// ---- backward ------------------------------------------------------------------
+
+static ddl_status conv_backward(ddl_layer_t *L, const ddl_tensor_t *dy, ddl_tensor_t *dx)
+{
+    conv_impl *m  = L->impl;
+    ddl_dtype  dt = L->dt;
+    ddl_param *pw = &L->params[0], *pb = m->c.bias ? &L->params[1] : NULL;
+    bool       fan = m->x_bc != NULL;
+
+    // dy back onto P_w (R* broadcasts over ci).
+    const void *gy = dy->data;
+    if (fan) {
+        const void *src = dy->data;
+        if (m->ystage != NULL) {
+            if (m->in_y) {
+                memcpy(m->ystage->data, dy->data, ddl_tensor_bytes(dy));
+            }
+            src = m->ystage->data;
+        }
+        ddl_tensor_t in = flat(dt, m->ny_root, src), to = flat(dt, m->ny_leaf, m->dyw->data);
+        DDL_CHECK(ddl_sum_reduce_adjoint(m->y_sr, &in, &to));
+        gy = m->dyw->data;
+    }
+
+    // Where the gradient of this P_x rank's input block lands.
+    void *gx = NULL;
+    if (m->in_x) {
+        gx = m->dx_staged ? m->dxstage->data : (m->halo != NULL ? m->dxbuf->data : dx->data);
+    }
+
+    // The local adjoint: the input block gradient (overwritten), dw and db accumulated.
+    void *gin = fan ? m->dxw->data : gx;
+    if (fan ? m->in_w : m->in_x) {
+        zero_n(dt, gin, fan ? m->nx_leaf : m->nx_blk);
+    }
+    if (m->dw != NULL) {
+        ddl_tensor_zero(m->dw);
+    }
+    if (m->db != NULL) {
+        ddl_tensor_zero(m->db);
+    }
+    if (m->work) {
+        const void *w  = m->w != NULL ? m->w->data : pw->value->data;
+        void       *dw = m->dw != NULL ? m->dw->data : pw->grad->data;
+        void       *db = NULL;
+        if (m->recv_bias) {
+            db = m->db != NULL ? m->db->data : pb->grad->data;
+        }
+        DDL_CHECK(ddl_conv_backward(dt, &m->g, gin, dw, db, gy, m->conv_in, w, m->ws,
+                                    m->ws_bytes));
+    }
+
+    // Parameter gradients onto their owners (B_w*, B_b*: sums along the spatial dims).
+    if (m->w_bc != NULL) {
+        DDL_CHECK(ddl_broadcast_adjoint(m->w_bc, m->dw, m->gw));
+        add_into(pw->grad, m->gw);
+    }
+    if (m->b_bc != NULL) {
+        DDL_CHECK(ddl_broadcast_adjoint(m->b_bc, m->db, m->gb));
+        add_into(pb->grad, m->gb);
+    }
+
+    // Input block gradients summed over co onto P_x (B_x*).
+    if (fan) {
+        ddl_tensor_t in = flat(dt, m->nx_leaf, m->dxw->data), to = flat(dt, m->nx_root, gx);
+        DDL_CHECK(ddl_broadcast_adjoint(m->x_bc, &in, &to));
+    }
+
+    // C* (zero embedding of the crop), H*, and the bulk out into dx.
+    if (m->halo != NULL) {
+        if (m->in_x && m->dx_staged) {
+            ddl_tensor_zero(m->dxbuf);
+            ddl_tensor_unpack(m->dxbuf, &m->need, m->dxstage->data);
+        }
+        DDL_CHECK(ddl_halo_exchange_adjoint(m->halo, m->dxbuf));
+        if (m->in_x) {
+            ddl_box full = ddl_box_full(&dx->shape);
+            ddl_tensor_copy_box(m->dxbuf, &m->bulk, dx, &full);
+        }
+    } else if (m->in_x && m->dx_staged) {
+        memcpy(dx->data, m->dxstage->data, ddl_tensor_bytes(dx));
+    }
+    return DDL_OK;
+}
+
+// ---- lifecycle -----------------------------------------------------------------
+
+static void conv_destroy(ddl_layer_t *L)
+{
+    conv_impl *m = L->impl;
+    if (m == NULL) {
+        return;
+    }
+    ddl_broadcast_destroy(&m->w_bc);
+    ddl_broadcast_destroy(&m->b_bc);
+    ddl_broadcast_destroy(&m->x_bc);
+    ddl_sum_reduce_destroy(&m->y_sr);
+    ddl_halo_exchange_destroy(&m->halo);
+    ddl_tensor_t **ts[] = {&m->xbuf, &m->dxbuf, &m->xstage, &m->dxstage, &m->xw, &m->dxw,
+                           &m->yw,   &m->dyw,   &m->ystage, &m->w,       &m->dw, &m->b,
+                           &m->db,   &m->gw,    &m->gb};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) {
+        ddl_tensor_destroy(ts[i]);
+    }
+    ddl_free(m->ws);
+    ddl_partition_destroy(&m->P_yr);
+    ddl_partition_destroy(&m->P_wr_own);
+    ddl_partition_destroy(&m->P_br_own);
+    ddl_partition_destroy(&m->P_b_own);
+    ddl_free(m);
+    L->impl = NULL;
+}
+
+static const ddl_layer_ops conv_ops = {
+    .forward  = conv_forward,
+    .backward = conv_backward,
+    .destroy  = conv_destroy,
+};
+
+// Builds everything of a validated layer. P_y and P_w are P_x for the feature layer.
+static ddl_status conv_setup(ddl_layer_t *L, conv_impl *m, const ddl_partition_t *P_x,
+                             const ddl_partition_t *P_y, const ddl_partition_t *P_w,
+                             const ddl_shape *xg)
+{
+    const conv_cfg *c  = &m->c;
+    ddl_dtype       dt = L->dt;
+    bool            fan = c->kind != CONV_FEATURE;
+    bool            rep = c->halo;  // parameters replicated along the spatial dims
+    int             nd  = c->ndim;
+
+    ddl_shape yg = {.ndim = nd, .d = {c->N, c->C_out}};
+    for (int j = 0; j < c->nsp; j++) {
+        yg.d[2 + j] = c->out[j];
+    }
+    L->x_global = *xg;
+    L->y_global = yg;
+    L->x_shape  = ddl_partition_local_shape(P_x, xg);
+    L->y_shape  = ddl_partition_local_shape(P_y, &yg);
+    L->P_in     = P_x;
+    L->P_out    = P_y;
+    m->in_x     = ddl_partition_active(P_x);
+    m->in_y     = ddl_partition_active(P_y);
+    m->in_w     = ddl_partition_active(P_w);
+    const int *iw = m->in_w ? ddl_partition_index(P_w) : NULL;
+    bool       sp0 = true;
+    for (int j = 2; j < nd && iw != NULL; j++) {
+        sp0 = sp0 && iw[j] == 0;
+    }
+    m->recv_bias = c->bias && m->in_w && iw[1] == 0;
+
+    // 1. The halo plan on P_x (no communication).
+    if (c->halo) {
+        int64_t K[DDL_MAX_DIMS], S[DDL_MAX_DIMS], Pd[DDL_MAX_DIMS], D[DDL_MAX_DIMS];
+        for (int i = 0; i < nd; i++) {
+            bool sp = i >= 2;
+            K[i]    = sp ? c->k[i - 2] : 1;
+            S[i]    = sp ? c->s[i - 2] : 1;
+            Pd[i]   = sp ? c->p[i - 2] : 0;
+            D[i]    = sp ? c->d[i - 2] : 1;
+        }
+        DDL_CHECK(ddl_halo_exchange_create(P_x, dt, xg, K, S, Pd, D, &m->halo));
+        ddl_shape hs  = ddl_halo_exchange_shape(m->halo);
+        m->bulk       = ddl_halo_exchange_bulk_box(m->halo);
+        m->need       = ddl_halo_exchange_needed_box(m->halo);
+        DDL_CHECK(ddl_tensor_create(dt, &hs, &m->xbuf));  // pads: zero, and stay zero
+        DDL_CHECK(ddl_tensor_create(dt, &hs, &m->dxbuf));
+        m->nx_blk = m->in_x ? ddl_box_numel(&m->need) : 0;
+    } else {
+        m->nx_blk = m->in_x ? ddl_shape_numel(&L->x_shape) : 0;
+    }
+
+    // 2. Partitions of the layer's own (collective over their members).
+    const ddl_partition_t *P_wr = P_w, *P_br = NULL, *P_b = NULL;
+    if (fan) {
+        int shape[DDL_MAX_DIMS] = {c->P_co, 1};
+        for (int j = 0; j < c->nsp; j++) {
+            shape[2 + j] = c->S[j];
+        }
+        DDL_CHECK(ddl_partition_create(ddl_partition_base(P_y), ddl_partition_size(P_y),
+                                       ddl_partition_ranks(P_y), nd, shape, &m->P_yr));
+    }
+    if (rep) {
+        int wr[DDL_MAX_DIMS] = {c->P_co, c->P_ci}, br[DDL_MAX_DIMS] = {c->P_co, 1};
+        int bs[DDL_MAX_DIMS] = {c->P_co, 1};
+        for (int j = 0; j < c->nsp; j++) {
+            wr[2 + j] = br[2 + j] = 1;
+            bs[2 + j] = c->S[j];
+        }
+        DDL_CHECK(sub_partition(P_w, false, true, wr, &m->P_wr_own));
+        P_wr = m->P_wr_own;
+        if (c->bias && c->P_ci == 1) {
+            P_br = P_wr;  // the same ranks and shape
+            P_b  = P_w;
+        } else if (c->bias) {
+            DDL_CHECK(sub_partition(P_w, true, true, br, &m->P_br_own));
+            DDL_CHECK(sub_partition(P_w, true, false, bs, &m->P_b_own));
+            P_br = m->P_br_own;
+            P_b  = m->P_b_own;
+        }
+    }
+
+    // 3. Parameters: the blocks of this rank when it owns any.
+    int64_t co_loc = 0, ci_loc = 0, co0 = 0, ci0 = 0;
+    if (m->in_w) {
+        co_loc = ddl_decomp_size(c->C_out, c->P_co, iw[0]);
+        co0    = ddl_decomp_start(c->C_out, c->P_co, iw[0]);
+        ci_loc = ddl_decomp_size(c->C_in, c->P_ci, iw[1]);
+        ci0    = ddl_decomp_start(c->C_in, c->P_ci, iw[1]);
+    }
+    ddl_shape wg = {.ndim = nd, .d = {c->C_out, c->C_in}};
+    ddl_box   wbox = {.ndim = nd};
+    ddl_shape wblk = {.ndim = nd};  // the block a P_w rank convolves with (zero elsewhere)
+    for (int j = 0; j < c->nsp; j++) {
+        wg.d[2 + j] = c->k[j];
+    }
+    if (m->in_w) {
+        wblk = ddl_shape_make(nd, (int64_t[]){co_loc, ci_loc, c->k[0], c->k[1], c->k[2]});
+        if (!rep || sp0) {
+            wbox = ddl_box_make(nd, (int64_t[]){co0, ci0, 0, 0, 0},
+                                (int64_t[]){co0 + co_loc, ci0 + ci_loc, c->k[0], c->k[1], c->k[2]});
+        }
+    }
+    int64_t fan_in = c->C_in;
+    for (int j = 0; j < c->nsp; j++) {
+        fan_in *= c->k[j];
+    }
+    DDL_CHECK(ddl_layer_add_param(L, "weight", &wg, &wbox, DDL_INIT_KAIMING_UNIFORM, fan_in));
+    if (c->bias) {
+        ddl_shape bg   = ddl_shape_make(1, (int64_t[]){c->C_out});
+        ddl_box   bbox = {.ndim = 1};
+        if (m->recv_bias && (!rep || sp0)) {
+            bbox = ddl_box_make(1, (int64_t[]){co0}, (int64_t[]){co0 + co_loc});
+        }
+        DDL_CHECK(ddl_layer_add_param(L, "bias", &bg, &bbox, DDL_INIT_FAN_IN_UNIFORM, fan_in));
+    }
+
+    // 4. Parameter replication (halo layouts).
+    if (rep) {
+        DDL_CHECK(ddl_broadcast_create(P_wr, P_w, false, false, dt, &wblk, &m->w_bc));
+        DDL_CHECK(ddl_tensor_create(dt, &wblk, &m->w));
+        DDL_CHECK(ddl_tensor_create(dt, &wblk, &m->dw));
+        DDL_CHECK(ddl_tensor_create(dt, &L->params[0].value->shape, &m->gw));
+        if (c->bias) {
+            ddl_shape bblk = ddl_shape_make(1, (int64_t[]){m->recv_bias ? co_loc : 0});
+            DDL_CHECK(ddl_broadcast_create(P_br, P_b, false, false, dt, &bblk, &m->b_bc));
+            DDL_CHECK(ddl_tensor_create(dt, &bblk, &m->b));
+            DDL_CHECK(ddl_tensor_create(dt, &bblk, &m->db));
+            DDL_CHECK(ddl_tensor_create(dt, &L->params[1].value->shape, &m->gb));
+        }
+    }
+
+    // 5. The fans: x down co onto P_w, y over ci onto P_y'.
+    bool x_env = false;
+    if (fan) {
+        bool    y_env;
+        int64_t nx = fan_count(c, P_x, 1, P_w, 1, false, &x_env);
+        int64_t ny = fan_count(c, m->P_yr, 0, P_w, 0, true, &y_env);
+        ddl_shape sx = ddl_shape_make(1, (int64_t[]){nx}), sy = ddl_shape_make(1, (int64_t[]){ny});
+        DDL_CHECK(ddl_broadcast_create(P_x, P_w, false, false, dt, &sx, &m->x_bc));
+        DDL_CHECK(ddl_sum_reduce_create(P_w, m->P_yr, false, false, dt, &sy, &m->y_sr));
+        ddl_shape s;
+        s = ddl_broadcast_x_shape(m->x_bc);
+        m->nx_root = ddl_shape_numel(&s);
+        s = ddl_broadcast_y_shape(m->x_bc);
+        m->nx_leaf = ddl_shape_numel(&s);
+        s = ddl_sum_reduce_x_shape(m->y_sr);
+        m->ny_leaf = ddl_shape_numel(&s);
+        s = ddl_sum_reduce_y_shape(m->y_sr);
+        m->ny_root = ddl_shape_numel(&s);
+        DDL_CHECK(flat_create(dt, m->nx_leaf, &m->xw));
+        DDL_CHECK(flat_create(dt, m->nx_leaf, &m->dxw));
+        DDL_CHECK(flat_create(dt, m->ny_leaf, &m->yw));
+        DDL_CHECK(flat_create(dt, m->ny_leaf, &m->dyw));
+        if (y_env) {
+            DDL_CHECK(flat_create(dt, m->ny_root, &m->ystage));
+        }
+    }
+
+    // 6. Staging on P_x: the needed crop (halo layouts, unless it is the whole buffer), a
+    //    copy of x the feature layer keeps for its backward (no halo), or an envelope.
+    bool need_whole = m->halo != NULL && box_is_full(&m->need, &m->xbuf->shape);
+    if (m->in_x) {
+        if (c->halo) {
+            m->x_staged  = !need_whole || x_env;
+            m->dx_staged = m->x_staged;
+        } else {
+            m->x_staged  = !fan || x_env;
+            m->dx_staged = fan && x_env;
+        }
+    }
+    int64_t cap = m->nx_blk > m->nx_root ? m->nx_blk : m->nx_root;
+    DDL_CHECK(flat_create(dt, m->x_staged ? cap : 0, &m->xstage));
+    DDL_CHECK(flat_create(dt, m->dx_staged ? cap : 0, &m->dxstage));
+
+    // 7. The local kernel on P_w, and the block it reads.
+    if (m->in_w) {
+        const int *sp = iw + 2;
+        int64_t    in_ext[3], out_ext[3], zero[3] = {0, 0, 0};
+        m->work = true;
+        for (int j = 0; j < c->nsp; j++) {
+            in_ext[j]  = sp_extent(c, j, sp[j], false);
+            out_ext[j] = sp_extent(c, j, sp[j], true);
+            m->work    = m->work && out_ext[j] > 0;
+        }
+        if (m->work) {
+            DDL_CHECK(ddl_conv_geom_init(&m->g, c->nsp, c->N, ci_loc, co_loc, in_ext, c->k, c->s,
+                                         c->halo ? zero : c->p, c->d));
+            for (int j = 0; j < c->nsp; j++) {
+                DDL_REQUIRE(m->g.out[j] == out_ext[j], DDL_EINTERNAL,
+                            "%s: local output extent %lld != share %lld in spatial dim %d",
+                            L->kind, (long long)m->g.out[j], (long long)out_ext[j], j);
+            }
+            m->ws_bytes = ddl_conv_workspace_bytes(dt, &m->g);
+            if (m->ws_bytes > 0) {
+                m->ws = ddl_malloc(m->ws_bytes);
+                if (m->ws == NULL) {
+                    return ddl_set_error(DDL_ENOMEM, "%s: cannot allocate a %zu-byte workspace",
+                                         L->kind, m->ws_bytes);
+                }
+            }
+        }
+        if (fan) {
+            m->conv_in = m->xw->data;
+        } else if (m->x_staged) {
+            m->conv_in = m->xstage->data;
+        } else {
+            m->conv_in = m->xbuf->data;  // a halo buffer that is needed whole
+        }
+    }
+    // The feature layer writes its output in place: its block must be y's local shape.
+    if (!fan && m->work) {
+        ddl_shape ys = {.ndim = nd, .d = {c->N, c->C_out}};
+        for (int j = 0; j < c->nsp; j++) {
+            ys.d[2 + j] = m->g.out[j];
+        }
+        DDL_REQUIRE(ddl_shape_equal(&ys, &L->y_shape), DDL_EINTERNAL,
+                    "%s: local output block differs from y's local shape", L->kind);
+    }
+    return DDL_OK;
+}
+
+ddl_status ddl_conv_create(const ddl_partition_t *P_x, const ddl_partition_t *P_y,
+                           const ddl_partition_t *P_w, ddl_dtype dt, const ddl_shape *x_global,
+                           const ddl_conv_params *p, ddl_layer_t **out)
+{
+    DDL_REQUIRE(out != NULL, DDL_EINVAL, "conv: out is NULL");
+    *out = NULL;
+    conv_cfg c;
+    DDL_CHECK(conv_validate(P_x, P_y, P_w, dt, x_global, p, &c));
+    if (c.kind == CONV_FEATURE) {
+        P_y = P_x;
+        P_w = P_x;
+    }
+    ddl_layer_t *L;
+    DDL_CHECK(ddl_layer_alloc(&conv_ops, kind_name[c.kind], dt, &L));
+    conv_impl *m = ddl_calloc(1, sizeof *m);
+    if (m == NULL) {
+        ddl_layer_destroy(&L);
+        return ddl_set_error(DDL_ENOMEM, "%s: out of memory", kind_name[c.kind]);
+    }
+    m->c          = c;
+    L->impl       = m;
+    ddl_status st = conv_setup(L, m, P_x, P_y, P_w, x_global);
+    if (st != DDL_OK) {
+        ddl_layer_destroy(&L);
+        return st;
+    }
+    *out = L;
+    return DDL_OK;
+}

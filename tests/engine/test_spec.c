@@ -93,7 +93,7 @@ int main(int argc, char **argv)
     refuse(base, "\"type\": \"adam\"", "\"type\": \"adagrad\"", 4, "optimizer.type", "adagrad");
     refuse(base, "{\"type\": \"repartition\", \"to\": \"flat\"},", "", 4, "layers[7]",
            "insert a repartition");
-    refuse(base, "\"lr\": 0.001", "\"lr\": -1", 4, "optimizer.lr", "outside");
+    refuse(base, "\"lr\": 0.002", "\"lr\": -1", 4, "optimizer.lr", "outside");
     refuse(base, "\"batch_size\": 64", "\"batch_size\": 0", 4, "batch_size", "outside");
     refuse(base, "\"layers\": [", "\"layers\": [{\"type\": \"linear\", \"out_features\": 3, "
                                   "\"P_y\": \"fc_out\", \"P_w\": \"fc_mtx\"},",

@@ -279,6 +279,7 @@ static ddl_status forward(ddl_model_t *m, bool training)
 {
     for (int i = 0; i < m->nlayers; i++) {
         ddl_layer_set_training(m->layers[i], training);
+        ddl_layer_set_rng_step(m->layers[i], (uint64_t)ddl_optimizer_steps(m->opt));
         DDL_CHECK(ddl_layer_forward(m->layers[i], m->act[i], m->act[i + 1]));
     }
     return DDL_OK;

@@ -109,7 +109,7 @@ static ddl_status activation_forward(ddl_layer_t *L, const ddl_tensor_t *x, ddl_
         }
         return DDL_OK;
     }
-    m->stream = m->calls++;
+    m->stream = L->rng_step_set ? L->rng_step : m->calls++;
     for (int64_t r = 0, i = 0; i < n; r++, i += m->run_len) {
         DDL_CHECK(ddl_dropout_forward(L->dt, (char *)y->data + (size_t)i * esz, m->mask + i,
                                       (const char *)x->data + (size_t)i * esz, m->run_len,

@@ -96,6 +96,12 @@ void ddl_layer_set_training(ddl_layer_t *L, bool training)
     L->training = training;
 }
 
+void ddl_layer_set_rng_step(ddl_layer_t *L, uint64_t step)
+{
+    L->rng_step_set = true;
+    L->rng_step     = step;
+}
+
 void ddl_layer_init_params(ddl_layer_t *L, uint64_t seed, uint64_t stream_base)
 {
     for (int i = 0; i < L->nparams; i++) {

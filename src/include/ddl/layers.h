@@ -66,6 +66,8 @@ struct ddl_layer {
     ddl_shape              x_shape, y_shape;  // local shapes on this rank
     const ddl_partition_t *P_in, *P_out;      // borrowed: must outlive the layer
     bool                   training;
+    bool                   rng_step_set;  // rng_step is driven by the caller
+    uint64_t               rng_step;      // the step a random layer (dropout) draws for
     int                    nparams;
     ddl_param              params[DDL_LAYER_MAX_PARAMS];
     void                  *impl;
@@ -81,6 +83,10 @@ DDL_EXTERN ddl_status ddl_layer_backward(ddl_layer_t *L, const ddl_tensor_t *dy,
 DDL_EXTERN void       ddl_layer_destroy(ddl_layer_t **L);
 DDL_EXTERN void       ddl_layer_zero_grad(ddl_layer_t *L);
 DDL_EXTERN void       ddl_layer_set_training(ddl_layer_t *L, bool training);
+// Ties a random layer's draws (dropout masks) to a caller step, e.g. the optimizer step, so
+// a resumed run draws what the uninterrupted one did. Without it a layer counts its own
+// training forwards.
+DDL_EXTERN void       ddl_layer_set_rng_step(ddl_layer_t *L, uint64_t step);
 // Initializes every parameter from (seed, stream_base + parameter index) by global index.
 DDL_EXTERN void       ddl_layer_init_params(ddl_layer_t *L, uint64_t seed, uint64_t stream_base);
 

@@ -45,6 +45,9 @@ struct ddl_model {
     int               nparams;
     ddl_param       **params;
     char            (*pnames)[2 * SPEC_NAME];
+    int               nbuffers;       // running statistics (state saved with the weights)
+    ddl_named_tensor *buffers;
+    char            (*bnames)[2 * SPEC_NAME];
     ddl_optimizer_t  *opt;
 };
 
@@ -151,6 +154,38 @@ static ddl_status build(ddl_model_t *m)
         }
     }
     DDL_CHECK(ddl_optimizer_create(&s->optim, m->nparams, m->params, &m->opt));
+    // Buffers: batch norm's running statistics, boxed by each rank's channel range
+    // (ranks sharing channels hold replicas).
+    int nbn = 0;
+    for (int i = 0; i < m->nlayers; i++) {
+        nbn += s->layers[i].type == SL_BATCHNORM ? 2 : 0;
+    }
+    m->buffers = ddl_calloc((size_t)(nbn > 0 ? nbn : 1), sizeof *m->buffers);
+    m->bnames  = ddl_calloc((size_t)(nbn > 0 ? nbn : 1), sizeof *m->bnames);
+    if (m->buffers == NULL || m->bnames == NULL) {
+        return ddl_set_error(DDL_ENOMEM, "model: out of memory");
+    }
+    for (int i = 0; i < m->nlayers; i++) {
+        if (s->layers[i].type != SL_BATCHNORM) {
+            continue;
+        }
+        const ddl_layer_t *L = m->layers[i];
+        ddl_tensor_t      *rs[2];
+        DDL_CHECK(ddl_batchnorm_running_stats(L, &rs[0], &rs[1]));
+        ddl_box   xb = ddl_partition_local_box(L->P_in, &L->x_global);
+        ddl_shape g  = ddl_shape_make(1, (int64_t[]){L->x_global.d[1]});
+        ddl_box   b  = {.ndim = 1};
+        if (ddl_partition_active(L->P_in)) {
+            b.start[0] = xb.start[1];
+            b.stop[0]  = xb.stop[1];
+        }
+        for (int k = 0; k < 2; k++) {
+            snprintf(m->bnames[m->nbuffers], sizeof m->bnames[0], "%s.%s", s->layers[i].name,
+                     k == 0 ? "running_mean" : "running_var");
+            m->buffers[m->nbuffers] = (ddl_named_tensor){m->bnames[m->nbuffers], g, b, rs[k]};
+            m->nbuffers++;
+        }
+    }
     // Loss on the output partition.
     const ddl_layer_t     *last = m->layers[m->nlayers - 1];
     const ddl_partition_t *Po   = last->P_out;
@@ -235,6 +270,8 @@ void ddl_model_destroy(ddl_model_t **mp)
     ddl_free(m->dact);
     ddl_free(m->params);
     ddl_free(m->pnames);
+    ddl_free(m->buffers);
+    ddl_free(m->bnames);
     ddl_free(m->labels_all);
     ddl_free(m->labels_local);
     ddl_spec_destroy(&m->spec);
@@ -419,7 +456,8 @@ static ddl_status named_state(ddl_model_t *m, bool with_optim, ddl_named_tensor 
                               char (**names)[2 * SPEC_NAME + 32])
 {
     int ns = with_optim ? ddl_optimizer_nstate(m->opt) : 0;
-    int k  = m->nparams + ns;
+    int nb = m->nbuffers;
+    int k  = m->nparams + nb + ns;
     *out   = ddl_calloc((size_t)(k > 0 ? k : 1), sizeof **out);
     *names = ddl_calloc((size_t)(k > 0 ? k : 1), sizeof **names);
     if (*out == NULL || *names == NULL) {
@@ -432,6 +470,9 @@ static ddl_status named_state(ddl_model_t *m, bool with_optim, ddl_named_tensor 
         snprintf((*names)[i], sizeof (*names)[i], "%s", m->pnames[i]);
         (*out)[i] = (ddl_named_tensor){(*names)[i], p->global, p->box, p->value};
     }
+    for (int i = 0; i < nb; i++) {
+        (*out)[m->nparams + i] = m->buffers[i];
+    }
     for (int j = 0; j < ns; j++) {
         const ddl_param *p;
         const char      *suffix;
@@ -440,9 +481,9 @@ static ddl_status named_state(ddl_model_t *m, bool with_optim, ddl_named_tensor 
         while (pi < m->nparams && m->params[pi] != p) {
             pi++;
         }
-        snprintf((*names)[m->nparams + j], sizeof (*names)[0], "optimizer.%s.%s", m->pnames[pi],
-                 suffix);
-        (*out)[m->nparams + j] = (ddl_named_tensor){(*names)[m->nparams + j], p->global, p->box, t};
+        int at = m->nparams + nb + j;
+        snprintf((*names)[at], sizeof (*names)[0], "optimizer.%s.%s", m->pnames[pi], suffix);
+        (*out)[at] = (ddl_named_tensor){(*names)[at], p->global, p->box, t};
     }
     *n = k;
     return DDL_OK;

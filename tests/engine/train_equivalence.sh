@@ -46,6 +46,18 @@ cat "$tmp/part1.log" "$tmp/part2.log" | grep '^step' >"$tmp/b"
 diff "$tmp/a" "$tmp/b"
 cmp "$tmp/full.safetensors" "$tmp/resumed.safetensors"
 echo "30 steps identical; final weights bitwise equal"
+# The same with batch norm (running statistics are checkpointed), dropout and SGD momentum.
+train 2 --model "$specs/cnn-bn-2.json" --max-steps 30 --print-steps \
+    --export "$tmp/bnfull.safetensors" >"$tmp/bnfull.log"
+train 2 --model "$specs/cnn-bn-2.json" --max-steps 15 --print-steps \
+    --checkpoint-dir "$tmp/bnck" --checkpoint-every 15 >"$tmp/bn1.log"
+train 2 --model "$specs/cnn-bn-2.json" --max-steps 30 --print-steps \
+    --checkpoint-dir "$tmp/bnck" --resume --export "$tmp/bnres.safetensors" >"$tmp/bn2.log"
+grep '^step' "$tmp/bnfull.log" >"$tmp/a"
+cat "$tmp/bn1.log" "$tmp/bn2.log" | grep '^step' >"$tmp/b"
+diff "$tmp/a" "$tmp/b"
+cmp "$tmp/bnfull.safetensors" "$tmp/bnres.safetensors"
+echo "batch norm + dropout model: 30 steps identical after resume; weights and running statistics bitwise equal"
 
 echo "== 3. reshard 4 -> 2 -> 1 keeps the weights bitwise"
 train 4 --model "$specs/lenet5-4.json" --max-steps 10 --checkpoint-dir "$tmp/r4" \

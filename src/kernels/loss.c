@@ -19,34 +19,8 @@
 #include "base/check.h"
 #include "ddl/base.h"
 #include "ddl/kernels_pointwise.h"
+#include "kernels/dtype.h"
 
-#define KERNEL static inline __attribute__((always_inline))
-
-// ---- dtype access -------------------------------------------------------------
-
-KERNEL double ld(ddl_dtype dt, const void *p, int64_t i)
-{
-    return dt == DDL_F32 ? (double)((const float *)p)[i] : ((const double *)p)[i];
-}
-
-KERNEL void st(ddl_dtype dt, void *p, int64_t i, double v)
-{
-    if (dt == DDL_F32) {
-        ((float *)p)[i] = (float)v;
-    } else {
-        ((double *)p)[i] = v;
-    }
-}
-
-// p[i] += v, rounded once.
-KERNEL void acc(ddl_dtype dt, void *p, int64_t i, double v)
-{
-    if (dt == DDL_F32) {
-        ((float *)p)[i] = (float)((double)((float *)p)[i] + v);
-    } else {
-        ((double *)p)[i] += v;
-    }
-}
 
 static ddl_status check_dtype(const char *who, ddl_dtype dt)
 {

@@ -1,0 +1,38 @@
+// kernels/dtype.h: internal: element access by dtype for the pointwise kernels.
+//
+// Kernel bodies are written once over double arithmetic and specialised per dtype by
+// forced inlining with a constant `dt`, so no dtype branch survives in the loops.
+#ifndef DDL_KERNELS_DTYPE_H
+#define DDL_KERNELS_DTYPE_H
+
+#include <stdint.h>
+
+#include "ddl/tensor.h"
+
+#define KERNEL static inline __attribute__((always_inline))
+
+KERNEL double ld(ddl_dtype dt, const void *p, int64_t i)
+{
+    return dt == DDL_F32 ? (double)((const float *)p)[i] : ((const double *)p)[i];
+}
+
+KERNEL void st(ddl_dtype dt, void *p, int64_t i, double v)
+{
+    if (dt == DDL_F32) {
+        ((float *)p)[i] = (float)v;
+    } else {
+        ((double *)p)[i] = v;
+    }
+}
+
+// p[i] += v, rounded once.
+KERNEL void acc(ddl_dtype dt, void *p, int64_t i, double v)
+{
+    if (dt == DDL_F32) {
+        ((float *)p)[i] = (float)((double)((float *)p)[i] + v);
+    } else {
+        ((double *)p)[i] += v;
+    }
+}
+
+#endif // DDL_KERNELS_DTYPE_H

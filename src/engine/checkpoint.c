@@ -56,6 +56,7 @@
 
 #include "ddl/base.h"
 #include "ddl/checkpoint.h"
+#include "engine/durable.h"
 #include "partition/mpi_check.h"
 
 _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
@@ -69,24 +70,6 @@ _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 #define SHARD_HEADER 32
 #define MANIFEST_MAX ((int64_t)1 << 30)
 #define LATEST_MAX 64
-
-// ---- internal helpers shared with engine/safetensors.c -------------------------
-// (declared again there; there is no private engine header yet)
-ddl_status ddl__agree(MPI_Comm comm, ddl_status st);
-ddl_status ddl__path_fmt(char *out, size_t cap, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-ddl_status ddl__fsync_dir(const char *dir);
-ddl_status ddl__mkdir_p(const char *dir);
-ddl_status ddl__durable_open(const char *path, FILE **out);
-ddl_status ddl__durable_commit(FILE *f, const char *path);
-void       ddl__durable_abort(FILE *f, const char *path);
-ddl_status ddl__check_named(const char *who, int n, const ddl_named_tensor *t);
-ddl_status ddl__check_same_list(MPI_Comm comm, const char *who, int n, const ddl_named_tensor *t,
-                                int64_t extra);
-ddl_status ddl__gather_box_table(MPI_Comm comm, int n, const ddl_named_tensor *t, ddl_box **table);
-bool  ddl__boxes_tile(const ddl_shape *g, int nb, const ddl_box *boxes, size_t stride, int *owner,
-                      char *why, size_t len);
-char *ddl__box_str(const ddl_box *b, char *buf, size_t len);
 
 // ---- agreement -------------------------------------------------------------------
 

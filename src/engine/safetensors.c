@@ -33,27 +33,11 @@
 #include "ddl/checkpoint.h"
 #include "ddl/collect.h"
 #include "ddl/npy.h"
+#include "engine/durable.h"
 #include "partition/mpi_check.h"
 
 #define ST_PATH_MAX 4096
 #define ST_HEADER_MAX ((uint64_t)100 << 20) // the reference implementation's limit
-
-// ---- internal helpers defined in engine/checkpoint.c ---------------------------
-// (no private engine header yet; keep these in step with the definitions there)
-ddl_status ddl__agree(MPI_Comm comm, ddl_status st);
-ddl_status ddl__path_fmt(char *out, size_t cap, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-ddl_status ddl__fsync_dir(const char *dir);
-ddl_status ddl__mkdir_p(const char *dir);
-ddl_status ddl__durable_open(const char *path, FILE **out);
-ddl_status ddl__durable_commit(FILE *f, const char *path);
-void       ddl__durable_abort(FILE *f, const char *path);
-ddl_status ddl__check_named(const char *who, int n, const ddl_named_tensor *t);
-ddl_status ddl__check_same_list(MPI_Comm comm, const char *who, int n, const ddl_named_tensor *t,
-                                int64_t extra);
-ddl_status ddl__gather_box_table(MPI_Comm comm, int n, const ddl_named_tensor *t, ddl_box **table);
-bool ddl__boxes_tile(const ddl_shape *g, int nb, const ddl_box *boxes, size_t stride, int *owner,
-                     char *why, size_t len);
 
 // ---- shared steps ----------------------------------------------------------------
 

@@ -1,0 +1,31 @@
+// engine/durable.h: internal helpers shared by checkpoint.c and safetensors.c:
+// cross-rank status agreement, durable file writes (temp -> fsync -> rename -> fsync
+// dir), and checks of named-tensor lists and their boxes.
+#ifndef DDL_ENGINE_DURABLE_H
+#define DDL_ENGINE_DURABLE_H
+
+#include <mpi.h>
+#include <stdbool.h>
+#include <stdio.h>
+
+#include "ddl/checkpoint.h"
+
+// DDL_OK if every rank passed DDL_OK, otherwise the status and message of the lowest
+// failing rank, on every rank. Collective.
+ddl_status ddl__agree(MPI_Comm comm, ddl_status st);
+ddl_status ddl__path_fmt(char *out, size_t cap, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+ddl_status ddl__fsync_dir(const char *dir);
+ddl_status ddl__mkdir_p(const char *dir);
+ddl_status ddl__durable_open(const char *path, FILE **out);
+ddl_status ddl__durable_commit(FILE *f, const char *path);
+void       ddl__durable_abort(FILE *f, const char *path);
+ddl_status ddl__check_named(const char *who, int n, const ddl_named_tensor *t);
+ddl_status ddl__check_same_list(MPI_Comm comm, const char *who, int n, const ddl_named_tensor *t,
+                                int64_t extra);
+ddl_status ddl__gather_box_table(MPI_Comm comm, int n, const ddl_named_tensor *t, ddl_box **table);
+bool       ddl__boxes_tile(const ddl_shape *g, int nb, const ddl_box *boxes, size_t stride,
+                           int *owner, char *why, size_t len);
+char      *ddl__box_str(const ddl_box *b, char *buf, size_t len);
+
+#endif // DDL_ENGINE_DURABLE_H

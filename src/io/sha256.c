@@ -7,10 +7,7 @@
 #include <openssl/evp.h>
 
 #include "base/check.h"
-
-// Declared in ddl/checkpoint.h. That header includes <mpi.h>, which ddl_io (no MPI)
-// does not see, so the prototype is repeated here; keep the two identical.
-DDL_EXTERN ddl_status ddl_sha256_file(const char *path, char hex[65]);
+#include "ddl/sha256.h"
 
 #define SHA256_CHUNK ((size_t)1 << 20)
 

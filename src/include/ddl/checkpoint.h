@@ -28,6 +28,7 @@
 #include <mpi.h>
 #include <stdint.h>
 
+#include "ddl/sha256.h"
 #include "ddl/tensor.h"
 
 #ifdef __cplusplus
@@ -91,10 +92,6 @@ DDL_EXTERN ddl_status ddl_export_npy_dir(MPI_Comm comm, const char *dir, int n,
 DDL_EXTERN ddl_status ddl_import_npy_dir(MPI_Comm comm, const char *dir, int n,
                                          const ddl_named_tensor *tensors);
 
-// SHA-256 of a file as 64 lowercase hex characters (+ NUL) into hex. Not collective.
-// DDL_ENOTFOUND for a missing file, DDL_EIO for other errors. (Defined in ddl_io, which
-// does not see <mpi.h>: src/io/sha256.c repeats this prototype.)
-DDL_EXTERN ddl_status ddl_sha256_file(const char *path, char hex[65]);
 
 #ifdef __cplusplus
 }

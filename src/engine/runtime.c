@@ -1,5 +1,7 @@
 // engine/runtime.c: process-level set-up shared by the programs (distdl-train, the
 // daemon, benchmarks).
+#define _GNU_SOURCE
+#include <sched.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -19,8 +21,18 @@ int ddl_runtime_divide_cores(MPI_Comm comm)
         MPI_Comm_size(node, &local);
         MPI_Comm_free(&node);
     }
-    long cores   = sysconf(_SC_NPROCESSORS_ONLN);
-    int  threads = cores > local ? (int)(cores / local) : 1;
+    // The CPUs this rank may run on: mpirun binds ranks to cores by default, and threads
+    // beyond the affinity mask would only share those cores.
+    long      cores = sysconf(_SC_NPROCESSORS_ONLN);
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) >= 1) {
+        int mask = CPU_COUNT(&set);
+        // A rank bound to a subset of the node uses that subset; an unbound rank shares
+        // the node's cores with its node-local peers.
+        cores = mask < cores ? mask : cores / local;
+        local = 1;
+    }
+    int threads = cores > local ? (int)(cores / local) : 1;
     ddl_blas_set_threads(threads);
     return threads;
 }

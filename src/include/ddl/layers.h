@@ -74,7 +74,10 @@ struct ddl_layer {
 };
 
 // ---- framework ---------------------------------------------------------------
-// y = L(x). x and y must have the layer's local shapes on this rank.
+// y = L(x). x and y must have the layer's local shapes on this rank. As with autograd's
+// saved tensors, a layer may keep references to the x and y of its last forward instead
+// of copies: the caller must leave both unchanged until the matching backward (the model
+// does: every activation has its own buffer for the whole step).
 DDL_EXTERN ddl_status ddl_layer_forward(ddl_layer_t *L, const ddl_tensor_t *x, ddl_tensor_t *y);
 // dx = (dL/dx)^T dy (overwrites dx); parameter gradients += (dL/dp)^T dy. Needs the
 // state saved by the most recent forward.

@@ -5,11 +5,19 @@
 #ifndef DDL_KERNELS_DTYPE_H
 #define DDL_KERNELS_DTYPE_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "ddl/tensor.h"
 
 #define KERNEL static inline __attribute__((always_inline))
+
+// Bytes per element: ddl_dtype_size inlined (it is a library call, and im2col and the
+// pointwise loops ask per row). dt is DDL_F32 or DDL_F64, validated by the caller.
+KERNEL size_t dt_size(ddl_dtype dt)
+{
+    return dt == DDL_F64 ? sizeof(double) : sizeof(float);
+}
 
 KERNEL double ld(ddl_dtype dt, const void *p, int64_t i)
 {

@@ -18,6 +18,7 @@
 
 #include "base/check.h"
 #include "ddl/kernels.h"
+#include "kernels/dtype.h"
 
 // ---- geometry ----------------------------------------------------------------
 
@@ -209,6 +210,177 @@ static inline void add_at(ddl_dtype dt, void *p, int64_t i, double v)
     }
 }
 
+// ---- unpadded fast paths ------------------------------------------------------------
+// With no padding and dilation 1 (MaxPool2d(2), AvgPool2d(k): the common case) every
+// window lies inside the input (floor mode), so the loops need no window bounds, and
+// the 2x2 stride-2 max window is unrolled. Written once over a constant dt (KERNEL) and
+// instantiated per dtype. They compute exactly what the general loops compute: the same
+// taps in the same order, the same comparisons (a float compares as its double does)
+// and the same double sums.
+
+static bool unpadded(const sp3 *sp)
+{
+    for (int i = 0; i < 3; i++) {
+        if (sp->p[i] != 0 || sp->d[i] != 1) {
+            return false;
+        }
+    }
+    return true;
+}
+
+// Window element v at flat index i replaces the running maximum m (index b) when it is
+// larger or NaN (PyTorch's rule: the first maximum, a NaN wins).
+#define MAX_STEP(v, i)                                                                     \
+    do {                                                                                   \
+        double v_ = (v);                                                                   \
+        if (v_ > m || isnan(v_)) {                                                         \
+            m = v_;                                                                        \
+            b = (i);                                                                       \
+        }                                                                                  \
+    } while (0)
+
+// 2x2, stride-2 max windows, four outputs of a row at a time: lane l holds window
+// o2 + l, its taps (0,0), (0,1), (1,0), (1,1) in vectors a, b, c, d, combined in that
+// order with MAX_STEP's rule as branch-free selects (the windows' maxima are data
+// dependent, so branches mispredict). code is the tap index 0..3 of the maximum. The
+// lanes are filled with scalar loads: portable, and cheap next to the mispredictions.
+#define DEFINE_MAX22(name, T, VT, VI)                                                      \
+    static int64_t name(const T *restrict r0, int64_t I2, int64_t row, int64_t n,         \
+                        T *restrict y, int64_t *restrict arg)                              \
+    {                                                                                      \
+        const T *r1 = r0 + I2;                                                             \
+        int64_t  o  = 0;                                                                   \
+        for (; o + 4 <= n; o += 4) {                                                       \
+            const T *p0 = r0 + 2 * o, *p1 = r1 + 2 * o;                                    \
+            VT       m  = {p0[0], p0[2], p0[4], p0[6]};                                    \
+            VT       b  = {p0[1], p0[3], p0[5], p0[7]};                                    \
+            VT       c  = {p1[0], p1[2], p1[4], p1[6]};                                    \
+            VT       d  = {p1[1], p1[3], p1[5], p1[7]};                                    \
+            VI       code = {0, 0, 0, 0}, t;                                               \
+            t    = (b > m) | (b != b);                                                     \
+            m    = (VT)((t & (VI)b) | (~t & (VI)m));                                       \
+            code = (t & 1) | (~t & code);                                                  \
+            t    = (c > m) | (c != c);                                                     \
+            m    = (VT)((t & (VI)c) | (~t & (VI)m));                                       \
+            code = (t & 2) | (~t & code);                                                  \
+            t    = (d > m) | (d != d);                                                     \
+            m    = (VT)((t & (VI)d) | (~t & (VI)m));                                       \
+            code = (t & 3) | (~t & code);                                                  \
+            memcpy(y + o, &m, sizeof m);                                                   \
+            for (int l = 0; l < 4; l++) {                                                  \
+                arg[o + l] = row + 2 * (o + l) + (code[l] & 1) + (code[l] >> 1) * I2;      \
+            }                                                                              \
+        }                                                                                  \
+        return o;                                                                          \
+    }
+
+typedef float   ddl_v4f __attribute__((vector_size(16)));
+typedef int32_t ddl_v4i __attribute__((vector_size(16)));
+typedef double  ddl_v4d __attribute__((vector_size(32)));
+typedef int64_t ddl_v4l __attribute__((vector_size(32)));
+DEFINE_MAX22(max22_f32, float, ddl_v4f, ddl_v4i)
+DEFINE_MAX22(max22_f64, double, ddl_v4d, ddl_v4l)
+#undef DEFINE_MAX22
+
+KERNEL void pool_fwd_unpadded_t(ddl_dtype dt, bool is_max, const sp3 *sp, int64_t planes,
+                                void *y, const void *x, int64_t *restrict arg)
+{
+    const int64_t I1 = sp->in[1], I2 = sp->in[2];
+    const int64_t K0 = sp->k[0], K1 = sp->k[1], K2 = sp->k[2];
+    const int64_t S0 = sp->s[0], S1 = sp->s[1], S2 = sp->s[2];
+    const int64_t O0 = sp->out[0], O1 = sp->out[1], O2 = sp->out[2];
+    const bool    k22 = is_max && K0 == 1 && K1 == 2 && K2 == 2 && S2 == 2;
+    const double  kv  = (double)sp->kv;
+    int64_t       oi  = 0;
+    for (int64_t pl = 0; pl < planes; pl++) {
+        const int64_t xoff = pl * sp->iv;
+        for (int64_t o0 = 0; o0 < O0; o0++) {
+            for (int64_t o1 = 0; o1 < O1; o1++) {
+                const int64_t row = xoff + (o0 * S0 * I1 + o1 * S1) * I2;
+                if (k22) {
+                    int64_t o2;
+                    if (dt == DDL_F32) {
+                        o2 = max22_f32((const float *)x + row, I2, row, O2, (float *)y + oi,
+                                       arg + oi);
+                    } else {
+                        o2 = max22_f64((const double *)x + row, I2, row, O2,
+                                       (double *)y + oi, arg + oi);
+                    }
+                    for (oi += o2; o2 < O2; o2++, oi++) {
+                        const int64_t i = row + 2 * o2;
+                        double        m = ld(dt, x, i);
+                        int64_t       b = i;
+                        MAX_STEP(ld(dt, x, i + 1), i + 1);
+                        MAX_STEP(ld(dt, x, i + I2), i + I2);
+                        MAX_STEP(ld(dt, x, i + I2 + 1), i + I2 + 1);
+                        st(dt, y, oi, m);
+                        arg[oi] = b;
+                    }
+                    continue;
+                }
+                for (int64_t o2 = 0; o2 < O2; o2++, oi++) {
+                    const int64_t start = row + o2 * S2;
+                    double        m = is_max ? ld(dt, x, start) : 0.0;
+                    int64_t       b = start;
+                    for (int64_t k0 = 0; k0 < K0; k0++) {
+                        for (int64_t k1 = 0; k1 < K1; k1++) {
+                            const int64_t r = start + (k0 * I1 + k1) * I2;
+                            for (int64_t k2 = 0; k2 < K2; k2++) {
+                                if (is_max) {
+                                    MAX_STEP(ld(dt, x, r + k2), r + k2);
+                                } else {
+                                    m += ld(dt, x, r + k2);
+                                }
+                            }
+                        }
+                    }
+                    if (is_max) {
+                        st(dt, y, oi, m);
+                        arg[oi] = b;
+                    } else {
+                        st(dt, y, oi, m / kv);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#undef MAX_STEP
+
+static void pool_fwd_unpadded(ddl_dtype dt, bool is_max, const sp3 *sp, int64_t planes,
+                              void *y, const void *x, int64_t *arg)
+{
+    if (dt == DDL_F32) {
+        if (is_max) {
+            pool_fwd_unpadded_t(DDL_F32, true, sp, planes, y, x, arg);
+        } else {
+            pool_fwd_unpadded_t(DDL_F32, false, sp, planes, y, x, arg);
+        }
+    } else {
+        if (is_max) {
+            pool_fwd_unpadded_t(DDL_F64, true, sp, planes, y, x, arg);
+        } else {
+            pool_fwd_unpadded_t(DDL_F64, false, sp, planes, y, x, arg);
+        }
+    }
+}
+
+// dx[arg[oi]] += dy[oi] for every recorded argmax (arg already validated).
+KERNEL void max_bwd_t(ddl_dtype dt, int64_t n_out, void *dx, const void *dy,
+                      const int64_t *restrict arg)
+{
+    for (int64_t oi = 0; oi < n_out; oi++) {
+        if (arg[oi] >= 0) {
+            if (dt == DDL_F32) {
+                ((float *)dx)[arg[oi]] += ((const float *)dy)[oi];
+            } else {
+                ((double *)dx)[arg[oi]] += ((const double *)dy)[oi];
+            }
+        }
+    }
+}
+
 // ---- forward ----------------------------------------------------------------------
 
 ddl_status ddl_pool_forward(ddl_dtype dt, const ddl_pool_geom *g, void *y, const void *x,
@@ -223,7 +395,11 @@ ddl_status ddl_pool_forward(ddl_dtype dt, const ddl_pool_geom *g, void *y, const
     DDL_REQUIRE(y != NULL && x != NULL, DDL_EINVAL, "pool_forward: x or y is NULL");
     const bool is_max = g->mode == DDL_POOL_MAX;
     int64_t   *arg    = ws;
-    int64_t    o[3];
+    if (unpadded(&sp)) {
+        pool_fwd_unpadded(dt, is_max, &sp, planes, y, x, arg);
+        return DDL_OK;
+    }
+    int64_t o[3];
     window     w;
     for (int64_t pl = 0; pl < planes; pl++) {
         const int64_t xoff = pl * sp.iv;
@@ -282,17 +458,26 @@ ddl_status ddl_pool_backward(ddl_dtype dt, const ddl_pool_geom *g, void *dx, con
         // Validate every index before touching dx (a workspace not filled by
         // ddl_pool_forward with this geometry must not cause stray writes): an argmax
         // lies in its output's own plane, or is -1 for a window entirely in the padding.
-        for (int64_t oi = 0; oi < n_out; oi++) {
-            int64_t xi = arg[oi];
-            DDL_REQUIRE(xi == -1 || (xi >= 0 && xi / sp.iv == oi / sp.ov), DDL_EINVAL,
-                        "pool_backward: argmax %lld of output %lld is outside its plane "
-                        "(workspace not from ddl_pool_forward?)",
-                        (long long)xi, (long long)oi);
-        }
-        for (int64_t oi = 0; oi < n_out; oi++) {
-            if (arg[oi] >= 0) {
-                add_at(dt, dx, arg[oi], ld_at(dt, dy, oi));
+        // Plane by plane, so the test is two compares per element (no division).
+        for (int64_t pl = 0, oi = 0; pl < planes; pl++) {
+            const int64_t lo = pl * sp.iv, hi = lo + sp.iv;
+            bool          ok = true;
+            for (int64_t e = oi + sp.ov; oi < e; oi++) {
+                ok &= arg[oi] == -1 || (arg[oi] >= lo && arg[oi] < hi);
             }
+            if (!ok) {
+                for (oi -= sp.ov; arg[oi] == -1 || (arg[oi] >= lo && arg[oi] < hi); oi++) {
+                }
+                return ddl_set_error(DDL_EINVAL,
+                                     "pool_backward: argmax %lld of output %lld is outside "
+                                     "its plane (workspace not from ddl_pool_forward?)",
+                                     (long long)arg[oi], (long long)oi);
+            }
+        }
+        if (dt == DDL_F32) {
+            max_bwd_t(DDL_F32, n_out, dx, dy, arg);
+        } else {
+            max_bwd_t(DDL_F64, n_out, dx, dy, arg);
         }
         return DDL_OK;
     }

@@ -290,6 +290,13 @@ static void test_cases(void)
         {3, 2, 2, 3, {5, 6, 7},  {2, 3, 3}, {1, 2, 1}, {1, 1, 0}, {2, 1, 1}, true},
         {3, 1, 3, 2, {6, 6, 6},  {3, 3, 3}, {2, 2, 2}, {1, 1, 1}, {1, 1, 1}, false},
         {3, 2, 1, 2, {4, 7, 5},  {2, 2, 4}, {2, 1, 1}, {0, 1, 2}, {1, 3, 1}, true},
+        // The wide layout (1-D/2-D, stride 1, several samples per block): padded and not,
+        // p1 != p2, dilation, a partial last block (N not a multiple of the block).
+        {2, 13, 1, 6, {28, 28},  {5, 5},    {1, 1},    {2, 2},    {1, 1},    true},  // conv1
+        {2, 15, 6, 16, {14, 14}, {5, 5},    {1, 1},    {0, 0},    {1, 1},    true},  // conv2
+        {2, 9, 2, 3, {9, 12},    {3, 4},    {1, 1},    {1, 2},    {2, 1},    false},
+        {2, 5, 3, 2, {6, 7},     {2, 3},    {1, 1},    {0, 1},    {1, 2},    true},
+        {1, 70, 2, 3, {17},      {5},       {1},       {3},       {1},       true},
     };
     // clang-format on
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -385,11 +392,42 @@ static void test_errors(void)
     free(ws);
 }
 
+// The wide layout reads x at positions past each output row ("garbage" columns whose
+// dy is 0). With an inf in x there, dW must still be exactly what the direct loops give
+// (+inf where the inf is reached with dy > 0, finite elsewhere), never 0 * inf = NaN.
+static void test_wide_nonfinite(void)
+{
+    ddl_conv_geom g;
+    ASSERT_OK(ddl_conv_geom_init(&g, 2, 3, 2, 3, (int64_t[]){6, 7}, (int64_t[]){3, 3}, NULL,
+                                 NULL, NULL));
+    const int64_t nx = 3 * 2 * 6 * 7, ny = 3 * 3 * 4 * 5, nw = 3 * 2 * 9;
+    for (int d = 0; d < 2; d++) {
+        ddl_dtype dt  = d ? DDL_F64 : DDL_F32;
+        double   *x   = rand_vec(nx, 77), *one = malloc((size_t)ny * sizeof(double));
+        x[1 * 42 + 2 * 7 + 6] = INFINITY; // sample 0, channel 1, row 2, last column
+        for (int64_t i = 0; i < ny; i++) {
+            one[i] = 1.0;
+        }
+        void  *xd = as_dtype(dt, x, nx), *dyd = as_dtype(dt, one, ny);
+        void  *dw = zeros(dt, nw), *dwr = zeros(dt, nw);
+        size_t wsb = ddl_conv_workspace_bytes(dt, &g);
+        void  *ws  = malloc(wsb > 0 ? wsb : 1);
+        ASSERT_OK(ddl_conv_backward(dt, &g, NULL, dw, NULL, dyd, xd, NULL, ws, wsb));
+        ASSERT_OK(ddl_conv_backward_naive(dt, &g, NULL, dwr, NULL, dyd, xd, NULL));
+        for (int64_t i = 0; i < nw; i++) {
+            double a = at(dt, dw, i), b = at(dt, dwr, i);
+            ASSERT_TRUE(!isnan(a) && isinf(a) == isinf(b));
+        }
+        free(x), free(one), free(xd), free(dyd), free(dw), free(dwr), free(ws);
+    }
+}
+
 int main(void)
 {
     test_hand();
     test_errors();
     test_cases();
+    test_wide_nonfinite();
     printf("test_conv: ok\n");
     return 0;
 }

@@ -279,6 +279,71 @@ static void test_dropout(void)
                   DDL_EINVAL);
 }
 
+// ReLU runs in the element type (vector lanes plus a scalar tail). It must give the bits
+// of the definition computed in double and rounded once: y = x if x > 0 or NaN, else +0;
+// dx += dy * [y > 0] (so 0 * inf = NaN and -0 + +0 = +0 as in the arithmetic), with dx
+// aliasing dy allowed. Lengths 0..37 cover every tail.
+static void test_relu_exact(void)
+{
+    enum { N = 37 };
+    const double special[] = {NAN, INFINITY, -INFINITY, 0.0, -0.0, 1e-40, -1e-40, 3.5, -2.0};
+    double       x[N], dy[N], dx0[N];
+    for (int64_t i = 0; i < N; i++) {
+        x[i]   = i % 3 == 0 ? special[i / 3 % 9] : ddl_rng_uniform(5, 0, (uint64_t)i) - 0.5;
+        dy[i]  = i % 4 == 1 ? special[(i / 4 + 3) % 9] : ddl_rng_uniform(5, 1, (uint64_t)i) - 0.5;
+        dx0[i] = i % 5 == 2 ? -0.0 : ddl_rng_uniform(5, 2, (uint64_t)i) - 0.5;
+    }
+    for (int d = 0; d < 2; d++) {
+        for (int64_t n = 0; n <= N; n++) {
+            float  xf[N], yf[N], dyf[N], dxf[N];
+            double xd[N], yd[N], dyd[N], dxd[N];
+            for (int64_t i = 0; i < n; i++) {
+                xf[i] = (float)x[i], dyf[i] = (float)dy[i], dxf[i] = (float)dx0[i];
+                xd[i] = x[i], dyd[i] = dy[i], dxd[i] = dx0[i];
+            }
+            if (d == 0) {
+                ASSERT_OK(ddl_relu_forward(DDL_F32, yf, xf, n));
+                ASSERT_OK(ddl_relu_backward(DDL_F32, dxf, dyf, yf, n));
+            } else {
+                ASSERT_OK(ddl_relu_forward(DDL_F64, yd, xd, n));
+                ASSERT_OK(ddl_relu_backward(DDL_F64, dxd, dyd, yd, n));
+            }
+            for (int64_t i = 0; i < n; i++) {
+                double xv = d ? x[i] : (double)(float)x[i];
+                double yw = (xv > 0.0 || isnan(xv)) ? xv : 0.0;
+                double gv = d ? dy[i] : (double)(float)dy[i];
+                double dw = (d ? dx0[i] : (double)(float)dx0[i]) + gv * (yw > 0.0 ? 1.0 : 0.0);
+                double yg = d ? yd[i] : (double)yf[i];
+                double dg = d ? dxd[i] : (double)dxf[i];
+                if (d == 0) {
+                    yw = (double)(float)yw, dw = (double)(float)dw;
+                }
+                ASSERT_TRUE(memcmp(&yg, &yw, sizeof yw) == 0 || (isnan(yg) && isnan(yw)));
+                ASSERT_TRUE(memcmp(&dg, &dw, sizeof dw) == 0 || (isnan(dg) && isnan(dw)));
+            }
+        }
+        // In place: dx aliasing dy (dx = dy + dy * [y > 0]).
+        double a[N];
+        float  af[N], yv[N];
+        for (int64_t i = 0; i < N; i++) {
+            a[i]  = dy[i];
+            af[i] = (float)dy[i];
+            yv[i] = (float)x[i];
+        }
+        if (d == 0) {
+            ASSERT_OK(ddl_relu_backward(DDL_F32, af, af, yv, N));
+        } else {
+            ASSERT_OK(ddl_relu_backward(DDL_F64, a, a, x, N));
+        }
+        for (int64_t i = 0; i < N; i++) {
+            double g = d ? dy[i] : (double)(float)dy[i];
+            double w = g + g * ((d ? x[i] : (double)yv[i]) > 0.0 ? 1.0 : 0.0);
+            double got = d ? a[i] : (double)af[i];
+            ASSERT_TRUE(got == w || (isnan(got) && isnan(w)));
+        }
+    }
+}
+
 static void test_errors(void)
 {
     double x[2] = {1.0, 2.0}, y[2];
@@ -296,6 +361,7 @@ int main(void)
     test_random_forward();
     test_gradcheck();
     test_dropout();
+    test_relu_exact();
     test_errors();
     printf("test_pointwise: ok\n");
     return 0;

@@ -282,6 +282,18 @@ static void test_cases(void)
         {A, 3, 2, 2, {5, 6, 7},   {2, 3, 2}, {1, 2, 2}, {1, 1, 0}, {1, 1, 1}},
         {M, 3, 1, 3, {6, 6, 6},   {3, 3, 3}, {2, 2, 2}, {1, 1, 1}, {1, 1, 1}},
         {A, 3, 1, 3, {4, 6, 5},   {2, 2, 2}, {0, 0, 0}, {1, 0, 1}, {1, 1, 1}},
+        // Unpadded, dilation 1: the fast paths. 2x2 stride 2 runs four windows of a row
+        // at a time, then a scalar tail (out[2] = 14, 7, 5, 1), odd extents floor.
+        {M, 2, 2, 6, {28, 28},    {2, 2},    {0, 0},    {0, 0},    {1, 1}},     // LeNet pool1
+        {M, 2, 3, 16, {10, 10},   {2, 2},    {0, 0},    {0, 0},    {1, 1}},     // LeNet pool2
+        {M, 2, 2, 3, {7, 15},     {2, 2},    {2, 2},    {0, 0},    {1, 1}},
+        {M, 1, 2, 3, {9},         {2},       {0},       {0},       {1}},        // 1-D: no k22
+        {M, 3, 2, 2, {3, 6, 9},   {1, 2, 2}, {0, 0, 0}, {0, 0, 0}, {1, 1, 1}},  // 3-D k22
+        {M, 2, 2, 3, {9, 11},     {3, 2},    {2, 1},    {0, 0},    {1, 1}},     // general
+        {M, 3, 1, 2, {5, 6, 7},   {2, 3, 2}, {1, 2, 3}, {0, 0, 0}, {1, 1, 1}},
+        {A, 2, 2, 3, {8, 9},      {2, 2},    {0, 0},    {0, 0},    {1, 1}},
+        {A, 1, 2, 2, {11},        {3},       {2},       {0},       {1}},
+        {A, 3, 1, 2, {4, 5, 6},   {2, 2, 3}, {1, 2, 1}, {0, 0, 0}, {1, 1, 1}},
     };
     // clang-format on
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -361,6 +373,68 @@ static void test_semantics(void)
     ASSERT_TRUE(dx1 == 0.0f);
 }
 
+// The unpadded 2x2 fast path against the rule itself, on data full of ties and NaNs:
+// per window the first maximum, a NaN replacing whatever came before (so the last NaN
+// wins), in f32 and f64; then the backward scatters to those indices.
+static void test_fast_ties_nan(void)
+{
+    ddl_pool_geom g;
+    const int64_t C = 3, I1 = 4, I2 = 22, O1 = 2, O2 = 11, nx = C * I1 * I2, ny = C * O1 * O2;
+    ASSERT_OK(ddl_pool_geom_init(&g, DDL_POOL_MAX, 2, 1, C, (int64_t[]){I1, I2},
+                                 (int64_t[]){2, 2}, NULL, NULL, NULL));
+    double  *x   = malloc((size_t)nx * sizeof(double)), *yref = malloc((size_t)ny * 8);
+    int64_t *aref = malloc((size_t)ny * 8), *arg = malloc((size_t)ny * 8);
+    for (int64_t i = 0; i < nx; i++) {
+        uint64_t r = (uint64_t)(ddl_rng_uniform(7, 1, (uint64_t)i) * 16.0);
+        x[i]       = r == 0 ? NAN : (double)(r % 3); // values 0, 1, 2 and one NaN in 16
+    }
+    for (int64_t c = 0, oi = 0; c < C; c++) {
+        for (int64_t o1 = 0; o1 < O1; o1++) {
+            for (int64_t o2 = 0; o2 < O2; o2++, oi++) {
+                int64_t best = -1;
+                for (int64_t k1 = 0; k1 < 2; k1++) {
+                    for (int64_t k2 = 0; k2 < 2; k2++) {
+                        int64_t i = (c * I1 + 2 * o1 + k1) * I2 + 2 * o2 + k2;
+                        if (best < 0 || x[i] > x[best] || isnan(x[i])) {
+                            best = i;
+                        }
+                    }
+                }
+                aref[oi] = best;
+                yref[oi] = x[best];
+            }
+        }
+    }
+    for (int d = 0; d < 2; d++) {
+        ddl_dtype dt = d ? DDL_F64 : DDL_F32;
+        void     *xd = as_dtype(dt, x, nx), *yd = malloc((size_t)ny * 8);
+        void     *dy = as_dtype(dt, yref, ny), *dx = calloc((size_t)nx, 8);
+        ASSERT_OK(ddl_pool_forward(dt, &g, yd, xd, arg, (size_t)ny * 8));
+        for (int64_t i = 0; i < ny; i++) {
+            ASSERT_EQ(arg[i], aref[i]);
+            ASSERT_TRUE(isnan(yref[i]) ? isnan(at(dt, yd, i)) : at(dt, yd, i) == yref[i]);
+        }
+        // dy = 1 + window index, so each input gets the sum of the windows it won.
+        for (int64_t i = 0; i < ny; i++) {
+            if (dt == DDL_F32) {
+                ((float *)dy)[i] = (float)(1 + i);
+            } else {
+                ((double *)dy)[i] = (double)(1 + i);
+            }
+        }
+        ASSERT_OK(ddl_pool_backward(dt, &g, dx, dy, arg, (size_t)ny * 8));
+        for (int64_t i = 0; i < nx; i++) {
+            double want = 0.0;
+            for (int64_t o = 0; o < ny; o++) {
+                want += aref[o] == i ? (double)(1 + o) : 0.0;
+            }
+            ASSERT_TRUE(at(dt, dx, i) == want);
+        }
+        free(xd), free(yd), free(dy), free(dx);
+    }
+    free(x), free(yref), free(aref), free(arg);
+}
+
 static void test_errors(void)
 {
     ddl_pool_geom g;
@@ -423,6 +497,7 @@ int main(void)
     test_semantics();
     test_errors();
     test_cases();
+    test_fast_ties_nan();
     printf("test_pool: ok\n");
     return 0;
 }

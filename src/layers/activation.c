@@ -6,8 +6,9 @@
 //
 //   y_i = f(x_i)                 dx_i = f'(x_i) dy_i   (dx overwritten)
 //
-// What the backward needs is copied in forward into a buffer made in create: the output
-// y for ReLU, Sigmoid and Tanh, the input x for LeakyReLU and GELU.
+// What the backward needs is not copied: forward records a reference to the caller's
+// output y (ReLU, Sigmoid, Tanh) or input x (LeakyReLU, GELU), which the caller keeps
+// unchanged until the matching backward (the saved-tensor contract of ddl/layers.h).
 //
 // Dropout (torch.nn.Dropout). Not training: the identity. Training: y_i = x_i keep_i /
 // (1 - p), dx_i = dy_i keep_i / (1 - p), with keep_i = [U(seed, stream, g_i) >= p] drawn
@@ -36,7 +37,8 @@ typedef struct activation_impl {
     uint64_t      calls;    // training forwards so far (the next dropout stream)
     uint64_t      stream;   // stream of the last dropout forward
     bool          dropped;  // the last forward applied a mask (training dropout)
-    ddl_tensor_t *saved;    // x or y of the last forward (not dropout)
+    bool          have_forward;  // a forward has run (backward needs its state)
+    const void   *saved;    // the caller's x or y of the last forward (not dropout)
     uint8_t      *mask;     // dropout: [local numel]
     ddl_box       box;      // this rank's block of the global tensor
     int           run_dim;  // runs are contiguous from this dim on (see run_offset)
@@ -94,12 +96,11 @@ static ddl_status activation_forward(ddl_layer_t *L, const ddl_tensor_t *x, ddl_
     int64_t          n     = ddl_tensor_numel(x);
     size_t           bytes = ddl_tensor_bytes(x);
     size_t           esz   = ddl_dtype_size(L->dt);
+    m->have_forward        = true;
     if (m->kind != DDL_ACT_DROPOUT) {
         DDL_CHECK(ddl_activation_forward(kernel_kind(m->kind), m->alpha, L->dt, y->data, x->data,
                                          n));
-        if (bytes > 0) {
-            memcpy(m->saved->data, saves_input(m->kind) ? x->data : y->data, bytes);
-        }
+        m->saved = saves_input(m->kind) ? x->data : y->data;
         return DDL_OK;
     }
     m->dropped = L->training;
@@ -130,12 +131,14 @@ static ddl_status activation_backward(ddl_layer_t *L, const ddl_tensor_t *dy, dd
         }
         return DDL_OK;
     }
+    DDL_REQUIRE(m->have_forward, DDL_EINVAL, "%s: backward called before any forward",
+                L->kind);
     if (n == 0) {
         return DDL_OK;
     }
     ddl_tensor_zero(dx);  // the kernels accumulate
     if (m->kind != DDL_ACT_DROPOUT) {
-        const void *s = m->saved->data;
+        const void *s = m->saved;
         return ddl_activation_backward(kernel_kind(m->kind), m->alpha, L->dt, dx->data, dy->data,
                                        saves_input(m->kind) ? s : NULL,
                                        saves_input(m->kind) ? NULL : s, n);
@@ -153,7 +156,6 @@ static void activation_destroy(ddl_layer_t *L)
 {
     activation_impl *m = L->impl;
     if (m != NULL) {
-        ddl_tensor_destroy(&m->saved);
         ddl_free(m->mask);
         ddl_free(m);
         L->impl = NULL;
@@ -215,9 +217,9 @@ ddl_status ddl_activation_create(const ddl_partition_t *P_x, ddl_dtype dt,
     m->seed     = seed;
     m->box      = ddl_partition_local_box(P_x, x_global);
 
-    int64_t    n  = ddl_shape_numel(&L->x_shape);
-    ddl_status st = DDL_OK;
+    // Only dropout keeps state of its own (the mask); the others reference x or y.
     if (kind == DDL_ACT_DROPOUT) {
+        int64_t n = ddl_shape_numel(&L->x_shape);
         // Runs: the last dim, extended leftwards while the block spans a dim entirely.
         int nd      = x_global->ndim;
         m->run_dim  = nd - 1;
@@ -228,14 +230,9 @@ ddl_status ddl_activation_create(const ddl_partition_t *P_x, ddl_dtype dt,
         }
         m->mask = ddl_malloc((size_t)(n > 0 ? n : 1));
         if (m->mask == NULL) {
-            st = ddl_set_error(DDL_ENOMEM, "activation: out of memory for the dropout mask");
+            ddl_layer_destroy(&L);
+            return ddl_set_error(DDL_ENOMEM, "activation: out of memory for the dropout mask");
         }
-    } else {
-        st = ddl_tensor_create(dt, &L->x_shape, &m->saved);
-    }
-    if (st != DDL_OK) {
-        ddl_layer_destroy(&L);
-        return st;
     }
     *out = L;
     return DDL_OK;

@@ -42,7 +42,8 @@
 // communicators of the primitives). Forward and backward are collective over P_x;
 // ranks outside P_x hold zero-volume x and y and return at once (they belong to no
 // group of this layer). Forward and backward allocate nothing: every plan and buffer
-// is built in create.
+// is built in create. Backward reads the caller's x of the last forward by reference,
+// not from a copy (the saved-tensor contract of ddl/layers.h).
 #include <math.h>
 #include <string.h>
 
@@ -72,7 +73,7 @@ typedef struct bn_impl {
     ddl_tensor_t     *loc2, *red2;   // [2 C_loc] f64: [s1 | s2] local, reduced (P_sum)
     ddl_tensor_t     *g2;            // [2 C_loc] f64: [s1 | s2] global, on every P_x rank
     ddl_tensor_t     *ab_src, *ab;   // [2 C_loc] dt: gamma | beta on P_sum, on P_x
-    ddl_tensor_t     *x_saved;       // x of the last forward (x_shape)
+    const void       *x_saved;       // the caller's x of the last forward (not a copy)
     ddl_tensor_t     *run_mean, *run_var;  // [C_loc] dt
     bool              have_forward;  // a forward has run (backward needs its state)
     bool              batch_stats;   // the last forward normalized with batch statistics
@@ -131,7 +132,7 @@ static ddl_status bn_forward(ddl_layer_t *L, const ddl_tensor_t *x, ddl_tensor_t
         return DDL_OK;
     }
     ddl_dtype dt = L->dt;
-    DDL_CHECK(ddl_tensor_copy(x, b->x_saved));
+    b->x_saved   = x->data;  // the caller keeps x unchanged until backward (layers.h)
     double *mean = f64(b->mean), *invstd = f64(b->invstd);
     if (L->training) {
         DDL_CHECK(ddl_batchnorm_sum(dt, f64(b->loc1), x->data, b->N, b->C, b->S));
@@ -185,7 +186,7 @@ static ddl_status bn_backward(ddl_layer_t *L, const ddl_tensor_t *dy, ddl_tensor
     bool          reduce = b->batch_stats || b->affine;
     if (reduce) {
         // Local [s1 | s2], summed onto P_sum: the parameter gradients there.
-        DDL_CHECK(ddl_batchnorm_backward_reduce(dt, s, s + b->C, dy->data, b->x_saved->data, mean,
+        DDL_CHECK(ddl_batchnorm_backward_reduce(dt, s, s + b->C, dy->data, b->x_saved, mean,
                                                 invstd, b->N, b->C, b->S));
         DDL_CHECK(ddl_sum_reduce_forward(b->sr2, b->loc2, b->red2));
         if (b->root && b->affine) {
@@ -198,11 +199,11 @@ static ddl_status bn_backward(ddl_layer_t *L, const ddl_tensor_t *dy, ddl_tensor
     if (b->batch_stats) {
         DDL_CHECK(ddl_broadcast_forward(b->bc2, b->red2, b->g2));
         const double *g = f64(b->g2);
-        DDL_CHECK(ddl_batchnorm_backward_apply(dt, dx->data, dy->data, b->x_saved->data, mean,
+        DDL_CHECK(ddl_batchnorm_backward_apply(dt, dx->data, dy->data, b->x_saved, mean,
                                                invstd, gamma_of(b), g, g + b->C, b->V, b->N,
                                                b->C, b->S));
     } else {
-        DDL_CHECK(ddl_batchnorm_backward_apply(dt, dx->data, dy->data, b->x_saved->data, mean,
+        DDL_CHECK(ddl_batchnorm_backward_apply(dt, dx->data, dy->data, b->x_saved, mean,
                                                invstd, gamma_of(b), NULL, NULL, b->V, b->N,
                                                b->C, b->S));
     }
@@ -224,7 +225,7 @@ static void bn_destroy(ddl_layer_t *L)
     ddl_broadcast_destroy(&b->bc_affine);
     ddl_tensor_t **ts[] = {&b->loc1, &b->red1,   &b->mean,    &b->var,      &b->invstd,
                            &b->loc2, &b->red2,   &b->g2,      &b->ab_src,   &b->ab,
-                           &b->x_saved, &b->run_mean, &b->run_var};
+                           &b->run_mean, &b->run_var};
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) {
         ddl_tensor_destroy(ts[i]);
     }
@@ -355,7 +356,6 @@ ddl_status ddl_batchnorm_create(const ddl_partition_t *P_x, ddl_dtype dt,
     DDL_CHECK_GOTO(vec(DDL_F64, 2 * Cx, &b->g2), st, fail);
     DDL_CHECK_GOTO(vec(dt, affine ? 2 * Cr : 0, &b->ab_src), st, fail);
     DDL_CHECK_GOTO(vec(dt, affine ? 2 * Cx : 0, &b->ab), st, fail);
-    DDL_CHECK_GOTO(ddl_tensor_create(dt, &L->x_shape, &b->x_saved), st, fail);
     DDL_CHECK_GOTO(vec(dt, Cx, &b->run_mean), st, fail);
     DDL_CHECK_GOTO(vec(dt, Cx, &b->run_var), st, fail);
     for (int64_t c = 0; c < Cx; c++) {

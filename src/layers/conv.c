@@ -51,6 +51,12 @@
 // Collective over the union of P_x, P_y and P_w (create, forward and backward); ranks
 // outside them hold zero-volume x and y and return at once. Forward and backward
 // allocate nothing: every plan, buffer and workspace is built by ddl_conv_create.
+//
+// Saved input. Backward needs the conv input block of the last forward (for dw). When
+// the layer builds that block itself (halo buffer or crop, broadcast block, envelope)
+// it is the layer's buffer; when the kernel reads x as it is (the feature layer
+// without a halo: one rank) backward reads the caller's x by reference, not a copy (the
+// saved-tensor contract of ddl/layers.h).
 #include <stdio.h>
 #include <string.h>
 
@@ -84,7 +90,7 @@ typedef struct conv_impl {
     ddl_partition_t *P_wr_own, *P_br_own, *P_b_own;
 
     // Input side on P_x: padded buffers of the halo exchange, and a staging block (the
-    // needed crop, a copy of x, or an envelope) with its gradient twin.
+    // needed crop, or an envelope) with its gradient twin.
     ddl_halo_exchange_t *halo;
     ddl_tensor_t        *xbuf, *dxbuf;
     ddl_box              bulk, need;
@@ -109,7 +115,9 @@ typedef struct conv_impl {
     ddl_conv_geom g;
     void         *ws;
     size_t        ws_bytes;
-    const void   *conv_in;    // the input block the kernel reads (plan-owned)
+    const void   *conv_in;    // the input block the kernel reads: plan-owned, or the
+                              // caller's x of the last forward (feature layer, no halo)
+    bool          have_forward;  // a forward has run (backward needs its state)
 } conv_impl;
 
 // ---- configuration -------------------------------------------------------------
@@ -423,6 +431,8 @@ static ddl_status input_block(conv_impl *m, ddl_dtype dt, const ddl_tensor_t *x,
         }
         *out = m->x_staged ? m->xstage->data : m->xbuf->data;
     } else if (m->in_x) {
+        // Without a halo only an envelope (a fan whose blocks differ in size) needs a
+        // staged copy; otherwise x itself is handed on (and kept by reference).
         if (m->x_staged) {
             memcpy(m->xstage->data, x->data, (size_t)m->nx_blk * ddl_dtype_size(dt));
         }
@@ -443,8 +453,12 @@ static ddl_status conv_forward(ddl_layer_t *L, const ddl_tensor_t *x, ddl_tensor
     if (m->b_bc != NULL) {
         DDL_CHECK(ddl_broadcast_forward(m->b_bc, pb->value, m->b));
     }
+    m->have_forward = true;
     const void *xin;
     DDL_CHECK(input_block(m, dt, x, &xin));
+    if (m->x_bc == NULL) {
+        m->conv_in = xin;  // the feature layer convolves its own input block
+    }
     // Down the co dimension of P_w.
     if (m->x_bc != NULL) {
         ddl_tensor_t in = flat(dt, m->nx_root, xin), to = flat(dt, m->nx_leaf, m->xw->data);
@@ -479,6 +493,7 @@ static ddl_status conv_backward(ddl_layer_t *L, const ddl_tensor_t *dy, ddl_tens
     ddl_dtype  dt = L->dt;
     ddl_param *pw = &L->params[0], *pb = m->c.bias ? &L->params[1] : NULL;
     bool       fan = m->x_bc != NULL;
+    DDL_REQUIRE(m->have_forward, DDL_EINVAL, "%s: backward called before any forward", L->kind);
 
     // dy back onto P_w (R* broadcasts over ci).
     const void *gy = dy->data;
@@ -749,16 +764,16 @@ static ddl_status conv_setup(ddl_layer_t *L, conv_impl *m, const ddl_partition_t
         }
     }
 
-    // 6. Staging on P_x: the needed crop (halo layouts, unless it is the whole buffer), a
-    //    copy of x the feature layer keeps for its backward (no halo), or an envelope.
+    // 6. Staging on P_x: the needed crop (halo layouts, unless it is the whole buffer), or
+    //    an envelope. The feature layer without a halo reads x itself (no copy).
     bool need_whole = m->halo != NULL && box_is_full(&m->need, &m->xbuf->shape);
     if (m->in_x) {
         if (c->halo) {
             m->x_staged  = !need_whole || x_env;
             m->dx_staged = m->x_staged;
         } else {
-            m->x_staged  = !fan || x_env;
-            m->dx_staged = fan && x_env;
+            m->x_staged  = fan && x_env;
+            m->dx_staged = m->x_staged;
         }
     }
     int64_t cap = m->nx_blk > m->nx_root ? m->nx_blk : m->nx_root;
@@ -792,12 +807,10 @@ static ddl_status conv_setup(ddl_layer_t *L, conv_impl *m, const ddl_partition_t
                 }
             }
         }
+        // The feature layer's block is set by every forward (xstage, the halo buffer when
+        // needed whole, or the caller's x).
         if (fan) {
             m->conv_in = m->xw->data;
-        } else if (m->x_staged) {
-            m->conv_in = m->xstage->data;
-        } else {
-            m->conv_in = m->xbuf->data;  // a halo buffer that is needed whole
         }
     }
     // The feature layer writes its output in place: its block must be y's local shape.

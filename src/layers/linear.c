@@ -30,6 +30,14 @@
 // tail is never read. When a rank's block already has the padded shape, the caller's
 // tensor is used directly and nothing is copied.
 //
+// Saved input. Backward needs the x block of the last forward (for dW): the broadcast
+// block xw, which the layer owns. But when P_w has one row (P_fo = 1) holding the ranks
+// of P_x in the same order, Bc only hands every x_c to its own rank, and xw would be a
+// mere copy of x. Then no Bc plan is made: the kernel reads the caller's x, which
+// backward reads again by reference (the saved-tensor contract of ddl/layers.h), and
+// backward writes dx directly (Bc* is the identity too). The test depends on the
+// partitions only, so every rank takes the same path.
+//
 // Collectivity: create is collective over P_x ∪ P_w ∪ P_y (plan communicators);
 // forward and backward are collective over the broadcast/reduce groups. Ranks outside
 // every partition hold zero-volume x and y and make no MPI call. Forward and backward
@@ -47,11 +55,15 @@ typedef struct linear_impl {
     bool              in_w;          // member of P_w
     bool              has_bias;      // holds a bias piece (P_w column 0, bias on)
     bool              pad_x, pad_y;  // the local x (y) block is smaller than the padded block
-    ddl_broadcast_t  *bcast_x;       // P_x -> P_w, [B, max in-piece]
+    bool              x_direct;      // Bc is the identity: no plan, x used in place
+    bool              have_forward;  // a forward has run (backward needs its state)
+    const void       *x_in;          // P_w: the x block of the last forward (xw->data, or
+                                     // the caller's x when x_direct), read by backward
+    ddl_broadcast_t  *bcast_x;       // P_x -> P_w, [B, max in-piece] (NULL when x_direct)
     ddl_sum_reduce_t *reduce_y;      // P_w -> P_y (transpose_src), [B, max out-piece]
     ddl_tensor_t     *xs;            // P_x: padded x (forward) / padded dx (backward)
     ddl_tensor_t     *xw;            // P_w: the broadcast x block, kept for dW
-    ddl_tensor_t     *dxw;           // P_w: the local partial dx block
+    ddl_tensor_t     *dxw;           // P_w: the local partial dx block (not when x_direct)
     ddl_tensor_t     *yw;            // P_w: the partial y block (forward) / dy block (backward)
     ddl_tensor_t     *ys;            // P_y: padded y (forward) / padded dy (backward)
 } linear_impl;
@@ -67,17 +79,23 @@ static void copy_prefix(ddl_tensor_t *dst, const ddl_tensor_t *src)
 
 static ddl_status linear_forward(ddl_layer_t *L, const ddl_tensor_t *x, ddl_tensor_t *y)
 {
-    linear_impl        *m   = L->impl;
-    const ddl_tensor_t *src = x;
-    if (m->pad_x) {
-        copy_prefix(m->xs, x);
-        src = m->xs;
+    linear_impl *m  = L->impl;
+    m->have_forward = true;
+    if (m->x_direct) {
+        m->x_in = x->data;  // kept by reference until backward (no copy)
+    } else {
+        const ddl_tensor_t *src = x;
+        if (m->pad_x) {
+            copy_prefix(m->xs, x);
+            src = m->xs;
+        }
+        DDL_CHECK(ddl_broadcast_forward(m->bcast_x, src, m->xw));
+        m->x_in = m->xw->data;
     }
-    DDL_CHECK(ddl_broadcast_forward(m->bcast_x, src, m->xw));
     if (m->in_w) {
         const void *b = m->has_bias ? L->params[1].value->data : NULL;
-        DDL_CHECK(ddl_linear_forward(L->dt, m->yw->data, m->xw->data, L->params[0].value->data,
-                                     b, m->batch, m->fi, m->fo));
+        DDL_CHECK(ddl_linear_forward(L->dt, m->yw->data, m->x_in, L->params[0].value->data, b,
+                                     m->batch, m->fi, m->fo));
     }
     ddl_tensor_t *dst = m->pad_y ? m->ys : y;
     DDL_CHECK(ddl_sum_reduce_forward(m->reduce_y, m->yw, dst));
@@ -92,17 +110,23 @@ static ddl_status linear_backward(ddl_layer_t *L, const ddl_tensor_t *dy, ddl_te
 {
     linear_impl        *m   = L->impl;
     const ddl_tensor_t *src = dy;
+    DDL_REQUIRE(m->have_forward, DDL_EINVAL, "linear: backward called before any forward");
     if (m->pad_y) {
         copy_prefix(m->ys, dy);
         src = m->ys;
     }
     DDL_CHECK(ddl_sum_reduce_adjoint(m->reduce_y, src, m->yw));
     if (m->in_w) {
-        ddl_param *w  = &L->params[0];
-        void      *db = m->has_bias ? L->params[1].grad->data : NULL;
-        ddl_tensor_zero(m->dxw);
-        DDL_CHECK(ddl_linear_backward(L->dt, m->dxw->data, w->grad->data, db, m->yw->data,
-                                      m->xw->data, w->value->data, m->batch, m->fi, m->fo));
+        // x_direct: this rank's dx block is its whole partial dx (Bc* is the identity).
+        ddl_param    *w   = &L->params[0];
+        void         *db  = m->has_bias ? L->params[1].grad->data : NULL;
+        ddl_tensor_t *gxw = m->x_direct ? dx : m->dxw;
+        ddl_tensor_zero(gxw);
+        DDL_CHECK(ddl_linear_backward(L->dt, gxw->data, w->grad->data, db, m->yw->data, m->x_in,
+                                      w->value->data, m->batch, m->fi, m->fo));
+    }
+    if (m->x_direct) {
+        return DDL_OK;
     }
     ddl_tensor_t *dst = m->pad_x ? m->xs : dx;
     DDL_CHECK(ddl_broadcast_adjoint(m->bcast_x, m->dxw, dst));
@@ -223,22 +247,32 @@ ddl_status ddl_linear_create(const ddl_partition_t *P_x, const ddl_partition_t *
                        st, fail);
     }
 
+    // Is Bc the identity (one row of P_w on the ranks of P_x, in order)? The same answer
+    // on every rank: partition shapes and ranks are known everywhere.
+    m->x_direct = sw[0] == 1;
+    for (int c = 0; c < sw[1] && m->x_direct; c++) {
+        m->x_direct = ddl_partition_ranks(P_x)[c] == ddl_partition_ranks(P_w)[c];
+    }
+
     // Plans on padded blocks (see the file comment). Piece 0 is the largest.
     int64_t   fi_max = ddl_decomp_size(in_features, sw[1], 0);
     int64_t   fo_max = ddl_decomp_size(out_features, sw[0], 0);
     ddl_shape xblk   = ddl_shape_make(2, (int64_t[]){batch, fi_max});
     ddl_shape yblk   = ddl_shape_make(2, (int64_t[]){batch, fo_max});
-    DDL_CHECK_GOTO(ddl_broadcast_create(P_x, P_w, false, false, dt, &xblk, &m->bcast_x), st,
-                   fail);
+    ddl_shape none   = ddl_shape_make(2, (int64_t[]){0, 0});
+    if (!m->x_direct) {
+        DDL_CHECK_GOTO(ddl_broadcast_create(P_x, P_w, false, false, dt, &xblk, &m->bcast_x), st,
+                       fail);
+    }
     DDL_CHECK_GOTO(ddl_sum_reduce_create(P_w, P_y, true, false, dt, &yblk, &m->reduce_y), st,
                    fail);
-    ddl_shape xs_shape = ddl_broadcast_x_shape(m->bcast_x);
-    ddl_shape xw_shape = ddl_broadcast_y_shape(m->bcast_x);
+    ddl_shape xs_shape = m->x_direct ? none : ddl_broadcast_x_shape(m->bcast_x);
+    ddl_shape xw_shape = m->x_direct ? none : ddl_broadcast_y_shape(m->bcast_x);
     ddl_shape yw_shape = ddl_sum_reduce_x_shape(m->reduce_y);
     ddl_shape ys_shape = ddl_sum_reduce_y_shape(m->reduce_y);
-    m->pad_x = ddl_partition_active(P_x) && !ddl_shape_equal(&L->x_shape, &xs_shape);
+    m->pad_x = !m->x_direct && ddl_partition_active(P_x) &&
+               !ddl_shape_equal(&L->x_shape, &xs_shape);
     m->pad_y = ddl_partition_active(P_y) && !ddl_shape_equal(&L->y_shape, &ys_shape);
-    ddl_shape none = ddl_shape_make(2, (int64_t[]){0, 0});
     DDL_CHECK_GOTO(ddl_tensor_create(dt, m->pad_x ? &xs_shape : &none, &m->xs), st, fail);
     DDL_CHECK_GOTO(ddl_tensor_create(dt, m->pad_y ? &ys_shape : &none, &m->ys), st, fail);
     DDL_CHECK_GOTO(ddl_tensor_create(dt, &xw_shape, &m->xw), st, fail);

@@ -41,6 +41,11 @@
 // zero-volume x, get value 0 and a zero-volume gradient, and make no MPI call
 // (DistDL crashes there: `input.clone()` on Python's builtin). Forward and backward
 // allocate nothing.
+//
+// Saved state. Backward reads x, target and labels of the last forward through the
+// caller's pointers, not copies (the saved-tensor contract of ddl/layers.h: the caller
+// leaves them unchanged until the matching backward); the loss keeps only what it
+// computes itself (row maxima and sums for cross-entropy).
 #include <math.h>
 #include <string.h>
 
@@ -59,7 +64,8 @@ struct ddl_loss {
     ddl_shape              x_shape;   // local x (and target) shape; zero-volume outside P_x
     bool                   active;    // this rank is in P_x
     double                 norm;      // divisor of the reduced value
-    ddl_tensor_t          *xs, *ts;   // x and target saved by forward (dt)
+    bool                   have_forward;  // a forward has run (backward needs its state)
+    const void            *xs, *ts;   // the caller's x and target data of the last forward
 
     // Reduced losses: [local sum, local failures] (f64) summed onto P_x rank 0.
     ddl_partition_t       *P0;
@@ -77,7 +83,7 @@ struct ddl_loss {
     double                *gmax;      // [rows]
     ddl_all_sum_reduce_t  *rowsum;    // P_x axis 1, [2 rows] f64
     ddl_tensor_t          *stats;     // [2 rows]: sum exp(x - m) | label logit
-    int64_t               *labels;    // [rows] saved by forward
+    const int64_t         *labels;    // the caller's labels of the last forward ([rows])
     ddl_partition_t       *Pc0;       // column-0 ranks of P_x, [P_b, 1] (reduction none)
     ddl_broadcast_t       *bcast_g;   // Pc0 -> P_x of the per-row upstream gradient
     ddl_tensor_t          *grow;      // [rows] (dt) upstream gradient on every P_x rank
@@ -137,8 +143,7 @@ static ddl_status ce_setup(ddl_loss_t *l)
     size_t nr = (size_t)(l->rows > 0 ? l->rows : 1);
     l->maxbuf = ddl_malloc(sizeof(double) * (size_t)(N + 1));
     l->gmax   = ddl_malloc(sizeof(double) * nr);
-    l->labels = ddl_malloc(sizeof(int64_t) * nr);
-    if (l->maxbuf == NULL || l->gmax == NULL || l->labels == NULL) {
+    if (l->maxbuf == NULL || l->gmax == NULL) {
         return ddl_set_error(DDL_ENOMEM, "loss: out of memory");
     }
     ddl_shape ss = ddl_shape_make(1, (int64_t[]){2 * l->rows});
@@ -170,10 +175,6 @@ static ddl_status ce_setup(ddl_loss_t *l)
 static ddl_status loss_setup(ddl_loss_t *l)
 {
     const ddl_partition_t *P = l->P_x;
-    DDL_CHECK(ddl_tensor_create(l->dt, &l->x_shape, &l->xs));
-    if (l->kind != DDL_LOSS_CROSS_ENTROPY) {
-        DDL_CHECK(ddl_tensor_create(l->dt, &l->x_shape, &l->ts));
-    }
     if (l->reduction != DDL_REDUCTION_NONE) {
         int nd = ddl_partition_ndim(P);
         int r0 = ddl_partition_ranks(P)[0];
@@ -237,8 +238,6 @@ void ddl_loss_destroy(ddl_loss_t **lp)
         return;
     }
     ddl_loss_t *l = *lp;
-    ddl_tensor_destroy(&l->xs);
-    ddl_tensor_destroy(&l->ts);
     ddl_sum_reduce_destroy(&l->reduce);
     ddl_tensor_destroy(&l->part);
     ddl_tensor_destroy(&l->total);
@@ -248,7 +247,6 @@ void ddl_loss_destroy(ddl_loss_t **lp)
     }
     ddl_free(l->maxbuf);
     ddl_free(l->gmax);
-    ddl_free(l->labels);
     ddl_all_sum_reduce_destroy(&l->rowsum);
     ddl_tensor_destroy(&l->stats);
     ddl_broadcast_destroy(&l->bcast_g);
@@ -307,17 +305,16 @@ static ddl_status eloss_forward(ddl_loss_t *l, const ddl_tensor_t *x, const ddl_
 {
     DDL_CHECK(check_tensor(l, "target", target, &l->x_shape));
     int64_t n = ddl_shape_numel(&l->x_shape);
-    if (n > 0) {
-        memcpy(l->xs->data, x->data, ddl_tensor_bytes(l->xs));
-        memcpy(l->ts->data, target->data, ddl_tensor_bytes(l->ts));
-    }
+    // References for backward (a zero-volume target may be NULL: it is never read).
+    l->xs = x->data;
+    l->ts = target != NULL ? target->data : NULL;
     if (l->reduction == DDL_REDUCTION_NONE) {
         DDL_CHECK(check_tensor(l, "elementwise", elementwise, &l->x_shape));
-        return ddl_eloss_forward(l->kind, l->dt, n > 0 ? elementwise->data : NULL, NULL,
-                                 l->xs->data, l->ts->data, n);
+        return ddl_eloss_forward(l->kind, l->dt, n > 0 ? elementwise->data : NULL, NULL, l->xs,
+                                 l->ts, n);
     }
     double     local = 0.0;
-    ddl_status st    = ddl_eloss_forward(l->kind, l->dt, NULL, &local, l->xs->data, l->ts->data, n);
+    ddl_status st    = ddl_eloss_forward(l->kind, l->dt, NULL, &local, l->xs, l->ts, n);
     // Take part in the reduction whatever happened, so that no partner waits.
     DDL_CHECK(reduce_value(l, st == DDL_OK ? local : 0.0, st != DDL_OK, value));
     return st;
@@ -335,14 +332,12 @@ static ddl_status ce_forward(ddl_loss_t *l, const ddl_tensor_t *x, const int64_t
     if (l->reduction == DDL_REDUCTION_NONE && l->col0) {
         DDL_CHECK(check_tensor(l, "elementwise", elementwise, &es));
     }
-    if (ddl_tensor_bytes(l->xs) > 0) {
-        memcpy(l->xs->data, x->data, ddl_tensor_bytes(l->xs));
-    }
+    l->xs     = x->data;  // references for backward, not copies
+    l->labels = labels;
     // Local label check; the verdict travels with the row maxima.
     bool       bad = false;
     ddl_status lst = DDL_OK;
     for (int64_t b = 0; b < rows && !bad; b++) {
-        l->labels[b] = labels[b];
         if (labels[b] < 0 || labels[b] >= l->classes) {
             bad = true;
             lst = ddl_set_error(DDL_EINVAL,
@@ -355,7 +350,7 @@ static ddl_status ce_forward(ddl_loss_t *l, const ddl_tensor_t *x, const int64_t
         l->maxbuf[i] = -INFINITY;
     }
     l->maxbuf[N] = bad ? 1.0 : 0.0;
-    DDL_CHECK(ddl_cross_entropy_local_max(l->dt, l->maxbuf + l->n0, l->xs->data, rows, l->cl));
+    DDL_CHECK(ddl_cross_entropy_local_max(l->dt, l->maxbuf + l->n0, l->xs, rows, l->cl));
     DDL_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, l->maxbuf, (int)(N + 1), MPI_DOUBLE, MPI_MAX,
                                 l->comm));
     if (l->maxbuf[N] != 0.0) {
@@ -369,9 +364,9 @@ static ddl_status ce_forward(ddl_loss_t *l, const ddl_tensor_t *x, const int64_t
 
     // Sum of exponentials and the label logit, summed along the P_x row.
     double *s = l->stats->data, *z = s + rows;
-    DDL_CHECK(ddl_cross_entropy_local_sumexp(l->dt, s, l->xs->data, l->gmax, rows, l->cl));
-    DDL_CHECK(ddl_cross_entropy_local_label_logit(l->dt, z, l->xs->data, l->labels, rows, l->c0,
-                                                  l->cl, l->classes));
+    DDL_CHECK(ddl_cross_entropy_local_sumexp(l->dt, s, l->xs, l->gmax, rows, l->cl));
+    DDL_CHECK(ddl_cross_entropy_local_label_logit(l->dt, z, l->xs, l->labels, rows, l->c0, l->cl,
+                                                  l->classes));
     DDL_CHECK(ddl_all_sum_reduce_forward(l->rowsum, l->stats, l->stats));
 
     if (l->reduction == DDL_REDUCTION_NONE) {
@@ -396,6 +391,7 @@ ddl_status ddl_loss_forward(ddl_loss_t *l, const ddl_tensor_t *x, const ddl_tens
         *value = 0.0;
     }
     DDL_CHECK(check_tensor(l, "x", x, &l->x_shape));
+    l->have_forward = true;
     if (l->kind == DDL_LOSS_CROSS_ENTROPY) {
         return ce_forward(l, x, labels, value, elementwise);
     }
@@ -422,6 +418,7 @@ ddl_status ddl_loss_backward(ddl_loss_t *l, double dvalue, const ddl_tensor_t *d
                              ddl_tensor_t *dx)
 {
     DDL_REQUIRE(l != NULL, DDL_EINVAL, "loss backward: loss is NULL");
+    DDL_REQUIRE(l->have_forward, DDL_EINVAL, "loss backward: called before any forward");
     DDL_CHECK(check_tensor(l, "dx", dx, &l->x_shape));
     bool    none = l->reduction == DDL_REDUCTION_NONE;
     bool    ce   = l->kind == DDL_LOSS_CROSS_ENTROPY;
@@ -455,9 +452,9 @@ ddl_status ddl_loss_backward(ddl_loss_t *l, double dvalue, const ddl_tensor_t *d
     }
     if (ce) {
         return ddl_cross_entropy_local_backward(l->dt, n > 0 ? dx->data : NULL, g, scale,
-                                                l->xs->data, l->labels, l->gmax, l->stats->data,
+                                                l->xs, l->labels, l->gmax, l->stats->data,
                                                 l->rows, l->c0, l->cl, l->classes);
     }
-    return ddl_eloss_backward(l->kind, l->dt, n > 0 ? dx->data : NULL, g, scale, l->xs->data,
-                              l->ts->data, n);
+    return ddl_eloss_backward(l->kind, l->dt, n > 0 ? dx->data : NULL, g, scale, l->xs, l->ts,
+                              n);
 }

@@ -249,6 +249,9 @@ DDL_EXTERN ddl_shape  ddl_loss_x_shape(const ddl_loss_t *l);
 // outside P_x return at once (value 0). Data errors: a label outside [0, classes) is
 // refused with EINVAL on every rank of P_x; BCE input outside [0, 1] fails (EINVAL) on
 // the ranks holding it and, for reduced losses, on P_x rank 0, with no rank left waiting.
+// As with a layer's forward, the loss may keep references to x, target and labels
+// instead of copies: the caller must leave all three unchanged until the matching
+// ddl_loss_backward.
 DDL_EXTERN ddl_status ddl_loss_forward(ddl_loss_t *l, const ddl_tensor_t *x,
                                        const ddl_tensor_t *target, const int64_t *labels,
                                        double *value, ddl_tensor_t *elementwise);

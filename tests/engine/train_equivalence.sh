@@ -69,6 +69,11 @@ train 1 --model "$specs/lenet5-1.json" --max-steps 10 --resume-from "$tmp/r2" \
 cmp "$tmp/r4.safetensors" "$tmp/r2.safetensors"
 cmp "$tmp/r4.safetensors" "$tmp/r1.safetensors"
 echo "weights bitwise equal after 4 -> 2 -> 1"
+# Global weights exported on 4 ranks import into 1 rank and export unchanged.
+train 1 --model "$specs/lenet5-1.json" --max-steps 0 --import "$tmp/r4.safetensors" \
+    --export "$tmp/imported.safetensors" >/dev/null
+cmp "$tmp/r4.safetensors" "$tmp/imported.safetensors"
+echo "safetensors export (4 ranks) -> import (1 rank) -> export: bitwise equal"
 
 echo "== 4. a corrupted checkpoint is refused"
 step=$(cat "$tmp/r4/latest")

@@ -26,7 +26,7 @@
 #include "ddl/model.h"
 
 typedef struct options {
-    const char *model, *data, *ckpt_dir, *export_path, *resume_from;
+    const char *model, *data, *ckpt_dir, *export_path, *resume_from, *import_path;
     long long   epochs, ckpt_every, max_steps;
     bool        resume, print_steps, no_eval, ckpt_on_exit;
 } options;
@@ -39,7 +39,7 @@ static void usage(FILE *f)
           "         [--checkpoint-dir D] [--checkpoint-every K] [--checkpoint-on-exit]\n"
           "         [--resume | --resume-from CHECKPOINT]  (any world size / partitioning)\n"
           "         [--max-steps S (total optimizer steps)] [--print-steps]\n"
-          "         [--export FILE.safetensors|DIR] [--no-eval]\n",
+          "         [--import FILE.safetensors|DIR] [--export FILE.safetensors|DIR] [--no-eval]\n",
           f);
 }
 
@@ -52,7 +52,7 @@ static int parse_args(int argc, char **argv, options *o, char *err, size_t errle
         {"checkpoint-every", required_argument, 0, 'k'}, {"resume", no_argument, 0, 'r'},
         {"max-steps", required_argument, 0, 's'},      {"print-steps", no_argument, 0, 'p'},
         {"export", required_argument, 0, 'x'},         {"no-eval", no_argument, 0, 'n'},
-        {"resume-from", required_argument, 0, 'R'},    {"checkpoint-on-exit", no_argument, 0, 'E'},
+        {"resume-from", required_argument, 0, 'R'},    {"import", required_argument, 0, 'I'},    {"checkpoint-on-exit", no_argument, 0, 'E'},
         {"help", no_argument, 0, 'h'},                 {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     o->epochs    = 1;
@@ -69,6 +69,7 @@ static int parse_args(int argc, char **argv, options *o, char *err, size_t errle
         case 'r': o->resume = true; break;
         case 'R': o->resume = true; o->resume_from = optarg; break;
         case 'E': o->ckpt_on_exit = true; break;
+        case 'I': o->import_path = optarg; break;
         case 'p': o->print_steps = true; break;
         case 'n': o->no_eval = true; break;
         case 'h': return 1;
@@ -94,6 +95,10 @@ static int parse_args(int argc, char **argv, options *o, char *err, size_t errle
     }
     if (optind < argc) {
         snprintf(err, errlen, "unexpected argument \"%s\"", argv[optind]);
+        return 2;
+    }
+    if (o->import_path != NULL && o->resume) {
+        snprintf(err, errlen, "--import and --resume both set the weights; give one");
         return 2;
     }
     if (o->model == NULL || o->data == NULL) {
@@ -245,6 +250,15 @@ int main(int argc, char **argv)
         return die("building the model", st);
     }
     int64_t B = ddl_spec_batch_size(spec), epoch0 = 0, batch0 = 0;
+    if (o.import_path != NULL) {
+        st = ddl_model_import(m, o.import_path);
+        if (st != DDL_OK) {
+            return die("importing weights", st);
+        }
+        if (rank == 0) {
+            printf("imported weights from %s\n", o.import_path);
+        }
+    }
     if (o.resume) {
         char *user = NULL;
         const char *from = o.resume_from ? o.resume_from : o.ckpt_dir;

@@ -2,6 +2,7 @@
 # bench-train: LeNet-5 training throughput (batch 256, f32) of distdl-c at np 1, 2 and 4
 # next to PyTorch on the same network and data with the same total thread count,
 # measured in the same run. Prints images/s and the ratio distdl-c / PyTorch.
+# Raw worker output goes to $BENCH_LOG when set.
 # Usage: bench-train [STEPS]   (from the build directory's bin/; PyTorch from Debian's
 # python3-torch: apt-get install python3-torch)
 set -euo pipefail
@@ -14,17 +15,17 @@ cores=$(nproc)
 rate() { sed -n 's/.*images_per_s \([0-9.]*\).*/\1/p'; }
 div() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
 echo "bench-train: LeNet-5, batch 256, f32, $steps timed steps, $cores cores"
-t1=$(/usr/bin/python3 "$src/tests/bench/lenet_torch.py" 256 "$steps" 1 | tee /dev/stderr | rate)
-tn=$(/usr/bin/python3 "$src/tests/bench/lenet_torch.py" 256 "$steps" "$cores" | tee /dev/stderr | rate)
+t1=$(/usr/bin/python3 "$src/tests/bench/lenet_torch.py" 256 "$steps" 1 | tee -a "${BENCH_LOG:-/dev/null}" | rate)
+tn=$(/usr/bin/python3 "$src/tests/bench/lenet_torch.py" 256 "$steps" "$cores" | tee -a "${BENCH_LOG:-/dev/null}" | rate)
 for np in 1 2 4; do
     r=$(OPENBLAS_NUM_THREADS=1 "${mpi[@]}" -np $np "$here/bench-train-worker" \
-        --model "$src/deploy/specs/lenet5-$np.json" --batch 256 --steps "$steps" | tee /dev/stderr | rate)
+        --model "$src/deploy/specs/lenet5-$np.json" --batch 256 --steps "$steps" | tee -a "${BENCH_LOG:-/dev/null}" | rate)
     printf "distdl-c np=%d (1 BLAS thread/rank): %8.1f img/s   PyTorch 1 thread: %8.1f   ratio %s   PyTorch %d threads: %8.1f   ratio %s\n" \
         $np "$r" "$t1" "$(div "$r" "$t1")" "$cores" "$tn" "$(div "$r" "$tn")"
 done
 if [ "$cores" -gt 1 ]; then
-    r=$("${mpi[@]}" -np 1 "$here/bench-train-worker" --model "$src/deploy/specs/lenet5-1.json" \
-        --batch 256 --steps "$steps" | tee /dev/stderr | rate)
+    r=$("${mpi[@]}" --bind-to none -np 1 "$here/bench-train-worker" --model "$src/deploy/specs/lenet5-1.json" \
+        --batch 256 --steps "$steps" | tee -a "${BENCH_LOG:-/dev/null}" | rate)
     printf "distdl-c np=1 (%d BLAS threads): %8.1f img/s   PyTorch %d threads: %8.1f   ratio %s\n" \
         "$cores" "$r" "$cores" "$tn" "$(div "$r" "$tn")"
 fi

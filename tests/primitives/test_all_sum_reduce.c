@@ -18,49 +18,6 @@
 
 static int world_size;
 
-static ddl_tensor_t *make(ddl_dtype dt, const ddl_shape *s, double fill)
-{
-    ddl_tensor_t *t = NULL;
-    ASSERT_OK(ddl_tensor_create(dt, s, &t));
-    for (int64_t i = 0; i < ddl_tensor_numel(t); i++) {
-        ddl_tensor_set(t, i, fill);
-    }
-    return t;
-}
-
-// An output tensor whose data is followed by guard elements, to catch writes past
-// its end (e.g. a chunk loop running over). Free with free_guarded.
-#define NGUARD 16
-static ddl_tensor_t *make_guarded(ddl_dtype dt, const ddl_shape *s, double fill)
-{
-    int64_t n   = ddl_shape_numel(s);
-    void   *buf = ddl_malloc((size_t)(n + NGUARD) * ddl_dtype_size(dt));
-    ASSERT_TRUE(buf != NULL);
-    ddl_tensor_t *t = NULL, *all = NULL;
-    ddl_shape     whole = ddl_shape_make(1, (int64_t[]){n + NGUARD});
-    ASSERT_OK(ddl_tensor_view(dt, s, buf, &t));
-    ASSERT_OK(ddl_tensor_view(dt, &whole, buf, &all));
-    for (int64_t i = 0; i < n + NGUARD; i++) {
-        ddl_tensor_set(all, i, i < n ? fill : -12345.0);
-    }
-    ddl_tensor_destroy(&all);
-    return t;
-}
-
-static void free_guarded(ddl_tensor_t **t)
-{
-    int64_t       n     = ddl_tensor_numel(*t);
-    ddl_shape     whole = ddl_shape_make(1, (int64_t[]){n + NGUARD});
-    ddl_tensor_t *all   = NULL;
-    ASSERT_OK(ddl_tensor_view((*t)->dtype, &whole, (*t)->data, &all));
-    for (int64_t i = n; i < n + NGUARD; i++) {
-        ASSERT_NEAR(ddl_tensor_get(all, i), -12345.0, 0.0);
-    }
-    ddl_tensor_destroy(&all);
-    ddl_free((*t)->data);
-    ddl_tensor_destroy(t);
-}
-
 // Base rank r's pattern: 100(r+1) + i.
 static void fill_pattern(ddl_tensor_t *t, int r)
 {
@@ -95,8 +52,8 @@ static void run_case(int first, int ndim, const int *pshape, unsigned mask, ddl_
     double rtol = dt == DDL_F64 ? 1e-15 : 1e-6;
 
     // DistDL's exact values.
-    ddl_tensor_t *x = make(dt, &ls, 10.0), *y = make_guarded(dt, &ls, -7.0);
-    ddl_tensor_t *dy = make(dt, &ls, 0.1), *dx = make_guarded(dt, &ls, -7.0);
+    ddl_tensor_t *x = ddl_test_filled(dt, &ls, 10.0), *y = ddl_test_guarded(dt, &ls, -7.0);
+    ddl_tensor_t *dy = ddl_test_filled(dt, &ls, 0.1), *dx = ddl_test_guarded(dt, &ls, -7.0);
     uint64_t      a0 = ddl_alloc_count();
     ASSERT_OK(ddl_all_sum_reduce_forward(a, x, y));
     ASSERT_OK(ddl_all_sum_reduce_adjoint(a, dy, dx));
@@ -153,8 +110,8 @@ static void run_case(int first, int ndim, const int *pshape, unsigned mask, ddl_
         }
     }
     ddl_tensor_destroy(&x);
-    free_guarded(&y);
-    free_guarded(&dx);
+    ddl_test_free_guarded(&y);
+    ddl_test_free_guarded(&dx);
     ddl_tensor_destroy(&dy);
     ddl_all_sum_reduce_destroy(&a);
     ASSERT_TRUE(a == NULL);
@@ -229,13 +186,13 @@ static void test_invalid(void)
     // ranks cannot strand others.
     ASSERT_OK(ddl_all_sum_reduce_create(P, 3, (int[]){0, 1, 2}, DDL_F64, &S, &a));
     ddl_shape     ls  = ddl_all_sum_reduce_shape(a);
-    ddl_tensor_t *x   = make(DDL_F64, &ls, 1.0);
-    ddl_tensor_t *y32 = make(DDL_F32, &ls, 0.0);
+    ddl_tensor_t *x   = ddl_test_filled(DDL_F64, &ls, 1.0);
+    ddl_tensor_t *y32 = ddl_test_filled(DDL_F32, &ls, 0.0);
     ASSERT_STATUS(ddl_all_sum_reduce_forward(a, x, y32), DDL_ESHAPE);
     ASSERT_STATUS(ddl_all_sum_reduce_adjoint(a, y32, x), DDL_ESHAPE);
     if (ddl_partition_active(P)) {
         ddl_shape     w  = ddl_shape_make(2, (int64_t[]){4, 3});
-        ddl_tensor_t *yw = make(DDL_F64, &w, 0.0);
+        ddl_tensor_t *yw = ddl_test_filled(DDL_F64, &w, 0.0);
         ASSERT_STATUS(ddl_all_sum_reduce_forward(a, x, yw), DDL_ESHAPE);
         ASSERT_TRUE(strstr(ddl_last_error(), "[4, 3]") != NULL);
         ddl_tensor_destroy(&yw);

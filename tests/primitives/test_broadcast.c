@@ -100,49 +100,6 @@ static const layout layouts[] = {
 
 // ---- helpers -----------------------------------------------------------------
 
-static ddl_tensor_t *make(ddl_dtype dt, const ddl_shape *s, double fill)
-{
-    ddl_tensor_t *t = NULL;
-    ASSERT_OK(ddl_tensor_create(dt, s, &t));
-    for (int64_t i = 0; i < ddl_tensor_numel(t); i++) {
-        ddl_tensor_set(t, i, fill);
-    }
-    return t;
-}
-
-// An output tensor whose data is followed by guard elements, to catch writes past
-// its end (e.g. a chunk loop running over). Free with free_guarded.
-#define NGUARD 16
-static ddl_tensor_t *make_guarded(ddl_dtype dt, const ddl_shape *s, double fill)
-{
-    int64_t n   = ddl_shape_numel(s);
-    void   *buf = ddl_malloc((size_t)(n + NGUARD) * ddl_dtype_size(dt));
-    ASSERT_TRUE(buf != NULL);
-    ddl_tensor_t *t = NULL, *all = NULL;
-    ddl_shape     whole = ddl_shape_make(1, (int64_t[]){n + NGUARD});
-    ASSERT_OK(ddl_tensor_view(dt, s, buf, &t));
-    ASSERT_OK(ddl_tensor_view(dt, &whole, buf, &all));
-    for (int64_t i = 0; i < n + NGUARD; i++) {
-        ddl_tensor_set(all, i, i < n ? fill : -12345.0);
-    }
-    ddl_tensor_destroy(&all);
-    return t;
-}
-
-static void free_guarded(ddl_tensor_t **t)
-{
-    int64_t       n     = ddl_tensor_numel(*t);
-    ddl_shape     whole = ddl_shape_make(1, (int64_t[]){n + NGUARD});
-    ddl_tensor_t *all   = NULL;
-    ASSERT_OK(ddl_tensor_view((*t)->dtype, &whole, (*t)->data, &all));
-    for (int64_t i = n; i < n + NGUARD; i++) {
-        ASSERT_NEAR(ddl_tensor_get(all, i), -12345.0, 0.0);
-    }
-    ddl_tensor_destroy(&all);
-    ddl_free((*t)->data);
-    ddl_tensor_destroy(t);
-}
-
 // The value pattern of base rank r: 1000(r+1) + i (exact in f32 for these sizes).
 static void fill_pattern(ddl_tensor_t *t, int r)
 {
@@ -177,8 +134,8 @@ static void run_layout(const layout *L, ddl_dtype dt, const ddl_shape *S)
     // Adjoint test; y and dx start as garbage that must be overwritten.
     ddl_tensor_t *x  = ddl_test_random(dt, &xs, 101);
     ddl_tensor_t *dy = ddl_test_random(dt, &ys, 202);
-    ddl_tensor_t *y  = make_guarded(dt, &ys, 1e3);
-    ddl_tensor_t *dx = make_guarded(dt, &xs, -1e3);
+    ddl_tensor_t *y  = ddl_test_guarded(dt, &ys, 1e3);
+    ddl_tensor_t *dx = ddl_test_guarded(dt, &xs, -1e3);
     uint64_t      a0 = ddl_alloc_count();
     ASSERT_OK(ddl_broadcast_forward(b, x, y));
     ASSERT_OK(ddl_broadcast_adjoint(b, dy, dx));
@@ -217,8 +174,8 @@ static void run_layout(const layout *L, ddl_dtype dt, const ddl_shape *S)
         }
     }
     ddl_tensor_destroy(&x);
-    free_guarded(&y);
-    free_guarded(&dx);
+    ddl_test_free_guarded(&y);
+    ddl_test_free_guarded(&dx);
     ddl_tensor_destroy(&dy);
     ddl_broadcast_destroy(&b);
     ASSERT_TRUE(b == NULL);
@@ -333,14 +290,14 @@ static void test_bad_tensors(void)
     ddl_broadcast_t *b = NULL;
     ASSERT_OK(ddl_broadcast_create(P, P, false, false, DDL_F64, &S, &b));
     ddl_shape     xs = ddl_broadcast_x_shape(b);
-    ddl_tensor_t *x = make(DDL_F64, &xs, 1.0), *y = make(DDL_F64, &xs, 0.0);
-    ddl_tensor_t *y32 = make(DDL_F32, &xs, 0.0);
+    ddl_tensor_t *x = ddl_test_filled(DDL_F64, &xs, 1.0), *y = ddl_test_filled(DDL_F64, &xs, 0.0);
+    ddl_tensor_t *y32 = ddl_test_filled(DDL_F32, &xs, 0.0);
     ASSERT_STATUS(ddl_broadcast_forward(b, x, y32), DDL_ESHAPE);
     ASSERT_STATUS(ddl_broadcast_adjoint(b, y32, x), DDL_ESHAPE);
     ASSERT_STATUS(ddl_broadcast_forward(b, x, NULL), DDL_EINVAL);
     if (ddl_partition_active(P)) {
         ddl_shape     w  = ddl_shape_make(2, (int64_t[]){3, 2});
-        ddl_tensor_t *yw = make(DDL_F64, &w, 0.0);
+        ddl_tensor_t *yw = ddl_test_filled(DDL_F64, &w, 0.0);
         ASSERT_STATUS(ddl_broadcast_forward(b, x, yw), DDL_ESHAPE);
         ASSERT_TRUE(strstr(ddl_last_error(), "[3, 2]") != NULL);
         ASSERT_TRUE(strstr(ddl_last_error(), "[2, 3]") != NULL);
@@ -373,12 +330,12 @@ static void test_in_place(void)
     ddl_shape        S = ddl_shape_make(1, (int64_t[]){33});
     ddl_broadcast_t *b = NULL;
     ASSERT_OK(ddl_broadcast_create(Px, Py, false, false, DDL_F64, &S, &b));
-    ddl_tensor_t *buf = make(DDL_F64, &S, 0.0);
+    ddl_tensor_t *buf = ddl_test_filled(DDL_F64, &S, 0.0);
     for (int i = 0; i < 33; i++) {
         ddl_tensor_set(buf, i, ddl_test_rank == 0 ? i + 0.5 : -1.0);
     }
     ddl_shape     xs = ddl_broadcast_x_shape(b);
-    ddl_tensor_t *x  = ddl_test_rank == 0 ? buf : make(DDL_F64, &xs, 0.0);
+    ddl_tensor_t *x  = ddl_test_rank == 0 ? buf : ddl_test_filled(DDL_F64, &xs, 0.0);
     ASSERT_OK(ddl_broadcast_forward(b, x, buf));
     for (int i = 0; i < 33; i++) {
         ASSERT_EQ(ddl_tensor_get(buf, i), i + 0.5);

@@ -102,49 +102,6 @@ static const layout layouts[] = {
 
 // ---- helpers -----------------------------------------------------------------
 
-static ddl_tensor_t *make(ddl_dtype dt, const ddl_shape *s, double fill)
-{
-    ddl_tensor_t *t = NULL;
-    ASSERT_OK(ddl_tensor_create(dt, s, &t));
-    for (int64_t i = 0; i < ddl_tensor_numel(t); i++) {
-        ddl_tensor_set(t, i, fill);
-    }
-    return t;
-}
-
-// An output tensor whose data is followed by guard elements, to catch writes past
-// its end (e.g. a chunk loop running over). Free with free_guarded.
-#define NGUARD 16
-static ddl_tensor_t *make_guarded(ddl_dtype dt, const ddl_shape *s, double fill)
-{
-    int64_t n   = ddl_shape_numel(s);
-    void   *buf = ddl_malloc((size_t)(n + NGUARD) * ddl_dtype_size(dt));
-    ASSERT_TRUE(buf != NULL);
-    ddl_tensor_t *t = NULL, *all = NULL;
-    ddl_shape     whole = ddl_shape_make(1, (int64_t[]){n + NGUARD});
-    ASSERT_OK(ddl_tensor_view(dt, s, buf, &t));
-    ASSERT_OK(ddl_tensor_view(dt, &whole, buf, &all));
-    for (int64_t i = 0; i < n + NGUARD; i++) {
-        ddl_tensor_set(all, i, i < n ? fill : -12345.0);
-    }
-    ddl_tensor_destroy(&all);
-    return t;
-}
-
-static void free_guarded(ddl_tensor_t **t)
-{
-    int64_t       n     = ddl_tensor_numel(*t);
-    ddl_shape     whole = ddl_shape_make(1, (int64_t[]){n + NGUARD});
-    ddl_tensor_t *all   = NULL;
-    ASSERT_OK(ddl_tensor_view((*t)->dtype, &whole, (*t)->data, &all));
-    for (int64_t i = n; i < n + NGUARD; i++) {
-        ASSERT_NEAR(ddl_tensor_get(all, i), -12345.0, 0.0);
-    }
-    ddl_tensor_destroy(&all);
-    ddl_free((*t)->data);
-    ddl_tensor_destroy(t);
-}
-
 // The value pattern of base rank r: 1000(r+1) + i (exact in f32 for these sizes).
 static void fill_pattern(ddl_tensor_t *t, int r)
 {
@@ -184,8 +141,8 @@ static void check_against_broadcast(const ddl_partition_t *Px, const ddl_partiti
     ASSERT_TRUE(ddl_shape_equal(&xs, &by) && ddl_shape_equal(&ys, &bx));
     double        rtol = dt == DDL_F64 ? 1e-14 : 1e-6;
     ddl_tensor_t *x = ddl_test_random(dt, &xs, 303), *dy = ddl_test_random(dt, &ys, 404);
-    ddl_tensor_t *y1 = make(dt, &ys, 0), *y2 = make(dt, &ys, 0);
-    ddl_tensor_t *dx1 = make(dt, &xs, 0), *dx2 = make(dt, &xs, 0);
+    ddl_tensor_t *y1 = ddl_test_filled(dt, &ys, 0), *y2 = ddl_test_filled(dt, &ys, 0);
+    ddl_tensor_t *dx1 = ddl_test_filled(dt, &xs, 0), *dx2 = ddl_test_filled(dt, &xs, 0);
     ASSERT_OK(ddl_sum_reduce_forward(r, x, y1));
     ASSERT_OK(ddl_broadcast_adjoint(b, x, y2));
     assert_close(y1, y2, rtol);
@@ -216,8 +173,8 @@ static void run_layout(const layout *L, ddl_dtype dt, const ddl_shape *S)
     // Adjoint test; y and dx start as garbage that must be overwritten.
     ddl_tensor_t *x  = ddl_test_random(dt, &xs, 101);
     ddl_tensor_t *dy = ddl_test_random(dt, &ys, 202);
-    ddl_tensor_t *y  = make_guarded(dt, &ys, 1e3);
-    ddl_tensor_t *dx = make_guarded(dt, &xs, -1e3);
+    ddl_tensor_t *y  = ddl_test_guarded(dt, &ys, 1e3);
+    ddl_tensor_t *dx = ddl_test_guarded(dt, &xs, -1e3);
     uint64_t      a0 = ddl_alloc_count();
     ASSERT_OK(ddl_sum_reduce_forward(r, x, y));
     ASSERT_OK(ddl_sum_reduce_adjoint(r, dy, dx));
@@ -259,8 +216,8 @@ static void run_layout(const layout *L, ddl_dtype dt, const ddl_shape *S)
         check_against_broadcast(Px, Py, r, dt, S);
     }
     ddl_tensor_destroy(&x);
-    free_guarded(&y);
-    free_guarded(&dx);
+    ddl_test_free_guarded(&y);
+    ddl_test_free_guarded(&dx);
     ddl_tensor_destroy(&dy);
     ddl_sum_reduce_destroy(&r);
     ASSERT_TRUE(r == NULL);

@@ -1,6 +1,7 @@
 // tests/support/mpi_test.c: shared MPI test helpers.
 #include <math.h>
 
+#include "ddl/base.h"
 #include "mpi_test.h"
 
 void ddl_test_mpi_init(int *argc, char ***argv)
@@ -70,4 +71,47 @@ ddl_tensor_t *ddl_test_random(ddl_dtype dt, const ddl_shape *shape, uint64_t see
     ASSERT_OK(ddl_tensor_create(dt, shape, &t));
     ddl_tensor_fill_uniform(t, seed, (uint64_t)(ddl_test_rank + 1));
     return t;
+}
+
+ddl_tensor_t *ddl_test_filled(ddl_dtype dt, const ddl_shape *shape, double fill)
+{
+    ddl_tensor_t *t = NULL;
+    ASSERT_OK(ddl_tensor_create(dt, shape, &t));
+    for (int64_t i = 0; i < ddl_tensor_numel(t); i++) {
+        ddl_tensor_set(t, i, fill);
+    }
+    return t;
+}
+
+#define NGUARD 16
+#define GUARD  -12345.0
+
+ddl_tensor_t *ddl_test_guarded(ddl_dtype dt, const ddl_shape *shape, double fill)
+{
+    int64_t n   = ddl_shape_numel(shape);
+    void   *buf = ddl_malloc((size_t)(n + NGUARD) * ddl_dtype_size(dt));
+    ASSERT_TRUE(buf != NULL);
+    ddl_tensor_t *t = NULL, *all = NULL;
+    ddl_shape     whole = ddl_shape_make(1, (int64_t[]){n + NGUARD});
+    ASSERT_OK(ddl_tensor_view(dt, shape, buf, &t));
+    ASSERT_OK(ddl_tensor_view(dt, &whole, buf, &all));
+    for (int64_t i = 0; i < n + NGUARD; i++) {
+        ddl_tensor_set(all, i, i < n ? fill : GUARD);
+    }
+    ddl_tensor_destroy(&all);
+    return t;
+}
+
+void ddl_test_free_guarded(ddl_tensor_t **t)
+{
+    int64_t       n     = ddl_tensor_numel(*t);
+    ddl_shape     whole = ddl_shape_make(1, (int64_t[]){n + NGUARD});
+    ddl_tensor_t *all   = NULL;
+    ASSERT_OK(ddl_tensor_view((*t)->dtype, &whole, (*t)->data, &all));
+    for (int64_t i = n; i < n + NGUARD; i++) {
+        ASSERT_NEAR(ddl_tensor_get(all, i), GUARD, 0.0);
+    }
+    ddl_tensor_destroy(&all);
+    ddl_free((*t)->data);
+    ddl_tensor_destroy(t);
 }

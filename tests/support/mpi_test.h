@@ -32,4 +32,11 @@ ddl_partition_t *ddl_test_partition_range(int first, int ndim, const int *shape)
 // (seed mixed with this rank so ranks differ).
 ddl_tensor_t *ddl_test_random(ddl_dtype dt, const ddl_shape *shape, uint64_t seed);
 
+// A tensor of the given shape with every element set to fill.
+ddl_tensor_t *ddl_test_filled(ddl_dtype dt, const ddl_shape *shape, double fill);
+// An output tensor followed by guard elements that catch writes past its end (a chunk
+// loop running over); ddl_test_free_guarded checks the guards and frees it.
+ddl_tensor_t *ddl_test_guarded(ddl_dtype dt, const ddl_shape *shape, double fill);
+void          ddl_test_free_guarded(ddl_tensor_t **t);
+
 #endif // DDL_MPI_TEST_H

@@ -281,9 +281,10 @@ void ddl_model_destroy(ddl_model_t **mp)
 
 // ---- a step ----------------------------------------------------------------------
 
-// Rank 0's batch (x: [batch, sample...]) into the input partition; labels to every
-// rank and this rank's rows of them.
-static ddl_status stage_input(ddl_model_t *m, const void *x, const int64_t *labels)
+// Rank 0's batch (x: [batch, sample...]) into the input partition; with_labels: rank 0's
+// labels to every rank and this rank's rows of them (the same choice on every rank).
+static ddl_status stage_input(ddl_model_t *m, const void *x, const int64_t *labels,
+                              bool with_labels)
 {
     const ddl_spec_t *s = m->spec;
     if (m->input_on_root) {
@@ -299,7 +300,7 @@ static ddl_status stage_input(ddl_model_t *m, const void *x, const int64_t *labe
         ddl_tensor_destroy(&gx);
         DDL_CHECK(st);
     }
-    if (labels != NULL || m->rank != 0) {
+    if (with_labels) {
         if (m->rank == 0) {
             memcpy(m->labels_all, labels, sizeof(int64_t) * (size_t)s->batch);
         }
@@ -309,6 +310,17 @@ static ddl_status stage_input(ddl_model_t *m, const void *x, const int64_t *labe
             m->labels_local[r - r0] = m->labels_all[r];
         }
     }
+    return DDL_OK;
+}
+
+// Rank 0 checks the caller's arguments and every rank learns the verdict, so a bad call
+// fails everywhere instead of leaving the other ranks in a collective.
+static ddl_status agree_args(ddl_model_t *m, bool ok, const char *what)
+{
+    int v = ok ? 1 : 0;
+    DDL_CHECK_MPI(MPI_Bcast(&v, 1, MPI_INT, 0, m->comm));
+    DDL_REQUIRE(v == 1, DDL_EINVAL, "%s: rank 0 must pass the batch%s", what,
+                strcmp(what, "predict") == 0 ? "" : " and its labels");
     return DDL_OK;
 }
 
@@ -359,9 +371,8 @@ static ddl_status count_correct(ddl_model_t *m, int64_t count, int64_t *correct)
 ddl_status ddl_model_train_step(ddl_model_t *m, const void *x, const int64_t *labels, double *loss,
                                 int64_t *correct)
 {
-    DDL_REQUIRE(m->rank != 0 || (x != NULL && labels != NULL), DDL_EINVAL,
-                "train_step: rank 0 must pass the batch and its labels");
-    DDL_CHECK(stage_input(m, x, labels));
+    DDL_CHECK(agree_args(m, m->rank != 0 || (x != NULL && labels != NULL), "train_step"));
+    DDL_CHECK(stage_input(m, x, labels, true));
     DDL_CHECK(forward(m, true));
     double value = 0.0;
     DDL_CHECK(ddl_loss_forward(m->loss, m->act[m->nlayers], NULL, m->labels_local, &value, NULL));
@@ -384,9 +395,8 @@ ddl_status ddl_model_eval(ddl_model_t *m, const void *x, const int64_t *labels, 
     DDL_REQUIRE(count >= 0 && count <= m->spec->batch, DDL_EINVAL,
                 "eval: count %lld must be in [0, batch_size %lld]", (long long)count,
                 (long long)m->spec->batch);
-    DDL_REQUIRE(m->rank != 0 || (x != NULL && labels != NULL), DDL_EINVAL,
-                "eval: rank 0 must pass the batch and its labels");
-    DDL_CHECK(stage_input(m, x, labels));
+    DDL_CHECK(agree_args(m, m->rank != 0 || (x != NULL && labels != NULL), "eval"));
+    DDL_CHECK(stage_input(m, x, labels, true));
     DDL_CHECK(forward(m, false));
     DDL_CHECK(ddl_loss_forward(m->loss_each, m->act[m->nlayers], NULL, m->labels_local, NULL,
                                m->loss_el));
@@ -407,7 +417,8 @@ ddl_status ddl_model_predict(ddl_model_t *m, const void *x, int64_t count, void 
     DDL_REQUIRE(count >= 0 && count <= m->spec->batch, DDL_EINVAL,
                 "predict: count %lld must be in [0, batch_size %lld]", (long long)count,
                 (long long)m->spec->batch);
-    DDL_CHECK(stage_input(m, x, NULL));
+    DDL_CHECK(agree_args(m, m->rank != 0 || x != NULL, "predict"));
+    DDL_CHECK(stage_input(m, x, NULL, false));
     DDL_CHECK(forward(m, false));
     int64_t unused;
     DDL_CHECK(count_correct(m, 0, &unused));

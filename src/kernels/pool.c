@@ -18,21 +18,12 @@
 
 #include "base/check.h"
 #include "ddl/kernels.h"
+#include "kernels/window.h"
 #include "kernels/dtype.h"
 
 // ---- geometry ----------------------------------------------------------------
 
 // The spatial geometry as three dimensions, the leading ones padded with extent 1.
-typedef struct sp3 {
-    int64_t in[3], k[3], s[3], p[3], d[3], out[3];
-    int64_t iv, ov, kv; // prod(in), prod(out), prod(k)
-} sp3;
-
-static bool mul_ok(int64_t a, int64_t b, int64_t *out)
-{
-    return !__builtin_mul_overflow(a, b, out);
-}
-
 ddl_status ddl_pool_geom_init(ddl_pool_geom *g, ddl_pool_mode mode, int nsp, int64_t N,
                               int64_t C, const int64_t *in, const int64_t *k,
                               const int64_t *stride, const int64_t *pad,
@@ -102,22 +93,7 @@ ddl_status ddl_pool_geom_init(ddl_pool_geom *g, ddl_pool_mode mode, int nsp, int
 
 static sp3 sp3_from(const ddl_pool_geom *g)
 {
-    sp3 sp;
-    int sh = 3 - g->nsp;
-    sp.iv = sp.ov = sp.kv = 1;
-    for (int i = 0; i < 3; i++) {
-        int j     = i - sh; // user dimension, or < 0 for a padding dimension
-        sp.in[i]  = j >= 0 ? g->in[j] : 1;
-        sp.k[i]   = j >= 0 ? g->k[j] : 1;
-        sp.s[i]   = j >= 0 ? g->s[j] : 1;
-        sp.p[i]   = j >= 0 ? g->p[j] : 0;
-        sp.d[i]   = j >= 0 ? g->d[j] : 1;
-        sp.out[i] = j >= 0 ? g->out[j] : 1;
-        sp.iv *= sp.in[i];
-        sp.ov *= sp.out[i];
-        sp.kv *= sp.k[i];
-    }
-    return sp;
+    return sp3_make(g->nsp, g->in, g->k, g->s, g->p, g->d, g->out);
 }
 
 // Re-validates g (a public struct the caller may have edited) and its workspace.

@@ -114,6 +114,20 @@ static int parse_args(int argc, char **argv, options *o, char *err, size_t errle
     return 0;
 }
 
+// The trainer's state in a checkpoint: the data cursor (the next batch to train on) and
+// the random state. Every random stream here is counter-based: the shuffle of epoch e is
+// stream e of the seed, dropout at optimizer step t draws stream t; (seed, step) is the
+// whole state.
+static void cursor_json(char *buf, size_t len, int64_t epoch, int64_t batch, uint64_t seed,
+                        int64_t step)
+{
+    snprintf(buf, len,
+             "{\"epoch\": %lld, \"batch\": %lld, \"rng\": {\"seed\": %llu, \"shuffle_stream\": "
+             "%lld, \"dropout_stream\": %lld}}",
+             (long long)epoch, (long long)batch, (unsigned long long)seed, (long long)epoch,
+             (long long)step);
+}
+
 static double now(void)
 {
     struct timespec ts;
@@ -270,10 +284,25 @@ int main(int argc, char **argv)
         } else if (st != DDL_OK) {
             return die("resuming", st);
         } else {
-            json_t *u = json_loads(user ? user : "{}", 0, NULL);
-            epoch0    = json_integer_value(json_object_get(u, "epoch"));
-            batch0    = json_integer_value(json_object_get(u, "batch"));
+            json_t *u    = json_loads(user ? user : "{}", 0, NULL);
+            epoch0       = json_integer_value(json_object_get(u, "epoch"));
+            batch0       = json_integer_value(json_object_get(u, "batch"));
+            json_t *seed = json_object_get(json_object_get(u, "rng"), "seed");
+            bool    same = seed == NULL ||
+                        (uint64_t)json_integer_value(seed) == ddl_spec_seed(spec);
+            long long was = seed ? json_integer_value(seed) : 0;
             json_decref(u);
+            if (!same) {
+                if (rank == 0) {
+                    fprintf(stderr,
+                            "distdl-train: the checkpoint was trained with seed %lld but %s has "
+                            "seed %llu; resuming would not continue the same run\n",
+                            was, o.model, (unsigned long long)ddl_spec_seed(spec));
+                }
+                ddl_free(user);
+                MPI_Finalize();
+                return 2;
+            }
             if (rank == 0) {
                 printf("resumed from %s at step %lld (epoch %lld, batch %lld)\n", from,
                        (long long)ddl_model_step(m), (long long)epoch0 + 1, (long long)batch0);
@@ -345,12 +374,9 @@ int main(int argc, char **argv)
                 progress(b + 1, steps_per_epoch, lsum / (double)(seen / B), (double)seen / (now() - t0));
             }
             if (o.ckpt_every > 0 && ddl_model_step(m) % o.ckpt_every == 0) {
-                char user[128];
-                // The cursor of the next batch to train on.
-                int64_t ne = b + 1 == steps_per_epoch ? epoch + 1 : epoch;
-                int64_t nb = b + 1 == steps_per_epoch ? 0 : b + 1;
-                snprintf(user, sizeof user, "{\"epoch\": %lld, \"batch\": %lld}", (long long)ne,
-                         (long long)nb);
+                char user[256];
+                cursor_json(user, sizeof user, cur_epoch, cur_batch, ddl_spec_seed(spec),
+                            ddl_model_step(m));
                 st = ddl_model_save(m, o.ckpt_dir, user);
                 if (st != DDL_OK) {
                     return die("writing a checkpoint", st);
@@ -379,9 +405,9 @@ int main(int argc, char **argv)
         }
     }
     if (o.ckpt_on_exit) {
-        char user[128];
-        snprintf(user, sizeof user, "{\"epoch\": %lld, \"batch\": %lld}", (long long)cur_epoch,
-                 (long long)cur_batch);
+        char user[256];
+        cursor_json(user, sizeof user, cur_epoch, cur_batch, ddl_spec_seed(spec),
+                    ddl_model_step(m));
         st = ddl_model_save(m, o.ckpt_dir, user);
         if (st != DDL_OK) {
             return die("writing the final checkpoint", st);

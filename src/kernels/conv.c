@@ -22,8 +22,21 @@
 // Small 1-D/2-D samples with stride 1 use the "wide" layout instead of runs (see
 // conv_forward_wide): one padded copy of the sample, then one contiguous slice per column
 // row; the workspace then also holds that padded sample.
-// Not collective; allocates nothing.
+//
+// Threads: OpenBLAS parallelises each GEMM, but these GEMMs are mid-sized and many, so its
+// threads spend their time waiting between them while im2col/col2im run on one core. When
+// the BLAS may use T > 1 threads (ddl_blas_set_threads) and the batch has enough
+// independent blocks and work, the block loop is split instead: T threads (the caller and
+// T - 1 pthreads) each take a fixed contiguous range of blocks, with their own im2col
+// workspace and (backward) their own dW accumulator, while the BLAS runs single-threaded
+// (set to 1 for the region, restored after). The dW partials are added into dw in thread
+// order, so results are deterministic run to run for a given thread count. db and the
+// direct (1x1) path stay sequential. ddl_conv_workspace_bytes reports room for the thread
+// count current when it is called; a smaller workspace than that (threads raised later)
+// just runs with as many threads as it has room for, down to the sequential loop.
+// Not collective; allocates nothing (apart from the threads themselves).
 #include <limits.h>
+#include <pthread.h>
 #include <string.h>
 
 #include "base/check.h"
@@ -194,13 +207,72 @@ static ddl_status conv_plan_make(const char *who, ddl_dtype dt, const ddl_conv_g
     return DDL_OK;
 }
 
+// ---- threads ---------------------------------------------------------------------
+// Least multiply-adds per thread worth a thread of its own (thread start and join cost
+// tens of microseconds; 2^20 MACs take about 20 us on one core).
+#define DDL_CONV_PAR_MIN_MACS ((double)(1 << 20))
+
+static size_t align_up(size_t v)
+{
+    return (v + DDL_ALIGN - 1) / DDL_ALIGN * DDL_ALIGN;
+}
+
+// Blocks of the batch: the units the threads share (one sample each when nb == 1).
+static int64_t conv_units(const ddl_conv_geom *g, const conv_plan *P)
+{
+    return (g->N + P->nb - 1) / P->nb;
+}
+
+// How many threads the block loop can use with T BLAS threads: at most one per block and
+// per DDL_CONV_PAR_MIN_MACS of work; 1 for the paths without a block loop.
+static int conv_threads_for(const ddl_conv_geom *g, const conv_plan *P, int T)
+{
+    if (T <= 1 || P->direct || P->col_bytes == 0 || g->N == 0 || g->C_out == 0) {
+        return 1;
+    }
+    int64_t units = conv_units(g, P);
+    if ((int64_t)T > units) {
+        T = (int)units;
+    }
+    double macs = (double)g->C_out * (double)P->Kc * (double)P->sp.ov * (double)g->N;
+    while (T > 1 && macs < (double)T * DDL_CONV_PAR_MIN_MACS) {
+        T--;
+    }
+    return T;
+}
+
+// Workspace of one thread: its im2col block, staging block and padded sample.
+static size_t conv_slot_bytes(const conv_plan *P)
+{
+    return align_up(P->col_bytes + P->stage_bytes + P->pad_bytes);
+}
+
+// One private dW accumulator [Co, Kc].
+static size_t conv_dwbuf_bytes(ddl_dtype dt, const ddl_conv_geom *g, const conv_plan *P)
+{
+    return align_up((size_t)g->C_out * (size_t)P->Kc * dt_size(dt));
+}
+
+// Workspace for T threads: T slots, then (with_dw) dW accumulators for threads 1..T-1
+// (thread 0 accumulates into dw itself). T == 1 is the sequential loop's exact need.
+static size_t conv_need(ddl_dtype dt, const ddl_conv_geom *g, const conv_plan *P, int T,
+                        bool with_dw)
+{
+    if (T <= 1) {
+        return P->col_bytes + P->stage_bytes + P->pad_bytes;
+    }
+    return (size_t)T * conv_slot_bytes(P) +
+           (with_dw ? (size_t)(T - 1) * conv_dwbuf_bytes(dt, g, P) : 0);
+}
+
 size_t ddl_conv_workspace_bytes(ddl_dtype dt, const ddl_conv_geom *g)
 {
     conv_plan P;
     if (conv_plan_make("conv_workspace_bytes", dt, g, &P) != DDL_OK) {
         return 0;
     }
-    return P.col_bytes + P.stage_bytes + P.pad_bytes;
+    int T = conv_threads_for(g, &P, ddl_blas_set_threads(0));
+    return conv_need(dt, g, &P, T, true);
 }
 
 // ---- element helpers -----------------------------------------------------------
@@ -709,17 +781,18 @@ static void col2im_wide_add(ddl_dtype dt, const conv_plan *P, int64_t Ci, const 
     }
 }
 
+// Samples [n_begin, n_end) (n_begin a multiple of P->nb), like the loops below.
 static ddl_status conv_forward_wide(ddl_dtype dt, const ddl_conv_geom *g, const conv_plan *P,
                                     void *y, const void *x, const void *w, const void *b,
-                                    void *ws)
+                                    void *ws, int64_t n_begin, int64_t n_end)
 {
-    const int64_t N = g->N, Ci = g->C_in, Co = g->C_out, Kc = P->Kc;
+    const int64_t N = n_end, Ci = g->C_in, Co = g->C_out, Kc = P->Kc;
     const int64_t iv = P->sp.iv, ov = P->sp.ov, O1 = P->sp.out[1], O2 = P->sp.out[2];
     const size_t  es    = dt_size(dt);
     char         *col   = ws;
     char         *stage = col + P->col_bytes;
     char         *xp    = stage + P->stage_bytes;
-    for (int64_t n0 = 0; n0 < N; n0 += P->nb) {
+    for (int64_t n0 = n_begin; n0 < N; n0 += P->nb) {
         int64_t nt = N - n0 < P->nb ? N - n0 : P->nb, nc = nt * P->Ws;
         for (int64_t t = 0; t < nt; t++) {
             pad_sample(dt, P, Ci, xp, (const char *)x + (size_t)((n0 + t) * Ci * iv) * es);
@@ -745,16 +818,16 @@ static ddl_status conv_forward_wide(ddl_dtype dt, const ddl_conv_geom *g, const 
 
 static ddl_status conv_backward_wide(ddl_dtype dt, const ddl_conv_geom *g, const conv_plan *P,
                                      void *dx, void *dw, const void *dy, const void *x,
-                                     const void *w, void *ws)
+                                     const void *w, void *ws, int64_t n_begin, int64_t n_end)
 {
-    const int64_t N = g->N, Ci = g->C_in, Co = g->C_out, Kc = P->Kc;
+    const int64_t N = n_end, Ci = g->C_in, Co = g->C_out, Kc = P->Kc;
     const int64_t iv = P->sp.iv, ov = P->sp.ov, O1 = P->sp.out[1], O2 = P->sp.out[2];
     const int64_t gap   = P->I2p - O2;
     const size_t  es    = dt_size(dt);
     char         *col   = ws;
     char         *stage = col + P->col_bytes;
     char         *xp    = stage + P->stage_bytes;
-    for (int64_t n0 = 0; n0 < N; n0 += P->nb) {
+    for (int64_t n0 = n_begin; n0 < N; n0 += P->nb) {
         int64_t nt = N - n0 < P->nb ? N - n0 : P->nb, nc = nt * P->Ws;
         // dy of the block in the wide layout [Co, nc], zero at the garbage positions.
         for (int64_t t = 0; t < nt; t++) {
@@ -782,6 +855,221 @@ static ddl_status conv_backward_wide(ddl_dtype dt, const ddl_conv_geom *g, const
                 col2im_wide_add(dt, P, Ci, col + (size_t)(t * P->Ws) * es, nc, xp,
                                 (char *)dx + (size_t)((n0 + t) * Ci * iv) * es);
             }
+        }
+    }
+    return DDL_OK;
+}
+
+// y for samples [n_begin, n_end) (n_begin a multiple of P->nb) through the im2col
+// workspace ws (one thread's slot).
+static ddl_status conv_forward_range(ddl_dtype dt, const ddl_conv_geom *g, const conv_plan *P,
+                                     void *y, const void *x, const void *w, const void *b,
+                                     char *ws, int64_t n_begin, int64_t n_end)
+{
+    const int64_t Ci = g->C_in, Co = g->C_out, Kc = P->Kc;
+    const int64_t iv = P->sp.iv, ov = P->sp.ov;
+    const size_t  es = dt_size(dt);
+    if (P->wide) {
+        return conv_forward_wide(dt, g, P, y, x, w, b, ws, n_begin, n_end);
+    }
+    char *col   = ws;
+    char *stage = ws + P->col_bytes;
+    if (P->nb == 1) {
+        for (int64_t n = n_begin; n < n_end; n++) {
+            const char *xn = elem(x, n * Ci * iv, es);
+            char       *yn = elem(y, n * Co * ov, es);
+            for (int64_t j0 = 0; j0 < ov; j0 += P->cols) {
+                int64_t nc = ov - j0 < P->cols ? ov - j0 : P->cols;
+                im2col(dt, &P->sp, Ci, col, nc, xn, j0, nc);
+                DDL_CHECK(ddl_gemm(dt, false, false, Co, nc, Kc, 1.0, w, Kc, col, nc, 0.0,
+                                   elem(yn, j0, es), ov));
+                if (b != NULL) {
+                    add_bias(dt, elem(yn, j0, es), ov, Co, nc, b);
+                }
+            }
+        }
+        return DDL_OK;
+    }
+    // Several samples per block: columns [t*ov, (t+1)*ov) belong to sample n0 + t, and the
+    // GEMM result [Co, nc] is scattered back to the per-sample [Co, ov] layout.
+    for (int64_t n0 = n_begin; n0 < n_end; n0 += P->nb) {
+        int64_t nt = n_end - n0 < P->nb ? n_end - n0 : P->nb, nc = nt * ov;
+        for (int64_t t = 0; t < nt; t++) {
+            im2col(dt, &P->sp, Ci, elem(col, t * ov, es), nc, elem(x, (n0 + t) * Ci * iv, es),
+                   0, ov);
+        }
+        DDL_CHECK(ddl_gemm(dt, false, false, Co, nc, Kc, 1.0, w, Kc, col, nc, 0.0, stage, nc));
+        if (b != NULL) {
+            add_bias(dt, stage, nc, Co, nc, b);
+        }
+        for (int64_t t = 0; t < nt; t++) {
+            for (int64_t co = 0; co < Co; co++) {
+                memcpy(elem(y, ((n0 + t) * Co + co) * ov, es), elem(stage, co * nc + t * ov, es),
+                       (size_t)ov * es);
+            }
+        }
+    }
+    return DDL_OK;
+}
+
+// dx and dw (either may be NULL) for samples [n_begin, n_end) through the workspace ws.
+static ddl_status conv_backward_range(ddl_dtype dt, const ddl_conv_geom *g, const conv_plan *P,
+                                      void *dx, void *dw, const void *dy, const void *x,
+                                      const void *w, char *ws, int64_t n_begin, int64_t n_end)
+{
+    const int64_t Ci = g->C_in, Co = g->C_out, Kc = P->Kc;
+    const int64_t iv = P->sp.iv, ov = P->sp.ov;
+    const size_t  es = dt_size(dt);
+    if (P->wide) {
+        return conv_backward_wide(dt, g, P, dx, dw, dy, x, w, ws, n_begin, n_end);
+    }
+    char *col   = ws;
+    char *stage = ws + P->col_bytes;
+    if (P->nb == 1) {
+        for (int64_t n = n_begin; n < n_end; n++) {
+            const char *xn  = x != NULL ? elem(x, n * Ci * iv, es) : NULL;
+            const char *dyn = elem(dy, n * Co * ov, es);
+            char       *dxn = dx != NULL ? elem(dx, n * Ci * iv, es) : NULL;
+            for (int64_t j0 = 0; j0 < ov; j0 += P->cols) {
+                int64_t nc = ov - j0 < P->cols ? ov - j0 : P->cols;
+                if (dw != NULL) {
+                    im2col(dt, &P->sp, Ci, col, nc, xn, j0, nc);
+                    DDL_CHECK(ddl_gemm(dt, false, true, Co, Kc, nc, 1.0, elem(dyn, j0, es), ov,
+                                       col, nc, 1.0, dw, Kc));
+                }
+                if (dx != NULL) {
+                    DDL_CHECK(ddl_gemm(dt, true, false, Kc, nc, Co, 1.0, w, Kc,
+                                       elem(dyn, j0, es), ov, 0.0, col, nc));
+                    col2im_add(dt, &P->sp, Ci, col, nc, dxn, j0, nc);
+                }
+            }
+        }
+        return DDL_OK;
+    }
+    // Several samples per block: gather dy of the block into the staging area [Co, nc]
+    // so both GEMMs see one matrix.
+    for (int64_t n0 = n_begin; n0 < n_end; n0 += P->nb) {
+        int64_t nt = n_end - n0 < P->nb ? n_end - n0 : P->nb, nc = nt * ov;
+        for (int64_t t = 0; t < nt; t++) {
+            for (int64_t co = 0; co < Co; co++) {
+                memcpy(elem(stage, co * nc + t * ov, es), elem(dy, ((n0 + t) * Co + co) * ov, es),
+                       (size_t)ov * es);
+            }
+        }
+        if (dw != NULL) {
+            for (int64_t t = 0; t < nt; t++) {
+                im2col(dt, &P->sp, Ci, elem(col, t * ov, es), nc,
+                       elem(x, (n0 + t) * Ci * iv, es), 0, ov);
+            }
+            DDL_CHECK(ddl_gemm(dt, false, true, Co, Kc, nc, 1.0, stage, nc, col, nc, 1.0, dw,
+                               Kc));
+        }
+        if (dx != NULL) {
+            DDL_CHECK(ddl_gemm(dt, true, false, Kc, nc, Co, 1.0, w, Kc, stage, nc, 0.0, col, nc));
+            for (int64_t t = 0; t < nt; t++) {
+                col2im_add(dt, &P->sp, Ci, elem(col, t * ov, es), nc,
+                           elem(dx, (n0 + t) * Ci * iv, es), 0, ov);
+            }
+        }
+    }
+    return DDL_OK;
+}
+
+// ---- the block loop over threads ---------------------------------------------------
+
+typedef struct conv_par {
+    ddl_dtype            dt;
+    const ddl_conv_geom *g;
+    const conv_plan     *P;
+    bool                 backward;
+    void                *y, *dx, *dw;
+    const void          *x, *w, *b, *dy;
+    char                *ws;
+    int                  T;
+} conv_par;
+
+typedef struct conv_part {
+    const conv_par *c;
+    int             t;
+    ddl_status      st;
+} conv_part;
+
+// Thread t's share: blocks [U t / T, U (t+1) / T), its workspace slot and, for t > 0, its
+// own dW accumulator (zeroed here) after the T slots.
+static ddl_status conv_part_run(const conv_par *c, int t)
+{
+    const conv_plan *P     = c->P;
+    int64_t          units = conv_units(c->g, P);
+    int64_t          u0 = units * t / c->T, u1 = units * (t + 1) / c->T;
+    int64_t          n0 = u0 * P->nb, n1 = u1 * P->nb < c->g->N ? u1 * P->nb : c->g->N;
+    char            *ws = c->ws + (size_t)t * conv_slot_bytes(P); // t = 0 when T = 1
+    if (!c->backward) {
+        return conv_forward_range(c->dt, c->g, P, c->y, c->x, c->w, c->b, ws, n0, n1);
+    }
+    void *dw = c->dw;
+    if (dw != NULL && t > 0) {
+        size_t dwb = conv_dwbuf_bytes(c->dt, c->g, P);
+        dw         = c->ws + (size_t)c->T * conv_slot_bytes(P) + (size_t)(t - 1) * dwb;
+        memset(dw, 0, (size_t)(c->g->C_out * P->Kc) * dt_size(c->dt));
+    }
+    return conv_backward_range(c->dt, c->g, P, c->dx, dw, c->dy, c->x, c->w, ws, n0, n1);
+}
+
+static void *conv_part_main(void *arg)
+{
+    conv_part *p = arg;
+    p->st        = conv_part_run(p->c, p->t);
+    return NULL;
+}
+
+// Runs the block loop of c (c->T unset) with as many threads as the BLAS thread count,
+// the batch and ws_bytes allow.
+static ddl_status conv_blocks(const char *who, conv_par *c, size_t ws_bytes)
+{
+    int  T       = conv_threads_for(c->g, c->P, ddl_blas_set_threads(0));
+    bool with_dw = c->backward && c->dw != NULL;
+    while (T > 1 && conv_need(c->dt, c->g, c->P, T, with_dw) > ws_bytes) {
+        T--;
+    }
+    c->T = T;
+    if (T <= 1) {
+        return conv_part_run(c, 0);
+    }
+    enum { MAX_T = 64 }; // OpenBLAS's MAX_THREADS in Debian's build
+    if (T > MAX_T) {
+        T = c->T = MAX_T;
+    }
+    conv_part parts[MAX_T];
+    pthread_t tid[MAX_T];
+    bool      started[MAX_T];
+    int       prev = ddl_blas_set_threads(1);
+    for (int t = 1; t < T; t++) {
+        parts[t]   = (conv_part){c, t, DDL_OK};
+        started[t] = pthread_create(&tid[t], NULL, conv_part_main, &parts[t]) == 0;
+    }
+    parts[0] = (conv_part){c, 0, DDL_OK};
+    conv_part_main(&parts[0]);
+    ddl_status st = parts[0].st;
+    for (int t = 1; t < T; t++) {
+        if (started[t]) {
+            pthread_join(tid[t], NULL);
+        } else {
+            conv_part_main(&parts[t]); // no thread to be had: the same share, here
+        }
+        if (st == DDL_OK && parts[t].st != DDL_OK) {
+            st = ddl_set_error(parts[t].st, "%s: thread %d of %d failed (%s)", who, t, T,
+                               ddl_status_name(parts[t].st));
+        }
+    }
+    ddl_blas_set_threads(prev);
+    DDL_CHECK(st);
+    if (with_dw) {
+        // dw += the partials of threads 1..T-1, in that order (deterministic).
+        size_t  dwb = conv_dwbuf_bytes(c->dt, c->g, c->P);
+        int64_t nw  = c->g->C_out * c->P->Kc;
+        for (int t = 1; t < T; t++) {
+            add_run(c->dt, c->dw, c->ws + (size_t)T * conv_slot_bytes(c->P) + (size_t)(t - 1) * dwb,
+                    nw, 1);
         }
     }
     return DDL_OK;
@@ -820,47 +1108,9 @@ ddl_status ddl_conv_forward(ddl_dtype dt, const ddl_conv_geom *g, void *y, const
         }
         return DDL_OK;
     }
-    if (P.wide) {
-        return conv_forward_wide(dt, g, &P, y, x, w, b, ws);
-    }
-    char *col   = ws;
-    char *stage = (char *)ws + P.col_bytes;
-    if (P.nb == 1) {
-        for (int64_t n = 0; n < N; n++) {
-            const char *xn = elem(x, n * Ci * iv, es);
-            char       *yn = elem(y, n * Co * ov, es);
-            for (int64_t j0 = 0; j0 < ov; j0 += P.cols) {
-                int64_t nc = ov - j0 < P.cols ? ov - j0 : P.cols;
-                im2col(dt, &P.sp, Ci, col, nc, xn, j0, nc);
-                DDL_CHECK(ddl_gemm(dt, false, false, Co, nc, Kc, 1.0, w, Kc, col, nc, 0.0,
-                                   elem(yn, j0, es), ov));
-                if (b != NULL) {
-                    add_bias(dt, elem(yn, j0, es), ov, Co, nc, b);
-                }
-            }
-        }
-        return DDL_OK;
-    }
-    // Several samples per block: columns [t*ov, (t+1)*ov) belong to sample n0 + t, and the
-    // GEMM result [Co, nc] is scattered back to the per-sample [Co, ov] layout.
-    for (int64_t n0 = 0; n0 < N; n0 += P.nb) {
-        int64_t nt = N - n0 < P.nb ? N - n0 : P.nb, nc = nt * ov;
-        for (int64_t t = 0; t < nt; t++) {
-            im2col(dt, &P.sp, Ci, elem(col, t * ov, es), nc, elem(x, (n0 + t) * Ci * iv, es), 0,
-                   ov);
-        }
-        DDL_CHECK(ddl_gemm(dt, false, false, Co, nc, Kc, 1.0, w, Kc, col, nc, 0.0, stage, nc));
-        if (b != NULL) {
-            add_bias(dt, stage, nc, Co, nc, b);
-        }
-        for (int64_t t = 0; t < nt; t++) {
-            for (int64_t co = 0; co < Co; co++) {
-                memcpy(elem(y, ((n0 + t) * Co + co) * ov, es), elem(stage, co * nc + t * ov, es),
-                       (size_t)ov * es);
-            }
-        }
-    }
-    return DDL_OK;
+    conv_par c = {.dt = dt, .g = g, .P = &P, .backward = false, .y = y, .x = x, .w = w, .b = b,
+                  .ws = ws};
+    return conv_blocks("conv_forward", &c, ws_bytes);
 }
 
 // ---- backward ---------------------------------------------------------------------
@@ -909,59 +1159,9 @@ ddl_status ddl_conv_backward(ddl_dtype dt, const ddl_conv_geom *g, void *dx, voi
         }
         return DDL_OK;
     }
-    if (P.wide) {
-        return conv_backward_wide(dt, g, &P, dx, dw, dy, x, w, ws);
-    }
-    char *col   = ws;
-    char *stage = (char *)ws + P.col_bytes;
-    if (P.nb == 1) {
-        for (int64_t n = 0; n < N; n++) {
-            const char *xn  = x != NULL ? elem(x, n * Ci * iv, es) : NULL;
-            const char *dyn = elem(dy, n * Co * ov, es);
-            char       *dxn = dx != NULL ? elem(dx, n * Ci * iv, es) : NULL;
-            for (int64_t j0 = 0; j0 < ov; j0 += P.cols) {
-                int64_t nc = ov - j0 < P.cols ? ov - j0 : P.cols;
-                if (dw != NULL) {
-                    im2col(dt, &P.sp, Ci, col, nc, xn, j0, nc);
-                    DDL_CHECK(ddl_gemm(dt, false, true, Co, Kc, nc, 1.0, elem(dyn, j0, es), ov,
-                                       col, nc, 1.0, dw, Kc));
-                }
-                if (dx != NULL) {
-                    DDL_CHECK(ddl_gemm(dt, true, false, Kc, nc, Co, 1.0, w, Kc,
-                                       elem(dyn, j0, es), ov, 0.0, col, nc));
-                    col2im_add(dt, &P.sp, Ci, col, nc, dxn, j0, nc);
-                }
-            }
-        }
-        return DDL_OK;
-    }
-    // Several samples per block: gather dy of the block into the staging area [Co, nc]
-    // so both GEMMs see one matrix.
-    for (int64_t n0 = 0; n0 < N; n0 += P.nb) {
-        int64_t nt = N - n0 < P.nb ? N - n0 : P.nb, nc = nt * ov;
-        for (int64_t t = 0; t < nt; t++) {
-            for (int64_t co = 0; co < Co; co++) {
-                memcpy(elem(stage, co * nc + t * ov, es), elem(dy, ((n0 + t) * Co + co) * ov, es),
-                       (size_t)ov * es);
-            }
-        }
-        if (dw != NULL) {
-            for (int64_t t = 0; t < nt; t++) {
-                im2col(dt, &P.sp, Ci, elem(col, t * ov, es), nc,
-                       elem(x, (n0 + t) * Ci * iv, es), 0, ov);
-            }
-            DDL_CHECK(ddl_gemm(dt, false, true, Co, Kc, nc, 1.0, stage, nc, col, nc, 1.0, dw,
-                               Kc));
-        }
-        if (dx != NULL) {
-            DDL_CHECK(ddl_gemm(dt, true, false, Kc, nc, Co, 1.0, w, Kc, stage, nc, 0.0, col, nc));
-            for (int64_t t = 0; t < nt; t++) {
-                col2im_add(dt, &P.sp, Ci, elem(col, t * ov, es), nc,
-                           elem(dx, (n0 + t) * Ci * iv, es), 0, ov);
-            }
-        }
-    }
-    return DDL_OK;
+    conv_par c = {.dt = dt, .g = g, .P = &P, .backward = true, .dx = dx, .dw = dw, .dy = dy,
+                  .x = x, .w = w, .ws = ws};
+    return conv_blocks("conv_backward", &c, ws_bytes);
 }
 
 // ---- naive reference --------------------------------------------------------------

@@ -422,12 +422,119 @@ static void test_wide_nonfinite(void)
     }
 }
 
+// The block loop split over threads (BLAS thread count 2): the same results as one thread
+// and the direct loops within the usual tolerances, bitwise identical from run to run,
+// accumulating on top of existing gradients, and a workspace sized for one thread still
+// accepted (the kernels then fall back to fewer threads). Cases: several samples per
+// block (stride 2), samples split into pieces (3-D), the wide layout (LeNet's conv2).
+static void run_threads_case(const conv_case *cc, uint64_t seed)
+{
+    ddl_conv_geom g;
+    ASSERT_OK(ddl_conv_geom_init(&g, cc->nsp, cc->N, cc->Ci, cc->Co, cc->in, cc->k, cc->s,
+                                 cc->p, cc->d));
+    int64_t kv = g.k[0] * g.k[1] * g.k[2];
+    int64_t nx = g.N * g.C_in * g.in[0] * g.in[1] * g.in[2];
+    int64_t ny = g.N * g.C_out * g.out[0] * g.out[1] * g.out[2];
+    int64_t nw = g.C_out * g.C_in * kv, nb = g.C_out;
+    double *x = rand_vec(nx, seed), *w = rand_vec(nw, seed + 1), *b = rand_vec(nb, seed + 2);
+    double *r = rand_vec(ny, seed + 3), *dx0 = rand_vec(nx, seed + 4);
+    double *dw0 = rand_vec(nw, seed + 5), *db0 = rand_vec(nb, seed + 6);
+    // References in f64, accumulating on top of dx0, dw0, db0.
+    double *yr = zeros(DDL_F64, ny), *dxr = malloc((size_t)nx * sizeof(double));
+    double *dwr = malloc((size_t)nw * sizeof(double)), *dbr = malloc((size_t)nb * sizeof(double));
+    memcpy(dxr, dx0, (size_t)nx * sizeof(double));
+    memcpy(dwr, dw0, (size_t)nw * sizeof(double));
+    memcpy(dbr, db0, (size_t)nb * sizeof(double));
+    ASSERT_OK(ddl_conv_forward_naive(DDL_F64, &g, yr, x, w, b));
+    ASSERT_OK(ddl_conv_backward_naive(DDL_F64, &g, dxr, dwr, dbr, r, x, w));
+    int prev = ddl_blas_set_threads(1);
+    for (int d = 0; d < 2; d++) {
+        ddl_dtype dt  = d ? DDL_F64 : DDL_F32;
+        double    tol = d ? 1e-12 : 1e-4;
+        size_t    es  = ddl_dtype_size(dt);
+        void *xd = as_dtype(dt, x, nx), *wd = as_dtype(dt, w, nw), *bd = as_dtype(dt, b, nb);
+        void *rd = as_dtype(dt, r, ny);
+        ddl_blas_set_threads(1);
+        size_t ws1 = ddl_conv_workspace_bytes(dt, &g);
+        ddl_blas_set_threads(2);
+        size_t ws2 = ddl_conv_workspace_bytes(dt, &g);
+        ASSERT_TRUE(ws2 > ws1); // room for a second thread: the threaded path is taken
+        void *ws = malloc(ws2);
+        // Runs 0 and 1 with 2 threads, run 2 with 1 thread, run 3 with 2 threads but the
+        // one-thread workspace.
+        void *y[4], *dx[4], *dw[4], *db[4];
+        for (int run = 0; run < 4; run++) {
+            ddl_blas_set_threads(run == 2 ? 1 : 2);
+            size_t wsb = run < 2 ? ws2 : ws1;
+            y[run]     = zeros(dt, ny);
+            dx[run] = as_dtype(dt, dx0, nx), dw[run] = as_dtype(dt, dw0, nw);
+            db[run] = as_dtype(dt, db0, nb);
+            memset(ws, 0xff, ws2); // scratch contents must not matter
+            ASSERT_OK(ddl_conv_forward(dt, &g, y[run], xd, wd, bd, ws, wsb));
+            memset(ws, 0xff, ws2);
+            ASSERT_OK(ddl_conv_backward(dt, &g, dx[run], dw[run], db[run], rd, xd, wd, ws, wsb));
+            ASSERT_EQ(ddl_blas_set_threads(0), run == 2 ? 1 : 2); // restored
+            ASSERT_LE(rel_err(yr, dt, y[run], ny), tol);
+            ASSERT_LE(rel_err(dxr, dt, dx[run], nx), tol);
+            ASSERT_LE(rel_err(dwr, dt, dw[run], nw), tol);
+            ASSERT_LE(rel_err(dbr, dt, db[run], nb), tol);
+        }
+        // Two 2-thread runs agree bit for bit.
+        ASSERT_TRUE(memcmp(y[0], y[1], (size_t)ny * es) == 0);
+        ASSERT_TRUE(memcmp(dx[0], dx[1], (size_t)nx * es) == 0);
+        ASSERT_TRUE(memcmp(dw[0], dw[1], (size_t)nw * es) == 0);
+        ASSERT_TRUE(memcmp(db[0], db[1], (size_t)nb * es) == 0);
+        // 2 threads against 1 thread: the same sums up to rounding.
+        int64_t nmax = nx > nw ? nx : nw;
+        nmax         = nmax > ny ? nmax : ny;
+        for (int run = 0; run < 4; run += 3) {
+            double *ref = malloc((size_t)nmax * sizeof(double));
+            for (int64_t i = 0; i < ny; i++) {
+                ref[i] = at(dt, y[2], i);
+            }
+            ASSERT_LE(rel_err(ref, dt, y[run], ny), tol);
+            for (int64_t i = 0; i < nx; i++) {
+                ref[i] = at(dt, dx[2], i);
+            }
+            ASSERT_LE(rel_err(ref, dt, dx[run], nx), tol);
+            for (int64_t i = 0; i < nw; i++) {
+                ref[i] = at(dt, dw[2], i);
+            }
+            ASSERT_LE(rel_err(ref, dt, dw[run], nw), tol);
+            free(ref);
+        }
+        for (int run = 0; run < 4; run++) {
+            free(y[run]), free(dx[run]), free(dw[run]), free(db[run]);
+        }
+        free(ws), free(xd), free(wd), free(bd), free(rd);
+    }
+    ddl_blas_set_threads(prev);
+    free(x), free(w), free(b), free(r), free(dx0), free(dw0), free(db0), free(yr), free(dxr),
+        free(dwr), free(dbr);
+}
+
+static void test_threads(void)
+{
+    // clang-format off
+    const conv_case cases[] = {
+        // nsp N Ci Co in            k          s          p          d          bias
+        {2, 8, 8, 16, {32, 32},     {3, 3},    {2, 2},    {1, 1},    {1, 1},    true},  // nb > 1
+        {3, 3, 4, 4, {16, 16, 16},  {3, 3, 3}, {1, 1, 1}, {1, 1, 1}, {1, 1, 1}, true},  // pieces
+        {2, 16, 6, 16, {14, 14},    {5, 5},    {1, 1},    {0, 0},    {1, 1},    true},  // wide
+    };
+    // clang-format on
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        run_threads_case(&cases[i], 5000 + 10 * i);
+    }
+}
+
 int main(void)
 {
     test_hand();
     test_errors();
     test_cases();
     test_wide_nonfinite();
+    test_threads();
     printf("test_conv: ok\n");
     return 0;
 }

@@ -1,9 +1,10 @@
 // ddl/kernels.h: sequential dense, convolution and pooling kernels (no MPI).
 //
 // These are the local building blocks the distributed layers compose with the
-// primitives. Every kernel is sequential and allocates nothing: scratch (im2col columns,
-// max-pool argmax) comes from a caller-provided workspace whose size the matching
-// `_workspace_bytes` function reports. OpenBLAS is the only BLAS user in the engine and
+// primitives. Every kernel is sequential (but for the convolution's block loop, which
+// may use as many threads as the BLAS, see ddl_conv_workspace_bytes) and allocates
+// nothing: scratch (im2col columns, max-pool argmax) comes from a caller-provided
+// workspace whose size the matching `_workspace_bytes` function reports. OpenBLAS is the only BLAS user in the engine and
 // it is called only from here (ddl_gemm).
 //
 // Layouts are PyTorch's, row-major and contiguous:
@@ -40,7 +41,9 @@ extern "C" {
 #endif
 
 // Number of threads the BLAS may use in this process (OpenBLAS); ranks sharing a
-// node's cores should divide them (distdl-train does). Returns the previous count.
+// node's cores should divide them (distdl-train does). Returns the previous count; n < 1
+// changes nothing (a query). The convolution kernels use the same count for their own
+// threads (see ddl_conv_workspace_bytes): set it before creating layers.
 DDL_EXTERN int ddl_blas_set_threads(int n);
 
 // ---- GEMM ------------------------------------------------------------------
@@ -103,10 +106,20 @@ DDL_EXTERN ddl_status ddl_conv_geom_init(ddl_conv_geom *g, int nsp, int64_t N, i
 // samples share one GEMM, a staging block for the output). 0 for 1x1, stride 1, unpadded
 // convolutions, and for an invalid g (the kernels then report the error). It never grows
 // when N shrinks, so a workspace sized for the largest batch serves smaller ones.
+// Threads: with T = ddl_blas_set_threads(0) > 1 BLAS threads, and a batch with at least T
+// blocks and enough work, the kernels split their block loop over T threads (the caller
+// plus T - 1 pthreads, the BLAS single-threaded meanwhile), each with its own im2col
+// block and dW accumulator; the size reported covers the thread count CURRENT AT THE
+// QUERY, so ask after setting it (layers ask at create). A workspace sized for fewer
+// threads still works: the kernels then use as many threads as it has room for (at
+// least one). Results are deterministic for a given thread count; across thread counts
+// they differ only by rounding (the dW partial sums are added in a different order).
 DDL_EXTERN size_t ddl_conv_workspace_bytes(ddl_dtype dt, const ddl_conv_geom *g);
 // y = conv(x, w) + b (b may be NULL). im2col on blocks of output positions + one GEMM
-// per block. ws must hold ddl_conv_workspace_bytes(dt, g) bytes (ws_bytes says how many
-// it holds); its contents on entry and exit are scratch.
+// per block. ws must hold at least the single-thread size (what ddl_conv_workspace_bytes
+// reports with one BLAS thread; ws_bytes says how many it holds); its contents on entry
+// and exit are scratch. It sets the BLAS thread count to 1 and back while its threads
+// run, so do not call it from several threads at once.
 DDL_EXTERN ddl_status ddl_conv_forward(ddl_dtype dt, const ddl_conv_geom *g, void *y,
                                        const void *x, const void *w, const void *b, void *ws,
                                        size_t ws_bytes);

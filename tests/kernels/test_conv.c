@@ -9,52 +9,19 @@
 #include "ddl/base.h"
 #include "ddl/kernels.h"
 #include "gradcheck.h"
+#include "kernel_util.h"
 #include "test.h"
 
 // ---- helpers -----------------------------------------------------------------
 
-// n values uniform in [-1, 1), rounded to float so the same numbers exist in f32.
 static double *rand_vec(int64_t n, uint64_t seed)
 {
-    double *v = malloc((size_t)(n > 0 ? n : 1) * sizeof(double));
-    for (int64_t i = 0; i < n; i++) {
-        v[i] = (double)(float)(2.0 * ddl_rng_uniform(seed, 2, (uint64_t)i) - 1.0);
-    }
-    return v;
-}
-
-static void *as_dtype(ddl_dtype dt, const double *v, int64_t n)
-{
-    void *p = malloc((size_t)(n > 0 ? n : 1) * ddl_dtype_size(dt));
-    for (int64_t i = 0; i < n; i++) {
-        if (dt == DDL_F32) {
-            ((float *)p)[i] = (float)v[i];
-        } else {
-            ((double *)p)[i] = v[i];
-        }
-    }
-    return p;
+    return ddl_test_rand_vec(n, seed, 2);
 }
 
 static void *zeros(ddl_dtype dt, int64_t n)
 {
     return calloc((size_t)(n > 0 ? n : 1), ddl_dtype_size(dt));
-}
-
-static double at(ddl_dtype dt, const void *p, int64_t i)
-{
-    return dt == DDL_F32 ? (double)((const float *)p)[i] : ((const double *)p)[i];
-}
-
-// max |got - ref| / max |ref| (norm-wise relative error).
-static double rel_err(const double *ref, ddl_dtype dt, const void *got, int64_t n)
-{
-    double num = 0.0, den = 1e-300;
-    for (int64_t i = 0; i < n; i++) {
-        num = fmax(num, fabs(at(dt, got, i) - ref[i]));
-        den = fmax(den, fabs(ref[i]));
-    }
-    return num / den;
 }
 
 static int64_t prod3(const int64_t v[3])
@@ -189,7 +156,7 @@ static void run_case(const conv_case *cc, uint64_t seed)
     conv_ref(&g, yref, x, w, b);
     double *ynaive = zeros(DDL_F64, ny);
     ASSERT_OK(ddl_conv_forward_naive(DDL_F64, &g, ynaive, x, w, b));
-    ASSERT_LE(rel_err(yref, DDL_F64, ynaive, ny), 1e-12);
+    ASSERT_LE(ddl_test_rel_err(yref, DDL_F64, ynaive, ny), 1e-12);
 
     // Backward reference: the library's direct loops in f64.
     double *dxr = zeros(DDL_F64, nx), *dwr = zeros(DDL_F64, nw), *dbr = zeros(DDL_F64, nb);
@@ -200,12 +167,12 @@ static void run_case(const conv_case *cc, uint64_t seed)
         double    tol = d ? 1e-12 : 1e-4;
         size_t    wsb = ddl_conv_workspace_bytes(dt, &g);
         void     *ws  = malloc(wsb > 0 ? wsb : 1);
-        void *xd = as_dtype(dt, x, nx), *wd = as_dtype(dt, w, nw), *rd = as_dtype(dt, r, ny);
-        void *bd = cc->bias ? as_dtype(dt, b, nb) : NULL;
+        void *xd = ddl_test_as_dtype(dt, x, nx), *wd = ddl_test_as_dtype(dt, w, nw), *rd = ddl_test_as_dtype(dt, r, ny);
+        void *bd = cc->bias ? ddl_test_as_dtype(dt, b, nb) : NULL;
         void *yd = zeros(dt, ny);
         memset(ws, 0xff, wsb > 0 ? wsb : 1); // scratch contents must not matter
         ASSERT_OK(ddl_conv_forward(dt, &g, yd, xd, wd, bd, ws, wsb));
-        double e = rel_err(yref, dt, yd, ny);
+        double e = ddl_test_rel_err(yref, dt, yd, ny);
         if (!(e <= tol)) {
             TEST_FAIL_("conv forward %s nsp=%d N=%lld: rel err %.3g > %g", ddl_dtype_name(dt),
                        cc->nsp, (long long)cc->N, e, tol);
@@ -213,10 +180,10 @@ static void run_case(const conv_case *cc, uint64_t seed)
         void *dxd = zeros(dt, nx), *dwd = zeros(dt, nw), *dbd = zeros(dt, nb);
         ASSERT_OK(ddl_conv_backward(dt, &g, dxd, dwd, cc->bias ? dbd : NULL, rd, xd, wd, ws,
                                     wsb));
-        ASSERT_LE(rel_err(dxr, dt, dxd, nx), tol);
-        ASSERT_LE(rel_err(dwr, dt, dwd, nw), tol);
+        ASSERT_LE(ddl_test_rel_err(dxr, dt, dxd, nx), tol);
+        ASSERT_LE(ddl_test_rel_err(dwr, dt, dwd, nw), tol);
         if (cc->bias) {
-            ASSERT_LE(rel_err(dbr, dt, dbd, nb), tol);
+            ASSERT_LE(ddl_test_rel_err(dbr, dt, dbd, nb), tol);
         }
         // Accumulation: more calls add on top (dx alone, then dw and db alone): 2x.
         ASSERT_OK(ddl_conv_backward(dt, &g, dxd, NULL, NULL, rd, NULL, wd, ws, wsb));
@@ -231,10 +198,10 @@ static void run_case(const conv_case *cc, uint64_t seed)
         for (int64_t i = 0; i < nb; i++) {
             dbr[i] *= 2.0;
         }
-        ASSERT_LE(rel_err(dxr, dt, dxd, nx), tol);
-        ASSERT_LE(rel_err(dwr, dt, dwd, nw), tol);
+        ASSERT_LE(ddl_test_rel_err(dxr, dt, dxd, nx), tol);
+        ASSERT_LE(ddl_test_rel_err(dwr, dt, dwd, nw), tol);
         if (cc->bias) {
-            ASSERT_LE(rel_err(dbr, dt, dbd, nb), tol);
+            ASSERT_LE(ddl_test_rel_err(dbr, dt, dbd, nb), tol);
         }
         for (int64_t i = 0; i < nx; i++) {
             dxr[i] *= 0.5;
@@ -408,14 +375,14 @@ static void test_wide_nonfinite(void)
         for (int64_t i = 0; i < ny; i++) {
             one[i] = 1.0;
         }
-        void  *xd = as_dtype(dt, x, nx), *dyd = as_dtype(dt, one, ny);
+        void  *xd = ddl_test_as_dtype(dt, x, nx), *dyd = ddl_test_as_dtype(dt, one, ny);
         void  *dw = zeros(dt, nw), *dwr = zeros(dt, nw);
         size_t wsb = ddl_conv_workspace_bytes(dt, &g);
         void  *ws  = malloc(wsb > 0 ? wsb : 1);
         ASSERT_OK(ddl_conv_backward(dt, &g, NULL, dw, NULL, dyd, xd, NULL, ws, wsb));
         ASSERT_OK(ddl_conv_backward_naive(dt, &g, NULL, dwr, NULL, dyd, xd, NULL));
         for (int64_t i = 0; i < nw; i++) {
-            double a = at(dt, dw, i), b = at(dt, dwr, i);
+            double a = ddl_test_at(dt, dw, i), b = ddl_test_at(dt, dwr, i);
             ASSERT_TRUE(!isnan(a) && isinf(a) == isinf(b));
         }
         free(x), free(one), free(xd), free(dyd), free(dw), free(dwr), free(ws);
@@ -452,8 +419,8 @@ static void run_threads_case(const conv_case *cc, uint64_t seed)
         ddl_dtype dt  = d ? DDL_F64 : DDL_F32;
         double    tol = d ? 1e-12 : 1e-4;
         size_t    es  = ddl_dtype_size(dt);
-        void *xd = as_dtype(dt, x, nx), *wd = as_dtype(dt, w, nw), *bd = as_dtype(dt, b, nb);
-        void *rd = as_dtype(dt, r, ny);
+        void *xd = ddl_test_as_dtype(dt, x, nx), *wd = ddl_test_as_dtype(dt, w, nw), *bd = ddl_test_as_dtype(dt, b, nb);
+        void *rd = ddl_test_as_dtype(dt, r, ny);
         ddl_blas_set_threads(1);
         size_t ws1 = ddl_conv_workspace_bytes(dt, &g);
         ddl_blas_set_threads(2);
@@ -467,17 +434,17 @@ static void run_threads_case(const conv_case *cc, uint64_t seed)
             ddl_blas_set_threads(run == 2 ? 1 : 2);
             size_t wsb = run < 2 ? ws2 : ws1;
             y[run]     = zeros(dt, ny);
-            dx[run] = as_dtype(dt, dx0, nx), dw[run] = as_dtype(dt, dw0, nw);
-            db[run] = as_dtype(dt, db0, nb);
+            dx[run] = ddl_test_as_dtype(dt, dx0, nx), dw[run] = ddl_test_as_dtype(dt, dw0, nw);
+            db[run] = ddl_test_as_dtype(dt, db0, nb);
             memset(ws, 0xff, ws2); // scratch contents must not matter
             ASSERT_OK(ddl_conv_forward(dt, &g, y[run], xd, wd, bd, ws, wsb));
             memset(ws, 0xff, ws2);
             ASSERT_OK(ddl_conv_backward(dt, &g, dx[run], dw[run], db[run], rd, xd, wd, ws, wsb));
             ASSERT_EQ(ddl_blas_set_threads(0), run == 2 ? 1 : 2); // restored
-            ASSERT_LE(rel_err(yr, dt, y[run], ny), tol);
-            ASSERT_LE(rel_err(dxr, dt, dx[run], nx), tol);
-            ASSERT_LE(rel_err(dwr, dt, dw[run], nw), tol);
-            ASSERT_LE(rel_err(dbr, dt, db[run], nb), tol);
+            ASSERT_LE(ddl_test_rel_err(yr, dt, y[run], ny), tol);
+            ASSERT_LE(ddl_test_rel_err(dxr, dt, dx[run], nx), tol);
+            ASSERT_LE(ddl_test_rel_err(dwr, dt, dw[run], nw), tol);
+            ASSERT_LE(ddl_test_rel_err(dbr, dt, db[run], nb), tol);
         }
         // Two 2-thread runs agree bit for bit.
         ASSERT_TRUE(memcmp(y[0], y[1], (size_t)ny * es) == 0);
@@ -490,17 +457,17 @@ static void run_threads_case(const conv_case *cc, uint64_t seed)
         for (int run = 0; run < 4; run += 3) {
             double *ref = malloc((size_t)nmax * sizeof(double));
             for (int64_t i = 0; i < ny; i++) {
-                ref[i] = at(dt, y[2], i);
+                ref[i] = ddl_test_at(dt, y[2], i);
             }
-            ASSERT_LE(rel_err(ref, dt, y[run], ny), tol);
+            ASSERT_LE(ddl_test_rel_err(ref, dt, y[run], ny), tol);
             for (int64_t i = 0; i < nx; i++) {
-                ref[i] = at(dt, dx[2], i);
+                ref[i] = ddl_test_at(dt, dx[2], i);
             }
-            ASSERT_LE(rel_err(ref, dt, dx[run], nx), tol);
+            ASSERT_LE(ddl_test_rel_err(ref, dt, dx[run], nx), tol);
             for (int64_t i = 0; i < nw; i++) {
-                ref[i] = at(dt, dw[2], i);
+                ref[i] = ddl_test_at(dt, dw[2], i);
             }
-            ASSERT_LE(rel_err(ref, dt, dw[run], nw), tol);
+            ASSERT_LE(ddl_test_rel_err(ref, dt, dw[run], nw), tol);
             free(ref);
         }
         for (int run = 0; run < 4; run++) {

@@ -7,47 +7,14 @@
 #include "ddl/base.h"
 #include "ddl/kernels.h"
 #include "gradcheck.h"
+#include "kernel_util.h"
 #include "test.h"
 
 // ---- helpers -----------------------------------------------------------------
 
-// n values uniform in [-1, 1), rounded to float so the same numbers exist in f32.
 static double *rand_vec(int64_t n, uint64_t seed)
 {
-    double *v = malloc((size_t)(n > 0 ? n : 1) * sizeof(double));
-    for (int64_t i = 0; i < n; i++) {
-        v[i] = (double)(float)(2.0 * ddl_rng_uniform(seed, 1, (uint64_t)i) - 1.0);
-    }
-    return v;
-}
-
-static void *as_dtype(ddl_dtype dt, const double *v, int64_t n)
-{
-    void *p = malloc((size_t)(n > 0 ? n : 1) * ddl_dtype_size(dt));
-    for (int64_t i = 0; i < n; i++) {
-        if (dt == DDL_F32) {
-            ((float *)p)[i] = (float)v[i];
-        } else {
-            ((double *)p)[i] = v[i];
-        }
-    }
-    return p;
-}
-
-static double at(ddl_dtype dt, const void *p, int64_t i)
-{
-    return dt == DDL_F32 ? (double)((const float *)p)[i] : ((const double *)p)[i];
-}
-
-// max |got - ref| / max |ref| (norm-wise relative error).
-static double rel_err(const double *ref, ddl_dtype dt, const void *got, int64_t n)
-{
-    double num = 0.0, den = 1e-300;
-    for (int64_t i = 0; i < n; i++) {
-        num = fmax(num, fabs(at(dt, got, i) - ref[i]));
-        den = fmax(den, fabs(ref[i]));
-    }
-    return num / den;
+    return ddl_test_rand_vec(n, seed, 1);
 }
 
 static double tol_for(ddl_dtype dt)
@@ -72,15 +39,15 @@ static void check_gemm(ddl_dtype dt, bool ta, bool tb, int64_t M, int64_t N, int
             C0[i] = NAN;
         }
     }
-    void *a = as_dtype(dt, A, arows * lda), *b = as_dtype(dt, B, brows * ldb);
-    void *c_blas = as_dtype(dt, C0, M * ldc), *c_ref = as_dtype(dt, C0, M * ldc);
+    void *a = ddl_test_as_dtype(dt, A, arows * lda), *b = ddl_test_as_dtype(dt, B, brows * ldb);
+    void *c_blas = ddl_test_as_dtype(dt, C0, M * ldc), *c_ref = ddl_test_as_dtype(dt, C0, M * ldc);
     ASSERT_OK(ddl_gemm(dt, ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, c_blas, ldc));
     ASSERT_OK(ddl_gemm_naive(dt, ta, tb, M, N, K, alpha, a, lda, b, ldb, beta, c_ref, ldc));
     // Compare the M x N block only; the padding columns must be left untouched.
     double num = 0.0, den = 1e-300;
     for (int64_t i = 0; i < M; i++) {
         for (int64_t j = 0; j < ldc; j++) {
-            double g = at(dt, c_blas, i * ldc + j), r = at(dt, c_ref, i * ldc + j);
+            double g = ddl_test_at(dt, c_blas, i * ldc + j), r = ddl_test_at(dt, c_ref, i * ldc + j);
             if (j >= N) {
                 ASSERT_TRUE(memcmp(&g, &r, sizeof g) == 0 || (isnan(g) && isnan(r)));
                 continue;
@@ -100,12 +67,12 @@ static void check_gemm(ddl_dtype dt, bool ta, bool tb, int64_t M, int64_t N, int
         int64_t i = M - 1, j = N / 2;
         double  acc = 0.0;
         for (int64_t p = 0; p < K; p++) {
-            double av = ta ? at(dt, a, p * lda + i) : at(dt, a, i * lda + p);
-            double bv = tb ? at(dt, b, j * ldb + p) : at(dt, b, p * ldb + j);
+            double av = ta ? ddl_test_at(dt, a, p * lda + i) : ddl_test_at(dt, a, i * lda + p);
+            double bv = tb ? ddl_test_at(dt, b, j * ldb + p) : ddl_test_at(dt, b, p * ldb + j);
             acc += av * bv;
         }
         double want = alpha * acc + beta * C0[i * ldc + j];
-        ASSERT_NEAR(at(dt, c_ref, i * ldc + j), want, tol_for(dt) * 10.0 * (1.0 + fabs(want)));
+        ASSERT_NEAR(ddl_test_at(dt, c_ref, i * ldc + j), want, tol_for(dt) * 10.0 * (1.0 + fabs(want)));
     }
     free(A), free(B), free(C0), free(a), free(b), free(c_blas), free(c_ref);
 }
@@ -190,23 +157,23 @@ static void test_linear(int64_t B, int64_t C, int64_t OC, bool bias, uint64_t se
     // Forward in both dtypes against the definition.
     for (int d = 0; d < 2; d++) {
         ddl_dtype dt = d ? DDL_F64 : DDL_F32;
-        void     *xd = as_dtype(dt, x, B * C), *wd = as_dtype(dt, w, OC * C);
-        void     *bd = bias ? as_dtype(dt, b, OC) : NULL;
+        void     *xd = ddl_test_as_dtype(dt, x, B * C), *wd = ddl_test_as_dtype(dt, w, OC * C);
+        void     *bd = bias ? ddl_test_as_dtype(dt, b, OC) : NULL;
         void     *yd = calloc((size_t)(B * OC + 1), ddl_dtype_size(dt));
         ASSERT_OK(ddl_linear_forward(dt, yd, xd, wd, bd, B, C, OC));
-        ASSERT_LE(rel_err(ref, dt, yd, B * OC), dt == DDL_F32 ? 1e-5 : 1e-13);
+        ASSERT_LE(ddl_test_rel_err(ref, dt, yd, B * OC), dt == DDL_F32 ? 1e-5 : 1e-13);
         // Backward in f32 against the f64 result below (computed from the same values).
         if (dt == DDL_F32) {
-            void *rd  = as_dtype(dt, r, B * OC);
+            void *rd  = ddl_test_as_dtype(dt, r, B * OC);
             void *dxd = calloc((size_t)(B * C + 1), 4), *dwd = calloc((size_t)(OC * C + 1), 4);
             void *dbd = calloc((size_t)(OC + 1), 4);
             ASSERT_OK(ddl_linear_backward(dt, dxd, dwd, dbd, rd, xd, wd, B, C, OC));
             double *dx = calloc((size_t)(B * C + 1), 8), *dw = calloc((size_t)(OC * C + 1), 8);
             double *db = calloc((size_t)(OC + 1), 8);
             ASSERT_OK(ddl_linear_backward(DDL_F64, dx, dw, db, r, x, w, B, C, OC));
-            ASSERT_LE(rel_err(dx, dt, dxd, B * C), 1e-5);
-            ASSERT_LE(rel_err(dw, dt, dwd, OC * C), 1e-5);
-            ASSERT_LE(rel_err(db, dt, dbd, OC), 1e-5);
+            ASSERT_LE(ddl_test_rel_err(dx, dt, dxd, B * C), 1e-5);
+            ASSERT_LE(ddl_test_rel_err(dw, dt, dwd, OC * C), 1e-5);
+            ASSERT_LE(ddl_test_rel_err(db, dt, dbd, OC), 1e-5);
             free(rd), free(dxd), free(dwd), free(dbd), free(dx), free(dw), free(db);
         }
         free(xd), free(wd), free(bd), free(yd);

@@ -9,6 +9,7 @@
 #include "ddl/base.h"
 #include "ddl/kernels.h"
 #include "gradcheck.h"
+#include "kernel_util.h"
 #include "test.h"
 
 // ---- helpers -----------------------------------------------------------------
@@ -40,39 +41,7 @@ static double *distinct_vec(int64_t n, uint64_t seed)
 
 static double *rand_vec(int64_t n, uint64_t seed)
 {
-    double *v = malloc((size_t)(n > 0 ? n : 1) * sizeof(double));
-    for (int64_t i = 0; i < n; i++) {
-        v[i] = (double)(float)(2.0 * ddl_rng_uniform(seed, 3, (uint64_t)i) - 1.0);
-    }
-    return v;
-}
-
-static void *as_dtype(ddl_dtype dt, const double *v, int64_t n)
-{
-    void *p = malloc((size_t)(n > 0 ? n : 1) * ddl_dtype_size(dt));
-    for (int64_t i = 0; i < n; i++) {
-        if (dt == DDL_F32) {
-            ((float *)p)[i] = (float)v[i];
-        } else {
-            ((double *)p)[i] = v[i];
-        }
-    }
-    return p;
-}
-
-static double at(ddl_dtype dt, const void *p, int64_t i)
-{
-    return dt == DDL_F32 ? (double)((const float *)p)[i] : ((const double *)p)[i];
-}
-
-static double rel_err(const double *ref, ddl_dtype dt, const void *got, int64_t n)
-{
-    double num = 0.0, den = 1e-300;
-    for (int64_t i = 0; i < n; i++) {
-        num = fmax(num, fabs(at(dt, got, i) - ref[i]));
-        den = fmax(den, fabs(ref[i]));
-    }
-    return num / den;
+    return ddl_test_rand_vec(n, seed, 3);
 }
 
 static int64_t out_elems(const ddl_pool_geom *g)
@@ -226,7 +195,7 @@ static void run_case(const pool_case *pc, uint64_t seed)
     for (int d = 0; d < 2; d++) {
         ddl_dtype dt  = d ? DDL_F64 : DDL_F32;
         double    tol = d ? 1e-12 : 1e-5;
-        void     *xd = as_dtype(dt, x, nx), *rd = as_dtype(dt, r, ny);
+        void     *xd = ddl_test_as_dtype(dt, x, nx), *rd = ddl_test_as_dtype(dt, r, ny);
         void     *yd = malloc((size_t)ny * ddl_dtype_size(dt));
         void     *dxd = calloc((size_t)nx, ddl_dtype_size(dt));
         ASSERT_OK(ddl_pool_forward(dt, &g, yd, xd, ws, wsb));
@@ -234,19 +203,19 @@ static void run_case(const pool_case *pc, uint64_t seed)
             // Max selects an input value: exact in either dtype, and the same argmax.
             for (int64_t i = 0; i < ny; i++) {
                 ASSERT_EQ(ws[i], aref[i]);
-                ASSERT_TRUE(at(dt, yd, i) == yref[i]);
+                ASSERT_TRUE(ddl_test_at(dt, yd, i) == yref[i]);
             }
         } else {
-            ASSERT_LE(rel_err(yref, dt, yd, ny), tol);
+            ASSERT_LE(ddl_test_rel_err(yref, dt, yd, ny), tol);
         }
         ASSERT_OK(ddl_pool_backward(dt, &g, dxd, rd, ws, wsb));
-        ASSERT_LE(rel_err(dxref, dt, dxd, nx), tol);
+        ASSERT_LE(ddl_test_rel_err(dxref, dt, dxd, nx), tol);
         // A second call accumulates: 2x.
         ASSERT_OK(ddl_pool_backward(dt, &g, dxd, rd, ws, wsb));
         for (int64_t i = 0; i < nx; i++) {
             dxref[i] *= 2.0;
         }
-        ASSERT_LE(rel_err(dxref, dt, dxd, nx), tol);
+        ASSERT_LE(ddl_test_rel_err(dxref, dt, dxd, nx), tol);
         for (int64_t i = 0; i < nx; i++) {
             dxref[i] *= 0.5;
         }
@@ -407,12 +376,12 @@ static void test_fast_ties_nan(void)
     }
     for (int d = 0; d < 2; d++) {
         ddl_dtype dt = d ? DDL_F64 : DDL_F32;
-        void     *xd = as_dtype(dt, x, nx), *yd = malloc((size_t)ny * 8);
-        void     *dy = as_dtype(dt, yref, ny), *dx = calloc((size_t)nx, 8);
+        void     *xd = ddl_test_as_dtype(dt, x, nx), *yd = malloc((size_t)ny * 8);
+        void     *dy = ddl_test_as_dtype(dt, yref, ny), *dx = calloc((size_t)nx, 8);
         ASSERT_OK(ddl_pool_forward(dt, &g, yd, xd, arg, (size_t)ny * 8));
         for (int64_t i = 0; i < ny; i++) {
             ASSERT_EQ(arg[i], aref[i]);
-            ASSERT_TRUE(isnan(yref[i]) ? isnan(at(dt, yd, i)) : at(dt, yd, i) == yref[i]);
+            ASSERT_TRUE(isnan(yref[i]) ? isnan(ddl_test_at(dt, yd, i)) : ddl_test_at(dt, yd, i) == yref[i]);
         }
         // dy = 1 + window index, so each input gets the sum of the windows it won.
         for (int64_t i = 0; i < ny; i++) {
@@ -428,7 +397,7 @@ static void test_fast_ties_nan(void)
             for (int64_t o = 0; o < ny; o++) {
                 want += aref[o] == i ? (double)(1 + o) : 0.0;
             }
-            ASSERT_TRUE(at(dt, dx, i) == want);
+            ASSERT_TRUE(ddl_test_at(dt, dx, i) == want);
         }
         free(xd), free(yd), free(dy), free(dx);
     }

@@ -1,0 +1,194 @@
+// ddl/session.h: a training session -- one model, its datasets, the data cursor and the
+// checkpoint policy -- driven collectively by every rank. It is the one loop that every
+// front end runs: `distdl-train` (a batch program) and the `distdld` daemon's dispatcher
+// call the very same functions.
+//
+//   ddl_session_t *s;
+//   ddl_session_create(comm, spec_text_on_rank0, "spec.json", &opts, &s);
+//   ddl_session_open_data(s, "/usr/share/datasets/fashion-mnist");   // rank 0's path
+//   ddl_train_request req = {.epochs = 5};
+//   ddl_train_result  res;
+//   ddl_session_train(s, &req, on_progress, ud, &res);    // callback on rank 0
+//   ddl_session_evaluate(s, DDL_SPLIT_TEST, &ev);
+//   ddl_session_destroy(&s);
+//
+// Rules every function follows:
+// - Collective over the session's communicator (a duplicate of the one passed to create,
+//   so the caller's own traffic on comm never mixes with the engine's). Every rank calls
+//   the same function in the same order; arguments marked "rank 0" are read on rank 0
+//   only (other ranks pass NULL / 0 and learn what they need by broadcast).
+// - Rank 0 validates its arguments completely before any other collective starts.
+// - Every function ends with all ranks agreeing on the status (ddl_agree): either every
+//   rank returns DDL_OK or every rank returns the same error code, with the message of
+//   the lowest failing rank. A failure on one rank (an allocation, a shard, a label)
+//   never leaves another rank blocked in a collective.
+// - A failed call changes nothing observable: the model, the cursor and the files are
+//   as before (a train that fails part way keeps the steps it completed; the result
+//   says how many).
+// - No function allocates per step: batches move through Repartition plans built at
+//   creation (rank 0 -> the input partition, the output partition -> rank 0).
+#ifndef DDL_SESSION_H
+#define DDL_SESSION_H
+
+#include <mpi.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "ddl/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// ---- agreement -----------------------------------------------------------------------
+
+// Agrees on a status over comm: DDL_OK if every rank passed DDL_OK, otherwise the status
+// and the last-error message of the lowest failing rank, on every rank (the message is
+// installed as each rank's ddl_last_error()). One MPI_Allreduce when all succeed.
+// Collective over comm.
+DDL_EXTERN ddl_status ddl_agree(MPI_Comm comm, ddl_status st);
+
+// ---- limits ---------------------------------------------------------------------------
+
+// Caps that bound every size computed from outside input (specs, requests, files).
+#define DDL_MAX_TENSOR_ELEMENTS ((int64_t)1 << 34) // elements in any one tensor
+#define DDL_MAX_LAYERS 4096                        // layers in one spec
+
+// ---- session --------------------------------------------------------------------------
+
+typedef struct ddl_session ddl_session_t;
+
+typedef struct ddl_session_options {
+    const char *checkpoint_dir;   // rank 0: where ddl_session_save writes (NULL: none)
+    int64_t     checkpoint_every; // checkpoint every K optimizer steps inside train (0: never)
+} ddl_session_options;
+
+// Builds the model from rank 0's spec text (validated on rank 0, then broadcast and
+// built on every rank). `source` names the spec in messages. A spec for another world
+// size, a malformed spec or a failure while building on any rank fails on every rank.
+// The caller owns *out (ddl_session_destroy). Collective over comm.
+DDL_EXTERN ddl_status ddl_session_create(MPI_Comm comm, const char *spec_text,
+                                         const char *source, const ddl_session_options *opts,
+                                         ddl_session_t **out);
+// Not collective in communication, but every rank must destroy its session. NULL-safe.
+DDL_EXTERN void       ddl_session_destroy(ddl_session_t **s);
+
+DDL_EXTERN ddl_model_t *ddl_session_model(const ddl_session_t *s);
+
+// Loads an IDX directory (rank 0's path) holding both splits and checks each against the
+// model: sample shape, label range [0, classes). Replaces the current data only on
+// success. Collective.
+DDL_EXTERN ddl_status ddl_session_open_data(ddl_session_t *s, const char *dir);
+DDL_EXTERN bool       ddl_session_has_data(const ddl_session_t *s);
+
+typedef enum { DDL_SPLIT_TRAIN = 0, DDL_SPLIT_TEST = 1 } ddl_split;
+
+// The data cursor: the next training batch is batch `batch` of epoch `epoch` (0-based).
+typedef struct ddl_cursor {
+    int64_t epoch, batch;
+} ddl_cursor;
+DDL_EXTERN ddl_cursor ddl_session_cursor(const ddl_session_t *s);
+DDL_EXTERN int64_t    ddl_session_steps_per_epoch(const ddl_session_t *s); // 0 without data
+
+// ---- training ---------------------------------------------------------------------------
+
+typedef struct ddl_progress {
+    int64_t step;         // optimizer steps so far (global)
+    int64_t epoch;        // 1-based epoch of the step just taken
+    int64_t batch;        // 1-based batch within that epoch
+    int64_t steps_per_epoch;
+    int64_t done, total;  // steps taken in this call, and planned
+    double  loss;         // this step's loss
+    double  accuracy;     // this step's batch accuracy
+    double  mean_loss;    // mean loss over this epoch so far
+    double  images_per_s; // over this epoch so far
+    bool    epoch_end;    // the step finished an epoch
+    bool    durable;      // a checkpoint of this step is durable on disk
+} ddl_progress;
+
+// Called on rank 0 after every step. Return true to stop at this step boundary (the
+// decision reaches every rank; the result then has .cancelled set).
+typedef bool (*ddl_progress_cb)(const ddl_progress *p, void *user_data);
+
+typedef struct ddl_train_request {
+    int64_t steps;  // > 0: exactly this many steps (crossing epochs as needed), or
+    int64_t epochs; // > 0: until the cursor reaches the end of this many more epochs
+} ddl_train_request;
+
+typedef struct ddl_train_result {
+    int64_t steps_done;
+    int64_t step;           // optimizer steps after the call
+    double  mean_loss;      // over the steps done
+    double  accuracy;       // over the steps done
+    double  images_per_s;
+    bool    cancelled;
+    int64_t durable_step;   // newest durable checkpoint step (-1: none)
+} ddl_train_result;
+
+// Trains over the training split from the cursor, shuffling each epoch by (seed, epoch),
+// checkpointing every checkpoint_every steps. Collective; cb and user_data on rank 0.
+DDL_EXTERN ddl_status ddl_session_train(ddl_session_t *s, const ddl_train_request *req,
+                                        ddl_progress_cb cb, void *user_data,
+                                        ddl_train_result *out);
+
+typedef struct ddl_step_result {
+    int64_t step;
+    double  loss;
+    double  accuracy; // argmax hits / count
+    bool    durable;  // a checkpoint of this step is durable (checkpoint_every reached)
+} ddl_step_result;
+
+// One optimizer step on rank 0's inline batch: `count` samples (must equal the spec's
+// batch size) of the spec's input shape in `x` (x_bytes = count * sample * dtype size,
+// the spec's dtype) and labels in [0, classes). Every size is checked on rank 0 first.
+// Collective.
+DDL_EXTERN ddl_status ddl_session_step(ddl_session_t *s, const void *x, size_t x_bytes,
+                                       const int64_t *labels, int64_t count,
+                                       ddl_step_result *out);
+
+typedef struct ddl_eval_result {
+    int64_t count;
+    double  loss;     // mean over the samples
+    double  accuracy;
+} ddl_eval_result;
+
+// Loss and accuracy over a whole split (the last batch padded, padding ignored).
+DDL_EXTERN ddl_status ddl_session_evaluate(ddl_session_t *s, ddl_split split,
+                                           ddl_eval_result *out);
+// The same over rank 0's inline samples (any count >= 1; processed batch by batch).
+DDL_EXTERN ddl_status ddl_session_evaluate_batch(ddl_session_t *s, const void *x,
+                                                 size_t x_bytes, const int64_t *labels,
+                                                 int64_t count, ddl_eval_result *out);
+// Logits [count, classes] (the spec's dtype) for rank 0's `count` >= 1 samples, written
+// on rank 0 into `logits` (logits_bytes must hold them). Any count: batch by batch,
+// never reading past x_bytes.
+DDL_EXTERN ddl_status ddl_session_predict(ddl_session_t *s, const void *x, size_t x_bytes,
+                                          int64_t count, void *logits, size_t logits_bytes);
+
+// ---- state ----------------------------------------------------------------------------
+
+// Checkpoints model, optimizer, cursor and RNG state into the session's checkpoint_dir
+// (or rank 0's `dir` when not NULL); *step receives the durable step. Collective.
+DDL_EXTERN ddl_status ddl_session_save(ddl_session_t *s, const char *dir, int64_t *step);
+// Restores from rank 0's `path` (a checkpoint root: `latest`, or with step >= 0 that
+// step's directory; or a step directory) onto this world size. The seed must match the
+// spec's. DDL_ENOTFOUND when there is none; DDL_ECORRUPT for a damaged one. Collective.
+DDL_EXTERN ddl_status ddl_session_restore(ddl_session_t *s, const char *path, int64_t step);
+DDL_EXTERN int64_t    ddl_session_durable_step(const ddl_session_t *s); // -1: none
+
+// The global (unsharded) weights: parameters and buffers (batch-norm running stats) in
+// spec order. Names, dtype and global shapes are known on every rank.
+DDL_EXTERN int              ddl_session_nweights(const ddl_session_t *s);
+DDL_EXTERN const char      *ddl_session_weight_name(const ddl_session_t *s, int i);
+DDL_EXTERN const ddl_shape *ddl_session_weight_shape(const ddl_session_t *s, int i);
+DDL_EXTERN ddl_dtype        ddl_session_weight_dtype(const ddl_session_t *s, int i);
+// Assembles weight i onto rank 0 into `buf` (rank 0: numel * dtype size bytes).
+DDL_EXTERN ddl_status ddl_session_gather_weight(ddl_session_t *s, int i, void *buf);
+// Sets every weight from rank 0's buffers (bufs[i] for weight i, each of the global
+// size), all or nothing. Collective.
+DDL_EXTERN ddl_status ddl_session_scatter_weights(ddl_session_t *s, const void *const *bufs);
+
+#ifdef __cplusplus
+}
+#endif
+#endif // DDL_SESSION_H

@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "base/check.h"
+#include "ddl/agree.h"
 #include "ddl/base.h"
 #include "ddl/layers.h"
 
@@ -50,21 +51,48 @@ ddl_status ddl_layer_add_param(ddl_layer_t *L, const char *name, const ddl_shape
     return DDL_OK;
 }
 
+// Local checks of forward/backward arguments (no MPI).
+static ddl_status check_io(const ddl_layer_t *L, const char *what, const ddl_tensor_t *t,
+                           const ddl_shape *want)
+{
+    char got[96], exp[96];
+    DDL_REQUIRE(t != NULL, DDL_EINVAL, "%s: %s is NULL", L->kind, what);
+    DDL_REQUIRE(t->dtype == L->dt, DDL_ESHAPE, "%s: %s has dtype %s, the layer has %s", L->kind,
+                what, ddl_dtype_name(t->dtype), ddl_dtype_name(L->dt));
+    DDL_REQUIRE(ddl_shape_equal(&t->shape, want), DDL_ESHAPE,
+                "%s: %s has local shape %s, expected %s on this rank", L->kind, what,
+                ddl_shape_str(&t->shape, got, sizeof got), ddl_shape_str(want, exp, sizeof exp));
+    return DDL_OK;
+}
+
+// Every rank of the layer's base communicator calls forward/backward (inactive ranks
+// with zero-volume tensors), so a check that fails on one rank fails on all of them
+// before the layer's first collective, instead of leaving the others blocked in it.
+static ddl_status agree_io(const ddl_layer_t *L, ddl_status st)
+{
+    const ddl_partition_t *P = L->P_in != NULL ? L->P_in : L->P_out;
+    return P != NULL ? ddl_agree(ddl_partition_base(P), st) : st;
+}
+
 ddl_status ddl_layer_forward(ddl_layer_t *L, const ddl_tensor_t *x, ddl_tensor_t *y)
 {
-    DDL_REQUIRE(ddl_shape_equal(&x->shape, &L->x_shape) && x->dtype == L->dt, DDL_ESHAPE,
-                "%s: input has the wrong local shape or dtype", L->kind);
-    DDL_REQUIRE(ddl_shape_equal(&y->shape, &L->y_shape) && y->dtype == L->dt, DDL_ESHAPE,
-                "%s: output has the wrong local shape or dtype", L->kind);
+    DDL_REQUIRE(L != NULL, DDL_EINVAL, "layer forward: layer is NULL");
+    ddl_status st = check_io(L, "input", x, &L->x_shape);
+    if (st == DDL_OK) {
+        st = check_io(L, "output", y, &L->y_shape);
+    }
+    DDL_CHECK(agree_io(L, st));
     return L->ops->forward(L, x, y);
 }
 
 ddl_status ddl_layer_backward(ddl_layer_t *L, const ddl_tensor_t *dy, ddl_tensor_t *dx)
 {
-    DDL_REQUIRE(ddl_shape_equal(&dy->shape, &L->y_shape) && dy->dtype == L->dt, DDL_ESHAPE,
-                "%s: output gradient has the wrong local shape or dtype", L->kind);
-    DDL_REQUIRE(ddl_shape_equal(&dx->shape, &L->x_shape) && dx->dtype == L->dt, DDL_ESHAPE,
-                "%s: input gradient has the wrong local shape or dtype", L->kind);
+    DDL_REQUIRE(L != NULL, DDL_EINVAL, "layer backward: layer is NULL");
+    ddl_status st = check_io(L, "output gradient", dy, &L->y_shape);
+    if (st == DDL_OK) {
+        st = check_io(L, "input gradient", dx, &L->x_shape);
+    }
+    DDL_CHECK(agree_io(L, st));
     return L->ops->backward(L, dy, dx);
 }
 

@@ -78,9 +78,13 @@ struct ddl_layer {
 // saved tensors, a layer may keep references to the x and y of its last forward instead
 // of copies: the caller must leave both unchanged until the matching backward (the model
 // does: every activation has its own buffer for the whole step).
+// Collective over the base communicator of the layer's partitions: every rank of it calls
+// (ranks outside the layer with zero-volume tensors). The local checks of x and y are
+// agreed on (ddl_agree) before the layer communicates, so a wrong tensor on one rank
+// fails every rank with that rank's message (DDL_ESHAPE) and none is left blocked.
 DDL_EXTERN ddl_status ddl_layer_forward(ddl_layer_t *L, const ddl_tensor_t *x, ddl_tensor_t *y);
 // dx = (dL/dx)^T dy (overwrites dx); parameter gradients += (dL/dp)^T dy. Needs the
-// state saved by the most recent forward.
+// state saved by the most recent forward. Collective and agreed like forward.
 DDL_EXTERN ddl_status ddl_layer_backward(ddl_layer_t *L, const ddl_tensor_t *dy, ddl_tensor_t *dx);
 // NULL-safe; sets *L to NULL.
 DDL_EXTERN void       ddl_layer_destroy(ddl_layer_t **L);
@@ -245,10 +249,12 @@ DDL_EXTERN ddl_shape  ddl_loss_x_shape(const ddl_loss_t *l);
 // local batch row (cross-entropy only). Reduced losses: *value on P_x rank 0 (0 on
 // other ranks). Reduction none: per-element losses into `elementwise` (x's local shape;
 // for cross-entropy [local batch rows], held by the column-0 ranks of P_x: other ranks
-// pass NULL or a zero-volume tensor, which is ignored). Collective over P_x; ranks
-// outside P_x return at once (value 0). Data errors: a label outside [0, classes) is
-// refused with EINVAL on every rank of P_x; BCE input outside [0, 1] fails (EINVAL) on
-// the ranks holding it and, for reduced losses, on P_x rank 0, with no rank left waiting.
+// pass NULL or a zero-volume tensor, which is ignored). Collective over the base
+// communicator of P_x: ranks outside P_x call it too (zero-volume x, value 0) and only
+// take part in the agreement on the status. Every rank returns the same status and
+// message (ddl_agree): a wrong shape, or a label outside [0, classes) on any rank
+// ("label 200 at batch index 17"), is refused (ESHAPE, EINVAL) before any other
+// communication; BCE input outside [0, 1] fails (EINVAL) everywhere after the reduction.
 // As with a layer's forward, the loss may keep references to x, target and labels
 // instead of copies: the caller must leave all three unchanged until the matching
 // ddl_loss_backward.
@@ -258,6 +264,7 @@ DDL_EXTERN ddl_status ddl_loss_forward(ddl_loss_t *l, const ddl_tensor_t *x,
 // Backward: dx = d(loss)/dx times the upstream gradient (dvalue for reduced losses,
 // meaningful on P_x rank 0 and broadcast by the adjoint; the elementwise gradient
 // tensor for reduction none). Overwrites dx. Uses the state of the last forward.
+// Collective and agreed like forward.
 DDL_EXTERN ddl_status ddl_loss_backward(ddl_loss_t *l, double dvalue,
                                         const ddl_tensor_t *delementwise, ddl_tensor_t *dx);
 

@@ -28,19 +28,21 @@
 // with g_n = R*(dv) / norm for reduced losses, and for reduction none g_n = de_n
 // broadcast from the column-0 rank along its P_x row (the adjoint of "e_n lives on
 // column 0"). The row maxima are all-reduced over the whole of P_x as one vector of the
-// N global rows (-inf outside a rank's rows) plus one flag for an out-of-range label:
-// a max is not a sum, and the flag makes every rank of P_x refuse a bad label alike.
+// N global rows (-inf outside a rank's rows): a max is not a sum.
 //
-// Errors on data: a label outside [0, C) is refused with EINVAL on every rank of P_x.
-// BCE input outside [0, 1] (the kernel refuses it): the failing ranks return EINVAL
-// but still take part in the reduction, which carries a failure count, so P_x rank 0
-// (the holder of the value) returns EINVAL too and no rank hangs.
+// Errors on data. Forward and backward check their arguments and data locally (shapes,
+// labels in [0, C)) and agree on the verdict (ddl_agree) over the base communicator of
+// P_x before any communication, so a bad label on one rank fails every rank, all with
+// the message of the lowest failing rank ("label 200 at batch index 17 ..."), and no
+// rank is left waiting in a collective (issue 7: a test-set label of 200 hung the job).
+// BCE input outside [0, 1] is found by the kernel during the computation: the failing
+// ranks still take part in the reduction, then every rank agrees on the status.
 //
 // Collectivity: create is collective over P_x (plans, a duplicate of P_x's
-// communicator for cross-entropy); forward and backward over P_x. Ranks outside P_x hold
-// zero-volume x, get value 0 and a zero-volume gradient, and make no MPI call
-// (DistDL crashes there: `input.clone()` on Python's builtin). Forward and backward
-// allocate nothing.
+// communicator for cross-entropy). Forward and backward are collective over the base
+// communicator of P_x, for the agreement only: ranks outside P_x hold zero-volume x, get
+// value 0 and a zero-volume gradient, and make no other MPI call (DistDL crashes there:
+// `input.clone()` on Python's builtin). Forward and backward allocate nothing.
 //
 // Saved state. Backward reads x, target and labels of the last forward through the
 // caller's pointers, not copies (the saved-tensor contract of ddl/layers.h: the caller
@@ -50,6 +52,7 @@
 #include <string.h>
 
 #include "base/check.h"
+#include "ddl/agree.h"
 #include "ddl/base.h"
 #include "ddl/decomp.h"
 #include "ddl/layers.h"
@@ -79,7 +82,7 @@ struct ddl_loss {
     int64_t                classes;
     bool                   col0;      // P_x index[1] == 0: holds the per-row losses
     MPI_Comm               comm;      // duplicate of P_x's communicator (MAX all-reduce)
-    double                *maxbuf;    // [N + 1]: global row maxima and the label flag
+    double                *maxbuf;    // [N + 1]: global row maxima (one spare)
     double                *gmax;      // [rows]
     ddl_all_sum_reduce_t  *rowsum;    // P_x axis 1, [2 rows] f64
     ddl_tensor_t          *stats;     // [2 rows]: sum exp(x - m) | label logit
@@ -280,7 +283,8 @@ static ddl_status check_tensor(const ddl_loss_t *l, const char *what, const ddl_
     return DDL_OK;
 }
 
-// The reduced value: sum the [local sum, failures] pairs onto P_x rank 0.
+// The reduced value: sum the [local sum, failures] pairs onto P_x rank 0. A failure is
+// reported by the caller's agreement; the count only keeps a refused value out of *value.
 static ddl_status reduce_value(ddl_loss_t *l, double local, bool failed, double *value)
 {
     if (l->active) {
@@ -291,11 +295,26 @@ static ddl_status reduce_value(ddl_loss_t *l, double local, bool failed, double 
     DDL_CHECK(ddl_sum_reduce_forward(l->reduce, l->part, l->total));
     if (ddl_tensor_numel(l->total) > 0) {
         const double *t = l->total->data;
-        DDL_REQUIRE(t[1] == 0.0, DDL_EINVAL,
-                    "loss: the input was refused on %.0f rank(s) of P_x (see their errors)", t[1]);
-        if (value != NULL) {
+        if (value != NULL && t[1] == 0.0) {
             *value = t[0] / l->norm;
         }
+    }
+    return DDL_OK;
+}
+
+// Agrees on a status over every rank that calls forward/backward (P_x's base).
+static ddl_status agree(const ddl_loss_t *l, ddl_status st)
+{
+    return ddl_agree(ddl_partition_base(l->P_x), st);
+}
+
+// Local checks of an elementwise loss's tensors (no MPI).
+static ddl_status eloss_check(const ddl_loss_t *l, const ddl_tensor_t *target,
+                              const ddl_tensor_t *elementwise)
+{
+    DDL_CHECK(check_tensor(l, "target", target, &l->x_shape));
+    if (l->reduction == DDL_REDUCTION_NONE) {
+        DDL_CHECK(check_tensor(l, "elementwise", elementwise, &l->x_shape));
     }
     return DDL_OK;
 }
@@ -303,21 +322,42 @@ static ddl_status reduce_value(ddl_loss_t *l, double local, bool failed, double 
 static ddl_status eloss_forward(ddl_loss_t *l, const ddl_tensor_t *x, const ddl_tensor_t *target,
                                 double *value, ddl_tensor_t *elementwise)
 {
-    DDL_CHECK(check_tensor(l, "target", target, &l->x_shape));
     int64_t n = ddl_shape_numel(&l->x_shape);
     // References for backward (a zero-volume target may be NULL: it is never read).
     l->xs = x->data;
     l->ts = target != NULL ? target->data : NULL;
     if (l->reduction == DDL_REDUCTION_NONE) {
-        DDL_CHECK(check_tensor(l, "elementwise", elementwise, &l->x_shape));
-        return ddl_eloss_forward(l->kind, l->dt, n > 0 ? elementwise->data : NULL, NULL, l->xs,
-                                 l->ts, n);
+        return agree(l, ddl_eloss_forward(l->kind, l->dt, n > 0 ? elementwise->data : NULL, NULL,
+                                          l->xs, l->ts, n));
     }
     double     local = 0.0;
     ddl_status st    = ddl_eloss_forward(l->kind, l->dt, NULL, &local, l->xs, l->ts, n);
     // Take part in the reduction whatever happened, so that no partner waits.
     DDL_CHECK(reduce_value(l, st == DDL_OK ? local : 0.0, st != DDL_OK, value));
-    return st;
+    return agree(l, st);
+}
+
+// Local checks of cross-entropy's arguments and labels (no MPI). Every rank of a P_x row
+// holds the same labels, so a bad label is found by each rank of its row.
+static ddl_status ce_check(const ddl_loss_t *l, const int64_t *labels,
+                           const ddl_tensor_t *elementwise)
+{
+    if (!l->active) {
+        return DDL_OK;
+    }
+    DDL_REQUIRE(l->rows == 0 || labels != NULL, DDL_EINVAL, "loss: cross-entropy labels are NULL");
+    if (l->reduction == DDL_REDUCTION_NONE && l->col0) {
+        ddl_shape es = ddl_shape_make(1, (int64_t[]){l->rows});
+        DDL_CHECK(check_tensor(l, "elementwise", elementwise, &es));
+    }
+    for (int64_t b = 0; b < l->rows; b++) {
+        DDL_REQUIRE(labels[b] >= 0 && labels[b] < l->classes, DDL_EINVAL,
+                    "loss: cross-entropy label %lld at batch index %lld is outside [0, %lld) "
+                    "(the model has %lld classes)",
+                    (long long)labels[b], (long long)(l->n0 + b), (long long)l->classes,
+                    (long long)l->classes);
+    }
+    return DDL_OK;
 }
 
 static ddl_status ce_forward(ddl_loss_t *l, const ddl_tensor_t *x, const int64_t *labels,
@@ -327,39 +367,14 @@ static ddl_status ce_forward(ddl_loss_t *l, const ddl_tensor_t *x, const int64_t
     if (!l->active) {
         return DDL_OK;  // no rows, no collectives: P_x's members are the only participants
     }
-    DDL_REQUIRE(rows == 0 || labels != NULL, DDL_EINVAL, "loss: cross-entropy labels are NULL");
-    ddl_shape es = ddl_shape_make(1, (int64_t[]){rows});
-    if (l->reduction == DDL_REDUCTION_NONE && l->col0) {
-        DDL_CHECK(check_tensor(l, "elementwise", elementwise, &es));
-    }
     l->xs     = x->data;  // references for backward, not copies
     l->labels = labels;
-    // Local label check; the verdict travels with the row maxima.
-    bool       bad = false;
-    ddl_status lst = DDL_OK;
-    for (int64_t b = 0; b < rows && !bad; b++) {
-        if (labels[b] < 0 || labels[b] >= l->classes) {
-            bad = true;
-            lst = ddl_set_error(DDL_EINVAL,
-                                "loss: cross-entropy label %lld of row %lld outside [0, %lld)",
-                                (long long)labels[b], (long long)(l->n0 + b),
-                                (long long)l->classes);
-        }
-    }
     for (int64_t i = 0; i < N; i++) {
         l->maxbuf[i] = -INFINITY;
     }
-    l->maxbuf[N] = bad ? 1.0 : 0.0;
+    // N < INT32_MAX (loss_validate).
     DDL_CHECK(ddl_cross_entropy_local_max(l->dt, l->maxbuf + l->n0, l->xs, rows, l->cl));
-    DDL_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, l->maxbuf, (int)(N + 1), MPI_DOUBLE, MPI_MAX,
-                                l->comm));
-    if (l->maxbuf[N] != 0.0) {
-        return bad ? lst
-                   : ddl_set_error(DDL_EINVAL,
-                                   "loss: cross-entropy labels outside [0, %lld) on another "
-                                   "rank of P_x",
-                                   (long long)l->classes);
-    }
+    DDL_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, l->maxbuf, (int)N, MPI_DOUBLE, MPI_MAX, l->comm));
     memcpy(l->gmax, l->maxbuf + l->n0, sizeof(double) * (size_t)rows);
 
     // Sum of exponentials and the label logit, summed along the P_x row.
@@ -390,7 +405,12 @@ ddl_status ddl_loss_forward(ddl_loss_t *l, const ddl_tensor_t *x, const ddl_tens
     if (value != NULL) {
         *value = 0.0;
     }
-    DDL_CHECK(check_tensor(l, "x", x, &l->x_shape));
+    ddl_status st = check_tensor(l, "x", x, &l->x_shape);
+    if (st == DDL_OK) {
+        st = l->kind == DDL_LOSS_CROSS_ENTROPY ? ce_check(l, labels, elementwise)
+                                               : eloss_check(l, target, elementwise);
+    }
+    DDL_CHECK(agree(l, st));
     l->have_forward = true;
     if (l->kind == DDL_LOSS_CROSS_ENTROPY) {
         return ce_forward(l, x, labels, value, elementwise);
@@ -418,18 +438,20 @@ ddl_status ddl_loss_backward(ddl_loss_t *l, double dvalue, const ddl_tensor_t *d
                              ddl_tensor_t *dx)
 {
     DDL_REQUIRE(l != NULL, DDL_EINVAL, "loss backward: loss is NULL");
-    DDL_REQUIRE(l->have_forward, DDL_EINVAL, "loss backward: called before any forward");
-    DDL_CHECK(check_tensor(l, "dx", dx, &l->x_shape));
-    bool    none = l->reduction == DDL_REDUCTION_NONE;
-    bool    ce   = l->kind == DDL_LOSS_CROSS_ENTROPY;
-    int64_t n    = ddl_shape_numel(&l->x_shape);
-    if (none && !ce) {
-        DDL_CHECK(check_tensor(l, "elementwise gradient", delementwise, &l->x_shape));
+    bool       none = l->reduction == DDL_REDUCTION_NONE;
+    bool       ce   = l->kind == DDL_LOSS_CROSS_ENTROPY;
+    int64_t    n    = ddl_shape_numel(&l->x_shape);
+    ddl_status st   = l->have_forward ? check_tensor(l, "dx", dx, &l->x_shape)
+                                      : ddl_set_error(DDL_EINVAL,
+                                                      "loss backward: called before any forward");
+    if (st == DDL_OK && none && !ce) {
+        st = check_tensor(l, "elementwise gradient", delementwise, &l->x_shape);
     }
-    if (none && ce && l->col0) {
+    if (st == DDL_OK && none && ce && l->col0) {
         ddl_shape es = ddl_shape_make(1, (int64_t[]){l->rows});
-        DDL_CHECK(check_tensor(l, "elementwise gradient", delementwise, &es));
+        st           = check_tensor(l, "elementwise gradient", delementwise, &es);
     }
+    DDL_CHECK(agree(l, st));
     if (n > 0) {
         ddl_tensor_zero(dx);
     }

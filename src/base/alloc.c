@@ -4,6 +4,7 @@
 // forward/adjoint allocate nothing (the steady state of a training step).
 #include <malloc.h>
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -15,10 +16,29 @@
 
 static atomic_uint_fast64_t n_allocs;
 static atomic_int_fast64_t  live_bytes;
+// Test-only fault injection: allocations left before every ddl_malloc fails (-1: off).
+static atomic_int_fast64_t fail_budget = -1;
+
+void ddl_alloc_inject_failure(int64_t after_n_allocs)
+{
+    atomic_store(&fail_budget, after_n_allocs < 0 ? -1 : after_n_allocs);
+}
+
+// Consumes one allocation of the injection budget; true when this one must fail.
+static bool injected_failure(void)
+{
+    int_fast64_t left = atomic_load(&fail_budget);
+    while (left > 0) {
+        if (atomic_compare_exchange_weak(&fail_budget, &left, left - 1)) {
+            return false;
+        }
+    }
+    return left == 0;
+}
 
 void *ddl_malloc(size_t bytes)
 {
-    if (bytes > SIZE_MAX - 2 * HEADER) {
+    if (bytes > SIZE_MAX - 2 * HEADER || injected_failure()) {
         return NULL;
     }
     size_t total = HEADER + ((bytes + DDL_ALIGN - 1) / DDL_ALIGN) * DDL_ALIGN;

@@ -25,6 +25,11 @@ DDL_EXTERN void   ddl_free(void *p);
 DDL_EXTERN uint64_t ddl_alloc_count(void);
 // Bytes currently allocated through ddl_malloc/ddl_calloc.
 DDL_EXTERN int64_t  ddl_alloc_bytes_live(void);
+// Test-only fault injection, per process: the next after_n_allocs calls of
+// ddl_malloc/ddl_calloc succeed, then every later one returns NULL until this is called
+// again; a negative value turns injection off (the default). Tests use it to make one
+// rank run out of memory and check that no rank is left waiting in a collective.
+DDL_EXTERN void     ddl_alloc_inject_failure(int64_t after_n_allocs);
 
 // Process-wide glibc malloc tuning for programs that move large buffers (the daemon,
 // distdl-train, benchmarks): keeps large blocks (ours and MPI's internal temporaries)

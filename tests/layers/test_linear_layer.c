@@ -243,6 +243,40 @@ static void refusals(ddl_partition_t *P0)
     }
 }
 
+// A wrongly shaped tensor on one rank only (here rank 3, which holds none of x): the
+// generic forward/backward checks are agreed on before the layer's collectives, so every
+// rank fails with that rank's message instead of the others blocking in them.
+static void one_rank_bad_shape(void)
+{
+    ddl_partition_t *Px = ddl_test_partition_range(0, 2, (int[]){1, 2});
+    ddl_partition_t *Py = ddl_test_partition_range(2, 2, (int[]){1, 2});
+    ddl_partition_t *Pw = ddl_test_partition_range(0, 2, (int[]){2, 2});
+    ddl_layer_t     *L  = NULL;
+    ddl_tensor_t    *x = NULL, *y = NULL, *dx = NULL, *wrong = NULL;
+    ASSERT_OK(ddl_linear_create(Px, Py, Pw, DDL_F64, 3, 7, 5, true, &L));
+    ASSERT_OK(ddl_tensor_create(DDL_F64, &L->x_shape, &x));
+    ASSERT_OK(ddl_tensor_create(DDL_F64, &L->y_shape, &y));
+    ASSERT_OK(ddl_tensor_create(DDL_F64, &L->x_shape, &dx));
+    ASSERT_OK(ddl_tensor_create(DDL_F64, &(ddl_shape){.ndim = 2, .d = {2, 2}}, &wrong));
+    ASSERT_STATUS(ddl_layer_forward(L, ddl_test_rank == 3 ? wrong : x, y), DDL_ESHAPE);
+    ASSERT_TRUE(strstr(ddl_last_error(), "input has local shape [2, 2]") != NULL);
+    ASSERT_OK(ddl_layer_forward(L, x, y));
+    ASSERT_STATUS(ddl_layer_backward(L, y, ddl_test_rank == 0 ? wrong : dx), DDL_ESHAPE);
+    ASSERT_TRUE(strstr(ddl_last_error(), "input gradient") != NULL);
+    ASSERT_OK(ddl_layer_backward(L, y, dx));
+    ddl_tensor_destroy(&x);
+    ddl_tensor_destroy(&y);
+    ddl_tensor_destroy(&dx);
+    ddl_tensor_destroy(&wrong);
+    ddl_layer_destroy(&L);
+    ddl_partition_destroy(&Px);
+    ddl_partition_destroy(&Py);
+    ddl_partition_destroy(&Pw);
+    if (ddl_test_rank == 0) {
+        printf("ok one-rank shape error fails every rank\n");
+    }
+}
+
 int main(int argc, char **argv)
 {
     ddl_test_mpi_init(&argc, &argv);
@@ -260,6 +294,7 @@ int main(int argc, char **argv)
         run_case(&c, "sequential [1,1]");
     }
     if (world == 4) {
+        one_rank_bad_shape();
         // LeNet's layout: P_w [2, 2] on 0..3, P_x on {0, 1}, P_y on {2, 3}. Uneven splits
         // (7 -> 4, 3 and 5 -> 3, 2), so rank 2 (P_y column 0, P_w row 1) sees two block sizes.
         c = (lin_case){.P0 = P0, .batch = 3, .in = 7, .out = 5};

@@ -4,6 +4,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "ddl/agree.h"
+#include "ddl/base.h"
 #include "verify.h"
 
 int vcase_invalid(vcase *c, const char *fmt, ...)
@@ -224,8 +226,22 @@ int vcase_get_partition(vcase *c, const char *key, bool required, ddl_partition_
     return vcase_status(c, st, key);
 }
 
+long long verify_fail_alloc_after = -1;
+
+void verify_arm_fail_alloc(void)
+{
+    if (verify_fail_alloc_after >= 0) {
+        ddl_alloc_inject_failure(verify_fail_alloc_after);
+        verify_fail_alloc_after = -1;
+    }
+}
+
 int vcase_status(vcase *c, ddl_status st, const char *what)
 {
+    // Every rank reaches each call: agree, so a failure seen by one rank (an allocation,
+    // an MPI error) gives every rank the same verdict and none goes on into the next
+    // collective alone.
+    st = ddl_agree(MPI_COMM_WORLD, st);
     if (st == DDL_OK) {
         return VERIFY_PASS;
     }

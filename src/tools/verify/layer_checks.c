@@ -4,17 +4,21 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "ddl/agree.h"
 #include "ddl/base.h"
 #include "ddl/collect.h"
 #include "ddl/npy.h"
 #include "layer_checks.h"
 
-#define CK(expr)                      \
-    do {                              \
-        st = (expr);                  \
-        if (st != DDL_OK) {           \
-            goto done;                \
-        }                             \
+// Every rank runs the same sequence of steps, so each step's status is agreed on over
+// the world: a step failing on one rank (an allocation) fails every rank before the next
+// collective, instead of leaving the others blocked in it.
+#define CK(expr)                                       \
+    do {                                               \
+        st = ddl_agree(MPI_COMM_WORLD, (expr));        \
+        if (st != DDL_OK) {                            \
+            goto done;                                 \
+        }                                              \
     } while (0)
 
 // Streams of the random tensors used by the checks.
@@ -445,9 +449,8 @@ static ddl_status loss_setup(const ddl_loss_builder *b, bool seq, ddl_dtype dt, 
         // Labels of this rank's rows, drawn by global row index.
         int64_t rows = xs.d[0], C = b->x_global.d[1];
         r->labels    = ddl_malloc(sizeof(int64_t) * (size_t)(rows > 0 ? rows : 1));
-        if (r->labels == NULL) {
-            return ddl_set_error(DDL_ENOMEM, "loss check: out of memory");
-        }
+        CK(r->labels != NULL ? DDL_OK
+                             : ddl_set_error(DDL_ENOMEM, "loss check: out of memory"));
         for (int64_t i = 0; i < rows; i++) {
             r->labels[i] = (int64_t)(ddl_rng_u64(b->seed, 77, (uint64_t)(r->xbox.start[0] + i)) %
                                      (uint64_t)C);

@@ -46,9 +46,8 @@ typedef struct lcase {
     ddl_reduction    reduction;
 } lcase;
 
-static ddl_status build_layer(void *ctx, bool seq, ddl_dtype dt, ddl_layer_t **out)
+static ddl_status create_layer(lcase *c, bool seq, ddl_dtype dt, ddl_layer_t **out)
 {
-    lcase                 *c  = ctx;
     ddl_partition_t *const *P = seq ? c->S : c->P;
     switch (c->kind) {
     case K_LINEAR:
@@ -67,6 +66,15 @@ static ddl_status build_layer(void *ctx, bool seq, ddl_dtype dt, ddl_layer_t **o
     default:
         return ddl_set_error(DDL_EINTERNAL, "verify: not a layer");
     }
+}
+
+static ddl_status build_layer(void *ctx, bool seq, ddl_dtype dt, ddl_layer_t **out)
+{
+    ddl_status st = create_layer(ctx, seq, dt, out);
+    if (st == DDL_OK) {
+        verify_arm_fail_alloc();
+    }
+    return st;
 }
 
 static ddl_status build_loss(void *ctx, bool seq, ddl_dtype dt, ddl_loss_t **out,

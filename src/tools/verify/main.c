@@ -6,7 +6,14 @@
 // Prints the figures of the checks (adjoint_error ...) and a last line PASS or FAIL on
 // rank 0; exits 0 (PASS) or 1 (FAIL) on every rank. A malformed case prints what is
 // wrong and exits 2 on every rank: every rank parses the same text and reaches the
-// same verdict before any collective call, so nothing can hang.
+// same verdict before any collective call, so nothing can hang. Every check agrees on
+// its status over the world before its next collective, so a failure on one rank (an
+// allocation, an MPI error) gives every rank the same FAIL.
+//
+// Test-only: DDL_VERIFY_FAIL_ALLOC="<rank>:<n>" makes world rank <rank> fail every
+// engine allocation after the next n that follow the creation of the object under test
+// (ddl_alloc_inject_failure), to check that a one-rank failure inside the checks ends
+// with FAIL on every rank instead of a hang.
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -117,6 +124,13 @@ int main(int argc, char **argv)
     vcase c = {0};
     MPI_Comm_size(MPI_COMM_WORLD, &c.world_size);
     MPI_Comm_rank(MPI_COMM_WORLD, &c.world_rank);
+    const char *inject = getenv("DDL_VERIFY_FAIL_ALLOC");
+    int         inject_rank = -1;
+    long long   inject_after = -1;
+    if (inject != NULL && sscanf(inject, "%d:%lld", &inject_rank, &inject_after) == 2 &&
+        inject_rank == c.world_rank) {
+        verify_fail_alloc_after = inject_after;
+    }
 
     int   rc   = VERIFY_INVALID;
     char *text = NULL;

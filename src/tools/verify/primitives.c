@@ -4,6 +4,7 @@
 // and runs the adjoint test |<Fx, y> - <x, F*y>| / max(|Fx||y|, |x||F*y|).
 #include <string.h>
 
+#include "ddl/agree.h"
 #include "verify.h"
 
 static const char *const COMMON[] = {"op", "dtype", "seed"};
@@ -64,6 +65,7 @@ static ddl_status halo_adj(const void *p, const ddl_tensor_t *dy, ddl_tensor_t *
 static int run_adjoint(vcase *c, const op_plan *op)
 {
     ddl_tensor_t *x = NULL, *Fx = NULL, *y = NULL, *Fty = NULL;
+    verify_arm_fail_alloc();
     ddl_status    st = verify_random(c->dt, &op->x_shape, c->seed, 1, &x);
     if (st == DDL_OK) {
         st = verify_random(c->dt, &op->y_shape, c->seed, 2, &y);
@@ -74,9 +76,12 @@ static int run_adjoint(vcase *c, const op_plan *op)
     if (st == DDL_OK) {
         st = ddl_tensor_create(c->dt, &op->x_shape, &Fty);
     }
+    // A rank that could not allocate must not leave the others alone in forward.
+    st = ddl_agree(MPI_COMM_WORLD, st);
     if (st == DDL_OK) {
         st = op->forward(op->plan, x, Fx);
     }
+    st = ddl_agree(MPI_COMM_WORLD, st);
     if (st == DDL_OK) {
         st = op->adjoint(op->plan, y, Fty);
     }

@@ -16,6 +16,7 @@
 
 static atomic_uint_fast64_t n_allocs;
 static atomic_int_fast64_t  live_bytes;
+static atomic_int_fast64_t  peak_bytes;
 // Test-only fault injection: allocations left before every ddl_malloc fails (-1: off).
 static atomic_int_fast64_t fail_budget = -1;
 
@@ -48,7 +49,10 @@ void *ddl_malloc(size_t bytes)
     }
     memcpy(base, &bytes, sizeof bytes);
     atomic_fetch_add(&n_allocs, 1);
-    atomic_fetch_add(&live_bytes, (int_fast64_t)bytes);
+    int_fast64_t live = atomic_fetch_add(&live_bytes, (int_fast64_t)bytes) + (int_fast64_t)bytes;
+    int_fast64_t peak = atomic_load(&peak_bytes);
+    while (live > peak && !atomic_compare_exchange_weak(&peak_bytes, &peak, live)) {
+    }
     return (char *)base + HEADER;
 }
 
@@ -84,6 +88,11 @@ uint64_t ddl_alloc_count(void)
 int64_t ddl_alloc_bytes_live(void)
 {
     return atomic_load(&live_bytes);
+}
+
+int64_t ddl_alloc_bytes_peak_reset(void)
+{
+    return atomic_exchange(&peak_bytes, atomic_load(&live_bytes));
 }
 
 void ddl_malloc_tune_for_streaming(void)

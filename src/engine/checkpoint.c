@@ -4,6 +4,8 @@
 //   <dir>/latest                          "step-<S, 9 digits>\n": the newest complete checkpoint
 //   <dir>/step-<S>/shard-<rank, 5 digits>.bin   one per rank of the writing world
 //   <dir>/step-<S>/manifest.json          written by rank 0 once every shard is durable
+//   <dir>/step-<S>/manifest.sha256        "<64 hex>  manifest.json\n" (sha256sum's format):
+//                                         the SHA-256 of manifest.json, written after it
 //
 // Shard file, format version 1. Integers are little-endian; i64/u64 are 8 bytes, u32 4:
 //   header (32 bytes): char magic[8] = "DDLSHARD", u32 version, u32 rank, u32 world size,
@@ -32,8 +34,11 @@
 // the same way. A crash at any point leaves `latest` naming a complete checkpoint; a
 // left-over step-<S>.partial is removed by the next save of step S.
 //
-// Loading. Rank 0 resolves `latest`, reads manifest.json and broadcasts its text; every
-// rank validates it. The shards' sizes and SHA-256 digests are verified round-robin over
+// Loading. Rank 0 resolves `latest`, reads manifest.json, checks it against
+// manifest.sha256 and broadcasts its text; every rank validates it (every field's type
+// and range, and every count against the world size before allocating for it). Without
+// `latest`, a root holding step-<S> directories resolves to the newest one whose
+// manifest verifies, and says so in a warning (see ddl/checkpoint.h). The shards' sizes and SHA-256 digests are verified round-robin over
 // the ranks (shard s by rank s % size) so that every shard is checked once, in parallel,
 // before anything is read. Then every rank reads, straight from the shard files, the
 // intersections of its requested boxes with the written boxes into staging tensors, and
@@ -70,6 +75,7 @@ _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__,
 #define SHARD_HEADER 32
 #define MANIFEST_MAX ((int64_t)1 << 30)
 #define LATEST_MAX 64
+#define MANIFEST_SUM_MAX 128
 
 // ---- agreement -------------------------------------------------------------------
 
@@ -626,6 +632,32 @@ static ddl_status manifest_begin(const ddl_checkpoint_meta *meta, int size, int 
     return DDL_OK;
 }
 
+// Path of manifest.sha256 beside the manifest at mpath.
+static ddl_status manifest_sum_path(const char *mpath, char *out)
+{
+    const char *slash = strrchr(mpath, '/');
+    int         dlen  = slash != NULL ? (int)(slash - mpath) : 0;
+    return ddl__path_fmt(out, CKPT_PATH_MAX, "%.*s%smanifest.sha256", dlen, mpath,
+                         slash != NULL ? "/" : "");
+}
+
+// Writes manifest.sha256 (durably) for the manifest bytes just written to mpath, so the
+// manifest itself is covered by a checksum like the shards it lists.
+static ddl_status manifest_sum_write(const char *mpath, const char *bytes, size_t len)
+{
+    char path[CKPT_PATH_MAX], hex[65];
+    DDL_CHECK(manifest_sum_path(mpath, path));
+    DDL_CHECK(ddl_sha256_buffer(bytes, len, hex));
+    FILE *f;
+    DDL_CHECK(ddl__durable_open(path, &f));
+    if (fprintf(f, "%s  manifest.json\n", hex) < 0) {
+        int err = errno;
+        ddl__durable_abort(f, path);
+        return ddl_set_error(DDL_EIO, "checkpoint: cannot write %s: %s", path, strerror(err));
+    }
+    return ddl__durable_commit(f, path);
+}
+
 // Adds "shards" to the manifest and writes it durably (rank 0).
 static ddl_status manifest_write(json_t *m, int size, const char *hexes, const int64_t *bytes,
                                  const char *path)
@@ -643,17 +675,21 @@ static ddl_status manifest_write(json_t *m, int size, const char *hexes, const i
     }
     char *text = ok ? json_dumps(m, JSON_INDENT(1)) : NULL;
     DDL_REQUIRE(text != NULL, DDL_ENOMEM, "checkpoint: out of memory writing the manifest");
+    size_t len = strlen(text);
+    text[len]  = '\n'; // the file's bytes: the JSON and a newline (NUL dropped, length kept)
     FILE      *f;
     ddl_status st = ddl__durable_open(path, &f);
     if (st == DDL_OK) {
-        size_t len = strlen(text);
-        if (fwrite(text, 1, len, f) != len || fputc('\n', f) == EOF) {
+        if (fwrite(text, 1, len + 1, f) != len + 1) {
             int err = errno;
             ddl__durable_abort(f, path);
             st = ddl_set_error(DDL_EIO, "checkpoint: cannot write %s: %s", path, strerror(err));
         } else {
             st = ddl__durable_commit(f, path);
         }
+    }
+    if (st == DDL_OK) {
+        st = manifest_sum_write(path, text, len + 1);
     }
     free(text); // json_dumps allocates with malloc
     return st;
@@ -1054,6 +1090,20 @@ static ddl_status manifest_parse(const char *file, const char *text, size_t len,
     if (json_array_size(tensors) > INT_MAX / 2) {
         return corrupt(file, "too many tensors");
     }
+    // Every count is checked against the text before anything is allocated for it: a
+    // manifest claiming a world of 2^20 ranks must list 2^20 shards and 2^20 boxes per
+    // tensor, so the tables below stay proportional to the manifest's own size.
+    if (json_array_size(shards) != (size_t)m->world) {
+        return corrupt(file, "\"shards\" has %zu entries, expected world_size %d",
+                       json_array_size(shards), m->world);
+    }
+    for (size_t i = 0; i < json_array_size(tensors); i++) {
+        json_t *boxes = json_object_get(json_array_get(tensors, i), "boxes");
+        if (boxes != NULL && json_is_array(boxes) && json_array_size(boxes) != (size_t)m->world) {
+            return corrupt(file, "tensors[%zu].\"boxes\" has %zu entries, expected world_size %d",
+                           i, json_array_size(boxes), m->world);
+        }
+    }
     m->n         = (int)json_array_size(tensors);
     size_t nb    = (size_t)m->n * (size_t)m->world;
     m->t         = ddl_calloc((size_t)m->n + 1, sizeof *m->t);
@@ -1136,6 +1186,104 @@ static bool exists(const char *path)
     return stat(path, &sb) == 0;
 }
 
+// Checks the manifest's bytes against manifest.sha256 beside it (rank 0): a bit flip
+// anywhere in the manifest, the spec text included, is refused before it is parsed.
+static ddl_status manifest_sum_check(const char *mpath, const char *text, int64_t len)
+{
+    char path[CKPT_PATH_MAX], hex[65];
+    DDL_CHECK(manifest_sum_path(mpath, path));
+    if (!exists(path)) {
+        return corrupt(path, "missing: the manifest is not covered by a checksum (written by "
+                             "an older build, or damaged)");
+    }
+    char   *sum = NULL;
+    int64_t n   = 0;
+    DDL_CHECK(read_text(path, MANIFEST_SUM_MAX, &sum, &n));
+    // Exactly "<64 lowercase hex>  manifest.json" and an optional newline.
+    static const char tail[] = "  manifest.json";
+    if (n > 0 && sum[n - 1] == '\n') {
+        sum[--n] = '\0';
+    }
+    bool ok = n == 64 + (int64_t)strlen(tail) && strcmp(sum + 64, tail) == 0;
+    if (ok) {
+        sum[64] = '\0';
+        ok      = is_hex64(sum);
+    }
+    ddl_status st = ok ? ddl_sha256_buffer(text, (size_t)len, hex)
+                       : corrupt(path, "is not \"<64 hex digits>  manifest.json\"");
+    if (st == DDL_OK && strcmp(hex, sum) != 0) {
+        st = corrupt(mpath, "SHA-256 %s does not match manifest.sha256 (%s): the manifest was "
+                            "modified or damaged",
+                     hex, sum);
+    }
+    ddl_free(sum);
+    return st;
+}
+
+// The newest step-<digits> directory under root whose manifest verifies against its
+// checksum, for a root whose `latest` is missing (rank 0). ENOTFOUND if there is none.
+static ddl_status newest_step(const char *root, char *stepdir, size_t cap, int64_t *step)
+{
+    DIR *d = opendir(root);
+    if (d == NULL) {
+        return ddl_set_error(DDL_ENOTFOUND, "checkpoint: no checkpoint at %s: %s", root,
+                             strerror(errno));
+    }
+    int64_t        tried = -1, best = -1;
+    struct dirent *e;
+    // Candidates newest first: repeat the scan for the next lower step (step counts are
+    // small; a directory listing is cheap next to verifying a checkpoint).
+    for (;;) {
+        int64_t next = -1;
+        rewinddir(d);
+        while ((e = readdir(d)) != NULL) {
+            const char *nm = e->d_name;
+            size_t      ln = strlen(nm);
+            bool        ok = ln > 5 && ln <= 5 + 18 && strncmp(nm, "step-", 5) == 0;
+            for (size_t i = 5; i < ln && ok; i++) {
+                ok = nm[i] >= '0' && nm[i] <= '9';
+            }
+            int64_t v = ok ? strtoll(nm + 5, NULL, 10) : -1;
+            if (ok && v > next && (tried < 0 || v < tried)) {
+                next = v;
+            }
+        }
+        if (next < 0) {
+            break;
+        }
+        tried = next;
+        char    dir[CKPT_PATH_MAX], mpath[CKPT_PATH_MAX];
+        char   *text = NULL;
+        int64_t len  = 0;
+        if (ddl__path_fmt(dir, sizeof dir, "%s/step-%09lld", root, (long long)next) != DDL_OK ||
+            ddl__path_fmt(mpath, sizeof mpath, "%s/manifest.json", dir) != DDL_OK) {
+            continue;
+        }
+        if (exists(mpath) && read_text(mpath, MANIFEST_MAX, &text, &len) == DDL_OK &&
+            manifest_sum_check(mpath, text, len) == DDL_OK) {
+            best = next;
+            ddl_free(text);
+            break;
+        }
+        ddl_free(text);
+        ddl_log(DDL_LOG_WARN, "checkpoint: %s has no latest; skipping step-%09lld: %s", root,
+                (long long)next, ddl_last_error());
+    }
+    closedir(d);
+    if (best < 0) {
+        return ddl_set_error(DDL_ENOTFOUND,
+                             "checkpoint: no checkpoint at %s (no latest, no manifest.json, "
+                             "no step directory with a verified manifest)",
+                             root);
+    }
+    ddl_log(DDL_LOG_WARN,
+            "checkpoint: %s/latest is missing; resuming from the newest verified step "
+            "directory, step-%09lld",
+            root, (long long)best);
+    *step = best;
+    return ddl__path_fmt(stepdir, cap, "%s/step-%09lld", root, (long long)best);
+}
+
 // Resolves a root (with `latest`) or a step directory to the step directory (rank 0).
 // *expect receives the step named by `latest`, or -1.
 static ddl_status resolve(const char *path, char *stepdir, size_t cap, int64_t *expect)
@@ -1145,8 +1293,9 @@ static ddl_status resolve(const char *path, char *stepdir, size_t cap, int64_t *
     DDL_CHECK(ddl__path_fmt(manifest, sizeof manifest, "%s/manifest.json", path));
     *expect = -1;
     if (!exists(latest)) {
-        DDL_REQUIRE(exists(manifest), DDL_ENOTFOUND,
-                    "checkpoint: no checkpoint at %s (neither latest nor manifest.json)", path);
+        if (!exists(manifest)) {
+            return newest_step(path, stepdir, cap, expect);
+        }
         return ddl__path_fmt(stepdir, cap, "%s", path);
     }
     char   *text = NULL;
@@ -1313,6 +1462,9 @@ static ddl_status fetch_manifest(MPI_Comm comm, int rank, const char *path, char
         }
         if (st == DDL_OK) {
             st = read_text(mpath, MANIFEST_MAX, text, len);
+        }
+        if (st == DDL_OK) {
+            st = manifest_sum_check(mpath, *text, *len);
         }
     }
     DDL_CHECK(ddl__agree(comm, st));

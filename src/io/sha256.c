@@ -63,3 +63,22 @@ done:
     fclose(f);
     return st;
 }
+
+ddl_status ddl_sha256_buffer(const void *data, size_t len, char hex[65])
+{
+    DDL_REQUIRE((data != NULL || len == 0) && hex != NULL, DDL_EINVAL,
+                "sha256: NULL data or output");
+    unsigned char md[EVP_MAX_MD_SIZE];
+    unsigned int  mdlen = 0;
+    static const char empty[1];
+    DDL_REQUIRE(EVP_Digest(len > 0 ? data : empty, len, md, &mdlen, EVP_sha256(), NULL) == 1 &&
+                    mdlen == 32,
+                DDL_EINTERNAL, "sha256: EVP_Digest failed");
+    static const char digits[] = "0123456789abcdef";
+    for (unsigned int i = 0; i < mdlen; i++) {
+        hex[2 * i]     = digits[md[i] >> 4];
+        hex[2 * i + 1] = digits[md[i] & 0xf];
+    }
+    hex[64] = '\0';
+    return DDL_OK;
+}

@@ -435,7 +435,20 @@ static char *replace_value(const char *text, const char *key, const char *token)
     return out;
 }
 
-typedef enum { TRUNCATE, FLIP, REMOVE, REPLACE } damage;
+// SEALED: REPLACE a manifest and rewrite its manifest.sha256 to match, as a hostile
+// writer would: the fields must still be validated on their own.
+typedef enum { TRUNCATE, FLIP, REMOVE, REPLACE, SEALED } damage;
+
+// Rewrites manifest.sha256 beside `manifest` for its current contents (rank 0).
+static void reseal(const char *manifest)
+{
+    char sum[600], hex[65], line[100];
+    snprintf(sum, sizeof sum, "%.*s/manifest.sha256", (int)(strrchr(manifest, '/') - manifest),
+             manifest);
+    ASSERT_OK(ddl_sha256_file(manifest, hex));
+    snprintf(line, sizeof line, "%s  manifest.json\n", hex);
+    spill(sum, line, (long)strlen(line));
+}
 
 // Damages one file (rank 0), expects every rank to refuse the load naming `what`, and
 // restores the file.
@@ -462,8 +475,12 @@ static void corrupt_case(const char *root, const char *file, damage how, const c
             ASSERT_TRUE(unlink(file) == 0);
             break;
         case REPLACE:
+        case SEALED:
             ASSERT_TRUE(content != NULL);
             spill(file, content, (long)strlen(content));
+            if (how == SEALED) {
+                reseal(file);
+            }
             break;
         }
     }
@@ -475,6 +492,9 @@ static void corrupt_case(const char *root, const char *file, damage how, const c
             spill(file, saved, len);
         } else {
             unlink(file);
+        }
+        if (how == SEALED) {
+            reseal(file);
         }
         free(saved);
     }
@@ -493,7 +513,30 @@ static void test_corruption(const char *root)
     corrupt_case(root, shard, TRUNCATE, NULL, DDL_ECORRUPT, shard_name);
     corrupt_case(root, shard, FLIP, NULL, DDL_ECORRUPT, shard_name);
     corrupt_case(root, shard, REMOVE, NULL, DDL_ECORRUPT, shard_name);
-    corrupt_case(root, manifest, TRUNCATE, NULL, DDL_ECORRUPT, "manifest.json: invalid JSON");
+    // The manifest is covered by manifest.sha256: damage anywhere is refused before
+    // parsing, a bit flip inside the spec text (still valid JSON) included.
+    corrupt_case(root, manifest, TRUNCATE, NULL, DDL_ECORRUPT, "does not match manifest.sha256");
+    {
+        char *bad = NULL;
+        if (rank_ == 0) {
+            long  n    = 0;
+            char *orig = slurp(manifest, &n);
+            bad        = malloc((size_t)n + 1);
+            memcpy(bad, orig, (size_t)n);
+            bad[n]     = '\0';
+            char *spec = strstr(bad, "\"spec\": \"");
+            ASSERT_TRUE(spec != NULL);
+            spec[10] ^= 0x01;  // one bit of the spec text's first character
+            free(orig);
+        }
+        corrupt_case(root, manifest, REPLACE, bad, DDL_ECORRUPT, "does not match manifest.sha256");
+        free(bad);
+    }
+    char sum[512];
+    snprintf(sum, sizeof sum, "%s/step-000000009/manifest.sha256", root);
+    corrupt_case(root, sum, REMOVE, NULL, DDL_ECORRUPT, "manifest.sha256: missing");
+    corrupt_case(root, sum, REPLACE, "0123  manifest.json\n", DDL_ECORRUPT,
+                 "manifest.sha256: is not");
 
     // Wrong field types and values, one at a time.
     static const struct {
@@ -514,13 +557,60 @@ static void test_corruption(const char *root)
     }
     for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
         char *bad = rank_ == 0 ? replace_value(text, fields[i].key, fields[i].token) : NULL;
-        corrupt_case(root, manifest, REPLACE, bad, DDL_ECORRUPT, fields[i].what);
+        corrupt_case(root, manifest, SEALED, bad, DDL_ECORRUPT, fields[i].what);
+        free(bad);
+    }
+    // A world of 2^20 ranks is refused from the counts, before any rank allocates
+    // tables for it (it used to cost gigabytes per rank before the check).
+    {
+        char *bad = rank_ == 0 ? replace_value(text, "world_size", "1048576") : NULL;
+        ddl_alloc_bytes_peak_reset();
+        int64_t before = ddl_alloc_bytes_live();
+        corrupt_case(root, manifest, SEALED, bad, DDL_ECORRUPT, "expected world_size 1048576");
+        int64_t peak = ddl_alloc_bytes_peak_reset() - before;
+        if (peak > ((int64_t)64 << 20)) {
+            TEST_FAIL_("refusing a world of 2^20 allocated %lld bytes at peak", (long long)peak);
+        }
         free(bad);
     }
     free(text);
 
     corrupt_case(root, latest, REPLACE, "step-000000099\n", DDL_ECORRUPT, "step-000000099");
     corrupt_case(root, latest, REPLACE, "../../etc\n", DDL_ECORRUPT, "latest");
+    // Without `latest`, the newest step directory whose manifest verifies is loaded
+    // (step 10 here: it is newer than step 9, which was saved after it) and a warning
+    // says so; it used to be ENOTFOUND, so --resume started again from step 0.
+    {
+        char saved_latest[64] = "";
+        if (rank_ == 0) {
+            long  n = 0;
+            char *t = slurp(latest, &n);
+            snprintf(saved_latest, sizeof saved_latest, "%.*s", (int)n, t);
+            free(t);
+            ASSERT_TRUE(unlink(latest) == 0);
+        }
+        MPI_Barrier(MPI_COMM_WORLD);
+        // The newest step: 10 (12 at one rank, where test_save_refused's step 12 exists).
+        int64_t newest = size_ > 1 ? 10 : 12, next = size_ > 1 ? 9 : 10;
+        load_expect(root, LAYOUT_A, newest, (int)newest);
+        // A newer step directory whose manifest does not verify is skipped.
+        char m10[512];
+        snprintf(m10, sizeof m10, "%s/step-%09lld/manifest.json", root, (long long)newest);
+        long  n10 = 0;
+        char *t10 = NULL;
+        if (rank_ == 0) {
+            t10 = slurp(m10, &n10);
+            spill(m10, t10, n10 / 2);
+        }
+        MPI_Barrier(MPI_COMM_WORLD);
+        load_expect(root, LAYOUT_A, next, (int)next);
+        if (rank_ == 0) {
+            spill(m10, t10, n10);
+            free(t10);
+            spill(latest, saved_latest, (long)strlen(saved_latest));
+        }
+        MPI_Barrier(MPI_COMM_WORLD);
+    }
     // Everything restored: the checkpoint loads again.
     load_expect(root, LAYOUT_B, 9, 9);
 }

@@ -25,6 +25,10 @@ DDL_EXTERN void   ddl_free(void *p);
 DDL_EXTERN uint64_t ddl_alloc_count(void);
 // Bytes currently allocated through ddl_malloc/ddl_calloc.
 DDL_EXTERN int64_t  ddl_alloc_bytes_live(void);
+// The highest live byte count since the previous call (or start), and restarts the
+// measurement from the current live count. Tests use it to check that a reader refuses
+// a hostile size before allocating for it.
+DDL_EXTERN int64_t  ddl_alloc_bytes_peak_reset(void);
 // Test-only fault injection, per process: the next after_n_allocs calls of
 // ddl_malloc/ddl_calloc succeed, then every later one returns NULL until this is called
 // again; a negative value turns injection off (the default). Tests use it to make one

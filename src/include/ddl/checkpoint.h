@@ -6,12 +6,15 @@
 // directory <dir>/step-<S, 9 digits>/ holding one shard file per rank and a manifest
 // (JSON: format version, world size, step, the model spec text, user metadata such as
 // optimizer settings, RNG state and data cursor, every tensor's name, dtype, global
-// shape and per-rank box, and the SHA-256 of every shard file). <dir>/latest names the
+// shape and per-rank box, and the SHA-256 of every shard file), itself covered by
+// manifest.sha256 (the SHA-256 of manifest.json). <dir>/latest names the
 // newest complete checkpoint. Every file is written temp -> fsync -> rename -> fsync
 // directory, the manifest last and `latest` after it, so a crash at any moment leaves
 // `latest` on a complete checkpoint.
 //
-// Loading verifies the manifest and every shard's checksum and refuses a corrupt,
+// Loading verifies the manifest's checksum, every manifest field's type and range (counts
+// are checked against the world size before anything is allocated for them) and every
+// shard's checksum, and refuses a corrupt,
 // truncated or missing file with DDL_ECORRUPT and a message naming the file. It works
 // onto any world size and partitioning: the boxes requested by the caller may differ
 // from the boxes written (each rank reads the parts of the written boxes that its own
@@ -65,8 +68,12 @@ DDL_EXTERN ddl_status ddl_checkpoint_save(MPI_Comm comm, const char *dir,
 // Resolves `path` (a checkpoint root with a `latest` file, or a step directory), verifies
 // it and fills every requested tensor's local box. Tensors are matched by name (any
 // subset of the checkpoint's, possibly different per rank); a missing name or a global
-// shape/dtype mismatch is DDL_EINVAL naming it. A path with neither `latest` nor
-// manifest.json is DDL_ENOTFOUND. On success *spec_json and *user_json (compact JSON)
+// shape/dtype mismatch is DDL_EINVAL naming it. A root without `latest` (deleted, or
+// lost) but with step-<S> directories loads the newest step directory whose manifest
+// verifies against its manifest.sha256, and logs a warning naming it (as a user
+// resuming a run expects; silently starting from step 0 would redo the whole run). A
+// path with neither `latest`, manifest.json nor such a step directory is DDL_ENOTFOUND.
+// A manifest without manifest.sha256 (or not matching it) is DDL_ECORRUPT. On success *spec_json and *user_json (compact JSON)
 // (if not NULL) receive ddl_malloc'd copies (free with ddl_free) and *step the step.
 // Nothing is written into the tensors or the outputs unless everything verifies.
 DDL_EXTERN ddl_status ddl_checkpoint_load(MPI_Comm comm, const char *path, int n,

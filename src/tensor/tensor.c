@@ -36,9 +36,24 @@ int64_t ddl_shape_numel(const ddl_shape *s)
 {
     int64_t n = 1;
     for (int i = 0; i < s->ndim; i++) {
-        n *= s->d[i];
+        if (s->d[i] < 0 || __builtin_mul_overflow(n, s->d[i], &n)) {
+            return -1;
+        }
     }
     return n;
+}
+
+ddl_status ddl_shape_numel_checked(const ddl_shape *s, int64_t *out)
+{
+    char buf[200];
+    DDL_REQUIRE(s->ndim >= 0 && s->ndim <= DDL_MAX_DIMS, DDL_EINVAL,
+                "shape: ndim %d outside [0, %d]", s->ndim, DDL_MAX_DIMS);
+    int64_t n = ddl_shape_numel(s);
+    DDL_REQUIRE(n >= 0 && n <= DDL_MAX_TENSOR_ELEMENTS, DDL_EINVAL,
+                "shape %s: %s elements, the limit per tensor is 2^34 (DDL_MAX_TENSOR_ELEMENTS)",
+                ddl_shape_str(s, buf, sizeof buf), n < 0 ? "a negative size or more than 2^63" : "too many");
+    *out = n;
+    return DDL_OK;
 }
 
 bool ddl_shape_equal(const ddl_shape *a, const ddl_shape *b)
@@ -95,8 +110,13 @@ int64_t ddl_box_numel(const ddl_box *b)
 {
     int64_t n = 1;
     for (int i = 0; i < b->ndim; i++) {
-        int64_t e = b->stop[i] - b->start[i];
-        n *= e > 0 ? e : 0;
+        int64_t e;
+        if (__builtin_sub_overflow(b->stop[i], b->start[i], &e)) {
+            return -1;
+        }
+        if (__builtin_mul_overflow(n, e > 0 ? e : 0, &n)) {
+            return -1;
+        }
     }
     return n;
 }
@@ -164,7 +184,8 @@ static ddl_status check_shape(const ddl_shape *shape)
         DDL_REQUIRE(shape->d[i] >= 0, DDL_EINVAL, "tensor: dimension %d has negative size %lld", i,
                     (long long)shape->d[i]);
     }
-    return DDL_OK;
+    int64_t n;
+    return ddl_shape_numel_checked(shape, &n);
 }
 
 ddl_status ddl_tensor_create(ddl_dtype dt, const ddl_shape *shape, ddl_tensor_t **out)

@@ -110,9 +110,35 @@ static void test_rng(void)
     ASSERT_NEAR(mean / 100000, 0.5, 0.01);
 }
 
+// Sizes from outside are bounded: products that overflow int64 (or wrap to a small
+// number) and tensors past DDL_MAX_TENSOR_ELEMENTS are refused, naming the shape.
+static void test_size_limits(void)
+{
+    ddl_tensor_t *t    = NULL;
+    int64_t       n    = 0;
+    ddl_shape     wrap = ddl_shape_make(2, (int64_t[]){(int64_t)1 << 32, (int64_t)1 << 32});
+    ASSERT_EQ(ddl_shape_numel(&wrap), -1);  // 2^64 used to wrap to 0
+    ASSERT_STATUS(ddl_shape_numel_checked(&wrap, &n), DDL_EINVAL);
+    ASSERT_STATUS(ddl_tensor_create(DDL_F32, &wrap, &t), DDL_EINVAL);
+    ASSERT_TRUE(t == NULL && strstr(ddl_last_error(), "[4294967296, 4294967296]") != NULL);
+    // 2^40 * 2^40 * 2^40 wraps to 0 in int64 as well; 784 * 2^62 wraps to 0 too.
+    ddl_shape wrap3 = ddl_shape_make(3, (int64_t[]){(int64_t)1 << 40, (int64_t)1 << 40,
+                                                    (int64_t)1 << 40});
+    ASSERT_EQ(ddl_shape_numel(&wrap3), -1);
+    ddl_shape cap = ddl_shape_make(2, (int64_t[]){(int64_t)1 << 17, (int64_t)1 << 17});
+    ASSERT_OK(ddl_shape_numel_checked(&cap, &n));
+    ASSERT_EQ(n, DDL_MAX_TENSOR_ELEMENTS);
+    cap.d[1]++;
+    ASSERT_STATUS(ddl_shape_numel_checked(&cap, &n), DDL_EINVAL);
+    ASSERT_STATUS(ddl_tensor_view(DDL_F32, &cap, NULL, &t), DDL_EINVAL);
+    ddl_box b = ddl_box_make(1, (int64_t[]){INT64_MIN}, (int64_t[]){INT64_MAX});
+    ASSERT_EQ(ddl_box_numel(&b), -1);
+}
+
 int main(void)
 {
     test_create();
+    test_size_limits();
     test_pack_unpack(DDL_F64);
     test_pack_unpack(DDL_F32);
     test_alloc_counting();

@@ -32,6 +32,11 @@ extern "C" {
 #endif
 
 #define DDL_MAX_DIMS 8
+// The most elements one tensor (local or global) may have: 2^34 (64 GiB of f32). Shapes
+// from outside (specs, checkpoints, .npy and safetensors files, the wire) are refused
+// past it with EINVAL naming the shape, before their products can overflow int64 or
+// anything is allocated for them.
+#define DDL_MAX_TENSOR_ELEMENTS ((int64_t)1 << 34)
 
 typedef enum { DDL_F32 = 0, DDL_F64 = 1 } ddl_dtype;
 
@@ -57,7 +62,11 @@ typedef struct ddl_tensor {
 DDL_EXTERN size_t    ddl_dtype_size(ddl_dtype dt);
 DDL_EXTERN const char *ddl_dtype_name(ddl_dtype dt);
 DDL_EXTERN ddl_shape ddl_shape_make(int ndim, const int64_t *d);
+// Product of the dimensions; -1 if a dimension is negative or the product overflows int64.
 DDL_EXTERN int64_t   ddl_shape_numel(const ddl_shape *s);
+// The product, checked: EINVAL naming the shape for a bad ndim, a negative dimension, or
+// more than DDL_MAX_TENSOR_ELEMENTS elements (overflow included).
+DDL_EXTERN ddl_status ddl_shape_numel_checked(const ddl_shape *s, int64_t *out);
 DDL_EXTERN bool      ddl_shape_equal(const ddl_shape *a, const ddl_shape *b);
 // Writes "[a, b, c]" into buf (always NUL-terminated); returns buf.
 DDL_EXTERN char     *ddl_shape_str(const ddl_shape *s, char *buf, size_t len);
@@ -65,6 +74,7 @@ DDL_EXTERN char     *ddl_shape_str(const ddl_shape *s, char *buf, size_t len);
 DDL_EXTERN ddl_box   ddl_box_make(int ndim, const int64_t *start, const int64_t *stop);
 // The box [0, shape) covering a whole tensor.
 DDL_EXTERN ddl_box   ddl_box_full(const ddl_shape *s);
+// Volume of a box (empty extents count 0); -1 if it overflows int64.
 DDL_EXTERN int64_t   ddl_box_numel(const ddl_box *b);
 DDL_EXTERN ddl_shape ddl_box_shape(const ddl_box *b);
 // Intersection of a and b (same ndim). Returns false, and an empty box, when they do

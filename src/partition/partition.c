@@ -54,7 +54,10 @@ ddl_status ddl_partition_create(MPI_Comm base, int nranks, const int *ranks, int
     for (int i = 0; i < ndim; i++) {
         DDL_REQUIRE(shape[i] >= 1, DDL_EINVAL, "partition: shape[%d] = %d must be >= 1", i,
                     shape[i]);
-        prod *= shape[i];
+        // Checked: eight dims of up to INT_MAX overflow int64 and could wrap to nranks.
+        DDL_REQUIRE(!__builtin_mul_overflow(prod, (int64_t)shape[i], &prod) && prod <= INT_MAX,
+                    DDL_EINVAL, "partition: shape multiplies past INT_MAX at dim %d (%d ranks "
+                    "listed)", i, nranks);
     }
     DDL_REQUIRE(prod == nranks, DDL_EINVAL,
                 "partition: shape multiplies to %lld but %d ranks are listed", (long long)prod,

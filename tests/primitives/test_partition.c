@@ -44,6 +44,11 @@ static void test_invalid(void)
     ASSERT_STATUS(ddl_partition_create(MPI_COMM_WORLD, 2, r_dup, 1, (int[]){2}, &P), DDL_EINVAL);
     int r_ok[] = {0, 1};
     ASSERT_STATUS(ddl_partition_create(MPI_COMM_WORLD, 2, r_ok, 2, (int[]){2, 2}, &P), DDL_EINVAL);
+    // A shape whose product overflows int64 (2^64 wrapped to 0) is refused as too large.
+    ASSERT_STATUS(ddl_partition_create(MPI_COMM_WORLD, 1, r_ok, 4,
+                                       (int[]){65536, 65536, 65536, 65536}, &P),
+                  DDL_EINVAL);
+    ASSERT_TRUE(strstr(ddl_last_error(), "past INT_MAX") != NULL);
     ASSERT_TRUE(P == NULL);
 }
 

@@ -3,6 +3,7 @@
 // Not on any training path: it allocates a staging buffer on the root per call.
 #include <limits.h>
 
+#include "ddl/agree.h"
 #include "ddl/base.h"
 #include "ddl/collect.h"
 #include "partition/mpi_check.h"
@@ -15,6 +16,8 @@ static MPI_Datatype mpi_type(ddl_dtype dt)
 }
 
 // Exchanges every rank's box with root; fills counts/displacements (elements) on root.
+// Every failure found on root (memory, more than INT_MAX elements for MPI's int counts)
+// is agreed on, so the other ranks never enter the Gatherv/Scatterv alone.
 static ddl_status gather_box_table(MPI_Comm comm, int root, const ddl_box *box, int64_t **table,
                                    int **counts, int **displs, int *size_out)
 {
@@ -30,33 +33,51 @@ static ddl_status gather_box_table(MPI_Comm comm, int root, const ddl_box *box, 
     *table  = NULL;
     *counts = NULL;
     *displs = NULL;
+    ddl_status st = DDL_OK;
     if (rank == root) {
         *table  = ddl_malloc(sizeof(int64_t) * (size_t)size * (2 * DDL_MAX_DIMS + 1));
         *counts = ddl_malloc(sizeof(int) * (size_t)size);
         *displs = ddl_malloc(sizeof(int) * (size_t)size);
         if (*table == NULL || *counts == NULL || *displs == NULL) {
-            ddl_free(*table);
-            ddl_free(*counts);
-            ddl_free(*displs);
-            return ddl_set_error(DDL_ENOMEM, "gather: out of memory");
+            st = ddl_set_error(DDL_ENOMEM, "gather: out of memory");
         }
     }
-    DDL_CHECK_MPI(MPI_Gather(mine, 2 * DDL_MAX_DIMS + 1, MPI_INT64_T, *table, 2 * DDL_MAX_DIMS + 1,
-                             MPI_INT64_T, root, comm));
-    if (rank == root) {
+    st = ddl_agree(comm, st);
+    if (st == DDL_OK) {
+        int rc = MPI_Gather(mine, 2 * DDL_MAX_DIMS + 1, MPI_INT64_T, *table,
+                            2 * DDL_MAX_DIMS + 1, MPI_INT64_T, root, comm);
+        st = rc == MPI_SUCCESS ? DDL_OK : ddl_set_error(DDL_EMPI, "gather: MPI_Gather failed");
+    }
+    if (st == DDL_OK && rank == root) {
         int64_t off = 0;
-        for (int r = 0; r < size; r++) {
-            const int64_t *e = *table + (size_t)r * (2 * DDL_MAX_DIMS + 1);
-            int64_t        n = 1;
-            for (int d = 0; d < e[0]; d++) {
-                int64_t ext = e[1 + DDL_MAX_DIMS + d] - e[1 + d];
-                n *= ext > 0 ? ext : 0;
+        for (int r = 0; r < size && st == DDL_OK; r++) {
+            ddl_box b = {.ndim = (int)(*table)[(size_t)r * (2 * DDL_MAX_DIMS + 1)]};
+            for (int d = 0; d < b.ndim && d < DDL_MAX_DIMS; d++) {
+                b.start[d] = (*table)[(size_t)r * (2 * DDL_MAX_DIMS + 1) + 1 + d];
+                b.stop[d]  = (*table)[(size_t)r * (2 * DDL_MAX_DIMS + 1) + 1 + DDL_MAX_DIMS + d];
             }
-            DDL_REQUIRE(off + n <= INT_MAX, DDL_EINVAL, "gather: more than INT_MAX elements");
+            int64_t n = ddl_box_numel(&b);
+            if (n < 0 || n > INT_MAX - off) {
+                st = ddl_set_error(DDL_EINVAL,
+                                   "gather: %lld elements up to rank %d exceed MPI's int count "
+                                   "(INT_MAX)",
+                                   (long long)(n < 0 ? INT64_MAX : off + n), r);
+                break;
+            }
             (*counts)[r] = (int)n;
             (*displs)[r] = (int)off;
             off += n;
         }
+    }
+    st = ddl_agree(comm, st);
+    if (st != DDL_OK) {
+        ddl_free(*table);
+        ddl_free(*counts);
+        ddl_free(*displs);
+        *table  = NULL;
+        *counts = NULL;
+        *displs = NULL;
+        return st;
     }
     *size_out = size;
     return DDL_OK;
@@ -90,7 +111,14 @@ ddl_status ddl_gather_boxes(MPI_Comm comm, int root, const ddl_tensor_t *local, 
             st = ddl_set_error(DDL_ENOMEM, "gather: out of memory");
         }
     }
-    int n = (int)ddl_box_numel(box);
+    st = ddl_agree(comm, st);
+    if (st != DDL_OK) {
+        ddl_free(table);
+        ddl_free(counts);
+        ddl_free(displs);
+        return st;
+    }
+    int n = (int)ddl_box_numel(box);  // <= the total, checked against INT_MAX on root
     int rc = MPI_Gatherv(local->data, n, mpi_type(local->dtype), flat, counts, displs,
                          mpi_type(local->dtype), root, comm);
     if (rc != MPI_SUCCESS && st == DDL_OK) {
@@ -139,7 +167,14 @@ ddl_status ddl_scatter_boxes(MPI_Comm comm, int root, const ddl_tensor_t *global
             }
         }
     }
-    int n  = (int)ddl_box_numel(box);
+    st = ddl_agree(comm, st);
+    if (st != DDL_OK) {
+        ddl_free(table);
+        ddl_free(counts);
+        ddl_free(displs);
+        return st;
+    }
+    int n  = (int)ddl_box_numel(box);  // <= the total, checked against INT_MAX on root
     int rc = MPI_Scatterv(flat, counts, displs, mpi_type(local->dtype), local->data, n,
                           mpi_type(local->dtype), root, comm);
     if (rc != MPI_SUCCESS && st == DDL_OK) {

@@ -5,12 +5,16 @@
 // semantic error names the key and the line. Validation follows the tensor through the
 // layer sequence: each layer's global input shape is the previous layer's output, and
 // a layer whose parameters do not fit it is refused before any model is built.
+#include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "base/check.h"
 #include "ddl/base.h"
@@ -274,9 +278,11 @@ static ddl_status get_str(const pctx *c, json_t *obj, const char *path, const ch
     return DDL_OK;
 }
 
-// An integer array of exactly n entries (n < 0: 1..8 entries, count in *got).
+// An integer array of exactly n entries (n < 0: 1..8 entries, count in *got), each in
+// [min, max].
 static ddl_status get_ints(const pctx *c, json_t *obj, const char *path, const char *key,
-                           bool required, int n, long long min, int64_t *out, int *got)
+                           bool required, int n, long long min, long long max, int64_t *out,
+                           int *got)
 {
     char    p[256];
     json_t *v = json_object_get(obj, key);
@@ -301,8 +307,9 @@ static ddl_status get_ints(const pctx *c, json_t *obj, const char *path, const c
         if (!json_is_integer(e)) {
             return fail(c, pe, "must be an integer");
         }
-        if (json_integer_value(e) < min || json_integer_value(e) > (1LL << 40)) {
-            return fail(c, pe, "%lld must be >= %lld", (long long)json_integer_value(e), min);
+        if (json_integer_value(e) < min || json_integer_value(e) > max) {
+            return fail(c, pe, "%lld is outside [%lld, %lld]", (long long)json_integer_value(e),
+                        min, max);
         }
         out[i] = json_integer_value(e);
     }
@@ -382,15 +389,21 @@ static ddl_status parse_partitions(pctx *c, json_t *root)
             sp->ranks[i] = (int)r;
         }
         int64_t shape[DDL_MAX_DIMS];
-        DDL_CHECK(get_ints(c, p, path, "shape", true, -1, 1, shape, &sp->ndim));
+        DDL_CHECK(get_ints(c, p, path, "shape", true, -1, 1, SPEC_MAX_RANKS, shape, &sp->ndim));
         int64_t prod = 1;
         for (int d = 0; d < sp->ndim; d++) {
             sp->shape[d] = (int)shape[d];
-            prod *= shape[d];
+            if (__builtin_mul_overflow(prod, shape[d], &prod) || prod > SPEC_MAX_RANKS) {
+                prod = -1;  // refused below: more than the ranks any partition may list
+                break;
+            }
         }
         if (prod != sp->nranks) {
             char ps2[280];
             snprintf(ps2, sizeof ps2, "%s.shape", path);
+            if (prod < 0) {
+                return fail(c, ps2, "multiplies past %d ranks", SPEC_MAX_RANKS);
+            }
             return fail(c, ps2, "multiplies to %lld but %d ranks are listed", (long long)prod,
                         sp->nranks);
         }
@@ -423,7 +436,33 @@ static ddl_status parse_spatial(const pctx *c, json_t *o, const char *path, cons
     for (int i = 0; i < nsp; i++) {
         out[i] = fill;
     }
-    return get_ints(c, o, path, key, required, nsp, min, out, NULL);
+    // Windows are bounded so their spans cannot overflow; sizes by the tensor cap.
+    long long max = strcmp(key, "size") == 0 ? DDL_MAX_TENSOR_ELEMENTS : SPEC_MAX_WINDOW;
+    return get_ints(c, o, path, key, required, nsp, min, max, out, NULL);
+}
+
+// Refuses a shape past the per-tensor cap (or whose product overflows), naming what it is.
+static ddl_status check_size(const pctx *c, const char *path, const char *what,
+                             const ddl_shape *shape)
+{
+    int64_t n;
+    if (ddl_shape_numel_checked(shape, &n) != DDL_OK) {
+        char sbuf[160];
+        return fail(c, path, "%s %s has more than 2^34 elements (the limit per tensor, "
+                             "DDL_MAX_TENSOR_ELEMENTS)",
+                    what, ddl_shape_str(shape, sbuf, sizeof sbuf));
+    }
+    return DDL_OK;
+}
+
+// Matches "<prefix><1|2|3>d" exactly (conv2d, maxpool3d); returns the digit or 0.
+static int spatial_type(const char *type, const char *prefix)
+{
+    size_t n = strlen(prefix);
+    if (strncmp(type, prefix, n) != 0 || strlen(type) != n + 2 || type[n + 1] != 'd') {
+        return 0;
+    }
+    return type[n] >= '1' && type[n] <= '3' ? type[n] - '0' : -1;
 }
 
 static char *shape_str(const ddl_shape *s, char *buf, size_t n)
@@ -460,12 +499,33 @@ static ddl_status parse_layer(pctx *c, json_t *o, int li, ddl_shape *cur, int *p
     }
     const char *name = NULL;
     DDL_CHECK(get_str(c, o, path, "name", false, &name));
-    int nsp = 0;
-    if (sscanf(type, "conv%dd", &nsp) == 1 || sscanf(type, "maxpool%dd", &nsp) == 1 ||
-        sscanf(type, "avgpool%dd", &nsp) == 1) {
-        if (nsp < 1 || nsp > 3) {
-            return fail(c, path, "type \"%s\": only 1, 2 and 3 spatial dimensions exist", type);
+    if (name != NULL) {
+        // Names become parameter names, checkpoint entries and export file names: refuse
+        // here what would otherwise fail only at the first checkpoint or export.
+        char   p[96];
+        size_t n  = strlen(name);
+        bool   ok = n > 0 && n < SPEC_NAME && strcmp(name, ".") != 0 && strcmp(name, "..") != 0;
+        for (size_t i = 0; i < n && ok; i++) {
+            ok = name[i] != '/' && name[i] != '\\' && (unsigned char)name[i] >= 0x20 &&
+                 name[i] != 0x7f;
         }
+        snprintf(p, sizeof p, "%s.name", path);
+        if (!ok) {
+            return fail(c, p, "\"%.80s\" is not a valid layer name (1 to %d characters, no '/', "
+                              "'\\' or control characters, not \".\" or \"..\")",
+                        name, SPEC_NAME - 1);
+        }
+    }
+    // Types match exactly ("maxpool2d}" is not maxpool2d).
+    int  nsp     = 0;
+    bool is_conv = false;
+    static const char *const spatial[] = {"conv", "maxpool", "avgpool"};
+    for (int k = 0; k < 3 && nsp == 0; k++) {
+        nsp     = spatial_type(type, spatial[k]);
+        is_conv = k == 0;
+    }
+    if (nsp < 0) {
+        return fail(c, path, "type \"%s\": only 1, 2 and 3 spatial dimensions exist", type);
     }
     if (strcmp(type, "repartition") == 0 || strcmp(type, "flatten") == 0) {
         static const char *const keys[] = {"type", "name", "P_x", "to", NULL};
@@ -478,7 +538,7 @@ static ddl_status parse_layer(pctx *c, json_t *o, int li, ddl_shape *cur, int *p
                 return fail(c, path, "flatten needs [N, C, spatial...], the tensor here is %s",
                             shape_str(cur, sbuf, sizeof sbuf));
             }
-            int64_t f = 1;
+            int64_t f = 1;  // <= numel(cur), already within the tensor cap
             for (int d = 1; d < cur->ndim; d++) {
                 f *= cur->d[d];
             }
@@ -509,7 +569,7 @@ static ddl_status parse_layer(pctx *c, json_t *o, int li, ddl_shape *cur, int *p
                         L->y_global.ndim);
         }
         L->P_out = to;
-    } else if (nsp > 0 && strncmp(type, "conv", 4) == 0) {
+    } else if (nsp > 0 && is_conv) {
         static const char *const keys[] = {"type", "name", "P_x", "P_y", "P_w", "in_channels",
                                            "out_channels", "kernel", "stride", "padding",
                                            "dilation", "bias", NULL};
@@ -537,6 +597,11 @@ static ddl_status parse_layer(pctx *c, json_t *o, int li, ddl_shape *cur, int *p
         DDL_CHECK(parse_spatial(c, o, path, "padding", false, nsp, 0, 0, cp->padding));
         DDL_CHECK(parse_spatial(c, o, path, "dilation", false, nsp, 1, 1, cp->dilation));
         DDL_CHECK(get_bool(c, o, path, "bias", &cp->bias));
+        ddl_shape wshape = {.ndim = 2 + nsp, .d = {cp->out_channels, inc}};
+        for (int d = 0; d < nsp; d++) {
+            wshape.d[2 + d] = cp->kernel[d];
+        }
+        DDL_CHECK(check_size(c, path, "the weight", &wshape));
         DDL_CHECK(get_partition(c, o, path, "P_y", false, &L->P_y_given));
         DDL_CHECK(get_partition(c, o, path, "P_w", false, &L->P_w));
         if ((L->P_y_given < 0) != (L->P_w < 0)) {
@@ -596,14 +661,17 @@ static ddl_status parse_layer(pctx *c, json_t *o, int li, ddl_shape *cur, int *p
                         shape_str(cur, sbuf, sizeof sbuf));
         }
         int64_t inf = cur->d[1];
-        DDL_CHECK(get_int(c, o, path, "in_features", false, 1, 1LL << 40, &inf));
+        DDL_CHECK(get_int(c, o, path, "in_features", false, 1, DDL_MAX_TENSOR_ELEMENTS, &inf));
         if (inf != cur->d[1]) {
             char p[96];
             snprintf(p, sizeof p, "%s.in_features", path);
             return fail(c, p, "%lld does not match the %lld features of the tensor %s",
                         (long long)inf, (long long)cur->d[1], shape_str(cur, sbuf, sizeof sbuf));
         }
-        DDL_CHECK(get_int(c, o, path, "out_features", true, 1, 1LL << 40, &L->out_features));
+        DDL_CHECK(get_int(c, o, path, "out_features", true, 1, DDL_MAX_TENSOR_ELEMENTS,
+                          &L->out_features));
+        DDL_CHECK(check_size(c, path, "the weight",
+                             &(ddl_shape){.ndim = 2, .d = {L->out_features, cur->d[1]}}));
         L->bias = true;
         DDL_CHECK(get_bool(c, o, path, "bias", &L->bias));
         DDL_CHECK(get_partition(c, o, path, "P_y", true, &L->P_out));
@@ -684,11 +752,17 @@ static ddl_status parse_layer(pctx *c, json_t *o, int li, ddl_shape *cur, int *p
             L->has_scale = true;
             for (int d = 0; d < ns; d++) {
                 json_t *e = json_is_array(sf) ? json_array_get(sf, (size_t)d) : sf;
-                if (!json_is_number(e) || json_number_value(e) <= 0 ||
+                if (!json_is_number(e) || !(json_number_value(e) > 0) ||
                     (json_is_array(sf) && json_array_size(sf) != (size_t)ns)) {
                     char p[96];
                     snprintf(p, sizeof p, "%s.scale_factor", path);
                     return fail(c, p, "must be a positive number or %d of them", ns);
+                }
+                if (json_number_value(e) > SPEC_MAX_SCALE) {
+                    char p[96];
+                    snprintf(p, sizeof p, "%s.scale_factor", path);
+                    return fail(c, p, "%g is outside (0, %g]", json_number_value(e),
+                                SPEC_MAX_SCALE);
                 }
                 L->scale[d]          = json_number_value(e);
                 L->y_global.d[2 + d] = (int64_t)floor((double)cur->d[2 + d] * L->scale[d]);
@@ -718,6 +792,7 @@ static ddl_status parse_layer(pctx *c, json_t *o, int li, ddl_shape *cur, int *p
             return fail(c, path, "the output %s is empty", shape_str(&L->y_global, sbuf, sizeof sbuf));
         }
     }
+    DDL_CHECK(check_size(c, path, "the output", &L->y_global));
     if (L->has_params) {
         L->param_index = (*nparam)++;
     }
@@ -864,7 +939,7 @@ static ddl_status parse_root(pctx *c, json_t *root)
     DDL_CHECK(check_keys(c, in, "input", ik));
     int64_t is[DDL_MAX_DIMS];
     int     nd = 0;
-    DDL_CHECK(get_ints(c, in, "input", "shape", true, -1, 1, is, &nd));
+    DDL_CHECK(get_ints(c, in, "input", "shape", true, -1, 1, DDL_MAX_TENSOR_ELEMENTS, is, &nd));
     if (nd >= DDL_MAX_DIMS) {
         return fail(c, "input.shape", "at most %d dims per sample", DDL_MAX_DIMS - 1);
     }
@@ -880,6 +955,10 @@ static ddl_status parse_root(pctx *c, json_t *root)
     if (ls == NULL || !json_is_array(ls) || json_array_size(ls) == 0) {
         return fail(c, "layers", "missing or not a non-empty array of layers");
     }
+    if (json_array_size(ls) > DDL_MAX_LAYERS) {
+        return fail(c, "layers", "%zu layers; a spec may have at most %d (DDL_MAX_LAYERS)",
+                    json_array_size(ls), DDL_MAX_LAYERS);
+    }
     s->nlayers = (int)json_array_size(ls);
     s->layers  = ddl_calloc((size_t)s->nlayers, sizeof *s->layers);
     if (s->layers == NULL) {
@@ -890,9 +969,19 @@ static ddl_status parse_root(pctx *c, json_t *root)
     for (int d = 0; d < nd; d++) {
         cur.d[1 + d] = is[d];
     }
+    DDL_CHECK(check_size(c, "input.shape", "the batched input", &cur));
     int part = s->input_partition, nparam = 0;
     for (int i = 0; i < s->nlayers; i++) {
         DDL_CHECK(parse_layer(c, json_array_get(ls, (size_t)i), i, &cur, &part, &nparam));
+        for (int j = 0; j < i; j++) {
+            if (strcmp(s->layers[j].name, s->layers[i].name) == 0) {
+                char p[64];
+                snprintf(p, sizeof p, "layers[%d].name", i);
+                return fail(c, p, "\"%s\" is also the name of layers[%d]; layer names must be "
+                                  "unique (they name parameters and checkpoint entries)",
+                            s->layers[i].name, j);
+            }
+        }
     }
     // loss
     json_t *lo = json_object_get(root, "loss");
@@ -921,6 +1010,11 @@ static ddl_status parse_root(pctx *c, json_t *root)
         return fail(c, "loss", "cross_entropy needs the last layer's output to be [batch, "
                                "classes], it is %s",
                     shape_str(&cur, sbuf, sizeof sbuf));
+    }
+    if (cur.d[1] > INT32_MAX) {
+        char sbuf[128];
+        return fail(c, "loss", "%lld classes (the output %s); at most %d are supported",
+                    (long long)cur.d[1], shape_str(&cur, sbuf, sizeof sbuf), INT32_MAX);
     }
     s->num_classes = (int)cur.d[1];
     DDL_CHECK(parse_optimizer(c, root));
@@ -986,8 +1080,20 @@ ddl_status ddl_spec_parse(const char *text, const char *source, int world_size, 
 
 ddl_status ddl_spec_load(const char *path, int world_size, ddl_spec_t **out)
 {
-    FILE *f = fopen(path, "rb");
-    DDL_REQUIRE(f != NULL, DDL_EIO, "spec: cannot open %s", path);
+    DDL_REQUIRE(path != NULL, DDL_EINVAL, "spec: NULL path");
+    // O_NONBLOCK: opening a FIFO (or a device) must not block; only regular files are read.
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    DDL_REQUIRE(fd >= 0, DDL_EIO, "spec: cannot open %s: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        close(fd);
+        return ddl_set_error(DDL_EINVAL, "spec: %s is not a regular file", path);
+    }
+    FILE *f = fdopen(fd, "rb");
+    if (f == NULL) {
+        close(fd);
+        return ddl_set_error(DDL_EIO, "spec: cannot open %s: %s", path, strerror(errno));
+    }
     fseek(f, 0, SEEK_END);
     long n = ftell(f);
     fseek(f, 0, SEEK_SET);

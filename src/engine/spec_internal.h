@@ -6,6 +6,13 @@
 
 #define SPEC_MAX_RANKS 4096
 #define SPEC_NAME 64
+// Caps on what a spec may ask for, checked before anything is sized from it: layers per
+// spec, and kernel, stride, padding and dilation per spatial dimension. Tensor sizes
+// (inputs, every layer's output and parameters) are capped by DDL_MAX_TENSOR_ELEMENTS.
+#define DDL_MAX_LAYERS 4096
+#define SPEC_MAX_WINDOW ((int64_t)1 << 20)
+// Upsample's scale_factor lies in (0, SPEC_MAX_SCALE].
+#define SPEC_MAX_SCALE DDL_UPSAMPLE_MAX_SCALE
 
 typedef struct spec_partition {
     char name[SPEC_NAME];

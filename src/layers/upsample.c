@@ -254,10 +254,11 @@ static ddl_status validate(const ddl_partition_t *P_x, ddl_dtype dt, const ddl_s
         ip->in_global[k] = in;
         if (scale_factor != NULL) {
             double s = scale_factor[k];
-            DDL_REQUIRE(isfinite(s) && s > 0.0 && (double)in * s < 9.0e18, DDL_EINVAL,
-                        "upsample: scale_factor[%d] = %g must be finite and positive (and the "
-                        "output size %g * %lld must fit in int64)",
-                        k, s, s, (long long)in);
+            // Bounded: 1e8 made a layer that spun for minutes, 1e300 overflowed int64.
+            DDL_REQUIRE(isfinite(s) && s > 0.0 && s <= DDL_UPSAMPLE_MAX_SCALE, DDL_EINVAL,
+                        "upsample: scale_factor[%d] = %g must be in (0, %g] "
+                        "(DDL_UPSAMPLE_MAX_SCALE)",
+                        k, s, DDL_UPSAMPLE_MAX_SCALE);
             ip->out_global[k]   = ddl_interpolate_out_size(in, s);
             ip->scale_factor[k] = s;
             DDL_REQUIRE(ip->out_global[k] >= 1, DDL_EINVAL,
@@ -270,6 +271,14 @@ static ddl_status validate(const ddl_partition_t *P_x, ddl_dtype dt, const ddl_s
             ip->out_global[k] = size[k];
         }
     }
+    // Both tensors within the per-tensor cap (their products cannot overflow).
+    ddl_shape y = *x_global;
+    for (int k = 0; k < ip->ndim; k++) {
+        y.d[2 + k] = ip->out_global[k];
+    }
+    int64_t n;
+    DDL_CHECK(ddl_shape_numel_checked(x_global, &n));
+    DDL_CHECK(ddl_shape_numel_checked(&y, &n));
     return DDL_OK;
 }
 

@@ -3,6 +3,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "ddl/model.h"
 #include "test.h"
@@ -99,7 +101,67 @@ int main(int argc, char **argv)
                                   "\"P_y\": \"fc_out\", \"P_w\": \"fc_mtx\"},",
            4, "layers[0]", "flatten it first");
     refuse(base, "{", "[", 4, "spec.json:", NULL);  // not JSON at all
+
+    // ---- hostile sizes (issue 7): bounded before anything is multiplied or sized ----
+    // Dimensions up to 2^40 were accepted and their products overflowed.
+    refuse(base, "\"shape\": [1, 28, 28]", "\"shape\": [1, 1099511627776, 1099511627776]", 4,
+           "input.shape[1]", "outside [1, 17179869184]");
+    refuse(base, "\"shape\": [1, 28, 28]", "\"shape\": [16384, 16384, 28]", 4, "input.shape",
+           "more than 2^34 elements");
+    refuse(base, "\"kernel\": [5, 5], \"padding\": [2, 2]",
+           "\"kernel\": [5, 2097152], \"padding\": [2, 2]", 4, "layers[1].kernel[1]",
+           "outside [1, 1048576]");
+    refuse(base, "\"out_features\": 120,", "\"out_features\": 17179869184,", 4, "layers[10]",
+           "the weight [17179869184, 400] has more than 2^34");
+    refuse(base, "\"out_channels\": 6,", "\"out_channels\": 1073741824,", 4, "layers[1]",
+           "has more than 2^34 elements");
+    refuse(base, "\"ranks\": [0, 1, 2, 3], \"shape\": [1, 1, 2, 2]",
+           "\"ranks\": [0, 1, 2, 3], \"shape\": [65536, 65536, 65536, 65536]", 4,
+           "partitions.conv.shape[0]", "outside [1, 4096]");
+    // Upsample's scale_factor is bounded (1e8 spun for minutes, 1e300 was undefined).
+    refuse(base, "{\"type\": \"relu\"},", "{\"type\": \"upsample\", \"scale_factor\": 1e8},", 4,
+           "layers[2].scale_factor", "outside (0, 1024]");
+    refuse(base, "{\"type\": \"relu\"},", "{\"type\": \"upsample\", \"scale_factor\": 1e300},",
+           4, "layers[2].scale_factor", "outside (0, 1024]");
+    // At most DDL_MAX_LAYERS layers.
+    {
+        size_t n    = 4097;
+        char  *many = malloc(n * 18 + 32);
+        strcpy(many, "\"layers\": [");
+        for (size_t i = 0; i < n; i++) {
+            strcat(many, "{\"type\": \"relu\"},");
+        }
+        refuse(base, "\"layers\": [", many, 4, "layers", "at most 4096");
+        free(many);
+    }
+    // ---- names and types, checked up front -------------------------------------------
+    refuse(base, "\"name\": \"conv2\"", "\"name\": \"conv1\"", 4, "layers[4].name",
+           "\"conv1\" is also the name of layers[1]");
+    refuse(base, "\"name\": \"fc2\"", "\"name\": \"fc/2\"", 4, "layers[12].name",
+           "not a valid layer name");
+    refuse(base, "\"name\": \"fc2\"", "\"name\": \"\"", 4, "layers[12].name",
+           "not a valid layer name");
+    refuse(base, "{\"type\": \"maxpool2d\",", "{\"type\": \"maxpool2d}\",", 4, "layers[3].type",
+           "unknown layer type \"maxpool2d}\"");
+    refuse(base, "{\"type\": \"conv2d\", \"name\": \"conv1\"",
+           "{\"type\": \"conv2dx\", \"name\": \"conv1\"", 4, "layers[1].type",
+           "unknown layer type");
+    refuse(base, "{\"type\": \"maxpool2d\",", "{\"type\": \"maxpool4d\",", 4, "layers[3]",
+           "only 1, 2 and 3 spatial dimensions");
     free(base);
+
+    // A FIFO as the spec path is refused at once instead of blocking in open/read.
+    {
+        char fifo[64];
+        snprintf(fifo, sizeof fifo, "/tmp/ddl-spec-fifo-%ld", (long)getpid());
+        unlink(fifo);
+        ASSERT_TRUE(mkfifo(fifo, 0600) == 0);
+        ddl_spec_t *sp = NULL;
+        ASSERT_STATUS(ddl_spec_load(fifo, 4, &sp), DDL_EINVAL);
+        ASSERT_TRUE(strstr(ddl_last_error(), "not a regular file") != NULL && sp == NULL);
+        unlink(fifo);
+        ASSERT_STATUS(ddl_spec_load("/", 4, &sp), DDL_EINVAL);
+    }
     printf("test_spec: ok\n");
     return 0;
 }

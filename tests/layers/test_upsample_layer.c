@@ -218,6 +218,16 @@ static void test_validation(void)
     ASSERT_STATUS(ddl_upsample_create(P, DDL_F64, &g2, lin, false, s2, NULL, &L), DDL_EINVAL);
     ddl_shape ge = ddl_shape_make(3, (int64_t[]){2, 3, 0});
     ASSERT_STATUS(ddl_upsample_create(P, DDL_F64, &ge, lin, false, s2, NULL, &L), DDL_EINVAL);
+    // Unbounded scales: 1e8 used to build a layer that spun for minutes, 1e300 overflowed.
+    double big[1] = {1e8}, huge[1] = {1e300}, edge[1] = {DDL_UPSAMPLE_MAX_SCALE * 1.0001};
+    ASSERT_STATUS(ddl_upsample_create(P, DDL_F64, &g, nea, false, big, NULL, &L), DDL_EINVAL);
+    ASSERT_TRUE(strstr(ddl_last_error(), "scale_factor[0] = 1e+08") != NULL);
+    ASSERT_STATUS(ddl_upsample_create(P, DDL_F64, &g, nea, false, huge, NULL, &L), DDL_EINVAL);
+    ASSERT_STATUS(ddl_upsample_create(P, DDL_F64, &g, nea, false, edge, NULL, &L), DDL_EINVAL);
+    // A given size past the per-tensor cap.
+    int64_t far[1] = {(int64_t)1 << 40};
+    ASSERT_STATUS(ddl_upsample_create(P, DDL_F64, &g, nea, false, NULL, far, &L), DDL_EINVAL);
+    ASSERT_TRUE(strstr(ddl_last_error(), "2^34") != NULL);
     ASSERT_TRUE(L == NULL);
     ASSERT_OK(ddl_upsample_create(P, DDL_F64, &g, lin, false, NULL, f, &L));
     ASSERT_EQ(L->y_global.d[2], 4);

@@ -182,6 +182,9 @@ DDL_EXTERN ddl_status ddl_batchnorm_running_stats(const ddl_layer_t *L, ddl_tens
                                                   ddl_tensor_t **var);
 
 // Upsampling (nearest / linear) of x [N, C, spatial...] (1 to 3 spatial dims), with
+// The largest scale_factor accepted; larger ones are refused (EINVAL), as are outputs
+// past DDL_MAX_TENSOR_ELEMENTS.
+#define DDL_UPSAMPLE_MAX_SCALE 1024.0
 // torch.nn.Upsample's semantics; give scale_factor (per spatial dim; output
 // floor(in * scale)) or size (per spatial dim), the other NULL. align_corners needs the
 // linear mode (as in PyTorch). x and y are balanced over the same P_x, which may split

@@ -5,7 +5,8 @@
 // row-major order. We accept only type 0x08 (unsigned byte), images with 2..4 dims
 // (n plus up to 3 sample dims) and labels with exactly 1 dim (n).
 //
-// Both files go through zlib's gzread, which reads plain files transparently. Every
+// Gzip'd files are inflated with zlib (one member, nothing after it), others read
+// plain. Every
 // header field is validated, for both files, before anything is allocated, and the
 // data size is capped (IDX_MAX_BYTES), so a hostile header cannot make us allocate
 // much. Plain files are also checked against their size on disk before allocating;
@@ -13,7 +14,9 @@
 // validated allocation and must end exactly there (which also verifies the gzip CRC).
 #include <errno.h>
 #include <fcntl.h>
+#include <stdbool.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -33,82 +36,114 @@
 
 #define IDX_TYPE_U8   0x08
 #define IDX_MAX_NDIMS 4
-// zlib's gzread takes an unsigned length and returns an int: read in chunks below 2^31.
+// inflate takes unsigned lengths: decompress in chunks below 2^31.
 #define IDX_READ_CHUNK ((int64_t)1 << 30)
 // Room for "<dir>/<name>.gz" in ddl_dataset_load_mnist_dir.
 #define IDX_PATH_CAP 4096
 // How many trailing bytes we count before giving up and reporting "at least".
 #define IDX_TRAILING_CAP ((int64_t)1 << 20)
+// Raw input buffer (zlib's 8 KiB default makes large reads slow).
+#define IDX_IN_CAP ((size_t)256 * 1024)
 
-// One open IDX file whose header has been read and validated.
+// One open IDX file whose header has been read and validated. A file starting with the
+// gzip magic is inflated here (one gzip member, nothing after it: zlib's gzread would
+// silently ignore bytes appended after the stream); any other file is read plain.
 typedef struct idx_file {
-    const char *path;
-    const char *kind;  // "image" or "label": names the file in messages
-    const char *what;  // "pixel" or "label": names the data in messages
-    gzFile      gz;
-    int         ndims;
-    int64_t     dims[IDX_MAX_NDIMS];
-    int64_t     bytes;  // product of dims: the exact size of the data section
+    const char    *path;
+    const char    *kind;  // "image" or "label": names the file in messages
+    const char    *what;  // "pixel" or "label": names the data in messages
+    int            fd;
+    bool           gzip;   // the file starts with the gzip magic 1f 8b
+    bool           zinit;  // zs is initialised
+    bool           zend;   // the gzip member ended (its trailer and CRC verified)
+    bool           cut;    // the input ended before the gzip member did
+    z_stream       zs;
+    unsigned char *in;             // IDX_IN_CAP bytes of raw input
+    size_t         in_pos, in_len; // plain files: unread input in[in_pos, in_len)
+    int            ndims;
+    int64_t        dims[IDX_MAX_NDIMS];
+    int64_t        bytes;  // product of dims: the exact size of the data section
 } idx_file;
 
 // ---- reading helpers ---------------------------------------------------------
 
-// Turns the stream's error state into a status naming the file. zlib may detect a
-// corrupt stream well ahead of the bytes we asked for (it decompresses in blocks), so
-// the message does not claim a position.
-static ddl_status gz_failure(const idx_file *f)
+// read(2) into in[0, IDX_IN_CAP); returns the count (0 at the end) or -1 (errno set).
+static ssize_t raw_fill(idx_file *f)
 {
-    int         errnum = Z_OK;
-    const char *msg    = gzerror(f->gz, &errnum);
-    if (errnum == Z_ERRNO) {
-        return ddl_set_error(DDL_EIO, "idx: %s: read error: %s", f->path, strerror(errno));
-    }
-    if (errnum == Z_MEM_ERROR) {
-        return ddl_set_error(DDL_ENOMEM, "idx: %s: out of memory in zlib", f->path);
-    }
-    // gzerror prefixes its message with the stream's name, "<fd:N>: " for gzdopen.
-    const char *sep = msg != NULL ? strstr(msg, ": ") : NULL;
-    if (msg != NULL && strncmp(msg, "<fd:", 4) == 0 && sep != NULL) {
-        msg = sep + 2;
-    }
-    return ddl_set_error(DDL_EPROTO, "idx: %s: corrupt gzip stream: %s", f->path,
-                         msg != NULL ? msg : "unknown zlib error");
+    ssize_t n;
+    do {
+        n = read(f->fd, f->in, IDX_IN_CAP);
+    } while (n < 0 && errno == EINTR);
+    return n;
 }
 
-// Reads up to `len` bytes; stops early only at the end of the stream. Returns the count
-// read in *got, or an error (I/O error or corrupt compressed data).
-static ddl_status gz_read_full(const idx_file *f, void *buf, int64_t len, int64_t *got)
+static ddl_status zlib_failure(const idx_file *f, int ret)
+{
+    if (ret == Z_MEM_ERROR) {
+        return ddl_set_error(DDL_ENOMEM, "idx: %s: out of memory in zlib", f->path);
+    }
+    return ddl_set_error(DDL_EPROTO, "idx: %s: corrupt gzip stream: %s", f->path,
+                         f->zs.msg != NULL ? f->zs.msg : "invalid data");
+}
+
+// Reads up to `len` bytes of (decompressed) content; stops early only at the end of the
+// content. Returns the count read in *got, or an error (I/O error or corrupt data). A
+// gzip stream cut short is not an error here: f->cut records it and callers report it.
+static ddl_status gz_read_full(idx_file *f, void *buf, int64_t len, int64_t *got)
 {
     unsigned char *p    = buf;
     int64_t        done = 0;
-    while (done < len) {
-        int64_t want = len - done < IDX_READ_CHUNK ? len - done : IDX_READ_CHUNK;
-        int     r    = gzread(f->gz, p + done, (unsigned)want);
-        if (r < 0) {
-            return gz_failure(f);
+    while (done < len && !f->gzip) {
+        if (f->in_pos < f->in_len) {
+            size_t n = f->in_len - f->in_pos;
+            n        = (int64_t)n < len - done ? n : (size_t)(len - done);
+            memcpy(p + done, f->in + f->in_pos, n);
+            f->in_pos += n;
+            done += (int64_t)n;
+            continue;
         }
-        if (r == 0) {
+        ssize_t n = raw_fill(f);
+        if (n < 0) {
+            return ddl_set_error(DDL_EIO, "idx: %s: read error: %s", f->path, strerror(errno));
+        }
+        if (n == 0) {
             break;
         }
-        done += r;
+        f->in_pos = 0;
+        f->in_len = (size_t)n;
+    }
+    while (done < len && f->gzip && !f->zend && !f->cut) {
+        if (f->zs.avail_in == 0) {
+            ssize_t n = raw_fill(f);
+            if (n < 0) {
+                return ddl_set_error(DDL_EIO, "idx: %s: read error: %s", f->path,
+                                     strerror(errno));
+            }
+            if (n == 0) {
+                f->cut = true;
+                break;
+            }
+            f->zs.next_in  = f->in;
+            f->zs.avail_in = (uInt)n;
+        }
+        int64_t want     = len - done < IDX_READ_CHUNK ? len - done : IDX_READ_CHUNK;
+        f->zs.next_out   = p + done;
+        f->zs.avail_out  = (uInt)want;
+        int ret          = inflate(&f->zs, Z_NO_FLUSH);
+        done += want - (int64_t)f->zs.avail_out;
+        if (ret == Z_STREAM_END) {
+            f->zend = true;
+        } else if (ret != Z_OK && ret != Z_BUF_ERROR) {
+            return zlib_failure(f, ret);
+        }
     }
     *got = done;
-    // A gzip stream cut short reports Z_BUF_ERROR ("unexpected end of file") while
-    // still returning what it could decompress: that is a truncated file, not a short
-    // read to accept silently.
-    int errnum = Z_OK;
-    gzerror(f->gz, &errnum);
-    if (errnum != Z_OK && errnum != Z_BUF_ERROR) {
-        return gz_failure(f);
-    }
     return DDL_OK;
 }
 
 static int gz_cut_short(const idx_file *f)
 {
-    int errnum = Z_OK;
-    gzerror(f->gz, &errnum);
-    return errnum == Z_BUF_ERROR;
+    return f->cut;
 }
 
 static uint32_t be32(const unsigned char *b)
@@ -138,9 +173,15 @@ static const char *idx_type_name(int t)
 
 static void idx_close(idx_file *f)
 {
-    if (f->gz != NULL) {
-        gzclose(f->gz);
-        f->gz = NULL;
+    if (f->zinit) {
+        inflateEnd(&f->zs);
+        f->zinit = false;
+    }
+    free(f->in);
+    f->in = NULL;
+    if (f->fd >= 0) {
+        close(f->fd);
+        f->fd = -1;
     }
 }
 
@@ -152,29 +193,60 @@ static ddl_status idx_open(idx_file *f, const char *path, const char *kind, cons
                            int min_ndims, int max_ndims)
 {
     memset(f, 0, sizeof *f);
+    f->fd   = -1;
     f->path = path;
     f->kind = kind;
     f->what = what;
 
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    DDL_REQUIRE(fd >= 0, DDL_EIO, "idx: cannot open %s: %s", path, strerror(errno));
+    f->fd = open(path, O_RDONLY | O_CLOEXEC);
+    DDL_REQUIRE(f->fd >= 0, DDL_EIO, "idx: cannot open %s: %s", path, strerror(errno));
+    ddl_status  st;
     struct stat sb;
-    if (fstat(fd, &sb) != 0) {
-        int e = errno;
-        close(fd);
-        return ddl_set_error(DDL_EIO, "idx: cannot stat %s: %s", path, strerror(e));
+    if (fstat(f->fd, &sb) != 0) {
+        st = ddl_set_error(DDL_EIO, "idx: cannot stat %s: %s", path, strerror(errno));
+        goto fail;
     }
-    f->gz = gzdopen(fd, "rb");
-    if (f->gz == NULL) {
-        close(fd);
-        return ddl_set_error(DDL_ENOMEM, "idx: %s: cannot allocate a zlib stream", path);
+    f->in = malloc(IDX_IN_CAP);
+    if (f->in == NULL) {
+        st = ddl_set_error(DDL_ENOMEM, "idx: %s: cannot allocate a read buffer", path);
+        goto fail;
     }
-    gzbuffer(f->gz, 256 * 1024);  // zlib's 8 KiB default makes large reads slow
+    // The first bytes tell a gzip file (1f 8b) from a plain one.
+    while (f->in_len < 2) {
+        ssize_t n = read(f->fd, f->in + f->in_len, IDX_IN_CAP - f->in_len);
+        if (n < 0 && errno == EINTR) {
+            continue;
+        }
+        if (n < 0) {
+            st = ddl_set_error(DDL_EIO, "idx: %s: read error: %s", path, strerror(errno));
+            goto fail;
+        }
+        if (n == 0) {
+            break;
+        }
+        f->in_len += (size_t)n;
+    }
+    if (f->in_len >= 2 && f->in[0] == 0x1f && f->in[1] == 0x8b) {
+        f->gzip = true;
+        memset(&f->zs, 0, sizeof f->zs);
+        f->zs.next_in  = f->in;
+        f->zs.avail_in = (uInt)f->in_len;
+        int ret        = inflateInit2(&f->zs, 16 + MAX_WBITS);  // gzip wrapper only
+        if (ret != Z_OK) {
+            st = ddl_set_error(DDL_ENOMEM, "idx: %s: cannot allocate a zlib stream", path);
+            goto fail;
+        }
+        f->zinit = true;
+    }
 
-    ddl_status    st;
     unsigned char head[4 + 4 * IDX_MAX_NDIMS];
     int64_t       got = 0;
     DDL_CHECK_GOTO(gz_read_full(f, head, 4, &got), st, fail);
+    if (got < 4 && f->cut) {
+        st = ddl_set_error(DDL_EPROTO, "idx: %s: corrupt gzip stream: unexpected end of file",
+                           path);
+        goto fail;
+    }
     if (got < 4) {
         st = ddl_set_error(DDL_EPROTO, "idx: %s: truncated header: %lld of 4 magic bytes", path,
                            (long long)got);
@@ -241,7 +313,7 @@ static ddl_status idx_open(idx_file *f, const char *path, const char *kind, cons
 
     // A plain file (read transparently) has a known size: check it now, before the
     // caller allocates anything.
-    if (gzdirect(f->gz) && S_ISREG(sb.st_mode)) {
+    if (!f->gzip && S_ISREG(sb.st_mode)) {
         int64_t remaining = (int64_t)sb.st_size - 4 - hlen;
         if (remaining < bytes) {
             st = ddl_set_error(DDL_EPROTO,
@@ -287,6 +359,18 @@ static ddl_status idx_read_data(idx_file *f, uint8_t *dst)
                 f->what);
     DDL_REQUIRE(!gz_cut_short(f), DDL_EPROTO,
                 "idx: %s: the gzip stream ends without its trailer (file cut short)", f->path);
+    if (f->gzip) {
+        // Bytes after the gzip member (appended garbage, a second member): refused, as
+        // trailing bytes of a plain file are.
+        int64_t raw = (int64_t)f->zs.avail_in;
+        ssize_t n;
+        while (raw < IDX_TRAILING_CAP && (n = raw_fill(f)) > 0) {
+            raw += n;
+        }
+        DDL_REQUIRE(raw == 0, DDL_EPROTO,
+                    "idx: %s: %s%lld trailing byte(s) after the end of the gzip stream",
+                    f->path, raw >= IDX_TRAILING_CAP ? "at least " : "", (long long)raw);
+    }
     return DDL_OK;
 }
 

@@ -101,20 +101,29 @@ ddl_status ddl_npy_read(const char *path, ddl_tensor_t **out)
             break;
         }
         char     *end;
+        errno       = 0;
         long long v = strtoll(q, &end, 10);
-        if (end == q || v < 0 || s.ndim >= DDL_MAX_DIMS) {
+        if (end == q || errno == ERANGE || v < 0 || s.ndim >= DDL_MAX_DIMS) {
             fclose(f);
             return ddl_set_error(DDL_EPROTO, "npy: %s: bad shape in header", path);
         }
         s.d[s.ndim++] = v;
         q             = end;
     }
-    // Validate the data size against the file before allocating.
+    // The shape's size, checked (a (2^32, 2^32) shape wrapped to 0 elements and was
+    // accepted with no data), then the data size against the file before allocating.
+    int64_t numel;
+    if (ddl_shape_numel_checked(&s, &numel) != DDL_OK) {
+        char why[512];
+        snprintf(why, sizeof why, "%s", ddl_last_error());  // set_error reuses its buffer
+        fclose(f);
+        return ddl_set_error(DDL_EPROTO, "npy: %s: %s", path, why);
+    }
     long pos = ftell(f);
     fseek(f, 0, SEEK_END);
     long end = ftell(f);
     fseek(f, pos, SEEK_SET);
-    size_t need = (size_t)ddl_shape_numel(&s) * ddl_dtype_size(dt);
+    size_t need = (size_t)numel * ddl_dtype_size(dt);
     if (end < 0 || pos < 0 || (size_t)(end - pos) != need) {
         fclose(f);
         return ddl_set_error(DDL_EPROTO, "npy: %s: data is %ld bytes, shape needs %zu", path,

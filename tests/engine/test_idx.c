@@ -18,6 +18,7 @@
 
 #include "ddl/base.h"
 #include "ddl/data.h"
+#include "ddl/npy.h"
 #include "test.h"
 
 #define FASHION_DIR "/usr/share/datasets/fashion-mnist"
@@ -379,6 +380,30 @@ static void test_corrupt_data(void)
     write_file(bad, sizeof bad, "bad-crc.gz", &img, 1);
     damage_file(bad, -1, size - 6);
     expect_refused(bad, lp, DDL_EPROTO, bad, "corrupt gzip stream: incorrect data check", 0);
+
+    // Bytes appended after a complete gzip stream used to be ignored (zlib's gzread skips
+    // trailing garbage); they are refused like the trailing bytes of a plain file. A
+    // second gzip member after the first is refused too.
+    write_file(bad, sizeof bad, "garbage.gz", &img, 1);
+    FILE *fp = fopen(bad, "ab");
+    ASSERT_TRUE(fp != NULL && fwrite("junk!", 1, 5, fp) == 5 && fclose(fp) == 0);
+    expect_refused(bad, lp, DDL_EPROTO, bad,
+                   "5 trailing byte(s) after the end of the gzip stream", 0);
+    bytes none = {0};
+    char  extra[512];
+    write_file(bad, sizeof bad, "two-members.gz", &img, 1);
+    write_file(extra, sizeof extra, "empty.gz", &none, 1);
+    long  esz  = file_size(extra);
+    FILE *src  = fopen(extra, "rb");
+    FILE *dst  = fopen(bad, "ab");
+    char  buf[256];
+    ASSERT_TRUE(src != NULL && dst != NULL && esz > 0 && esz < (long)sizeof buf);
+    ASSERT_TRUE(fread(buf, 1, (size_t)esz, src) == (size_t)esz);
+    ASSERT_TRUE(fwrite(buf, 1, (size_t)esz, dst) == (size_t)esz);
+    fclose(src);
+    fclose(dst);
+    expect_refused(bad, lp, DDL_EPROTO, bad, "trailing byte(s) after the end of the gzip stream",
+                   0);
 }
 
 static void test_mnist_dir(void)
@@ -543,6 +568,32 @@ static int remove_entry(const char *path, const struct stat *sb, int flag, struc
     return remove(path);
 }
 
+// .npy (the other array reader): a header shape whose product overflows, (2^32, 2^32)
+// with no data, used to wrap to 0 elements and be accepted.
+static void test_npy_sizes(void)
+{
+    char path[512];
+    path_in_tmp(path, sizeof path, "wrap.npy");
+    const char dict[] = "{'descr': '<f4', 'fortran_order': False, 'shape': (4294967296, "
+                        "4294967296), }";
+    char  header[128];
+    int   n   = snprintf(header, sizeof header, "%-117s\n", dict);
+    FILE *fp  = fopen(path, "wb");
+    unsigned char magic[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)n, 0};
+    ASSERT_TRUE(fp != NULL && fwrite(magic, 1, 10, fp) == 10 &&
+                fwrite(header, 1, (size_t)n, fp) == (size_t)n && fclose(fp) == 0);
+    ddl_tensor_t *t = NULL;
+    ASSERT_STATUS(ddl_npy_read(path, &t), DDL_EPROTO);
+    ASSERT_TRUE(t == NULL && strstr(ddl_last_error(), "[4294967296, 4294967296]") != NULL);
+    // A dimension past int64 in the header text.
+    fp = fopen(path, "wb");
+    snprintf(header, sizeof header, "%-117s\n",
+             "{'descr': '<f4', 'fortran_order': False, 'shape': (99999999999999999999,), }");
+    ASSERT_TRUE(fp != NULL && fwrite(magic, 1, 10, fp) == 10 &&
+                fwrite(header, 1, 118, fp) == 118 && fclose(fp) == 0);
+    ASSERT_STATUS(ddl_npy_read(path, &t), DDL_EPROTO);
+}
+
 int main(void)
 {
     const char *base = getenv("TMPDIR");
@@ -557,6 +608,8 @@ int main(void)
     test_corrupt_headers();
     printf("corrupt data\n");
     test_corrupt_data();
+    printf("npy sizes\n");
+    test_npy_sizes();
     printf("mnist dir\n");
     test_mnist_dir();
     printf("shuffle\n");

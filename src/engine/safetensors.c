@@ -366,12 +366,30 @@ static ddl_status st_parse(const char *path, FILE *f, int n, const ddl_named_ten
         st = st_entry(path, key, v, data_len, &ranges[nr++]);
     }
     if (st == DDL_OK) {
+        // The data region is indexed entirely, without holes (the format's rule): bytes no
+        // entry covers, between entries or after the last one, are refused.
         qsort(ranges, nr, sizeof *ranges, range_cmp);
-        for (size_t i = 1; i < nr && st == DDL_OK; i++) {
-            if (ranges[i].begin < ranges[i - 1].end) {
+        uint64_t covered = 0;
+        for (size_t i = 0; i < nr && st == DDL_OK; i++) {
+            if (i > 0 && ranges[i].begin < ranges[i - 1].end) {
                 st = ddl_set_error(DDL_EPROTO, "safetensors: %s: the data of '%s' and '%s' overlap",
                                    path, ranges[i - 1].name, ranges[i].name);
+            } else if (ranges[i].begin != covered) {
+                st = ddl_set_error(DDL_EPROTO,
+                                   "safetensors: %s: %llu data byte(s) before '%s' belong to no "
+                                   "tensor",
+                                   path, (unsigned long long)(ranges[i].begin - covered),
+                                   ranges[i].name);
+            } else {
+                covered = ranges[i].end;
             }
+        }
+        if (st == DDL_OK && covered != data_len) {
+            st = ddl_set_error(DDL_EPROTO,
+                               "safetensors: %s: %llu trailing byte(s) after the data of the last "
+                               "tensor (the data region is %llu bytes, the tensors cover %llu)",
+                               path, (unsigned long long)(data_len - covered),
+                               (unsigned long long)data_len, (unsigned long long)covered);
         }
     }
     for (int i = 0; i < n && st == DDL_OK; i++) {
@@ -389,12 +407,16 @@ static ddl_status st_parse(const char *path, FILE *f, int n, const ddl_named_ten
                                t[i].name, path, dt, need);
             break;
         }
+        // The whole stored shape first (the message printed zeros past the first
+        // mismatching dimension), then the comparison.
         json_t   *shape = json_object_get(e, "shape");
         ddl_shape s     = {.ndim = (int)json_array_size(shape)};
-        bool      same  = s.ndim == t[i].global.ndim;
-        for (int d = 0; same && d < s.ndim; d++) {
+        for (int d = 0; d < s.ndim && d < DDL_MAX_DIMS; d++) {
             s.d[d] = (int64_t)json_integer_value(json_array_get(shape, (size_t)d));
-            same   = s.d[d] == t[i].global.d[d];
+        }
+        bool same = s.ndim == t[i].global.ndim;
+        for (int d = 0; same && d < s.ndim; d++) {
+            same = s.d[d] == t[i].global.d[d];
         }
         if (!same) {
             snprintf(have, sizeof have, "%d dims", s.ndim);

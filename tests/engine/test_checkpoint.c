@@ -746,7 +746,38 @@ static void test_safetensors(const char *root)
     expect_error_names("truncated.safetensors");
     ASSERT_STATUS(ddl_export_safetensors(MPI_COMM_WORLD, bad, NT, t, "{\"n\": 1}"), DDL_EINVAL);
     expect_error_names("metadata_json");
+    // Bytes after the last tensor's data used to be ignored.
+    snprintf(bad, sizeof bad, "%s/trailing.safetensors", root);
+    if (rank_ == 0) {
+        long  len;
+        char *b = slurp(file, &len);
+        char *c = malloc((size_t)len + 16);
+        memcpy(c, b, (size_t)len);
+        memset(c + len, 0x5a, 16);
+        spill(bad, c, len + 16);
+        free(b);
+        free(c);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    ASSERT_STATUS(ddl_import_safetensors(MPI_COMM_WORLD, bad, NT, t), DDL_EPROTO);
+    expect_error_names("16 trailing byte(s)");
     expect_values(t, -1);
+    release(t);
+
+    // A shape mismatch names the stored shape in full (it printed [3, 0, 0] for
+    // conv.weight [6, 5, 3] requested as [3, 5, 3]).
+    make(LAYOUT_ROOT, -1, t);
+    ddl_tensor_t *old = t[2].local;
+    t[2].global       = ddl_shape_make(3, (int64_t[]){3, 5, 3});
+    t[2].box          = rank_ == 0 ? ddl_box_full(&t[2].global) : (ddl_box){.ndim = 3};
+    ddl_shape bs      = ddl_box_shape(&t[2].box);
+    ASSERT_OK(ddl_tensor_create(DDL_F64, &bs, &t[2].local));
+    ASSERT_STATUS(ddl_import_safetensors(MPI_COMM_WORLD, file, NT, t), DDL_EINVAL);
+    expect_error_names("has shape [6, 5, 3], requested [3, 5, 3]");
+    ddl_tensor_destroy(&t[2].local);
+    t[2].local  = old;
+    t[2].global = ddl_shape_make(specs[2].ndim, specs[2].d);
+    t[2].box    = rank_ == 0 ? ddl_box_full(&t[2].global) : (ddl_box){.ndim = 3};
     release(t);
 }
 

@@ -1026,8 +1026,10 @@ static ddl_status parse_tensor(const char *file, ckpt_manifest *m, int i, const 
                        json_string_value(v));
     }
     DDL_CHECK(index_array(file, e, ctx, "shape", -1, t->shape.d, &t->shape.ndim));
-    if (safe_numel(&t->shape) < 0) {
-        return corrupt(file, "%s.\"shape\" is too large", ctx);
+    int64_t numel;
+    if (ddl_shape_numel_checked(&t->shape, &numel) != DDL_OK) {
+        return corrupt(file, "%s.\"shape\" has more than 2^34 elements (DDL_MAX_TENSOR_ELEMENTS)",
+                       ctx);
     }
     json_t *boxes = NULL;
     DDL_CHECK(field(file, e, ctx, "boxes", JSON_ARRAY, "an array", &boxes));

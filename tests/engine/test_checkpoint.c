@@ -546,6 +546,7 @@ static void test_corruption(const char *root)
         {"step", "9.5", "\"step\" is a real"},
         {"user", "[]", "\"user\" is an array"},
         {"shape", "{}", "tensors[0].\"shape\" is an object"},
+        {"shape", "[4294967296, 4294967296]", "tensors[0].\"shape\" has more than 2^34"},
         {"dtype", "\"f16\"", "tensors[0].\"dtype\""},
         {"bytes", "null", "shards[0].\"bytes\" is null"},
         {"format_version", "2", "format_version 2"},

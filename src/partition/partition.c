@@ -6,6 +6,7 @@
 #include <limits.h>
 #include <string.h>
 
+#include "ddl/agree.h"
 #include "ddl/base.h"
 #include "ddl/decomp.h"
 #include "ddl/partition.h"
@@ -71,12 +72,32 @@ ddl_status ddl_partition_create(MPI_Comm base, int nranks, const int *ranks, int
         }
     }
 
-    ddl_partition_t *P = ddl_calloc(1, sizeof *P);
-    int             *r = ddl_malloc(sizeof(int) * (size_t)nranks);
-    if (P == NULL || r == NULL) {
+    // Members create the communicator whatever happened locally, then agree over it, so
+    // an allocation failing on one member fails every member instead of leaving the
+    // others blocked in MPI_Comm_create_group (non-members make no MPI call).
+    int position = -1;
+    for (int i = 0; i < nranks; i++) {
+        if (ranks[i] == base_rank) {
+            position = i;
+        }
+    }
+    ddl_partition_t *P  = ddl_calloc(1, sizeof *P);
+    int             *r  = ddl_malloc(sizeof(int) * (size_t)nranks);
+    ddl_status       st = P != NULL && r != NULL
+                              ? DDL_OK
+                              : ddl_set_error(DDL_ENOMEM, "partition: out of memory");
+    MPI_Comm comm = MPI_COMM_NULL;
+    if (position >= 0) {
+        ddl_status cst = comm_create(base, nranks, ranks, 0, &comm);
+        st             = cst != DDL_OK ? cst : ddl_agree(comm, st);
+    }
+    if (st != DDL_OK) {
+        if (comm != MPI_COMM_NULL) {
+            MPI_Comm_free(&comm);
+        }
         ddl_free(P);
         ddl_free(r);
-        return ddl_set_error(DDL_ENOMEM, "partition: out of memory");
+        return st;
     }
     memcpy(r, ranks, sizeof(int) * (size_t)nranks);
     P->base      = base;
@@ -86,20 +107,10 @@ ddl_status ddl_partition_create(MPI_Comm base, int nranks, const int *ranks, int
     memcpy(P->shape, shape, sizeof(int) * (size_t)ndim);
     P->nranks   = nranks;
     P->ranks    = r;
-    P->position = -1;
-    P->comm     = MPI_COMM_NULL;
-    for (int i = 0; i < nranks; i++) {
-        if (r[i] == base_rank) {
-            P->position = i;
-        }
-    }
-    if (P->position >= 0) {
-        ddl_index_unravel(ndim, shape, P->position, P->index);
-        ddl_status st = comm_create(base, nranks, r, 0, &P->comm);
-        if (st != DDL_OK) {
-            ddl_partition_destroy(&P);
-            return st;
-        }
+    P->position = position;
+    P->comm     = comm;
+    if (position >= 0) {
+        ddl_index_unravel(ndim, shape, position, P->index);
     }
     *out = P;
     return DDL_OK;

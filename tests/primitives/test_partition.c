@@ -1,8 +1,10 @@
 // Partition tests: coordinates, local shapes, unions, the broadcast/reduce groups and
 // their transpose variants, communicator hygiene (10,000 create/destroy cycles) and
 // the creation orders that deadlocked DistDL (its issue 87).
+#include <stdlib.h>
 #include <string.h>
 
+#include "ddl/base.h"
 #include "mpi_test.h"
 
 static void test_basic(void)
@@ -50,6 +52,30 @@ static void test_invalid(void)
                   DDL_EINVAL);
     ASSERT_TRUE(strstr(ddl_last_error(), "past INT_MAX") != NULL);
     ASSERT_TRUE(P == NULL);
+}
+
+// An allocation failing on one member only: every member fails alike (no member is left
+// blocked in MPI_Comm_create_group).
+static void test_one_rank_enomem(void)
+{
+    int world, rank;
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    int *ranks = malloc(sizeof(int) * (size_t)world);
+    for (int i = 0; i < world; i++) {
+        ranks[i] = i;
+    }
+    ddl_partition_t *P = NULL;
+    if (rank == world - 1) {
+        ddl_alloc_inject_failure(0);
+    }
+    ASSERT_STATUS(ddl_partition_create(MPI_COMM_WORLD, world, ranks, 1, (int[]){world}, &P),
+                  DDL_ENOMEM);
+    ddl_alloc_inject_failure(-1);
+    ASSERT_TRUE(P == NULL);
+    ASSERT_OK(ddl_partition_create(MPI_COMM_WORLD, world, ranks, 1, (int[]){world}, &P));
+    ddl_partition_destroy(&P);
+    free(ranks);
 }
 
 static void test_union(void)
@@ -159,6 +185,7 @@ int main(int argc, char **argv)
     ddl_test_require_ranks(4);
     test_basic();
     test_invalid();
+    test_one_rank_enomem();
     test_union();
     test_deadlock_orders();
     int world;

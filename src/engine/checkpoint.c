@@ -1150,12 +1150,31 @@ static ddl_status manifest_parse(const char *file, const char *text, size_t len,
 
 // ---- load ------------------------------------------------------------------------
 
-static ddl_status read_text(const char *path, int64_t max, char **out, int64_t *len)
+// Opens a regular file for reading without ever blocking (a FIFO put in place of a
+// manifest would block rank 0 in open); anything else is refused as corrupt.
+static ddl_status open_regular(const char *path, FILE **out)
 {
-    FILE *f = fopen(path, "rb");
-    if (f == NULL) {
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
         return corrupt(path, "cannot open: %s", strerror(errno));
     }
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        close(fd);
+        return corrupt(path, "not a regular file");
+    }
+    *out = fdopen(fd, "rb");
+    if (*out == NULL) {
+        close(fd);
+        return corrupt(path, "cannot open: %s", strerror(errno));
+    }
+    return DDL_OK;
+}
+
+static ddl_status read_text(const char *path, int64_t max, char **out, int64_t *len)
+{
+    FILE *f = NULL;
+    DDL_CHECK(open_regular(path, &f));
     ddl_status st   = DDL_OK;
     long       size = -1;
     if (fseek(f, 0, SEEK_END) == 0) {

@@ -578,6 +578,24 @@ static void test_corruption(const char *root)
 
     corrupt_case(root, latest, REPLACE, "step-000000099\n", DDL_ECORRUPT, "step-000000099");
     corrupt_case(root, latest, REPLACE, "../../etc\n", DDL_ECORRUPT, "latest");
+    // A FIFO in place of `latest` is refused at once (opening it used to block rank 0).
+    {
+        long  n     = 0;
+        char *saved = NULL;
+        if (rank_ == 0) {
+            saved = slurp(latest, &n);
+            ASSERT_TRUE(unlink(latest) == 0 && mkfifo(latest, 0600) == 0);
+        }
+        MPI_Barrier(MPI_COMM_WORLD);
+        load_refused(root, DDL_ECORRUPT, "not a regular file");
+        MPI_Barrier(MPI_COMM_WORLD);
+        if (rank_ == 0) {
+            ASSERT_TRUE(unlink(latest) == 0);
+            spill(latest, saved, n);
+            free(saved);
+        }
+        MPI_Barrier(MPI_COMM_WORLD);
+    }
     // Without `latest`, the newest step directory whose manifest verifies is loaded
     // (step 10 here: it is newer than step 9, which was saved after it) and a warning
     // says so; it used to be ENOTFOUND, so --resume started again from step 0.

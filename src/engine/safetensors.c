@@ -451,12 +451,27 @@ ddl_status ddl_import_safetensors(MPI_Comm comm, const char *path, int n,
     ddl_status     st    = stage_create(comm, n, tensors, &stage);
     if (st == DDL_OK && rank == 0) {
         begin = ddl_calloc((size_t)n + 1, sizeof *begin);
-        f     = fopen(path, "rb");
+        // O_NONBLOCK and regular files only: a FIFO must not block rank 0 in open.
+        int         fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+        int         err = errno;
+        struct stat sb;
+        if (fd >= 0 && (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode))) {
+            close(fd);
+            fd  = -1;
+            err = -1;
+        }
+        f   = fd >= 0 ? fdopen(fd, "rb") : NULL;
+        err = fd >= 0 && f == NULL ? errno : err;
+        if (fd >= 0 && f == NULL) {
+            close(fd);
+        }
         if (begin == NULL) {
             st = ddl_set_error(DDL_ENOMEM, "safetensors: out of memory");
+        } else if (err == -1) {
+            st = ddl_set_error(DDL_EPROTO, "safetensors: %s is not a regular file", path);
         } else if (f == NULL) {
-            st = ddl_set_error(errno == ENOENT ? DDL_ENOTFOUND : DDL_EIO,
-                               "safetensors: cannot open %s: %s", path, strerror(errno));
+            st = ddl_set_error(err == ENOENT ? DDL_ENOTFOUND : DDL_EIO,
+                               "safetensors: cannot open %s: %s", path, strerror(err));
         } else {
             st = st_parse(path, f, n, tensors, begin);
         }

@@ -198,12 +198,17 @@ static ddl_status idx_open(idx_file *f, const char *path, const char *kind, cons
     f->kind = kind;
     f->what = what;
 
-    f->fd = open(path, O_RDONLY | O_CLOEXEC);
+    // O_NONBLOCK and regular files only: a FIFO must not block the loader in open.
+    f->fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     DDL_REQUIRE(f->fd >= 0, DDL_EIO, "idx: cannot open %s: %s", path, strerror(errno));
     ddl_status  st;
     struct stat sb;
     if (fstat(f->fd, &sb) != 0) {
         st = ddl_set_error(DDL_EIO, "idx: cannot stat %s: %s", path, strerror(errno));
+        goto fail;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        st = ddl_set_error(DDL_EPROTO, "idx: %s is not a regular file", path);
         goto fail;
     }
     f->in = malloc(IDX_IN_CAP);

@@ -1,8 +1,11 @@
 // io/npy.c: .npy writer and reader (https://numpy.org/doc/stable/reference/generated/numpy.lib.format.html).
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "base/check.h"
 #include "ddl/npy.h"
@@ -47,8 +50,19 @@ ddl_status ddl_npy_write(const char *path, const ddl_tensor_t *t)
 
 ddl_status ddl_npy_read(const char *path, ddl_tensor_t **out)
 {
-    FILE *f = fopen(path, "rb");
-    DDL_REQUIRE(f != NULL, DDL_EIO, "npy: cannot open %s: %s", path, strerror(errno));
+    // O_NONBLOCK and regular files only: a FIFO must not block the reader in open.
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    DDL_REQUIRE(fd >= 0, DDL_EIO, "npy: cannot open %s: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        close(fd);
+        return ddl_set_error(DDL_EPROTO, "npy: %s is not a regular file", path);
+    }
+    FILE *f = fdopen(fd, "rb");
+    if (f == NULL) {
+        close(fd);
+        return ddl_set_error(DDL_EIO, "npy: cannot open %s: %s", path, strerror(errno));
+    }
     unsigned char head[12];
     ddl_status    st = DDL_OK;
     char          dict[4096];

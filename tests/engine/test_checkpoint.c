@@ -780,6 +780,14 @@ static void test_safetensors(const char *root)
     MPI_Barrier(MPI_COMM_WORLD);
     ASSERT_STATUS(ddl_import_safetensors(MPI_COMM_WORLD, bad, NT, t), DDL_EPROTO);
     expect_error_names("16 trailing byte(s)");
+    // A FIFO is refused at once (rank 0 used to block in open while the others waited).
+    snprintf(bad, sizeof bad, "%s/fifo.safetensors", root);
+    if (rank_ == 0) {
+        ASSERT_TRUE(mkfifo(bad, 0600) == 0);
+    }
+    MPI_Barrier(MPI_COMM_WORLD);
+    ASSERT_STATUS(ddl_import_safetensors(MPI_COMM_WORLD, bad, NT, t), DDL_EPROTO);
+    expect_error_names("not a regular file");
     expect_values(t, -1);
     release(t);
 

@@ -592,6 +592,17 @@ static void test_npy_sizes(void)
     ASSERT_TRUE(fp != NULL && fwrite(magic, 1, 10, fp) == 10 &&
                 fwrite(header, 1, 118, fp) == 118 && fclose(fp) == 0);
     ASSERT_STATUS(ddl_npy_read(path, &t), DDL_EPROTO);
+
+    // FIFOs are refused at once instead of blocking in open (.npy and IDX).
+    char fifo[512], lp[512];
+    path_in_tmp(fifo, sizeof fifo, "fifo");
+    ASSERT_TRUE(mkfifo(fifo, 0600) == 0);
+    ASSERT_STATUS(ddl_npy_read(fifo, &t), DDL_EPROTO);
+    ASSERT_TRUE(strstr(ddl_last_error(), "not a regular file") != NULL);
+    bytes lab = labels_file(N, N);
+    write_file(lp, sizeof lp, "fifo-lab", &lab, 0);
+    expect_refused(fifo, lp, DDL_EPROTO, fifo, "not a regular file", 0);
+    unlink(fifo);
 }
 
 int main(void)

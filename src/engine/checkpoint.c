@@ -38,9 +38,9 @@
 // manifest.sha256 and broadcasts its text; every rank validates it (every field's type
 // and range, and every count against the world size before allocating for it). Without
 // `latest`, a root holding step-<S> directories resolves to the newest one whose
-// manifest verifies, and says so in a warning (see ddl/checkpoint.h). The shards' sizes and SHA-256 digests are verified round-robin over
-// the ranks (shard s by rank s % size) so that every shard is checked once, in parallel,
-// before anything is read. Then every rank reads, straight from the shard files, the
+// manifest verifies, and says so in a warning (see ddl/checkpoint.h). The shards' sizes
+// and SHA-256 digests are verified round-robin over the ranks (shard s by rank s % size)
+// so that every shard is checked once, in parallel, before anything is read. Then every rank reads, straight from the shard files, the
 // intersections of its requested boxes with the written boxes into staging tensors, and
 // copies them into the caller's tensors only once every rank has succeeded.
 //

@@ -51,7 +51,8 @@ ddl_status ddl_shape_numel_checked(const ddl_shape *s, int64_t *out)
     int64_t n = ddl_shape_numel(s);
     DDL_REQUIRE(n >= 0 && n <= DDL_MAX_TENSOR_ELEMENTS, DDL_EINVAL,
                 "shape %s: %s elements, the limit per tensor is 2^34 (DDL_MAX_TENSOR_ELEMENTS)",
-                ddl_shape_str(s, buf, sizeof buf), n < 0 ? "a negative size or more than 2^63" : "too many");
+                ddl_shape_str(s, buf, sizeof buf),
+                n < 0 ? "a negative size or more than 2^63" : "too many");
     *out = n;
     return DDL_OK;
 }

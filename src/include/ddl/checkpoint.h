@@ -14,8 +14,8 @@
 //
 // Loading verifies the manifest's checksum, every manifest field's type and range (counts
 // are checked against the world size before anything is allocated for them) and every
-// shard's checksum, and refuses a corrupt,
-// truncated or missing file with DDL_ECORRUPT and a message naming the file. It works
+// shard's checksum, and refuses a corrupt, truncated or missing file with DDL_ECORRUPT
+// and a message naming the file. It works
 // onto any world size and partitioning: the boxes requested by the caller may differ
 // from the boxes written (each rank reads the parts of the written boxes that its own
 // boxes need, straight from the shard files).
@@ -73,8 +73,8 @@ DDL_EXTERN ddl_status ddl_checkpoint_save(MPI_Comm comm, const char *dir,
 // verifies against its manifest.sha256, and logs a warning naming it (as a user
 // resuming a run expects; silently starting from step 0 would redo the whole run). A
 // path with neither `latest`, manifest.json nor such a step directory is DDL_ENOTFOUND.
-// A manifest without manifest.sha256 (or not matching it) is DDL_ECORRUPT. On success *spec_json and *user_json (compact JSON)
-// (if not NULL) receive ddl_malloc'd copies (free with ddl_free) and *step the step.
+// A manifest without manifest.sha256 (or not matching it) is DDL_ECORRUPT. On success
+// *spec_json and *user_json (compact JSON) (if not NULL) receive ddl_malloc'd copies (free with ddl_free) and *step the step.
 // Nothing is written into the tensors or the outputs unless everything verifies.
 DDL_EXTERN ddl_status ddl_checkpoint_load(MPI_Comm comm, const char *path, int n,
                                           const ddl_named_tensor *tensors, int64_t *step,

@@ -152,6 +152,18 @@ static void test_bad_create(const char *spec_dir)
                 strstr(ddl_last_error(), "ranks") != NULL);
     ASSERT_STATUS(ddl_session_create(MPI_COMM_WORLD, NULL, "none", NULL, &s), DDL_EINVAL);
     free(other);
+    // Two layers with one name: refused when the model is built, not at the first
+    // checkpoint or export.
+    snprintf(path, sizeof path, "%s/lenet5-%d.json", spec_dir, size);
+    char *dup = read_text(path);
+    if (rank == 0) {
+        char *at = strstr(dup, "\"name\": \"conv2\"");
+        ASSERT_TRUE(at != NULL);
+        memcpy(at, "\"name\": \"conv1\"", 15);
+    }
+    ASSERT_STATUS(ddl_session_create(MPI_COMM_WORLD, dup, "dup.json", NULL, &s), DDL_EINVAL);
+    ASSERT_TRUE(strstr(ddl_last_error(), "conv1.weight") != NULL);
+    free(dup);
 }
 
 // Rank 0's copy of the first n normalized test samples and their labels.
@@ -384,6 +396,66 @@ static void test_save_restore(ddl_session_t *s, const char *tmp)
     free(l2);
 }
 
+// The global weights: gather them all onto rank 0, push zeros (every logit is then 0),
+// gather the zeros back, push the originals (the logits return bitwise).
+static void test_weights(ddl_session_t *s)
+{
+    const int64_t B  = ddl_spec_batch_size(ddl_model_spec(ddl_session_model(s)));
+    int           nw = ddl_session_nweights(s);
+    ASSERT_TRUE(nw == 10);
+    float  *x = NULL, *l0 = NULL, *l1 = NULL;
+    int64_t *lab = NULL;
+    float  **w = calloc((size_t)nw, sizeof *w), **z = calloc((size_t)nw, sizeof *z);
+    if (rank == 0) {
+        x   = malloc(sizeof(float) * (size_t)(B * 784));
+        lab = malloc(sizeof(int64_t) * (size_t)B);
+        l0  = malloc(sizeof(float) * (size_t)(B * 10));
+        l1  = malloc(sizeof(float) * (size_t)(B * 10));
+    }
+    test_samples(s, B, x, lab);
+    logits_of(s, x, l0);
+    for (int i = 0; i < nw; i++) {
+        int64_t n = ddl_shape_numel(ddl_session_weight_shape(s, i));
+        ASSERT_TRUE(n > 0);
+        ASSERT_TRUE(ddl_session_weight_dtype(s, i) == DDL_F32);
+        ASSERT_TRUE(strchr(ddl_session_weight_name(s, i), '.') != NULL);
+        if (rank == 0) {
+            w[i] = malloc(sizeof(float) * (size_t)n);
+            z[i] = calloc((size_t)n, sizeof(float));
+        }
+        ASSERT_OK(ddl_session_gather_weight(s, i, w[i]));
+    }
+    ASSERT_STATUS(ddl_session_gather_weight(s, nw, rank == 0 ? w[0] : NULL), DDL_EINVAL);
+    ASSERT_STATUS(ddl_session_scatter_weights(s, NULL), DDL_EINVAL);
+    ASSERT_OK(ddl_session_scatter_weights(s, (const void *const *)z));
+    logits_of(s, x, l1);
+    if (rank == 0) {
+        for (int64_t i = 0; i < B * 10; i++) {
+            ASSERT_TRUE(l1[i] == 0.0f);
+        }
+        memset(z[3], 0xff, sizeof(float)); // a NaN, overwritten by the gather below
+    }
+    ASSERT_OK(ddl_session_gather_weight(s, 3, z[3]));
+    if (rank == 0) {
+        ASSERT_TRUE(z[3][0] == 0.0f);
+    }
+    ASSERT_OK(ddl_session_scatter_weights(s, (const void *const *)w));
+    logits_of(s, x, l1);
+    if (rank == 0) {
+        ASSERT_TRUE(memcmp(l0, l1, sizeof(float) * (size_t)(B * 10)) == 0);
+    }
+    for (int i = 0; i < nw; i++) {
+        free(w[i]);
+        free(z[i]);
+    }
+    free(w);
+    free(z);
+    free(x);
+    free(lab);
+    free(l0);
+    free(l1);
+}
+
 // Both splits are checked against the model; a refused dataset leaves the old one.
 static void test_data_checks(ddl_session_t *s, const char *tmp)
 {
@@ -570,6 +642,7 @@ int main(int argc, char **argv)
 
     test_predict_and_eval(s);
     test_save_restore(s, tmp);
+    test_weights(s);
     test_one_rank_failure(s, text, tmp);
     test_data_checks(s, tmp);
 

@@ -558,7 +558,13 @@ static void test_one_rank_failure(ddl_session_t *s, const char *spec_text, const
         ASSERT_STATUS(st, DDL_ENOMEM);
     }
     sweep_create(spec_text, 1, LLONG_MAX, 4096);
-    sweep_create(spec_text, 1, 40, 0);
+    // DDL_TEST_SWEEP_FROM=n: also every small allocation from the n-th on (exploratory).
+    const char *from = getenv("DDL_TEST_SWEEP_FROM");
+    if (from != NULL) {
+        sweep_create(spec_text, atoll(from), LLONG_MAX, 0);
+    } else {
+        sweep_create(spec_text, 1, 40, 0);
+    }
 }
 
 int main(int argc, char **argv)

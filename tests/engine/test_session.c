@@ -164,6 +164,25 @@ static void test_bad_create(const char *spec_dir)
     ASSERT_STATUS(ddl_session_create(MPI_COMM_WORLD, dup, "dup.json", NULL, &s), DDL_EINVAL);
     ASSERT_TRUE(strstr(ddl_last_error(), "conv1.weight") != NULL);
     free(dup);
+    // A layer too large for memory (conv2 with 2^30 output channels) fails on the ranks
+    // that hold it; every rank returns the same error, and nothing leaks.
+    char *huge = read_text(path);
+    char *big  = NULL;
+    if (rank == 0) {
+        const char *at = strstr(huge, "\"out_channels\": 16");
+        ASSERT_TRUE(at != NULL);
+        big = malloc(strlen(huge) + 32);
+        snprintf(big, strlen(huge) + 32, "%.*s\"out_channels\": 1073741824%s", (int)(at - huge),
+                 huge, at + strlen("\"out_channels\": 16"));
+    }
+    int64_t live = ddl_alloc_bytes_live();
+    ddl_status st = ddl_session_create(MPI_COMM_WORLD, big, "huge.json", NULL, &s);
+    assert_same(st);
+    ASSERT_STATUS(st, DDL_ENOMEM);
+    ASSERT_TRUE(strstr(ddl_last_error(), "conv2") != NULL);
+    ASSERT_EQ(ddl_alloc_bytes_live(), live);
+    free(huge);
+    free(big);
 }
 
 // Rank 0's copy of the first n normalized test samples and their labels.

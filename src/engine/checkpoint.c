@@ -1051,7 +1051,7 @@ ddl_status ddl_checkpoint_load(MPI_Comm comm, const char *path, int n,
     } else {
         st = match_requests(&m, mpath, n, tensors, idx);
     }
-    st    = ddl_agree(comm, st);
+    st = ddl_agree(comm, st);
     if (st != DDL_OK) {
         goto done;
     }

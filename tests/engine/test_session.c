@@ -175,8 +175,8 @@ static void test_bad_create(const char *spec_dir)
         snprintf(big, strlen(huge) + 32, "%.*s\"out_channels\": 1073741824%s", (int)(at - huge),
                  huge, at + strlen("\"out_channels\": 16"));
     }
-    int64_t live = ddl_alloc_bytes_live();
-    ddl_status st = ddl_session_create(MPI_COMM_WORLD, big, "huge.json", NULL, &s);
+    int64_t    live = ddl_alloc_bytes_live();
+    ddl_status st   = ddl_session_create(MPI_COMM_WORLD, big, "huge.json", NULL, &s);
     assert_same(st);
     ASSERT_STATUS(st, DDL_ENOMEM);
     ASSERT_TRUE(strstr(ddl_last_error(), "conv2") != NULL);
@@ -233,7 +233,7 @@ static void test_predict_and_eval(ddl_session_t *s)
     ASSERT_OK(ddl_session_predict(s, x, sizeof(float) * (size_t)(N * S), N, lg,
                                   sizeof(float) * (size_t)(N * C)));
     // count < batch, from a buffer that ends at a guard page.
-    void  *base = NULL;
+    void  *base   = NULL;
     size_t maplen = 0;
     float *gx     = NULL;
     if (rank == 0) {
@@ -248,7 +248,7 @@ static void test_predict_and_eval(ddl_session_t *s)
     if (rank == 0) {
         // The rows of a short batch are those of the full one (eval mode, per-row math).
         ASSERT_TRUE(memcmp(lg, lg5, sizeof(float) * (size_t)(5 * C)) == 0);
-        double  ref = 0;
+        double  ref  = 0;
         int64_t hits = 0;
         for (int64_t b = 0; b < N; b++) {
             const float *r  = lg + b * C;
@@ -272,8 +272,8 @@ static void test_predict_and_eval(ddl_session_t *s)
     }
     // Bad inline sizes are refused on every rank (other ranks pass nothing) and nothing
     // moves: one byte short, too small an output, a count of zero, a label out of range.
-    int64_t step = ddl_model_step(ddl_session_model(s));
-    size_t  xb   = sizeof(float) * (size_t)(N * S), lb = sizeof(float) * (size_t)(N * C);
+    int64_t      step = ddl_model_step(ddl_session_model(s));
+    size_t       xb = sizeof(float) * (size_t)(N * S), lb = sizeof(float) * (size_t)(N * C);
     const float *rx = rank == 0 ? x : NULL;
     float       *rl = rank == 0 ? lg : NULL;
     ASSERT_STATUS(ddl_session_predict(s, rx, rank == 0 ? xb - 1 : 0, N, rl, lb), DDL_EINVAL);
@@ -286,9 +286,9 @@ static void test_predict_and_eval(ddl_session_t *s)
         lab[7] = C;
     }
     ASSERT_STATUS(ddl_session_evaluate_batch(s, rx, rank == 0 ? xb : 0, lab, N, &ev), DDL_EINVAL);
-    ASSERT_STATUS(ddl_session_step(s, rx, rank == 0 ? sizeof(float) * (size_t)(B * S) : 0, lab, B,
-                                   NULL),
-                  DDL_EINVAL);
+    ASSERT_STATUS(
+        ddl_session_step(s, rx, rank == 0 ? sizeof(float) * (size_t)(B * S) : 0, lab, B, NULL),
+        DDL_EINVAL);
     ASSERT_TRUE(strstr(ddl_last_error(), "label") != NULL);
     ASSERT_EQ(ddl_model_step(ddl_session_model(s)), step);
     // A good inline step moves the step counter on every rank.
@@ -296,8 +296,8 @@ static void test_predict_and_eval(ddl_session_t *s)
         lab[7] = 1;
     }
     ddl_step_result sr;
-    ASSERT_OK(ddl_session_step(s, rx, rank == 0 ? sizeof(float) * (size_t)(B * S) : 0, lab, B,
-                               &sr));
+    ASSERT_OK(
+        ddl_session_step(s, rx, rank == 0 ? sizeof(float) * (size_t)(B * S) : 0, lab, B, &sr));
     ASSERT_EQ(sr.step, step + 1);
     assert_same((long long)(sr.loss * 1e6));
     free(x);
@@ -370,7 +370,7 @@ static void test_save_restore(ddl_session_t *s, const char *tmp)
     ASSERT_STATUS(ddl_session_restore(s, rank == 0 ? root : NULL, saved + 12345), DDL_ENOTFOUND);
 
     // Damaged cursors: refused on every rank, and nothing changes.
-    char     spe[64];
+    char spe[64];
     snprintf(spe, sizeof spe, "%lld", (long long)ddl_session_steps_per_epoch(s));
     char big[256];
     snprintf(big, sizeof big, "{\"epoch\": 0, \"batch\": %s}", spe);
@@ -382,7 +382,7 @@ static void test_save_restore(ddl_session_t *s, const char *tmp)
                          "{\"epoch\": 0}",
                          "{\"epoch\": 0, \"batch\": 0, \"rng\": {\"seed\": 2}}",
                          "{\"epoch\": 0, \"batch\": 0, \"rng\": 7}"};
-    int nbad = (int)(sizeof bad / sizeof bad[0]);
+    int         nbad  = (int)(sizeof bad / sizeof bad[0]);
     for (int k = 0; k < nbad; k++) {
         write_bad_cursor(s, tmp, k, bad[k]);
     }
@@ -422,7 +422,7 @@ static void test_weights(ddl_session_t *s)
     const int64_t B  = ddl_spec_batch_size(ddl_model_spec(ddl_session_model(s)));
     int           nw = ddl_session_nweights(s);
     ASSERT_TRUE(nw == 10);
-    float  *x = NULL, *l0 = NULL, *l1 = NULL;
+    float   *x = NULL, *l0 = NULL, *l1 = NULL;
     int64_t *lab = NULL;
     float  **w = calloc((size_t)nw, sizeof *w), **z = calloc((size_t)nw, sizeof *z);
     if (rank == 0) {
@@ -654,8 +654,8 @@ int main(int argc, char **argv)
         ASSERT_TRUE(last < first);
     }
     // Cancel from the callback after 3 of 10 steps: every rank stops there.
-    r            = (record){.stop_after = 3};
-    req          = (ddl_train_request){.steps = 10};
+    r   = (record){.stop_after = 3};
+    req = (ddl_train_request){.steps = 10};
     ASSERT_OK(ddl_session_train(s, &req, on_progress, &r, &res));
     ASSERT_TRUE(res.cancelled);
     ASSERT_EQ(res.steps_done, 3);

@@ -47,10 +47,10 @@ typedef struct ddl_session ddl_session_t;
 
 // Read on rank 0 only (other ranks may pass NULL): every rank learns them by broadcast.
 typedef struct ddl_session_options {
-    const char *checkpoint_dir;   // where ddl_session_save writes (NULL: none); the path must
-                                  // be reachable from every rank (each writes its shard)
-    int64_t     checkpoint_every; // checkpoint every K optimizer steps inside train and
-                                  // step (0: never; > 0 needs checkpoint_dir)
+    const char *checkpoint_dir; // where ddl_session_save writes (NULL: none); the path must
+                                // be reachable from every rank (each writes its shard)
+    int64_t checkpoint_every;   // checkpoint every K optimizer steps inside train and
+                                // step (0: never; > 0 needs checkpoint_dir)
 } ddl_session_options;
 
 // Builds the model from rank 0's spec text (validated on rank 0, then broadcast and

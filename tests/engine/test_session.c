@@ -445,6 +445,28 @@ static void test_weights(ddl_session_t *s)
         ASSERT_OK(ddl_session_gather_weight(s, i, w[i]));
     }
     ASSERT_STATUS(ddl_session_gather_weight(s, nw, rank == 0 ? w[0] : NULL), DDL_EINVAL);
+    // An allocation failing on the root (rank 0) part way through a gather or a scatter
+    // fails every rank alike; the weights stay as they were.
+    for (uint64_t n = 1; n <= 4; n++) {
+        if (rank == 0) {
+            ddl_alloc_fail_after(n, 0);
+        }
+        ddl_status st = ddl_session_gather_weight(s, 0, w[0]);
+        ddl_alloc_fail_after(0, 0);
+        assert_same(st);
+        ASSERT_TRUE(st == DDL_ENOMEM || st == DDL_OK);
+        if (rank == 0) {
+            ddl_alloc_fail_after(n, 0);
+        }
+        st = ddl_session_scatter_weights(s, (const void *const *)z);
+        ddl_alloc_fail_after(0, 0);
+        assert_same(st);
+        ASSERT_STATUS(st, DDL_ENOMEM);
+    }
+    logits_of(s, x, l1);
+    if (rank == 0) {
+        ASSERT_TRUE(memcmp(l0, l1, sizeof(float) * (size_t)(B * 10)) == 0);
+    }
     ASSERT_STATUS(ddl_session_scatter_weights(s, NULL), DDL_EINVAL);
     ASSERT_OK(ddl_session_scatter_weights(s, (const void *const *)z));
     logits_of(s, x, l1);

@@ -380,6 +380,25 @@ ddl_cursor ddl_session_cursor(const ddl_session_t *s)
     return s->cur;
 }
 
+ddl_status ddl_session_set_cursor(ddl_session_t *s, ddl_cursor c)
+{
+    ddl_status st  = DDL_OK;
+    int64_t    spe = steps_per_epoch(s);
+    if (s->rank == 0 && (c.epoch < 0 || c.epoch > CURSOR_EPOCH_MAX || c.batch < 0 ||
+                         (spe > 0 && c.batch >= spe))) {
+        st = ddl_set_error(DDL_EINVAL,
+                           "set_cursor: epoch %lld must be in [0, %lld] and batch %lld in [0, "
+                           "%lld) (batches per epoch)",
+                           (long long)c.epoch, (long long)CURSOR_EPOCH_MAX, (long long)c.batch,
+                           (long long)(spe > 0 ? spe : INT64_MAX));
+    }
+    DDL_CHECK(ddl_agree(s->comm, st));
+    int64_t v[2] = {c.epoch, c.batch};
+    DDL_CHECK_MPI(MPI_Bcast(v, 2, MPI_INT64_T, 0, s->comm));
+    s->cur = (ddl_cursor){v[0], v[1]};
+    return ddl_agree(s->comm, DDL_OK);
+}
+
 int64_t ddl_session_steps_per_epoch(const ddl_session_t *s)
 {
     return steps_per_epoch(s);
@@ -576,12 +595,7 @@ ddl_status ddl_session_restore(ddl_session_t *s, const char *path, int64_t step)
 
 // ---- training ------------------------------------------------------------------
 
-// The plan of a train call, decided on rank 0 and broadcast.
-typedef struct train_plan {
-    int64_t status;
-    int64_t total;
-} train_plan;
-
+// Rank 0's plan of a train call: the number of steps (broadcast by the caller).
 static ddl_status plan_train(const ddl_session_t *s, const ddl_train_request *req, int64_t *total)
 {
     DDL_REQUIRE(req != NULL, DDL_EINVAL, "train: rank 0 must pass a request");
@@ -597,8 +611,9 @@ static ddl_status plan_train(const ddl_session_t *s, const ddl_train_request *re
     if (req->steps > 0) {
         *total = req->steps;
     } else {
-        DDL_REQUIRE(req->epochs <= CURSOR_EPOCH_MAX - s->cur.epoch, DDL_EINVAL,
-                    "train: %lld epochs is too many", (long long)req->epochs);
+        DDL_REQUIRE(req->epochs <= CURSOR_EPOCH_MAX - s->cur.epoch &&
+                        req->epochs <= INT64_MAX / spe,
+                    DDL_EINVAL, "train: %lld epochs is too many", (long long)req->epochs);
         *total = req->epochs * spe - s->cur.batch;
     }
     return DDL_OK;

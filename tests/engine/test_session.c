@@ -538,6 +538,27 @@ static void test_data_checks(ddl_session_t *s, const char *tmp)
     }
     ASSERT_OK(ddl_session_open_data(s, rank == 0 ? dir : NULL));
     ASSERT_EQ(ddl_session_steps_per_epoch(s), 2);
+    // The cursor (batch 45 of the real data) does not fit 2 batches per epoch: training
+    // refuses it until the cursor is moved.
+    ddl_train_request req = {.epochs = 1};
+    ddl_train_result  res;
+    ASSERT_STATUS(ddl_session_train(s, &req, NULL, NULL, &res), DDL_EINVAL);
+    ASSERT_TRUE(strstr(ddl_last_error(), "cursor") != NULL);
+    ASSERT_STATUS(ddl_session_set_cursor(s, (ddl_cursor){0, 2}), DDL_EINVAL);
+    ASSERT_STATUS(ddl_session_set_cursor(s, (ddl_cursor){-1, 0}), DDL_EINVAL);
+    ASSERT_OK(ddl_session_set_cursor(s, (ddl_cursor){0, 1}));
+    // {epochs = 1} from the middle of an epoch finishes it; {epochs = 2} then runs two.
+    ASSERT_OK(ddl_session_train(s, &req, NULL, NULL, &res));
+    ASSERT_EQ(res.steps_done, 1);
+    ASSERT_EQ(ddl_session_cursor(s).epoch, 1);
+    ASSERT_EQ(ddl_session_cursor(s).batch, 0);
+    req = (ddl_train_request){.epochs = 2};
+    ASSERT_OK(ddl_session_train(s, &req, NULL, NULL, &res));
+    ASSERT_EQ(res.steps_done, 4);
+    ASSERT_EQ(ddl_session_cursor(s).epoch, 3);
+    ASSERT_EQ(ddl_session_cursor(s).batch, 0);
+    req = (ddl_train_request){.epochs = INT64_MAX};
+    ASSERT_STATUS(ddl_session_train(s, &req, NULL, NULL, &res), DDL_EINVAL);
     ddl_eval_result ev;
     ASSERT_OK(ddl_session_evaluate(s, DDL_SPLIT_TEST, &ev));
     ASSERT_EQ(ev.count, 20);

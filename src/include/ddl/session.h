@@ -81,6 +81,9 @@ typedef struct ddl_cursor {
     int64_t epoch, batch;
 } ddl_cursor;
 DDL_EXTERN ddl_cursor ddl_session_cursor(const ddl_session_t *s);
+// Moves the cursor to rank 0's `c` (e.g. back to the start after opening other data):
+// epoch in [0, 2^40], batch in [0, batches per epoch) when data is open. Collective.
+DDL_EXTERN ddl_status ddl_session_set_cursor(ddl_session_t *s, ddl_cursor c);
 DDL_EXTERN int64_t    ddl_session_steps_per_epoch(const ddl_session_t *s); // 0 without data
 
 // ---- training ---------------------------------------------------------------------------

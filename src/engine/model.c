@@ -675,6 +675,9 @@ static ddl_status named_state(ddl_model_t *m, bool with_optim, ddl_named_tensor 
     if (*out == NULL || *names == NULL) {
         ddl_free(*out);
         ddl_free(*names);
+        *out   = NULL;
+        *names = NULL;
+        *n     = 0;
         return ddl_set_error(DDL_ENOMEM, "model: out of memory");
     }
     for (int i = 0; i < m->nparams; i++) {
@@ -703,10 +706,15 @@ static ddl_status named_state(ddl_model_t *m, bool with_optim, ddl_named_tensor 
 
 ddl_status ddl_model_save(ddl_model_t *m, const char *dir, const char *user_json)
 {
-    ddl_named_tensor *nt;
-    char (*names)[2 * SPEC_NAME + 32];
+    ddl_named_tensor *nt = NULL;
+    char (*names)[2 * SPEC_NAME + 32] = NULL;
     int   n;
-    DDL_CHECK(ddl_agree(m->comm, named_state(m, true, &nt, &n, &names)));
+    ddl_status nst = ddl_agree(m->comm, named_state(m, true, &nt, &n, &names));
+    if (nst != DDL_OK) {
+        ddl_free(nt);
+        ddl_free(names);
+        return nst;
+    }
     ddl_checkpoint_meta meta = {ddl_optimizer_steps(m->opt), m->spec->text,
                                 user_json != NULL ? user_json : "{}"};
     ddl_status st = ddl_checkpoint_save(m->comm, dir, &meta, n, nt);
@@ -717,12 +725,17 @@ ddl_status ddl_model_save(ddl_model_t *m, const char *dir, const char *user_json
 
 ddl_status ddl_model_load(ddl_model_t *m, const char *path, char **user_json)
 {
-    ddl_named_tensor *nt;
-    char (*names)[2 * SPEC_NAME + 32];
+    ddl_named_tensor *nt = NULL;
+    char (*names)[2 * SPEC_NAME + 32] = NULL;
     int     n;
     int64_t step = 0;
     char   *spec = NULL;
-    DDL_CHECK(ddl_agree(m->comm, named_state(m, true, &nt, &n, &names)));
+    ddl_status nst = ddl_agree(m->comm, named_state(m, true, &nt, &n, &names));
+    if (nst != DDL_OK) {
+        ddl_free(nt);
+        ddl_free(names);
+        return nst;
+    }
     ddl_status st = ddl_checkpoint_load(m->comm, path, n, nt, &step, &spec, user_json);
     if (st == DDL_OK) {
         ddl_optimizer_set_steps(m->opt, step);
@@ -741,10 +754,15 @@ static bool is_safetensors(const char *path)
 
 ddl_status ddl_model_export(ddl_model_t *m, const char *path)
 {
-    ddl_named_tensor *nt;
-    char (*names)[2 * SPEC_NAME + 32];
+    ddl_named_tensor *nt = NULL;
+    char (*names)[2 * SPEC_NAME + 32] = NULL;
     int   n;
-    DDL_CHECK(ddl_agree(m->comm, named_state(m, false, &nt, &n, &names)));
+    ddl_status nst = ddl_agree(m->comm, named_state(m, false, &nt, &n, &names));
+    if (nst != DDL_OK) {
+        ddl_free(nt);
+        ddl_free(names);
+        return nst;
+    }
     ddl_status st = is_safetensors(path) ? ddl_export_safetensors(m->comm, path, n, nt, NULL)
                                          : ddl_export_npy_dir(m->comm, path, n, nt);
     ddl_free(nt);
@@ -754,10 +772,15 @@ ddl_status ddl_model_export(ddl_model_t *m, const char *path)
 
 ddl_status ddl_model_import(ddl_model_t *m, const char *path)
 {
-    ddl_named_tensor *nt;
-    char (*names)[2 * SPEC_NAME + 32];
+    ddl_named_tensor *nt = NULL;
+    char (*names)[2 * SPEC_NAME + 32] = NULL;
     int   n;
-    DDL_CHECK(ddl_agree(m->comm, named_state(m, false, &nt, &n, &names)));
+    ddl_status nst = ddl_agree(m->comm, named_state(m, false, &nt, &n, &names));
+    if (nst != DDL_OK) {
+        ddl_free(nt);
+        ddl_free(names);
+        return nst;
+    }
     ddl_status st = is_safetensors(path) ? ddl_import_safetensors(m->comm, path, n, nt)
                                          : ddl_import_npy_dir(m->comm, path, n, nt);
     ddl_free(nt);

@@ -605,6 +605,60 @@ static void sweep_create(const char *spec_text, long long first, long long last,
     ASSERT_TRUE(last != LLONG_MAX);
 }
 
+// Runs op once to count the victim's allocations, then again with each of them failing
+// in turn: every rank must return `want` (or DDL_OK when want_ok_too and the failure was
+// absorbed), nothing may leak, and the step and cursor stay as they were.
+typedef ddl_status (*session_op)(ddl_session_t *s, const char *arg);
+
+static void sweep_op(ddl_session_t *s, const char *name, session_op op, const char *arg,
+                     int victim, ddl_status want)
+{
+    int64_t    step = ddl_model_step(ddl_session_model(s));
+    ddl_cursor cur  = ddl_session_cursor(s);
+    uint64_t   c0   = ddl_alloc_count();
+    ASSERT_OK(op(s, arg));
+    long long k = (long long)(ddl_alloc_count() - c0);
+    MPI_Bcast(&k, 1, MPI_LONG_LONG, victim, MPI_COMM_WORLD);
+    for (long long n = 1; n <= k; n++) {
+        int64_t live = ddl_alloc_bytes_live();
+        if (getenv("DDL_TEST_VERBOSE") != NULL && rank == 0) {
+            fprintf(stderr, "%s: failing allocation %lld of %lld on rank %d\n", name, n, k,
+                    victim);
+        }
+        if (rank == victim) {
+            ddl_alloc_fail_after((uint64_t)n, 0);
+        }
+        ddl_status st = op(s, arg);
+        ddl_alloc_fail_after(0, 0);
+        assert_same(st);
+        if (st != want) {
+            TEST_FAIL_("%s: allocation %lld of %lld failing on rank %d gave %s: %s", name, n, k,
+                       victim, ddl_status_name(st), ddl_last_error());
+        }
+        if (ddl_alloc_bytes_live() != live) {
+            TEST_FAIL_("%s: allocation %lld of %lld failing on rank %d leaked %lld bytes", name,
+                       n, k, victim, (long long)(ddl_alloc_bytes_live() - live));
+        }
+        ASSERT_EQ(ddl_model_step(ddl_session_model(s)), step);
+        ASSERT_EQ(ddl_session_cursor(s).batch, cur.batch);
+    }
+}
+
+static ddl_status op_open(ddl_session_t *s, const char *dir)
+{
+    return ddl_session_open_data(s, rank == 0 ? dir : NULL);
+}
+
+static ddl_status op_export(ddl_session_t *s, const char *path)
+{
+    return ddl_model_export(ddl_session_model(s), path);
+}
+
+static ddl_status op_import(ddl_session_t *s, const char *path)
+{
+    return ddl_model_import(ddl_session_model(s), path);
+}
+
 static void test_one_rank_failure(ddl_session_t *s, const char *spec_text, const char *tmp)
 {
     const int victim = size - 1;
@@ -643,6 +697,18 @@ static void test_one_rank_failure(ddl_session_t *s, const char *spec_text, const
             ASSERT_EQ(ddl_model_step(ddl_session_model(s)), step);
             ASSERT_EQ(ddl_session_cursor(s).batch, cur.batch);
         }
+    }
+    // Data (rank 0 reads it), and the global weights out and back in.
+    sweep_op(s, "open_data", op_open, FASHION_DIR, 0, DDL_ENOMEM);
+    char st_path[600], npy_dir[600];
+    snprintf(st_path, sizeof st_path, "%s/w.safetensors", tmp);
+    snprintf(npy_dir, sizeof npy_dir, "%s/npy", tmp);
+    for (int v = 0; v < 2; v++) {
+        int who = v == 0 ? 0 : victim;
+        sweep_op(s, "export safetensors", op_export, st_path, who, DDL_ENOMEM);
+        sweep_op(s, "import safetensors", op_import, st_path, who, DDL_ENOMEM);
+        sweep_op(s, "export npy", op_export, npy_dir, who, DDL_ENOMEM);
+        sweep_op(s, "import npy", op_import, npy_dir, who, DDL_ENOMEM);
     }
     sweep_create(spec_text, 1, LLONG_MAX, 4096);
     // DDL_TEST_SWEEP_FROM=n: also every small allocation from the n-th on (exploratory).

@@ -155,23 +155,40 @@ static bool parent_writable(const char *path, char *err, size_t len, const char 
     return writable_dir(dirname(buf), err, len, what);
 }
 
+// mkdir -p: creates dir and its missing parents.
+static bool make_dirs(const char *dir, char *err, size_t len)
+{
+    char buf[4096];
+    int  n = snprintf(buf, sizeof buf, "%s", dir);
+    if (n <= 0 || (size_t)n >= sizeof buf) {
+        snprintf(err, len, "--checkpoint-dir: path too long");
+        return false;
+    }
+    for (char *p = buf + 1;; p++) {
+        if (*p != '/' && *p != '\0') {
+            continue;
+        }
+        char saved = *p;
+        *p         = '\0';
+        struct stat sb;
+        if (stat(buf, &sb) != 0 && mkdir(buf, 0777) != 0 && errno != EEXIST) {
+            snprintf(err, len, "--checkpoint-dir: cannot create %.400s: %s", buf, strerror(errno));
+            return false;
+        }
+        *p = saved;
+        if (saved == '\0') {
+            return true;
+        }
+    }
+}
+
 static bool check_outputs(const options *o, char *err, size_t len)
 {
     if (o->ckpt_dir != NULL) {
-        struct stat sb;
-        if (stat(o->ckpt_dir, &sb) != 0) {
-            // Creating it now (and only its last component) is what the first checkpoint
-            // would do; a missing parent is reported here instead of after training.
-            if (!parent_writable(o->ckpt_dir, err, len, "--checkpoint-dir") ||
-                mkdir(o->ckpt_dir, 0777) != 0) {
-                if (err[0] == '\0') {
-                    snprintf(err, len, "--checkpoint-dir: cannot create %s: %s", o->ckpt_dir,
-                             strerror(errno));
-                }
-                return false;
-            }
-        }
-        if (!writable_dir(o->ckpt_dir, err, len, "--checkpoint-dir")) {
+        // Creating it (and missing parents) now is what the first checkpoint would do; a
+        // failure is reported here instead of after hours of training.
+        if (!make_dirs(o->ckpt_dir, err, len) ||
+            !writable_dir(o->ckpt_dir, err, len, "--checkpoint-dir")) {
             return false;
         }
     }

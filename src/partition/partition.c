@@ -122,7 +122,30 @@ ddl_status ddl_partition_union(const ddl_partition_t *P, const ddl_partition_t *
     DDL_REQUIRE(P->base == Q->base, DDL_EINVAL, "partition union: different base communicators");
     int *r = ddl_malloc(sizeof(int) * (size_t)(P->nranks + Q->nranks));
     if (r == NULL) {
-        return ddl_set_error(DDL_ENOMEM, "partition union: out of memory");
+        ddl_status st = ddl_set_error(DDL_ENOMEM, "partition union: out of memory");
+        if (ddl_partition_position(P, P->base_rank) < 0 &&
+            ddl_partition_position(Q, Q->base_rank) < 0) {
+            return st;
+        }
+        // A member of the union joins its creation (built from MPI groups, which need no
+        // memory of ours; MPI_Group_union keeps P's ranks first, then Q's others) and the
+        // members' agreement, so they all fail with it.
+        MPI_Group world, gp, gq, gu;
+        MPI_Comm  tmp = MPI_COMM_NULL;
+        if (MPI_Comm_group(P->base, &world) == MPI_SUCCESS) {
+            MPI_Group_incl(world, P->nranks, P->ranks, &gp);
+            MPI_Group_incl(world, Q->nranks, Q->ranks, &gq);
+            MPI_Group_union(gp, gq, &gu);
+            if (MPI_Comm_create_group(P->base, gu, 0, &tmp) == MPI_SUCCESS) {
+                st = ddl_agree(tmp, st);
+                MPI_Comm_free(&tmp);
+            }
+            MPI_Group_free(&gu);
+            MPI_Group_free(&gq);
+            MPI_Group_free(&gp);
+            MPI_Group_free(&world);
+        }
+        return st;
     }
     int n = 0;
     for (int i = 0; i < P->nranks; i++) {

@@ -1,6 +1,8 @@
 // primitives/collect.c: gathering the boxed pieces of a distributed tensor onto one
 // rank and scattering them back (parameters for checkpoints and exports, test data).
-// Not on any training path: it allocates a staging buffer on the root per call.
+// Not on any training path: it allocates a staging buffer on the root per call. A
+// failure on the root (an allocation) is agreed on before each exchange, so it fails
+// every rank instead of leaving them in MPI_Gather(v)/MPI_Scatterv.
 #include <limits.h>
 
 #include "ddl/agree.h"

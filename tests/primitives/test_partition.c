@@ -67,11 +67,11 @@ static void test_one_rank_enomem(void)
     }
     ddl_partition_t *P = NULL;
     if (rank == world - 1) {
-        ddl_alloc_inject_failure(0);
+        ddl_alloc_fail_after(1, 0);
     }
     ASSERT_STATUS(ddl_partition_create(MPI_COMM_WORLD, world, ranks, 1, (int[]){world}, &P),
                   DDL_ENOMEM);
-    ddl_alloc_inject_failure(-1);
+    ddl_alloc_fail_after(0, 0);
     ASSERT_TRUE(P == NULL);
     ASSERT_OK(ddl_partition_create(MPI_COMM_WORLD, world, ranks, 1, (int[]){world}, &P));
     ddl_partition_destroy(&P);

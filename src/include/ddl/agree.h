@@ -1,12 +1,14 @@
-// ddl/agree.h: one answer to "did every rank succeed?", the same on every rank.
+// ddl/agree.h: the one agreement on a status that ends every collective operation.
 //
-// A collective call validates its arguments locally and then agrees before its first
-// communication, so that a failure on one rank fails every rank alike instead of leaving
-// the others blocked in a collective (PETSc raises errors the same way on all ranks).
+// A collective call may fail on one rank only: an allocation, a shard on a full disk, a
+// shape check. If that rank returned at once, the others would wait forever in the next
+// collective. Every collective operation therefore ends (and, where a step can fail
+// locally before communicating, also pauses) with
 //
-//   ddl_status st = validate_locally(...);     // no MPI
-//   DDL_CHECK(ddl_agree(comm, st));            // every rank: same status, same message
-//   ... collectives ...
+//   st = ddl_agree(comm, st);   // same status and message on every rank of comm
+//
+// and returns st: either every rank goes on, or every rank fails with the same code and
+// the message of the lowest failing rank.
 #ifndef DDL_AGREE_H
 #define DDL_AGREE_H
 
@@ -18,15 +20,16 @@
 extern "C" {
 #endif
 
-// The longest error message that travels with an agreed failure (bytes, NUL included).
-#define DDL_AGREE_MSG_MAX 1024
-
-// Agrees on a status over comm: DDL_OK if every rank passed DDL_OK; otherwise the status
-// and last-error message (ddl_last_error) of the lowest failing rank, returned and set
-// as the last error on every rank. Collective over comm (one MPI_Allreduce when all
-// succeed, plus one MPI_Bcast of the message otherwise); allocates nothing. DDL_EMPI if
-// MPI itself fails.
+// Agrees on a status over comm: DDL_OK if every rank passed DDL_OK, otherwise the status
+// and the last-error message of the lowest failing rank, on every rank (the message is
+// installed as each rank's ddl_last_error()). One MPI_Allreduce when all succeed, plus
+// one MPI_Bcast of the message when some rank failed. With comm == MPI_COMM_NULL (a rank
+// outside the group) it returns st unchanged. If MPI itself fails, DDL_EMPI (or this
+// rank's own error, which takes precedence). Collective over comm.
 DDL_EXTERN ddl_status ddl_agree(MPI_Comm comm, ddl_status st);
+
+// The maximum length of a message carried by ddl_agree (longer ones are truncated).
+#define DDL_AGREE_MSG_MAX 1024
 
 #ifdef __cplusplus
 }

@@ -29,11 +29,11 @@ DDL_EXTERN int64_t  ddl_alloc_bytes_live(void);
 // measurement from the current live count. Tests use it to check that a reader refuses
 // a hostile size before allocating for it.
 DDL_EXTERN int64_t  ddl_alloc_bytes_peak_reset(void);
-// Test-only fault injection, per process: the next after_n_allocs calls of
-// ddl_malloc/ddl_calloc succeed, then every later one returns NULL until this is called
-// again; a negative value turns injection off (the default). Tests use it to make one
-// rank run out of memory and check that no rank is left waiting in a collective.
-DDL_EXTERN void     ddl_alloc_inject_failure(int64_t after_n_allocs);
+// TEST ONLY (fault injection): among the ddl_malloc/ddl_calloc calls of this process
+// from now on that ask for at least min_bytes, the n-th returns NULL, once; n = 0
+// switches injection off. Lets tests make one rank fail an allocation at a chosen point
+// and check that every rank fails alike. Never call it in production code.
+DDL_EXTERN void ddl_alloc_fail_after(uint64_t n, size_t min_bytes);
 
 // Process-wide glibc malloc tuning for programs that move large buffers (the daemon,
 // distdl-train, benchmarks): keeps large blocks (ours and MPI's internal temporaries)

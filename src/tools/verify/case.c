@@ -231,7 +231,7 @@ long long verify_fail_alloc_after = -1;
 void verify_arm_fail_alloc(void)
 {
     if (verify_fail_alloc_after >= 0) {
-        ddl_alloc_inject_failure(verify_fail_alloc_after);
+        ddl_alloc_fail_after((uint64_t)verify_fail_alloc_after + 1, 0);
         verify_fail_alloc_after = -1;
     }
 }

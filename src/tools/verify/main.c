@@ -12,7 +12,7 @@
 //
 // Test-only: DDL_VERIFY_FAIL_ALLOC="<rank>:<n>" makes world rank <rank> fail every
 // engine allocation after the next n that follow the creation of the object under test
-// (ddl_alloc_inject_failure), to check that a one-rank failure inside the checks ends
+// (ddl_alloc_fail_after), to check that a one-rank failure inside the checks ends
 // with FAIL on every rank instead of a hang.
 #include <errno.h>
 #include <stdio.h>

@@ -94,20 +94,20 @@ int main(int argc, char **argv)
     }
     ASSERT_STATUS(ddl_model_eval(m, x, XB, lab, B + 1, &loss_sum, &correct), DDL_EINVAL);
     ASSERT_EQ(ddl_model_step(m), 6);  // nothing changed
-    // A test-set label of 200 (issue 7): the loss lives on rank 0 only here, and the other
-    // ranks used to wait forever in eval's MPI_Allreduce. Every rank now fails, naming
-    // the label and its batch index; then the model works again.
+    // A test-set label of 200 (issue 7) used to leave the ranks outside the loss waiting
+    // in eval's MPI_Allreduce. Rank 0 now refuses it before any collective, naming the
+    // label and its sample, on every rank; then the model works again.
     if (ddl_test_rank == 0) {
         lab[17] = 200;
     }
-    ASSERT_STATUS(ddl_model_eval(m, x, lab, count, &loss_sum, &correct), DDL_EINVAL);
-    ASSERT_TRUE(strstr(ddl_last_error(), "label 200 at batch index 17") != NULL);
-    ASSERT_STATUS(ddl_model_train_step(m, x, lab, &l1, &correct), DDL_EINVAL);
+    ASSERT_STATUS(ddl_model_eval(m, x, XB, lab, count, &loss_sum, &correct), DDL_EINVAL);
+    ASSERT_TRUE(strstr(ddl_last_error(), "label 200 of sample 17") != NULL);
+    ASSERT_STATUS(ddl_model_train_step(m, x, XB, lab, B, &l1, &correct), DDL_EINVAL);
     ASSERT_EQ(ddl_model_step(m), 6);
     if (ddl_test_rank == 0) {
         lab[17] = 17 % C;
     }
-    ASSERT_OK(ddl_model_eval(m, x, lab, count, &loss_sum, &correct));
+    ASSERT_OK(ddl_model_eval(m, x, XB, lab, count, &loss_sum, &correct));
     free(x);
     free(logits);
     free(logits2);

@@ -1118,7 +1118,12 @@ static ddl_status fetch_manifest(MPI_Comm comm, int rank, const char *path, char
             st = manifest_sum_check(mpath, *text, *len);
         }
     }
-    DDL_CHECK(ddl_agree(comm, st));
+    st = ddl_agree(comm, st);
+    if (st != DDL_OK) {
+        ddl_free(*text); // read, but its checksum failed
+        *text = NULL;
+        return st;
+    }
     int64_t head[2] = {*expect, *len};
     DDL_CHECK_MPI(MPI_Bcast(head, 2, MPI_INT64_T, 0, comm));
     DDL_CHECK_MPI(MPI_Bcast(stepdir, CKPT_PATH_MAX, MPI_CHAR, 0, comm));

@@ -50,7 +50,7 @@ expect 2 "--checkpoint-dir" --model "$spec" --data "$tmp/good" --checkpoint-dir 
 expect 2 "test samples are [56, 56]" --model "$spec" --data "$tmp/big"
 expect 2 "test labels reach 10" --model "$spec" --data "$tmp/labels"
 sed 's/"name": "conv2"/"name": "conv1"/' "$spec" >"$tmp/dup.json"
-expect 1 "two parameters are named 'conv1.weight'" --model "$tmp/dup.json" --data "$tmp/good"
+expect 2 "layer names must be unique" --model "$tmp/dup.json" --data "$tmp/good"
 # And the good data trains, checkpoints into a new nested directory and exports.
 expect 0 "exported weights" --model "$spec" --data "$tmp/good" --epochs 1 \
     --checkpoint-dir "$tmp/ck/a/b" --checkpoint-on-exit --export "$tmp/w.safetensors"

@@ -206,6 +206,7 @@ static ddl_client_t *connect_env(void)
     }
     ddl_client_options o = ddl_client_options_default();
     o.tune_malloc = 1;
+    o.token = getenv("DDL_TOKEN");
     ddl_client_t *c;
     if (ddl_client_connect(addr, &o, &c) != DDL_OK) {
         fprintf(stderr, "connect %s: %s\n", addr, ddl_last_error());
@@ -963,7 +964,7 @@ typedef struct loss_log {
 static int log_cb(const ddl_client_progress *p, void *ud)
 {
     loss_log *l = ud;
-    if (!p->epoch_end && !p->finished && l->n < 4096)
+    if (!p->epoch_end && l->n < 4096)
         l->loss[l->n++] = p->loss;
     l->finished |= p->finished;
     return 0;
@@ -1092,6 +1093,191 @@ static int scenario_shutdown(ddl_client_t *c)
     return 0;
 }
 
+
+// ---- against mock_daemon.py ----------------------------------------------------------
+
+typedef struct pull_arg {
+    ddl_client_t *c;
+    int           errors;
+} pull_arg;
+
+static void *pull_hammer(void *p)
+{
+    pull_arg *a = p;
+    for (int i = 0; i < 10; i++) {
+        ddl_client_status_info s;
+        if (ddl_client_get_status(a->c, &s) != DDL_OK || strcmp(s.model_name, "mock") != 0)
+            a->errors++;
+        if (i % 5 == 0) {
+            ddl_client_weights *w;
+            if (ddl_client_pull_weights(a->c, &w) != DDL_OK) {
+                a->errors++;
+                continue;
+            }
+            ddl_client_tensor *t = ddl_client_weights_find(w, "b");
+            if (!t || t->bytes != 24)
+                a->errors++;
+            ddl_client_weights_destroy(&w);
+        }
+    }
+    return NULL;
+}
+
+static int scenario_mock(ddl_client_t *c)
+{
+    ddl_client_status_info s;
+    MUST(ddl_client_get_status(c, &s));
+    CHECK(strcmp(s.model_name, "mock") == 0 && s.world_size == 3 && s.input_ndim == 3 &&
+              s.input_shape[2] == 28 && strcmp(s.datatype, "FP32") == 0,
+          "status '%s' world %d", s.model_name, s.world_size);
+    int64_t step0 = s.step;
+
+    ddl_client_batch       b = make_batch(0, 64);
+    ddl_client_step_result r;
+    MUST(ddl_client_step(c, &b, &r));
+    CHECK(r.step == step0 + 1 && fabs(r.loss - 1.0 / (double)r.step) < 1e-12, "step %lld loss %g",
+          (long long)r.step, r.loss);
+    b.x.shape[2] = 27;
+    ddl_status st = ddl_client_step(c, &b, &r);
+    CHECK(st == DDL_EINVAL && ddl_client_last_code() == DDL_RPC_INVALID_ARGUMENT &&
+              strstr(ddl_last_error(), "Step: INVALID_ARGUMENT: x: expected [n, 1, 28, 28]"),
+          "bad Step: %s", ddl_status_name(st));
+    b.x.shape[2] = 28;
+    st = ddl_client_step(c, NULL, &r);
+    CHECK(st == DDL_EINVAL, "Step without a batch on the mock: %s", ddl_status_name(st));
+    ddl_client_eval_result ev;
+    st = ddl_client_evaluate(c, "missing", NULL, NULL, &ev);
+    CHECK(st == DDL_ENOTFOUND && ddl_client_last_code() == DDL_RPC_NOT_FOUND, "Evaluate missing: %s",
+          ddl_status_name(st));
+    MUST(ddl_client_evaluate(c, "", "test", NULL, &ev));
+    CHECK(ev.count == 10000 && ev.accuracy == 0.75, "eval %lld %g", (long long)ev.count, ev.accuracy);
+    ddl_health_status h;
+    st = ddl_client_health_check(c, "", &h);
+    CHECK(st == DDL_EREMOTE && ddl_client_last_code() == DDL_RPC_UNIMPLEMENTED,
+          "Health on the mock (not served): %s", ddl_status_name(st));
+
+    // PullWeights: 2.8 MB in three chunks, and a small INT64 tensor.
+    ddl_client_weights *w;
+    MUST(ddl_client_pull_weights(c, &w));
+    ddl_client_tensor *ta = ddl_client_weights_find(w, "a"), *tb = ddl_client_weights_find(w, "b");
+    CHECK(w->count == 2 && ta && tb, "pulled %lld tensors", (long long)w->count);
+    if (ta && tb) {
+        int ok = ta->dtype == DDL_WIRE_FP32 && ta->ndim == 2 && ta->shape[0] == 1000 &&
+                 ta->shape[1] == 700 && ta->bytes == 2800000;
+        for (int i = 0; ok && i < 700000; i++)
+            ok = ((float *)ta->data)[i] == (float)(i * 0.5);
+        CHECK(ok, "tensor a content");
+        const int64_t *v = tb->data;
+        CHECK(tb->dtype == DDL_WIRE_INT64 && tb->bytes == 24 && v[0] == -1 && v[1] == 0 && v[2] == 7,
+              "tensor b content");
+        // Push a modified a and a new UINT8 c; pull them back.
+        for (int i = 0; i < 700000; i++)
+            ((float *)ta->data)[i] = (float)-i;
+        uint8_t           cd[5] = {9, 8, 7, 6, 5};
+        ddl_client_tensor push[2] = {*ta, {.name = "c", .dtype = DDL_WIRE_UINT8, .ndim = 1,
+                                           .shape = {5}, .data = cd, .bytes = 5}};
+        int32_t           nt = 0;
+        int64_t           nb = 0;
+        MUST(ddl_client_push_weights(c, push, 2, &nt, &nb));
+        CHECK(nt == 2 && nb == 2800005, "pushed %d tensors, %lld bytes", nt, (long long)nb);
+        ddl_client_weights *w2;
+        MUST(ddl_client_pull_weights(c, &w2));
+        ddl_client_tensor *a2 = ddl_client_weights_find(w2, "a"), *c2 = ddl_client_weights_find(w2, "c");
+        CHECK(w2->count == 3 && a2 && c2 && a2->bytes == ta->bytes &&
+                  memcmp(a2->data, ta->data, ta->bytes) == 0 && c2->bytes == 5 &&
+                  memcmp(c2->data, cd, 5) == 0,
+              "pull after push");
+        // And through a file.
+        char path[] = "/tmp/ddl-client-mock-XXXXXX";
+        int  fd = mkstemp(path);
+        close(fd);
+        MUST(ddl_client_pull_weights_to_file(c, path));
+        ddl_client_weights *wf;
+        MUST(ddl_safetensors_read(path, &wf));
+        CHECK(weights_equal(w2, wf, 1), "file differs from the pull");
+        MUST(ddl_client_push_weights_from_file(c, path));
+        unlink(path);
+        ddl_client_weights_destroy(&wf);
+        ddl_client_weights_destroy(&w2);
+    }
+    ddl_client_weights_destroy(&w);
+
+    // SubmitBatch.
+    ddl_client_batch q[3] = {make_batch(0, 64), make_batch(64, 64), make_batch(128, 64)};
+    int32_t          acc = 0, depth = 0;
+    MUST(ddl_client_submit_batches(c, q, 3, &acc, &depth));
+    CHECK(acc == 3 && depth == 3, "accepted %d", acc);
+    q[1].x.bytes -= 1;
+    st = ddl_client_submit_batches(c, q, 3, &acc, &depth);
+    CHECK(st == DDL_EINVAL && strstr(ddl_last_error(), "SubmitBatch: INVALID_ARGUMENT"),
+          "bad SubmitBatch: %s", ddl_status_name(st));
+    for (int i = 0; i < 3; i++)
+        free_batch(&q[i]);
+
+    // Predict.
+    ddl_client_tensor x = make_fp32(0, 12), y;
+    MUST(ddl_client_predict(c, &x, &y));
+    int ok = y.ndim == 2 && y.shape[0] == 12 && y.shape[1] == 10;
+    for (int i = 0; ok && i < 12; i++)
+        ok = argmax((const float *)y.data + 10 * i, 10) == i % 10;
+    CHECK(ok, "predict logits");
+    ddl_client_tensor_release(&y);
+    free(x.data);
+
+    // Train to the end, then cancel one.
+    MUST(ddl_client_get_status(c, &s));
+    loss_log                *l = calloc(1, sizeof *l);
+    ddl_client_train_request tr = {.steps = 5};
+    ddl_client_progress      last;
+    MUST(ddl_client_train(c, &tr, log_cb, l, &last));
+    CHECK(l->n == 5 && l->finished && last.step == s.step + 5 && last.done == 5,
+          "%d records, finished %d, last step %lld", l->n, l->finished, (long long)last.step);
+    free(l);
+    cancel_state cs = {.cancel_after = 3};
+    tr.steps = 100000;
+    double t0 = (double)clock();
+    st = ddl_client_train(c, &tr, cancel_cb, &cs, &last);
+    (void)t0;
+    CHECK(st == DDL_ECANCELED && ddl_client_last_code() == DDL_RPC_CANCELLED && cs.records == 3,
+          "cancelled Train: %s after %d records", ddl_status_name(st), cs.records);
+    for (int i = 0; i < 50; i++) { // the mock counts cancellations it saw in durable_step
+        MUST(ddl_client_get_status(c, &s));
+        if (s.durable_step == 1)
+            break;
+        usleep(20000);
+    }
+    CHECK(s.durable_step == 1, "the server did not see the cancellation (%lld)",
+          (long long)s.durable_step);
+    CHECK(s.step < last.step + 10, "the server went on training after the cancel");
+
+    // Threads sharing the connection.
+    pthread_t th[4];
+    pull_arg  pa[4];
+    for (int i = 0; i < 4; i++) {
+        pa[i] = (pull_arg){.c = c};
+        pthread_create(&th[i], NULL, pull_hammer, &pa[i]);
+    }
+    int terr = 0;
+    for (int i = 0; i < 4; i++) {
+        pthread_join(th[i], NULL);
+        terr += pa[i].errors;
+    }
+    CHECK(terr == 0, "%d errors from 4 threads", terr);
+
+    // The token: a connection without it is refused.
+    if (getenv("DDL_TOKEN")) {
+        ddl_client_options o = ddl_client_options_default();
+        ddl_client_t      *c2;
+        MUST(ddl_client_connect(getenv("DDL_ADDRESS"), &o, &c2));
+        st = ddl_client_get_status(c2, &s);
+        CHECK(st == DDL_EREMOTE && ddl_client_last_code() == DDL_RPC_UNAUTHENTICATED,
+              "no token: %s", ddl_status_name(st));
+        ddl_client_destroy(&c2);
+    }
+    free_batch(&b);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -1122,6 +1308,8 @@ int main(int argc, char **argv)
         scenario_restore(c, argv[2], argv[3]);
     else if (strcmp(sc, "health") == 0)
         scenario_health(c);
+    else if (strcmp(sc, "mock") == 0)
+        scenario_mock(c);
     else if (strcmp(sc, "shutdown") == 0)
         scenario_shutdown(c);
     else {

@@ -283,8 +283,9 @@ DDL_EXTERN ddl_status ddl_client_predict(ddl_client_t *c, const ddl_client_tenso
 DDL_EXTERN ddl_status ddl_client_pull_weights(ddl_client_t *c, ddl_client_weights **out);
 // PullWeights into a safetensors file (written to path.tmp, then renamed).
 DDL_EXTERN ddl_status ddl_client_pull_weights_to_file(ddl_client_t *c, const char *path);
-// PushWeights: streams the tensors in chunks of at most 1 MiB. *tensors and *bytes (may be
-// NULL) receive what the daemon accepted.
+// PushWeights: streams the tensors in chunks of at most 1 MiB. distdld applies a push
+// atomically and only as a complete set: every weight of the model, each exactly once
+// (pull, modify, push back). *tensors and *bytes (may be NULL) receive what it accepted.
 DDL_EXTERN ddl_status ddl_client_push_weights(ddl_client_t *c, const ddl_client_tensor *t,
                                               int64_t n, int32_t *tensors, int64_t *bytes);
 // PushWeights from a safetensors file (F32, F64, I64, U8 tensors).

@@ -850,12 +850,12 @@ static int scenario_lifecycle(ddl_client_t *c)
         memset(weight->data, 0, weight->bytes);
         for (int k = 0; k < 10; k++)
             ((float *)bias->data)[k] = k == 7 ? 5.0f : -5.0f;
+        // The daemon takes a push as one complete, atomic set of weights.
         int32_t nt = 0;
         int64_t nbytes = 0;
-        ddl_client_tensor two[2] = {*weight, *bias};
-        MUST(ddl_client_push_weights(c, two, 2, &nt, &nbytes));
-        CHECK(nt == 2 && nbytes == (int64_t)(weight->bytes + bias->bytes), "pushed %d tensors %lld bytes",
-              nt, (long long)nbytes);
+        MUST(ddl_client_push_weights(c, wm->tensors, wm->count, &nt, &nbytes));
+        CHECK(nt == wm->count && nbytes == 4 * total, "pushed %d tensors %lld bytes", nt,
+              (long long)nbytes);
         ddl_client_tensor lm;
         MUST(ddl_client_predict(c, &xf, &lm));
         int all7 = 1;

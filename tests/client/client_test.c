@@ -397,14 +397,21 @@ static ddl_status submit_with(bad_ctx *ctx, int variant)
     ddl_status st = ddl_client_submit_batches(ctx->c, b, n, NULL, NULL);
     for (int i = 0; i < 6; i++)
         free_batch(&b[i]);
-    // Drain whatever was accepted so later entries start from an empty queue.
+    return st; // run_table drains what was accepted
+}
+
+// Steps through whatever batches are queued so the next entry starts from an empty queue.
+static int drain_queue(ddl_client_t *c)
+{
     ddl_client_status_info s;
-    if (ddl_client_get_status(ctx->c, &s) == DDL_OK)
-        for (int i = 0; i < s.queue_depth; i++)
-            ddl_client_step(ctx->c, NULL, NULL);
-    if (ddl_client_get_status(ctx->c, &s) == DDL_OK && s.queue_depth != 0)
-        return ddl_set_error(DDL_EINTERNAL, "test: queue depth %d after draining", s.queue_depth);
-    return st;
+    if (ddl_client_get_status(c, &s) != DDL_OK)
+        return -1;
+    for (int i = 0; i < s.queue_depth; i++)
+        if (ddl_client_step(c, NULL, NULL) != DDL_OK)
+            return -1;
+    if (ddl_client_get_status(c, &s) != DDL_OK || s.queue_depth != 0)
+        return -1;
+    return 0;
 }
 static ddl_status bad_submit_shape(bad_ctx *ctx) { return submit_with(ctx, 1); }
 static ddl_status bad_submit_label(bad_ctx *ctx) { return submit_with(ctx, 2); }
@@ -662,6 +669,10 @@ static int run_table(bad_ctx *ctx, const bad_case *t, size_t n)
                ddl_client_code_name(t[i].code), ddl_client_code_name(code), msg);
         if (s1 != DDL_OK)
             printf("     daemon stopped serving after this request: %s\n", ddl_last_error());
+        if (s1 == DDL_OK && after.queue_depth > 0 && drain_queue(ctx->c) != 0) {
+            failures++;
+            printf("FAIL could not drain the queue after '%s': %s\n", t[i].name, ddl_last_error());
+        }
     }
     return bad;
 }
@@ -1084,12 +1095,26 @@ static int scenario_shutdown(ddl_client_t *c)
 {
     int64_t ds = -2;
     MUST(ddl_client_shutdown(c, 0, &ds));
-    // The daemon now refuses new work (or is gone).
-    usleep(200000);
-    ddl_client_status_info s;
-    ddl_status             st = ddl_client_get_status(c, &s);
-    CHECK(st != DDL_OK && (ddl_client_last_code() == DDL_RPC_UNAVAILABLE),
-          "GetStatus after Shutdown: %s", ddl_status_name(st));
+    // From here on the daemon accepts no work: calls fail, and within seconds every call is
+    // UNAVAILABLE (the daemon is gone). While gRPC closes the connection a call that raced
+    // the server's shutdown can also come back CANCELLED; none may succeed.
+    int seen_ok = 0, seen_cancelled = 0, unavailable = 0;
+    for (int i = 0; i < 100 && !unavailable; i++) {
+        ddl_client_status_info s;
+        ddl_status             st = ddl_client_get_status(c, &s);
+        if (st == DDL_OK)
+            seen_ok++;
+        else if (ddl_client_last_code() == DDL_RPC_CANCELLED)
+            seen_cancelled++;
+        else if (ddl_client_last_code() == DDL_RPC_UNAVAILABLE)
+            unavailable = 1;
+        else
+            CHECK(0, "GetStatus after Shutdown: %s", ddl_client_code_name(ddl_client_last_code()));
+        usleep(100000);
+    }
+    CHECK(seen_ok == 0, "%d GetStatus calls succeeded after Shutdown returned", seen_ok);
+    CHECK(unavailable, "calls never became UNAVAILABLE after Shutdown");
+    printf("after Shutdown: %d CANCELLED, then UNAVAILABLE: %s\n", seen_cancelled, ddl_last_error());
     return 0;
 }
 

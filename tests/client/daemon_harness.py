@@ -276,6 +276,7 @@ SCENARIOS = {
     "bad": sc_bad,
     "train": sc_train,
     "compare": sc_compare,
+    "compare_np4": lambda h: sc_compare(h, np=4, steps=30),
     "checkpoint_np": sc_checkpoint_np,
     "sigterm": sc_sigterm,
     "interop": sc_interop,

@@ -62,9 +62,12 @@ static uint8_t *read_idx(const char *path, size_t header, size_t count)
 static int on_progress(const ddl_client_progress *p, void *ud)
 {
     (void)ud;
-    if (p->epoch_end || p->finished)
+    if (p->epoch_end)
         printf("  epoch %lld done: mean loss %.4f, %.0f images/s\n", (long long)p->epoch,
                p->mean_loss, p->images_per_second);
+    else if (p->finished)
+        printf("  finished at step %lld: loss %.4f, %.0f images/s\n", (long long)p->step, p->loss,
+               p->images_per_second);
     else
         printf("  step %6lld  [%lld/%lld]  loss %.4f  acc %.3f  %.0f img/s\n", (long long)p->step,
                (long long)p->done, (long long)p->total, p->loss, p->accuracy, p->images_per_second);

@@ -270,7 +270,30 @@ class MockDaemon(Daemon):
         self.wait_address()
 
 
+def sc_example(h):
+    """What a new user does: the example program trains, evaluates, predicts and pulls."""
+    d = h.start(2, ["--model", h.spec("lenet5-2.json")], "example")
+    out = os.path.join(d.dir, "weights.safetensors")
+    cmd = [os.path.join(h.build, "bin", "ddl_example_train"), "--address-file", d.addr_file,
+           "--steps", "150", "--progress-every", "50", "--predict", "16", "--pull", out]
+    print("$ " + " ".join(cmd), flush=True)
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    print(r.stdout, flush=True)
+    if r.returncode != 0:
+        raise Failure("ddl_example_train exited with %d" % r.returncode)
+    acc = [l for l in r.stdout.splitlines() if l.startswith("test: ")]
+    if not acc:
+        raise Failure("no test accuracy line")
+    pct = float(acc[0].split("accuracy")[1].strip().rstrip("%"))
+    if pct < 60:
+        raise Failure("test accuracy %.2f%% after 150 steps" % pct)
+    if "predicted" not in r.stdout or not os.path.getsize(out) > 61706 * 4:
+        raise Failure("no predictions or no weights file")
+    h.shutdown(d)
+
+
 SCENARIOS = {
+    "example": sc_example,
     "mock": sc_mock,
     "lifecycle": sc_lifecycle,
     "bad": sc_bad,

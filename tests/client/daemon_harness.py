@@ -123,7 +123,9 @@ class Harness:
         self.mpiexec = a.mpiexec
         self.mpi_flags = shlex.split(a.mpi_flags)
         self.distdld = os.path.join(a.build, "bin", "distdld")
-        self.client_test = os.path.join(a.build, "tests", "client_test")
+        # DDL_CLIENT_TEST runs another build's client_test (e.g. a sanitizer build).
+        self.client_test = os.environ.get("DDL_CLIENT_TEST",
+                                          os.path.join(a.build, "tests", "client_test"))
         self.specs = os.path.join(a.source, "deploy", "specs")
         self.work = tempfile.mkdtemp(prefix="ddl-client-it-")
         self.daemons = []

@@ -251,7 +251,7 @@ ddl_status ddl_client_connect(const char *address, const ddl_client_options *opt
     if (o.token && (strchr(o.token, '\n') || strchr(o.token, '\r') || strlen(o.token) > 4096))
         return ddl__local_error(DDL_EINVAL, "connect: token has a line break or is too long");
     if (o.tune_malloc) {
-        mallopt(M_MMAP_THRESHOLD, 64 << 20);
+        mallopt(M_MMAP_THRESHOLD, 256 << 20); // a 64 MiB weight is not mmap'd per pull
         mallopt(M_TRIM_THRESHOLD, 1 << 30);
     }
 

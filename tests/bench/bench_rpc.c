@@ -25,6 +25,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -42,6 +43,14 @@ static double now(void)
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static double cpu_self(void)
+{
+    struct rusage u;
+    getrusage(RUSAGE_SELF, &u);
+    return (double)u.ru_utime.tv_sec + 1e-6 * (double)u.ru_utime.tv_usec +
+           (double)u.ru_stime.tv_sec + 1e-6 * (double)u.ru_stime.tv_usec;
 }
 
 static int cmp_double(const void *a, const void *b)
@@ -440,6 +449,7 @@ int main(int argc, char **argv)
     double *tp = malloc(sizeof(double) * (size_t)reps), *tq = malloc(sizeof(double) * (size_t)reps);
     size_t  bytes = 0;
     ddl_client_weights *w = NULL;
+    double              cpu0 = cpu_self();
     for (int i = 0; i < reps; i++) {
         ddl_client_weights_destroy(&w);
         double t0 = now();
@@ -447,14 +457,17 @@ int main(int argc, char **argv)
             DIE("PullWeights");
         tp[i] = now() - t0;
     }
+    double cpu_pull = cpu_self() - cpu0;
     for (int64_t i = 0; i < w->count; i++)
         bytes += w->tensors[i].bytes;
+    cpu0 = cpu_self();
     for (int i = 0; i < reps; i++) {
         double t0 = now();
         if (ddl_client_push_weights(c, w->tensors, w->count, NULL, NULL) != DDL_OK)
             DIE("PushWeights");
         tq[i] = now() - t0;
     }
+    double cpu_push = cpu_self() - cpu0;
     double gib = (double)bytes / (1u << 30);
     printf("weights: %lld tensors, %.1f MiB (%lld parameters)\n", (long long)w->count,
            (double)bytes / (1 << 20), (long long)mi.num_parameters);
@@ -462,6 +475,8 @@ int main(int argc, char **argv)
            quantile(tp, reps, 0.5), gib / quantile(tp, reps, 0.5), gib / quantile(tp, reps, 0.0));
     printf("PushWeights: median %.3f s = %.2f GiB/s  (best %.2f GiB/s; target >= 1)\n",
            quantile(tq, reps, 0.5), gib / quantile(tq, reps, 0.5), gib / quantile(tq, reps, 0.0));
+    printf("client CPU per GiB: pull %.2f s, push %.2f s\n", cpu_pull / (reps * gib),
+           cpu_push / (reps * gib));
     ddl_client_weights_destroy(&w);
     ddl_client_destroy(&c);
 

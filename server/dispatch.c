@@ -708,7 +708,7 @@ static void on_create(ddld_dispatch *d, ddld_job *job)
     const Distdl__V1__CreateModelRequest *q = (const void *)job->msg;
     char             err[1024];
     grpc_status_code code = GRPC_STATUS_OK;
-    if (create_model(d, q->spec_json, "CreateModel", q->replace, q->name, err, sizeof err,
+    if (create_model(d, q->spec_json, "spec_json", q->replace, q->name, err, sizeof err,
                      &code) != DDL_OK) {
         fail(job, code, "%s", err);
         return;

@@ -695,7 +695,11 @@ static void submit_batch(ddld_call *c, Distdl__V1__Batch *b)
         code = GRPC_STATUS_FAILED_PRECONDITION;
         snprintf(err, sizeof err, "SubmitBatch: no model (CreateModel first)");
     } else {
-        code = ddld_batch_check(&ddld_g.info, b, true, &count, err, sizeof err);
+        char msg[448];
+        code = ddld_batch_check(&ddld_g.info, b, true, &count, msg, sizeof msg);
+        if (code != GRPC_STATUS_OK) {
+            snprintf(err, sizeof err, "SubmitBatch: %s", msg);
+        }
         if (code == GRPC_STATUS_OK && ddld_g.batch_count == ddld_g.batch_cap) {
             code = GRPC_STATUS_RESOURCE_EXHAUSTED;
             snprintf(err, sizeof err,

@@ -15,10 +15,30 @@
 
 static atomic_uint_fast64_t n_allocs;
 static atomic_int_fast64_t  live_bytes;
+// Test-only fault injection (ddl_alloc_fail_after): allocations left before the one that
+// fails; 0 means off.
+static atomic_uint_fast64_t fail_countdown;
+
+void ddl_alloc_fail_after(uint64_t n)
+{
+    atomic_store(&fail_countdown, n);
+}
+
+// True when this allocation is the one chosen to fail (the countdown then switches off).
+static int injected_failure(void)
+{
+    uint_fast64_t left = atomic_load(&fail_countdown);
+    while (left > 0) {
+        if (atomic_compare_exchange_weak(&fail_countdown, &left, left - 1)) {
+            return left == 1;
+        }
+    }
+    return 0;
+}
 
 void *ddl_malloc(size_t bytes)
 {
-    if (bytes > SIZE_MAX - 2 * HEADER) {
+    if (bytes > SIZE_MAX - 2 * HEADER || injected_failure()) {
         return NULL;
     }
     size_t total = HEADER + ((bytes + DDL_ALIGN - 1) / DDL_ALIGN) * DDL_ALIGN;

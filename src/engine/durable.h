@@ -1,6 +1,6 @@
-// engine/durable.h: internal helpers shared by checkpoint.c and safetensors.c:
-// cross-rank status agreement, durable file writes (temp -> fsync -> rename -> fsync
-// dir), and checks of named-tensor lists and their boxes.
+// engine/durable.h: internal helpers shared by checkpoint.c and safetensors.c, defined
+// in durable.c: durable file writes (temp -> fsync -> rename -> fsync dir), and checks
+// of named-tensor lists and their boxes. Status agreement is ddl_agree (ddl/agree.h).
 #ifndef DDL_ENGINE_DURABLE_H
 #define DDL_ENGINE_DURABLE_H
 
@@ -8,11 +8,9 @@
 #include <stdbool.h>
 #include <stdio.h>
 
+#include "ddl/agree.h"
 #include "ddl/checkpoint.h"
 
-// DDL_OK if every rank passed DDL_OK, otherwise the status and message of the lowest
-// failing rank, on every rank. Collective.
-ddl_status ddl__agree(MPI_Comm comm, ddl_status st);
 ddl_status ddl__path_fmt(char *out, size_t cap, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 ddl_status ddl__fsync_dir(const char *dir);
@@ -26,6 +24,8 @@ ddl_status ddl__check_same_list(MPI_Comm comm, const char *who, int n, const ddl
 ddl_status ddl__gather_box_table(MPI_Comm comm, int n, const ddl_named_tensor *t, ddl_box **table);
 bool       ddl__boxes_tile(const ddl_shape *g, int nb, const ddl_box *boxes, size_t stride,
                            int *owner, char *why, size_t len);
+// Volume of a shape, or -1 when it (or its f64 byte size) overflows int64.
+int64_t    ddl__safe_numel(const ddl_shape *s);
 char      *ddl__box_str(const ddl_box *b, char *buf, size_t len);
 
 #endif // DDL_ENGINE_DURABLE_H

@@ -2,28 +2,42 @@
 // every buffer of a step, allocated once.
 //
 // A training step (llm.c's forward -> zero_grad -> backward -> update):
-//   1. rank 0's batch reaches the input partition (a copy when that is rank 0 alone,
-//      otherwise a scatter of boxes); the labels are broadcast (batch int64);
+//   1. rank 0 copies the caller's `count` samples into its own batch buffer (padding the
+//      rest of the batch with zeros, so a short batch never reads past the caller's
+//      buffer), and a Repartition plan built once moves it onto the input partition;
+//      the labels are broadcast (batch int64, padded) into buffers allocated once;
 //   2. forward through the layers: act[i + 1] = layer_i(act[i]);
 //   3. the distributed cross-entropy of act[n]; its value lands on the loss root;
 //   4. zero_grad, then the adjoint chain: dact[n] from the loss, dact[i] from layer_i's
 //      backward, down to the first layer that has parameters (earlier layers only move
 //      data and their input gradient is not needed);
 //   5. the optimizer updates each parameter on its owner rank.
-// Collective over the model's communicator: every rank runs every layer.
+// The output moves to rank 0 through a second plan (output partition -> rank 0), so a
+// step, an evaluation and a prediction allocate nothing.
+//
+// Collective over the model's communicator, a duplicate of the caller's (MPI_Comm_dup),
+// so the caller's own traffic never mixes with the engine's. Every rank runs every layer.
+// Failures are agreed on (ddl_agree): model creation agrees after every collective stage
+// (each partition, each layer, the loss, the plans), and every command validates rank
+// 0's arguments first, agrees on them, and ends with an agreement, so a local failure
+// fails every rank alike instead of leaving the others in a collective. The shapes of
+// the activations are checked against every layer once at creation, so the layers' own
+// shape checks cannot fail on one rank during a step.
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "base/check.h"
+#include "ddl/agree.h"
 #include "ddl/base.h"
 #include "ddl/checkpoint.h"
 #include "ddl/collect.h"
+#include "engine/model_internal.h"
 #include "engine/spec_internal.h"
 #include "partition/mpi_check.h"
 
 struct ddl_model {
-    MPI_Comm          comm;
+    MPI_Comm          comm;  // our duplicate of the caller's communicator
     int               rank;
     ddl_spec_t       *spec;
     ddl_partition_t **parts;
@@ -31,16 +45,19 @@ struct ddl_model {
     ddl_layer_t     **layers;
     ddl_tensor_t    **act;   // nlayers + 1 activations (act[0]: the input)
     ddl_tensor_t    **dact;  // their gradients
-    ddl_shape         in_global;
-    ddl_box           in_box;
-    bool              input_on_root;  // the input partition is rank 0 alone
+    ddl_shape         in_global;      // [batch, sample...]
+    size_t            sample_bytes;   // one sample in the spec's dtype
+    ddl_partition_t  *P_in_root;      // rank 0 alone, with the input's dimension
+    ddl_partition_t  *P_out_root;     // rank 0 alone, with the output's dimension
+    ddl_repartition_t *in_plan;       // rank 0's batch -> the input partition
+    ddl_repartition_t *out_plan;      // the output partition -> rank 0
+    ddl_tensor_t     *xin;            // rank 0: the whole batch; elsewhere zero-volume
     ddl_loss_t       *loss, *loss_each;
     ddl_tensor_t     *loss_el, *dloss_el;
     int               loss_root;      // world rank holding the reduced loss
     int64_t          *labels_all, *labels_local;
     ddl_box           out_box;        // this rank's box of the output [batch, classes]
-    ddl_tensor_t     *logits;         // gathered output on rank 0 (NULL elsewhere)
-    bool              output_on_root; // the output partition is rank 0 alone
+    ddl_tensor_t     *logits;         // rank 0: the gathered output; elsewhere zero-volume
     int               first_param_layer;
     int               nparams;
     ddl_param       **params;
@@ -55,14 +72,16 @@ static ddl_status build_partitions(ddl_model_t *m)
 {
     const ddl_spec_t *s = m->spec;
     m->parts            = ddl_calloc((size_t)s->nparts, sizeof *m->parts);
-    if (m->parts == NULL) {
-        return ddl_set_error(DDL_ENOMEM, "model: out of memory");
-    }
-    for (int i = 0; i < s->nparts; i++) {
+    ddl_status st = ddl_agree(m->comm, m->parts != NULL ? DDL_OK
+                                                        : ddl_set_error(DDL_ENOMEM, "model: out of memory"));
+    // Each partition's creation is collective over its members: agree after each one,
+    // so no rank goes on to the next while another has failed.
+    for (int i = 0; st == DDL_OK && i < s->nparts; i++) {
         const spec_partition *p = &s->parts[i];
-        DDL_CHECK(ddl_partition_create(m->comm, p->nranks, p->ranks, p->ndim, p->shape, &m->parts[i]));
+        st = ddl_partition_create(m->comm, p->nranks, p->ranks, p->ndim, p->shape, &m->parts[i]);
+        st = ddl_agree(m->comm, st);
     }
-    return DDL_OK;
+    return st;
 }
 
 static ddl_status build_layer(ddl_model_t *m, int i, ddl_layer_t **out)
@@ -95,50 +114,41 @@ static ddl_status build_layer(ddl_model_t *m, int i, ddl_layer_t **out)
     return ddl_set_error(DDL_EINTERNAL, "model: unknown layer type");
 }
 
-static ddl_status build(ddl_model_t *m)
+// One layer: the layer, its output activation and gradient, its parameters' initial
+// values, and the check that its input is the previous layer's output. Local failures
+// are reported to the caller, which agrees on them.
+static ddl_status build_one_layer(ddl_model_t *m, int i, int *nparams)
+{
+    const ddl_spec_t *s  = m->spec;
+    ddl_status        st = build_layer(m, i, &m->layers[i]);
+    if (st != DDL_OK) {
+        char msg[1024];
+        snprintf(msg, sizeof msg, "%s", ddl_last_error());
+        return ddl_set_error(st, "%s: layers[%d] (%s): %s", s->source, i, s->layers[i].name, msg);
+    }
+    ddl_layer_t *L = m->layers[i];
+    char         a[128], b[128];
+    DDL_REQUIRE(ddl_shape_equal(&m->act[i]->shape, &L->x_shape), DDL_EINTERNAL,
+                "%s: layers[%d] (%s): local input shape %s differs from the previous output %s",
+                s->source, i, s->layers[i].name, ddl_shape_str(&L->x_shape, a, sizeof a),
+                ddl_shape_str(&m->act[i]->shape, b, sizeof b));
+    DDL_CHECK(ddl_tensor_create(s->dt, &L->y_shape, &m->act[i + 1]));
+    DDL_CHECK(ddl_tensor_create(s->dt, &L->y_shape, &m->dact[i + 1]));
+    if (L->nparams > 0 && m->first_param_layer == m->nlayers) {
+        m->first_param_layer = i;
+    }
+    // Partition-invariant initialization: streams follow the index among the layers
+    // with parameters, so specs that differ only in data movement agree.
+    ddl_layer_init_params(L, s->seed, 1000u * (uint64_t)(s->layers[i].param_index + 1));
+    *nparams += L->nparams;
+    return DDL_OK;
+}
+
+// The local bookkeeping after the layers: parameter list and names, optimizer, batch
+// norm buffers, label buffers. No communication.
+static ddl_status build_tables(ddl_model_t *m, int nparams)
 {
     const ddl_spec_t *s = m->spec;
-    DDL_CHECK(build_partitions(m));
-    m->nlayers = s->nlayers;
-    m->layers  = ddl_calloc((size_t)m->nlayers, sizeof *m->layers);
-    m->act     = ddl_calloc((size_t)m->nlayers + 1, sizeof *m->act);
-    m->dact    = ddl_calloc((size_t)m->nlayers + 1, sizeof *m->dact);
-    if (m->layers == NULL || m->act == NULL || m->dact == NULL) {
-        return ddl_set_error(DDL_ENOMEM, "model: out of memory");
-    }
-    // The input: [batch, sample...] on the input partition.
-    ddl_shape g = {.ndim = s->input.ndim + 1};
-    g.d[0]      = s->batch;
-    for (int d = 0; d < s->input.ndim; d++) {
-        g.d[1 + d] = s->input.d[d];
-    }
-    m->in_global               = g;
-    const ddl_partition_t *Pin = m->parts[s->input_partition];
-    m->in_box                  = ddl_partition_local_box(Pin, &g);
-    m->input_on_root = ddl_partition_size(Pin) == 1 && ddl_partition_ranks(Pin)[0] == 0;
-    ddl_shape ls     = ddl_box_shape(&m->in_box);
-    DDL_CHECK(ddl_tensor_create(s->dt, &ls, &m->act[0]));
-    DDL_CHECK(ddl_tensor_create(s->dt, &ls, &m->dact[0]));
-    m->first_param_layer = m->nlayers;
-    int nparams          = 0;
-    for (int i = 0; i < m->nlayers; i++) {
-        ddl_status st = build_layer(m, i, &m->layers[i]);
-        if (st != DDL_OK) {
-            char msg[1024];
-            snprintf(msg, sizeof msg, "%s", ddl_last_error());
-            return ddl_set_error(st, "%s: layers[%d] (%s): %s", s->source, i, s->layers[i].name, msg);
-        }
-        ddl_layer_t *L = m->layers[i];
-        DDL_CHECK(ddl_tensor_create(s->dt, &L->y_shape, &m->act[i + 1]));
-        DDL_CHECK(ddl_tensor_create(s->dt, &L->y_shape, &m->dact[i + 1]));
-        if (L->nparams > 0 && m->first_param_layer == m->nlayers) {
-            m->first_param_layer = i;
-        }
-        // Partition-invariant initialization: streams follow the index among the layers
-        // with parameters, so specs that differ only in data movement agree.
-        ddl_layer_init_params(L, s->seed, 1000u * (uint64_t)(s->layers[i].param_index + 1));
-        nparams += L->nparams;
-    }
     // Parameters, flattened, with names.
     m->params = ddl_calloc((size_t)(nparams > 0 ? nparams : 1), sizeof *m->params);
     m->pnames = ddl_calloc((size_t)(nparams > 0 ? nparams : 1), sizeof *m->pnames);
@@ -186,7 +196,19 @@ static ddl_status build(ddl_model_t *m)
             m->nbuffers++;
         }
     }
-    // Loss on the output partition.
+    m->labels_all   = ddl_calloc((size_t)s->batch, sizeof(int64_t));
+    m->labels_local = ddl_calloc((size_t)s->batch, sizeof(int64_t));
+    if (m->labels_all == NULL || m->labels_local == NULL) {
+        return ddl_set_error(DDL_ENOMEM, "model: out of memory");
+    }
+    return DDL_OK;
+}
+
+// The loss on the output partition and its per-row buffers. Collective over the output
+// partition (the loss duplicates its communicator).
+static ddl_status build_loss(ddl_model_t *m)
+{
+    const ddl_spec_t      *s    = m->spec;
     const ddl_layer_t     *last = m->layers[m->nlayers - 1];
     const ddl_partition_t *Po   = last->P_out;
     DDL_CHECK(ddl_loss_create(Po, s->dt, &last->y_global, DDL_LOSS_CROSS_ENTROPY, s->reduction,
@@ -202,15 +224,106 @@ static ddl_status build(ddl_model_t *m)
     }
     DDL_CHECK(ddl_tensor_create(s->dt, &es, &m->loss_el));
     DDL_CHECK(ddl_tensor_create(s->dt, &es, &m->dloss_el));
-    m->output_on_root = ddl_partition_size(Po) == 1 && ddl_partition_ranks(Po)[0] == 0;
-    m->labels_all     = ddl_calloc((size_t)s->batch, sizeof(int64_t));
-    m->labels_local   = ddl_calloc((size_t)s->batch, sizeof(int64_t));
-    if (m->labels_all == NULL || m->labels_local == NULL) {
+    return DDL_OK;
+}
+
+// A partition of rank 0 alone with ndim dimensions (every extent 1).
+static ddl_status root_partition(ddl_model_t *m, int ndim, ddl_partition_t **out)
+{
+    int shape[DDL_MAX_DIMS], r0 = 0;
+    for (int d = 0; d < ndim; d++) {
+        shape[d] = 1;
+    }
+    return ddl_partition_create(m->comm, 1, &r0, ndim, shape, out);
+}
+
+// The two Repartition plans that move batches in and out, and their rank-0 buffers.
+// Collective over the partitions involved.
+static ddl_status build_input_plan(ddl_model_t *m)
+{
+    const ddl_spec_t *s = m->spec;
+    DDL_CHECK(ddl_repartition_create(m->P_in_root, m->parts[s->input_partition], s->dt,
+                                     &m->in_global, NULL, &m->in_plan));
+    ddl_shape xs = ddl_repartition_x_shape(m->in_plan);
+    ddl_shape ys = ddl_repartition_y_shape(m->in_plan);
+    char      a[128], b[128];
+    DDL_REQUIRE(ddl_shape_equal(&ys, &m->act[0]->shape), DDL_EINTERNAL,
+                "model: the input plan delivers %s, the first layer expects %s",
+                ddl_shape_str(&ys, a, sizeof a), ddl_shape_str(&m->act[0]->shape, b, sizeof b));
+    return ddl_tensor_create(s->dt, &xs, &m->xin);
+}
+
+static ddl_status build_output_plan(ddl_model_t *m)
+{
+    const ddl_spec_t  *s    = m->spec;
+    const ddl_layer_t *last = m->layers[m->nlayers - 1];
+    DDL_CHECK(ddl_repartition_create(last->P_out, m->P_out_root, s->dt, &last->y_global, NULL,
+                                     &m->out_plan));
+    ddl_shape xs = ddl_repartition_x_shape(m->out_plan);
+    ddl_shape ys = ddl_repartition_y_shape(m->out_plan);
+    char      a[128], b[128];
+    DDL_REQUIRE(ddl_shape_equal(&xs, &m->act[m->nlayers]->shape), DDL_EINTERNAL,
+                "model: the output plan expects %s, the last layer delivers %s",
+                ddl_shape_str(&xs, a, sizeof a),
+                ddl_shape_str(&m->act[m->nlayers]->shape, b, sizeof b));
+    return ddl_tensor_create(s->dt, &ys, &m->logits);
+}
+
+// Every stage that communicates (or precedes communication) ends with an agreement over
+// the model's communicator, so a failure on one rank (an allocation, a layer's check)
+// fails every rank at the same point and no rank waits in a collective the others
+// never reach.
+#define STAGE(expr)                                    \
+    do {                                               \
+        ddl_status stage_st_ = ddl_agree(m->comm, (expr)); \
+        if (stage_st_ != DDL_OK) {                     \
+            return stage_st_;                          \
+        }                                              \
+    } while (0)
+
+static ddl_status alloc_layer_tables(ddl_model_t *m)
+{
+    const ddl_spec_t *s = m->spec;
+    m->nlayers          = s->nlayers;
+    m->layers           = ddl_calloc((size_t)m->nlayers, sizeof *m->layers);
+    m->act              = ddl_calloc((size_t)m->nlayers + 1, sizeof *m->act);
+    m->dact             = ddl_calloc((size_t)m->nlayers + 1, sizeof *m->dact);
+    if (m->layers == NULL || m->act == NULL || m->dact == NULL) {
         return ddl_set_error(DDL_ENOMEM, "model: out of memory");
     }
-    if (m->rank == 0) {
-        DDL_CHECK(ddl_tensor_create(s->dt, &last->y_global, &m->logits));
+    // The input: [batch, sample...] on the input partition.
+    ddl_shape g = {.ndim = s->input.ndim + 1};
+    g.d[0]      = s->batch;
+    for (int d = 0; d < s->input.ndim; d++) {
+        g.d[1 + d] = s->input.d[d];
     }
+    m->in_global      = g;
+    m->sample_bytes   = (size_t)ddl_shape_numel(&s->input) * ddl_dtype_size(s->dt);
+    ddl_box   in_box  = ddl_partition_local_box(m->parts[s->input_partition], &g);
+    ddl_shape ls      = ddl_box_shape(&in_box);
+    DDL_CHECK(ddl_tensor_create(s->dt, &ls, &m->act[0]));
+    DDL_CHECK(ddl_tensor_create(s->dt, &ls, &m->dact[0]));
+    m->first_param_layer = m->nlayers;
+    return DDL_OK;
+}
+
+static ddl_status build(ddl_model_t *m)
+{
+    const ddl_spec_t *s = m->spec;
+    DDL_CHECK(build_partitions(m)); // agreed inside, partition by partition
+    STAGE(alloc_layer_tables(m));
+    int nparams = 0;
+    for (int i = 0; i < m->nlayers; i++) {
+        STAGE(build_one_layer(m, i, &nparams));
+    }
+    STAGE(build_tables(m, nparams));
+    STAGE(build_loss(m));
+    const ddl_layer_t *last = m->layers[m->nlayers - 1];
+    STAGE(root_partition(m, m->in_global.ndim, &m->P_in_root));
+    STAGE(root_partition(m, last->y_global.ndim, &m->P_out_root));
+    STAGE(build_input_plan(m));
+    STAGE(build_output_plan(m));
+    (void)s;
     return DDL_OK;
 }
 
@@ -223,12 +336,16 @@ ddl_status ddl_model_create(MPI_Comm comm, const ddl_spec_t *spec, ddl_model_t *
                 "model: the spec %s is for %d ranks, the job has %d (mpirun -np %d)", spec->source,
                 spec->world_size, size, spec->world_size);
     ddl_model_t *m = ddl_calloc(1, sizeof *m);
-    if (m == NULL) {
-        return ddl_set_error(DDL_ENOMEM, "model: out of memory");
+    DDL_CHECK(ddl_agree(comm, m != NULL ? DDL_OK
+                                        : ddl_set_error(DDL_ENOMEM, "model: out of memory")));
+    m->rank = rank;
+    // Our own communicator: the caller's traffic on comm never meets the engine's.
+    if (MPI_Comm_dup(comm, &m->comm) != MPI_SUCCESS) {
+        ddl_free(m);
+        return ddl_set_error(DDL_EMPI, "model: MPI_Comm_dup failed");
     }
-    m->comm       = comm;
-    m->rank       = rank;
-    ddl_status st = ddl_spec_parse(spec->text, spec->source, size, &m->spec);
+    MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
+    ddl_status st = ddl_agree(m->comm, ddl_spec_parse(spec->text, spec->source, size, &m->spec));
     if (st == DDL_OK) {
         st = build(m);
     }
@@ -252,6 +369,11 @@ void ddl_model_destroy(ddl_model_t **mp)
     ddl_tensor_destroy(&m->loss_el);
     ddl_tensor_destroy(&m->dloss_el);
     ddl_tensor_destroy(&m->logits);
+    ddl_tensor_destroy(&m->xin);
+    ddl_repartition_destroy(&m->in_plan);
+    ddl_repartition_destroy(&m->out_plan);
+    ddl_partition_destroy(&m->P_in_root);
+    ddl_partition_destroy(&m->P_out_root);
     for (int i = 0; m->layers != NULL && i < m->nlayers; i++) {
         ddl_layer_destroy(&m->layers[i]);
     }
@@ -275,34 +397,75 @@ void ddl_model_destroy(ddl_model_t **mp)
     ddl_free(m->labels_all);
     ddl_free(m->labels_local);
     ddl_spec_destroy(&m->spec);
+    if (m->comm != MPI_COMM_NULL) {
+        MPI_Comm_free(&m->comm);
+    }
     ddl_free(m);
     *mp = NULL;
 }
 
 // ---- a step ----------------------------------------------------------------------
 
-// Rank 0's batch (x: [batch, sample...]) into the input partition; with_labels: rank 0's
-// labels to every rank and this rank's rows of them (the same choice on every rank).
-static ddl_status stage_input(ddl_model_t *m, const void *x, const int64_t *labels,
+// Rank 0 checks a batch handed in by the caller before any rank moves data: `count`
+// samples in [lo, hi], x holding at least count samples (x_bytes), labels (when wanted)
+// in [0, classes). Every rank then agrees on the verdict and learns rank 0's count.
+static ddl_status check_batch(ddl_model_t *m, const char *what, const void *x, size_t x_bytes,
+                              const int64_t *labels, bool want_labels, int64_t *count,
+                              int64_t lo, int64_t hi)
+{
+    const ddl_spec_t *s  = m->spec;
+    ddl_status        st = DDL_OK;
+    int64_t           n  = *count;
+    if (m->rank == 0) {
+        int64_t C = s->num_classes;
+        if (n < lo || n > hi) {
+            st = ddl_set_error(DDL_EINVAL, "%s: count %lld must be in [%lld, %lld] (batch_size)",
+                               what, (long long)n, (long long)lo, (long long)hi);
+        } else if (n > 0 && x == NULL) {
+            st = ddl_set_error(DDL_EINVAL, "%s: rank 0 must pass the samples", what);
+        } else if (x_bytes / m->sample_bytes < (uint64_t)n) {
+            st = ddl_set_error(DDL_EINVAL,
+                               "%s: %lld samples of %zu bytes need %llu bytes, got %zu", what,
+                               (long long)n, m->sample_bytes,
+                               (unsigned long long)((uint64_t)n * m->sample_bytes), x_bytes);
+        } else if (want_labels && n > 0 && labels == NULL) {
+            st = ddl_set_error(DDL_EINVAL, "%s: rank 0 must pass the labels", what);
+        } else if (want_labels) {
+            for (int64_t i = 0; i < n; i++) {
+                if (labels[i] < 0 || labels[i] >= C) {
+                    st = ddl_set_error(DDL_EINVAL, "%s: label %lld of sample %lld is outside [0, %lld)",
+                                       what, (long long)labels[i], (long long)i, (long long)C);
+                    break;
+                }
+            }
+        }
+    }
+    DDL_CHECK(ddl_agree(m->comm, st));
+    DDL_CHECK_MPI(MPI_Bcast(&n, 1, MPI_INT64_T, 0, m->comm));
+    *count = n;
+    return DDL_OK;
+}
+
+// Rank 0's `count` samples into the input partition, through the model's own batch
+// buffer (the rest of the batch is zero padding, never read from the caller); with
+// labels: rank 0's labels (padded with class 0) to every rank, and this rank's rows.
+static ddl_status stage_input(ddl_model_t *m, const void *x, const int64_t *labels, int64_t count,
                               bool with_labels)
 {
     const ddl_spec_t *s = m->spec;
-    if (m->input_on_root) {
-        if (m->rank == 0) {
-            memcpy(m->act[0]->data, x, ddl_tensor_bytes(m->act[0]));
+    if (m->rank == 0) {
+        size_t used = (size_t)count * m->sample_bytes;
+        if (used > 0) {
+            memcpy(m->xin->data, x, used);
         }
-    } else {
-        ddl_tensor_t *gx = NULL;
-        if (m->rank == 0) {
-            DDL_CHECK(ddl_tensor_view(s->dt, &m->in_global, (void *)x, &gx));
-        }
-        ddl_status st = ddl_scatter_boxes(m->comm, 0, gx, &m->in_box, &m->in_global, m->act[0]);
-        ddl_tensor_destroy(&gx);
-        DDL_CHECK(st);
+        memset((char *)m->xin->data + used, 0, ddl_tensor_bytes(m->xin) - used);
     }
+    DDL_CHECK(ddl_repartition_forward(m->in_plan, m->xin, m->act[0]));
     if (with_labels) {
         if (m->rank == 0) {
-            memcpy(m->labels_all, labels, sizeof(int64_t) * (size_t)s->batch);
+            for (int64_t i = 0; i < s->batch; i++) {
+                m->labels_all[i] = i < count ? labels[i] : 0;
+            }
         }
         DDL_CHECK_MPI(MPI_Bcast(m->labels_all, (int)s->batch, MPI_INT64_T, 0, m->comm));
         int64_t r0 = m->out_box.start[0], r1 = m->out_box.stop[0];
@@ -310,17 +473,6 @@ static ddl_status stage_input(ddl_model_t *m, const void *x, const int64_t *labe
             m->labels_local[r - r0] = m->labels_all[r];
         }
     }
-    return DDL_OK;
-}
-
-// Rank 0 checks the caller's arguments and every rank learns the verdict, so a bad call
-// fails everywhere instead of leaving the other ranks in a collective.
-static ddl_status agree_args(ddl_model_t *m, bool ok, const char *what)
-{
-    int v = ok ? 1 : 0;
-    DDL_CHECK_MPI(MPI_Bcast(&v, 1, MPI_INT, 0, m->comm));
-    DDL_REQUIRE(v == 1, DDL_EINVAL, "%s: rank 0 must pass the batch%s", what,
-                strcmp(what, "predict") == 0 ? "" : " and its labels");
     return DDL_OK;
 }
 
@@ -334,19 +486,11 @@ static ddl_status forward(ddl_model_t *m, bool training)
     return DDL_OK;
 }
 
-// Argmax hits among the first `count` rows, on every rank (the logits are gathered
-// onto rank 0).
+// The output onto rank 0 (the output plan), then argmax hits among the first `count`
+// rows, on every rank.
 static ddl_status count_correct(ddl_model_t *m, int64_t count, int64_t *correct)
 {
-    const ddl_tensor_t *y = m->act[m->nlayers];
-    if (m->output_on_root) {
-        if (m->rank == 0) {
-            memcpy(m->logits->data, y->data, ddl_tensor_bytes(y));
-        }
-    } else {
-        const ddl_layer_t *last = m->layers[m->nlayers - 1];
-        DDL_CHECK(ddl_gather_boxes(m->comm, 0, y, &m->out_box, &last->y_global, m->logits));
-    }
+    DDL_CHECK(ddl_repartition_forward(m->out_plan, m->act[m->nlayers], m->logits));
     int64_t hits = 0;
     if (m->rank == 0) {
         int64_t C = m->spec->num_classes;
@@ -368,11 +512,10 @@ static ddl_status count_correct(ddl_model_t *m, int64_t count, int64_t *correct)
     return DDL_OK;
 }
 
-ddl_status ddl_model_train_step(ddl_model_t *m, const void *x, const int64_t *labels, double *loss,
-                                int64_t *correct)
+static ddl_status train_step(ddl_model_t *m, const void *x, const int64_t *labels, double *loss,
+                             int64_t *correct)
 {
-    DDL_CHECK(agree_args(m, m->rank != 0 || (x != NULL && labels != NULL), "train_step"));
-    DDL_CHECK(stage_input(m, x, labels, true));
+    DDL_CHECK(stage_input(m, x, labels, m->spec->batch, true));
     DDL_CHECK(forward(m, true));
     double value = 0.0;
     DDL_CHECK(ddl_loss_forward(m->loss, m->act[m->nlayers], NULL, m->labels_local, &value, NULL));
@@ -389,14 +532,26 @@ ddl_status ddl_model_train_step(ddl_model_t *m, const void *x, const int64_t *la
     return count_correct(m, m->spec->batch, correct);
 }
 
-ddl_status ddl_model_eval(ddl_model_t *m, const void *x, const int64_t *labels, int64_t count,
-                          double *loss_sum, int64_t *correct)
+ddl_status ddl_model_train_step(ddl_model_t *m, const void *x, size_t x_bytes,
+                                const int64_t *labels, int64_t count, double *loss,
+                                int64_t *correct)
 {
-    DDL_REQUIRE(count >= 0 && count <= m->spec->batch, DDL_EINVAL,
-                "eval: count %lld must be in [0, batch_size %lld]", (long long)count,
-                (long long)m->spec->batch);
-    DDL_CHECK(agree_args(m, m->rank != 0 || (x != NULL && labels != NULL), "eval"));
-    DDL_CHECK(stage_input(m, x, labels, true));
+    DDL_CHECK(check_batch(m, "train_step", x, x_bytes, labels, true, &count, m->spec->batch,
+                          m->spec->batch));
+    double     l = 0.0;
+    int64_t    c = 0;
+    ddl_status st = ddl_agree(m->comm, train_step(m, x, labels, &l, &c));
+    if (st == DDL_OK) {
+        *loss    = l;
+        *correct = c;
+    }
+    return st;
+}
+
+static ddl_status eval_batch(ddl_model_t *m, const void *x, const int64_t *labels, int64_t count,
+                             double *loss_sum, int64_t *correct)
+{
+    DDL_CHECK(stage_input(m, x, labels, count, true));
     DDL_CHECK(forward(m, false));
     DDL_CHECK(ddl_loss_forward(m->loss_each, m->act[m->nlayers], NULL, m->labels_local, NULL,
                                m->loss_el));
@@ -412,21 +567,43 @@ ddl_status ddl_model_eval(ddl_model_t *m, const void *x, const int64_t *labels, 
     return count_correct(m, count, correct);
 }
 
-ddl_status ddl_model_predict(ddl_model_t *m, const void *x, int64_t count, void *logits)
+ddl_status ddl_model_eval(ddl_model_t *m, const void *x, size_t x_bytes, const int64_t *labels,
+                          int64_t count, double *loss_sum, int64_t *correct)
 {
-    DDL_REQUIRE(count >= 0 && count <= m->spec->batch, DDL_EINVAL,
-                "predict: count %lld must be in [0, batch_size %lld]", (long long)count,
-                (long long)m->spec->batch);
-    DDL_CHECK(agree_args(m, m->rank != 0 || x != NULL, "predict"));
-    DDL_CHECK(stage_input(m, x, NULL, false));
-    DDL_CHECK(forward(m, false));
-    int64_t unused;
-    DDL_CHECK(count_correct(m, 0, &unused));
-    if (m->rank == 0 && logits != NULL) {
-        memcpy(logits, m->logits->data,
-               (size_t)(count * m->spec->num_classes) * ddl_dtype_size(m->spec->dt));
+    DDL_CHECK(check_batch(m, "eval", x, x_bytes, labels, true, &count, 0, m->spec->batch));
+    double     l  = 0.0;
+    int64_t    c  = 0;
+    ddl_status st = ddl_agree(m->comm, eval_batch(m, x, labels, count, &l, &c));
+    if (st == DDL_OK) {
+        *loss_sum = l;
+        *correct  = c;
     }
-    return DDL_OK;
+    return st;
+}
+
+ddl_status ddl_model_predict(ddl_model_t *m, const void *x, size_t x_bytes, int64_t count,
+                             void *logits, size_t logits_bytes)
+{
+    DDL_CHECK(check_batch(m, "predict", x, x_bytes, NULL, false, &count, 0, m->spec->batch));
+    size_t     need = (size_t)count * (size_t)m->spec->num_classes * ddl_dtype_size(m->spec->dt);
+    ddl_status st   = DDL_OK;
+    if (m->rank == 0 && count > 0 && (logits == NULL || logits_bytes < need)) {
+        st = ddl_set_error(DDL_EINVAL, "predict: %lld rows of logits need %zu bytes, got %zu%s",
+                           (long long)count, need, logits == NULL ? 0 : logits_bytes,
+                           logits == NULL ? " (NULL)" : "");
+    }
+    DDL_CHECK(ddl_agree(m->comm, st));
+    st = stage_input(m, x, NULL, count, false);
+    if (st == DDL_OK) {
+        st = forward(m, false);
+    }
+    if (st == DDL_OK) {
+        st = ddl_repartition_forward(m->out_plan, m->act[m->nlayers], m->logits);
+    }
+    if (st == DDL_OK && m->rank == 0 && need > 0) {
+        memcpy(logits, m->logits->data, need);
+    }
+    return ddl_agree(m->comm, st);
 }
 
 // ---- accessors -------------------------------------------------------------------
@@ -505,7 +682,7 @@ ddl_status ddl_model_save(ddl_model_t *m, const char *dir, const char *user_json
     ddl_named_tensor *nt;
     char (*names)[2 * SPEC_NAME + 32];
     int   n;
-    DDL_CHECK(named_state(m, true, &nt, &n, &names));
+    DDL_CHECK(ddl_agree(m->comm, named_state(m, true, &nt, &n, &names)));
     ddl_checkpoint_meta meta = {ddl_optimizer_steps(m->opt), m->spec->text,
                                 user_json != NULL ? user_json : "{}"};
     ddl_status st = ddl_checkpoint_save(m->comm, dir, &meta, n, nt);
@@ -521,7 +698,7 @@ ddl_status ddl_model_load(ddl_model_t *m, const char *path, char **user_json)
     int     n;
     int64_t step = 0;
     char   *spec = NULL;
-    DDL_CHECK(named_state(m, true, &nt, &n, &names));
+    DDL_CHECK(ddl_agree(m->comm, named_state(m, true, &nt, &n, &names)));
     ddl_status st = ddl_checkpoint_load(m->comm, path, n, nt, &step, &spec, user_json);
     if (st == DDL_OK) {
         ddl_optimizer_set_steps(m->opt, step);
@@ -543,7 +720,7 @@ ddl_status ddl_model_export(ddl_model_t *m, const char *path)
     ddl_named_tensor *nt;
     char (*names)[2 * SPEC_NAME + 32];
     int   n;
-    DDL_CHECK(named_state(m, false, &nt, &n, &names));
+    DDL_CHECK(ddl_agree(m->comm, named_state(m, false, &nt, &n, &names)));
     ddl_status st = is_safetensors(path) ? ddl_export_safetensors(m->comm, path, n, nt, NULL)
                                          : ddl_export_npy_dir(m->comm, path, n, nt);
     ddl_free(nt);
@@ -556,10 +733,19 @@ ddl_status ddl_model_import(ddl_model_t *m, const char *path)
     ddl_named_tensor *nt;
     char (*names)[2 * SPEC_NAME + 32];
     int   n;
-    DDL_CHECK(named_state(m, false, &nt, &n, &names));
+    DDL_CHECK(ddl_agree(m->comm, named_state(m, false, &nt, &n, &names)));
     ddl_status st = is_safetensors(path) ? ddl_import_safetensors(m->comm, path, n, nt)
                                          : ddl_import_npy_dir(m->comm, path, n, nt);
     ddl_free(nt);
     ddl_free(names);
+    return st;
+}
+
+ddl_status ddl__model_named_state(ddl_model_t *m, bool with_optim, ddl_named_tensor **out, int *n,
+                                  void **names)
+{
+    char (*nm)[2 * SPEC_NAME + 32] = NULL;
+    ddl_status st                   = named_state(m, with_optim, out, n, &nm);
+    *names                          = nm;
     return st;
 }

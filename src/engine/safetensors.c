@@ -48,7 +48,7 @@ static ddl_status check_args(MPI_Comm comm, const char *who, const char *path, i
     ddl_status st = path != NULL && path[0] != '\0'
                         ? ddl__check_named(who, n, t)
                         : ddl_set_error(DDL_EINVAL, "%s: NULL or empty path", who);
-    DDL_CHECK(ddl__agree(comm, st));
+    DDL_CHECK(ddl_agree(comm, st));
     return ddl__check_same_list(comm, who, n, t, 0);
 }
 
@@ -68,7 +68,7 @@ static ddl_status check_tiling(MPI_Comm comm, const char *who, int n, const ddl_
         }
     }
     ddl_free(table);
-    return ddl__agree(comm, st);
+    return ddl_agree(comm, st);
 }
 
 // Allocates this rank's staging tensors (one per requested box). Collective.
@@ -83,7 +83,7 @@ static ddl_status stage_create(MPI_Comm comm, int n, const ddl_named_tensor *t,
     for (int i = 0; i < n && st == DDL_OK; i++) {
         st = ddl_tensor_create(t[i].local->dtype, &t[i].local->shape, &(*stage)[i]);
     }
-    return ddl__agree(comm, st);
+    return ddl_agree(comm, st);
 }
 
 static void stage_destroy(int n, ddl_tensor_t **stage)
@@ -214,7 +214,7 @@ ddl_status ddl_export_safetensors(MPI_Comm comm, const char *path, int n,
         }
     }
     ddl_free(hdr);
-    st = ddl__agree(comm, st);
+    st = ddl_agree(comm, st);
 
     // One tensor at a time: rank 0 holds at most one global tensor.
     for (int i = 0; i < n && st == DDL_OK; i++) {
@@ -222,7 +222,7 @@ ddl_status ddl_export_safetensors(MPI_Comm comm, const char *path, int n,
         if (rank == 0) {
             st = ddl_tensor_create(tensors[i].local->dtype, &tensors[i].global, &g);
         }
-        st = ddl__agree(comm, st);
+        st = ddl_agree(comm, st);
         if (st != DDL_OK) {
             break;
         }
@@ -232,7 +232,7 @@ ddl_status ddl_export_safetensors(MPI_Comm comm, const char *path, int n,
             st = ddl_set_error(DDL_EIO, "safetensors: cannot write %s: %s", path, strerror(errno));
         }
         ddl_tensor_destroy(&g);
-        st = ddl__agree(comm, st);
+        st = ddl_agree(comm, st);
     }
     if (rank == 0 && f != NULL) {
         if (st == DDL_OK) {
@@ -241,7 +241,7 @@ ddl_status ddl_export_safetensors(MPI_Comm comm, const char *path, int n,
             ddl__durable_abort(f, path);
         }
     }
-    return ddl__agree(comm, st);
+    return ddl_agree(comm, st);
 }
 
 typedef struct st_range {
@@ -439,7 +439,7 @@ ddl_status ddl_import_safetensors(MPI_Comm comm, const char *path, int n,
             st = st_parse(path, f, n, tensors, begin);
         }
     }
-    st = ddl__agree(comm, st);
+    st = ddl_agree(comm, st);
     for (int i = 0; i < n && st == DDL_OK; i++) {
         ddl_tensor_t *g = NULL;
         if (rank == 0) {
@@ -452,10 +452,10 @@ ddl_status ddl_import_safetensors(MPI_Comm comm, const char *path, int n,
                                    tensors[i].name);
             }
         }
-        st = ddl__agree(comm, st);
+        st = ddl_agree(comm, st);
         if (st == DDL_OK) {
             st = ddl_scatter_boxes(comm, 0, g, &tensors[i].box, &tensors[i].global, stage[i]);
-            st = ddl__agree(comm, st);
+            st = ddl_agree(comm, st);
         }
         ddl_tensor_destroy(&g);
     }
@@ -489,7 +489,7 @@ static ddl_status npy_check(MPI_Comm comm, const char *who, const char *dir, int
                             const ddl_named_tensor *t)
 {
     ddl_status st = n >= 0 && (n == 0 || t != NULL) ? npy_names(who, n, t) : DDL_OK;
-    DDL_CHECK(ddl__agree(comm, st));
+    DDL_CHECK(ddl_agree(comm, st));
     return check_args(comm, who, dir, n, t);
 }
 
@@ -512,7 +512,7 @@ ddl_status ddl_export_npy_dir(MPI_Comm comm, const char *dir, int n,
     DDL_CHECK(npy_check(comm, "npy export", dir, n, tensors));
     DDL_CHECK(check_tiling(comm, "npy export", n, tensors));
     ddl_status st = rank == 0 ? ddl__mkdir_p(dir) : DDL_OK;
-    st            = ddl__agree(comm, st);
+    st            = ddl_agree(comm, st);
     for (int i = 0; i < n && st == DDL_OK; i++) {
         ddl_tensor_t *g = NULL;
         char          path[ST_PATH_MAX];
@@ -522,7 +522,7 @@ ddl_status ddl_export_npy_dir(MPI_Comm comm, const char *dir, int n,
                 st = ddl_tensor_create(tensors[i].local->dtype, &tensors[i].global, &g);
             }
         }
-        st = ddl__agree(comm, st);
+        st = ddl_agree(comm, st);
         if (st != DDL_OK) {
             break;
         }
@@ -535,12 +535,12 @@ ddl_status ddl_export_npy_dir(MPI_Comm comm, const char *dir, int n,
             }
         }
         ddl_tensor_destroy(&g);
-        st = ddl__agree(comm, st);
+        st = ddl_agree(comm, st);
     }
     if (rank == 0 && st == DDL_OK) {
         st = ddl__fsync_dir(dir);
     }
-    return ddl__agree(comm, st);
+    return ddl_agree(comm, st);
 }
 
 ddl_status ddl_import_npy_dir(MPI_Comm comm, const char *dir, int n,
@@ -573,10 +573,10 @@ ddl_status ddl_import_npy_dir(MPI_Comm comm, const char *dir, int n,
                     ddl_dtype_name(t->local->dtype), ddl_shape_str(&t->global, b, sizeof b));
             }
         }
-        st = ddl__agree(comm, st);
+        st = ddl_agree(comm, st);
         if (st == DDL_OK) {
             st = ddl_scatter_boxes(comm, 0, g, &tensors[i].box, &tensors[i].global, stage[i]);
-            st = ddl__agree(comm, st);
+            st = ddl_agree(comm, st);
         }
         ddl_tensor_destroy(&g);
     }

@@ -73,6 +73,17 @@ ddl_status ddl_partition_create(MPI_Comm base, int nranks, const int *ranks, int
     if (P == NULL || r == NULL) {
         ddl_free(P);
         ddl_free(r);
+        // A member still joins the group creation, so the other members are not left
+        // waiting in MPI_Comm_create_group; the caller agrees on the failure afterwards.
+        for (int i = 0; i < nranks; i++) {
+            if (ranks[i] == base_rank) {
+                MPI_Comm unused;
+                if (comm_create(base, nranks, ranks, 0, &unused) == DDL_OK) {
+                    MPI_Comm_free(&unused);
+                }
+                break;
+            }
+        }
         return ddl_set_error(DDL_ENOMEM, "partition: out of memory");
     }
     memcpy(r, ranks, sizeof(int) * (size_t)nranks);

@@ -26,7 +26,10 @@ int main(int argc, char **argv)
     int64_t B = ddl_spec_batch_size(spec), C = ddl_spec_num_classes(spec);
     float  *x = NULL, *logits = NULL, *logits2 = NULL;
     int64_t *lab = NULL;
+    size_t   XB = 0, LB = 0; // rank 0's byte sizes of x and of the logits
     if (ddl_test_rank == 0) {
+        XB      = sizeof(float) * (size_t)(B * 784);
+        LB      = sizeof(float) * (size_t)(B * C);
         x       = calloc((size_t)(B * 784), sizeof(float));
         logits  = calloc((size_t)(B * C), sizeof(float));
         logits2 = calloc((size_t)(B * C), sizeof(float));
@@ -38,12 +41,12 @@ int main(int argc, char **argv)
             lab[b] = b % C;
         }
     }
-    ASSERT_OK(ddl_model_predict(m, x, B, logits));
-    ASSERT_OK(ddl_model_predict(m, x, B, logits2));
+    ASSERT_OK(ddl_model_predict(m, x, XB, B, logits, LB));
+    ASSERT_OK(ddl_model_predict(m, x, XB, B, logits2, LB));
     int64_t count = B - 5;  // the last 5 rows are padding for eval
     double  loss_sum;
     int64_t correct;
-    ASSERT_OK(ddl_model_eval(m, x, lab, count, &loss_sum, &correct));
+    ASSERT_OK(ddl_model_eval(m, x, XB, lab, count, &loss_sum, &correct));
     if (ddl_test_rank == 0) {
         ASSERT_TRUE(memcmp(logits, logits2, sizeof(float) * (size_t)(B * C)) == 0);
         double  ref = 0;
@@ -70,16 +73,26 @@ int main(int argc, char **argv)
     }
     // Training on the same batch lowers its loss.
     double l0, l1 = 0;
-    ASSERT_OK(ddl_model_train_step(m, x, lab, &l0, &correct));
+    ASSERT_OK(ddl_model_train_step(m, x, XB, lab, B, &l0, &correct));
     for (int i = 0; i < 5; i++) {
-        ASSERT_OK(ddl_model_train_step(m, x, lab, &l1, &correct));
+        ASSERT_OK(ddl_model_train_step(m, x, XB, lab, B, &l1, &correct));
     }
     ASSERT_TRUE(l1 < l0);
     ASSERT_EQ(ddl_model_step(m), 6);
     // A bad call (no batch on rank 0) fails on every rank, without hanging.
-    ASSERT_STATUS(ddl_model_train_step(m, NULL, NULL, &l1, &correct), DDL_EINVAL);
-    ASSERT_STATUS(ddl_model_predict(m, NULL, B, NULL), DDL_EINVAL);
-    ASSERT_STATUS(ddl_model_eval(m, x, lab, B + 1, &loss_sum, &correct), DDL_EINVAL);
+    ASSERT_STATUS(ddl_model_train_step(m, NULL, 0, NULL, B, &l1, &correct), DDL_EINVAL);
+    ASSERT_STATUS(ddl_model_predict(m, NULL, 0, B, NULL, 0), DDL_EINVAL);
+    // Sizes that do not match: too few bytes of samples or of logits, a bad label.
+    ASSERT_STATUS(ddl_model_predict(m, x, XB - 1, B, logits, LB), DDL_EINVAL);
+    ASSERT_STATUS(ddl_model_predict(m, x, XB, B, logits, LB - 1), DDL_EINVAL);
+    if (ddl_test_rank == 0) {
+        lab[3] = C;
+    }
+    ASSERT_STATUS(ddl_model_train_step(m, x, XB, lab, B, &l1, &correct), DDL_EINVAL);
+    if (ddl_test_rank == 0) {
+        lab[3] = 3 % C;
+    }
+    ASSERT_STATUS(ddl_model_eval(m, x, XB, lab, B + 1, &loss_sum, &correct), DDL_EINVAL);
     ASSERT_EQ(ddl_model_step(m), 6);  // nothing changed
     free(x);
     free(logits);

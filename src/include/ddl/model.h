@@ -60,21 +60,29 @@ typedef struct ddl_model ddl_model_t;
 DDL_EXTERN ddl_status ddl_model_create(MPI_Comm comm, const ddl_spec_t *spec, ddl_model_t **out);
 DDL_EXTERN void       ddl_model_destroy(ddl_model_t **m);
 
-// One training step on a batch of exactly batch_size samples: x (batch_size x sample,
-// the spec's dtype) and labels are read on rank 0 only (other ranks pass NULL).
+// Entry points that take a batch read it on rank 0 only (other ranks pass NULL and 0) and
+// take its size explicitly: `count` samples of the spec's input shape and dtype in `x`,
+// which holds x_bytes (at least count * sample bytes; only that much is read), and
+// `count` labels in [0, classes). Rank 0 checks all of it before any data moves, and
+// every rank returns the same status (ddl_agree). The model copies the samples into its
+// own batch buffer, padding a short batch itself.
+
+// One training step on a batch of exactly batch_size samples (count == batch_size).
 // Forward, loss, zero_grad, backward, optimizer step. *loss (the reduced loss) and
 // *correct (argmax hits) are valid on every rank. Collective.
-DDL_EXTERN ddl_status ddl_model_train_step(ddl_model_t *m, const void *x, const int64_t *labels,
-                                           double *loss, int64_t *correct);
-// Evaluation of `count` <= batch_size samples (the rest of the batch is padding and
-// ignored): loss summed over the samples and argmax hits. No parameter changes.
-// Layers run in eval mode. Collective.
-DDL_EXTERN ddl_status ddl_model_eval(ddl_model_t *m, const void *x, const int64_t *labels,
-                                     int64_t count, double *loss_sum, int64_t *correct);
-// Forward only; the output logits [count, classes] are written on rank 0 into `logits`
-// (the spec's dtype). Collective.
-DDL_EXTERN ddl_status ddl_model_predict(ddl_model_t *m, const void *x, int64_t count,
-                                        void *logits);
+DDL_EXTERN ddl_status ddl_model_train_step(ddl_model_t *m, const void *x, size_t x_bytes,
+                                           const int64_t *labels, int64_t count, double *loss,
+                                           int64_t *correct);
+// Evaluation of `count` <= batch_size samples: loss summed over the samples and argmax
+// hits. No parameter changes. Layers run in eval mode. Collective.
+DDL_EXTERN ddl_status ddl_model_eval(ddl_model_t *m, const void *x, size_t x_bytes,
+                                     const int64_t *labels, int64_t count, double *loss_sum,
+                                     int64_t *correct);
+// Forward only on `count` <= batch_size samples; the output logits [count, classes]
+// (the spec's dtype) are written on rank 0 into `logits`, which holds logits_bytes
+// (at least count * classes * dtype size). Collective.
+DDL_EXTERN ddl_status ddl_model_predict(ddl_model_t *m, const void *x, size_t x_bytes,
+                                        int64_t count, void *logits, size_t logits_bytes);
 
 // Parameters, in spec order; names like "conv2d_0.weight" (layer "name" key if given).
 DDL_EXTERN int              ddl_model_nparams(const ddl_model_t *m);
@@ -83,6 +91,7 @@ DDL_EXTERN const char      *ddl_model_param_name(const ddl_model_t *m, int i);
 DDL_EXTERN ddl_optimizer_t *ddl_model_optimizer(const ddl_model_t *m);
 DDL_EXTERN int64_t          ddl_model_step(const ddl_model_t *m);
 DDL_EXTERN const ddl_spec_t *ddl_model_spec(const ddl_model_t *m);
+// The model's own communicator (a duplicate of the one passed to ddl_model_create).
 DDL_EXTERN MPI_Comm         ddl_model_comm(const ddl_model_t *m);
 
 // Checkpoint the model, optimizer state, step and caller state (a JSON object text,

@@ -34,25 +34,12 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "ddl/agree.h" // ddl_agree, which every function here ends with
 #include "ddl/model.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-// ---- agreement -----------------------------------------------------------------------
-
-// Agrees on a status over comm: DDL_OK if every rank passed DDL_OK, otherwise the status
-// and the last-error message of the lowest failing rank, on every rank (the message is
-// installed as each rank's ddl_last_error()). One MPI_Allreduce when all succeed.
-// Collective over comm.
-DDL_EXTERN ddl_status ddl_agree(MPI_Comm comm, ddl_status st);
-
-// ---- limits ---------------------------------------------------------------------------
-
-// Caps that bound every size computed from outside input (specs, requests, files).
-#define DDL_MAX_TENSOR_ELEMENTS ((int64_t)1 << 34) // elements in any one tensor
-#define DDL_MAX_LAYERS 4096                        // layers in one spec
 
 // ---- session --------------------------------------------------------------------------
 

@@ -11,7 +11,14 @@
 // training accuracy, throughput (images/s) and the test loss and accuracy; with a
 // terminal on stderr it draws a progress bar. Checkpoints hold the data cursor, so
 // --resume continues the exact trajectory.
+//
+// The training loop itself is the engine's session (ddl/session.h), the same one the
+// daemon drives; this program only parses options, checks its output paths before any
+// training, and prints. Every error path frees what it made.
+#include <errno.h>
 #include <getopt.h>
+#include <libgen.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,11 +26,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include <jansson.h>
-
 #include "ddl/base.h"
 #include "ddl/data.h"
 #include "ddl/model.h"
+#include "ddl/session.h"
 
 typedef struct options {
     const char *model, *data, *ckpt_dir, *export_path, *resume_from, *import_path;
@@ -39,11 +45,13 @@ static void usage(FILE *f)
           "         [--checkpoint-dir D] [--checkpoint-every K] [--checkpoint-on-exit]\n"
           "         [--resume | --resume-from CHECKPOINT]  (any world size / partitioning)\n"
           "         [--max-steps S (total optimizer steps)] [--print-steps]\n"
-          "         [--import FILE.safetensors|DIR] [--export FILE.safetensors|DIR] [--no-eval]\n",
+          "         [--import FILE.safetensors|DIR] [--export FILE.safetensors|DIR] [--no-eval]\n"
+          "         [-h | --help]\n",
           f);
 }
 
-// Parses the command line identically on every rank; returns 0, or 2 with a message.
+// Parses the command line identically on every rank; returns 0, 1 for help, or 2 with a
+// message.
 static int parse_args(int argc, char **argv, options *o, char *err, size_t errlen)
 {
     static const struct option longs[] = {
@@ -52,14 +60,15 @@ static int parse_args(int argc, char **argv, options *o, char *err, size_t errle
         {"checkpoint-every", required_argument, 0, 'k'}, {"resume", no_argument, 0, 'r'},
         {"max-steps", required_argument, 0, 's'},      {"print-steps", no_argument, 0, 'p'},
         {"export", required_argument, 0, 'x'},         {"no-eval", no_argument, 0, 'n'},
-        {"resume-from", required_argument, 0, 'R'},    {"import", required_argument, 0, 'I'},    {"checkpoint-on-exit", no_argument, 0, 'E'},
-        {"help", no_argument, 0, 'h'},                 {0, 0, 0, 0}};
+        {"resume-from", required_argument, 0, 'R'},    {"import", required_argument, 0, 'I'},
+        {"checkpoint-on-exit", no_argument, 0, 'E'},   {"help", no_argument, 0, 'h'},
+        {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     o->epochs    = 1;
     o->max_steps = -1;
     opterr       = 0;
     int ch;
-    while ((ch = getopt_long(argc, argv, "", longs, NULL)) != -1) {
+    while ((ch = getopt_long(argc, argv, "h", longs, NULL)) != -1) {
         char *end = NULL;
         switch (ch) {
         case 'm': o->model = optarg; break;
@@ -76,8 +85,14 @@ static int parse_args(int argc, char **argv, options *o, char *err, size_t errle
         case 'e':
         case 'k':
         case 's': {
-            long long v = strtoll(optarg, &end, 10);
+            errno                 = 0;
+            long long   v         = strtoll(optarg, &end, 10);
             const char *name = ch == 'e' ? "--epochs" : ch == 'k' ? "--checkpoint-every" : "--max-steps";
+            if (errno == ERANGE) {
+                snprintf(err, errlen, "%s %s is out of range (at most %lld)", name, optarg,
+                         (long long)LLONG_MAX);
+                return 2;
+            }
             if (end == optarg || *end != '\0' || v < (ch == 's' ? 0 : 1)) {
                 snprintf(err, errlen, "%s needs a whole number >= %d, got \"%s\"", name,
                          ch == 's' ? 0 : 1, optarg);
@@ -114,18 +129,63 @@ static int parse_args(int argc, char **argv, options *o, char *err, size_t errle
     return 0;
 }
 
-// The trainer's state in a checkpoint: the data cursor (the next batch to train on) and
-// the random state. Every random stream here is counter-based: the shuffle of epoch e is
-// stream e of the seed, dropout at optimizer step t draws stream t; (seed, step) is the
-// whole state.
-static void cursor_json(char *buf, size_t len, int64_t epoch, int64_t batch, uint64_t seed,
-                        int64_t step)
+// Rank 0: can we write where we will write, before hours of training? The checkpoint
+// directory is created if missing and must be writable; an export file's directory must
+// be writable (an export directory of .npy files may exist, writable, or be creatable).
+static bool writable_dir(const char *dir, char *err, size_t len, const char *what)
 {
-    snprintf(buf, len,
-             "{\"epoch\": %lld, \"batch\": %lld, \"rng\": {\"seed\": %llu, \"shuffle_stream\": "
-             "%lld, \"dropout_stream\": %lld}}",
-             (long long)epoch, (long long)batch, (unsigned long long)seed, (long long)epoch,
-             (long long)step);
+    struct stat sb;
+    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode) || access(dir, W_OK | X_OK) != 0) {
+        snprintf(err, len, "%s: %s is not a writable directory", what, dir);
+        return false;
+    }
+    return true;
+}
+
+static bool parent_writable(const char *path, char *err, size_t len, const char *what)
+{
+    char buf[4096];
+    snprintf(buf, sizeof buf, "%s", path);
+    return writable_dir(dirname(buf), err, len, what);
+}
+
+static bool check_outputs(const options *o, char *err, size_t len)
+{
+    if (o->ckpt_dir != NULL) {
+        struct stat sb;
+        if (stat(o->ckpt_dir, &sb) != 0) {
+            // Creating it now (and only its last component) is what the first checkpoint
+            // would do; a missing parent is reported here instead of after training.
+            if (!parent_writable(o->ckpt_dir, err, len, "--checkpoint-dir") ||
+                mkdir(o->ckpt_dir, 0777) != 0) {
+                if (err[0] == '\0') {
+                    snprintf(err, len, "--checkpoint-dir: cannot create %s: %s", o->ckpt_dir,
+                             strerror(errno));
+                }
+                return false;
+            }
+        }
+        if (!writable_dir(o->ckpt_dir, err, len, "--checkpoint-dir")) {
+            return false;
+        }
+    }
+    if (o->export_path != NULL) {
+        size_t n    = strlen(o->export_path);
+        bool   file = n > 12 && strcmp(o->export_path + n - 12, ".safetensors") == 0;
+        struct stat sb;
+        if (file) {
+            if (stat(o->export_path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+                snprintf(err, len, "--export: %s is a directory", o->export_path);
+                return false;
+            }
+            return parent_writable(o->export_path, err, len, "--export");
+        }
+        if (stat(o->export_path, &sb) == 0) {
+            return writable_dir(o->export_path, err, len, "--export");
+        }
+        return parent_writable(o->export_path, err, len, "--export");
+    }
+    return true;
 }
 
 static double now(void)
@@ -135,7 +195,7 @@ static double now(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static void progress(int64_t done, int64_t total, double loss, double rate)
+static void progress_bar(int64_t done, int64_t total, double loss, double rate)
 {
     int  width = 30, fill = total > 0 ? (int)(width * done / total) : width;
     char bar[64];
@@ -148,51 +208,182 @@ static void progress(int64_t done, int64_t total, double loss, double rate)
     fflush(stderr);
 }
 
-// Fails the whole job the same way on every rank: prints (rank 0) and exits 1.
-static int die(const char *what, ddl_status st)
+typedef struct printer {
+    bool print_steps, tty;
+} printer;
+
+// The session's progress callback (rank 0): step lines and the progress bar.
+static bool on_progress(const ddl_progress *p, void *user_data)
+{
+    const printer *pr = user_data;
+    if (pr->print_steps) {
+        printf("step %lld loss %.9g\n", (long long)p->step, p->loss);
+    }
+    if (pr->tty && ((p->batch - 1) % 10 == 0 || p->epoch_end)) {
+        progress_bar(p->batch, p->steps_per_epoch, p->mean_loss, p->images_per_s);
+    }
+    return false;
+}
+
+// Prints a failure (rank 0) and returns the exit code: every rank reaches it with the
+// same status and message (the session agrees on every command).
+static int fail(const char *what, ddl_status st, int code)
 {
     if (rank == 0) {
         fprintf(stderr, "distdl-train: %s: %s (%s)\n", what, ddl_last_error(), ddl_status_name(st));
     }
-    MPI_Finalize();
-    return 1;
+    return code;
 }
 
-// Evaluates the test split in batches (the last one padded); returns loss and accuracy.
-static ddl_status evaluate(ddl_model_t *m, const ddl_dataset *test, void *xbuf, int64_t *lbuf,
-                           int64_t *idx, double *loss, double *acc)
+// Everything between MPI_Init and MPI_Finalize; frees all it makes on every path.
+static int run(const options *o, int size)
 {
-    const ddl_spec_t *s = ddl_model_spec(m);
-    int64_t           B = ddl_spec_batch_size(s), n = 0, hits = 0;
-    double            mean, std, lsum = 0;
-    ddl_spec_normalize(s, &mean, &std);
-    int64_t total = rank == 0 ? test->n : 0;
-    MPI_Bcast(&total, 1, MPI_INT64_T, 0, ddl_model_comm(m));
-    for (int64_t start = 0; start < total; start += B) {
-        int64_t count = total - start < B ? total - start : B;
-        if (rank == 0) {
-            for (int64_t i = 0; i < B; i++) {
-                idx[i] = start + (i < count ? i : 0);  // padding repeats a valid sample
-            }
-            if (ddl_spec_dtype(s) == DDL_F32) {
-                ddl_dataset_batch_f32(test, idx, B, mean, std, xbuf, lbuf);
-            } else {
-                ddl_dataset_batch_f64(test, idx, B, mean, std, xbuf, lbuf);
-            }
-        }
-        double     l;
-        int64_t    c;
-        ddl_status st = ddl_model_eval(m, xbuf, lbuf, count, &l, &c);
-        if (st != DDL_OK) {
-            return st;
-        }
-        lsum += l;
-        hits += c;
-        n += count;
+    // The spec is read on rank 0 only; the session broadcasts it.
+    ddl_spec_t *spec = NULL;
+    ddl_status  st   = DDL_OK;
+    if (rank == 0) {
+        st = ddl_spec_load(o->model, size, &spec);
     }
-    *loss = n ? lsum / (double)n : 0;
-    *acc  = n ? (double)hits / (double)n : 0;
-    return DDL_OK;
+    int ok = st == DDL_OK;
+    MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    if (!ok) {
+        if (rank == 0) {
+            fprintf(stderr, "distdl-train: %s\n", ddl_last_error());
+        }
+        ddl_spec_destroy(&spec);
+        return 2;
+    }
+    // Output paths are checked before anything expensive happens.
+    char err[512] = "";
+    ok            = rank != 0 || check_outputs(o, err, sizeof err);
+    MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    if (!ok) {
+        if (rank == 0) {
+            fprintf(stderr, "distdl-train: %s\n", err);
+        }
+        ddl_spec_destroy(&spec);
+        return 2;
+    }
+    int                 threads = ddl_runtime_divide_cores(MPI_COMM_WORLD);
+    ddl_session_options opts    = {o->ckpt_dir, o->ckpt_every};
+    ddl_session_t      *s       = NULL;
+    st = ddl_session_create(MPI_COMM_WORLD, rank == 0 ? ddl_spec_text(spec) : NULL, o->model,
+                            &opts, &s);
+    ddl_spec_destroy(&spec);
+    if (st != DDL_OK) {
+        return fail("building the model", st, 1);
+    }
+    int rc = 0;
+    st     = ddl_session_open_data(s, o->data);
+    if (st != DDL_OK) {
+        if (rank == 0) {
+            fprintf(stderr, "distdl-train: %s\n", ddl_last_error());
+        }
+        rc = 2;
+        goto done;
+    }
+    ddl_model_t *m = ddl_session_model(s);
+    if (o->import_path != NULL) {
+        st = ddl_model_import(m, o->import_path);
+        if (st != DDL_OK) {
+            rc = fail("importing weights", st, 1);
+            goto done;
+        }
+        if (rank == 0) {
+            printf("imported weights from %s\n", o->import_path);
+        }
+    }
+    if (o->resume) {
+        const char *from = o->resume_from ? o->resume_from : o->ckpt_dir;
+        st               = ddl_session_restore(s, from, -1);
+        if (st == DDL_ENOTFOUND && o->resume_from == NULL) {
+            if (rank == 0) {
+                fprintf(stderr, "distdl-train: no checkpoint in %s yet, starting fresh\n", from);
+            }
+        } else if (st != DDL_OK) {
+            rc = fail("resuming", st, st == DDL_EINVAL ? 2 : 1);
+            goto done;
+        } else if (rank == 0) {
+            ddl_cursor c = ddl_session_cursor(s);
+            printf("resumed from %s at step %lld (epoch %lld, batch %lld)\n", from,
+                   (long long)ddl_model_step(m), (long long)c.epoch + 1, (long long)c.batch);
+        }
+    }
+    const ddl_spec_t *sp  = ddl_model_spec(m);
+    int64_t           B   = ddl_spec_batch_size(sp);
+    int64_t           spe = ddl_session_steps_per_epoch(s);
+    printer           pr  = {o->print_steps, rank == 0 && isatty(2)};
+    if (rank == 0) {
+        printf("model %s on %d ranks (%d BLAS thread%s each): %d parameter tensors, batch %lld, "
+               "%lld steps per epoch\n",
+               o->model, size, threads, threads == 1 ? "" : "s", ddl_model_nparams(m),
+               (long long)B, (long long)spe);
+        fflush(stdout);
+    }
+    for (int64_t epoch = ddl_session_cursor(s).epoch; epoch < o->epochs; epoch++) {
+        int64_t left = spe - ddl_session_cursor(s).batch, step = ddl_model_step(m);
+        if (o->max_steps >= 0 && step >= o->max_steps) {
+            break;
+        }
+        bool last = false;
+        if (o->max_steps >= 0 && o->max_steps - step < left) {
+            left = o->max_steps - step;
+            last = true;
+        }
+        ddl_train_request req = {.steps = left};
+        ddl_train_result  res;
+        double            t0 = now();
+        st                   = ddl_session_train(s, &req, on_progress, &pr, &res);
+        double dt            = now() - t0;
+        if (st != DDL_OK) {
+            rc = fail("training", st, 1);
+            goto done;
+        }
+        if (pr.tty) {
+            fprintf(stderr, "\n");
+        }
+        ddl_eval_result ev = {0};
+        if (!o->no_eval && res.steps_done > 0) {
+            st = ddl_session_evaluate(s, DDL_SPLIT_TEST, &ev);
+            if (st != DDL_OK) {
+                rc = fail("evaluating", st, 1);
+                goto done;
+            }
+        }
+        if (rank == 0 && res.steps_done > 0) {
+            int64_t seen = res.steps_done * B;
+            printf("epoch %lld: loss %.4f  train acc %.4f  %.1f img/s  %.1f s", (long long)epoch + 1,
+                   res.mean_loss, res.accuracy, (double)seen / dt, dt);
+            if (!o->no_eval) {
+                printf("  test loss %.4f  test acc %.4f", ev.loss, ev.accuracy);
+            }
+            printf("\n");
+            fflush(stdout);
+        }
+        if (last) {
+            break;
+        }
+    }
+    if (o->ckpt_on_exit) {
+        st = ddl_session_save(s, NULL, NULL);
+        if (st != DDL_OK) {
+            rc = fail("writing the final checkpoint", st, 1);
+            goto done;
+        }
+    }
+    if (o->export_path != NULL) {
+        st = ddl_model_export(m, o->export_path);
+        if (st != DDL_OK) {
+            rc = fail("exporting weights", st, 1);
+            goto done;
+        }
+        if (rank == 0) {
+            printf("exported weights to %s\n", o->export_path);
+        }
+    }
+done:
+    ddl_session_destroy(&s);
+    return rc;
 }
 
 int main(int argc, char **argv)
@@ -206,6 +397,7 @@ int main(int argc, char **argv)
     options o;
     char    err[512] = "";
     int     prc      = parse_args(argc, argv, &o, err, sizeof err);
+    int     rc       = 0;
     if (prc != 0) {
         if (rank == 0) {
             if (prc == 2) {
@@ -213,222 +405,10 @@ int main(int argc, char **argv)
             }
             usage(prc == 1 ? stdout : stderr);
         }
-        MPI_Finalize();
-        return prc == 1 ? 0 : 2;
+        rc = prc == 1 ? 0 : 2;
+    } else {
+        rc = run(&o, size);
     }
-    ddl_spec_t *spec = NULL;
-    ddl_status  st   = ddl_spec_load(o.model, size, &spec);
-    if (st != DDL_OK) {
-        if (rank == 0) {
-            fprintf(stderr, "distdl-train: %s\n", ddl_last_error());
-        }
-        MPI_Finalize();
-        return 2;
-    }
-    // Data on rank 0; every rank learns whether it loaded.
-    ddl_dataset train = {0}, test = {0};
-    int         ok    = 1;
-    if (rank == 0) {
-        st = ddl_dataset_load_mnist_dir(o.data, 1, &train);
-        if (st == DDL_OK && !o.no_eval) {
-            st = ddl_dataset_load_mnist_dir(o.data, 0, &test);
-        }
-        ok = st == DDL_OK;
-        if (!ok) {
-            fprintf(stderr, "distdl-train: %s\n", ddl_last_error());
-        } else {
-            ddl_shape in = ddl_spec_input_shape(spec);
-            int64_t   ss = ddl_shape_numel(&in);
-            if (ss != train.sample_size || train.num_classes > ddl_spec_num_classes(spec)) {
-                fprintf(stderr,
-                        "distdl-train: the data's samples (%lld values, %d classes) do not fit "
-                        "the model's input (%lld values) and output (%d classes)\n",
-                        (long long)train.sample_size, train.num_classes, (long long)ss,
-                        ddl_spec_num_classes(spec));
-                ok = 0;
-            }
-        }
-    }
-    MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
-    if (!ok) {
-        ddl_dataset_free(&train);
-        ddl_dataset_free(&test);
-        ddl_spec_destroy(&spec);
-        MPI_Finalize();
-        return 2;
-    }
-    int          threads = ddl_runtime_divide_cores(MPI_COMM_WORLD);
-    ddl_model_t *m       = NULL;
-    st                   = ddl_model_create(MPI_COMM_WORLD, spec, &m);
-    if (st != DDL_OK) {
-        return die("building the model", st);
-    }
-    int64_t B = ddl_spec_batch_size(spec), epoch0 = 0, batch0 = 0;
-    if (o.import_path != NULL) {
-        st = ddl_model_import(m, o.import_path);
-        if (st != DDL_OK) {
-            return die("importing weights", st);
-        }
-        if (rank == 0) {
-            printf("imported weights from %s\n", o.import_path);
-        }
-    }
-    if (o.resume) {
-        char *user = NULL;
-        const char *from = o.resume_from ? o.resume_from : o.ckpt_dir;
-        st               = ddl_model_load(m, from, &user);
-        if (st == DDL_ENOTFOUND && o.resume_from == NULL) {
-            if (rank == 0) {
-                fprintf(stderr, "distdl-train: no checkpoint in %s yet, starting fresh\n", from);
-            }
-        } else if (st != DDL_OK) {
-            return die("resuming", st);
-        } else {
-            json_t *u    = json_loads(user ? user : "{}", 0, NULL);
-            epoch0       = json_integer_value(json_object_get(u, "epoch"));
-            batch0       = json_integer_value(json_object_get(u, "batch"));
-            json_t *seed = json_object_get(json_object_get(u, "rng"), "seed");
-            bool    same = seed == NULL ||
-                        (uint64_t)json_integer_value(seed) == ddl_spec_seed(spec);
-            long long was = seed ? json_integer_value(seed) : 0;
-            json_decref(u);
-            if (!same) {
-                if (rank == 0) {
-                    fprintf(stderr,
-                            "distdl-train: the checkpoint was trained with seed %lld but %s has "
-                            "seed %llu; resuming would not continue the same run\n",
-                            was, o.model, (unsigned long long)ddl_spec_seed(spec));
-                }
-                ddl_free(user);
-                MPI_Finalize();
-                return 2;
-            }
-            if (rank == 0) {
-                printf("resumed from %s at step %lld (epoch %lld, batch %lld)\n", from,
-                       (long long)ddl_model_step(m), (long long)epoch0 + 1, (long long)batch0);
-            }
-        }
-        ddl_free(user);
-    }
-    size_t   es   = ddl_dtype_size(ddl_spec_dtype(spec));
-    ddl_shape in  = ddl_spec_input_shape(spec);
-    int64_t  ss   = ddl_shape_numel(&in);
-    void    *xbuf = rank == 0 ? ddl_malloc((size_t)(B * ss) * es) : NULL;
-    int64_t *lbuf = rank == 0 ? ddl_malloc(sizeof(int64_t) * (size_t)B) : NULL;
-    int64_t *perm = rank == 0 ? ddl_malloc(sizeof(int64_t) * (size_t)(train.n > B ? train.n : B)) : NULL;
-    int64_t  ntrain = rank == 0 ? train.n : 0;
-    MPI_Bcast(&ntrain, 1, MPI_INT64_T, 0, MPI_COMM_WORLD);
-    int64_t steps_per_epoch = ntrain / B;
-    double  mean, std;
-    ddl_spec_normalize(spec, &mean, &std);
-    bool tty = rank == 0 && isatty(2);
-    if (rank == 0) {
-        printf("model %s on %d ranks (%d BLAS thread%s each): %d parameter tensors, batch %lld, "
-               "%lld steps per epoch\n",
-               o.model, size, threads, threads == 1 ? "" : "s", ddl_model_nparams(m), (long long)B,
-               (long long)steps_per_epoch);
-        fflush(stdout);
-    }
-    int64_t steps_done = 0, cur_epoch = epoch0, cur_batch = batch0;
-    bool    stop       = false;
-    for (int64_t epoch = epoch0; epoch < o.epochs && !stop; epoch++) {
-        if (rank == 0) {
-            if (ddl_spec_shuffle(spec)) {
-                ddl_dataset_shuffle(train.n, ddl_spec_seed(spec), (uint64_t)epoch, perm);
-            } else {
-                for (int64_t i = 0; i < train.n; i++) {
-                    perm[i] = i;
-                }
-            }
-        }
-        double  t0 = now(), lsum = 0;
-        int64_t hits = 0, seen = 0;
-        for (int64_t b = (epoch == epoch0 ? batch0 : 0); b < steps_per_epoch; b++) {
-            if (o.max_steps >= 0 && ddl_model_step(m) >= o.max_steps) {
-                stop = true;
-                break;
-            }
-            if (rank == 0) {
-                if (ddl_spec_dtype(spec) == DDL_F32) {
-                    ddl_dataset_batch_f32(&train, perm + b * B, B, mean, std, xbuf, lbuf);
-                } else {
-                    ddl_dataset_batch_f64(&train, perm + b * B, B, mean, std, xbuf, lbuf);
-                }
-            }
-            double  loss;
-            int64_t c;
-            st = ddl_model_train_step(m, xbuf, lbuf, &loss, &c);
-            if (st != DDL_OK) {
-                return die("training step", st);
-            }
-            steps_done++;
-            cur_epoch = b + 1 == steps_per_epoch ? epoch + 1 : epoch;
-            cur_batch = b + 1 == steps_per_epoch ? 0 : b + 1;
-            lsum += loss;
-            hits += c;
-            seen += B;
-            if (rank == 0 && o.print_steps) {
-                printf("step %lld loss %.9g\n", (long long)ddl_model_step(m), loss);
-            }
-            if (tty && (b % 10 == 0 || b + 1 == steps_per_epoch)) {
-                progress(b + 1, steps_per_epoch, lsum / (double)(seen / B), (double)seen / (now() - t0));
-            }
-            if (o.ckpt_every > 0 && ddl_model_step(m) % o.ckpt_every == 0) {
-                char user[256];
-                cursor_json(user, sizeof user, cur_epoch, cur_batch, ddl_spec_seed(spec),
-                            ddl_model_step(m));
-                st = ddl_model_save(m, o.ckpt_dir, user);
-                if (st != DDL_OK) {
-                    return die("writing a checkpoint", st);
-                }
-            }
-        }
-        double dt = now() - t0;
-        if (tty) {
-            fprintf(stderr, "\n");
-        }
-        double tl = 0, ta = 0;
-        if (!o.no_eval && (!stop || seen > 0)) {
-            st = evaluate(m, &test, xbuf, lbuf, perm, &tl, &ta);
-            if (st != DDL_OK) {
-                return die("evaluating", st);
-            }
-        }
-        if (rank == 0 && seen > 0) {
-            printf("epoch %lld: loss %.4f  train acc %.4f  %.1f img/s  %.1f s", (long long)epoch + 1,
-                   lsum / (double)(seen / B), (double)hits / (double)seen, (double)seen / dt, dt);
-            if (!o.no_eval) {
-                printf("  test loss %.4f  test acc %.4f", tl, ta);
-            }
-            printf("\n");
-            fflush(stdout);
-        }
-    }
-    if (o.ckpt_on_exit) {
-        char user[256];
-        cursor_json(user, sizeof user, cur_epoch, cur_batch, ddl_spec_seed(spec),
-                    ddl_model_step(m));
-        st = ddl_model_save(m, o.ckpt_dir, user);
-        if (st != DDL_OK) {
-            return die("writing the final checkpoint", st);
-        }
-    }
-    if (o.export_path != NULL) {
-        st = ddl_model_export(m, o.export_path);
-        if (st != DDL_OK) {
-            return die("exporting weights", st);
-        }
-        if (rank == 0) {
-            printf("exported weights to %s\n", o.export_path);
-        }
-    }
-    ddl_free(xbuf);
-    ddl_free(lbuf);
-    ddl_free(perm);
-    ddl_model_destroy(&m);
-    ddl_spec_destroy(&spec);
-    ddl_dataset_free(&train);
-    ddl_dataset_free(&test);
     MPI_Finalize();
-    return 0;
+    return rc;
 }

@@ -1,0 +1,16 @@
+// engine/model_internal.h: what the session needs of a model beyond ddl/model.h.
+#ifndef DDL_ENGINE_MODEL_INTERNAL_H
+#define DDL_ENGINE_MODEL_INTERNAL_H
+
+#include <stdbool.h>
+
+#include "ddl/checkpoint.h"
+#include "ddl/model.h"
+
+// The model's named distributed state: parameters, then buffers (batch-norm running
+// statistics), then (with_optim) the optimizer's tensors. *out and *names (the storage
+// of the names *out points into) are ddl_malloc'd: free both with ddl_free. Local.
+ddl_status ddl__model_named_state(ddl_model_t *m, bool with_optim, ddl_named_tensor **out, int *n,
+                                  void **names);
+
+#endif // DDL_ENGINE_MODEL_INTERNAL_H

@@ -1,0 +1,950 @@
+// engine/session.c: a training session (ddl/session.h): one model, rank 0's datasets,
+// the data cursor and the checkpoint policy, driven collectively by every rank. This
+// is the loop distdl-train and the daemon's dispatcher share.
+//
+// Who holds what:
+//   rank 0      the datasets (both splits), the shuffled order of the current epoch,
+//               one batch buffer (samples and labels), the checkpoint directory, and
+//               the progress callback;
+//   every rank  the model shard, the sample counts of both splits, the cursor, the
+//               checkpoint interval and the newest durable step.
+// Rank 0 decides (validates arguments, reads data) and the others learn the decision by
+// broadcast. Every public function validates rank 0's arguments and agrees on them
+// (ddl_agree) before data moves, and ends with ddl_agree, so every rank returns the same
+// status and message. The model's own commands agree too, so a failure inside a step
+// ends the loop on every rank at the same step.
+//
+// Nothing here allocates per step: the batch buffer, the permutation and the model's
+// buffers and Repartition plans are all allocated when the session or its data is set
+// up. Checkpoints and evaluation of a whole split allocate only what the checkpoint
+// writer and reader need.
+//
+// The data cursor in a checkpoint (the caller state of ddl_model_save) is
+//   {"epoch": E, "batch": b, "rng": {"seed": S, "shuffle_stream": E, "dropout_stream": T}}
+// where (E, b) is the next training batch, S the spec's seed and T the optimizer step:
+// every random stream is counter-based, so (seed, epoch, step) is the whole random state.
+// A restored cursor is validated: integers (not strings or reals) in range, the seed
+// equal to the spec's.
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include <jansson.h>
+
+#include "base/check.h"
+#include "ddl/agree.h"
+#include "ddl/base.h"
+#include "ddl/collect.h"
+#include "ddl/data.h"
+#include "ddl/session.h"
+#include "engine/model_internal.h"
+#include "partition/mpi_check.h"
+
+// Bounds on what a checkpoint's cursor may claim (an epoch count no run reaches; it
+// keeps every epoch * steps_per_epoch product far from overflow).
+#define CURSOR_EPOCH_MAX ((int64_t)1 << 40)
+// Longest string (spec text, path) broadcast from rank 0.
+#define SESSION_TEXT_MAX ((int64_t)1 << 30)
+
+struct ddl_session {
+    MPI_Comm     comm; // our duplicate of the caller's communicator
+    int          rank, size;
+    ddl_model_t *model;
+    int64_t      batch;        // samples per batch (the spec's batch size)
+    int64_t      sample_numel; // values in one sample
+    size_t       sample_bytes; // one sample in the spec's dtype
+    int          classes;
+    ddl_dtype    dt;
+    double       mean, std;    // input normalization
+    // Checkpoint policy.
+    char   *ckpt_dir;   // rank 0 (NULL: none)
+    int64_t ckpt_every; // every rank
+    int64_t durable_step;
+    // Data.
+    bool        has_data;
+    int64_t     n[2];       // samples per split, every rank
+    ddl_dataset data[2];    // rank 0
+    int64_t    *perm;       // rank 0: the order of perm_epoch (n[TRAIN] entries)
+    int64_t     perm_epoch; // -1: none yet
+    void       *xbuf;       // rank 0: one batch of samples
+    int64_t    *lbuf;       // rank 0: its labels
+    int64_t    *idx;        // rank 0: sample indices of an evaluation batch
+    ddl_cursor  cur;
+    // The global weights (parameters and buffers), for gather/scatter.
+    ddl_named_tensor *w;
+    void             *wnames;
+    int               nw;
+};
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+// ---- helpers -------------------------------------------------------------------
+
+// Broadcasts rank 0's string (NULL allowed) to every rank as a ddl_malloc'd copy (NULL
+// stays NULL). Collective; the same status everywhere.
+static ddl_status bcast_string(MPI_Comm comm, int rank, const char *in, char **out)
+{
+    *out        = NULL;
+    int64_t len = -1;
+    if (rank == 0 && in != NULL) {
+        size_t l = strlen(in);
+        len      = l > (size_t)SESSION_TEXT_MAX ? SESSION_TEXT_MAX + 1 : (int64_t)l;
+    }
+    DDL_CHECK_MPI(MPI_Bcast(&len, 1, MPI_INT64_T, 0, comm));
+    DDL_REQUIRE(len <= SESSION_TEXT_MAX, DDL_EINVAL, "session: text longer than %lld bytes",
+                (long long)SESSION_TEXT_MAX);
+    if (len < 0) {
+        return DDL_OK;
+    }
+    char      *buf = ddl_malloc((size_t)len + 1);
+    ddl_status st  = buf != NULL ? DDL_OK : ddl_set_error(DDL_ENOMEM, "session: out of memory");
+    DDL_CHECK(ddl_agree(comm, st));
+    if (rank == 0) {
+        memcpy(buf, in, (size_t)len);
+    }
+    buf[len] = '\0';
+    if (MPI_Bcast(buf, (int)len, MPI_CHAR, 0, comm) != MPI_SUCCESS) {
+        ddl_free(buf);
+        return ddl_set_error(DDL_EMPI, "session: broadcast of a string failed");
+    }
+    *out = buf;
+    return DDL_OK;
+}
+
+static char *copy_string(const char *s)
+{
+    size_t n = strlen(s);
+    char  *c = ddl_malloc(n + 1);
+    if (c != NULL) {
+        memcpy(c, s, n + 1);
+    }
+    return c;
+}
+
+static int64_t steps_per_epoch(const ddl_session_t *s)
+{
+    return s->has_data ? s->n[DDL_SPLIT_TRAIN] / s->batch : 0;
+}
+
+// Fills rank 0's batch buffer with samples idx[0..count) of a split.
+static void fill_batch(ddl_session_t *s, const ddl_dataset *ds, const int64_t *idx, int64_t count)
+{
+    if (s->dt == DDL_F32) {
+        ddl_dataset_batch_f32(ds, idx, count, s->mean, s->std, s->xbuf, s->lbuf);
+    } else {
+        ddl_dataset_batch_f64(ds, idx, count, s->mean, s->std, s->xbuf, s->lbuf);
+    }
+}
+
+// ---- create / destroy ------------------------------------------------------------
+
+// Rank 0's checks of the arguments of create (no communication).
+static ddl_status check_create_args(int size, const char *spec_text, const char *source,
+                                    const ddl_session_options *opts)
+{
+    DDL_REQUIRE(spec_text != NULL, DDL_EINVAL, "session: rank 0 must pass the spec text");
+    if (opts != NULL) {
+        DDL_REQUIRE(opts->checkpoint_every >= 0, DDL_EINVAL,
+                    "session: checkpoint_every %lld must be >= 0",
+                    (long long)opts->checkpoint_every);
+        DDL_REQUIRE(opts->checkpoint_every == 0 || opts->checkpoint_dir != NULL, DDL_EINVAL,
+                    "session: checkpoint_every %lld needs a checkpoint_dir",
+                    (long long)opts->checkpoint_every);
+    }
+    ddl_spec_t *spec = NULL;
+    DDL_CHECK(ddl_spec_parse(spec_text, source != NULL ? source : "spec", size, &spec));
+    ddl_spec_destroy(&spec);
+    return DDL_OK;
+}
+
+// Everything after the communicator: spec, model, rank 0's buffers, the weight list.
+static ddl_status create_body(ddl_session_t *s, const char *spec_text, const char *source,
+                              const ddl_session_options *opts)
+{
+    ddl_status st = DDL_OK;
+    if (s->rank == 0) {
+        st = check_create_args(s->size, spec_text, source, opts);
+    }
+    DDL_CHECK(ddl_agree(s->comm, st));
+    char   *text = NULL, *src = NULL;
+    int64_t every = s->rank == 0 && opts != NULL ? opts->checkpoint_every : 0;
+    DDL_CHECK_MPI(MPI_Bcast(&every, 1, MPI_INT64_T, 0, s->comm));
+    s->ckpt_every = every;
+    st            = bcast_string(s->comm, s->rank, spec_text, &text);
+    if (st == DDL_OK) {
+        st = bcast_string(s->comm, s->rank, source != NULL ? source : "spec", &src);
+    }
+    ddl_spec_t *spec = NULL;
+    if (st == DDL_OK) {
+        // Rank 0 parsed it already; the others parse the same text the same way.
+        st = ddl_agree(s->comm, ddl_spec_parse(text, src, s->size, &spec));
+    }
+    ddl_free(text);
+    ddl_free(src);
+    if (st == DDL_OK) {
+        st = ddl_model_create(s->comm, spec, &s->model); // agreed inside
+    }
+    if (st == DDL_OK) {
+        s->batch     = ddl_spec_batch_size(spec);
+        ddl_shape in = ddl_spec_input_shape(spec);
+        s->sample_numel = ddl_shape_numel(&in);
+        s->dt           = ddl_spec_dtype(spec);
+        s->sample_bytes = (size_t)s->sample_numel * ddl_dtype_size(s->dt);
+        s->classes      = ddl_spec_num_classes(spec);
+        ddl_spec_normalize(spec, &s->mean, &s->std);
+    }
+    ddl_spec_destroy(&spec);
+    DDL_CHECK(st);
+    st = DDL_OK;
+    if (s->rank == 0) {
+        s->xbuf = ddl_malloc((size_t)s->batch * s->sample_bytes);
+        s->lbuf = ddl_malloc(sizeof(int64_t) * (size_t)s->batch);
+        s->idx  = ddl_malloc(sizeof(int64_t) * (size_t)s->batch);
+        if (s->xbuf == NULL || s->lbuf == NULL || s->idx == NULL) {
+            st = ddl_set_error(DDL_ENOMEM, "session: out of memory for the batch buffer");
+        }
+        if (st == DDL_OK && opts != NULL && opts->checkpoint_dir != NULL) {
+            s->ckpt_dir = copy_string(opts->checkpoint_dir);
+            if (s->ckpt_dir == NULL) {
+                st = ddl_set_error(DDL_ENOMEM, "session: out of memory");
+            }
+        }
+    }
+    if (st == DDL_OK) {
+        st = ddl__model_named_state(s->model, false, &s->w, &s->nw, &s->wnames);
+    }
+    return ddl_agree(s->comm, st);
+}
+
+ddl_status ddl_session_create(MPI_Comm comm, const char *spec_text, const char *source,
+                              const ddl_session_options *opts, ddl_session_t **out)
+{
+    DDL_REQUIRE(out != NULL, DDL_EINVAL, "session: out must not be NULL");
+    *out             = NULL;
+    ddl_session_t *s = ddl_calloc(1, sizeof *s);
+    DDL_CHECK(ddl_agree(comm, s != NULL ? DDL_OK
+                                        : ddl_set_error(DDL_ENOMEM, "session: out of memory")));
+    if (MPI_Comm_dup(comm, &s->comm) != MPI_SUCCESS) {
+        ddl_free(s);
+        return ddl_set_error(DDL_EMPI, "session: MPI_Comm_dup failed");
+    }
+    MPI_Comm_set_errhandler(s->comm, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(s->comm, &s->rank);
+    MPI_Comm_size(s->comm, &s->size);
+    s->durable_step = -1;
+    s->perm_epoch   = -1;
+    ddl_status st   = create_body(s, spec_text, source, opts);
+    if (st != DDL_OK) {
+        ddl_session_destroy(&s);
+        return st;
+    }
+    *out = s;
+    return DDL_OK;
+}
+
+void ddl_session_destroy(ddl_session_t **sp)
+{
+    if (sp == NULL || *sp == NULL) {
+        return;
+    }
+    ddl_session_t *s = *sp;
+    ddl_model_destroy(&s->model);
+    ddl_dataset_free(&s->data[0]);
+    ddl_dataset_free(&s->data[1]);
+    ddl_free(s->perm);
+    ddl_free(s->xbuf);
+    ddl_free(s->lbuf);
+    ddl_free(s->idx);
+    ddl_free(s->ckpt_dir);
+    ddl_free(s->w);
+    ddl_free(s->wnames);
+    MPI_Comm_free(&s->comm);
+    ddl_free(s);
+    *sp = NULL;
+}
+
+ddl_model_t *ddl_session_model(const ddl_session_t *s)
+{
+    return s->model;
+}
+
+// ---- data ----------------------------------------------------------------------
+
+// Checks one split against the model: the sample shape (the data's dims must be the
+// input shape's trailing dims, the leading ones being 1, e.g. 28 x 28 for [1, 28, 28])
+// and the labels, in [0, classes). Not collective.
+static ddl_status check_split(const ddl_session_t *s, const char *dir, const char *name,
+                              const ddl_dataset *ds)
+{
+    ddl_shape in = ddl_spec_input_shape(ddl_model_spec(s->model));
+    char      want[128];
+    ddl_shape_str(&in, want, sizeof want);
+    char got[128];
+    int  used = snprintf(got, sizeof got, "[");
+    for (int d = 0; d < ds->ndim && used < (int)sizeof got; d++) {
+        used += snprintf(got + used, sizeof got - (size_t)used, "%s%lld", d ? ", " : "",
+                         (long long)ds->dims[d]);
+    }
+    if (used < (int)sizeof got) {
+        snprintf(got + used, sizeof got - (size_t)used, "]");
+    }
+    bool fits = ds->sample_size == s->sample_numel && ds->ndim <= in.ndim;
+    for (int d = 0; fits && d < in.ndim; d++) {
+        int     k    = d - (in.ndim - ds->ndim); // the data's dim matching input dim d
+        int64_t have = k >= 0 ? ds->dims[k] : 1;
+        fits         = have == in.d[d];
+    }
+    DDL_REQUIRE(fits, DDL_EINVAL,
+                "data %s: the %s samples are %s, the model's input is %s (one sample)", dir,
+                name, got, want);
+    DDL_REQUIRE(ds->num_classes <= s->classes, DDL_EINVAL,
+                "data %s: the %s labels reach %d, the model has %d classes (labels must be in "
+                "[0, %d))",
+                dir, name, ds->num_classes - 1, s->classes, s->classes);
+    return DDL_OK;
+}
+
+// Rank 0: loads and checks both splits into fresh datasets and a fresh permutation.
+static ddl_status load_data(const ddl_session_t *s, const char *dir, ddl_dataset *tr,
+                            ddl_dataset *te, int64_t **perm)
+{
+    DDL_REQUIRE(dir != NULL, DDL_EINVAL, "open_data: rank 0 must pass a directory");
+    DDL_CHECK(ddl_dataset_load_mnist_dir(dir, 1, tr));
+    DDL_CHECK(ddl_dataset_load_mnist_dir(dir, 0, te));
+    DDL_CHECK(check_split(s, dir, "training", tr));
+    DDL_CHECK(check_split(s, dir, "test", te));
+    DDL_REQUIRE(tr->n >= s->batch, DDL_EINVAL,
+                "data %s: the training split has %lld samples, fewer than one batch (%lld)", dir,
+                (long long)tr->n, (long long)s->batch);
+    *perm = ddl_malloc(sizeof(int64_t) * (size_t)tr->n);
+    DDL_REQUIRE(*perm != NULL, DDL_ENOMEM, "open_data: out of memory for the shuffle");
+    return DDL_OK;
+}
+
+ddl_status ddl_session_open_data(ddl_session_t *s, const char *dir)
+{
+    ddl_dataset tr = {0}, te = {0};
+    int64_t    *perm = NULL;
+    ddl_status  st   = DDL_OK;
+    if (s->rank == 0) {
+        st = load_data(s, dir, &tr, &te, &perm);
+    }
+    st = ddl_agree(s->comm, st);
+    if (st != DDL_OK) {
+        ddl_dataset_free(&tr);
+        ddl_dataset_free(&te);
+        ddl_free(perm);
+        return st;
+    }
+    // Only now replace the old data (the call has succeeded everywhere).
+    int64_t n[2] = {tr.n, te.n};
+    if (s->rank == 0) {
+        ddl_dataset_free(&s->data[0]);
+        ddl_dataset_free(&s->data[1]);
+        ddl_free(s->perm);
+        s->data[DDL_SPLIT_TRAIN] = tr;
+        s->data[DDL_SPLIT_TEST]  = te;
+        s->perm                  = perm;
+    }
+    s->perm_epoch = -1;
+    st            = MPI_Bcast(n, 2, MPI_INT64_T, 0, s->comm) == MPI_SUCCESS
+                        ? DDL_OK
+                        : ddl_set_error(DDL_EMPI, "open_data: broadcast failed");
+    s->n[0]       = n[0];
+    s->n[1]       = n[1];
+    s->has_data   = st == DDL_OK;
+    return ddl_agree(s->comm, st);
+}
+
+bool ddl_session_has_data(const ddl_session_t *s)
+{
+    return s->has_data;
+}
+
+ddl_cursor ddl_session_cursor(const ddl_session_t *s)
+{
+    return s->cur;
+}
+
+int64_t ddl_session_steps_per_epoch(const ddl_session_t *s)
+{
+    return steps_per_epoch(s);
+}
+
+int64_t ddl_session_durable_step(const ddl_session_t *s)
+{
+    return s->durable_step;
+}
+
+// ---- checkpoints ---------------------------------------------------------------
+
+static void cursor_json(const ddl_session_t *s, char *buf, size_t len)
+{
+    snprintf(buf, len,
+             "{\"epoch\": %lld, \"batch\": %lld, \"rng\": {\"seed\": %llu, \"shuffle_stream\": "
+             "%lld, \"dropout_stream\": %lld}}",
+             (long long)s->cur.epoch, (long long)s->cur.batch,
+             (unsigned long long)ddl_spec_seed(ddl_model_spec(s->model)), (long long)s->cur.epoch,
+             (long long)ddl_model_step(s->model));
+}
+
+// Saves into `dir` (every rank's copy). Collective; agreed.
+static ddl_status save_to(ddl_session_t *s, const char *dir)
+{
+    char user[512];
+    cursor_json(s, user, sizeof user);
+    DDL_CHECK(ddl_model_save(s->model, dir, user)); // agreed inside
+    s->durable_step = ddl_model_step(s->model);
+    return DDL_OK;
+}
+
+// rank 0's dir, or the session's checkpoint_dir, to every rank.
+static ddl_status resolve_save_dir(ddl_session_t *s, const char *dir, char **out)
+{
+    ddl_status  st   = DDL_OK;
+    const char *pick = s->rank == 0 ? (dir != NULL ? dir : s->ckpt_dir) : NULL;
+    if (s->rank == 0 && pick == NULL) {
+        st = ddl_set_error(DDL_EINVAL,
+                           "save: no directory given and the session has no checkpoint_dir");
+    }
+    DDL_CHECK(ddl_agree(s->comm, st));
+    return bcast_string(s->comm, s->rank, pick, out);
+}
+
+ddl_status ddl_session_save(ddl_session_t *s, const char *dir, int64_t *step)
+{
+    char      *d  = NULL;
+    ddl_status st = resolve_save_dir(s, dir, &d);
+    if (st == DDL_OK) {
+        st = save_to(s, d);
+    }
+    ddl_free(d);
+    st = ddl_agree(s->comm, st);
+    if (st == DDL_OK && step != NULL) {
+        *step = s->durable_step;
+    }
+    return st;
+}
+
+// Reads the data cursor of a checkpoint's caller state. An empty object (a checkpoint
+// of the model alone) means the start (0, 0). Otherwise epoch and batch must both be
+// integers in range and, when the cursor names a seed, it must be the spec's.
+static ddl_status parse_cursor(const ddl_session_t *s, const char *user, ddl_cursor *out)
+{
+    json_error_t err;
+    json_t      *u = json_loads(user != NULL ? user : "{}", 0, &err);
+    DDL_REQUIRE(u != NULL, DDL_ECORRUPT, "restore: the checkpoint's caller state is not JSON: %s",
+                err.text);
+    ddl_status st = DDL_OK;
+    json_t    *e = json_object_get(u, "epoch"), *b = json_object_get(u, "batch");
+    json_t    *rng  = json_object_get(u, "rng");
+    json_t    *seed = json_is_object(rng) ? json_object_get(rng, "seed") : NULL;
+    int64_t    spe  = steps_per_epoch(s);
+    if (!json_is_object(u)) {
+        st = ddl_set_error(DDL_ECORRUPT, "restore: the checkpoint's caller state is not an object");
+    } else if (e == NULL && b == NULL && rng == NULL) {
+        *out = (ddl_cursor){0, 0};
+    } else if (!json_is_integer(e) || !json_is_integer(b)) {
+        st = ddl_set_error(DDL_ECORRUPT,
+                           "restore: the data cursor needs integer \"epoch\" and \"batch\"");
+    } else if (json_integer_value(e) < 0 || json_integer_value(e) > CURSOR_EPOCH_MAX) {
+        st = ddl_set_error(DDL_ECORRUPT, "restore: cursor epoch %lld outside [0, %lld]",
+                           (long long)json_integer_value(e), (long long)CURSOR_EPOCH_MAX);
+    } else if (json_integer_value(b) < 0 || (spe > 0 && json_integer_value(b) >= spe)) {
+        st = ddl_set_error(DDL_ECORRUPT,
+                           "restore: cursor batch %lld outside [0, %lld) (batches per epoch)",
+                           (long long)json_integer_value(b), (long long)(spe > 0 ? spe : INT64_MAX));
+    } else if (rng != NULL && (!json_is_object(rng) || (seed != NULL && !json_is_integer(seed)))) {
+        st = ddl_set_error(DDL_ECORRUPT, "restore: the cursor's \"rng\" must be an object with an "
+                                         "integer \"seed\"");
+    } else if (seed != NULL && (uint64_t)json_integer_value(seed) !=
+                                   ddl_spec_seed(ddl_model_spec(s->model))) {
+        st = ddl_set_error(DDL_EINVAL,
+                           "restore: the checkpoint was trained with seed %lld but the spec has "
+                           "seed %llu; resuming would not continue the same run",
+                           (long long)json_integer_value(seed),
+                           (unsigned long long)ddl_spec_seed(ddl_model_spec(s->model)));
+    } else {
+        *out = (ddl_cursor){json_integer_value(e), json_integer_value(b)};
+    }
+    json_decref(u);
+    return st;
+}
+
+// A copy of the model's whole state (weights, buffers, optimizer), to undo a restore
+// whose cursor turns out to be unusable. Local.
+typedef struct snapshot {
+    ddl_named_tensor *nt;
+    void             *names;
+    int               n;
+    ddl_tensor_t    **copy;
+    int64_t           step;
+} snapshot;
+
+static void snapshot_free(snapshot *sn)
+{
+    for (int i = 0; sn->copy != NULL && i < sn->n; i++) {
+        ddl_tensor_destroy(&sn->copy[i]);
+    }
+    ddl_free(sn->copy);
+    ddl_free(sn->nt);
+    ddl_free(sn->names);
+    memset(sn, 0, sizeof *sn);
+}
+
+static ddl_status snapshot_take(ddl_model_t *m, snapshot *sn)
+{
+    memset(sn, 0, sizeof *sn);
+    DDL_CHECK(ddl__model_named_state(m, true, &sn->nt, &sn->n, &sn->names));
+    sn->step = ddl_model_step(m);
+    sn->copy = ddl_calloc((size_t)(sn->n > 0 ? sn->n : 1), sizeof *sn->copy);
+    DDL_REQUIRE(sn->copy != NULL, DDL_ENOMEM, "restore: out of memory for the undo copy");
+    for (int i = 0; i < sn->n; i++) {
+        const ddl_tensor_t *t = sn->nt[i].local;
+        DDL_CHECK(ddl_tensor_create(t->dtype, &t->shape, &sn->copy[i]));
+        DDL_CHECK(ddl_tensor_copy(t, sn->copy[i]));
+    }
+    return DDL_OK;
+}
+
+static void snapshot_put_back(ddl_model_t *m, const snapshot *sn)
+{
+    for (int i = 0; i < sn->n; i++) {
+        ddl_tensor_copy(sn->copy[i], sn->nt[i].local);
+    }
+    ddl_optimizer_set_steps(ddl_model_optimizer(m), sn->step);
+}
+
+ddl_status ddl_session_restore(ddl_session_t *s, const char *path, int64_t step)
+{
+    ddl_status st  = DDL_OK;
+    char       buf[4096];
+    const char *pick = NULL;
+    if (s->rank == 0) {
+        if (path == NULL) {
+            st = ddl_set_error(DDL_EINVAL, "restore: rank 0 must pass a path");
+        } else if (step >= 0) {
+            int len = snprintf(buf, sizeof buf, "%s/step-%09lld", path, (long long)step);
+            st      = len > 0 && (size_t)len < sizeof buf
+                          ? DDL_OK
+                          : ddl_set_error(DDL_EINVAL, "restore: path too long");
+            pick    = buf;
+        } else {
+            pick = path;
+        }
+    }
+    DDL_CHECK(ddl_agree(s->comm, st));
+    char *p = NULL;
+    DDL_CHECK(bcast_string(s->comm, s->rank, pick, &p));
+    snapshot sn;
+    st         = ddl_agree(s->comm, snapshot_take(s->model, &sn));
+    char *user = NULL;
+    if (st == DDL_OK) {
+        st = ddl_model_load(s->model, p, &user); // agreed inside
+        if (st == DDL_OK) {
+            ddl_cursor c = {0, 0};
+            // Every rank holds the same caller state and reaches the same verdict; the
+            // agreement only guards against the impossible.
+            st = ddl_agree(s->comm, parse_cursor(s, user, &c));
+            if (st == DDL_OK) {
+                s->cur          = c;
+                s->durable_step = ddl_model_step(s->model);
+            } else {
+                snapshot_put_back(s->model, &sn);
+            }
+        }
+    }
+    ddl_free(user);
+    ddl_free(p);
+    snapshot_free(&sn);
+    return ddl_agree(s->comm, st);
+}
+
+// ---- training ------------------------------------------------------------------
+
+// The plan of a train call, decided on rank 0 and broadcast.
+typedef struct train_plan {
+    int64_t status;
+    int64_t total;
+} train_plan;
+
+static ddl_status plan_train(const ddl_session_t *s, const ddl_train_request *req, int64_t *total)
+{
+    DDL_REQUIRE(req != NULL, DDL_EINVAL, "train: rank 0 must pass a request");
+    DDL_REQUIRE(s->has_data, DDL_EBUSY, "train: no data (open a dataset first)");
+    DDL_REQUIRE((req->steps > 0) != (req->epochs > 0) && req->steps >= 0 && req->epochs >= 0,
+                DDL_EINVAL, "train: give exactly one of steps (%lld) and epochs (%lld), > 0",
+                (long long)req->steps, (long long)req->epochs);
+    int64_t spe = steps_per_epoch(s);
+    DDL_REQUIRE(s->cur.batch >= 0 && s->cur.batch < spe, DDL_EINVAL,
+                "train: the cursor's batch %lld is outside this data's [0, %lld) batches per "
+                "epoch",
+                (long long)s->cur.batch, (long long)spe);
+    if (req->steps > 0) {
+        *total = req->steps;
+    } else {
+        DDL_REQUIRE(req->epochs <= CURSOR_EPOCH_MAX - s->cur.epoch, DDL_EINVAL,
+                    "train: %lld epochs is too many", (long long)req->epochs);
+        *total = req->epochs * spe - s->cur.batch;
+    }
+    return DDL_OK;
+}
+
+ddl_status ddl_session_train(ddl_session_t *s, const ddl_train_request *req, ddl_progress_cb cb,
+                             void *user_data, ddl_train_result *out)
+{
+    ddl_train_result res  = {.durable_step = s->durable_step};
+    int64_t          plan = 0;
+    ddl_status       st   = s->rank == 0 ? plan_train(s, req, &plan) : DDL_OK;
+    DDL_CHECK(ddl_agree(s->comm, st));
+    DDL_CHECK_MPI(MPI_Bcast(&plan, 1, MPI_INT64_T, 0, s->comm));
+    const int64_t      spe  = steps_per_epoch(s);
+    const int64_t      B    = s->batch;
+    const ddl_dataset *tr   = &s->data[DDL_SPLIT_TRAIN];
+    const bool         shuf = ddl_spec_shuffle(ddl_model_spec(s->model));
+    double  t0 = now(), te = t0, lsum = 0, esum = 0;
+    int64_t hits = 0, esteps = 0;
+    for (int64_t done = 0; done < plan && st == DDL_OK;) {
+        if (s->rank == 0) {
+            if (s->perm_epoch != s->cur.epoch) {
+                if (shuf) {
+                    ddl_dataset_shuffle(tr->n, ddl_spec_seed(ddl_model_spec(s->model)),
+                                        (uint64_t)s->cur.epoch, s->perm);
+                } else {
+                    for (int64_t i = 0; i < tr->n; i++) {
+                        s->perm[i] = i;
+                    }
+                }
+                s->perm_epoch = s->cur.epoch;
+            }
+            fill_batch(s, tr, s->perm + s->cur.batch * B, B);
+        }
+        double  loss = 0;
+        int64_t c    = 0;
+        st = ddl_model_train_step(s->model, s->xbuf, s->rank == 0 ? (size_t)B * s->sample_bytes : 0,
+                                  s->lbuf, B, &loss, &c);
+        if (st != DDL_OK) {
+            break;
+        }
+        done++;
+        ddl_progress p = {.step            = ddl_model_step(s->model),
+                          .epoch           = s->cur.epoch + 1,
+                          .batch           = s->cur.batch + 1,
+                          .steps_per_epoch = spe,
+                          .done            = done,
+                          .total           = plan,
+                          .loss            = loss,
+                          .accuracy        = (double)c / (double)B};
+        s->cur.batch++;
+        if (s->cur.batch == spe) {
+            s->cur.batch = 0;
+            s->cur.epoch++;
+            p.epoch_end = true;
+        }
+        lsum += loss;
+        hits += c;
+        esum += loss;
+        esteps++;
+        res.steps_done = done;
+        p.mean_loss    = esum / (double)esteps;
+        p.images_per_s = (double)(esteps * B) / (now() - te);
+        if (s->ckpt_every > 0 && p.step % s->ckpt_every == 0) {
+            char *d = NULL;
+            st      = bcast_string(s->comm, s->rank, s->ckpt_dir, &d);
+            if (st == DDL_OK) {
+                st = save_to(s, d);
+            }
+            ddl_free(d);
+            if (st != DDL_OK) {
+                break;
+            }
+            p.durable        = true;
+            res.durable_step = s->durable_step;
+        }
+        int stop = 0;
+        if (s->rank == 0 && cb != NULL) {
+            stop = cb(&p, user_data) ? 1 : 0;
+        }
+        // The callback's decision reaches every rank at this step boundary.
+        if (MPI_Bcast(&stop, 1, MPI_INT, 0, s->comm) != MPI_SUCCESS) {
+            st = ddl_set_error(DDL_EMPI, "train: broadcast of the stop flag failed");
+            break;
+        }
+        if (p.epoch_end) {
+            esum   = 0;
+            esteps = 0;
+            te     = now();
+        }
+        if (stop && done < plan) {
+            res.cancelled = true;
+            break;
+        }
+    }
+    double dt        = now() - t0;
+    res.step         = ddl_model_step(s->model);
+    res.mean_loss    = res.steps_done > 0 ? lsum / (double)res.steps_done : 0;
+    res.accuracy     = res.steps_done > 0 ? (double)hits / (double)(res.steps_done * B) : 0;
+    res.images_per_s = dt > 0 ? (double)(res.steps_done * B) / dt : 0;
+    st               = ddl_agree(s->comm, st);
+    if (out != NULL) {
+        *out = res; // also on failure: the steps completed are kept
+    }
+    return st;
+}
+
+ddl_status ddl_session_step(ddl_session_t *s, const void *x, size_t x_bytes,
+                            const int64_t *labels, int64_t count, ddl_step_result *out)
+{
+    ddl_status st = DDL_OK;
+    if (s->rank == 0 && (count != s->batch || x_bytes != (size_t)count * s->sample_bytes)) {
+        st = ddl_set_error(DDL_EINVAL,
+                           "step: expected %lld samples in %zu bytes (the batch size), got %lld "
+                           "samples in %zu bytes",
+                           (long long)s->batch, (size_t)s->batch * s->sample_bytes,
+                           (long long)count, x_bytes);
+    }
+    DDL_CHECK(ddl_agree(s->comm, st));
+    double  loss = 0;
+    int64_t c    = 0;
+    st           = ddl_model_train_step(s->model, x, x_bytes, labels, s->batch, &loss, &c);
+    bool durable = false;
+    if (st == DDL_OK && s->ckpt_every > 0 && ddl_model_step(s->model) % s->ckpt_every == 0) {
+        char *d = NULL;
+        st      = bcast_string(s->comm, s->rank, s->ckpt_dir, &d);
+        if (st == DDL_OK) {
+            st = save_to(s, d);
+        }
+        ddl_free(d);
+        durable = st == DDL_OK;
+    }
+    st = ddl_agree(s->comm, st);
+    if (out != NULL) {
+        *out = (ddl_step_result){ddl_model_step(s->model), loss, (double)c / (double)s->batch,
+                                 durable};
+    }
+    return st;
+}
+
+// ---- evaluation and prediction ---------------------------------------------------
+
+ddl_status ddl_session_evaluate(ddl_session_t *s, ddl_split split, ddl_eval_result *out)
+{
+    ddl_status st = DDL_OK;
+    if (s->rank == 0) {
+        if (split != DDL_SPLIT_TRAIN && split != DDL_SPLIT_TEST) {
+            st = ddl_set_error(DDL_EINVAL, "evaluate: unknown split %d", (int)split);
+        } else if (!s->has_data) {
+            st = ddl_set_error(DDL_EBUSY, "evaluate: no data (open a dataset first)");
+        }
+    }
+    DDL_CHECK(ddl_agree(s->comm, st));
+    int sp = (int)split;
+    DDL_CHECK_MPI(MPI_Bcast(&sp, 1, MPI_INT, 0, s->comm));
+    const ddl_dataset *ds    = &s->data[sp];
+    int64_t            total = s->n[sp], hits = 0, seen = 0;
+    double             lsum  = 0;
+    for (int64_t start = 0; start < total && st == DDL_OK; start += s->batch) {
+        int64_t count = total - start < s->batch ? total - start : s->batch;
+        if (s->rank == 0) {
+            for (int64_t i = 0; i < count; i++) {
+                s->idx[i] = start + i;
+            }
+            fill_batch(s, ds, s->idx, count);
+        }
+        double  l = 0;
+        int64_t c = 0;
+        st        = ddl_model_eval(s->model, s->xbuf,
+                                   s->rank == 0 ? (size_t)count * s->sample_bytes : 0, s->lbuf,
+                                   count, &l, &c);
+        lsum += l;
+        hits += c;
+        seen += count;
+    }
+    st = ddl_agree(s->comm, st);
+    if (st == DDL_OK && out != NULL) {
+        *out = (ddl_eval_result){seen, seen > 0 ? lsum / (double)seen : 0,
+                                 seen > 0 ? (double)hits / (double)seen : 0};
+    }
+    return st;
+}
+
+// Rank 0's check of inline samples: count >= 1 samples of exactly x_bytes.
+static ddl_status check_inline(const ddl_session_t *s, const char *what, const void *x,
+                               size_t x_bytes, int64_t count)
+{
+    DDL_REQUIRE(count >= 1, DDL_EINVAL, "%s: count %lld must be >= 1", what, (long long)count);
+    DDL_REQUIRE(x != NULL, DDL_EINVAL, "%s: rank 0 must pass the samples", what);
+    DDL_REQUIRE((uint64_t)count <= SIZE_MAX / s->sample_bytes &&
+                    x_bytes == (size_t)count * s->sample_bytes,
+                DDL_EINVAL, "%s: %lld samples of %zu bytes (%s) need %llu bytes, got %zu", what,
+                (long long)count, s->sample_bytes, ddl_dtype_name(s->dt),
+                (unsigned long long)count * (unsigned long long)s->sample_bytes, x_bytes);
+    return DDL_OK;
+}
+
+ddl_status ddl_session_evaluate_batch(ddl_session_t *s, const void *x, size_t x_bytes,
+                                      const int64_t *labels, int64_t count, ddl_eval_result *out)
+{
+    ddl_status st = DDL_OK;
+    if (s->rank == 0) {
+        st = check_inline(s, "evaluate", x, x_bytes, count);
+        if (st == DDL_OK && labels == NULL) {
+            st = ddl_set_error(DDL_EINVAL, "evaluate: rank 0 must pass the labels");
+        }
+        for (int64_t i = 0; st == DDL_OK && i < count; i++) {
+            if (labels[i] < 0 || labels[i] >= s->classes) {
+                st = ddl_set_error(DDL_EINVAL, "evaluate: label %lld of sample %lld is outside "
+                                               "[0, %d)",
+                                   (long long)labels[i], (long long)i, s->classes);
+            }
+        }
+    }
+    DDL_CHECK(ddl_agree(s->comm, st));
+    int64_t total = count;
+    DDL_CHECK_MPI(MPI_Bcast(&total, 1, MPI_INT64_T, 0, s->comm));
+    int64_t hits = 0;
+    double  lsum = 0;
+    for (int64_t start = 0; start < total && st == DDL_OK; start += s->batch) {
+        int64_t n   = total - start < s->batch ? total - start : s->batch;
+        const char *xp = s->rank == 0 ? (const char *)x + (size_t)start * s->sample_bytes : NULL;
+        double  l = 0;
+        int64_t c = 0;
+        st = ddl_model_eval(s->model, xp, s->rank == 0 ? (size_t)n * s->sample_bytes : 0,
+                            s->rank == 0 ? labels + start : NULL, n, &l, &c);
+        lsum += l;
+        hits += c;
+    }
+    st = ddl_agree(s->comm, st);
+    if (st == DDL_OK && out != NULL) {
+        *out = (ddl_eval_result){total, lsum / (double)total, (double)hits / (double)total};
+    }
+    return st;
+}
+
+ddl_status ddl_session_predict(ddl_session_t *s, const void *x, size_t x_bytes, int64_t count,
+                               void *logits, size_t logits_bytes)
+{
+    ddl_status st  = DDL_OK;
+    size_t     row = (size_t)s->classes * ddl_dtype_size(s->dt);
+    if (s->rank == 0) {
+        st = check_inline(s, "predict", x, x_bytes, count);
+        if (st == DDL_OK && (logits == NULL || (uint64_t)count > SIZE_MAX / row ||
+                             logits_bytes < (size_t)count * row)) {
+            st = ddl_set_error(DDL_EINVAL, "predict: %lld rows of %d logits need %llu bytes, got "
+                                           "%zu%s",
+                               (long long)count, s->classes,
+                               (unsigned long long)count * (unsigned long long)row,
+                               logits == NULL ? 0 : logits_bytes, logits == NULL ? " (NULL)" : "");
+        }
+    }
+    DDL_CHECK(ddl_agree(s->comm, st));
+    int64_t total = count;
+    DDL_CHECK_MPI(MPI_Bcast(&total, 1, MPI_INT64_T, 0, s->comm));
+    for (int64_t start = 0; start < total && st == DDL_OK; start += s->batch) {
+        int64_t n = total - start < s->batch ? total - start : s->batch;
+        if (s->rank == 0) {
+            st = ddl_model_predict(s->model, (const char *)x + (size_t)start * s->sample_bytes,
+                                   (size_t)n * s->sample_bytes, n,
+                                   (char *)logits + (size_t)start * row, (size_t)n * row);
+        } else {
+            st = ddl_model_predict(s->model, NULL, 0, n, NULL, 0);
+        }
+    }
+    return ddl_agree(s->comm, st);
+}
+
+// ---- weights -------------------------------------------------------------------
+
+int ddl_session_nweights(const ddl_session_t *s)
+{
+    return s->nw;
+}
+
+const char *ddl_session_weight_name(const ddl_session_t *s, int i)
+{
+    return i >= 0 && i < s->nw ? s->w[i].name : NULL;
+}
+
+const ddl_shape *ddl_session_weight_shape(const ddl_session_t *s, int i)
+{
+    return i >= 0 && i < s->nw ? &s->w[i].global : NULL;
+}
+
+ddl_dtype ddl_session_weight_dtype(const ddl_session_t *s, int i)
+{
+    (void)i;
+    return s->dt;
+}
+
+ddl_status ddl_session_gather_weight(ddl_session_t *s, int i, void *buf)
+{
+    ddl_status st = DDL_OK;
+    if (s->rank == 0 && (i < 0 || i >= s->nw || buf == NULL)) {
+        st = ddl_set_error(DDL_EINVAL, "gather_weight: index %d outside [0, %d) or no buffer", i,
+                           s->nw);
+    }
+    DDL_CHECK(ddl_agree(s->comm, st));
+    DDL_CHECK_MPI(MPI_Bcast(&i, 1, MPI_INT, 0, s->comm));
+    const ddl_named_tensor *w = &s->w[i];
+    ddl_tensor_t           *g = NULL;
+    if (s->rank == 0) {
+        st = ddl_tensor_view(s->dt, &w->global, buf, &g);
+    }
+    st = ddl_agree(s->comm, st);
+    if (st == DDL_OK) {
+        st = ddl_gather_boxes(ddl_model_comm(s->model), 0, w->local, &w->box, &w->global, g);
+    }
+    ddl_tensor_destroy(&g);
+    return ddl_agree(s->comm, st);
+}
+
+ddl_status ddl_session_scatter_weights(ddl_session_t *s, const void *const *bufs)
+{
+    ddl_status st = DDL_OK;
+    if (s->rank == 0 && bufs == NULL) {
+        st = ddl_set_error(DDL_EINVAL, "scatter_weights: rank 0 must pass the buffers");
+    }
+    for (int i = 0; s->rank == 0 && st == DDL_OK && i < s->nw; i++) {
+        if (bufs[i] == NULL) {
+            st = ddl_set_error(DDL_EINVAL, "scatter_weights: no buffer for '%s'", s->w[i].name);
+        }
+    }
+    DDL_CHECK(ddl_agree(s->comm, st));
+    // Stage every weight first, so a failure part way changes nothing.
+    ddl_tensor_t **stage = ddl_calloc((size_t)(s->nw > 0 ? s->nw : 1), sizeof *stage);
+    st = stage != NULL ? DDL_OK : ddl_set_error(DDL_ENOMEM, "scatter_weights: out of memory");
+    for (int i = 0; st == DDL_OK && i < s->nw; i++) {
+        st = ddl_tensor_create(s->dt, &s->w[i].local->shape, &stage[i]);
+    }
+    st = ddl_agree(s->comm, st);
+    for (int i = 0; st == DDL_OK && i < s->nw; i++) {
+        const ddl_named_tensor *w = &s->w[i];
+        ddl_tensor_t           *g = NULL;
+        ddl_status              v = DDL_OK;
+        if (s->rank == 0) {
+            v = ddl_tensor_view(s->dt, &w->global, (void *)bufs[i], &g);
+        }
+        st = ddl_agree(s->comm, v);
+        if (st == DDL_OK) {
+            st = ddl_agree(s->comm, ddl_scatter_boxes(ddl_model_comm(s->model), 0, g, &w->box,
+                                                      &w->global, stage[i]));
+        }
+        ddl_tensor_destroy(&g);
+    }
+    if (st == DDL_OK) {
+        for (int i = 0; i < s->nw; i++) {
+            ddl_tensor_copy(stage[i], s->w[i].local);
+        }
+    }
+    for (int i = 0; stage != NULL && i < s->nw; i++) {
+        ddl_tensor_destroy(&stage[i]);
+    }
+    ddl_free(stage);
+    return ddl_agree(s->comm, st);
+}

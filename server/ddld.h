@@ -31,7 +31,7 @@
 
 #define DDLD_LOG_PREFIX "distdld"
 #define DDLD_CHUNK_BYTES ((size_t)1 << 20) // PullWeights payload per message
-#define DDLD_MAX_WEIGHTS 4096
+#define DDLD_MAX_ELEMENTS ((int64_t)1 << 34) // elements in any request tensor
 
 // ---- configuration (command line) -----------------------------------------------------
 

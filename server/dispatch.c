@@ -257,7 +257,7 @@ grpc_status_code ddld_input_check(const ddld_model_info *mi, const char *what,
         return GRPC_STATUS_INVALID_ARGUMENT;
     }
     // numel = n * sample, checked against the element cap before multiplying bytes.
-    if (shape[0] > DDL_MAX_TENSOR_ELEMENTS / (mi->sample_numel > 0 ? mi->sample_numel : 1)) {
+    if (shape[0] > DDLD_MAX_ELEMENTS / (mi->sample_numel > 0 ? mi->sample_numel : 1)) {
         snprintf(err, errlen, "%s: %lld samples exceed the tensor size limit", what,
                  (long long)shape[0]);
         return GRPC_STATUS_INVALID_ARGUMENT;
@@ -1284,6 +1284,9 @@ void ddld_dispatch_final_checkpoint(ddld_dispatch *d)
 {
     if (d->s == NULL || d->cfg->checkpoint_dir == NULL) {
         return;
+    }
+    if (ddl_session_durable_step(d->s) == ddl_model_step(ddl_session_model(d->s))) {
+        return; // this step is durable already (Shutdown with checkpoint, or no steps since)
     }
     int64_t    step;
     ddl_status st = save(d, d->cfg->checkpoint_dir, &step);

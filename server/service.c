@@ -775,6 +775,7 @@ static bool push_begin(ddld_call *c)
         cp->weights[i] = mi->weights[i];
         cp->weights[i].name = strdup(mi->weights[i].name);
     }
+    c->push_gen = ddld_g.model_gen;
     pthread_mutex_unlock(&ddld_g.mu);
     c->push_mi = cp;
     c->push_got = calloc((size_t)cp->nweights + 1, sizeof *c->push_got);
@@ -899,6 +900,7 @@ static void push_end(ddld_call *c)
     job->call = c;
     job->staging = c->staging;
     job->staging_owned = c->staging_owned;
+    job->model_gen = c->push_gen;
     c->staging = NULL;
     grpc_status_code code = enqueue(c->svc, job, false);
     if (code != GRPC_STATUS_OK) {

@@ -31,7 +31,7 @@
 
 #define DDLD_LOG_PREFIX "distdld"
 #define DDLD_CHUNK_BYTES ((size_t)1 << 20) // PullWeights payload per message
-#define DDLD_MAX_WEIGHTS 4096
+#define DDLD_MAX_ELEMENTS ((int64_t)1 << 34) // elements in any request tensor
 
 // ---- configuration (command line) -----------------------------------------------------
 
@@ -117,6 +117,7 @@ typedef struct ddld_shared {
     pthread_mutex_t mu;
     int             world_size;
     ddld_model_info info;       // replaced wholesale by the main thread
+    uint64_t        model_gen;  // bumps each time info is replaced
     int64_t         step, durable_step, epoch, batch;
     double          last_loss;
     const char     *state;      // "idle", "training", "shutting_down"
@@ -160,6 +161,7 @@ typedef struct ddld_job {
     // PushWeights: the assembled staging buffer (packed layout of ddld_model_info).
     uint8_t         *staging;
     bool             staging_owned;
+    uint64_t         model_gen; // the model the staging layout belongs to
 } ddld_job;
 
 enum { DDLD_JOB_CHECKPOINT = 1, DDLD_JOB_SHUTDOWN = 2 };

@@ -68,10 +68,14 @@ struct ddld_dispatch {
     size_t xcap;
     int64_t *lbuf;            // realigned labels
     size_t   lcap;
-    uint8_t *pull;            // PullWeights snapshot, reused while not streaming
-    size_t   pull_cap;
-    atomic_bool pull_busy;
-    uint64_t generation;      // bumps on every model change
+    // PullWeights snapshot: gathered once per weights version and shared read-only by every
+    // stream that serves that version; rewritten only when no stream reads it.
+    uint8_t   *pull;
+    size_t     pull_cap;
+    atomic_int pull_readers;
+    uint64_t   pull_version;     // weights_version the snapshot holds (0: none)
+    uint64_t   weights_version;  // bumps with every command that may change weights
+    bool     verbose;         // DDLD_VERBOSE=1: timings of the weight paths
 };
 
 // ---- model info (rank 0) ------------------------------------------------------------------
@@ -180,8 +184,8 @@ static void publish_model(ddld_dispatch *d, const char *name)
     }
     ddld_model_info_free(&ddld_g.info);
     ddld_g.info = mi;
+    ddld_g.model_gen++;
     pthread_mutex_unlock(&ddld_g.mu);
-    d->generation++;
 }
 
 // Mirrors the session's counters into the snapshot. Rank 0.
@@ -257,7 +261,7 @@ grpc_status_code ddld_input_check(const ddld_model_info *mi, const char *what,
         return GRPC_STATUS_INVALID_ARGUMENT;
     }
     // numel = n * sample, checked against the element cap before multiplying bytes.
-    if (shape[0] > DDL_MAX_TENSOR_ELEMENTS / (mi->sample_numel > 0 ? mi->sample_numel : 1)) {
+    if (shape[0] > DDLD_MAX_ELEMENTS / (mi->sample_numel > 0 ? mi->sample_numel : 1)) {
         snprintf(err, errlen, "%s: %lld samples exceed the tensor size limit", what,
                  (long long)shape[0]);
         return GRPC_STATUS_INVALID_ARGUMENT;
@@ -434,6 +438,10 @@ static ddl_status run(ddld_dispatch *d, int op, int flags, int64_t a0, int64_t a
     MPI_Request req;
     MPI_Ibcast(&cmd, (int)sizeof cmd, MPI_BYTE, 0, d->ctrl, &req);
     MPI_Wait(&req, MPI_STATUS_IGNORE);
+    if (op == DDLD_OP_CREATE || op == DDLD_OP_STEP || op == DDLD_OP_TRAIN || op == DDLD_OP_PUSH ||
+        op == DDLD_OP_RESTORE) {
+        d->weights_version++;
+    }
     return execute(d, &cmd, p);
 }
 
@@ -485,7 +493,8 @@ ddld_dispatch *ddld_dispatch_create(const ddld_config *cfg, MPI_Comm world)
     MPI_Comm_size(world, &d->size);
     d->opts.checkpoint_dir = cfg->checkpoint_dir;
     d->opts.checkpoint_every = cfg->checkpoint_every;
-    atomic_init(&d->pull_busy, false);
+    atomic_init(&d->pull_readers, 0);
+    d->verbose = getenv("DDLD_VERBOSE") != NULL && getenv("DDLD_VERBOSE")[0] == '1';
     if (d->rank == 0) {
         if (realpath(cfg->data_root, d->root_real) == NULL) {
             snprintf(d->root_real, sizeof d->root_real, "%s", cfg->data_root);
@@ -517,7 +526,7 @@ void ddld_dispatch_destroy(ddld_dispatch **pd)
     }
     free(d->xbuf);
     free(d->lbuf);
-    if (!atomic_load(&d->pull_busy)) {
+    if (atomic_load(&d->pull_readers) == 0) {
         free(d->pull);
     }
     free(d);
@@ -708,7 +717,7 @@ static void on_create(ddld_dispatch *d, ddld_job *job)
     const Distdl__V1__CreateModelRequest *q = (const void *)job->msg;
     char             err[1024];
     grpc_status_code code = GRPC_STATUS_OK;
-    if (create_model(d, q->spec_json, "CreateModel", q->replace, q->name, err, sizeof err,
+    if (create_model(d, q->spec_json, "spec_json", q->replace, q->name, err, sizeof err,
                      &code) != DDL_OK) {
         fail(job, code, "%s", err);
         return;
@@ -1108,7 +1117,7 @@ static void on_model_infer(ddld_dispatch *d, ddld_job *job)
 static void pull_release(void *ud)
 {
     ddld_dispatch *d = ud;
-    atomic_store(&d->pull_busy, false);
+    atomic_fetch_sub(&d->pull_readers, 1);
 }
 
 static void pull_release_owned(void *ud)
@@ -1122,18 +1131,22 @@ static void on_pull(ddld_dispatch *d, ddld_job *job)
         return;
     }
     const ddld_model_info *mi = &ddld_g.info;
-    // Reuse the snapshot buffer unless a previous stream still reads it.
-    bool     shared = !atomic_exchange(&d->pull_busy, true);
+    // Weights unchanged since the last snapshot: stream it again, no collective at all.
+    if (d->pull != NULL && d->pull_version == d->weights_version) {
+        atomic_fetch_add(&d->pull_readers, 1);
+        ddld_call_stream_weights(job->call, mi, d->pull, pull_release, d);
+        return;
+    }
+    // Otherwise gather into the snapshot when no stream reads it, else into a private copy.
+    bool     shared = atomic_load(&d->pull_readers) == 0;
     uint8_t *buf;
     if (shared) {
+        d->pull_version = 0;
         buf = grow((void **)&d->pull, &d->pull_cap, mi->weights_bytes + 64);
     } else {
         buf = aligned_alloc(64, (mi->weights_bytes + 127) / 64 * 64);
     }
     if (buf == NULL) {
-        if (shared) {
-            atomic_store(&d->pull_busy, false);
-        }
         fail(job, GRPC_STATUS_RESOURCE_EXHAUSTED, "PullWeights: out of memory for %zu bytes",
              mi->weights_bytes);
         return;
@@ -1142,18 +1155,26 @@ static void on_pull(ddld_dispatch *d, ddld_job *job)
     memset(&p, 0, sizeof p);
     p.out = buf;
     p.mi = mi;
+    double     t0 = MPI_Wtime();
     ddl_status st = run(d, DDLD_OP_PULL, 0, 0, 0, &p);
+    if (d->verbose) {
+        ddld_log("PullWeights: gathered %zu bytes in %.1f ms", mi->weights_bytes,
+                 (MPI_Wtime() - t0) * 1e3);
+    }
     if (st != DDL_OK) {
-        if (shared) {
-            atomic_store(&d->pull_busy, false);
-        } else {
+        if (!shared) {
             free(buf);
         }
         fail_engine(job, "PullWeights", st);
         return;
     }
-    ddld_call_stream_weights(job->call, mi, buf, shared ? pull_release : pull_release_owned,
-                             shared ? (void *)d : (void *)buf);
+    if (shared) {
+        d->pull_version = d->weights_version;
+        atomic_fetch_add(&d->pull_readers, 1);
+        ddld_call_stream_weights(job->call, mi, buf, pull_release, d);
+    } else {
+        ddld_call_stream_weights(job->call, mi, buf, pull_release_owned, buf);
+    }
 }
 
 static void on_push(ddld_dispatch *d, ddld_job *job)
@@ -1162,6 +1183,11 @@ static void on_push(ddld_dispatch *d, ddld_job *job)
         return;
     }
     const ddld_model_info *mi = &ddld_g.info;
+    if (job->model_gen != ddld_g.model_gen) {
+        fail(job, GRPC_STATUS_ABORTED,
+             "PushWeights: the model was replaced while the weights streamed in; push again");
+        return;
+    }
     const void           **bufs = calloc((size_t)mi->nweights + 1, sizeof *bufs);
     int64_t                bytes = 0;
     for (int i = 0; i < mi->nweights; i++) {
@@ -1171,7 +1197,12 @@ static void on_push(ddld_dispatch *d, ddld_job *job)
     struct payload p;
     memset(&p, 0, sizeof p);
     p.bufs = bufs;
+    double     t0 = MPI_Wtime();
     ddl_status st = run(d, DDLD_OP_PUSH, 0, 0, 0, &p);
+    if (d->verbose) {
+        ddld_log("PushWeights: scattered %lld bytes in %.1f ms", (long long)bytes,
+                 (MPI_Wtime() - t0) * 1e3);
+    }
     free(bufs);
     if (st != DDL_OK) {
         fail_engine(job, "PushWeights", st);
@@ -1284,6 +1315,9 @@ void ddld_dispatch_final_checkpoint(ddld_dispatch *d)
 {
     if (d->s == NULL || d->cfg->checkpoint_dir == NULL) {
         return;
+    }
+    if (ddl_session_durable_step(d->s) == ddl_model_step(ddl_session_model(d->s))) {
+        return; // this step is durable already (Shutdown with checkpoint, or no steps since)
     }
     int64_t    step;
     ddl_status st = save(d, d->cfg->checkpoint_dir, &step);

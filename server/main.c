@@ -22,6 +22,7 @@
 #include <uv.h>
 
 #include "ddl/base.h"
+#include "ddl/model.h"
 #include "ddld.h"
 
 static int log_rank = -1;
@@ -353,6 +354,12 @@ int main(int argc, char **argv)
         }
         MPI_Finalize();
         return 2;
+    }
+    // The same BLAS thread share per rank as distdl-train, so a model trained through the
+    // daemon computes exactly what the batch program computes.
+    int threads = ddl_runtime_divide_cores(MPI_COMM_WORLD);
+    if (rank == 0) {
+        ddld_log("%d ranks, %d BLAS thread%s each", size, threads, threads == 1 ? "" : "s");
     }
     ddld_dispatch *d = ddld_dispatch_create(&cfg, MPI_COMM_WORLD);
     int            code;

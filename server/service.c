@@ -695,7 +695,11 @@ static void submit_batch(ddld_call *c, Distdl__V1__Batch *b)
         code = GRPC_STATUS_FAILED_PRECONDITION;
         snprintf(err, sizeof err, "SubmitBatch: no model (CreateModel first)");
     } else {
-        code = ddld_batch_check(&ddld_g.info, b, true, &count, err, sizeof err);
+        char msg[448];
+        code = ddld_batch_check(&ddld_g.info, b, true, &count, msg, sizeof msg);
+        if (code != GRPC_STATUS_OK) {
+            snprintf(err, sizeof err, "SubmitBatch: %s", msg);
+        }
         if (code == GRPC_STATUS_OK && ddld_g.batch_count == ddld_g.batch_cap) {
             code = GRPC_STATUS_RESOURCE_EXHAUSTED;
             snprintf(err, sizeof err,
@@ -771,6 +775,7 @@ static bool push_begin(ddld_call *c)
         cp->weights[i] = mi->weights[i];
         cp->weights[i].name = strdup(mi->weights[i].name);
     }
+    c->push_gen = ddld_g.model_gen;
     pthread_mutex_unlock(&ddld_g.mu);
     c->push_mi = cp;
     c->push_got = calloc((size_t)cp->nweights + 1, sizeof *c->push_got);
@@ -895,6 +900,7 @@ static void push_end(ddld_call *c)
     job->call = c;
     job->staging = c->staging;
     job->staging_owned = c->staging_owned;
+    job->model_gen = c->push_gen;
     c->staging = NULL;
     grpc_status_code code = enqueue(c->svc, job, false);
     if (code != GRPC_STATUS_OK) {

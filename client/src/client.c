@@ -18,6 +18,7 @@ static _Thread_local int last_code;
 
 static const char *const method_path[M_COUNT] = {
     [M_HEALTH_CHECK] = "/grpc.health.v1.Health/Check",
+    [M_HEALTH_WATCH] = "/grpc.health.v1.Health/Watch",
     [M_SERVER_LIVE] = "/inference.GRPCInferenceService/ServerLive",
     [M_SERVER_READY] = "/inference.GRPCInferenceService/ServerReady",
     [M_MODEL_READY] = "/inference.GRPCInferenceService/ModelReady",

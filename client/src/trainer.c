@@ -456,6 +456,47 @@ static grpc_byte_buffer *recv_message(ddl__rpc *r)
     return bb;
 }
 
+ddl_status ddl_client_health_watch(ddl_client_t *c, const char *service, ddl_client_health_cb cb,
+                                   void *user_data)
+{
+    if (!cb)
+        return ddl__local_error(DDL_EINVAL, "Watch: callback is NULL");
+    Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+    req.service = (char *)(service ? service : "");
+    ddl__rpc   r;
+    ddl_status st = ddl__rpc_open(c, M_HEALTH_WATCH, 0, &r);
+    if (st != DDL_OK)
+        return ddl__rpc_close(&r, st);
+    ddl_status local = DDL_OK;
+    int        stopped = 0;
+    if (send_request(&r, &req.base)) {
+        grpc_byte_buffer *bb;
+        while ((bb = recv_message(&r))) {
+            Grpc__Health__V1__HealthCheckResponse *m =
+                (Grpc__Health__V1__HealthCheckResponse *)ddl__unpack(
+                    bb, &grpc__health__v1__health_check_response__descriptor);
+            grpc_byte_buffer_destroy(bb);
+            if (!m) {
+                local = ddl__local_error(DDL_EPROTO, "Watch: malformed response");
+                break;
+            }
+            ddl_health_status hs = (ddl_health_status)m->status;
+            protobuf_c_message_free_unpacked(&m->base, NULL);
+            if (cb(hs, user_data)) {
+                stopped = 1;
+                grpc_call_cancel(r.call, NULL);
+                break;
+            }
+        }
+    }
+    st = ddl__rpc_close(&r, local);
+    if (stopped && st == DDL_ECANCELED) { // our own cancellation is not an error
+        ddl_clear_error();
+        st = DDL_OK;
+    }
+    return st;
+}
+
 ddl_status ddl_client_train(ddl_client_t *c, const ddl_client_train_request *req,
                             ddl_client_progress_cb cb, void *user_data, ddl_client_progress *last)
 {

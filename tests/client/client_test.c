@@ -14,6 +14,7 @@
 //   client_test shutdown    Shutdown RPC (the daemon must then exit 0)
 #define _GNU_SOURCE
 #include <ftw.h>
+#include <signal.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -1304,6 +1305,99 @@ static int scenario_mock(ddl_client_t *c)
     return 0;
 }
 
+// ---- graceful SIGTERM ----------------------------------------------------------------
+
+typedef struct watch_log {
+    ddl_health_status seen[64];
+    int               n;
+    ddl_status        st;
+    ddl_client_t     *c;
+} watch_log;
+
+static int watch_cb(ddl_health_status h, void *ud)
+{
+    watch_log *w = ud;
+    if (w->n < 64)
+        w->seen[w->n++] = h;
+    return 0;
+}
+
+static void *watch_thread(void *p)
+{
+    watch_log *w = p;
+    w->st = ddl_client_health_watch(w->c, "", watch_cb, w);
+    return NULL;
+}
+
+typedef struct train_log {
+    ddl_client_t       *c;
+    volatile int        records;
+    ddl_client_progress last;
+    ddl_status          st;
+    int                 code;
+} train_log;
+
+static int count_cb(const ddl_client_progress *p, void *ud)
+{
+    train_log *t = ud;
+    t->last = *p;
+    t->records++;
+    return 0;
+}
+
+static void *train_thread(void *p)
+{
+    train_log               *t = p;
+    ddl_client_train_request tr = {.steps = 1000000, .progress_every = 1};
+    t->st = ddl_client_train(t->c, &tr, count_cb, t, NULL);
+    t->code = ddl_client_last_code();
+    return NULL;
+}
+
+// SIGTERM to rank 0 during a Train: health goes NOT_SERVING and the Watch ends, the Train
+// stops at a step boundary, and the harness checks every rank exits 0 and that the final
+// checkpoint is durable.
+static int scenario_sigterm(ddl_client_t *c, pid_t rank0)
+{
+    watch_log w = {.c = c};
+    train_log t = {.c = c};
+    pthread_t tw, tt;
+    pthread_create(&tw, NULL, watch_thread, &w);
+    pthread_create(&tt, NULL, train_thread, &t);
+    for (int i = 0; i < 600 && t.records < 5; i++)
+        usleep(50000);
+    CHECK(t.records >= 5, "Train sent %d records in 30 s", t.records);
+    int64_t at = t.last.step;
+    kill(rank0, SIGTERM);
+    pthread_join(tt, NULL);
+    pthread_join(tw, NULL);
+    printf("SIGTERM at step %lld; Train ended after step %lld with %s (%s)\n", (long long)at,
+           (long long)t.last.step, ddl_status_name(t.st), ddl_client_code_name(t.code));
+    CHECK(t.st == DDL_OK || t.code == DDL_RPC_UNAVAILABLE || t.code == DDL_RPC_CANCELLED,
+          "Train ended with %s", ddl_client_code_name(t.code));
+    CHECK(t.last.step >= at && t.last.step < at + 50, "Train went on to step %lld after SIGTERM at %lld",
+          (long long)t.last.step, (long long)at);
+    int serving_first = w.n > 0 && w.seen[0] == DDL_HEALTH_SERVING;
+    int not_serving = 0;
+    for (int i = 1; i < w.n; i++)
+        not_serving |= w.seen[i] == DDL_HEALTH_NOT_SERVING;
+    CHECK(serving_first && not_serving, "Watch saw %d statuses (first %d), NOT_SERVING %d", w.n,
+          w.n ? (int)w.seen[0] : -1, not_serving);
+    CHECK(w.st == DDL_OK, "Watch ended with %s", ddl_status_name(w.st));
+    printf("STOPPED_AT %lld\n", (long long)t.last.step);
+    return 0;
+}
+
+static int scenario_restore_min(ddl_client_t *c, const char *dir, int64_t min_step)
+{
+    int64_t rs = -1;
+    MUST(ddl_client_restore(c, -1, dir, &rs));
+    CHECK(rs >= min_step, "the newest durable checkpoint is step %lld, the Train stopped at %lld",
+          (long long)rs, (long long)min_step);
+    printf("restored step %lld (stopped at %lld)\n", (long long)rs, (long long)min_step);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -1334,6 +1428,10 @@ int main(int argc, char **argv)
         scenario_restore(c, argv[2], argv[3]);
     else if (strcmp(sc, "health") == 0)
         scenario_health(c);
+    else if (strcmp(sc, "sigterm") == 0 && argc == 3)
+        scenario_sigterm(c, (pid_t)atoll(argv[2]));
+    else if (strcmp(sc, "restore_min") == 0 && argc == 4)
+        scenario_restore_min(c, argv[2], atoll(argv[3]));
     else if (strcmp(sc, "mock") == 0)
         scenario_mock(c);
     else if (strcmp(sc, "shutdown") == 0)

@@ -139,7 +139,7 @@ class Harness:
         d.wait_address()
         return d
 
-    def run(self, d, argv, timeout=600, env_extra=None):
+    def run(self, d, argv, timeout=600, env_extra=None, capture=False):
         env = dict(os.environ)
         env["DDL_ADDRESS"] = d.address
         env["DDL_SPEC_DIR"] = self.specs
@@ -150,16 +150,21 @@ class Harness:
         print("$ " + " ".join(shlex.quote(c) for c in argv), flush=True)
         t0 = time.time()
         try:
-            r = subprocess.run(argv, env=env, timeout=timeout)
+            r = subprocess.run(argv, env=env, timeout=timeout,
+                               stdout=subprocess.PIPE if capture else None,
+                               text=True if capture else None)
         except subprocess.TimeoutExpired:
             raise Failure("%s timed out after %d s" % (argv[0], timeout))
+        if capture:
+            print(r.stdout, end="", flush=True)
         print("(%.1f s, exit %d)" % (time.time() - t0, r.returncode), flush=True)
         if r.returncode != 0:
             d.dump()
             raise Failure("%s exited with %d" % (" ".join(argv[:2]), r.returncode))
+        return r.stdout if capture else None
 
     def client(self, d, *args, **kw):
-        self.run(d, [self.client_test] + [str(a) for a in args], **kw)
+        return self.run(d, [self.client_test] + [str(a) for a in args], **kw)
 
     def shutdown(self, d):
         self.client(d, "shutdown")
@@ -226,17 +231,25 @@ def sc_checkpoint_np(h):
 
 
 def sc_sigterm(h):
-    d = h.start(4, COMMON + ["--model", h.spec("lenet5-4.json")], "sigterm")
+    """SIGTERM to rank 0 of a 4-rank daemon in the middle of a Train (with a Health.Watch
+    open): the Train stops, health goes NOT_SERVING, every rank exits 0, and the final
+    checkpoint is durable: a 2-rank daemon restores it."""
+    ck = os.path.join(h.work, "ckpt-sigterm")
+    os.makedirs(ck)
+    d = h.start(4, COMMON + ["--model", h.spec("lenet5-4.json"), "--checkpoint-dir", ck], "sigterm")
     h.client(d, "health")
     ranks = d.rank_pids()
     r0 = [p for p, r in ranks.items() if r == 0]
     if len(ranks) != 4 or not r0:
         raise Failure("found ranks %s under mpirun %d" % (ranks, d.proc.pid))
     t0 = time.time()
-    print("SIGTERM to rank 0 (pid %d)" % r0[0], flush=True)
-    os.kill(r0[0], signal.SIGTERM)
+    out = h.client(d, "sigterm", r0[0], capture=True)
+    stopped = [int(l.split()[1]) for l in out.splitlines() if l.startswith("STOPPED_AT ")]
     d.wait_exit(timeout=60)
-    print("all ranks exited 0 %.2f s after SIGTERM" % (time.time() - t0), flush=True)
+    print("all ranks exited 0 %.2f s after the Train began" % (time.time() - t0), flush=True)
+    d2 = h.start(2, COMMON + ["--model", h.spec("lenet5-2.json"), "--checkpoint-dir", ck], "after-sigterm")
+    h.client(d2, "restore_min", ck, stopped[0] if stopped else 1)
+    h.shutdown(d2)
 
 
 def sc_interop(h):

@@ -208,6 +208,9 @@ static ddl_client_t *connect_env(void)
     ddl_client_options o = ddl_client_options_default();
     o.tune_malloc = 1;
     o.token = getenv("DDL_TOKEN");
+    o.tls_ca_file = getenv("DDL_TLS_CA");
+    o.tls_cert_file = getenv("DDL_TLS_CERT");
+    o.tls_key_file = getenv("DDL_TLS_KEY");
     ddl_client_t *c;
     if (ddl_client_connect(addr, &o, &c) != DDL_OK) {
         fprintf(stderr, "connect %s: %s\n", addr, ddl_last_error());
@@ -1294,12 +1297,39 @@ static int scenario_mock(ddl_client_t *c)
     // The token: a connection without it is refused.
     if (getenv("DDL_TOKEN")) {
         ddl_client_options o = ddl_client_options_default();
-        ddl_client_t      *c2;
+        o.tls_ca_file = getenv("DDL_TLS_CA");
+        o.tls_cert_file = getenv("DDL_TLS_CERT");
+        o.tls_key_file = getenv("DDL_TLS_KEY");
+        ddl_client_t *c2;
         MUST(ddl_client_connect(getenv("DDL_ADDRESS"), &o, &c2));
         st = ddl_client_get_status(c2, &s);
         CHECK(st == DDL_EREMOTE && ddl_client_last_code() == DDL_RPC_UNAUTHENTICATED,
               "no token: %s", ddl_status_name(st));
         ddl_client_destroy(&c2);
+    }
+    // With TLS: a plaintext connection, or one that does not trust the server, fails.
+    if (getenv("DDL_TLS_CA")) {
+        ddl_client_options o = ddl_client_options_default();
+        o.connect_timeout_s = 2;
+        ddl_client_t *c3 = NULL;
+        st = ddl_client_connect(getenv("DDL_ADDRESS"), &o, &c3);
+        CHECK(st == DDL_ETIMEDOUT && !c3, "plaintext connect to a TLS port: %s", ddl_status_name(st));
+        o.tls_ca_file = getenv("DDL_TLS_OTHER_CA");
+        o.tls_cert_file = getenv("DDL_TLS_CERT");
+        o.tls_key_file = getenv("DDL_TLS_KEY");
+        st = ddl_client_connect(getenv("DDL_ADDRESS"), &o, &c3);
+        CHECK(st == DDL_ETIMEDOUT && !c3, "connect trusting another CA: %s", ddl_status_name(st));
+        if (getenv("DDL_TLS_CERT")) { // mTLS: no client certificate, refused
+            o.tls_ca_file = getenv("DDL_TLS_CA");
+            o.tls_cert_file = o.tls_key_file = NULL;
+            o.token = getenv("DDL_TOKEN");
+            st = ddl_client_connect(getenv("DDL_ADDRESS"), &o, &c3);
+            if (st == DDL_OK) {
+                st = ddl_client_get_status(c3, &s);
+                ddl_client_destroy(&c3);
+            }
+            CHECK(st != DDL_OK, "mTLS without a client certificate succeeded");
+        }
     }
     free_batch(&b);
     return 0;

@@ -23,7 +23,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <jansson.h>
 #include <zlib.h>
+
+#include "ddl/data.h" // the engine's own shuffle and batch normalisation
 
 #include "ddl/base.h" // ddl_set_error, for the test's own failures
 #include "ddl_client.h"
@@ -1428,6 +1431,84 @@ static int scenario_restore_min(ddl_client_t *c, const char *dir, int64_t min_st
     return 0;
 }
 
+// ---- SubmitBatch + Step vs distdl-train ----------------------------------------------
+
+// Feeds the batches distdl-train feeds -- epoch 0 of the spec's seeded shuffle, normalised
+// by the engine's own batch function -- through SubmitBatch and Step(no batch), then
+// compares the weights with distdl-train's export after the same number of steps.
+static int scenario_compare_submit(ddl_client_t *c, const char *spec_name, int64_t steps,
+                                   const char *ref)
+{
+    char *text = spec_text(spec_name);
+    if (!text)
+        return ++failures;
+    json_error_t je;
+    json_t      *spec = json_loads(text, 0, &je);
+    free(text);
+    CHECK(spec != NULL, "spec %s: %s", spec_name, je.text);
+    if (!spec)
+        return 0;
+    uint64_t seed = (uint64_t)json_integer_value(json_object_get(spec, "seed"));
+    int64_t  B = json_integer_value(json_object_get(spec, "batch_size"));
+    json_t  *norm = json_object_get(json_object_get(spec, "data"), "normalize");
+    double   mean = json_number_value(json_object_get(norm, "mean"));
+    double   sd = json_number_value(json_object_get(norm, "std"));
+    int shuffle = json_is_true(json_object_get(json_object_get(spec, "data"), "shuffle"));
+    json_decref(spec);
+    CHECK(B > 0 && sd > 0 && shuffle, "spec batch %lld std %g shuffle %d", (long long)B, sd, shuffle);
+
+    ddl_dataset ds;
+    MUST(ddl_dataset_load_mnist_dir(data_dir, 1, &ds));
+    int64_t *perm = malloc(sizeof(int64_t) * (size_t)ds.n);
+    ddl_dataset_shuffle(ds.n, seed, 0, perm);
+
+    ddl_client_status_info s;
+    MUST(ddl_client_get_status(c, &s));
+    int              qcap = s.queue_capacity > 0 ? s.queue_capacity : 1;
+    ddl_client_batch *q = calloc((size_t)qcap, sizeof *q);
+    for (int i = 0; i < qcap; i++) {
+        q[i].x = (ddl_client_tensor){.name = "x", .dtype = DDL_WIRE_FP32, .ndim = 4,
+                                     .shape = {B, 1, 28, 28}, .bytes = (size_t)B * 784 * 4};
+        q[i].x.data = malloc(q[i].x.bytes);
+        q[i].labels = (ddl_client_tensor){.name = "labels", .dtype = DDL_WIRE_INT64, .ndim = 1,
+                                          .shape = {B}, .bytes = (size_t)B * 8};
+        q[i].labels.data = malloc(q[i].labels.bytes);
+    }
+    int64_t done = 0;
+    while (done < steps) {
+        int n = (int)(steps - done < qcap ? steps - done : qcap);
+        for (int i = 0; i < n; i++)
+            ddl_dataset_batch_f32(&ds, perm + (done + i) * B, B, mean, sd, q[i].x.data,
+                                  q[i].labels.data);
+        int32_t acc = 0;
+        MUST(ddl_client_submit_batches(c, q, n, &acc, NULL));
+        CHECK(acc == n, "accepted %d of %d", acc, n);
+        for (int i = 0; i < n; i++) {
+            ddl_client_step_result r;
+            MUST(ddl_client_step(c, NULL, &r));
+            CHECK(r.step == done + i + 1, "step %lld", (long long)r.step);
+        }
+        done += n;
+    }
+    ddl_client_weights *r, *w;
+    MUST(ddl_safetensors_read(ref, &r));
+    MUST(ddl_client_pull_weights(c, &w));
+    int eq = weights_equal(r, w, 1);
+    CHECK(eq, "weights after %lld submitted batches differ from distdl-train --max-steps %lld",
+          (long long)steps, (long long)steps);
+    if (eq)
+        printf("SubmitBatch+Step x %lld: %lld tensors bitwise equal to %s\n", (long long)steps,
+               (long long)w->count, ref);
+    ddl_client_weights_destroy(&w);
+    ddl_client_weights_destroy(&r);
+    for (int i = 0; i < qcap; i++)
+        free_batch(&q[i]);
+    free(q);
+    free(perm);
+    ddl_dataset_free(&ds);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     setvbuf(stdout, NULL, _IOLBF, 0);
@@ -1462,6 +1543,8 @@ int main(int argc, char **argv)
         scenario_sigterm(c, (pid_t)atoll(argv[2]));
     else if (strcmp(sc, "restore_min") == 0 && argc == 4)
         scenario_restore_min(c, argv[2], atoll(argv[3]));
+    else if (strcmp(sc, "compare_submit") == 0 && argc == 5)
+        scenario_compare_submit(c, argv[2], atoll(argv[3]), argv[4]);
     else if (strcmp(sc, "mock") == 0)
         scenario_mock(c);
     else if (strcmp(sc, "shutdown") == 0)

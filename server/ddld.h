@@ -181,6 +181,9 @@ int       ddld_service_queue_depth(ddld_service *svc);
 // Shutdown phase 1: refuse new work, health NOT_SERVING, finish Watch streams, fail every
 // queued job UNAVAILABLE. Main thread.
 void      ddld_service_close(ddld_service *svc);
+// Shutdown phase 0: the decision. GetStatus says "shutting_down" and health NOT_SERVING
+// from now on, before any reply that announced the shutdown leaves. Any thread.
+void      ddld_shared_mark_shutdown(void);
 // Shutdown phase 2: the gRPC teardown (shutdown_and_notify, grace, cancel_all, destroy,
 // cq drain, grpc_shutdown) and frees svc.
 void      ddld_service_stop(ddld_service **svc, double grace_s);

@@ -1307,6 +1307,7 @@ static void on_shutdown(ddld_dispatch *d, ddld_job *job)
         r.durable_step = step;
     }
     ddld_log("Shutdown requested by a client");
+    ddld_shared_mark_shutdown();
     ddld_call_finish(job->call, GRPC_STATUS_OK, NULL, &r.base);
     ddld_service_push_internal(d->svc, DDLD_JOB_SHUTDOWN);
 }
@@ -1329,6 +1330,13 @@ void ddld_dispatch_final_checkpoint(ddld_dispatch *d)
 void ddld_dispatch_run(ddld_dispatch *d, ddld_job *job)
 {
     ddl_clear_error();
+    // A call that was cancelled (or passed its deadline) while it waited in the queue is
+    // not executed: its client has already been told it failed.
+    if (job->call != NULL && ddld_call_cancelled(job->call)) {
+        fail(job, GRPC_STATUS_CANCELLED, "cancelled while queued");
+        ddld_job_free(job);
+        return;
+    }
     switch (job->method) {
     case DDLD_M_CREATE_MODEL:
         on_create(d, job);

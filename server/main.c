@@ -209,6 +209,7 @@ static void on_signal(uv_signal_t *h, int signum)
         ddld_service_push_internal(r0.svc, DDLD_JOB_CHECKPOINT);
     } else if (!r0.shutdown) {
         ddld_log("%s: shutting down gracefully", signum == SIGTERM ? "SIGTERM" : "SIGINT");
+        ddld_shared_mark_shutdown();
         r0.shutdown = true;
     }
 }

@@ -670,18 +670,18 @@ static void set_state(const char *state)
 
 // ---- handlers (rank 0, main thread) -----------------------------------------------------------
 
-static ddl_status create_model(ddld_dispatch *d, const char *text, const char *source,
-                               bool replace, const char *name, char *err, size_t errlen,
-                               grpc_status_code *code)
+static ddl_status create_model(ddld_dispatch *d, const char *what, const char *text,
+                               const char *source, bool replace, const char *name, char *err,
+                               size_t errlen, grpc_status_code *code)
 {
     if (d->s != NULL && !replace) {
         *code = GRPC_STATUS_FAILED_PRECONDITION;
-        snprintf(err, errlen, "CreateModel: a model exists (set replace to replace it)");
+        snprintf(err, errlen, "%s: a model exists (set replace to replace it)", what);
         return DDL_EBUSY;
     }
     if (text == NULL || text[0] == '\0') {
         *code = GRPC_STATUS_INVALID_ARGUMENT;
-        snprintf(err, errlen, "CreateModel: spec_json is empty");
+        snprintf(err, errlen, "%s: spec_json is empty", what);
         return DDL_EINVAL;
     }
     // Complete validation on rank 0 first: a bad spec costs the other ranks nothing.
@@ -697,8 +697,8 @@ static ddl_status create_model(ddld_dispatch *d, const char *text, const char *s
     }
     if (st != DDL_OK) {
         *code = ddld_status_to_grpc(st);
-        snprintf(err, errlen, "CreateModel: %s", ddl_last_error()[0] ? ddl_last_error()
-                                                                      : ddl_strerror(st));
+        snprintf(err, errlen, "%s: %s", what,
+                 ddl_last_error()[0] ? ddl_last_error() : ddl_strerror(st));
         return st;
     }
     clear_batches();
@@ -717,7 +717,7 @@ static void on_create(ddld_dispatch *d, ddld_job *job)
     const Distdl__V1__CreateModelRequest *q = (const void *)job->msg;
     char             err[1024];
     grpc_status_code code = GRPC_STATUS_OK;
-    if (create_model(d, q->spec_json, "spec_json", q->replace, q->name, err, sizeof err,
+    if (create_model(d, "CreateModel", q->spec_json, "spec_json", q->replace, q->name, err, sizeof err,
                      &code) != DDL_OK) {
         fail(job, code, "%s", err);
         return;
@@ -1429,7 +1429,7 @@ int ddld_dispatch_startup(ddld_dispatch *d)
         return 2;
     }
     grpc_status_code code;
-    ddl_status st = create_model(d, text, cfg->model_path, false, NULL, err, sizeof err, &code);
+    ddl_status st = create_model(d, "--model", text, cfg->model_path, false, NULL, err, sizeof err, &code);
     free(text);
     if (st != DDL_OK) {
         ddld_log("%s", err);

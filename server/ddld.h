@@ -164,7 +164,7 @@ typedef struct ddld_job {
     uint64_t         model_gen; // the model the staging layout belongs to
 } ddld_job;
 
-enum { DDLD_JOB_CHECKPOINT = 1, DDLD_JOB_SHUTDOWN = 2 };
+enum { DDLD_JOB_SHUTDOWN = 1 };
 
 typedef struct ddld_service ddld_service;
 
@@ -250,6 +250,10 @@ void ddld_dispatch_set_hooks(ddld_dispatch *d, ddld_service *svc, void (*poll)(v
 int  ddld_dispatch_startup(ddld_dispatch *d);
 // Validates and runs one job; completes its call; frees the job.
 void ddld_dispatch_run(ddld_dispatch *d, ddld_job *job);
+// SIGUSR1: asks for a checkpoint into --checkpoint-dir; a running Train takes it at the
+// next step boundary and goes on, otherwise the main loop runs it when the job ends.
+void ddld_dispatch_request_checkpoint(ddld_dispatch *d);
+void ddld_dispatch_checkpoint_pending(ddld_dispatch *d);
 // Final checkpoint at shutdown (when --checkpoint-dir is set and a model exists).
 void ddld_dispatch_final_checkpoint(ddld_dispatch *d);
 // Releases the workers: they leave their loop with `code`.

@@ -186,8 +186,9 @@ static struct {
     uv_loop_t     loop;
     uv_async_t    wake;
     uv_signal_t   sig_term, sig_int, sig_usr1;
-    ddld_service *svc;
-    bool          shutdown;
+    ddld_service  *svc;
+    ddld_dispatch *d;
+    bool           shutdown;
 } r0;
 
 static void wake_from_grpc(void *ud)
@@ -206,7 +207,7 @@ static void on_signal(uv_signal_t *h, int signum)
     (void)h;
     if (signum == SIGUSR1) {
         ddld_log("SIGUSR1: checkpoint requested");
-        ddld_service_push_internal(r0.svc, DDLD_JOB_CHECKPOINT);
+        ddld_dispatch_request_checkpoint(r0.d);
     } else if (!r0.shutdown) {
         ddld_log("%s: shutting down gracefully", signum == SIGTERM ? "SIGTERM" : "SIGINT");
         ddld_shared_mark_shutdown();
@@ -271,6 +272,7 @@ static void close_handle(uv_handle_t *h, void *arg)
 
 static int run_rank0(const ddld_config *cfg, ddld_dispatch *d)
 {
+    r0.d = d;
     int code = ddld_dispatch_startup(d);
     if (code != 0) {
         ddld_dispatch_quit(d, code);
@@ -305,6 +307,7 @@ static int run_rank0(const ddld_config *cfg, ddld_dispatch *d)
         }
         while (!r0.shutdown) {
             uv_run(&r0.loop, UV_RUN_ONCE);
+            ddld_dispatch_checkpoint_pending(d);
             ddld_job *job;
             while (!r0.shutdown && (job = ddld_service_pop(r0.svc)) != NULL) {
                 if (job->method == DDLD_M_INTERNAL && job->internal == DDLD_JOB_SHUTDOWN) {
@@ -313,6 +316,7 @@ static int run_rank0(const ddld_config *cfg, ddld_dispatch *d)
                     break;
                 }
                 ddld_dispatch_run(d, job);
+                ddld_dispatch_checkpoint_pending(d);
             }
         }
         // The order gRPC needs (REPORT.md §10): refuse and fail what is queued, then the

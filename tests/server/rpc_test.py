@@ -221,6 +221,24 @@ def main():
         assert rr.step == st0, rr
         expect_error(SC.NOT_FOUND, c.trainer, "Restore", tr.RestoreRequest(step=999999),
                      "RestoreResponse")
+        # A damaged checkpoint is DATA_LOSS and leaves the model as it was.
+        bad_dir = os.path.join(tmp, "bad")
+        ck2 = c.trainer("Checkpoint", tr.CheckpointRequest(dir=bad_dir), "CheckpointResponse")
+        step_dir = [os.path.join(bad_dir, e) for e in os.listdir(bad_dir) if e.startswith("step")][0]
+        shard = os.path.join(step_dir, sorted(e for e in os.listdir(step_dir)
+                                              if e.startswith("shard"))[0])
+        with open(shard, "r+b") as f:
+            f.seek(100)
+            b = f.read(1)
+            f.seek(100)
+            f.write(bytes([b[0] ^ 0xFF]))
+        c.trainer("Step", tr.StepRequest(batch=batch()), "StepResponse")
+        pre = c.trainer("Predict", tr.PredictRequest(x=T("x", x[:5], "FP32")), "PredictResponse")
+        expect_error(SC.DATA_LOSS, c.trainer, "Restore", tr.RestoreRequest(step=ck2.step,
+                     dir=bad_dir), "RestoreResponse")
+        post = c.trainer("Predict", tr.PredictRequest(x=T("x", x[:5], "FP32")), "PredictResponse")
+        assert pre.logits.raw == post.logits.raw, "a failed Restore changed the weights"
+        assert c.status().step == ck2.step + 1
 
         print("Train / Evaluate over the server-side dataset")
         expect_error(SC.INVALID_ARGUMENT, c.trainer, "Evaluate",

@@ -6,11 +6,13 @@
 //          [--resume] [--max-message-bytes N] [--queue N]
 //
 // Rank 0's main thread runs a libuv loop: an async handle wakes it when the gRPC thread
-// queued work, signal handles turn SIGTERM/SIGINT into a graceful shutdown and SIGUSR1
-// into a checkpoint. Ranks > 0 ignore those signals (mpirun forwards SIGUSR1 to every
-// rank) and wait for commands (dispatch.c). Launch with `--mca odls_base_sigkill_timeout
-// 30` (or more than the grace period plus the final checkpoint): mpirun turns its own
-// SIGTERM into a SIGKILL of the ranks after that many seconds.
+// queued work, signal handles turn SIGTERM/SIGINT/SIGUSR2 into a graceful shutdown and
+// SIGUSR1 into a checkpoint. Ranks > 0 ignore those signals (mpirun forwards SIGUSR1 and
+// SIGUSR2 to every rank at once, so `kill -USR2 <mpirun>` is the clean way to stop the
+// job from outside) and wait for commands (dispatch.c). SIGTERM to mpirun reaches the
+// ranks only after `odls_base_sigkill_timeout` seconds and is followed by SIGKILL as long
+// again: launch with `--mca odls_base_sigkill_timeout 30` (more than the grace period
+// plus the final checkpoint) if you stop it that way.
 #include <errno.h>
 #include <limits.h>
 #include <signal.h>
@@ -57,7 +59,8 @@ static const char usage[] =
     "  --max-message-bytes N     largest request message accepted (default 67108864)\n"
     "  --queue N                 pending requests and submitted batches (default 64)\n"
     "  --grace SECONDS           shutdown grace for in-flight calls (default 5)\n"
-    "Signals to rank 0: SIGTERM/SIGINT shut down gracefully, SIGUSR1 checkpoints now.\n";
+    "Signals: SIGTERM/SIGINT to rank 0, or SIGUSR2 to mpirun, shut down gracefully;\n"
+    "SIGUSR1 (to mpirun or rank 0) checkpoints now.\n";
 
 static bool parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out)
 {
@@ -185,7 +188,7 @@ static int parse_args(int argc, char **argv, ddld_config *cfg, bool print)
 static struct {
     uv_loop_t     loop;
     uv_async_t    wake;
-    uv_signal_t   sig_term, sig_int, sig_usr1;
+    uv_signal_t   sig_term, sig_int, sig_usr1, sig_usr2;
     ddld_service  *svc;
     ddld_dispatch *d;
     bool           shutdown;
@@ -209,7 +212,8 @@ static void on_signal(uv_signal_t *h, int signum)
         ddld_log("SIGUSR1: checkpoint requested");
         ddld_dispatch_request_checkpoint(r0.d);
     } else if (!r0.shutdown) {
-        ddld_log("%s: shutting down gracefully", signum == SIGTERM ? "SIGTERM" : "SIGINT");
+        ddld_log("%s: shutting down gracefully",
+                 signum == SIGTERM ? "SIGTERM" : signum == SIGINT ? "SIGINT" : "SIGUSR2");
         ddld_shared_mark_shutdown();
         r0.shutdown = true;
     }
@@ -283,9 +287,11 @@ static int run_rank0(const ddld_config *cfg, ddld_dispatch *d)
     uv_signal_init(&r0.loop, &r0.sig_term);
     uv_signal_init(&r0.loop, &r0.sig_int);
     uv_signal_init(&r0.loop, &r0.sig_usr1);
+    uv_signal_init(&r0.loop, &r0.sig_usr2);
     uv_signal_start(&r0.sig_term, on_signal, SIGTERM);
     uv_signal_start(&r0.sig_int, on_signal, SIGINT);
     uv_signal_start(&r0.sig_usr1, on_signal, SIGUSR1);
+    uv_signal_start(&r0.sig_usr2, on_signal, SIGUSR2);
 
     int port = 0;
     r0.svc = ddld_service_start(cfg, wake_from_grpc, NULL, &port);
@@ -375,6 +381,7 @@ int main(int argc, char **argv)
         signal(SIGTERM, SIG_IGN);
         signal(SIGINT, SIG_IGN);
         signal(SIGUSR1, SIG_IGN);
+        signal(SIGUSR2, SIG_IGN);
         code = ddld_dispatch_worker_loop(d);
     }
     ddld_dispatch_destroy(&d);

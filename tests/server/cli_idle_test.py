@@ -2,6 +2,7 @@
 - command-line errors, an unreadable --model and a busy port end every rank with exit 2
   (no hang);
 - --listen unix:PATH serves and writes unix:PATH to the address file;
+- SIGUSR2 to mpirun stops the job gracefully (exit 0);
 - idle is idle: a 4-rank daemon with a model loaded uses under 2% of one core in total
   (utime + stime of every rank from /proc over IDLE_SECONDS, default 10).
 
@@ -114,8 +115,9 @@ def main():
         print("idle 4-rank daemon: %.2f%% of one core over %.0f s (4 ranks + mpirun)" %
               (pct, t1 - t0))
         assert pct < 2.0, "idle daemon uses %.2f%% of a core" % pct
-        os.kill(rank0_pid(log_path), signal.SIGTERM)
-        assert proc.wait(timeout=60) == 0
+        # SIGUSR2 to mpirun: forwarded to every rank at once; rank 0 shuts down gracefully.
+        os.kill(proc.pid, signal.SIGUSR2)
+        assert proc.wait(timeout=60) == 0, "mpirun exit %s after SIGUSR2" % proc.returncode
     finally:
         if proc.poll() is None:
             proc.kill()

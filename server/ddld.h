@@ -42,6 +42,7 @@ typedef struct ddld_config {
     const char *data_root;      // --data-root
     const char *checkpoint_dir; // --checkpoint-dir
     int64_t     checkpoint_every;
+    int64_t     checkpoint_interval; // seconds between timed checkpoints (0: none)
     bool        resume;
     int64_t     max_message_bytes;
     int         queue;          // --queue: pending requests and submitted batches
@@ -253,6 +254,8 @@ void ddld_dispatch_run(ddld_dispatch *d, ddld_job *job);
 // SIGUSR1: asks for a checkpoint into --checkpoint-dir; a running Train takes it at the
 // next step boundary and goes on, otherwise the main loop runs it when the job ends.
 void ddld_dispatch_request_checkpoint(ddld_dispatch *d);
+// The timer's variant: only when steps were taken since the newest durable checkpoint.
+void ddld_dispatch_request_checkpoint_if_stale(ddld_dispatch *d);
 void ddld_dispatch_checkpoint_pending(ddld_dispatch *d);
 // Final checkpoint at shutdown (when --checkpoint-dir is set and a model exists).
 void ddld_dispatch_final_checkpoint(ddld_dispatch *d);

@@ -1349,6 +1349,14 @@ void ddld_dispatch_request_checkpoint(ddld_dispatch *d)
     d->ckpt_requested = true;
 }
 
+void ddld_dispatch_request_checkpoint_if_stale(ddld_dispatch *d)
+{
+    if (d->s != NULL && d->cfg->checkpoint_dir != NULL &&
+        ddl_session_durable_step(d->s) != ddl_model_step(ddl_session_model(d->s))) {
+        d->ckpt_requested = true;
+    }
+}
+
 void ddld_dispatch_checkpoint_pending(ddld_dispatch *d)
 {
     if (!d->ckpt_requested) {
@@ -1356,12 +1364,13 @@ void ddld_dispatch_checkpoint_pending(ddld_dispatch *d)
     }
     d->ckpt_requested = false;
     if (d->s == NULL || d->cfg->checkpoint_dir == NULL) {
-        ddld_log("SIGUSR1: no checkpoint (%s)", d->s == NULL ? "no model" : "no --checkpoint-dir");
+        ddld_log("checkpoint requested but %s", d->s == NULL ? "there is no model"
+                                                             : "there is no --checkpoint-dir");
         return;
     }
     int64_t step;
     if (save(d, d->cfg->checkpoint_dir, &step) != DDL_OK) {
-        ddld_log("SIGUSR1 checkpoint failed: %s", ddl_last_error());
+        ddld_log("requested checkpoint failed: %s", ddl_last_error());
     }
 }
 

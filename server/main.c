@@ -55,6 +55,7 @@ static const char usage[] =
     "                            (default /usr/share/datasets/fashion-mnist)\n"
     "  --checkpoint-dir DIR      checkpoints (Checkpoint, SIGUSR1, shutdown, --checkpoint-every)\n"
     "  --checkpoint-every K      checkpoint every K training steps (needs --checkpoint-dir)\n"
+    "  --checkpoint-interval S   also checkpoint every S seconds when steps were taken\n"
     "  --resume                  restore the latest checkpoint of --checkpoint-dir, if any\n"
     "  --max-message-bytes N     largest request message accepted (default 67108864)\n"
     "  --queue N                 pending requests and submitted batches (default 64)\n"
@@ -108,7 +109,8 @@ static int parse_args(int argc, char **argv, ddld_config *cfg, bool print)
         }
         static const char *const with_value[] = {
             "--model", "--listen", "--address-file", "--data-root", "--checkpoint-dir",
-            "--checkpoint-every", "--max-message-bytes", "--queue", "--grace"};
+            "--checkpoint-every", "--checkpoint-interval", "--max-message-bytes", "--queue",
+            "--grace"};
         bool known = false;
         for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) {
             known = known || strcmp(name, with_value[k]) == 0;
@@ -149,6 +151,9 @@ static int parse_args(int argc, char **argv, ddld_config *cfg, bool print)
         } else if (strcmp(name, "--checkpoint-every") == 0) {
             ok = parse_int(val, 1, INT64_MAX, &v);
             cfg->checkpoint_every = v;
+        } else if (strcmp(name, "--checkpoint-interval") == 0) {
+            ok = parse_int(val, 1, 365L * 24 * 3600, &v);
+            cfg->checkpoint_interval = v;
         } else if (strcmp(name, "--max-message-bytes") == 0) {
             ok = parse_int(val, 4096, INT_MAX, &v);
             cfg->max_message_bytes = v;
@@ -169,6 +174,8 @@ static int parse_args(int argc, char **argv, ddld_config *cfg, bool print)
     const char *problem = NULL;
     if (cfg->checkpoint_every > 0 && cfg->checkpoint_dir == NULL) {
         problem = "--checkpoint-every needs --checkpoint-dir";
+    } else if (cfg->checkpoint_interval > 0 && cfg->checkpoint_dir == NULL) {
+        problem = "--checkpoint-interval needs --checkpoint-dir";
     } else if (cfg->resume && cfg->checkpoint_dir == NULL) {
         problem = "--resume needs --checkpoint-dir";
     } else if (cfg->resume && cfg->model_path == NULL) {
@@ -189,6 +196,7 @@ static struct {
     uv_loop_t     loop;
     uv_async_t    wake;
     uv_signal_t   sig_term, sig_int, sig_usr1, sig_usr2;
+    uv_timer_t    ckpt_timer;
     ddld_service  *svc;
     ddld_dispatch *d;
     bool           shutdown;
@@ -217,6 +225,14 @@ static void on_signal(uv_signal_t *h, int signum)
         ddld_shared_mark_shutdown();
         r0.shutdown = true;
     }
+}
+
+// Timed checkpoints go the SIGUSR1 way: at the next step boundary of a Train, or when the
+// current command ends.
+static void on_ckpt_timer(uv_timer_t *h)
+{
+    (void)h;
+    ddld_dispatch_request_checkpoint_if_stale(r0.d);
 }
 
 static void poll_loop(void *ud)
@@ -292,6 +308,11 @@ static int run_rank0(const ddld_config *cfg, ddld_dispatch *d)
     uv_signal_start(&r0.sig_int, on_signal, SIGINT);
     uv_signal_start(&r0.sig_usr1, on_signal, SIGUSR1);
     uv_signal_start(&r0.sig_usr2, on_signal, SIGUSR2);
+    uv_timer_init(&r0.loop, &r0.ckpt_timer);
+    if (cfg->checkpoint_interval > 0) {
+        uint64_t ms = (uint64_t)cfg->checkpoint_interval * 1000;
+        uv_timer_start(&r0.ckpt_timer, on_ckpt_timer, ms, ms);
+    }
 
     int port = 0;
     r0.svc = ddld_service_start(cfg, wake_from_grpc, NULL, &port);

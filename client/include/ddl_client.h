@@ -154,6 +154,12 @@ typedef enum {
 // grpc.health.v1.Health/Check for `service` ("" : the whole server).
 DDL_EXTERN ddl_status ddl_client_health_check(ddl_client_t *c, const char *service,
                                               ddl_health_status *out);
+// Called for each status a Watch delivers. Return 0 to go on, nonzero to stop watching.
+typedef int (*ddl_client_health_cb)(ddl_health_status status, void *user_data);
+// grpc.health.v1.Health/Watch: calls cb with the current status and every change until the
+// server ends the stream (DDL_OK), cb returns nonzero (DDL_OK) or the call fails.
+DDL_EXTERN ddl_status ddl_client_health_watch(ddl_client_t *c, const char *service,
+                                              ddl_client_health_cb cb, void *user_data);
 // ServerLive / ServerReady / ModelReady(name): *out is 1 or 0.
 DDL_EXTERN ddl_status ddl_client_server_live(ddl_client_t *c, int *out);
 DDL_EXTERN ddl_status ddl_client_server_ready(ddl_client_t *c, int *out);

@@ -18,6 +18,7 @@ static _Thread_local int last_code;
 
 static const char *const method_path[M_COUNT] = {
     [M_HEALTH_CHECK] = "/grpc.health.v1.Health/Check",
+    [M_HEALTH_WATCH] = "/grpc.health.v1.Health/Watch",
     [M_SERVER_LIVE] = "/inference.GRPCInferenceService/ServerLive",
     [M_SERVER_READY] = "/inference.GRPCInferenceService/ServerReady",
     [M_MODEL_READY] = "/inference.GRPCInferenceService/ModelReady",
@@ -251,7 +252,7 @@ ddl_status ddl_client_connect(const char *address, const ddl_client_options *opt
     if (o.token && (strchr(o.token, '\n') || strchr(o.token, '\r') || strlen(o.token) > 4096))
         return ddl__local_error(DDL_EINVAL, "connect: token has a line break or is too long");
     if (o.tune_malloc) {
-        mallopt(M_MMAP_THRESHOLD, 64 << 20);
+        mallopt(M_MMAP_THRESHOLD, 256 << 20); // a 64 MiB weight is not mmap'd per pull
         mallopt(M_TRIM_THRESHOLD, 1 << 30);
     }
 

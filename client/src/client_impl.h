@@ -11,6 +11,7 @@
 // Methods, in the order of the registration table in client.c.
 enum {
     M_HEALTH_CHECK,
+    M_HEALTH_WATCH,
     M_SERVER_LIVE,
     M_SERVER_READY,
     M_MODEL_READY,

@@ -4,6 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <grpc/byte_buffer_reader.h>
+
 #include "client_impl.h"
 #include "distdl/v1/trainer.pb-c.h"
 #include "grpc/health/v1/health.pb-c.h"
@@ -454,6 +456,47 @@ static grpc_byte_buffer *recv_message(ddl__rpc *r)
     return bb;
 }
 
+ddl_status ddl_client_health_watch(ddl_client_t *c, const char *service, ddl_client_health_cb cb,
+                                   void *user_data)
+{
+    if (!cb)
+        return ddl__local_error(DDL_EINVAL, "Watch: callback is NULL");
+    Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
+    req.service = (char *)(service ? service : "");
+    ddl__rpc   r;
+    ddl_status st = ddl__rpc_open(c, M_HEALTH_WATCH, 0, &r);
+    if (st != DDL_OK)
+        return ddl__rpc_close(&r, st);
+    ddl_status local = DDL_OK;
+    int        stopped = 0;
+    if (send_request(&r, &req.base)) {
+        grpc_byte_buffer *bb;
+        while ((bb = recv_message(&r))) {
+            Grpc__Health__V1__HealthCheckResponse *m =
+                (Grpc__Health__V1__HealthCheckResponse *)ddl__unpack(
+                    bb, &grpc__health__v1__health_check_response__descriptor);
+            grpc_byte_buffer_destroy(bb);
+            if (!m) {
+                local = ddl__local_error(DDL_EPROTO, "Watch: malformed response");
+                break;
+            }
+            ddl_health_status hs = (ddl_health_status)m->status;
+            protobuf_c_message_free_unpacked(&m->base, NULL);
+            if (cb(hs, user_data)) {
+                stopped = 1;
+                grpc_call_cancel(r.call, NULL);
+                break;
+            }
+        }
+    }
+    st = ddl__rpc_close(&r, local);
+    if (stopped && st == DDL_ECANCELED) { // our own cancellation is not an error
+        ddl_clear_error();
+        st = DDL_OK;
+    }
+    return st;
+}
+
 ddl_status ddl_client_train(ddl_client_t *c, const ddl_client_train_request *req,
                             ddl_client_progress_cb cb, void *user_data, ddl_client_progress *last)
 {
@@ -517,6 +560,162 @@ ddl_status ddl_client_train(ddl_client_t *c, const ddl_client_train_request *req
     return st;
 }
 
+// ---- PullWeights: chunks parsed in place ---------------------------------------------
+//
+// A WeightChunk arrives as a byte buffer of many slices (a 1 MiB message is ~17). Instead
+// of gathering it into one buffer and unpacking it (two copies of the payload), the fields
+// are decoded straight from the slices and the payload is copied once, into the tensor.
+
+typedef struct slice_cursor {
+    const grpc_slice *s;
+    size_t            n;   // slices
+    size_t            i;   // current slice
+    size_t            off; // offset in it
+} slice_cursor;
+
+static int cur_byte(slice_cursor *c, uint8_t *b)
+{
+    while (c->i < c->n && c->off == GRPC_SLICE_LENGTH(c->s[c->i])) {
+        c->i++;
+        c->off = 0;
+    }
+    if (c->i == c->n)
+        return 0;
+    *b = GRPC_SLICE_START_PTR(c->s[c->i])[c->off++];
+    return 1;
+}
+
+// Decodes a varint; returns the bytes it took (0: truncated or too long).
+static int cur_varint(slice_cursor *c, uint64_t *v)
+{
+    *v = 0;
+    for (int shift = 0, k = 1; shift < 64; shift += 7, k++) {
+        uint8_t b;
+        if (!cur_byte(c, &b))
+            return 0;
+        *v |= (uint64_t)(b & 0x7f) << shift;
+        if (!(b & 0x80))
+            return k;
+    }
+    return 0;
+}
+
+// Copies (dst != NULL) or skips len bytes.
+static int cur_copy(slice_cursor *c, void *dst, size_t len)
+{
+    char *d = dst;
+    while (len > 0) {
+        if (c->i == c->n)
+            return 0;
+        size_t avail = GRPC_SLICE_LENGTH(c->s[c->i]) - c->off;
+        size_t k = avail < len ? avail : len;
+        if (d) {
+            memcpy(d, GRPC_SLICE_START_PTR(c->s[c->i]) + c->off, k);
+            d += k;
+        }
+        c->off += k;
+        len -= k;
+        if (c->off == GRPC_SLICE_LENGTH(c->s[c->i]) && len > 0) {
+            c->i++;
+            c->off = 0;
+        }
+    }
+    return 1;
+}
+
+typedef struct chunk_view {
+    char         name[512];
+    char         datatype[16];
+    int64_t      shape[DDL_CLIENT_MAX_DIMS + 1];
+    size_t       n_shape;
+    int64_t      offset;
+    int          first;
+    size_t       data_len;
+    slice_cursor data_at; // where the payload starts
+} chunk_view;
+
+static int read_string(slice_cursor *c, char *dst, size_t cap)
+{
+    uint64_t len;
+    if (!cur_varint(c, &len) || len >= cap)
+        return 0;
+    if (!cur_copy(c, dst, (size_t)len))
+        return 0;
+    dst[len] = '\0';
+    return 1;
+}
+
+// Decodes a WeightChunk (fields 1 name, 2 datatype, 3 shape, 4 offset, 5 data, 6 first).
+static int parse_chunk(const grpc_slice *slices, size_t n, chunk_view *v)
+{
+    memset(v, 0, sizeof *v);
+    slice_cursor c = {.s = slices, .n = n};
+    for (;;) {
+        uint64_t key;
+        uint8_t  probe;
+        slice_cursor at = c;
+        if (!cur_byte(&at, &probe))
+            return 1; // end of message
+        if (!cur_varint(&c, &key))
+            return 0;
+        unsigned field = (unsigned)(key >> 3), wt = (unsigned)(key & 7);
+        uint64_t u, len;
+        if (field == 1 && wt == 2) {
+            if (!read_string(&c, v->name, sizeof v->name))
+                return 0;
+        } else if (field == 2 && wt == 2) {
+            if (!read_string(&c, v->datatype, sizeof v->datatype))
+                return 0;
+        } else if (field == 3 && wt == 2) { // packed int64s
+            if (!cur_varint(&c, &len))
+                return 0;
+            uint64_t consumed = 0;
+            while (consumed < len) {
+                int k = cur_varint(&c, &u);
+                if (k == 0 || v->n_shape > DDL_CLIENT_MAX_DIMS)
+                    return 0;
+                v->shape[v->n_shape++] = (int64_t)u;
+                consumed += (uint64_t)k;
+            }
+            if (consumed != len)
+                return 0;
+        } else if (field == 3 && wt == 0) { // unpacked
+            if (!cur_varint(&c, &u) || v->n_shape > DDL_CLIENT_MAX_DIMS)
+                return 0;
+            v->shape[v->n_shape++] = (int64_t)u;
+        } else if (field == 4 && wt == 0) {
+            if (!cur_varint(&c, &u))
+                return 0;
+            v->offset = (int64_t)u;
+        } else if (field == 5 && wt == 2) {
+            if (!cur_varint(&c, &len))
+                return 0;
+            v->data_len = (size_t)len;
+            v->data_at = c;
+            if (!cur_copy(&c, NULL, (size_t)len))
+                return 0;
+        } else if (field == 6 && wt == 0) {
+            if (!cur_varint(&c, &u))
+                return 0;
+            v->first = u != 0;
+        } else if (wt == 0) { // unknown fields are skipped, as protobuf does
+            if (!cur_varint(&c, &u))
+                return 0;
+        } else if (wt == 2) {
+            if (!cur_varint(&c, &len) || !cur_copy(&c, NULL, (size_t)len))
+                return 0;
+        } else if (wt == 1) {
+            if (!cur_copy(&c, NULL, 8))
+                return 0;
+        } else if (wt == 5) {
+            if (!cur_copy(&c, NULL, 4))
+                return 0;
+        } else {
+            return 0;
+        }
+    }
+}
+
 // Accumulates pulled chunks into a weight set.
 typedef struct pull_state {
     ddl_client_weights *w;
@@ -524,7 +723,7 @@ typedef struct pull_state {
     size_t              filled; // bytes of the current tensor received
 } pull_state;
 
-static ddl_status pull_chunk(pull_state *ps, const Distdl__V1__WeightChunk *ch)
+static ddl_status pull_chunk(pull_state *ps, chunk_view *ch)
 {
     ddl_client_weights *w = ps->w;
     if (ch->first) {
@@ -553,7 +752,7 @@ static ddl_status pull_chunk(pull_state *ps, const Distdl__V1__WeightChunk *ch)
         }
         ddl_client_tensor *t = &w->tensors[w->count];
         memset(t, 0, sizeof *t);
-        t->name = strdup(ch->name ? ch->name : "");
+        t->name = strdup(ch->name);
         t->data = malloc(bytes ? bytes : 1);
         if (!t->name || !t->data) {
             ddl_client_tensor_release(t);
@@ -569,16 +768,40 @@ static ddl_status pull_chunk(pull_state *ps, const Distdl__V1__WeightChunk *ch)
     if (w->count == 0)
         return ddl__local_error(DDL_EPROTO, "PullWeights: data before the first tensor header");
     ddl_client_tensor *t = &w->tensors[w->count - 1];
-    if (ch->data.len == 0)
+    if (ch->data_len == 0)
         return DDL_OK;
-    if (ch->offset != (int64_t)ps->filled || ch->data.len > t->bytes - ps->filled)
+    if (ch->offset != (int64_t)ps->filled || ch->data_len > t->bytes - ps->filled)
         return ddl__local_error(DDL_EPROTO,
                                 "PullWeights: tensor '%s': chunk at offset %lld of %zu bytes, "
                                 "expected offset %zu of a %zu-byte tensor",
-                                t->name, (long long)ch->offset, ch->data.len, ps->filled, t->bytes);
-    memcpy((char *)t->data + ps->filled, ch->data.data, ch->data.len);
-    ps->filled += ch->data.len;
+                                t->name, (long long)ch->offset, ch->data_len, ps->filled, t->bytes);
+    if (!cur_copy(&ch->data_at, (char *)t->data + ps->filled, ch->data_len))
+        return ddl__local_error(DDL_EPROTO, "PullWeights: truncated chunk");
+    ps->filled += ch->data_len;
     return DDL_OK;
+}
+
+// Parses one received message and applies it.
+static ddl_status pull_message(pull_state *ps, grpc_byte_buffer *bb)
+{
+    chunk_view v;
+    ddl_status st;
+    if (bb->type == GRPC_BB_RAW && bb->data.raw.compression == GRPC_COMPRESS_NONE) {
+        if (!parse_chunk(bb->data.raw.slice_buffer.slices, bb->data.raw.slice_buffer.count, &v))
+            return ddl__local_error(DDL_EPROTO, "PullWeights: malformed chunk");
+        return pull_chunk(ps, &v);
+    }
+    grpc_byte_buffer_reader rd; // compressed: let gRPC inflate it into one slice
+    if (!grpc_byte_buffer_reader_init(&rd, bb))
+        return ddl__local_error(DDL_EPROTO, "PullWeights: cannot read a chunk");
+    grpc_slice s = grpc_byte_buffer_reader_readall(&rd);
+    grpc_byte_buffer_reader_destroy(&rd);
+    if (!parse_chunk(&s, 1, &v))
+        st = ddl__local_error(DDL_EPROTO, "PullWeights: malformed chunk");
+    else
+        st = pull_chunk(ps, &v);
+    grpc_slice_unref(s);
+    return st;
 }
 
 ddl_status ddl_client_pull_weights(ddl_client_t *c, ddl_client_weights **out)
@@ -599,15 +822,8 @@ ddl_status ddl_client_pull_weights(ddl_client_t *c, ddl_client_weights **out)
     if (send_request(&r, &req.base)) {
         grpc_byte_buffer *bb;
         while (local == DDL_OK && (bb = recv_message(&r))) {
-            Distdl__V1__WeightChunk *ch = (Distdl__V1__WeightChunk *)ddl__unpack(
-                bb, &distdl__v1__weight_chunk__descriptor);
+            local = pull_message(&ps, bb);
             grpc_byte_buffer_destroy(bb);
-            if (!ch) {
-                local = ddl__local_error(DDL_EPROTO, "PullWeights: malformed chunk");
-                break;
-            }
-            local = pull_chunk(&ps, ch);
-            protobuf_c_message_free_unpacked(&ch->base, NULL);
         }
     }
     if (local == DDL_OK && ps.w->count > 0 && ps.filled != ps.w->tensors[ps.w->count - 1].bytes)

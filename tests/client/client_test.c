@@ -14,6 +14,7 @@
 //   client_test shutdown    Shutdown RPC (the daemon must then exit 0)
 #define _GNU_SOURCE
 #include <ftw.h>
+#include <signal.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -22,7 +23,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <jansson.h>
 #include <zlib.h>
+
+#include "ddl/data.h" // the engine's own shuffle and batch normalisation
 
 #include "ddl/base.h" // ddl_set_error, for the test's own failures
 #include "ddl_client.h"
@@ -207,6 +211,9 @@ static ddl_client_t *connect_env(void)
     ddl_client_options o = ddl_client_options_default();
     o.tune_malloc = 1;
     o.token = getenv("DDL_TOKEN");
+    o.tls_ca_file = getenv("DDL_TLS_CA");
+    o.tls_cert_file = getenv("DDL_TLS_CERT");
+    o.tls_key_file = getenv("DDL_TLS_KEY");
     ddl_client_t *c;
     if (ddl_client_connect(addr, &o, &c) != DDL_OK) {
         fprintf(stderr, "connect %s: %s\n", addr, ddl_last_error());
@@ -1293,14 +1300,212 @@ static int scenario_mock(ddl_client_t *c)
     // The token: a connection without it is refused.
     if (getenv("DDL_TOKEN")) {
         ddl_client_options o = ddl_client_options_default();
-        ddl_client_t      *c2;
+        o.tls_ca_file = getenv("DDL_TLS_CA");
+        o.tls_cert_file = getenv("DDL_TLS_CERT");
+        o.tls_key_file = getenv("DDL_TLS_KEY");
+        ddl_client_t *c2;
         MUST(ddl_client_connect(getenv("DDL_ADDRESS"), &o, &c2));
         st = ddl_client_get_status(c2, &s);
         CHECK(st == DDL_EREMOTE && ddl_client_last_code() == DDL_RPC_UNAUTHENTICATED,
               "no token: %s", ddl_status_name(st));
         ddl_client_destroy(&c2);
     }
+    // With TLS: a plaintext connection, or one that does not trust the server, fails.
+    if (getenv("DDL_TLS_CA")) {
+        ddl_client_options o = ddl_client_options_default();
+        o.connect_timeout_s = 2;
+        ddl_client_t *c3 = NULL;
+        st = ddl_client_connect(getenv("DDL_ADDRESS"), &o, &c3);
+        CHECK(st == DDL_ETIMEDOUT && !c3, "plaintext connect to a TLS port: %s", ddl_status_name(st));
+        o.tls_ca_file = getenv("DDL_TLS_OTHER_CA");
+        o.tls_cert_file = getenv("DDL_TLS_CERT");
+        o.tls_key_file = getenv("DDL_TLS_KEY");
+        st = ddl_client_connect(getenv("DDL_ADDRESS"), &o, &c3);
+        CHECK(st == DDL_ETIMEDOUT && !c3, "connect trusting another CA: %s", ddl_status_name(st));
+        if (getenv("DDL_TLS_CERT")) { // mTLS: no client certificate, refused
+            o.tls_ca_file = getenv("DDL_TLS_CA");
+            o.tls_cert_file = o.tls_key_file = NULL;
+            o.token = getenv("DDL_TOKEN");
+            st = ddl_client_connect(getenv("DDL_ADDRESS"), &o, &c3);
+            if (st == DDL_OK) {
+                st = ddl_client_get_status(c3, &s);
+                ddl_client_destroy(&c3);
+            }
+            CHECK(st != DDL_OK, "mTLS without a client certificate succeeded");
+        }
+    }
     free_batch(&b);
+    return 0;
+}
+
+// ---- graceful SIGTERM ----------------------------------------------------------------
+
+typedef struct watch_log {
+    ddl_health_status seen[64];
+    int               n;
+    ddl_status        st;
+    ddl_client_t     *c;
+} watch_log;
+
+static int watch_cb(ddl_health_status h, void *ud)
+{
+    watch_log *w = ud;
+    if (w->n < 64)
+        w->seen[w->n++] = h;
+    return 0;
+}
+
+static void *watch_thread(void *p)
+{
+    watch_log *w = p;
+    w->st = ddl_client_health_watch(w->c, "", watch_cb, w);
+    return NULL;
+}
+
+typedef struct train_log {
+    ddl_client_t       *c;
+    volatile int        records;
+    ddl_client_progress last;
+    ddl_status          st;
+    int                 code;
+} train_log;
+
+static int count_cb(const ddl_client_progress *p, void *ud)
+{
+    train_log *t = ud;
+    t->last = *p;
+    t->records++;
+    return 0;
+}
+
+static void *train_thread(void *p)
+{
+    train_log               *t = p;
+    ddl_client_train_request tr = {.steps = 1000000, .progress_every = 1};
+    t->st = ddl_client_train(t->c, &tr, count_cb, t, NULL);
+    t->code = ddl_client_last_code();
+    return NULL;
+}
+
+// SIGTERM to rank 0 during a Train: health goes NOT_SERVING and the Watch ends, the Train
+// stops at a step boundary, and the harness checks every rank exits 0 and that the final
+// checkpoint is durable.
+static int scenario_sigterm(ddl_client_t *c, pid_t rank0)
+{
+    watch_log w = {.c = c};
+    train_log t = {.c = c};
+    pthread_t tw, tt;
+    pthread_create(&tw, NULL, watch_thread, &w);
+    pthread_create(&tt, NULL, train_thread, &t);
+    for (int i = 0; i < 600 && t.records < 5; i++)
+        usleep(50000);
+    CHECK(t.records >= 5, "Train sent %d records in 30 s", t.records);
+    int64_t at = t.last.step;
+    kill(rank0, SIGTERM);
+    pthread_join(tt, NULL);
+    pthread_join(tw, NULL);
+    printf("SIGTERM at step %lld; Train ended after step %lld with %s (%s)\n", (long long)at,
+           (long long)t.last.step, ddl_status_name(t.st), ddl_client_code_name(t.code));
+    CHECK(t.st == DDL_OK || t.code == DDL_RPC_UNAVAILABLE || t.code == DDL_RPC_CANCELLED,
+          "Train ended with %s", ddl_client_code_name(t.code));
+    CHECK(t.last.step >= at && t.last.step < at + 50, "Train went on to step %lld after SIGTERM at %lld",
+          (long long)t.last.step, (long long)at);
+    int serving_first = w.n > 0 && w.seen[0] == DDL_HEALTH_SERVING;
+    int not_serving = 0;
+    for (int i = 1; i < w.n; i++)
+        not_serving |= w.seen[i] == DDL_HEALTH_NOT_SERVING;
+    CHECK(serving_first && not_serving, "Watch saw %d statuses (first %d), NOT_SERVING %d", w.n,
+          w.n ? (int)w.seen[0] : -1, not_serving);
+    CHECK(w.st == DDL_OK, "Watch ended with %s", ddl_status_name(w.st));
+    printf("STOPPED_AT %lld\n", (long long)t.last.step);
+    return 0;
+}
+
+static int scenario_restore_min(ddl_client_t *c, const char *dir, int64_t min_step)
+{
+    int64_t rs = -1;
+    MUST(ddl_client_restore(c, -1, dir, &rs));
+    CHECK(rs >= min_step, "the newest durable checkpoint is step %lld, the Train stopped at %lld",
+          (long long)rs, (long long)min_step);
+    printf("restored step %lld (stopped at %lld)\n", (long long)rs, (long long)min_step);
+    return 0;
+}
+
+// ---- SubmitBatch + Step vs distdl-train ----------------------------------------------
+
+// Feeds the batches distdl-train feeds -- epoch 0 of the spec's seeded shuffle, normalised
+// by the engine's own batch function -- through SubmitBatch and Step(no batch), then
+// compares the weights with distdl-train's export after the same number of steps.
+static int scenario_compare_submit(ddl_client_t *c, const char *spec_name, int64_t steps,
+                                   const char *ref)
+{
+    char *text = spec_text(spec_name);
+    if (!text)
+        return ++failures;
+    json_error_t je;
+    json_t      *spec = json_loads(text, 0, &je);
+    free(text);
+    CHECK(spec != NULL, "spec %s: %s", spec_name, je.text);
+    if (!spec)
+        return 0;
+    uint64_t seed = (uint64_t)json_integer_value(json_object_get(spec, "seed"));
+    int64_t  B = json_integer_value(json_object_get(spec, "batch_size"));
+    json_t  *norm = json_object_get(json_object_get(spec, "data"), "normalize");
+    double   mean = json_number_value(json_object_get(norm, "mean"));
+    double   sd = json_number_value(json_object_get(norm, "std"));
+    int shuffle = json_is_true(json_object_get(json_object_get(spec, "data"), "shuffle"));
+    json_decref(spec);
+    CHECK(B > 0 && sd > 0 && shuffle, "spec batch %lld std %g shuffle %d", (long long)B, sd, shuffle);
+
+    ddl_dataset ds;
+    MUST(ddl_dataset_load_mnist_dir(data_dir, 1, &ds));
+    int64_t *perm = malloc(sizeof(int64_t) * (size_t)ds.n);
+    ddl_dataset_shuffle(ds.n, seed, 0, perm);
+
+    ddl_client_status_info s;
+    MUST(ddl_client_get_status(c, &s));
+    int              qcap = s.queue_capacity > 0 ? s.queue_capacity : 1;
+    ddl_client_batch *q = calloc((size_t)qcap, sizeof *q);
+    for (int i = 0; i < qcap; i++) {
+        q[i].x = (ddl_client_tensor){.name = "x", .dtype = DDL_WIRE_FP32, .ndim = 4,
+                                     .shape = {B, 1, 28, 28}, .bytes = (size_t)B * 784 * 4};
+        q[i].x.data = malloc(q[i].x.bytes);
+        q[i].labels = (ddl_client_tensor){.name = "labels", .dtype = DDL_WIRE_INT64, .ndim = 1,
+                                          .shape = {B}, .bytes = (size_t)B * 8};
+        q[i].labels.data = malloc(q[i].labels.bytes);
+    }
+    int64_t done = 0;
+    while (done < steps) {
+        int n = (int)(steps - done < qcap ? steps - done : qcap);
+        for (int i = 0; i < n; i++)
+            ddl_dataset_batch_f32(&ds, perm + (done + i) * B, B, mean, sd, q[i].x.data,
+                                  q[i].labels.data);
+        int32_t acc = 0;
+        MUST(ddl_client_submit_batches(c, q, n, &acc, NULL));
+        CHECK(acc == n, "accepted %d of %d", acc, n);
+        for (int i = 0; i < n; i++) {
+            ddl_client_step_result r;
+            MUST(ddl_client_step(c, NULL, &r));
+            CHECK(r.step == done + i + 1, "step %lld", (long long)r.step);
+        }
+        done += n;
+    }
+    ddl_client_weights *r, *w;
+    MUST(ddl_safetensors_read(ref, &r));
+    MUST(ddl_client_pull_weights(c, &w));
+    int eq = weights_equal(r, w, 1);
+    CHECK(eq, "weights after %lld submitted batches differ from distdl-train --max-steps %lld",
+          (long long)steps, (long long)steps);
+    if (eq)
+        printf("SubmitBatch+Step x %lld: %lld tensors bitwise equal to %s\n", (long long)steps,
+               (long long)w->count, ref);
+    ddl_client_weights_destroy(&w);
+    ddl_client_weights_destroy(&r);
+    for (int i = 0; i < qcap; i++)
+        free_batch(&q[i]);
+    free(q);
+    free(perm);
+    ddl_dataset_free(&ds);
     return 0;
 }
 
@@ -1334,6 +1539,12 @@ int main(int argc, char **argv)
         scenario_restore(c, argv[2], argv[3]);
     else if (strcmp(sc, "health") == 0)
         scenario_health(c);
+    else if (strcmp(sc, "sigterm") == 0 && argc == 3)
+        scenario_sigterm(c, (pid_t)atoll(argv[2]));
+    else if (strcmp(sc, "restore_min") == 0 && argc == 4)
+        scenario_restore_min(c, argv[2], atoll(argv[3]));
+    else if (strcmp(sc, "compare_submit") == 0 && argc == 5)
+        scenario_compare_submit(c, argv[2], atoll(argv[3]), argv[4]);
     else if (strcmp(sc, "mock") == 0)
         scenario_mock(c);
     else if (strcmp(sc, "shutdown") == 0)

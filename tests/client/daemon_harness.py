@@ -139,7 +139,7 @@ class Harness:
         d.wait_address()
         return d
 
-    def run(self, d, argv, timeout=600, env_extra=None):
+    def run(self, d, argv, timeout=600, env_extra=None, capture=False):
         env = dict(os.environ)
         env["DDL_ADDRESS"] = d.address
         env["DDL_SPEC_DIR"] = self.specs
@@ -150,16 +150,21 @@ class Harness:
         print("$ " + " ".join(shlex.quote(c) for c in argv), flush=True)
         t0 = time.time()
         try:
-            r = subprocess.run(argv, env=env, timeout=timeout)
+            r = subprocess.run(argv, env=env, timeout=timeout,
+                               stdout=subprocess.PIPE if capture else None,
+                               text=True if capture else None)
         except subprocess.TimeoutExpired:
             raise Failure("%s timed out after %d s" % (argv[0], timeout))
+        if capture:
+            print(r.stdout, end="", flush=True)
         print("(%.1f s, exit %d)" % (time.time() - t0, r.returncode), flush=True)
         if r.returncode != 0:
             d.dump()
             raise Failure("%s exited with %d" % (" ".join(argv[:2]), r.returncode))
+        return r.stdout if capture else None
 
     def client(self, d, *args, **kw):
-        self.run(d, [self.client_test] + [str(a) for a in args], **kw)
+        return self.run(d, [self.client_test] + [str(a) for a in args], **kw)
 
     def shutdown(self, d):
         self.client(d, "shutdown")
@@ -197,7 +202,7 @@ def sc_train(h):
     h.shutdown(d)
 
 
-def sc_compare(h, np=2, steps=60):
+def sc_compare(h, np=2, steps=60, submit=False):
     ref = os.path.join(h.work, "distdl-train-np%d.safetensors" % np)
     cmd = [h.mpiexec, "-np", str(np)] + h.mpi_flags + [
         os.path.join(h.build, "bin", "distdl-train"), "--model", h.spec("lenet5-%d.json" % np),
@@ -209,7 +214,10 @@ def sc_compare(h, np=2, steps=60):
         print(r.stdout)
         raise Failure("distdl-train failed (%d)" % r.returncode)
     d = h.start(np, COMMON + ["--model", h.spec("lenet5-%d.json" % np)], "compare")
-    h.client(d, "compare", steps, ref)
+    if submit:
+        h.client(d, "compare_submit", "lenet5-%d.json" % np, steps, ref)
+    else:
+        h.client(d, "compare", steps, ref)
     h.shutdown(d)
 
 
@@ -226,17 +234,25 @@ def sc_checkpoint_np(h):
 
 
 def sc_sigterm(h):
-    d = h.start(4, COMMON + ["--model", h.spec("lenet5-4.json")], "sigterm")
+    """SIGTERM to rank 0 of a 4-rank daemon in the middle of a Train (with a Health.Watch
+    open): the Train stops, health goes NOT_SERVING, every rank exits 0, and the final
+    checkpoint is durable: a 2-rank daemon restores it."""
+    ck = os.path.join(h.work, "ckpt-sigterm")
+    os.makedirs(ck)
+    d = h.start(4, COMMON + ["--model", h.spec("lenet5-4.json"), "--checkpoint-dir", ck], "sigterm")
     h.client(d, "health")
     ranks = d.rank_pids()
     r0 = [p for p, r in ranks.items() if r == 0]
     if len(ranks) != 4 or not r0:
         raise Failure("found ranks %s under mpirun %d" % (ranks, d.proc.pid))
     t0 = time.time()
-    print("SIGTERM to rank 0 (pid %d)" % r0[0], flush=True)
-    os.kill(r0[0], signal.SIGTERM)
+    out = h.client(d, "sigterm", r0[0], capture=True)
+    stopped = [int(l.split()[1]) for l in out.splitlines() if l.startswith("STOPPED_AT ")]
     d.wait_exit(timeout=60)
-    print("all ranks exited 0 %.2f s after SIGTERM" % (time.time() - t0), flush=True)
+    print("all ranks exited 0 %.2f s after the Train began" % (time.time() - t0), flush=True)
+    d2 = h.start(2, COMMON + ["--model", h.spec("lenet5-2.json"), "--checkpoint-dir", ck], "after-sigterm")
+    h.client(d2, "restore_min", ck, stopped[0] if stopped else 1)
+    h.shutdown(d2)
 
 
 def sc_interop(h):
@@ -254,8 +270,34 @@ def sc_mock(h):
     d.kill()
 
 
+def make_cert(d, name):
+    """A self-signed certificate for 127.0.0.1/localhost (it is its own CA)."""
+    crt, key = os.path.join(d, name + ".crt"), os.path.join(d, name + ".key")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key,
+                    "-out", crt, "-days", "2", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return crt, key
+
+
+def sc_mock_tls(h):
+    """The mock over TLS, then mutual TLS, with the token on top."""
+    d0 = tempfile.mkdtemp(prefix="ddl-certs-", dir=h.work)
+    srv_crt, srv_key = make_cert(d0, "server")
+    cli_crt, cli_key = make_cert(d0, "client")
+    other_crt, _ = make_cert(d0, "other")
+    env = {"DDL_TOKEN": "s3cret-token", "DDL_TLS_CA": srv_crt, "DDL_TLS_OTHER_CA": other_crt}
+    d = MockDaemon(h, token="s3cret-token", tls=(srv_crt, srv_key, None))
+    h.client(d, "mock", env_extra=env)
+    d.kill()
+    env.update({"DDL_TLS_CERT": cli_crt, "DDL_TLS_KEY": cli_key})
+    d = MockDaemon(h, token="s3cret-token", tls=(srv_crt, srv_key, cli_crt))
+    h.client(d, "mock", env_extra=env)
+    d.kill()
+
+
 class MockDaemon(Daemon):
-    def __init__(self, h, token):
+    def __init__(self, h, token, tls=None):
         self.h = h
         self.np = 0
         self.dir = tempfile.mkdtemp(prefix="ddl-mock-", dir=h.work)
@@ -266,7 +308,9 @@ class MockDaemon(Daemon):
         self.proc = subprocess.Popen(
             ["/usr/bin/python3", os.path.join(h.source, "tests", "client", "mock_daemon.py"),
              "--proto", os.path.join(h.source, "proto"), "--gen", os.path.join(self.dir, "gen"),
-             "--address-file", self.addr_file, "--token", token],
+             "--address-file", self.addr_file, "--token", token] +
+            (["--tls-cert", tls[0], "--tls-key", tls[1]] if tls else []) +
+            (["--client-ca", tls[2]] if tls and tls[2] else []),
             stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
         h.daemons.append(self)
         self.wait_address()
@@ -297,11 +341,13 @@ def sc_example(h):
 SCENARIOS = {
     "example": sc_example,
     "mock": sc_mock,
+    "mock_tls": sc_mock_tls,
     "lifecycle": sc_lifecycle,
     "bad": sc_bad,
     "train": sc_train,
     "compare": sc_compare,
     "compare_np4": lambda h: sc_compare(h, np=4, steps=30),
+    "compare_submit": lambda h: sc_compare(h, np=2, steps=40, submit=True),
     "checkpoint_np": sc_checkpoint_np,
     "sigterm": sc_sigterm,
     "interop": sc_interop,
@@ -317,7 +363,7 @@ def main():
     p.add_argument("scenario", choices=sorted(SCENARIOS))
     a = p.parse_args()
     h = Harness(a)
-    if a.scenario != "mock" and not os.path.exists(h.distdld):
+    if not a.scenario.startswith("mock") and not os.path.exists(h.distdld):
         print("SKIP: %s is not built" % h.distdld)
         return 7
     try:

@@ -27,6 +27,9 @@ def main():
     p.add_argument("--gen", required=True)
     p.add_argument("--address-file", required=True)
     p.add_argument("--token")
+    p.add_argument("--tls-cert")
+    p.add_argument("--tls-key")
+    p.add_argument("--client-ca", help="require client certificates signed by this CA (mTLS)")
     a = p.parse_args()
     os.makedirs(a.gen, exist_ok=True)
     subprocess.run(["protoc", "-I" + a.proto, "--python_out=" + a.gen,
@@ -164,7 +167,17 @@ def main():
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8),
                          options=[("grpc.max_receive_message_length", 16 << 20)])
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler("distdl.v1.Trainer", handlers),))
-    port = server.add_insecure_port("127.0.0.1:0")
+    if a.tls_cert:
+        def rd(path):
+            with open(path, "rb") as f:
+                return f.read()
+        creds = grpc.ssl_server_credentials(
+            [(rd(a.tls_key), rd(a.tls_cert))],
+            root_certificates=rd(a.client_ca) if a.client_ca else None,
+            require_client_auth=bool(a.client_ca))
+        port = server.add_secure_port("127.0.0.1:0", creds)
+    else:
+        port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     tmp = a.address_file + ".tmp"
     with open(tmp, "w") as f:

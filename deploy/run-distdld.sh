@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Starts distdld with distributed LeNet-5 on 4 ranks, serving on 127.0.0.1 (a free port,
 # written to $OUT_DIR/distdld.addr), checkpointing into $OUT_DIR/checkpoints and resuming
-# from there. Extra arguments go to distdld. Stop it with `kill -TERM <rank 0 pid>` (in the
-# "listening on" line), the Shutdown RPC, or SIGTERM to mpirun (the sigkill timeout below
-# gives the graceful shutdown time before mpirun escalates to SIGKILL).
+# from there. Extra arguments go to distdld. Stop it with `kill -USR2 <mpirun pid>`,
+# `kill -TERM <rank 0 pid>` (in the "listening on" line) or the Shutdown RPC; `kill -USR1
+# <mpirun pid>` checkpoints. SIGTERM to mpirun works too (the sigkill timeout below gives the
+# graceful shutdown time before mpirun escalates to SIGKILL), but mpirun then exits 1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT_DIR:-run}"

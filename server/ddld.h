@@ -42,6 +42,7 @@ typedef struct ddld_config {
     const char *data_root;      // --data-root
     const char *checkpoint_dir; // --checkpoint-dir
     int64_t     checkpoint_every;
+    int64_t     checkpoint_interval; // seconds between timed checkpoints (0: none)
     bool        resume;
     int64_t     max_message_bytes;
     int         queue;          // --queue: pending requests and submitted batches
@@ -164,7 +165,7 @@ typedef struct ddld_job {
     uint64_t         model_gen; // the model the staging layout belongs to
 } ddld_job;
 
-enum { DDLD_JOB_CHECKPOINT = 1, DDLD_JOB_SHUTDOWN = 2 };
+enum { DDLD_JOB_SHUTDOWN = 1 };
 
 typedef struct ddld_service ddld_service;
 
@@ -181,6 +182,9 @@ int       ddld_service_queue_depth(ddld_service *svc);
 // Shutdown phase 1: refuse new work, health NOT_SERVING, finish Watch streams, fail every
 // queued job UNAVAILABLE. Main thread.
 void      ddld_service_close(ddld_service *svc);
+// Shutdown phase 0: the decision. GetStatus says "shutting_down" and health NOT_SERVING
+// from now on, before any reply that announced the shutdown leaves. Any thread.
+void      ddld_shared_mark_shutdown(void);
 // Shutdown phase 2: the gRPC teardown (shutdown_and_notify, grace, cancel_all, destroy,
 // cq drain, grpc_shutdown) and frees svc.
 void      ddld_service_stop(ddld_service **svc, double grace_s);
@@ -247,6 +251,12 @@ void ddld_dispatch_set_hooks(ddld_dispatch *d, ddld_service *svc, void (*poll)(v
 int  ddld_dispatch_startup(ddld_dispatch *d);
 // Validates and runs one job; completes its call; frees the job.
 void ddld_dispatch_run(ddld_dispatch *d, ddld_job *job);
+// SIGUSR1: asks for a checkpoint into --checkpoint-dir; a running Train takes it at the
+// next step boundary and goes on, otherwise the main loop runs it when the job ends.
+void ddld_dispatch_request_checkpoint(ddld_dispatch *d);
+// The timer's variant: only when steps were taken since the newest durable checkpoint.
+void ddld_dispatch_request_checkpoint_if_stale(ddld_dispatch *d);
+void ddld_dispatch_checkpoint_pending(ddld_dispatch *d);
 // Final checkpoint at shutdown (when --checkpoint-dir is set and a model exists).
 void ddld_dispatch_final_checkpoint(ddld_dispatch *d);
 // Releases the workers: they leave their loop with `code`.

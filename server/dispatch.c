@@ -76,6 +76,7 @@ struct ddld_dispatch {
     uint64_t   pull_version;     // weights_version the snapshot holds (0: none)
     uint64_t   weights_version;  // bumps with every command that may change weights
     bool     verbose;         // DDLD_VERBOSE=1: timings of the weight paths
+    bool     ckpt_requested;  // SIGUSR1: checkpoint at the next step boundary or when idle
 };
 
 // ---- model info (rank 0) ------------------------------------------------------------------
@@ -670,18 +671,18 @@ static void set_state(const char *state)
 
 // ---- handlers (rank 0, main thread) -----------------------------------------------------------
 
-static ddl_status create_model(ddld_dispatch *d, const char *text, const char *source,
-                               bool replace, const char *name, char *err, size_t errlen,
-                               grpc_status_code *code)
+static ddl_status create_model(ddld_dispatch *d, const char *what, const char *text,
+                               const char *source, bool replace, const char *name, char *err,
+                               size_t errlen, grpc_status_code *code)
 {
     if (d->s != NULL && !replace) {
         *code = GRPC_STATUS_FAILED_PRECONDITION;
-        snprintf(err, errlen, "CreateModel: a model exists (set replace to replace it)");
+        snprintf(err, errlen, "%s: a model exists (set replace to replace it)", what);
         return DDL_EBUSY;
     }
     if (text == NULL || text[0] == '\0') {
         *code = GRPC_STATUS_INVALID_ARGUMENT;
-        snprintf(err, errlen, "CreateModel: spec_json is empty");
+        snprintf(err, errlen, "%s: spec_json is empty", what);
         return DDL_EINVAL;
     }
     // Complete validation on rank 0 first: a bad spec costs the other ranks nothing.
@@ -697,8 +698,8 @@ static ddl_status create_model(ddld_dispatch *d, const char *text, const char *s
     }
     if (st != DDL_OK) {
         *code = ddld_status_to_grpc(st);
-        snprintf(err, errlen, "CreateModel: %s", ddl_last_error()[0] ? ddl_last_error()
-                                                                      : ddl_strerror(st));
+        snprintf(err, errlen, "%s: %s", what,
+                 ddl_last_error()[0] ? ddl_last_error() : ddl_strerror(st));
         return st;
     }
     clear_batches();
@@ -717,7 +718,7 @@ static void on_create(ddld_dispatch *d, ddld_job *job)
     const Distdl__V1__CreateModelRequest *q = (const void *)job->msg;
     char             err[1024];
     grpc_status_code code = GRPC_STATUS_OK;
-    if (create_model(d, q->spec_json, "spec_json", q->replace, q->name, err, sizeof err,
+    if (create_model(d, "CreateModel", q->spec_json, "spec_json", q->replace, q->name, err, sizeof err,
                      &code) != DDL_OK) {
         fail(job, code, "%s", err);
         return;
@@ -805,7 +806,9 @@ struct train_ctx {
     ddld_dispatch *d;
     ddld_job      *job;
     int            every;
-    bool           stop_shutdown, stop_cancel;
+    int64_t        base_done; // steps done by earlier segments of this call
+    int64_t        total;     // steps planned for the whole call
+    bool           stop_shutdown, stop_cancel, stop_ckpt;
 };
 
 static bool progress_cb(const ddl_progress *pr, void *ud)
@@ -813,11 +816,15 @@ static bool progress_cb(const ddl_progress *pr, void *ud)
     struct payload   *p = ud;
     struct train_ctx *t = p->tctx;
     ddld_dispatch    *d = t->d;
+    int64_t           done = t->base_done + pr->done;
+    if (t->base_done == 0) {
+        t->total = pr->total;
+    }
     publish_progress(d);
     pthread_mutex_lock(&ddld_g.mu);
     ddld_g.last_loss = pr->loss;
     pthread_mutex_unlock(&ddld_g.mu);
-    if (t->job->call != NULL && (pr->epoch_end || pr->done % t->every == 0)) {
+    if (t->job->call != NULL && (pr->epoch_end || done % t->every == 0)) {
         Distdl__V1__TrainProgress r = DISTDL__V1__TRAIN_PROGRESS__INIT;
         r.step = pr->step;
         r.epoch = pr->epoch;
@@ -826,25 +833,25 @@ static bool progress_cb(const ddl_progress *pr, void *ud)
         r.loss = pr->loss;
         r.accuracy = pr->accuracy;
         r.images_per_second = pr->images_per_s;
-        r.done = pr->done;
-        r.total = pr->total;
+        r.done = done;
+        r.total = t->total;
         r.epoch_end = pr->epoch_end;
         r.durable = pr->durable;
         r.mean_loss = pr->mean_loss;
         ddld_call_send(t->job->call, &r.base);
     }
     if (d->poll != NULL) {
-        d->poll(d->ud); // signals and timers: may begin shutdown
+        d->poll(d->ud); // signals and timers: may begin shutdown or ask for a checkpoint
     }
-    if (d->stopping != NULL && d->stopping(d->ud)) {
-        t->stop_shutdown = true;
-    }
-    if (t->job->call != NULL && ddld_call_cancelled(t->job->call)) {
-        t->stop_cancel = true;
-    }
-    return t->stop_shutdown || t->stop_cancel;
+    t->stop_shutdown = d->stopping != NULL && d->stopping(d->ud);
+    t->stop_cancel = t->job->call != NULL && ddld_call_cancelled(t->job->call);
+    t->stop_ckpt = d->ckpt_requested;
+    return t->stop_shutdown || t->stop_cancel || t->stop_ckpt;
 }
 
+// Train runs in segments: a checkpoint requested meanwhile (SIGUSR1) stops the session at
+// the step boundary, is written, and training goes on with the steps that remain, on the
+// same stream.
 static void on_train(ddld_dispatch *d, ddld_job *job)
 {
     const Distdl__V1__TrainRequest *q = (const void *)job->msg;
@@ -867,10 +874,34 @@ static void on_train(ddld_dispatch *d, ddld_job *job)
     }
     struct train_ctx t = {.d = d, .job = job, .every = q->progress_every > 0 ? q->progress_every : 1};
     struct payload   p;
-    memset(&p, 0, sizeof p);
-    p.tctx = &t;
+    int64_t          steps = q->steps, epochs = q->epochs, done = 0;
+    double           loss_sum = 0, acc_sum = 0, seconds = 0;
+    ddl_status       st;
     set_state("training");
-    ddl_status st = run(d, DDLD_OP_TRAIN, 0, q->steps, q->epochs, &p);
+    for (;;) {
+        memset(&p, 0, sizeof p);
+        p.tctx = &t;
+        t.stop_ckpt = false;
+        double t0 = MPI_Wtime();
+        st = run(d, DDLD_OP_TRAIN, 0, steps, epochs, &p);
+        seconds += MPI_Wtime() - t0;
+        if (st != DDL_OK) {
+            break;
+        }
+        done += p.train.steps_done;
+        loss_sum += p.train.mean_loss * (double)p.train.steps_done;
+        acc_sum += p.train.accuracy * (double)p.train.steps_done;
+        t.base_done = done;
+        if (!t.stop_ckpt || t.stop_shutdown || t.stop_cancel) {
+            break;
+        }
+        ddld_dispatch_checkpoint_pending(d);
+        if (done >= t.total) {
+            break;
+        }
+        steps = t.total - done;
+        epochs = 0;
+    }
     set_state("idle");
     publish_progress(d);
     if (st != DDL_OK) {
@@ -886,12 +917,13 @@ static void on_train(ddld_dispatch *d, ddld_job *job)
     r.epoch = cur.epoch;
     r.batch = cur.batch;
     r.steps_per_epoch = ddl_session_steps_per_epoch(d->s);
-    r.loss = p.train.mean_loss;
-    r.mean_loss = p.train.mean_loss;
-    r.accuracy = p.train.accuracy;
-    r.images_per_second = p.train.images_per_s;
-    r.done = p.train.steps_done;
-    r.total = q->steps > 0 ? q->steps : r.done;
+    r.loss = done > 0 ? loss_sum / (double)done : 0;
+    r.mean_loss = r.loss;
+    r.accuracy = done > 0 ? acc_sum / (double)done : 0;
+    r.images_per_second =
+        seconds > 0 ? (double)done * (double)ddld_g.info.batch_size / seconds : 0;
+    r.done = done;
+    r.total = t.total > 0 ? t.total : done;
     r.durable = p.train.durable_step == p.train.step;
     r.finished = true;
     ddld_call_send(job->call, &r.base);
@@ -1307,8 +1339,39 @@ static void on_shutdown(ddld_dispatch *d, ddld_job *job)
         r.durable_step = step;
     }
     ddld_log("Shutdown requested by a client");
+    ddld_shared_mark_shutdown();
     ddld_call_finish(job->call, GRPC_STATUS_OK, NULL, &r.base);
     ddld_service_push_internal(d->svc, DDLD_JOB_SHUTDOWN);
+}
+
+void ddld_dispatch_request_checkpoint(ddld_dispatch *d)
+{
+    d->ckpt_requested = true;
+}
+
+void ddld_dispatch_request_checkpoint_if_stale(ddld_dispatch *d)
+{
+    if (d->s != NULL && d->cfg->checkpoint_dir != NULL &&
+        ddl_session_durable_step(d->s) != ddl_model_step(ddl_session_model(d->s))) {
+        d->ckpt_requested = true;
+    }
+}
+
+void ddld_dispatch_checkpoint_pending(ddld_dispatch *d)
+{
+    if (!d->ckpt_requested) {
+        return;
+    }
+    d->ckpt_requested = false;
+    if (d->s == NULL || d->cfg->checkpoint_dir == NULL) {
+        ddld_log("checkpoint requested but %s", d->s == NULL ? "there is no model"
+                                                             : "there is no --checkpoint-dir");
+        return;
+    }
+    int64_t step;
+    if (save(d, d->cfg->checkpoint_dir, &step) != DDL_OK) {
+        ddld_log("requested checkpoint failed: %s", ddl_last_error());
+    }
 }
 
 void ddld_dispatch_final_checkpoint(ddld_dispatch *d)
@@ -1329,6 +1392,13 @@ void ddld_dispatch_final_checkpoint(ddld_dispatch *d)
 void ddld_dispatch_run(ddld_dispatch *d, ddld_job *job)
 {
     ddl_clear_error();
+    // A call that was cancelled (or passed its deadline) while it waited in the queue is
+    // not executed: its client has already been told it failed.
+    if (job->call != NULL && ddld_call_cancelled(job->call)) {
+        fail(job, GRPC_STATUS_CANCELLED, "cancelled while queued");
+        ddld_job_free(job);
+        return;
+    }
     switch (job->method) {
     case DDLD_M_CREATE_MODEL:
         on_create(d, job);
@@ -1364,17 +1434,6 @@ void ddld_dispatch_run(ddld_dispatch *d, ddld_job *job)
         on_shutdown(d, job);
         break;
     case DDLD_M_INTERNAL:
-        if (job->internal == DDLD_JOB_CHECKPOINT) {
-            if (d->s == NULL || d->cfg->checkpoint_dir == NULL) {
-                ddld_log("SIGUSR1: no checkpoint (%s)",
-                         d->s == NULL ? "no model" : "no --checkpoint-dir");
-            } else {
-                int64_t step;
-                if (save(d, d->cfg->checkpoint_dir, &step) != DDL_OK) {
-                    ddld_log("SIGUSR1 checkpoint failed: %s", ddl_last_error());
-                }
-            }
-        }
         break;
     default:
         fail(job, GRPC_STATUS_INTERNAL, "no handler for method %d", job->method);
@@ -1421,7 +1480,7 @@ int ddld_dispatch_startup(ddld_dispatch *d)
         return 2;
     }
     grpc_status_code code;
-    ddl_status st = create_model(d, text, cfg->model_path, false, NULL, err, sizeof err, &code);
+    ddl_status st = create_model(d, "--model", text, cfg->model_path, false, NULL, err, sizeof err, &code);
     free(text);
     if (st != DDL_OK) {
         ddld_log("%s", err);

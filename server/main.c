@@ -6,11 +6,13 @@
 //          [--resume] [--max-message-bytes N] [--queue N]
 //
 // Rank 0's main thread runs a libuv loop: an async handle wakes it when the gRPC thread
-// queued work, signal handles turn SIGTERM/SIGINT into a graceful shutdown and SIGUSR1
-// into a checkpoint. Ranks > 0 ignore those signals (mpirun forwards SIGUSR1 to every
-// rank) and wait for commands (dispatch.c). Launch with `--mca odls_base_sigkill_timeout
-// 30` (or more than the grace period plus the final checkpoint): mpirun turns its own
-// SIGTERM into a SIGKILL of the ranks after that many seconds.
+// queued work, signal handles turn SIGTERM/SIGINT/SIGUSR2 into a graceful shutdown and
+// SIGUSR1 into a checkpoint. Ranks > 0 ignore those signals (mpirun forwards SIGUSR1 and
+// SIGUSR2 to every rank at once, so `kill -USR2 <mpirun>` is the clean way to stop the
+// job from outside) and wait for commands (dispatch.c). SIGTERM to mpirun reaches the
+// ranks only after `odls_base_sigkill_timeout` seconds and is followed by SIGKILL as long
+// again: launch with `--mca odls_base_sigkill_timeout 30` (more than the grace period
+// plus the final checkpoint) if you stop it that way.
 #include <errno.h>
 #include <limits.h>
 #include <signal.h>
@@ -53,11 +55,13 @@ static const char usage[] =
     "                            (default /usr/share/datasets/fashion-mnist)\n"
     "  --checkpoint-dir DIR      checkpoints (Checkpoint, SIGUSR1, shutdown, --checkpoint-every)\n"
     "  --checkpoint-every K      checkpoint every K training steps (needs --checkpoint-dir)\n"
+    "  --checkpoint-interval S   also checkpoint every S seconds when steps were taken\n"
     "  --resume                  restore the latest checkpoint of --checkpoint-dir, if any\n"
     "  --max-message-bytes N     largest request message accepted (default 67108864)\n"
     "  --queue N                 pending requests and submitted batches (default 64)\n"
     "  --grace SECONDS           shutdown grace for in-flight calls (default 5)\n"
-    "Signals to rank 0: SIGTERM/SIGINT shut down gracefully, SIGUSR1 checkpoints now.\n";
+    "Signals: SIGTERM/SIGINT to rank 0, or SIGUSR2 to mpirun, shut down gracefully;\n"
+    "SIGUSR1 (to mpirun or rank 0) checkpoints now.\n";
 
 static bool parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out)
 {
@@ -105,7 +109,8 @@ static int parse_args(int argc, char **argv, ddld_config *cfg, bool print)
         }
         static const char *const with_value[] = {
             "--model", "--listen", "--address-file", "--data-root", "--checkpoint-dir",
-            "--checkpoint-every", "--max-message-bytes", "--queue", "--grace"};
+            "--checkpoint-every", "--checkpoint-interval", "--max-message-bytes", "--queue",
+            "--grace"};
         bool known = false;
         for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) {
             known = known || strcmp(name, with_value[k]) == 0;
@@ -146,6 +151,9 @@ static int parse_args(int argc, char **argv, ddld_config *cfg, bool print)
         } else if (strcmp(name, "--checkpoint-every") == 0) {
             ok = parse_int(val, 1, INT64_MAX, &v);
             cfg->checkpoint_every = v;
+        } else if (strcmp(name, "--checkpoint-interval") == 0) {
+            ok = parse_int(val, 1, 365L * 24 * 3600, &v);
+            cfg->checkpoint_interval = v;
         } else if (strcmp(name, "--max-message-bytes") == 0) {
             ok = parse_int(val, 4096, INT_MAX, &v);
             cfg->max_message_bytes = v;
@@ -166,6 +174,8 @@ static int parse_args(int argc, char **argv, ddld_config *cfg, bool print)
     const char *problem = NULL;
     if (cfg->checkpoint_every > 0 && cfg->checkpoint_dir == NULL) {
         problem = "--checkpoint-every needs --checkpoint-dir";
+    } else if (cfg->checkpoint_interval > 0 && cfg->checkpoint_dir == NULL) {
+        problem = "--checkpoint-interval needs --checkpoint-dir";
     } else if (cfg->resume && cfg->checkpoint_dir == NULL) {
         problem = "--resume needs --checkpoint-dir";
     } else if (cfg->resume && cfg->model_path == NULL) {
@@ -185,9 +195,11 @@ static int parse_args(int argc, char **argv, ddld_config *cfg, bool print)
 static struct {
     uv_loop_t     loop;
     uv_async_t    wake;
-    uv_signal_t   sig_term, sig_int, sig_usr1;
-    ddld_service *svc;
-    bool          shutdown;
+    uv_signal_t   sig_term, sig_int, sig_usr1, sig_usr2;
+    uv_timer_t    ckpt_timer;
+    ddld_service  *svc;
+    ddld_dispatch *d;
+    bool           shutdown;
 } r0;
 
 static void wake_from_grpc(void *ud)
@@ -206,11 +218,21 @@ static void on_signal(uv_signal_t *h, int signum)
     (void)h;
     if (signum == SIGUSR1) {
         ddld_log("SIGUSR1: checkpoint requested");
-        ddld_service_push_internal(r0.svc, DDLD_JOB_CHECKPOINT);
+        ddld_dispatch_request_checkpoint(r0.d);
     } else if (!r0.shutdown) {
-        ddld_log("%s: shutting down gracefully", signum == SIGTERM ? "SIGTERM" : "SIGINT");
+        ddld_log("%s: shutting down gracefully",
+                 signum == SIGTERM ? "SIGTERM" : signum == SIGINT ? "SIGINT" : "SIGUSR2");
+        ddld_shared_mark_shutdown();
         r0.shutdown = true;
     }
+}
+
+// Timed checkpoints go the SIGUSR1 way: at the next step boundary of a Train, or when the
+// current command ends.
+static void on_ckpt_timer(uv_timer_t *h)
+{
+    (void)h;
+    ddld_dispatch_request_checkpoint_if_stale(r0.d);
 }
 
 static void poll_loop(void *ud)
@@ -270,6 +292,7 @@ static void close_handle(uv_handle_t *h, void *arg)
 
 static int run_rank0(const ddld_config *cfg, ddld_dispatch *d)
 {
+    r0.d = d;
     int code = ddld_dispatch_startup(d);
     if (code != 0) {
         ddld_dispatch_quit(d, code);
@@ -280,9 +303,16 @@ static int run_rank0(const ddld_config *cfg, ddld_dispatch *d)
     uv_signal_init(&r0.loop, &r0.sig_term);
     uv_signal_init(&r0.loop, &r0.sig_int);
     uv_signal_init(&r0.loop, &r0.sig_usr1);
+    uv_signal_init(&r0.loop, &r0.sig_usr2);
     uv_signal_start(&r0.sig_term, on_signal, SIGTERM);
     uv_signal_start(&r0.sig_int, on_signal, SIGINT);
     uv_signal_start(&r0.sig_usr1, on_signal, SIGUSR1);
+    uv_signal_start(&r0.sig_usr2, on_signal, SIGUSR2);
+    uv_timer_init(&r0.loop, &r0.ckpt_timer);
+    if (cfg->checkpoint_interval > 0) {
+        uint64_t ms = (uint64_t)cfg->checkpoint_interval * 1000;
+        uv_timer_start(&r0.ckpt_timer, on_ckpt_timer, ms, ms);
+    }
 
     int port = 0;
     r0.svc = ddld_service_start(cfg, wake_from_grpc, NULL, &port);
@@ -304,6 +334,7 @@ static int run_rank0(const ddld_config *cfg, ddld_dispatch *d)
         }
         while (!r0.shutdown) {
             uv_run(&r0.loop, UV_RUN_ONCE);
+            ddld_dispatch_checkpoint_pending(d);
             ddld_job *job;
             while (!r0.shutdown && (job = ddld_service_pop(r0.svc)) != NULL) {
                 if (job->method == DDLD_M_INTERNAL && job->internal == DDLD_JOB_SHUTDOWN) {
@@ -312,6 +343,7 @@ static int run_rank0(const ddld_config *cfg, ddld_dispatch *d)
                     break;
                 }
                 ddld_dispatch_run(d, job);
+                ddld_dispatch_checkpoint_pending(d);
             }
         }
         // The order gRPC needs (REPORT.md §10): refuse and fail what is queued, then the
@@ -370,6 +402,7 @@ int main(int argc, char **argv)
         signal(SIGTERM, SIG_IGN);
         signal(SIGINT, SIG_IGN);
         signal(SIGUSR1, SIG_IGN);
+        signal(SIGUSR2, SIG_IGN);
         code = ddld_dispatch_worker_loop(d);
     }
     ddld_dispatch_destroy(&d);

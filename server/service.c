@@ -1279,12 +1279,17 @@ ddld_service *ddld_service_start(const ddld_config *cfg, void (*wake)(void *), v
     return svc;
 }
 
-void ddld_service_close(ddld_service *svc)
+void ddld_shared_mark_shutdown(void)
 {
     pthread_mutex_lock(&ddld_g.mu);
     ddld_g.serving = false;
     ddld_g.state = "shutting_down";
     pthread_mutex_unlock(&ddld_g.mu);
+}
+
+void ddld_service_close(ddld_service *svc)
+{
+    ddld_shared_mark_shutdown();
 
     pthread_mutex_lock(&svc->mu);
     svc->closing = true;

@@ -335,9 +335,13 @@ ddl_status ddl_model_create(MPI_Comm comm, const ddl_spec_t *spec, ddl_model_t *
     DDL_REQUIRE(size == spec->world_size, DDL_EINVAL,
                 "model: the spec %s is for %d ranks, the job has %d (mpirun -np %d)", spec->source,
                 spec->world_size, size, spec->world_size);
-    ddl_model_t *m = ddl_calloc(1, sizeof *m);
-    DDL_CHECK(ddl_agree(comm, m != NULL ? DDL_OK
-                                        : ddl_set_error(DDL_ENOMEM, "model: out of memory")));
+    ddl_model_t *m  = ddl_calloc(1, sizeof *m);
+    ddl_status   st = ddl_agree(comm, m != NULL ? DDL_OK
+                                                : ddl_set_error(DDL_ENOMEM, "model: out of memory"));
+    if (st != DDL_OK) {
+        ddl_free(m);
+        return st;
+    }
     m->rank = rank;
     // Our own communicator: the caller's traffic on comm never meets the engine's.
     if (MPI_Comm_dup(comm, &m->comm) != MPI_SUCCESS) {
@@ -345,7 +349,7 @@ ddl_status ddl_model_create(MPI_Comm comm, const ddl_spec_t *spec, ddl_model_t *
         return ddl_set_error(DDL_EMPI, "model: MPI_Comm_dup failed");
     }
     MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
-    ddl_status st = ddl_agree(m->comm, ddl_spec_parse(spec->text, spec->source, size, &m->spec));
+    st = ddl_agree(m->comm, ddl_spec_parse(spec->text, spec->source, size, &m->spec));
     if (st == DDL_OK) {
         st = build(m);
     }
@@ -377,9 +381,14 @@ void ddl_model_destroy(ddl_model_t **mp)
     for (int i = 0; m->layers != NULL && i < m->nlayers; i++) {
         ddl_layer_destroy(&m->layers[i]);
     }
-    for (int i = 0; m->act != NULL && i <= m->nlayers; i++) {
-        ddl_tensor_destroy(&m->act[i]);
-        ddl_tensor_destroy(&m->dact[i]);
+    // Any of the tables may be missing after a failed create.
+    for (int i = 0; i <= m->nlayers; i++) {
+        if (m->act != NULL) {
+            ddl_tensor_destroy(&m->act[i]);
+        }
+        if (m->dact != NULL) {
+            ddl_tensor_destroy(&m->dact[i]);
+        }
     }
     if (m->spec != NULL) {
         for (int i = 0; m->parts != NULL && i < m->spec->nparts; i++) {

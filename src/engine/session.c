@@ -104,7 +104,11 @@ static ddl_status bcast_string(MPI_Comm comm, int rank, const char *in, char **o
     }
     char      *buf = ddl_malloc((size_t)len + 1);
     ddl_status st  = buf != NULL ? DDL_OK : ddl_set_error(DDL_ENOMEM, "session: out of memory");
-    DDL_CHECK(ddl_agree(comm, st));
+    st             = ddl_agree(comm, st);
+    if (st != DDL_OK) {
+        ddl_free(buf);
+        return st;
+    }
     if (rank == 0) {
         memcpy(buf, in, (size_t)len);
     }
@@ -227,9 +231,13 @@ ddl_status ddl_session_create(MPI_Comm comm, const char *spec_text, const char *
 {
     DDL_REQUIRE(out != NULL, DDL_EINVAL, "session: out must not be NULL");
     *out             = NULL;
-    ddl_session_t *s = ddl_calloc(1, sizeof *s);
-    DDL_CHECK(ddl_agree(comm, s != NULL ? DDL_OK
-                                        : ddl_set_error(DDL_ENOMEM, "session: out of memory")));
+    ddl_session_t *s  = ddl_calloc(1, sizeof *s);
+    ddl_status     st = ddl_agree(comm, s != NULL ? DDL_OK
+                                                  : ddl_set_error(DDL_ENOMEM, "session: out of memory"));
+    if (st != DDL_OK) {
+        ddl_free(s);
+        return st;
+    }
     if (MPI_Comm_dup(comm, &s->comm) != MPI_SUCCESS) {
         ddl_free(s);
         return ddl_set_error(DDL_EMPI, "session: MPI_Comm_dup failed");
@@ -239,7 +247,7 @@ ddl_status ddl_session_create(MPI_Comm comm, const char *spec_text, const char *
     MPI_Comm_size(s->comm, &s->size);
     s->durable_step = -1;
     s->perm_epoch   = -1;
-    ddl_status st   = create_body(s, spec_text, source, opts);
+    st              = create_body(s, spec_text, source, opts);
     if (st != DDL_OK) {
         ddl_session_destroy(&s);
         return st;

@@ -8,6 +8,7 @@
 
 #include "ddl/base.h"
 #include "ddl/decomp.h"
+#include "ddl/agree.h"
 #include "ddl/partition.h"
 #include "partition/mpi_check.h"
 
@@ -73,18 +74,20 @@ ddl_status ddl_partition_create(MPI_Comm base, int nranks, const int *ranks, int
     if (P == NULL || r == NULL) {
         ddl_free(P);
         ddl_free(r);
-        // A member still joins the group creation, so the other members are not left
-        // waiting in MPI_Comm_create_group; the caller agrees on the failure afterwards.
+        ddl_status st = ddl_set_error(DDL_ENOMEM, "partition: out of memory");
+        // A member still joins the group creation and the members' agreement, so the
+        // other members fail with it instead of waiting in MPI_Comm_create_group.
         for (int i = 0; i < nranks; i++) {
             if (ranks[i] == base_rank) {
-                MPI_Comm unused;
-                if (comm_create(base, nranks, ranks, 0, &unused) == DDL_OK) {
-                    MPI_Comm_free(&unused);
+                MPI_Comm tmp;
+                if (comm_create(base, nranks, ranks, 0, &tmp) == DDL_OK) {
+                    st = ddl_agree(tmp, st);
+                    MPI_Comm_free(&tmp);
                 }
                 break;
             }
         }
-        return ddl_set_error(DDL_ENOMEM, "partition: out of memory");
+        return st;
     }
     memcpy(r, ranks, sizeof(int) * (size_t)nranks);
     P->base      = base;
@@ -104,6 +107,10 @@ ddl_status ddl_partition_create(MPI_Comm base, int nranks, const int *ranks, int
     if (P->position >= 0) {
         ddl_index_unravel(ndim, shape, P->position, P->index);
         ddl_status st = comm_create(base, nranks, r, 0, &P->comm);
+        if (st == DDL_OK) {
+            // The members agree, so a member that failed above fails them all.
+            st = ddl_agree(P->comm, st);
+        }
         if (st != DDL_OK) {
             ddl_partition_destroy(&P);
             return st;
@@ -119,7 +126,30 @@ ddl_status ddl_partition_union(const ddl_partition_t *P, const ddl_partition_t *
     DDL_REQUIRE(P->base == Q->base, DDL_EINVAL, "partition union: different base communicators");
     int *r = ddl_malloc(sizeof(int) * (size_t)(P->nranks + Q->nranks));
     if (r == NULL) {
-        return ddl_set_error(DDL_ENOMEM, "partition union: out of memory");
+        ddl_status st = ddl_set_error(DDL_ENOMEM, "partition union: out of memory");
+        if (ddl_partition_position(P, P->base_rank) < 0 &&
+            ddl_partition_position(Q, Q->base_rank) < 0) {
+            return st;
+        }
+        // A member of the union joins its creation (built from MPI groups, which need no
+        // memory of ours; MPI_Group_union keeps P's ranks first, then Q's others) and the
+        // members' agreement, so they all fail with it.
+        MPI_Group world, gp, gq, gu;
+        MPI_Comm  tmp = MPI_COMM_NULL;
+        if (MPI_Comm_group(P->base, &world) == MPI_SUCCESS) {
+            MPI_Group_incl(world, P->nranks, P->ranks, &gp);
+            MPI_Group_incl(world, Q->nranks, Q->ranks, &gq);
+            MPI_Group_union(gp, gq, &gu);
+            if (MPI_Comm_create_group(P->base, gu, 0, &tmp) == MPI_SUCCESS) {
+                st = ddl_agree(tmp, st);
+                MPI_Comm_free(&tmp);
+            }
+            MPI_Group_free(&gu);
+            MPI_Group_free(&gq);
+            MPI_Group_free(&gp);
+            MPI_Group_free(&world);
+        }
+        return st;
     }
     int n = 0;
     for (int i = 0; i < P->nranks; i++) {

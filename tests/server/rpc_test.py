@@ -6,6 +6,7 @@ usage: rpc_test.py MPIEXEC [mpiexec flags...] -- DISTDLD NP SPEC
 """
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -220,6 +221,24 @@ def main():
         assert rr.step == st0, rr
         expect_error(SC.NOT_FOUND, c.trainer, "Restore", tr.RestoreRequest(step=999999),
                      "RestoreResponse")
+        # A damaged checkpoint is DATA_LOSS and leaves the model as it was.
+        bad_dir = os.path.join(tmp, "bad")
+        ck2 = c.trainer("Checkpoint", tr.CheckpointRequest(dir=bad_dir), "CheckpointResponse")
+        step_dir = [os.path.join(bad_dir, e) for e in os.listdir(bad_dir) if e.startswith("step")][0]
+        shard = os.path.join(step_dir, sorted(e for e in os.listdir(step_dir)
+                                              if e.startswith("shard"))[0])
+        with open(shard, "r+b") as f:
+            f.seek(100)
+            b = f.read(1)
+            f.seek(100)
+            f.write(bytes([b[0] ^ 0xFF]))
+        c.trainer("Step", tr.StepRequest(batch=batch()), "StepResponse")
+        pre = c.trainer("Predict", tr.PredictRequest(x=T("x", x[:5], "FP32")), "PredictResponse")
+        expect_error(SC.DATA_LOSS, c.trainer, "Restore", tr.RestoreRequest(step=ck2.step,
+                     dir=bad_dir), "RestoreResponse")
+        post = c.trainer("Predict", tr.PredictRequest(x=T("x", x[:5], "FP32")), "PredictResponse")
+        assert pre.logits.raw == post.logits.raw, "a failed Restore changed the weights"
+        assert c.status().step == ck2.step + 1
 
         print("Train / Evaluate over the server-side dataset")
         expect_error(SC.INVALID_ARGUMENT, c.trainer, "Evaluate",
@@ -234,6 +253,21 @@ def main():
                                     tr.TrainProgress))
         assert recs[-1].finished and recs[-1].done == 5, recs[-1]
         assert [r.done for r in recs[:-1]] == [1, 2, 3, 4, 5], [r.done for r in recs]
+        # SIGUSR1 during a Train: a checkpoint at the next step boundary, and the same stream
+        # goes on to the planned total.
+        log.flush()
+        pid0 = int(re.search(r"listening on \S+ \(pid (\d+)\)", open(log_path).read()).group(1))
+        before = set(os.listdir(ckpt))
+        recs = []
+        for r in c.server_stream("/distdl.v1.Trainer/Train", tr.TrainRequest(steps=30),
+                                 tr.TrainProgress):
+            recs.append(r)
+            if len(recs) == 3:
+                os.kill(pid0, signal.SIGUSR1)
+        assert [r.done for r in recs[:-1]] == list(range(1, 31)), [r.done for r in recs]
+        assert all(r.total == 30 for r in recs), [r.total for r in recs]
+        assert recs[-1].finished and recs[-1].done == 30, recs[-1]
+        assert len(set(os.listdir(ckpt)) - before) >= 1, "no checkpoint after SIGUSR1"
         ev = c.trainer("Evaluate", tr.EvaluateRequest(), "EvaluateResponse")
         assert ev.count == 10000 and 0 <= ev.accuracy <= 1, ev
         ev = c.trainer("Evaluate", tr.EvaluateRequest(batch=batch(x[:7], y[:7])),

@@ -11,7 +11,9 @@
 // no MPI call on the partition's behalf.
 //
 // Creation is collective over the member ranks only (MPI_Comm_create_group), so
-// non-members may create the same partition object without blocking. Every
+// non-members may create the same partition object without blocking. The members agree
+// on the outcome (ddl_agree over the new communicator): a member that fails locally (an
+// allocation) still joins the creation, and every member returns its error. Every
 // communicator created is freed by ddl_partition_destroy.
 //
 //   int ranks[] = {0, 1, 2, 3}, shape[] = {1, 1, 2, 2};

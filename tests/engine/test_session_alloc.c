@@ -1,0 +1,124 @@
+// tests/engine/test_session_alloc.c: no allocation per step. For every shipped spec
+// (deploy/specs/*.json) written for this world size -- including lenet5-2-split, whose
+// input partition spans two ranks -- a training step, an evaluation of a short batch and
+// a prediction, through the session and through the model, leave ddl_alloc_count()
+// unchanged once warmed up. Batches and labels move through buffers and Repartition
+// plans allocated when the model is built.
+// Usage: test_session_alloc SPEC_DIR
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ddl/base.h"
+#include "ddl/session.h"
+#include "mpi_test.h"
+
+static int rank, size;
+
+// One spec: returns 1 if it ran (its world size is ours), 0 otherwise.
+static int check_spec(const char *path)
+{
+    ddl_spec_t *spec = NULL;
+    ASSERT_OK(ddl_spec_load(path, 0, &spec));
+    int world = ddl_spec_world_size(spec);
+    if (world != size) {
+        ddl_spec_destroy(&spec);
+        return 0;
+    }
+    int64_t   B  = ddl_spec_batch_size(spec), C = ddl_spec_num_classes(spec);
+    ddl_shape in = ddl_spec_input_shape(spec);
+    int64_t   S  = ddl_shape_numel(&in);
+    size_t    es = ddl_dtype_size(ddl_spec_dtype(spec));
+    ddl_session_t *s = NULL;
+    ASSERT_OK(ddl_session_create(MPI_COMM_WORLD, rank == 0 ? ddl_spec_text(spec) : NULL, path,
+                                 NULL, &s));
+    ddl_model_t *m  = ddl_session_model(s);
+    void        *x  = NULL, *lg = NULL;
+    int64_t     *lab = NULL;
+    size_t       xb = 0, lb = 0;
+    if (rank == 0) {
+        xb  = (size_t)(B * S) * es;
+        lb  = (size_t)(B * C) * es;
+        x   = calloc(1, xb);
+        lg  = calloc(1, lb);
+        lab = calloc((size_t)B, sizeof(int64_t));
+        for (int64_t i = 0; i < B * S; i++) {
+            double v = 2.0 * ddl_rng_uniform(5, 0, (uint64_t)i) - 1.0;
+            if (es == 4) {
+                ((float *)x)[i] = (float)v;
+            } else {
+                ((double *)x)[i] = v;
+            }
+        }
+        for (int64_t b = 0; b < B; b++) {
+            lab[b] = (b * 7) % C;
+        }
+    }
+    int64_t         shortn = B > 3 ? B - 3 : 1;
+    ddl_step_result sr;
+    ddl_eval_result ev;
+    double          loss;
+    int64_t         correct;
+    for (int round = 0; round < 3; round++) {
+        uint64_t before = ddl_alloc_count();
+        ASSERT_OK(ddl_session_step(s, x, xb, lab, B, &sr));
+        ASSERT_OK(ddl_session_evaluate_batch(s, x, rank == 0 ? (size_t)shortn * (size_t)S * es : 0,
+                                             lab, shortn, &ev));
+        ASSERT_OK(ddl_session_predict(s, x, rank == 0 ? 5 * (size_t)S * es : 0, 5, lg,
+                                      rank == 0 ? 5 * (size_t)C * es : 0));
+        ASSERT_OK(ddl_model_train_step(m, x, xb, lab, B, &loss, &correct));
+        ASSERT_OK(ddl_model_eval(m, x, xb, lab, shortn, &loss, &correct));
+        ASSERT_OK(ddl_model_predict(m, x, xb, B, lg, lb));
+        uint64_t made = ddl_alloc_count() - before;
+        if (round > 0 && made != 0) {
+            TEST_FAIL_("%s: %llu allocations in steady-state round %d", path,
+                       (unsigned long long)made, round);
+        }
+    }
+    ASSERT_EQ(ddl_model_step(m), 6);
+    free(x);
+    free(lg);
+    free(lab);
+    ddl_session_destroy(&s);
+    ddl_spec_destroy(&spec);
+    if (rank == 0) {
+        printf("%s: no allocation per step, eval or predict\n", path);
+    }
+    return 1;
+}
+
+int main(int argc, char **argv)
+{
+    ddl_test_mpi_init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    ASSERT_TRUE(argc == 2);
+    DIR *d = opendir(argv[1]);
+    ASSERT_TRUE(d != NULL);
+    char           names[64][256];
+    int            n = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL && n < 64) {
+        size_t len = strlen(e->d_name);
+        if (len > 5 && strcmp(e->d_name + len - 5, ".json") == 0) {
+            snprintf(names[n++], sizeof names[0], "%s", e->d_name);
+        }
+    }
+    closedir(d);
+    qsort(names, (size_t)n, sizeof names[0], (int (*)(const void *, const void *))strcmp);
+    int ran = 0, split = 0;
+    for (int i = 0; i < n; i++) {
+        char path[4096 + 300];
+        snprintf(path, sizeof path, "%.4000s/%.255s", argv[1], names[i]);
+        int r = check_spec(path);
+        ran += r;
+        split += r && strstr(names[i], "split") != NULL;
+    }
+    // Every world size we run at has at least one spec; at 2 ranks the split input too.
+    ASSERT_TRUE(ran > 0);
+    if (size == 2) {
+        ASSERT_TRUE(split > 0);
+    }
+    return ddl_test_mpi_finalize();
+}

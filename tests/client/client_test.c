@@ -949,6 +949,21 @@ static int scenario_lifecycle(ddl_client_t *c)
     CHECK(s.step >= 10 && s.step < 7 + 200, "step %lld after a cancel at the third record",
           (long long)s.step);
 
+    // A deadline shorter than the call: DEADLINE_EXCEEDED, and the daemon serves on.
+    {
+        ddl_client_options o = ddl_client_options_default();
+        o.call_timeout_s = 0.002;
+        ddl_client_t *cd;
+        MUST(ddl_client_connect(getenv("DDL_ADDRESS"), &o, &cd));
+        ddl_client_eval_result ev2;
+        st = ddl_client_evaluate(cd, "", "test", NULL, &ev2);
+        CHECK(st == DDL_ETIMEDOUT && ddl_client_last_code() == DDL_RPC_DEADLINE_EXCEEDED,
+              "Evaluate of 10000 images within 2 ms: %s", ddl_status_name(st));
+        ddl_client_destroy(&cd);
+        MUST(ddl_client_evaluate(c, "", "test", NULL, &ev2));
+        CHECK(ev2.count == ev.count, "evaluate after a deadline: %lld", (long long)ev2.count);
+    }
+
     // Many threads on one connection.
     pthread_t  th[4];
     thread_arg ta[4];

@@ -26,14 +26,14 @@ class Failure(Exception):
 
 
 class Daemon:
-    def __init__(self, h, np, args, name):
+    def __init__(self, h, np, args, name, listen="127.0.0.1:0"):
         self.h = h
         self.np = np
         self.dir = tempfile.mkdtemp(prefix="ddl-daemon-%s-" % name, dir=h.work)
         self.addr_file = os.path.join(self.dir, "addr")
         self.log_path = os.path.join(self.dir, "daemon.log")
         cmd = [h.mpiexec, "-np", str(np)] + h.mpi_flags + [
-            h.distdld, "--listen", "127.0.0.1:0", "--address-file", self.addr_file,
+            h.distdld, "--listen", listen, "--address-file", self.addr_file,
             "--data-root", FMNIST] + args
         self.cmd = cmd
         self.log = open(self.log_path, "w")
@@ -133,8 +133,8 @@ class Harness:
     def spec(self, name):
         return os.path.join(self.specs, name)
 
-    def start(self, np, args, name):
-        d = Daemon(self, np, args, name)
+    def start(self, np, args, name, **kw):
+        d = Daemon(self, np, args, name, **kw)
         self.daemons.append(d)
         d.wait_address()
         return d
@@ -255,6 +255,17 @@ def sc_sigterm(h):
     h.shutdown(d2)
 
 
+def sc_unix(h):
+    """A daemon on a unix socket: the address file says unix:PATH and the client dials it."""
+    sock = os.path.join(h.work, "distdld.sock")
+    d = h.start(2, COMMON + ["--model", h.spec("lenet5-2.json")], "unix", listen="unix:" + sock)
+    if d.address != "unix:" + sock:
+        raise Failure("address file says %r" % d.address)
+    h.client(d, "health")
+    h.client(d, "train", 100)
+    h.shutdown(d)
+
+
 def sc_interop(h):
     d = h.start(2, COMMON + ["--model", h.spec("lenet5-2.json")], "interop")
     gen = os.path.join(h.build, "tests", "client_py")
@@ -351,6 +362,7 @@ SCENARIOS = {
     "checkpoint_np": sc_checkpoint_np,
     "sigterm": sc_sigterm,
     "interop": sc_interop,
+    "unix": sc_unix,
 }
 
 

@@ -189,8 +189,8 @@ def sc_lifecycle(h):
     h.shutdown(d)
 
 
-def sc_bad(h):
-    d = h.start(2, COMMON, "bad")
+def sc_bad(h, np=2):
+    d = h.start(np, COMMON, "bad")
     h.client(d, "bad")
     h.client(d, "health")
     h.shutdown(d)
@@ -355,6 +355,7 @@ SCENARIOS = {
     "mock_tls": sc_mock_tls,
     "lifecycle": sc_lifecycle,
     "bad": sc_bad,
+    "bad_np4": lambda h: sc_bad(h, np=4),
     "train": sc_train,
     "compare": sc_compare,
     "compare_np4": lambda h: sc_compare(h, np=4, steps=30),

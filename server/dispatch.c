@@ -1326,6 +1326,7 @@ static void on_shutdown(ddld_dispatch *d, ddld_job *job)
     r.durable_step = d->s != NULL ? ddl_session_durable_step(d->s) : -1;
     if (q->checkpoint) {
         if (d->s == NULL || d->cfg->checkpoint_dir == NULL) {
+            ddld_service_shutdown_refused(d->svc);
             fail(job, GRPC_STATUS_FAILED_PRECONDITION, "Shutdown: checkpoint requested but %s",
                  d->s == NULL ? "there is no model" : "distdld has no --checkpoint-dir");
             return;
@@ -1333,6 +1334,7 @@ static void on_shutdown(ddld_dispatch *d, ddld_job *job)
         int64_t    step;
         ddl_status st = save(d, d->cfg->checkpoint_dir, &step);
         if (st != DDL_OK) {
+            ddld_service_shutdown_refused(d->svc);
             fail_engine(job, "Shutdown", st);
             return;
         }

@@ -244,7 +244,7 @@ static void poll_loop(void *ud)
 static bool stopping(void *ud)
 {
     (void)ud;
-    return r0.shutdown;
+    return r0.shutdown || ddld_service_shutdown_pending(r0.svc);
 }
 
 // host:port of what we bound, written to temp and renamed into place (readers never see a

@@ -164,6 +164,7 @@ struct ddld_service {
     void (*wake)(void *);
     void *wake_ud;
     bool  verbose; // DDLD_VERBOSE=1
+    atomic_bool shutdown_pending; // a Shutdown call is queued or running
 };
 
 static void request_new(ddld_service *svc, int method);
@@ -465,6 +466,16 @@ ddld_job *ddld_service_pop(ddld_service *svc)
     }
     pthread_mutex_unlock(&svc->mu);
     return job;
+}
+
+bool ddld_service_shutdown_pending(ddld_service *svc)
+{
+    return svc != NULL && atomic_load(&svc->shutdown_pending);
+}
+
+void ddld_service_shutdown_refused(ddld_service *svc)
+{
+    atomic_store(&svc->shutdown_pending, false);
 }
 
 int ddld_service_queue_depth(ddld_service *svc)
@@ -1187,7 +1198,13 @@ static void on_message(ddld_call *c)
         job->method = (ddld_method)c->method;
         job->call = c;
         job->msg = m;
-        grpc_status_code code = enqueue(c->svc, job, false);
+        // Shutdown goes ahead of queued work and stops a running Train at its next step
+        // boundary; what it jumped is failed UNAVAILABLE by the shutdown itself.
+        bool             shutdown = c->method == DDLD_M_SHUTDOWN;
+        grpc_status_code code = enqueue(c->svc, job, shutdown);
+        if (code == GRPC_STATUS_OK && shutdown) {
+            atomic_store(&c->svc->shutdown_pending, true);
+        }
         if (code != GRPC_STATUS_OK) {
             job->call = NULL;
             ddld_job_free(job);
@@ -1435,6 +1452,7 @@ ddld_service *ddld_service_start(const ddld_config *cfg, void (*wake)(void *), v
     svc->verbose = getenv("DDLD_VERBOSE") != NULL && getenv("DDLD_VERBOSE")[0] == '1';
     svc->jobs = calloc((size_t)svc->cap, sizeof *svc->jobs);
     svc->shutdown_tag.what = TAG_SHUTDOWN;
+    atomic_init(&svc->shutdown_pending, false);
     pthread_mutex_init(&svc->mu, NULL);
     pthread_cond_init(&svc->cv, NULL);
 

@@ -295,9 +295,27 @@ def main():
         st = c.status()
         assert st.state == "idle" and st.step < first.step + 1000, st
 
-        print("Shutdown")
+        print("Shutdown (while a Train runs: it stops at the next step boundary)")
+        train_end = []
+
+        def trainer():
+            last = None
+            try:
+                for r in c.server_stream("/distdl.v1.Trainer/Train",
+                                         tr.TrainRequest(steps=100000), tr.TrainProgress):
+                    last = r
+            except grpc.RpcError as e:
+                train_end.append((e.code(), last))
+        tt = threading.Thread(target=trainer)
+        tt.start()
+        while c.status().state != "training":
+            time.sleep(0.05)
+        time.sleep(0.3)
         sd = c.trainer("Shutdown", tr.ShutdownRequest(checkpoint=True), "ShutdownResponse")
-        assert sd.durable_step >= 0, sd
+        tt.join(timeout=60)
+        assert train_end and train_end[0][0] == SC.UNAVAILABLE, train_end
+        assert train_end[0][1].finished, train_end
+        assert sd.durable_step == train_end[0][1].step, (sd, train_end[0][1])
         rc = proc.wait(timeout=60)
         assert rc == 0, "mpirun exit %d" % rc
         wt.join(timeout=10)

@@ -30,7 +30,7 @@
 #include "distdl/v1/trainer.pb-c.h"
 
 #define DDLD_LOG_PREFIX "distdld"
-#define DDLD_CHUNK_BYTES ((size_t)1 << 20) // PullWeights payload per message
+#define DDLD_CHUNK_BYTES ((size_t)1 << 20)   // PullWeights payload per message
 #define DDLD_MAX_ELEMENTS ((int64_t)1 << 34) // elements in any request tensor
 
 // ---- configuration (command line) -----------------------------------------------------
@@ -45,8 +45,8 @@ typedef struct ddld_config {
     int64_t     checkpoint_interval; // seconds between timed checkpoints (0: none)
     bool        resume;
     int64_t     max_message_bytes;
-    int         queue;          // --queue: pending requests and submitted batches
-    double      grace_s;        // shutdown grace for in-flight calls
+    int         queue;   // --queue: pending requests and submitted batches
+    double      grace_s; // shutdown grace for in-flight calls
 } ddld_config;
 
 // Logging: "distdld: ..." on stderr (rank 0 only unless noted).
@@ -94,18 +94,18 @@ typedef struct ddld_weight_info {
 } ddld_weight_info;
 
 typedef struct ddld_model_info {
-    bool      has_model;
-    char      name[128];
-    ddl_dtype dtype;
-    int64_t   batch_size;
-    ddl_shape input;      // per sample
-    int64_t   sample_numel;
-    int       classes;
-    double    norm_mean, norm_std;
-    int       nweights;
+    bool              has_model;
+    char              name[128];
+    ddl_dtype         dtype;
+    int64_t           batch_size;
+    ddl_shape         input; // per sample
+    int64_t           sample_numel;
+    int               classes;
+    double            norm_mean, norm_std;
+    int               nweights;
     ddld_weight_info *weights;
-    size_t    weights_bytes; // packed size (sum of aligned sizes)
-    int64_t   num_parameters;
+    size_t            weights_bytes; // packed size (sum of aligned sizes)
+    int64_t           num_parameters;
     // Partitions of the spec, for GetStatus (rank lists and shapes, flattened).
     int       npartitions;
     char    **part_name;
@@ -117,16 +117,16 @@ typedef struct ddld_model_info {
 typedef struct ddld_shared {
     pthread_mutex_t mu;
     int             world_size;
-    ddld_model_info info;       // replaced wholesale by the main thread
-    uint64_t        model_gen;  // bumps each time info is replaced
+    ddld_model_info info;      // replaced wholesale by the main thread
+    uint64_t        model_gen; // bumps each time info is replaced
     int64_t         step, durable_step, epoch, batch;
     double          last_loss;
-    const char     *state;      // "idle", "training", "shutting_down"
+    const char     *state; // "idle", "training", "shutting_down"
     char            data_dir[1024];
-    bool            serving;    // health: SERVING until shutdown begins
+    bool            serving; // health: SERVING until shutdown begins
     // Submitted batches (SubmitBatch), oldest first: a ring of unpacked messages.
     Distdl__V1__Batch **batches;
-    int             batch_cap, batch_head, batch_count;
+    int                 batch_cap, batch_head, batch_count;
 } ddld_shared;
 
 extern ddld_shared ddld_g;
@@ -137,13 +137,13 @@ void ddld_model_info_free(ddld_model_info *mi);
 // checks, label range). exact: the sample count must equal the batch size. On failure
 // writes a message ("x: expected shape [64,1,28,28], got [3,1,28,28]") and returns the
 // gRPC code. Not collective; any thread (mi borrowed).
-grpc_status_code ddld_batch_check(const ddld_model_info *mi, const Distdl__V1__Batch *b,
-                                  bool exact, int64_t *count, char *err, size_t errlen);
+grpc_status_code ddld_batch_check(const ddld_model_info *mi, const Distdl__V1__Batch *b, bool exact,
+                                  int64_t *count, char *err, size_t errlen);
 // The same for an input tensor alone (Predict, ModelInfer): [n, sample...] of the model
 // dtype or UINT8; *count receives n.
-grpc_status_code ddld_input_check(const ddld_model_info *mi, const char *what,
-                                  const char *datatype, const int64_t *shape, size_t ndim,
-                                  size_t raw_len, int64_t *count, char *err, size_t errlen);
+grpc_status_code ddld_input_check(const ddld_model_info *mi, const char *what, const char *datatype,
+                                  const int64_t *shape, size_t ndim, size_t raw_len, int64_t *count,
+                                  char *err, size_t errlen);
 
 // Wire datatype strings.
 const char *ddld_dtype_wire(ddl_dtype dt);
@@ -155,14 +155,14 @@ typedef struct ddld_call ddld_call;
 // A request handed to the main thread. `msg` is the unpacked request (freed with
 // protobuf_c_message_free_unpacked by ddld_job_free); `call` is NULL for internal jobs.
 typedef struct ddld_job {
-    ddld_method      method;
-    ddld_call       *call;
+    ddld_method       method;
+    ddld_call        *call;
     ProtobufCMessage *msg;
-    int              internal; // DDLD_JOB_* for internal jobs
+    int               internal; // DDLD_JOB_* for internal jobs
     // PushWeights: the assembled staging buffer (packed layout of ddld_model_info).
-    uint8_t         *staging;
-    bool             staging_owned;
-    uint64_t         model_gen; // the model the staging layout belongs to
+    uint8_t *staging;
+    bool     staging_owned;
+    uint64_t model_gen; // the model the staging layout belongs to
 } ddld_job;
 
 enum { DDLD_JOB_SHUTDOWN = 1 };
@@ -177,17 +177,21 @@ ddld_service *ddld_service_start(const ddld_config *cfg, void (*wake)(void *), v
 // Takes the next queued job (NULL when empty). Main thread.
 ddld_job *ddld_service_pop(ddld_service *svc);
 // Queues an internal job at the front (signals). Main thread.
-void      ddld_service_push_internal(ddld_service *svc, int internal);
-int       ddld_service_queue_depth(ddld_service *svc);
+void ddld_service_push_internal(ddld_service *svc, int internal);
+int  ddld_service_queue_depth(ddld_service *svc);
+// True once a Shutdown call was accepted (a running Train stops at its step boundary).
+bool ddld_service_shutdown_pending(ddld_service *svc);
+// The queued Shutdown was refused (its checkpoint could not be written): carry on.
+void ddld_service_shutdown_refused(ddld_service *svc);
 // Shutdown phase 1: refuse new work, health NOT_SERVING, finish Watch streams, fail every
 // queued job UNAVAILABLE. Main thread.
-void      ddld_service_close(ddld_service *svc);
+void ddld_service_close(ddld_service *svc);
 // Shutdown phase 0: the decision. GetStatus says "shutting_down" and health NOT_SERVING
 // from now on, before any reply that announced the shutdown leaves. Any thread.
-void      ddld_shared_mark_shutdown(void);
+void ddld_shared_mark_shutdown(void);
 // Shutdown phase 2: the gRPC teardown (shutdown_and_notify, grace, cancel_all, destroy,
 // cq drain, grpc_shutdown) and frees svc.
-void      ddld_service_stop(ddld_service **svc, double grace_s);
+void ddld_service_stop(ddld_service **svc, double grace_s);
 
 void ddld_job_free(ddld_job *job);
 
@@ -211,25 +215,25 @@ void ddld_call_stream_weights(ddld_call *c, const ddld_model_info *mi, const uin
 
 // The command header every rank receives, one per command (fixed size, MPI_BYTE).
 typedef struct ddld_cmd {
-    int32_t op;     // DDLD_OP_*
-    int32_t flags;  // DDLD_CF_*
+    int32_t op;    // DDLD_OP_*
+    int32_t flags; // DDLD_CF_*
     int64_t arg[4];
 } ddld_cmd;
 
 enum {
     DDLD_OP_NONE = 0,
     DDLD_OP_QUIT,
-    DDLD_OP_CREATE,      // flags REPLACE
+    DDLD_OP_CREATE, // flags REPLACE
     DDLD_OP_OPEN_DATA,
-    DDLD_OP_STEP,        // arg0 count
-    DDLD_OP_TRAIN,       // arg0 steps, arg1 epochs
-    DDLD_OP_EVAL_SPLIT,  // arg0 split
-    DDLD_OP_EVAL_BATCH,  // arg0 count
-    DDLD_OP_PREDICT,     // arg0 count
+    DDLD_OP_STEP,       // arg0 count
+    DDLD_OP_TRAIN,      // arg0 steps, arg1 epochs
+    DDLD_OP_EVAL_SPLIT, // arg0 split
+    DDLD_OP_EVAL_BATCH, // arg0 count
+    DDLD_OP_PREDICT,    // arg0 count
     DDLD_OP_PULL,
     DDLD_OP_PUSH,
     DDLD_OP_SAVE,
-    DDLD_OP_RESTORE,     // arg0 step (-1 latest)
+    DDLD_OP_RESTORE, // arg0 step (-1 latest)
 };
 
 typedef struct ddld_dispatch ddld_dispatch;
@@ -248,7 +252,7 @@ int ddld_dispatch_worker_loop(ddld_dispatch *d);
 void ddld_dispatch_set_hooks(ddld_dispatch *d, ddld_service *svc, void (*poll)(void *),
                              bool (*stopping)(void *), void *ud);
 // Start-up work: --model and --resume. Returns 0 or the exit code (2) after logging.
-int  ddld_dispatch_startup(ddld_dispatch *d);
+int ddld_dispatch_startup(ddld_dispatch *d);
 // Validates and runs one job; completes its call; frees the job.
 void ddld_dispatch_run(ddld_dispatch *d, ddld_job *job);
 // SIGUSR1: asks for a checkpoint into --checkpoint-dir; a running Train takes it at the

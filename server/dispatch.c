@@ -27,27 +27,27 @@
 #include "ddld.h"
 #include "inference/grpc_service.pb-c.h"
 
-ddld_shared ddld_g = {.mu = PTHREAD_MUTEX_INITIALIZER, .state = "idle", .serving = true,
-                      .durable_step = -1};
+ddld_shared ddld_g = {
+    .mu = PTHREAD_MUTEX_INITIALIZER, .state = "idle", .serving = true, .durable_step = -1};
 
 enum { CF_REPLACE = 1 };
 
 struct train_ctx;
 
 struct payload {
-    const char     *text, *source, *path;
-    const void     *x;
-    size_t          x_bytes;
-    const int64_t  *labels;
-    void           *out;
-    size_t          out_bytes;
+    const char            *text, *source, *path;
+    const void            *x;
+    size_t                 x_bytes;
+    const int64_t         *labels;
+    void                  *out;
+    size_t                 out_bytes;
     const ddld_model_info *mi; // PULL: where each weight goes in out
-    const void     *const *bufs;
-    ddl_step_result  step;
-    ddl_train_result train;
-    ddl_eval_result  eval;
-    int64_t          saved_step;
-    struct train_ctx *tctx;   // TRAIN: the streaming call's context (rank 0)
+    const void *const     *bufs;
+    ddl_step_result        step;
+    ddl_train_result       train;
+    ddl_eval_result        eval;
+    int64_t                saved_step;
+    struct train_ctx      *tctx; // TRAIN: the streaming call's context (rank 0)
 };
 
 struct ddld_dispatch {
@@ -60,23 +60,23 @@ struct ddld_dispatch {
     ddld_service *svc;
     void (*poll)(void *);
     bool (*stopping)(void *);
-    void *ud;
-    char  root_real[PATH_MAX];
-    char  data_abs[PATH_MAX]; // the open dataset ("" : none)
-    double lut[256];          // UINT8 pixel -> normalized value
-    void  *xbuf;              // converted inputs (grown, reused)
-    size_t xcap;
-    int64_t *lbuf;            // realigned labels
+    void    *ud;
+    char     root_real[PATH_MAX];
+    char     data_abs[PATH_MAX]; // the open dataset ("" : none)
+    double   lut[256];           // UINT8 pixel -> normalized value
+    void    *xbuf;               // converted inputs (grown, reused)
+    size_t   xcap;
+    int64_t *lbuf; // realigned labels
     size_t   lcap;
     // PullWeights snapshot: gathered once per weights version and shared read-only by every
     // stream that serves that version; rewritten only when no stream reads it.
     uint8_t   *pull;
     size_t     pull_cap;
     atomic_int pull_readers;
-    uint64_t   pull_version;     // weights_version the snapshot holds (0: none)
-    uint64_t   weights_version;  // bumps with every command that may change weights
-    bool     verbose;         // DDLD_VERBOSE=1: timings of the weight paths
-    bool     ckpt_requested;  // SIGUSR1: checkpoint at the next step boundary or when idle
+    uint64_t   pull_version;    // weights_version the snapshot holds (0: none)
+    uint64_t   weights_version; // bumps with every command that may change weights
+    bool       verbose;         // DDLD_VERBOSE=1: timings of the weight paths
+    bool       ckpt_requested;  // SIGUSR1: checkpoint at the next step boundary or when idle
 };
 
 // ---- model info (rank 0) ------------------------------------------------------------------
@@ -107,24 +107,24 @@ void ddld_model_info_free(ddld_model_info *mi)
 
 static void info_partitions(ddld_model_info *mi, const char *spec_text)
 {
-    json_t *root = json_loads(spec_text, 0, NULL);
+    json_t *root  = json_loads(spec_text, 0, NULL);
     json_t *parts = root != NULL ? json_object_get(root, "partitions") : NULL;
     if (json_is_object(parts)) {
-        size_t n = json_object_size(parts);
-        mi->part_name = calloc(n + 1, sizeof *mi->part_name);
-        mi->part_ranks = calloc(n + 1, sizeof *mi->part_ranks);
-        mi->part_shape = calloc(n + 1, sizeof *mi->part_shape);
+        size_t n        = json_object_size(parts);
+        mi->part_name   = calloc(n + 1, sizeof *mi->part_name);
+        mi->part_ranks  = calloc(n + 1, sizeof *mi->part_ranks);
+        mi->part_shape  = calloc(n + 1, sizeof *mi->part_shape);
         mi->part_nranks = calloc(n + 1, sizeof *mi->part_nranks);
-        mi->part_ndims = calloc(n + 1, sizeof *mi->part_ndims);
+        mi->part_ndims  = calloc(n + 1, sizeof *mi->part_ndims);
         const char *key;
         json_t     *val;
         int         i = 0;
         json_object_foreach(parts, key, val)
         {
             json_t *r = json_object_get(val, "ranks"), *sh = json_object_get(val, "shape");
-            mi->part_name[i] = strdup(key);
-            size_t nr = json_is_array(r) ? json_array_size(r) : 0;
-            size_t nd = json_is_array(sh) ? json_array_size(sh) : 0;
+            mi->part_name[i]  = strdup(key);
+            size_t nr         = json_is_array(r) ? json_array_size(r) : 0;
+            size_t nd         = json_is_array(sh) ? json_array_size(sh) : 0;
             mi->part_ranks[i] = calloc(nr + 1, sizeof(int32_t));
             mi->part_shape[i] = calloc(nd + 1, sizeof(int64_t));
             for (size_t k = 0; k < nr; k++) {
@@ -134,7 +134,7 @@ static void info_partitions(ddld_model_info *mi, const char *spec_text)
                 mi->part_shape[i][k] = json_integer_value(json_array_get(sh, k));
             }
             mi->part_nranks[i] = (int)nr;
-            mi->part_ndims[i] = (int)nd;
+            mi->part_ndims[i]  = (int)nd;
             i++;
         }
         mi->npartitions = i;
@@ -149,28 +149,28 @@ static void publish_model(ddld_dispatch *d, const char *name)
     memset(&mi, 0, sizeof mi);
     if (d->s != NULL) {
         const ddl_spec_t *spec = ddl_model_spec(ddl_session_model(d->s));
-        mi.has_model = true;
+        mi.has_model           = true;
         snprintf(mi.name, sizeof mi.name, "%s", name != NULL && name[0] ? name : "model");
-        mi.dtype = ddl_spec_dtype(spec);
-        mi.batch_size = ddl_spec_batch_size(spec);
-        mi.input = ddl_spec_input_shape(spec);
+        mi.dtype        = ddl_spec_dtype(spec);
+        mi.batch_size   = ddl_spec_batch_size(spec);
+        mi.input        = ddl_spec_input_shape(spec);
         mi.sample_numel = ddl_shape_numel(&mi.input);
-        mi.classes = ddl_spec_num_classes(spec);
+        mi.classes      = ddl_spec_num_classes(spec);
         ddl_spec_normalize(spec, &mi.norm_mean, &mi.norm_std);
         for (int v = 0; v < 256; v++) {
             d->lut[v] = ((double)v / 255.0 - mi.norm_mean) / mi.norm_std;
         }
         mi.nweights = ddl_session_nweights(d->s);
-        mi.weights = calloc((size_t)mi.nweights + 1, sizeof *mi.weights);
-        size_t off = 0;
+        mi.weights  = calloc((size_t)mi.nweights + 1, sizeof *mi.weights);
+        size_t off  = 0;
         for (int i = 0; i < mi.nweights; i++) {
             ddld_weight_info *w = &mi.weights[i];
-            w->name = strdup(ddl_session_weight_name(d->s, i));
-            w->dtype = ddl_session_weight_dtype(d->s, i);
-            w->shape = *ddl_session_weight_shape(d->s, i);
-            int64_t n = ddl_shape_numel(&w->shape);
-            w->bytes = (size_t)n * ddl_dtype_size(w->dtype);
-            w->offset = off;
+            w->name             = strdup(ddl_session_weight_name(d->s, i));
+            w->dtype            = ddl_session_weight_dtype(d->s, i);
+            w->shape            = *ddl_session_weight_shape(d->s, i);
+            int64_t n           = ddl_shape_numel(&w->shape);
+            w->bytes            = (size_t)n * ddl_dtype_size(w->dtype);
+            w->offset           = off;
             off += (w->bytes + 63) / 64 * 64;
             mi.num_parameters += n;
         }
@@ -195,14 +195,14 @@ static void publish_progress(ddld_dispatch *d)
     if (d->s == NULL) {
         return;
     }
-    ddl_cursor cur = ddl_session_cursor(d->s);
-    int64_t    step = ddl_model_step(ddl_session_model(d->s));
+    ddl_cursor cur     = ddl_session_cursor(d->s);
+    int64_t    step    = ddl_model_step(ddl_session_model(d->s));
     int64_t    durable = ddl_session_durable_step(d->s);
     pthread_mutex_lock(&ddld_g.mu);
-    ddld_g.step = step;
+    ddld_g.step         = step;
     ddld_g.durable_step = durable;
-    ddld_g.epoch = cur.epoch;
-    ddld_g.batch = cur.batch;
+    ddld_g.epoch        = cur.epoch;
+    ddld_g.batch        = cur.batch;
     pthread_mutex_unlock(&ddld_g.mu);
 }
 
@@ -230,9 +230,9 @@ static void shape_text(const int64_t *d, size_t n, char *buf, size_t len)
     }
 }
 
-grpc_status_code ddld_input_check(const ddld_model_info *mi, const char *what,
-                                  const char *datatype, const int64_t *shape, size_t ndim,
-                                  size_t raw_len, int64_t *count, char *err, size_t errlen)
+grpc_status_code ddld_input_check(const ddld_model_info *mi, const char *what, const char *datatype,
+                                  const int64_t *shape, size_t ndim, size_t raw_len, int64_t *count,
+                                  char *err, size_t errlen)
 {
     const char *want = ddld_dtype_wire(mi->dtype);
     size_t      item;
@@ -270,16 +270,16 @@ grpc_status_code ddld_input_check(const ddld_model_info *mi, const char *what,
     uint64_t bytes = (uint64_t)shape[0] * (uint64_t)mi->sample_numel * item;
     if (bytes != raw_len) {
         snprintf(err, errlen, "%s: expected %llu bytes (%lld x %lld x %zu-byte %s), got %zu", what,
-                 (unsigned long long)bytes, (long long)shape[0], (long long)mi->sample_numel,
-                 item, datatype, raw_len);
+                 (unsigned long long)bytes, (long long)shape[0], (long long)mi->sample_numel, item,
+                 datatype, raw_len);
         return GRPC_STATUS_INVALID_ARGUMENT;
     }
     *count = shape[0];
     return GRPC_STATUS_OK;
 }
 
-grpc_status_code ddld_batch_check(const ddld_model_info *mi, const Distdl__V1__Batch *b,
-                                  bool exact, int64_t *count, char *err, size_t errlen)
+grpc_status_code ddld_batch_check(const ddld_model_info *mi, const Distdl__V1__Batch *b, bool exact,
+                                  int64_t *count, char *err, size_t errlen)
 {
     if (b->x == NULL || b->labels == NULL) {
         snprintf(err, errlen, "batch: both x and labels are required");
@@ -390,8 +390,8 @@ static ddl_status execute(ddld_dispatch *d, const ddld_cmd *cmd, struct payload 
         break;
     case DDLD_OP_TRAIN: {
         ddl_train_request r = {.steps = cmd->arg[0], .epochs = cmd->arg[1]};
-        st = ddl_session_train(d->s, &r, d->rank == 0 ? progress_cb : NULL,
-                               d->rank == 0 ? p : NULL, &p->train);
+        st = ddl_session_train(d->s, &r, d->rank == 0 ? progress_cb : NULL, d->rank == 0 ? p : NULL,
+                               &p->train);
         break;
     }
     case DDLD_OP_EVAL_SPLIT:
@@ -407,7 +407,7 @@ static ddl_status execute(ddld_dispatch *d, const ddld_cmd *cmd, struct payload 
         int n = ddl_session_nweights(d->s);
         for (int i = 0; i < n && st == DDL_OK; i++) {
             uint8_t *dst = p->mi != NULL ? (uint8_t *)p->out + p->mi->weights[i].offset : NULL;
-            st = ddl_session_gather_weight(d->s, i, dst);
+            st           = ddl_session_gather_weight(d->s, i, dst);
         }
         break;
     }
@@ -432,8 +432,8 @@ static ddl_status run(ddld_dispatch *d, int op, int flags, int64_t a0, int64_t a
 {
     ddld_cmd cmd;
     memset(&cmd, 0, sizeof cmd);
-    cmd.op = op;
-    cmd.flags = flags;
+    cmd.op     = op;
+    cmd.flags  = flags;
     cmd.arg[0] = a0;
     cmd.arg[1] = a1;
     MPI_Request req;
@@ -487,12 +487,12 @@ void ddld_dispatch_quit(ddld_dispatch *d, int code)
 ddld_dispatch *ddld_dispatch_create(const ddld_config *cfg, MPI_Comm world)
 {
     ddld_dispatch *d = calloc(1, sizeof *d);
-    d->cfg = cfg;
-    d->world = world;
+    d->cfg           = cfg;
+    d->world         = world;
     MPI_Comm_dup(world, &d->ctrl);
     MPI_Comm_rank(world, &d->rank);
     MPI_Comm_size(world, &d->size);
-    d->opts.checkpoint_dir = cfg->checkpoint_dir;
+    d->opts.checkpoint_dir   = cfg->checkpoint_dir;
     d->opts.checkpoint_every = cfg->checkpoint_every;
     atomic_init(&d->pull_readers, 0);
     d->verbose = getenv("DDLD_VERBOSE") != NULL && getenv("DDLD_VERBOSE")[0] == '1';
@@ -502,8 +502,8 @@ ddld_dispatch *ddld_dispatch_create(const ddld_config *cfg, MPI_Comm world)
         }
         pthread_mutex_lock(&ddld_g.mu);
         ddld_g.world_size = d->size;
-        ddld_g.batch_cap = cfg->queue;
-        ddld_g.batches = calloc((size_t)cfg->queue, sizeof *ddld_g.batches);
+        ddld_g.batch_cap  = cfg->queue;
+        ddld_g.batches    = calloc((size_t)cfg->queue, sizeof *ddld_g.batches);
         pthread_mutex_unlock(&ddld_g.mu);
     }
     return d;
@@ -537,10 +537,10 @@ void ddld_dispatch_destroy(ddld_dispatch **pd)
 void ddld_dispatch_set_hooks(ddld_dispatch *d, ddld_service *svc, void (*poll)(void *),
                              bool (*stopping)(void *), void *ud)
 {
-    d->svc = svc;
-    d->poll = poll;
+    d->svc      = svc;
+    d->poll     = poll;
     d->stopping = stopping;
-    d->ud = ud;
+    d->ud       = ud;
 }
 
 // ---- rank 0 helpers ------------------------------------------------------------------------
@@ -560,9 +560,9 @@ static void *grow(void **buf, size_t *cap, size_t need)
 static const void *input_data(ddld_dispatch *d, const char *datatype, const uint8_t *raw,
                               int64_t numel, size_t *bytes)
 {
-    const ddld_model_info *mi = &ddld_g.info; // stable: only this thread replaces it
+    const ddld_model_info *mi   = &ddld_g.info; // stable: only this thread replaces it
     size_t                 item = ddl_dtype_size(mi->dtype);
-    *bytes = (size_t)numel * item;
+    *bytes                      = (size_t)numel * item;
     if (strcmp(datatype, "UINT8") != 0) {
         if (((uintptr_t)raw % item) == 0) {
             return raw;
@@ -647,7 +647,7 @@ static bool ensure_data(ddld_dispatch *d, ddld_job *job, const char *rel, const 
     }
     struct payload p;
     memset(&p, 0, sizeof p);
-    p.path = abs;
+    p.path        = abs;
     ddl_status st = run(d, DDLD_OP_OPEN_DATA, 0, 0, 0, &p);
     if (st != DDL_OK) {
         fail_engine(job, what, st);
@@ -687,14 +687,14 @@ static ddl_status create_model(ddld_dispatch *d, const char *what, const char *t
     }
     // Complete validation on rank 0 first: a bad spec costs the other ranks nothing.
     ddl_spec_t *spec = NULL;
-    ddl_status  st = ddl_spec_parse(text, source, d->size, &spec);
+    ddl_status  st   = ddl_spec_parse(text, source, d->size, &spec);
     ddl_spec_destroy(&spec);
     if (st == DDL_OK) {
         struct payload p;
         memset(&p, 0, sizeof p);
-        p.text = text;
+        p.text   = text;
         p.source = source;
-        st = run(d, DDLD_OP_CREATE, replace ? CF_REPLACE : 0, 0, 0, &p);
+        st       = run(d, DDLD_OP_CREATE, replace ? CF_REPLACE : 0, 0, 0, &p);
     }
     if (st != DDL_OK) {
         *code = ddld_status_to_grpc(st);
@@ -706,7 +706,7 @@ static ddl_status create_model(ddld_dispatch *d, const char *what, const char *t
     d->data_abs[0] = '\0';
     pthread_mutex_lock(&ddld_g.mu);
     ddld_g.data_dir[0] = '\0';
-    ddld_g.last_loss = 0;
+    ddld_g.last_loss   = 0;
     pthread_mutex_unlock(&ddld_g.mu);
     publish_model(d, name);
     publish_progress(d);
@@ -716,27 +716,27 @@ static ddl_status create_model(ddld_dispatch *d, const char *what, const char *t
 static void on_create(ddld_dispatch *d, ddld_job *job)
 {
     const Distdl__V1__CreateModelRequest *q = (const void *)job->msg;
-    char             err[1024];
-    grpc_status_code code = GRPC_STATUS_OK;
-    if (create_model(d, "CreateModel", q->spec_json, "spec_json", q->replace, q->name, err, sizeof err,
-                     &code) != DDL_OK) {
+    char                                  err[1024];
+    grpc_status_code                      code = GRPC_STATUS_OK;
+    if (create_model(d, "CreateModel", q->spec_json, "spec_json", q->replace, q->name, err,
+                     sizeof err, &code) != DDL_OK) {
         fail(job, code, "%s", err);
         return;
     }
-    Distdl__V1__CreateModelResponse r = DISTDL__V1__CREATE_MODEL_RESPONSE__INIT;
+    Distdl__V1__CreateModelResponse r  = DISTDL__V1__CREATE_MODEL_RESPONSE__INIT;
     const ddld_model_info          *mi = &ddld_g.info;
     int64_t                         in[DDL_MAX_DIMS];
     for (int k = 0; k < mi->input.ndim; k++) {
         in[k] = mi->input.d[k];
     }
-    r.name = (char *)mi->name;
-    r.world_size = d->size;
+    r.name           = (char *)mi->name;
+    r.world_size     = d->size;
     r.num_parameters = mi->num_parameters;
-    r.batch_size = mi->batch_size;
-    r.n_input_shape = (size_t)mi->input.ndim;
-    r.input_shape = in;
-    r.num_classes = mi->classes;
-    r.datatype = (char *)ddld_dtype_wire(mi->dtype);
+    r.batch_size     = mi->batch_size;
+    r.n_input_shape  = (size_t)mi->input.ndim;
+    r.input_shape    = in;
+    r.num_classes    = mi->classes;
+    r.datatype       = (char *)ddld_dtype_wire(mi->dtype);
     ddld_log("model \"%s\" created (%lld parameters, %d weights)", mi->name,
              (long long)mi->num_parameters, mi->nweights);
     ddld_call_finish(job->call, GRPC_STATUS_OK, NULL, &r.base);
@@ -755,7 +755,7 @@ static void on_step(ddld_dispatch *d, ddld_job *job)
     if (b == NULL) {
         pthread_mutex_lock(&ddld_g.mu);
         if (ddld_g.batch_count > 0) {
-            queued = ddld_g.batches[ddld_g.batch_head];
+            queued            = ddld_g.batches[ddld_g.batch_head];
             ddld_g.batch_head = (ddld_g.batch_head + 1) % ddld_g.batch_cap;
             ddld_g.batch_count--;
         }
@@ -773,7 +773,7 @@ static void on_step(ddld_dispatch *d, ddld_job *job)
     } else {
         struct payload p;
         memset(&p, 0, sizeof p);
-        p.x = input_data(d, b->x->datatype, b->x->raw.data, n * mi->sample_numel, &p.x_bytes);
+        p.x      = input_data(d, b->x->datatype, b->x->raw.data, n * mi->sample_numel, &p.x_bytes);
         p.labels = label_data(d, b->labels->raw.data, n);
         if (p.x == NULL || p.labels == NULL) {
             fail(job, GRPC_STATUS_RESOURCE_EXHAUSTED, "Step: out of memory");
@@ -789,10 +789,10 @@ static void on_step(ddld_dispatch *d, ddld_job *job)
                 pthread_mutex_unlock(&ddld_g.mu);
                 publish_progress(d);
                 Distdl__V1__StepResponse r = DISTDL__V1__STEP_RESPONSE__INIT;
-                r.step = p.step.step;
-                r.loss = p.step.loss;
-                r.accuracy = p.step.accuracy;
-                r.durable = p.step.durable;
+                r.step                     = p.step.step;
+                r.loss                     = p.step.loss;
+                r.accuracy                 = p.step.accuracy;
+                r.durable                  = p.step.durable;
                 ddld_call_finish(job->call, GRPC_STATUS_OK, NULL, &r.base);
             }
         }
@@ -813,9 +813,9 @@ struct train_ctx {
 
 static bool progress_cb(const ddl_progress *pr, void *ud)
 {
-    struct payload   *p = ud;
-    struct train_ctx *t = p->tctx;
-    ddld_dispatch    *d = t->d;
+    struct payload   *p    = ud;
+    struct train_ctx *t    = p->tctx;
+    ddld_dispatch    *d    = t->d;
     int64_t           done = t->base_done + pr->done;
     if (t->base_done == 0) {
         t->total = pr->total;
@@ -826,26 +826,26 @@ static bool progress_cb(const ddl_progress *pr, void *ud)
     pthread_mutex_unlock(&ddld_g.mu);
     if (t->job->call != NULL && (pr->epoch_end || done % t->every == 0)) {
         Distdl__V1__TrainProgress r = DISTDL__V1__TRAIN_PROGRESS__INIT;
-        r.step = pr->step;
-        r.epoch = pr->epoch;
-        r.batch = pr->batch;
-        r.steps_per_epoch = pr->steps_per_epoch;
-        r.loss = pr->loss;
-        r.accuracy = pr->accuracy;
-        r.images_per_second = pr->images_per_s;
-        r.done = done;
-        r.total = t->total;
-        r.epoch_end = pr->epoch_end;
-        r.durable = pr->durable;
-        r.mean_loss = pr->mean_loss;
+        r.step                      = pr->step;
+        r.epoch                     = pr->epoch;
+        r.batch                     = pr->batch;
+        r.steps_per_epoch           = pr->steps_per_epoch;
+        r.loss                      = pr->loss;
+        r.accuracy                  = pr->accuracy;
+        r.images_per_second         = pr->images_per_s;
+        r.done                      = done;
+        r.total                     = t->total;
+        r.epoch_end                 = pr->epoch_end;
+        r.durable                   = pr->durable;
+        r.mean_loss                 = pr->mean_loss;
         ddld_call_send(t->job->call, &r.base);
     }
     if (d->poll != NULL) {
         d->poll(d->ud); // signals and timers: may begin shutdown or ask for a checkpoint
     }
     t->stop_shutdown = d->stopping != NULL && d->stopping(d->ud);
-    t->stop_cancel = t->job->call != NULL && ddld_call_cancelled(t->job->call);
-    t->stop_ckpt = d->ckpt_requested;
+    t->stop_cancel   = t->job->call != NULL && ddld_call_cancelled(t->job->call);
+    t->stop_ckpt     = d->ckpt_requested;
     return t->stop_shutdown || t->stop_cancel || t->stop_ckpt;
 }
 
@@ -872,18 +872,19 @@ static void on_train(ddld_dispatch *d, ddld_job *job)
     if (!ensure_data(d, job, q->dataset, "Train")) {
         return;
     }
-    struct train_ctx t = {.d = d, .job = job, .every = q->progress_every > 0 ? q->progress_every : 1};
-    struct payload   p;
-    int64_t          steps = q->steps, epochs = q->epochs, done = 0;
-    double           loss_sum = 0, acc_sum = 0, seconds = 0;
-    ddl_status       st;
+    struct train_ctx t = {
+        .d = d, .job = job, .every = q->progress_every > 0 ? q->progress_every : 1};
+    struct payload p;
+    int64_t        steps = q->steps, epochs = q->epochs, done = 0;
+    double         loss_sum = 0, acc_sum = 0, seconds = 0;
+    ddl_status     st;
     set_state("training");
     for (;;) {
         memset(&p, 0, sizeof p);
-        p.tctx = &t;
+        p.tctx      = &t;
         t.stop_ckpt = false;
-        double t0 = MPI_Wtime();
-        st = run(d, DDLD_OP_TRAIN, 0, steps, epochs, &p);
+        double t0   = MPI_Wtime();
+        st          = run(d, DDLD_OP_TRAIN, 0, steps, epochs, &p);
         seconds += MPI_Wtime() - t0;
         if (st != DDL_OK) {
             break;
@@ -899,7 +900,7 @@ static void on_train(ddld_dispatch *d, ddld_job *job)
         if (done >= t.total) {
             break;
         }
-        steps = t.total - done;
+        steps  = t.total - done;
         epochs = 0;
     }
     set_state("idle");
@@ -911,21 +912,20 @@ static void on_train(ddld_dispatch *d, ddld_job *job)
         ddld_call_end(job->call, ddld_status_to_grpc(st), msg);
         return;
     }
-    Distdl__V1__TrainProgress r = DISTDL__V1__TRAIN_PROGRESS__INIT;
+    Distdl__V1__TrainProgress r   = DISTDL__V1__TRAIN_PROGRESS__INIT;
     ddl_cursor                cur = ddl_session_cursor(d->s);
-    r.step = p.train.step;
-    r.epoch = cur.epoch;
-    r.batch = cur.batch;
-    r.steps_per_epoch = ddl_session_steps_per_epoch(d->s);
-    r.loss = done > 0 ? loss_sum / (double)done : 0;
-    r.mean_loss = r.loss;
-    r.accuracy = done > 0 ? acc_sum / (double)done : 0;
-    r.images_per_second =
-        seconds > 0 ? (double)done * (double)ddld_g.info.batch_size / seconds : 0;
-    r.done = done;
-    r.total = t.total > 0 ? t.total : done;
-    r.durable = p.train.durable_step == p.train.step;
-    r.finished = true;
+    r.step                        = p.train.step;
+    r.epoch                       = cur.epoch;
+    r.batch                       = cur.batch;
+    r.steps_per_epoch             = ddl_session_steps_per_epoch(d->s);
+    r.loss                        = done > 0 ? loss_sum / (double)done : 0;
+    r.mean_loss                   = r.loss;
+    r.accuracy                    = done > 0 ? acc_sum / (double)done : 0;
+    r.images_per_second = seconds > 0 ? (double)done * (double)ddld_g.info.batch_size / seconds : 0;
+    r.done              = done;
+    r.total             = t.total > 0 ? t.total : done;
+    r.durable           = p.train.durable_step == p.train.step;
+    r.finished          = true;
     ddld_call_send(job->call, &r.base);
     if (t.stop_shutdown) {
         ddld_call_end(job->call, GRPC_STATUS_UNAVAILABLE,
@@ -949,13 +949,14 @@ static void on_evaluate(ddld_dispatch *d, ddld_job *job)
     if (q->batch != NULL) {
         char             err[768];
         int64_t          n;
-        grpc_status_code code = ddld_batch_check(&ddld_g.info, q->batch, false, &n, err, sizeof err);
+        grpc_status_code code =
+            ddld_batch_check(&ddld_g.info, q->batch, false, &n, err, sizeof err);
         if (code != GRPC_STATUS_OK) {
             fail(job, code, "Evaluate: %s", err);
             return;
         }
-        p.x = input_data(d, q->batch->x->datatype, q->batch->x->raw.data,
-                         n * ddld_g.info.sample_numel, &p.x_bytes);
+        p.x      = input_data(d, q->batch->x->datatype, q->batch->x->raw.data,
+                              n * ddld_g.info.sample_numel, &p.x_bytes);
         p.labels = label_data(d, q->batch->labels->raw.data, n);
         if (p.x == NULL || p.labels == NULL) {
             fail(job, GRPC_STATUS_RESOURCE_EXHAUSTED, "Evaluate: out of memory");
@@ -983,9 +984,9 @@ static void on_evaluate(ddld_dispatch *d, ddld_job *job)
         return;
     }
     Distdl__V1__EvaluateResponse r = DISTDL__V1__EVALUATE_RESPONSE__INIT;
-    r.count = p.eval.count;
-    r.loss = p.eval.loss;
-    r.accuracy = p.eval.accuracy;
+    r.count                        = p.eval.count;
+    r.loss                         = p.eval.loss;
+    r.accuracy                     = p.eval.accuracy;
     ddld_call_finish(job->call, GRPC_STATUS_OK, NULL, &r.base);
 }
 
@@ -996,16 +997,16 @@ static ddl_status predict(ddld_dispatch *d, const char *datatype, const uint8_t 
     const ddld_model_info *mi = &ddld_g.info;
     struct payload         p;
     memset(&p, 0, sizeof p);
-    p.x = input_data(d, datatype, raw, n * mi->sample_numel, &p.x_bytes);
+    p.x           = input_data(d, datatype, raw, n * mi->sample_numel, &p.x_bytes);
     *logits_bytes = (size_t)n * (size_t)mi->classes * ddl_dtype_size(mi->dtype);
-    *logits = malloc(*logits_bytes > 0 ? *logits_bytes : 1);
+    *logits       = malloc(*logits_bytes > 0 ? *logits_bytes : 1);
     if (p.x == NULL || *logits == NULL) {
         free(*logits);
         *logits = NULL;
         return ddl_set_error(DDL_ENOMEM, "out of memory for %lld samples", (long long)n);
     }
-    p.out = *logits;
-    p.out_bytes = *logits_bytes;
+    p.out         = *logits;
+    p.out_bytes   = *logits_bytes;
     ddl_status st = run(d, DDLD_OP_PREDICT, 0, n, 0, &p);
     if (st != DDL_OK) {
         free(*logits);
@@ -1039,23 +1040,23 @@ static void on_predict(ddld_dispatch *d, ddld_job *job)
         fail_engine(job, "Predict", st);
         return;
     }
-    int64_t            shape[2] = {n, ddld_g.info.classes};
-    Distdl__V1__Tensor t = DISTDL__V1__TENSOR__INIT;
-    t.name = "logits";
-    t.datatype = (char *)ddld_dtype_wire(ddld_g.info.dtype);
-    t.n_shape = 2;
-    t.shape = shape;
-    t.raw.data = logits;
-    t.raw.len = lb;
+    int64_t            shape[2]   = {n, ddld_g.info.classes};
+    Distdl__V1__Tensor t          = DISTDL__V1__TENSOR__INIT;
+    t.name                        = "logits";
+    t.datatype                    = (char *)ddld_dtype_wire(ddld_g.info.dtype);
+    t.n_shape                     = 2;
+    t.shape                       = shape;
+    t.raw.data                    = logits;
+    t.raw.len                     = lb;
     Distdl__V1__PredictResponse r = DISTDL__V1__PREDICT_RESPONSE__INIT;
-    r.logits = &t;
+    r.logits                      = &t;
     ddld_call_finish(job->call, GRPC_STATUS_OK, NULL, &r.base);
     free(logits);
 }
 
 static void on_model_infer(ddld_dispatch *d, ddld_job *job)
 {
-    const Inference__ModelInferRequest *q = (const void *)job->msg;
+    const Inference__ModelInferRequest *q  = (const void *)job->msg;
     const ddld_model_info              *mi = &ddld_g.info;
     if (d->s == NULL || (q->model_name[0] != '\0' && strcmp(q->model_name, mi->name) != 0)) {
         fail(job, GRPC_STATUS_NOT_FOUND, "ModelInfer: model \"%.128s\" not found%s", q->model_name,
@@ -1067,32 +1068,32 @@ static void on_model_infer(ddld_dispatch *d, ddld_job *job)
              q->n_inputs);
         return;
     }
-    const Inference__ModelInferRequest__InferInputTensor *in = q->inputs[0];
-    const uint8_t *raw = NULL;
-    size_t         raw_len = 0;
-    void          *typed = NULL;
+    const Inference__ModelInferRequest__InferInputTensor *in      = q->inputs[0];
+    const uint8_t                                        *raw     = NULL;
+    size_t                                                raw_len = 0;
+    void                                                 *typed   = NULL;
     if (q->n_raw_input_contents > 0) {
         if (q->n_raw_input_contents != 1 || in->contents != NULL) {
             fail(job, GRPC_STATUS_INVALID_ARGUMENT,
                  "ModelInfer: expected one raw_input_contents entry and no typed contents");
             return;
         }
-        raw = q->raw_input_contents[0].data;
+        raw     = q->raw_input_contents[0].data;
         raw_len = q->raw_input_contents[0].len;
     } else if (in->contents != NULL) {
         // Typed contents: repack as little-endian raw bytes of the declared datatype.
         const Inference__InferTensorContents *c = in->contents;
         if (strcmp(in->datatype, "FP32") == 0) {
             raw_len = c->n_fp32_contents * 4;
-            typed = malloc(raw_len + 1);
+            typed   = malloc(raw_len + 1);
             memcpy(typed, c->fp32_contents, raw_len);
         } else if (strcmp(in->datatype, "FP64") == 0) {
             raw_len = c->n_fp64_contents * 8;
-            typed = malloc(raw_len + 1);
+            typed   = malloc(raw_len + 1);
             memcpy(typed, c->fp64_contents, raw_len);
         } else if (strcmp(in->datatype, "UINT8") == 0) {
             raw_len = c->n_uint_contents;
-            typed = malloc(raw_len + 1);
+            typed   = malloc(raw_len + 1);
             for (size_t i = 0; i < raw_len; i++) {
                 if (c->uint_contents[i] > 255) {
                     free(typed);
@@ -1126,22 +1127,22 @@ static void on_model_infer(ddld_dispatch *d, ddld_job *job)
         fail_engine(job, "ModelInfer", st);
         return;
     }
-    int64_t shape[2] = {n, mi->classes};
+    int64_t                                          shape[2] = {n, mi->classes};
     Inference__ModelInferResponse__InferOutputTensor o, *op = &o;
     inference__model_infer_response__infer_output_tensor__init(&o);
-    o.name = "logits";
-    o.datatype = (char *)ddld_dtype_wire(mi->dtype);
-    o.n_shape = 2;
-    o.shape = shape;
+    o.name                            = "logits";
+    o.datatype                        = (char *)ddld_dtype_wire(mi->dtype);
+    o.n_shape                         = 2;
+    o.shape                           = shape;
     ProtobufCBinaryData           out = {.len = lb, .data = logits};
-    Inference__ModelInferResponse r = INFERENCE__MODEL_INFER_RESPONSE__INIT;
-    r.model_name = (char *)mi->name;
-    r.model_version = "1";
-    r.id = q->id;
-    r.n_outputs = 1;
-    r.outputs = &op;
-    r.n_raw_output_contents = 1;
-    r.raw_output_contents = &out;
+    Inference__ModelInferResponse r   = INFERENCE__MODEL_INFER_RESPONSE__INIT;
+    r.model_name                      = (char *)mi->name;
+    r.model_version                   = "1";
+    r.id                              = q->id;
+    r.n_outputs                       = 1;
+    r.outputs                         = &op;
+    r.n_raw_output_contents           = 1;
+    r.raw_output_contents             = &out;
     ddld_call_finish(job->call, GRPC_STATUS_OK, NULL, &r.base);
     free(logits);
 }
@@ -1174,7 +1175,7 @@ static void on_pull(ddld_dispatch *d, ddld_job *job)
     uint8_t *buf;
     if (shared) {
         d->pull_version = 0;
-        buf = grow((void **)&d->pull, &d->pull_cap, mi->weights_bytes + 64);
+        buf             = grow((void **)&d->pull, &d->pull_cap, mi->weights_bytes + 64);
     } else {
         buf = aligned_alloc(64, (mi->weights_bytes + 127) / 64 * 64);
     }
@@ -1185,8 +1186,8 @@ static void on_pull(ddld_dispatch *d, ddld_job *job)
     }
     struct payload p;
     memset(&p, 0, sizeof p);
-    p.out = buf;
-    p.mi = mi;
+    p.out         = buf;
+    p.mi          = mi;
     double     t0 = MPI_Wtime();
     ddl_status st = run(d, DDLD_OP_PULL, 0, 0, 0, &p);
     if (d->verbose) {
@@ -1220,15 +1221,15 @@ static void on_push(ddld_dispatch *d, ddld_job *job)
              "PushWeights: the model was replaced while the weights streamed in; push again");
         return;
     }
-    const void           **bufs = calloc((size_t)mi->nweights + 1, sizeof *bufs);
-    int64_t                bytes = 0;
+    const void **bufs  = calloc((size_t)mi->nweights + 1, sizeof *bufs);
+    int64_t      bytes = 0;
     for (int i = 0; i < mi->nweights; i++) {
         bufs[i] = job->staging + mi->weights[i].offset;
         bytes += (int64_t)mi->weights[i].bytes;
     }
     struct payload p;
     memset(&p, 0, sizeof p);
-    p.bufs = bufs;
+    p.bufs        = bufs;
     double     t0 = MPI_Wtime();
     ddl_status st = run(d, DDLD_OP_PUSH, 0, 0, 0, &p);
     if (d->verbose) {
@@ -1241,8 +1242,8 @@ static void on_push(ddld_dispatch *d, ddld_job *job)
         return;
     }
     Distdl__V1__PushWeightsResponse r = DISTDL__V1__PUSH_WEIGHTS_RESPONSE__INIT;
-    r.tensors = mi->nweights;
-    r.bytes = bytes;
+    r.tensors                         = mi->nweights;
+    r.bytes                           = bytes;
     ddld_call_finish(job->call, GRPC_STATUS_OK, NULL, &r.base);
 }
 
@@ -1251,7 +1252,7 @@ static ddl_status save(ddld_dispatch *d, const char *dir, int64_t *step)
 {
     struct payload p;
     memset(&p, 0, sizeof p);
-    p.path = dir;
+    p.path        = dir;
     ddl_status st = run(d, DDLD_OP_SAVE, 0, 0, 0, &p);
     if (st == DDL_OK) {
         *step = p.saved_step;
@@ -1274,15 +1275,15 @@ static void on_checkpoint(ddld_dispatch *d, ddld_job *job)
         return;
     }
     int64_t    step = -1;
-    ddl_status st = save(d, dir, &step);
+    ddl_status st   = save(d, dir, &step);
     if (st != DDL_OK) {
         fail_engine(job, "Checkpoint", st);
         return;
     }
     Distdl__V1__CheckpointResponse r = DISTDL__V1__CHECKPOINT_RESPONSE__INIT;
-    r.step = step;
-    r.durable = true;
-    r.path = (char *)dir;
+    r.step                           = step;
+    r.durable                        = true;
+    r.path                           = (char *)dir;
     ddld_call_finish(job->call, GRPC_STATUS_OK, NULL, &r.base);
 }
 
@@ -1305,7 +1306,7 @@ static void on_restore(ddld_dispatch *d, ddld_job *job)
     }
     struct payload p;
     memset(&p, 0, sizeof p);
-    p.path = dir;
+    p.path        = dir;
     ddl_status st = run(d, DDLD_OP_RESTORE, 0, q->latest ? -1 : q->step, 0, &p);
     if (st != DDL_OK) {
         fail_engine(job, "Restore", st);
@@ -1314,7 +1315,7 @@ static void on_restore(ddld_dispatch *d, ddld_job *job)
     clear_batches();
     publish_progress(d);
     Distdl__V1__RestoreResponse r = DISTDL__V1__RESTORE_RESPONSE__INIT;
-    r.step = ddl_model_step(ddl_session_model(d->s));
+    r.step                        = ddl_model_step(ddl_session_model(d->s));
     ddld_log("restored step %lld from %s", (long long)r.step, dir);
     ddld_call_finish(job->call, GRPC_STATUS_OK, NULL, &r.base);
 }
@@ -1323,9 +1324,10 @@ static void on_shutdown(ddld_dispatch *d, ddld_job *job)
 {
     const Distdl__V1__ShutdownRequest *q = (const void *)job->msg;
     Distdl__V1__ShutdownResponse       r = DISTDL__V1__SHUTDOWN_RESPONSE__INIT;
-    r.durable_step = d->s != NULL ? ddl_session_durable_step(d->s) : -1;
+    r.durable_step                       = d->s != NULL ? ddl_session_durable_step(d->s) : -1;
     if (q->checkpoint) {
         if (d->s == NULL || d->cfg->checkpoint_dir == NULL) {
+            ddld_service_shutdown_refused(d->svc);
             fail(job, GRPC_STATUS_FAILED_PRECONDITION, "Shutdown: checkpoint requested but %s",
                  d->s == NULL ? "there is no model" : "distdld has no --checkpoint-dir");
             return;
@@ -1333,6 +1335,7 @@ static void on_shutdown(ddld_dispatch *d, ddld_job *job)
         int64_t    step;
         ddl_status st = save(d, d->cfg->checkpoint_dir, &step);
         if (st != DDL_OK) {
+            ddld_service_shutdown_refused(d->svc);
             fail_engine(job, "Shutdown", st);
             return;
         }
@@ -1364,8 +1367,8 @@ void ddld_dispatch_checkpoint_pending(ddld_dispatch *d)
     }
     d->ckpt_requested = false;
     if (d->s == NULL || d->cfg->checkpoint_dir == NULL) {
-        ddld_log("checkpoint requested but %s", d->s == NULL ? "there is no model"
-                                                             : "there is no --checkpoint-dir");
+        ddld_log("checkpoint requested but %s",
+                 d->s == NULL ? "there is no model" : "there is no --checkpoint-dir");
         return;
     }
     int64_t step;
@@ -1459,8 +1462,8 @@ static char *read_file(const char *path, char *err, size_t errlen)
         snprintf(err, errlen, "--model %s: not a readable spec (size %ld)", path, n);
         return NULL;
     }
-    char *text = malloc((size_t)n + 1);
-    size_t got = fread(text, 1, (size_t)n, f);
+    char  *text = malloc((size_t)n + 1);
+    size_t got  = fread(text, 1, (size_t)n, f);
     fclose(f);
     text[got] = '\0';
     return text;
@@ -1480,7 +1483,8 @@ int ddld_dispatch_startup(ddld_dispatch *d)
         return 2;
     }
     grpc_status_code code;
-    ddl_status st = create_model(d, "--model", text, cfg->model_path, false, NULL, err, sizeof err, &code);
+    ddl_status       st =
+        create_model(d, "--model", text, cfg->model_path, false, NULL, err, sizeof err, &code);
     free(text);
     if (st != DDL_OK) {
         ddld_log("%s", err);
@@ -1492,11 +1496,10 @@ int ddld_dispatch_startup(ddld_dispatch *d)
         struct payload p;
         memset(&p, 0, sizeof p);
         p.path = cfg->checkpoint_dir;
-        st = run(d, DDLD_OP_RESTORE, 0, -1, 0, &p);
+        st     = run(d, DDLD_OP_RESTORE, 0, -1, 0, &p);
         if (st == DDL_OK) {
             publish_progress(d);
-            ddld_log("resumed from %s at step %lld", cfg->checkpoint_dir,
-                     (long long)ddld_g.step);
+            ddld_log("resumed from %s at step %lld", cfg->checkpoint_dir, (long long)ddld_g.step);
         } else if (st == DDL_ENOTFOUND) {
             ddld_log("--resume: no checkpoint in %s yet; starting fresh", cfg->checkpoint_dir);
         } else {

@@ -66,7 +66,7 @@ static const char usage[] =
 static bool parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out)
 {
     char *end;
-    errno = 0;
+    errno       = 0;
     long long v = strtoll(s, &end, 10);
     if (errno != 0 || end == s || *end != '\0' || v < lo || v > hi) {
         return false;
@@ -80,20 +80,20 @@ static bool parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out)
 static int parse_args(int argc, char **argv, ddld_config *cfg, bool print)
 {
     memset(cfg, 0, sizeof *cfg);
-    cfg->listen = "127.0.0.1:50051";
-    cfg->data_root = "/usr/share/datasets/fashion-mnist";
+    cfg->listen            = "127.0.0.1:50051";
+    cfg->data_root         = "/usr/share/datasets/fashion-mnist";
     cfg->max_message_bytes = 64 << 20;
-    cfg->queue = 64;
-    cfg->grace_s = 5;
+    cfg->queue             = 64;
+    cfg->grace_s           = 5;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         char        name[64];
         const char *val = NULL;
-        const char *eq = strchr(a, '=');
+        const char *eq  = strchr(a, '=');
         if (strncmp(a, "--", 2) == 0 && eq != NULL && (size_t)(eq - a) < sizeof name) {
             memcpy(name, a, (size_t)(eq - a));
             name[eq - a] = '\0';
-            val = eq + 1;
+            val          = eq + 1;
         } else {
             snprintf(name, sizeof name, "%s", a);
         }
@@ -107,19 +107,27 @@ static int parse_args(int argc, char **argv, ddld_config *cfg, bool print)
             cfg->resume = true;
             continue;
         }
-        static const char *const with_value[] = {
-            "--model", "--listen", "--address-file", "--data-root", "--checkpoint-dir",
-            "--checkpoint-every", "--checkpoint-interval", "--max-message-bytes", "--queue",
-            "--grace"};
-        bool known = false;
+        static const char *const with_value[] = {"--model",
+                                                 "--listen",
+                                                 "--address-file",
+                                                 "--data-root",
+                                                 "--checkpoint-dir",
+                                                 "--checkpoint-every",
+                                                 "--checkpoint-interval",
+                                                 "--max-message-bytes",
+                                                 "--queue",
+                                                 "--grace"};
+        bool                     known        = false;
         for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) {
             known = known || strcmp(name, with_value[k]) == 0;
         }
         if (!known) {
             if (print) {
                 if (strncmp(name, "--tls", 5) == 0 || strcmp(name, "--token-file") == 0) {
-                    fprintf(stderr, DDLD_LOG_PREFIX ": %s: TLS and tokens are not supported by "
-                                    "this build yet\n", name);
+                    fprintf(stderr,
+                            DDLD_LOG_PREFIX ": %s: TLS and tokens are not supported by "
+                                            "this build yet\n",
+                            name);
                 } else {
                     fprintf(stderr, DDLD_LOG_PREFIX ": unknown option %s (see --help)\n", a);
                 }
@@ -141,7 +149,7 @@ static int parse_args(int argc, char **argv, ddld_config *cfg, bool print)
             cfg->model_path = val;
         } else if (strcmp(name, "--listen") == 0) {
             cfg->listen = val;
-            ok = val[0] != '\0';
+            ok          = val[0] != '\0';
         } else if (strcmp(name, "--address-file") == 0) {
             cfg->address_file = val;
         } else if (strcmp(name, "--data-root") == 0) {
@@ -149,19 +157,19 @@ static int parse_args(int argc, char **argv, ddld_config *cfg, bool print)
         } else if (strcmp(name, "--checkpoint-dir") == 0) {
             cfg->checkpoint_dir = val;
         } else if (strcmp(name, "--checkpoint-every") == 0) {
-            ok = parse_int(val, 1, INT64_MAX, &v);
+            ok                    = parse_int(val, 1, INT64_MAX, &v);
             cfg->checkpoint_every = v;
         } else if (strcmp(name, "--checkpoint-interval") == 0) {
-            ok = parse_int(val, 1, 365L * 24 * 3600, &v);
+            ok                       = parse_int(val, 1, 365L * 24 * 3600, &v);
             cfg->checkpoint_interval = v;
         } else if (strcmp(name, "--max-message-bytes") == 0) {
-            ok = parse_int(val, 4096, INT_MAX, &v);
+            ok                     = parse_int(val, 4096, INT_MAX, &v);
             cfg->max_message_bytes = v;
         } else if (strcmp(name, "--queue") == 0) {
-            ok = parse_int(val, 1, 1 << 20, &v);
+            ok         = parse_int(val, 1, 1 << 20, &v);
             cfg->queue = (int)v;
         } else if (strcmp(name, "--grace") == 0) {
-            ok = parse_int(val, 0, 3600, &v);
+            ok           = parse_int(val, 0, 3600, &v);
             cfg->grace_s = (double)v;
         }
         if (!ok) {
@@ -193,10 +201,10 @@ static int parse_args(int argc, char **argv, ddld_config *cfg, bool print)
 // ---- rank 0: the loop ------------------------------------------------------------------------
 
 static struct {
-    uv_loop_t     loop;
-    uv_async_t    wake;
-    uv_signal_t   sig_term, sig_int, sig_usr1, sig_usr2;
-    uv_timer_t    ckpt_timer;
+    uv_loop_t      loop;
+    uv_async_t     wake;
+    uv_signal_t    sig_term, sig_int, sig_usr1, sig_usr2;
+    uv_timer_t     ckpt_timer;
     ddld_service  *svc;
     ddld_dispatch *d;
     bool           shutdown;
@@ -220,8 +228,9 @@ static void on_signal(uv_signal_t *h, int signum)
         ddld_log("SIGUSR1: checkpoint requested");
         ddld_dispatch_request_checkpoint(r0.d);
     } else if (!r0.shutdown) {
-        ddld_log("%s: shutting down gracefully",
-                 signum == SIGTERM ? "SIGTERM" : signum == SIGINT ? "SIGINT" : "SIGUSR2");
+        ddld_log("%s: shutting down gracefully", signum == SIGTERM  ? "SIGTERM"
+                                                 : signum == SIGINT ? "SIGINT"
+                                                                    : "SIGUSR2");
         ddld_shared_mark_shutdown();
         r0.shutdown = true;
     }
@@ -244,7 +253,7 @@ static void poll_loop(void *ud)
 static bool stopping(void *ud)
 {
     (void)ud;
-    return r0.shutdown;
+    return r0.shutdown || ddld_service_shutdown_pending(r0.svc);
 }
 
 // host:port of what we bound, written to temp and renamed into place (readers never see a
@@ -256,7 +265,7 @@ static int write_address(const ddld_config *cfg, int port)
         snprintf(text, sizeof text, "%s\n", cfg->listen);
     } else {
         const char *colon = strrchr(cfg->listen, ':');
-        int         hl = colon != NULL ? (int)(colon - cfg->listen) : (int)strlen(cfg->listen);
+        int         hl    = colon != NULL ? (int)(colon - cfg->listen) : (int)strlen(cfg->listen);
         snprintf(text, sizeof text, "%.*s:%d\n", hl, cfg->listen, port);
     }
     if (cfg->address_file == NULL) {
@@ -292,7 +301,7 @@ static void close_handle(uv_handle_t *h, void *arg)
 
 static int run_rank0(const ddld_config *cfg, ddld_dispatch *d)
 {
-    r0.d = d;
+    r0.d     = d;
     int code = ddld_dispatch_startup(d);
     if (code != 0) {
         ddld_dispatch_quit(d, code);
@@ -315,7 +324,7 @@ static int run_rank0(const ddld_config *cfg, ddld_dispatch *d)
     }
 
     int port = 0;
-    r0.svc = ddld_service_start(cfg, wake_from_grpc, NULL, &port);
+    r0.svc   = ddld_service_start(cfg, wake_from_grpc, NULL, &port);
     if (r0.svc == NULL) {
         code = 2;
     } else if (write_address(cfg, port) != 0) {
@@ -329,7 +338,7 @@ static int run_rank0(const ddld_config *cfg, ddld_dispatch *d)
             ddld_log("listening on %s (pid %d)", cfg->listen, (int)getpid());
         } else {
             const char *colon = strrchr(cfg->listen, ':');
-            int hl = colon != NULL ? (int)(colon - cfg->listen) : (int)strlen(cfg->listen);
+            int         hl = colon != NULL ? (int)(colon - cfg->listen) : (int)strlen(cfg->listen);
             ddld_log("listening on %.*s:%d (pid %d)", hl, cfg->listen, port, (int)getpid());
         }
         while (!r0.shutdown) {
@@ -365,7 +374,7 @@ int main(int argc, char **argv)
     // Before MPI_Init we know our rank only from the launcher's environment; use it so
     // a bad command line is reported once, not P times.
     const char *env_rank = getenv("OMPI_COMM_WORLD_RANK");
-    bool        first = env_rank == NULL || strcmp(env_rank, "0") == 0;
+    bool        first    = env_rank == NULL || strcmp(env_rank, "0") == 0;
     ddld_config cfg;
     int         pa = parse_args(argc, argv, &cfg, first);
     if (pa != 0) {

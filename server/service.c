@@ -36,49 +36,49 @@
 enum { K_UNARY, K_CLIENT_STREAM, K_SERVER_STREAM };
 
 static const struct method_desc {
-    const char                      *path;
-    int                              kind;
+    const char                       *path;
+    int                               kind;
     const ProtobufCMessageDescriptor *req;
-    bool                             engine; // needs the main thread (queued)
+    bool                              engine; // needs the main thread (queued)
 } methods[DDLD_M_COUNT] = {
     [DDLD_M_CREATE_MODEL] = {"/distdl.v1.Trainer/CreateModel", K_UNARY,
                              &distdl__v1__create_model_request__descriptor, true},
-    [DDLD_M_GET_STATUS] = {"/distdl.v1.Trainer/GetStatus", K_UNARY,
-                           &distdl__v1__get_status_request__descriptor, false},
+    [DDLD_M_GET_STATUS]   = {"/distdl.v1.Trainer/GetStatus", K_UNARY,
+                             &distdl__v1__get_status_request__descriptor, false},
     [DDLD_M_SUBMIT_BATCH] = {"/distdl.v1.Trainer/SubmitBatch", K_CLIENT_STREAM,
                              &distdl__v1__batch__descriptor, false},
-    [DDLD_M_STEP] = {"/distdl.v1.Trainer/Step", K_UNARY, &distdl__v1__step_request__descriptor,
-                     true},
-    [DDLD_M_TRAIN] = {"/distdl.v1.Trainer/Train", K_SERVER_STREAM,
-                      &distdl__v1__train_request__descriptor, true},
+    [DDLD_M_STEP]     = {"/distdl.v1.Trainer/Step", K_UNARY, &distdl__v1__step_request__descriptor,
+                         true},
+    [DDLD_M_TRAIN]    = {"/distdl.v1.Trainer/Train", K_SERVER_STREAM,
+                         &distdl__v1__train_request__descriptor, true},
     [DDLD_M_EVALUATE] = {"/distdl.v1.Trainer/Evaluate", K_UNARY,
                          &distdl__v1__evaluate_request__descriptor, true},
-    [DDLD_M_PREDICT] = {"/distdl.v1.Trainer/Predict", K_UNARY,
-                        &distdl__v1__predict_request__descriptor, true},
-    [DDLD_M_PULL_WEIGHTS] = {"/distdl.v1.Trainer/PullWeights", K_SERVER_STREAM,
-                             &distdl__v1__pull_weights_request__descriptor, true},
-    [DDLD_M_PUSH_WEIGHTS] = {"/distdl.v1.Trainer/PushWeights", K_CLIENT_STREAM,
-                             &distdl__v1__weight_chunk__descriptor, false},
-    [DDLD_M_CHECKPOINT] = {"/distdl.v1.Trainer/Checkpoint", K_UNARY,
-                           &distdl__v1__checkpoint_request__descriptor, true},
-    [DDLD_M_RESTORE] = {"/distdl.v1.Trainer/Restore", K_UNARY,
-                        &distdl__v1__restore_request__descriptor, true},
-    [DDLD_M_SHUTDOWN] = {"/distdl.v1.Trainer/Shutdown", K_UNARY,
-                         &distdl__v1__shutdown_request__descriptor, true},
-    [DDLD_M_HEALTH_CHECK] = {"/grpc.health.v1.Health/Check", K_UNARY,
-                             &grpc__health__v1__health_check_request__descriptor, false},
-    [DDLD_M_HEALTH_WATCH] = {"/grpc.health.v1.Health/Watch", K_SERVER_STREAM,
-                             &grpc__health__v1__health_check_request__descriptor, false},
-    [DDLD_M_SERVER_LIVE] = {"/inference.GRPCInferenceService/ServerLive", K_UNARY,
-                            &inference__server_live_request__descriptor, false},
-    [DDLD_M_SERVER_READY] = {"/inference.GRPCInferenceService/ServerReady", K_UNARY,
-                             &inference__server_ready_request__descriptor, false},
-    [DDLD_M_MODEL_READY] = {"/inference.GRPCInferenceService/ModelReady", K_UNARY,
-                            &inference__model_ready_request__descriptor, false},
+    [DDLD_M_PREDICT]  = {"/distdl.v1.Trainer/Predict", K_UNARY,
+                         &distdl__v1__predict_request__descriptor, true},
+    [DDLD_M_PULL_WEIGHTS]   = {"/distdl.v1.Trainer/PullWeights", K_SERVER_STREAM,
+                               &distdl__v1__pull_weights_request__descriptor, true},
+    [DDLD_M_PUSH_WEIGHTS]   = {"/distdl.v1.Trainer/PushWeights", K_CLIENT_STREAM,
+                               &distdl__v1__weight_chunk__descriptor, false},
+    [DDLD_M_CHECKPOINT]     = {"/distdl.v1.Trainer/Checkpoint", K_UNARY,
+                               &distdl__v1__checkpoint_request__descriptor, true},
+    [DDLD_M_RESTORE]        = {"/distdl.v1.Trainer/Restore", K_UNARY,
+                               &distdl__v1__restore_request__descriptor, true},
+    [DDLD_M_SHUTDOWN]       = {"/distdl.v1.Trainer/Shutdown", K_UNARY,
+                               &distdl__v1__shutdown_request__descriptor, true},
+    [DDLD_M_HEALTH_CHECK]   = {"/grpc.health.v1.Health/Check", K_UNARY,
+                               &grpc__health__v1__health_check_request__descriptor, false},
+    [DDLD_M_HEALTH_WATCH]   = {"/grpc.health.v1.Health/Watch", K_SERVER_STREAM,
+                               &grpc__health__v1__health_check_request__descriptor, false},
+    [DDLD_M_SERVER_LIVE]    = {"/inference.GRPCInferenceService/ServerLive", K_UNARY,
+                               &inference__server_live_request__descriptor, false},
+    [DDLD_M_SERVER_READY]   = {"/inference.GRPCInferenceService/ServerReady", K_UNARY,
+                               &inference__server_ready_request__descriptor, false},
+    [DDLD_M_MODEL_READY]    = {"/inference.GRPCInferenceService/ModelReady", K_UNARY,
+                               &inference__model_ready_request__descriptor, false},
     [DDLD_M_MODEL_METADATA] = {"/inference.GRPCInferenceService/ModelMetadata", K_UNARY,
                                &inference__model_metadata_request__descriptor, false},
-    [DDLD_M_MODEL_INFER] = {"/inference.GRPCInferenceService/ModelInfer", K_UNARY,
-                            &inference__model_infer_request__descriptor, true},
+    [DDLD_M_MODEL_INFER]    = {"/inference.GRPCInferenceService/ModelInfer", K_UNARY,
+                               &inference__model_infer_request__descriptor, true},
 };
 #define M_GENERIC DDLD_M_COUNT // any other method: UNIMPLEMENTED
 
@@ -101,13 +101,13 @@ struct wstream {
 };
 
 struct ddld_call {
-    struct tag    op, close;
-    ddld_service *svc;
-    atomic_int    refs;
-    int           method;
-    int           state;
-    grpc_call    *call;
-    gpr_timespec  deadline;
+    struct tag          op, close;
+    ddld_service       *svc;
+    atomic_int          refs;
+    int                 method;
+    int                 state;
+    grpc_call          *call;
+    gpr_timespec        deadline;
     grpc_metadata_array md;
     grpc_call_details   details; // generic calls only
     grpc_byte_buffer   *recv_bb;
@@ -130,6 +130,7 @@ struct ddld_call {
     // PushWeights: a copy of the model's weight table and the staging buffer.
     ddld_model_info *push_mi;
     uint64_t         push_gen;
+    gpr_timespec     push_t0; // first chunk (DDLD_VERBOSE timing)
     uint8_t         *staging;
     bool             staging_owned;
     size_t          *push_got; // bytes received per weight
@@ -161,7 +162,9 @@ struct ddld_service {
     bool            staging_busy;
 
     void (*wake)(void *);
-    void *wake_ud;
+    void       *wake_ud;
+    bool        verbose;          // DDLD_VERBOSE=1
+    atomic_bool shutdown_pending; // a Shutdown call is queued or running
 };
 
 static void request_new(ddld_service *svc, int method);
@@ -199,21 +202,20 @@ static void finish_locked(ddld_call *c, grpc_status_code code, const char *msg,
     memset(ops, 0, sizeof ops);
     if (!c->sent_md) {
         ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
-        c->sent_md = true;
+        c->sent_md  = true;
     }
     if (bb != NULL) {
-        c->send_bb = bb;
-        ops[n].op = GRPC_OP_SEND_MESSAGE;
+        c->send_bb                              = bb;
+        ops[n].op                               = GRPC_OP_SEND_MESSAGE;
         ops[n++].data.send_message.send_message = bb;
     }
     c->status_details = grpc_slice_from_copied_string(msg != NULL ? msg : "");
-    c->has_details = true;
-    ops[n].op = GRPC_OP_SEND_STATUS_FROM_SERVER;
-    ops[n].data.send_status_from_server.status = code;
-    ops[n++].data.send_status_from_server.status_details = msg != NULL ? &c->status_details
-                                                                       : NULL;
-    c->state = ST_FINISH;
-    c->send_busy = true;
+    c->has_details    = true;
+    ops[n].op         = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    ops[n].data.send_status_from_server.status           = code;
+    ops[n++].data.send_status_from_server.status_details = msg != NULL ? &c->status_details : NULL;
+    c->state                                             = ST_FINISH;
+    c->send_busy                                         = true;
     start_batch(c, ops, n);
 }
 
@@ -224,13 +226,13 @@ static void send_locked(ddld_call *c, grpc_byte_buffer *bb)
     memset(ops, 0, sizeof ops);
     if (!c->sent_md) {
         ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
-        c->sent_md = true;
+        c->sent_md  = true;
     }
-    c->send_bb = bb;
-    ops[n].op = GRPC_OP_SEND_MESSAGE;
+    c->send_bb                              = bb;
+    ops[n].op                               = GRPC_OP_SEND_MESSAGE;
     ops[n++].data.send_message.send_message = bb;
-    c->state = ST_SEND;
-    c->send_busy = true;
+    c->state                                = ST_SEND;
+    c->send_busy                            = true;
     start_batch(c, ops, n);
 }
 
@@ -285,8 +287,8 @@ void ddld_call_end(ddld_call *c, grpc_status_code code, const char *msg)
     if (!c->dead) {
         if (c->send_busy) {
             c->end_pending = true;
-            c->end_code = code;
-            c->end_msg = strdup(msg != NULL ? msg : "");
+            c->end_code    = code;
+            c->end_msg     = strdup(msg != NULL ? msg : "");
         } else {
             finish_locked(c, code, msg, NULL);
         }
@@ -330,24 +332,24 @@ static grpc_byte_buffer *next_chunk(ddld_call *c)
     const ddld_weight_info *w = &c->w_info[c->w_cur];
     size_t len = w->bytes - c->w_off < DDLD_CHUNK_BYTES ? w->bytes - c->w_off : DDLD_CHUNK_BYTES;
     Distdl__V1__WeightChunk ch = DISTDL__V1__WEIGHT_CHUNK__INIT;
-    int64_t shape[DDL_MAX_DIMS];
+    int64_t                 shape[DDL_MAX_DIMS];
     ch.offset = (int64_t)c->w_off;
     if (c->w_off == 0) {
-        ch.first = true;
-        ch.name = w->name;
+        ch.first    = true;
+        ch.name     = w->name;
         ch.datatype = (char *)ddld_dtype_wire(w->dtype);
         for (int d = 0; d < w->shape.ndim; d++) {
             shape[d] = w->shape.d[d];
         }
         ch.n_shape = (size_t)w->shape.ndim;
-        ch.shape = shape;
+        ch.shape   = shape;
     }
     size_t     hn = protobuf_c_message_get_packed_size(&ch.base);
     grpc_slice slices[2];
-    slices[0] = grpc_slice_malloc(hn + 11);
+    slices[0]  = grpc_slice_malloc(hn + 11);
     uint8_t *p = GRPC_SLICE_START_PTR(slices[0]);
     protobuf_c_message_pack(&ch.base, p);
-    size_t used = hn;
+    size_t used    = hn;
     size_t nslices = 1;
     if (len > 0) {
         p[used++] = (5 << 3) | 2; // field 5, length-delimited
@@ -355,9 +357,9 @@ static grpc_byte_buffer *next_chunk(ddld_call *c)
         atomic_fetch_add(&c->w_stream->refs, 1);
         slices[1] = grpc_slice_new_with_user_data((void *)(c->w_data + w->offset + c->w_off), len,
                                                   wstream_unref, c->w_stream);
-        nslices = 2;
+        nslices   = 2;
     }
-    slices[0] = grpc_slice_sub_no_ref(slices[0], 0, used);
+    slices[0]            = grpc_slice_sub_no_ref(slices[0], 0, used);
     grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(slices, nslices);
     for (size_t i = 0; i < nslices; i++) {
         grpc_slice_unref(slices[i]);
@@ -376,16 +378,16 @@ void ddld_call_stream_weights(ddld_call *c, const ddld_model_info *mi, const uin
     struct wstream *w = malloc(sizeof *w);
     atomic_init(&w->refs, 1);
     w->release = release;
-    w->ud = ud;
+    w->ud      = ud;
     pthread_mutex_lock(&c->mu);
     c->w_stream = w;
-    c->w_n = mi->nweights;
-    c->w_cur = 0;
-    c->w_off = 0;
-    c->w_data = data;
-    c->w_info = calloc((size_t)mi->nweights + 1, sizeof *c->w_info);
+    c->w_n      = mi->nweights;
+    c->w_cur    = 0;
+    c->w_off    = 0;
+    c->w_data   = data;
+    c->w_info   = calloc((size_t)mi->nweights + 1, sizeof *c->w_info);
     for (int i = 0; i < mi->nweights; i++) {
-        c->w_info[i] = mi->weights[i];
+        c->w_info[i]      = mi->weights[i];
         c->w_info[i].name = strdup(mi->weights[i].name);
     }
     if (c->dead) {
@@ -437,7 +439,7 @@ static grpc_status_code enqueue(ddld_service *svc, ddld_job *job, bool front)
         return GRPC_STATUS_RESOURCE_EXHAUSTED;
     }
     if (front) {
-        svc->head = (svc->head + svc->cap - 1) % svc->cap;
+        svc->head            = (svc->head + svc->cap - 1) % svc->cap;
         svc->jobs[svc->head] = job;
     } else {
         svc->jobs[(svc->head + svc->count) % svc->cap] = job;
@@ -457,12 +459,22 @@ ddld_job *ddld_service_pop(ddld_service *svc)
     ddld_job *job = NULL;
     pthread_mutex_lock(&svc->mu);
     if (svc->count > 0) {
-        job = svc->jobs[svc->head];
+        job       = svc->jobs[svc->head];
         svc->head = (svc->head + 1) % svc->cap;
         svc->count--;
     }
     pthread_mutex_unlock(&svc->mu);
     return job;
+}
+
+bool ddld_service_shutdown_pending(ddld_service *svc)
+{
+    return svc != NULL && atomic_load(&svc->shutdown_pending);
+}
+
+void ddld_service_shutdown_refused(ddld_service *svc)
+{
+    atomic_store(&svc->shutdown_pending, false);
 }
 
 int ddld_service_queue_depth(ddld_service *svc)
@@ -476,22 +488,22 @@ int ddld_service_queue_depth(ddld_service *svc)
 void ddld_service_push_internal(ddld_service *svc, int internal)
 {
     ddld_job *job = calloc(1, sizeof *job);
-    job->method = DDLD_M_INTERNAL;
+    job->method   = DDLD_M_INTERNAL;
     job->internal = internal;
     // The queue may be full of client work; internal jobs go first and may exceed it.
     pthread_mutex_lock(&svc->mu);
     if (svc->count == svc->cap) {
         int        ncap = svc->cap * 2;
-        ddld_job **nj = calloc((size_t)ncap, sizeof *nj);
+        ddld_job **nj   = calloc((size_t)ncap, sizeof *nj);
         for (int i = 0; i < svc->count; i++) {
             nj[i] = svc->jobs[(svc->head + i) % svc->cap];
         }
         free(svc->jobs);
         svc->jobs = nj;
-        svc->cap = ncap;
+        svc->cap  = ncap;
         svc->head = 0;
     }
-    svc->head = (svc->head + svc->cap - 1) % svc->cap;
+    svc->head            = (svc->head + svc->cap - 1) % svc->cap;
     svc->jobs[svc->head] = job;
     svc->count++;
     pthread_mutex_unlock(&svc->mu);
@@ -506,40 +518,40 @@ static void answer_status(ddld_call *c)
     const ddld_model_info *mi = &ddld_g.info;
     int64_t                in[DDL_MAX_DIMS];
     Distdl__V1__Partition  parts_storage[64], *parts[64];
-    r.has_model = mi->has_model;
-    r.model_name = (char *)(mi->has_model ? mi->name : "");
-    r.world_size = ddld_g.world_size;
-    r.step = ddld_g.step;
-    r.last_loss = ddld_g.last_loss;
-    r.durable_step = ddld_g.durable_step;
-    r.queue_depth = ddld_g.batch_count;
+    r.has_model      = mi->has_model;
+    r.model_name     = (char *)(mi->has_model ? mi->name : "");
+    r.world_size     = ddld_g.world_size;
+    r.step           = ddld_g.step;
+    r.last_loss      = ddld_g.last_loss;
+    r.durable_step   = ddld_g.durable_step;
+    r.queue_depth    = ddld_g.batch_count;
     r.queue_capacity = ddld_g.batch_cap;
-    r.state = (char *)ddld_g.state;
-    r.epoch = ddld_g.epoch;
-    r.batch = ddld_g.batch;
-    r.data_dir = ddld_g.data_dir;
+    r.state          = (char *)ddld_g.state;
+    r.epoch          = ddld_g.epoch;
+    r.batch          = ddld_g.batch;
+    r.data_dir       = ddld_g.data_dir;
     if (mi->has_model) {
         r.batch_size = mi->batch_size;
         for (int d = 0; d < mi->input.ndim; d++) {
             in[d] = mi->input.d[d];
         }
         r.n_input_shape = (size_t)mi->input.ndim;
-        r.input_shape = in;
-        r.num_classes = mi->classes;
-        r.datatype = (char *)ddld_dtype_wire(mi->dtype);
-        int np = mi->npartitions < 64 ? mi->npartitions : 64;
+        r.input_shape   = in;
+        r.num_classes   = mi->classes;
+        r.datatype      = (char *)ddld_dtype_wire(mi->dtype);
+        int np          = mi->npartitions < 64 ? mi->npartitions : 64;
         for (int i = 0; i < np; i++) {
             Distdl__V1__Partition *p = &parts_storage[i];
             distdl__v1__partition__init(p);
-            p->name = mi->part_name[i];
+            p->name    = mi->part_name[i];
             p->n_ranks = (size_t)mi->part_nranks[i];
-            p->ranks = mi->part_ranks[i];
+            p->ranks   = mi->part_ranks[i];
             p->n_shape = (size_t)mi->part_ndims[i];
-            p->shape = mi->part_shape[i];
-            parts[i] = p;
+            p->shape   = mi->part_shape[i];
+            parts[i]   = p;
         }
         r.n_partitions = (size_t)np;
-        r.partitions = parts;
+        r.partitions   = parts;
     }
     grpc_byte_buffer *bb = pack_message(&r.base);
     pthread_mutex_unlock(&ddld_g.mu);
@@ -563,8 +575,7 @@ static Grpc__Health__V1__HealthCheckResponse__ServingStatus health_now(void)
                    : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING;
 }
 
-static void answer_health(ddld_call *c, const Grpc__Health__V1__HealthCheckRequest *req,
-                          bool watch)
+static void answer_health(ddld_call *c, const Grpc__Health__V1__HealthCheckRequest *req, bool watch)
 {
     Grpc__Health__V1__HealthCheckResponse r = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
     if (!health_known(req->service)) {
@@ -606,14 +617,14 @@ static void answer_kserve(ddld_call *c, const ProtobufCMessage *req)
     switch (c->method) {
     case DDLD_M_SERVER_LIVE: {
         Inference__ServerLiveResponse r = INFERENCE__SERVER_LIVE_RESPONSE__INIT;
-        r.live = true;
+        r.live                          = true;
         pthread_mutex_unlock(&ddld_g.mu);
         ddld_call_finish(c, GRPC_STATUS_OK, NULL, &r.base);
         return;
     }
     case DDLD_M_SERVER_READY: {
         Inference__ServerReadyResponse r = INFERENCE__SERVER_READY_RESPONSE__INIT;
-        r.ready = serving && has;
+        r.ready                          = serving && has;
         pthread_mutex_unlock(&ddld_g.mu);
         ddld_call_finish(c, GRPC_STATUS_OK, NULL, &r.base);
         return;
@@ -637,7 +648,7 @@ static void answer_kserve(ddld_call *c, const ProtobufCMessage *req)
             return;
         }
         const ddld_model_info *mi = &ddld_g.info;
-        int64_t in[DDL_MAX_DIMS + 1], out[2] = {-1, mi->classes};
+        int64_t                in[DDL_MAX_DIMS + 1], out[2] = {-1, mi->classes};
         in[0] = -1;
         for (int d = 0; d < mi->input.ndim; d++) {
             in[d + 1] = mi->input.d[d];
@@ -645,25 +656,25 @@ static void answer_kserve(ddld_call *c, const ProtobufCMessage *req)
         Inference__ModelMetadataResponse__TensorMetadata ti, to, *tip = &ti, *top = &to;
         inference__model_metadata_response__tensor_metadata__init(&ti);
         inference__model_metadata_response__tensor_metadata__init(&to);
-        ti.name = "input";
-        ti.datatype = (char *)ddld_dtype_wire(mi->dtype);
-        ti.n_shape = (size_t)mi->input.ndim + 1;
-        ti.shape = in;
-        to.name = "logits";
-        to.datatype = ti.datatype;
-        to.n_shape = 2;
-        to.shape = out;
-        char *versions[1] = {"1"};
-        Inference__ModelMetadataResponse r = INFERENCE__MODEL_METADATA_RESPONSE__INIT;
-        r.name = (char *)name;
-        r.n_versions = 1;
-        r.versions = versions;
-        r.platform = "distdl-c";
-        r.n_inputs = 1;
-        r.inputs = &tip;
-        r.n_outputs = 1;
-        r.outputs = &top;
-        grpc_byte_buffer *bb = pack_message(&r.base);
+        ti.name                                      = "input";
+        ti.datatype                                  = (char *)ddld_dtype_wire(mi->dtype);
+        ti.n_shape                                   = (size_t)mi->input.ndim + 1;
+        ti.shape                                     = in;
+        to.name                                      = "logits";
+        to.datatype                                  = ti.datatype;
+        to.n_shape                                   = 2;
+        to.shape                                     = out;
+        char                            *versions[1] = {"1"};
+        Inference__ModelMetadataResponse r           = INFERENCE__MODEL_METADATA_RESPONSE__INIT;
+        r.name                                       = (char *)name;
+        r.n_versions                                 = 1;
+        r.versions                                   = versions;
+        r.platform                                   = "distdl-c";
+        r.n_inputs                                   = 1;
+        r.inputs                                     = &tip;
+        r.n_outputs                                  = 1;
+        r.outputs                                    = &top;
+        grpc_byte_buffer *bb                         = pack_message(&r.base);
         pthread_mutex_unlock(&ddld_g.mu);
         pthread_mutex_lock(&c->mu);
         finish_locked(c, GRPC_STATUS_OK, NULL, bb);
@@ -679,9 +690,9 @@ static void recv_next(ddld_call *c)
 {
     grpc_op op;
     memset(&op, 0, sizeof op);
-    op.op = GRPC_OP_RECV_MESSAGE;
+    op.op                             = GRPC_OP_RECV_MESSAGE;
     op.data.recv_message.recv_message = &c->recv_bb;
-    c->state = ST_RECV;
+    c->state                          = ST_RECV;
     start_batch(c, &op, 1);
 }
 
@@ -727,7 +738,7 @@ static void submit_batch(ddld_call *c, Distdl__V1__Batch *b)
 static void submit_end(ddld_call *c)
 {
     Distdl__V1__SubmitBatchResponse r = DISTDL__V1__SUBMIT_BATCH_RESPONSE__INIT;
-    r.accepted = c->accepted;
+    r.accepted                        = c->accepted;
     pthread_mutex_lock(&ddld_g.mu);
     r.queue_depth = ddld_g.batch_count;
     pthread_mutex_unlock(&ddld_g.mu);
@@ -767,35 +778,36 @@ static bool push_begin(ddld_call *c)
         return false;
     }
     ddld_model_info *cp = calloc(1, sizeof *cp);
-    cp->has_model = true;
-    cp->nweights = mi->nweights;
-    cp->weights_bytes = mi->weights_bytes;
-    cp->weights = calloc((size_t)mi->nweights + 1, sizeof *cp->weights);
+    cp->has_model       = true;
+    cp->nweights        = mi->nweights;
+    cp->weights_bytes   = mi->weights_bytes;
+    cp->weights         = calloc((size_t)mi->nweights + 1, sizeof *cp->weights);
     for (int i = 0; i < mi->nweights; i++) {
-        cp->weights[i] = mi->weights[i];
+        cp->weights[i]      = mi->weights[i];
         cp->weights[i].name = strdup(mi->weights[i].name);
     }
     c->push_gen = ddld_g.model_gen;
     pthread_mutex_unlock(&ddld_g.mu);
-    c->push_mi = cp;
-    c->push_got = calloc((size_t)cp->nweights + 1, sizeof *c->push_got);
-    c->push_cur = -1;
+    c->push_mi        = cp;
+    c->push_t0        = gpr_now(GPR_CLOCK_MONOTONIC);
+    c->push_got       = calloc((size_t)cp->nweights + 1, sizeof *c->push_got);
+    c->push_cur       = -1;
     ddld_service *svc = c->svc;
     pthread_mutex_lock(&svc->mu);
     if (!svc->staging_busy) {
         if (svc->staging_cap < cp->weights_bytes) {
             free(svc->staging);
-            svc->staging = aligned_alloc(64, (cp->weights_bytes + 63) / 64 * 64 + 64);
+            svc->staging     = aligned_alloc(64, (cp->weights_bytes + 63) / 64 * 64 + 64);
             svc->staging_cap = svc->staging != NULL ? cp->weights_bytes : 0;
         }
         if (svc->staging != NULL) {
             svc->staging_busy = true;
-            c->staging = svc->staging;
+            c->staging        = svc->staging;
         }
     }
     pthread_mutex_unlock(&svc->mu);
     if (c->staging == NULL) {
-        c->staging = aligned_alloc(64, (cp->weights_bytes + 63) / 64 * 64 + 64);
+        c->staging       = aligned_alloc(64, (cp->weights_bytes + 63) / 64 * 64 + 64);
         c->staging_owned = true;
         if (c->staging == NULL) {
             push_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "PushWeights: out of memory for staging");
@@ -805,7 +817,164 @@ static bool push_begin(ddld_call *c)
     return true;
 }
 
-static void push_chunk(ddld_call *c, Distdl__V1__WeightChunk *ch)
+// A WeightChunk read in place: the small fields are parsed straight from gRPC's slices
+// and the data is copied once, from those slices into the staging buffer (unpacking with
+// protobuf-c would first gather the message into one buffer, then copy the data again).
+struct wcursor {
+    const grpc_slice *s;
+    size_t            n, i, pos; // slice index, position in it
+    size_t            off;       // bytes consumed
+};
+
+static bool wc_end(struct wcursor *c)
+{
+    while (c->i < c->n && c->pos >= GRPC_SLICE_LENGTH(c->s[c->i])) {
+        c->i++;
+        c->pos = 0;
+    }
+    return c->i >= c->n;
+}
+
+static bool wc_byte(struct wcursor *c, uint8_t *b)
+{
+    if (wc_end(c)) {
+        return false;
+    }
+    *b = GRPC_SLICE_START_PTR(c->s[c->i])[c->pos++];
+    c->off++;
+    return true;
+}
+
+static bool wc_varint(struct wcursor *c, uint64_t *v)
+{
+    *v = 0;
+    for (int sh = 0; sh < 64; sh += 7) {
+        uint8_t b;
+        if (!wc_byte(c, &b)) {
+            return false;
+        }
+        *v |= (uint64_t)(b & 0x7f) << sh;
+        if ((b & 0x80) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+// Copies len bytes into dst, or skips them when dst is NULL.
+static bool wc_take(struct wcursor *c, uint8_t *dst, size_t len)
+{
+    while (len > 0) {
+        if (wc_end(c)) {
+            return false;
+        }
+        size_t avail = GRPC_SLICE_LENGTH(c->s[c->i]) - c->pos;
+        size_t k     = avail < len ? avail : len;
+        if (dst != NULL) {
+            memcpy(dst, GRPC_SLICE_START_PTR(c->s[c->i]) + c->pos, k);
+            dst += k;
+        }
+        c->pos += k;
+        c->off += k;
+        len -= k;
+    }
+    return true;
+}
+
+struct wchunk {
+    char           name[256], datatype[16];
+    bool           name_long, datatype_long, shape_long, first;
+    int64_t        shape[DDL_MAX_DIMS];
+    size_t         nshape;
+    int64_t        offset;
+    struct wcursor data; // where the data bytes start
+    size_t         data_len;
+};
+
+static bool wc_string(struct wcursor *c, char *dst, size_t cap, bool *too_long)
+{
+    uint64_t len;
+    if (!wc_varint(c, &len)) {
+        return false;
+    }
+    *too_long = len >= cap;
+    if (*too_long) {
+        dst[0] = '\0';
+        return wc_take(c, NULL, len);
+    }
+    if (!wc_take(c, (uint8_t *)dst, len)) {
+        return false;
+    }
+    dst[len] = '\0';
+    return true;
+}
+
+static void wchunk_shape_add(struct wchunk *w, uint64_t v)
+{
+    if (w->nshape < DDL_MAX_DIMS) {
+        w->shape[w->nshape++] = (int64_t)v;
+    } else {
+        w->shape_long = true;
+    }
+}
+
+// Parses a WeightChunk (distdl.v1, trainer.proto) from its wire bytes. False: malformed.
+static bool wchunk_parse(const grpc_slice *s, size_t n, struct wchunk *w)
+{
+    memset(w, 0, sizeof *w);
+    struct wcursor c = {.s = s, .n = n};
+    while (!wc_end(&c)) {
+        uint64_t key, v;
+        if (!wc_varint(&c, &key)) {
+            return false;
+        }
+        unsigned field = (unsigned)(key >> 3), wt = (unsigned)(key & 7);
+        bool     ok;
+        if (field == 1 && wt == 2) {
+            ok = wc_string(&c, w->name, sizeof w->name, &w->name_long);
+        } else if (field == 2 && wt == 2) {
+            ok = wc_string(&c, w->datatype, sizeof w->datatype, &w->datatype_long);
+        } else if (field == 3 && wt == 2) { // packed shape
+            ok          = wc_varint(&c, &v);
+            size_t stop = c.off + v;
+            while (ok && c.off < stop) {
+                ok = wc_varint(&c, &v);
+                wchunk_shape_add(w, v);
+            }
+            ok = ok && c.off == stop;
+        } else if (field == 3 && wt == 0) {
+            ok = wc_varint(&c, &v);
+            wchunk_shape_add(w, v);
+        } else if (field == 4 && wt == 0) {
+            ok        = wc_varint(&c, &v);
+            w->offset = (int64_t)v;
+        } else if (field == 5 && wt == 2) {
+            ok          = wc_varint(&c, &v);
+            w->data     = c;
+            w->data_len = v;
+            ok          = ok && wc_take(&c, NULL, v);
+        } else if (field == 6 && wt == 0) {
+            ok       = wc_varint(&c, &v);
+            w->first = v != 0;
+        } else if (field != 0 && wt == 0) { // unknown fields are skipped
+            ok = wc_varint(&c, &v);
+        } else if (field != 0 && wt == 1) {
+            ok = wc_take(&c, NULL, 8);
+        } else if (field != 0 && wt == 2) {
+            ok = wc_varint(&c, &v) && wc_take(&c, NULL, v);
+        } else if (field != 0 && wt == 5) {
+            ok = wc_take(&c, NULL, 4);
+        } else {
+            ok = false;
+        }
+        if (!ok) {
+            return false;
+        }
+    }
+    return true;
+}
+
+static void push_chunk(ddld_call *c, struct wchunk *ch)
 {
     char err[768];
     if (c->push_mi == NULL && !push_begin(c)) {
@@ -814,11 +983,16 @@ static void push_chunk(ddld_call *c, Distdl__V1__WeightChunk *ch)
     const ddld_model_info *mi = c->push_mi;
     if (ch->first) {
         int i = 0;
-        while (i < mi->nweights && strcmp(mi->weights[i].name, ch->name) != 0) {
+        while (!ch->name_long && i < mi->nweights && strcmp(mi->weights[i].name, ch->name) != 0) {
             i++;
         }
-        if (i == mi->nweights) {
-            snprintf(err, sizeof err, "PushWeights: unknown tensor \"%.200s\"", ch->name);
+        if (ch->name_long || i == mi->nweights) {
+            if (ch->name_long) {
+                snprintf(err, sizeof err, "PushWeights: unknown tensor (name over %zu bytes)",
+                         sizeof ch->name - 1);
+            } else {
+                snprintf(err, sizeof err, "PushWeights: unknown tensor \"%.200s\"", ch->name);
+            }
             push_fail(c, GRPC_STATUS_INVALID_ARGUMENT, err);
             return;
         }
@@ -828,26 +1002,27 @@ static void push_chunk(ddld_call *c, Distdl__V1__WeightChunk *ch)
             push_fail(c, GRPC_STATUS_INVALID_ARGUMENT, err);
             return;
         }
-        if (strcmp(ch->datatype, ddld_dtype_wire(w->dtype)) != 0) {
-            snprintf(err, sizeof err, "PushWeights: \"%s\": expected datatype %s, got \"%.32s\"",
-                     w->name, ddld_dtype_wire(w->dtype), ch->datatype);
+        if (ch->datatype_long || strcmp(ch->datatype, ddld_dtype_wire(w->dtype)) != 0) {
+            snprintf(err, sizeof err, "PushWeights: \"%s\": expected datatype %s, got \"%s%s\"",
+                     w->name, ddld_dtype_wire(w->dtype), ch->datatype,
+                     ch->datatype_long ? "..." : "");
             push_fail(c, GRPC_STATUS_INVALID_ARGUMENT, err);
             return;
         }
-        bool same = ch->n_shape == (size_t)w->shape.ndim;
-        for (size_t d = 0; same && d < ch->n_shape; d++) {
+        bool same = !ch->shape_long && ch->nshape == (size_t)w->shape.ndim;
+        for (size_t d = 0; same && d < ch->nshape; d++) {
             same = ch->shape[d] == w->shape.d[d];
         }
         if (!same) {
-            char exp[160], got[160];
+            char exp[160], got[200];
             ddl_shape_str(&w->shape, exp, sizeof exp);
             size_t o = 0;
             got[o++] = '[';
-            for (size_t d = 0; d < ch->n_shape && d < 8 && o < 120; d++) {
+            for (size_t d = 0; d < ch->nshape && o < 160; d++) {
                 o += (size_t)snprintf(got + o, sizeof got - o, d ? ", %lld" : "%lld",
                                       (long long)ch->shape[d]);
             }
-            snprintf(got + o, sizeof got - o, "%s]", ch->n_shape > 8 ? ", ..." : "");
+            snprintf(got + o, sizeof got - o, "%s]", ch->shape_long ? ", ..." : "");
             snprintf(err, sizeof err, "PushWeights: \"%s\": expected shape %s, got %s", w->name,
                      exp, got);
             push_fail(c, GRPC_STATUS_INVALID_ARGUMENT, err);
@@ -859,7 +1034,7 @@ static void push_chunk(ddld_call *c, Distdl__V1__WeightChunk *ch)
                   "PushWeights: the first chunk must have first=true with name, datatype, shape");
         return;
     }
-    const ddld_weight_info *w = &mi->weights[c->push_cur];
+    const ddld_weight_info *w   = &mi->weights[c->push_cur];
     size_t                  got = c->push_got[c->push_cur];
     if (ch->offset < 0 || (uint64_t)ch->offset != got) {
         snprintf(err, sizeof err, "PushWeights: \"%s\": expected offset %zu, got %lld", w->name,
@@ -867,16 +1042,47 @@ static void push_chunk(ddld_call *c, Distdl__V1__WeightChunk *ch)
         push_fail(c, GRPC_STATUS_INVALID_ARGUMENT, err);
         return;
     }
-    if (ch->data.len > w->bytes - got) {
-        snprintf(err, sizeof err, "PushWeights: \"%s\": %zu bytes at offset %zu exceed its %zu bytes",
-                 w->name, ch->data.len, got, w->bytes);
+    if (ch->data_len > w->bytes - got) {
+        snprintf(err, sizeof err,
+                 "PushWeights: \"%s\": %zu bytes at offset %zu exceed its %zu bytes", w->name,
+                 ch->data_len, got, w->bytes);
         push_fail(c, GRPC_STATUS_INVALID_ARGUMENT, err);
         return;
     }
-    memcpy(c->staging + w->offset + got, ch->data.data, ch->data.len);
-    c->push_got[c->push_cur] = got + ch->data.len;
-    protobuf_c_message_free_unpacked(&ch->base, NULL);
+    wc_take(&ch->data, c->staging + w->offset + got, ch->data_len);
+    c->push_got[c->push_cur] = got + ch->data_len;
     recv_next(c);
+}
+
+// Parses and applies one received PushWeights message (and releases it).
+static void push_message(ddld_call *c)
+{
+    grpc_byte_buffer *bb = c->recv_bb;
+    c->recv_bb           = NULL;
+    struct wchunk ch;
+    bool          ok;
+    if (bb->type == GRPC_BB_RAW && bb->data.raw.compression == GRPC_COMPRESS_NONE) {
+        ok = wchunk_parse(bb->data.raw.slice_buffer.slices, bb->data.raw.slice_buffer.count, &ch);
+        if (ok) {
+            push_chunk(c, &ch);
+        }
+    } else { // compressed: let gRPC inflate it into one slice first
+        grpc_byte_buffer_reader r;
+        ok = grpc_byte_buffer_reader_init(&r, bb) != 0;
+        if (ok) {
+            grpc_slice one = grpc_byte_buffer_reader_readall(&r);
+            grpc_byte_buffer_reader_destroy(&r);
+            ok = wchunk_parse(&one, 1, &ch);
+            if (ok) {
+                push_chunk(c, &ch);
+            }
+            grpc_slice_unref(one);
+        }
+    }
+    grpc_byte_buffer_destroy(bb);
+    if (!ok) {
+        push_fail(c, GRPC_STATUS_INVALID_ARGUMENT, "PushWeights: malformed WeightChunk");
+    }
 }
 
 static void push_end(ddld_call *c)
@@ -895,13 +1101,18 @@ static void push_end(ddld_call *c)
             return;
         }
     }
-    ddld_job *job = calloc(1, sizeof *job);
-    job->method = DDLD_M_PUSH_WEIGHTS;
-    job->call = c;
-    job->staging = c->staging;
-    job->staging_owned = c->staging_owned;
-    job->model_gen = c->push_gen;
-    c->staging = NULL;
+    if (c->svc->verbose) {
+        gpr_timespec dt = gpr_time_sub(gpr_now(GPR_CLOCK_MONOTONIC), c->push_t0);
+        ddld_log("PushWeights: received %zu bytes in %.1f ms", c->push_mi->weights_bytes,
+                 (double)dt.tv_sec * 1e3 + dt.tv_nsec * 1e-6);
+    }
+    ddld_job *job         = calloc(1, sizeof *job);
+    job->method           = DDLD_M_PUSH_WEIGHTS;
+    job->call             = c;
+    job->staging          = c->staging;
+    job->staging_owned    = c->staging_owned;
+    job->model_gen        = c->push_gen;
+    c->staging            = NULL;
     grpc_status_code code = enqueue(c->svc, job, false);
     if (code != GRPC_STATUS_OK) {
         job->call = NULL;
@@ -912,8 +1123,8 @@ static void push_end(ddld_call *c)
             pthread_mutex_unlock(&c->svc->mu);
         }
         ddld_job_free(job);
-        finish_code(c, code, code == GRPC_STATUS_UNAVAILABLE ? "shutting down"
-                                                            : "request queue full");
+        finish_code(c, code,
+                    code == GRPC_STATUS_UNAVAILABLE ? "shutting down" : "request queue full");
     }
 }
 
@@ -952,14 +1163,14 @@ static void on_message(ddld_call *c)
         }
         return;
     }
+    if (c->method == DDLD_M_PUSH_WEIGHTS) {
+        push_message(c);
+        return;
+    }
     ProtobufCMessage *m = decode(c->recv_bb, md->req);
     grpc_byte_buffer_destroy(c->recv_bb);
     c->recv_bb = NULL;
     if (m == NULL) {
-        if (c->method == DDLD_M_PUSH_WEIGHTS) {
-            push_fail(c, GRPC_STATUS_INVALID_ARGUMENT, "PushWeights: malformed WeightChunk");
-            return;
-        }
         finish_code(c, GRPC_STATUS_INVALID_ARGUMENT, "%s: malformed %s message", md->path,
                     md->req->name);
         return;
@@ -967,9 +1178,6 @@ static void on_message(ddld_call *c)
     switch (c->method) {
     case DDLD_M_SUBMIT_BATCH:
         submit_batch(c, (Distdl__V1__Batch *)m);
-        return;
-    case DDLD_M_PUSH_WEIGHTS:
-        push_chunk(c, (Distdl__V1__WeightChunk *)m);
         return;
     case DDLD_M_GET_STATUS:
         answer_status(c);
@@ -986,10 +1194,16 @@ static void on_message(ddld_call *c)
         break;
     default: {
         ddld_job *job = calloc(1, sizeof *job);
-        job->method = (ddld_method)c->method;
-        job->call = c;
-        job->msg = m;
-        grpc_status_code code = enqueue(c->svc, job, false);
+        job->method   = (ddld_method)c->method;
+        job->call     = c;
+        job->msg      = m;
+        // Shutdown goes ahead of queued work and stops a running Train at its next step
+        // boundary; what it jumped is failed UNAVAILABLE by the shutdown itself.
+        bool             shutdown = c->method == DDLD_M_SHUTDOWN;
+        grpc_status_code code     = enqueue(c->svc, job, shutdown);
+        if (code == GRPC_STATUS_OK && shutdown) {
+            atomic_store(&c->svc->shutdown_pending, true);
+        }
         if (code != GRPC_STATUS_OK) {
             job->call = NULL;
             ddld_job_free(job);
@@ -1066,7 +1280,7 @@ static void on_op(ddld_call *c, bool ok)
         atomic_init(&c->refs, 2); // op side + close side
         grpc_op op;
         memset(&op, 0, sizeof op);
-        op.op = GRPC_OP_RECV_CLOSE_ON_SERVER;
+        op.op                                  = GRPC_OP_RECV_CLOSE_ON_SERVER;
         op.data.recv_close_on_server.cancelled = &c->close_cancelled;
         if (grpc_call_start_batch(c->call, &op, 1, &c->close, NULL) != GRPC_CALL_OK) {
             atomic_fetch_sub(&c->refs, 1);
@@ -1100,7 +1314,7 @@ static void on_op(ddld_call *c, bool ok)
         grpc_byte_buffer_destroy(c->send_bb);
         c->send_bb = NULL;
         if (!ok) {
-            c->dead = true;
+            c->dead      = true;
             c->send_busy = false;
             pthread_mutex_unlock(&c->mu);
             call_unref(c);
@@ -1120,14 +1334,14 @@ static void on_op(ddld_call *c, bool ok)
             finish_locked(c, GRPC_STATUS_OK, NULL, NULL);
         } else {
             c->send_busy = false;
-            c->state = ST_IDLE;
+            c->state     = ST_IDLE;
         }
         pthread_mutex_unlock(&c->mu);
         return;
     }
     case ST_FINISH:
         pthread_mutex_lock(&c->mu);
-        c->dead = true; // the op side is over
+        c->dead      = true; // the op side is over
         c->send_busy = false;
         pthread_mutex_unlock(&c->mu);
         call_unref(c);
@@ -1143,12 +1357,12 @@ static void on_close(ddld_call *c)
     atomic_store(&c->cancelled, c->close_cancelled != 0);
     if (c->method == DDLD_M_HEALTH_WATCH) {
         // A watcher that went away: take it off the list and end its op side.
-        ddld_service *svc = c->svc;
+        ddld_service *svc   = c->svc;
         bool          found = false;
         pthread_mutex_lock(&svc->mu);
         for (ddld_call **p = &svc->watchers; *p != NULL; p = &(*p)->next_watch) {
             if (*p == c) {
-                *p = c->next_watch;
+                *p    = c->next_watch;
                 found = true;
                 break;
             }
@@ -1166,8 +1380,8 @@ static void *cq_thread(void *arg)
 {
     ddld_service *svc = arg;
     for (;;) {
-        grpc_event ev = grpc_completion_queue_next(svc->cq, gpr_inf_future(GPR_CLOCK_REALTIME),
-                                                   NULL);
+        grpc_event ev =
+            grpc_completion_queue_next(svc->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
         if (ev.type == GRPC_QUEUE_SHUTDOWN) {
             break;
         }
@@ -1198,12 +1412,12 @@ static void request_new(ddld_service *svc, int method)
     if (stopping) {
         return;
     }
-    ddld_call *c = calloc(1, sizeof *c);
-    c->svc = svc;
-    c->method = method;
-    c->state = ST_NEW;
-    c->op.call = c;
-    c->op.what = TAG_OP;
+    ddld_call *c  = calloc(1, sizeof *c);
+    c->svc        = svc;
+    c->method     = method;
+    c->state      = ST_NEW;
+    c->op.call    = c;
+    c->op.what    = TAG_OP;
     c->close.call = c;
     c->close.what = TAG_CLOSE;
     pthread_mutex_init(&c->mu, NULL);
@@ -1229,34 +1443,36 @@ static void request_new(ddld_service *svc, int method)
 ddld_service *ddld_service_start(const ddld_config *cfg, void (*wake)(void *), void *wake_ud,
                                  int *port)
 {
-    ddld_service *svc = calloc(1, sizeof *svc);
-    svc->cfg = cfg;
-    svc->wake = wake;
-    svc->wake_ud = wake_ud;
-    svc->cap = cfg->queue;
-    svc->jobs = calloc((size_t)svc->cap, sizeof *svc->jobs);
+    ddld_service *svc      = calloc(1, sizeof *svc);
+    svc->cfg               = cfg;
+    svc->wake              = wake;
+    svc->wake_ud           = wake_ud;
+    svc->cap               = cfg->queue;
+    svc->verbose           = getenv("DDLD_VERBOSE") != NULL && getenv("DDLD_VERBOSE")[0] == '1';
+    svc->jobs              = calloc((size_t)svc->cap, sizeof *svc->jobs);
     svc->shutdown_tag.what = TAG_SHUTDOWN;
+    atomic_init(&svc->shutdown_pending, false);
     pthread_mutex_init(&svc->mu, NULL);
     pthread_cond_init(&svc->cv, NULL);
 
     grpc_init();
-    int64_t max = cfg->max_message_bytes > INT_MAX ? INT_MAX : cfg->max_message_bytes;
+    int64_t  max     = cfg->max_message_bytes > INT_MAX ? INT_MAX : cfg->max_message_bytes;
     grpc_arg args[2] = {
         {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_ALLOW_REUSEPORT, .value.integer = 0},
-        {.type = GRPC_ARG_INTEGER,
-         .key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
+        {.type          = GRPC_ARG_INTEGER,
+         .key           = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
          .value.integer = (int)max},
     };
     grpc_channel_args ca = {.num_args = 2, .args = args};
-    svc->server = grpc_server_create(&ca, NULL);
-    svc->cq = grpc_completion_queue_create_for_next(NULL);
+    svc->server          = grpc_server_create(&ca, NULL);
+    svc->cq              = grpc_completion_queue_create_for_next(NULL);
     grpc_server_register_completion_queue(svc->server, svc->cq, NULL);
     for (int m = 0; m < DDLD_M_COUNT; m++) {
         svc->registered[m] = grpc_server_register_method(svc->server, methods[m].path, NULL,
                                                          GRPC_SRM_PAYLOAD_NONE, 0);
     }
     grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
-    *port = grpc_server_add_http2_port(svc->server, cfg->listen, creds);
+    *port                          = grpc_server_add_http2_port(svc->server, cfg->listen, creds);
     grpc_server_credentials_release(creds);
     if (*port == 0) {
         ddld_log("cannot listen on %s (address in use or invalid)", cfg->listen);
@@ -1283,7 +1499,7 @@ void ddld_shared_mark_shutdown(void)
 {
     pthread_mutex_lock(&ddld_g.mu);
     ddld_g.serving = false;
-    ddld_g.state = "shutting_down";
+    ddld_g.state   = "shutting_down";
     pthread_mutex_unlock(&ddld_g.mu);
 }
 
@@ -1292,8 +1508,8 @@ void ddld_service_close(ddld_service *svc)
     ddld_shared_mark_shutdown();
 
     pthread_mutex_lock(&svc->mu);
-    svc->closing = true;
-    ddld_call *w = svc->watchers;
+    svc->closing  = true;
+    ddld_call *w  = svc->watchers;
     svc->watchers = NULL;
     pthread_mutex_unlock(&svc->mu);
     Grpc__Health__V1__HealthCheckResponse r = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
@@ -1324,8 +1540,8 @@ void ddld_service_stop(ddld_service **psvc, double grace_s)
     svc->stopping = true;
     pthread_mutex_unlock(&svc->mu);
     grpc_server_shutdown_and_notify(svc->server, svc->cq, &svc->shutdown_tag);
-    gpr_timespec until = gpr_time_add(gpr_now(GPR_CLOCK_REALTIME),
-                                      gpr_time_from_millis((int64_t)(grace_s * 1000), GPR_TIMESPAN));
+    gpr_timespec until = gpr_time_add(
+        gpr_now(GPR_CLOCK_REALTIME), gpr_time_from_millis((int64_t)(grace_s * 1000), GPR_TIMESPAN));
     struct timespec ts = {.tv_sec = until.tv_sec, .tv_nsec = until.tv_nsec};
     pthread_mutex_lock(&svc->mu);
     while (!svc->shutdown_done) {

@@ -34,11 +34,23 @@ grpc_status_code ddld_status_to_grpc(ddl_status st)
 
 const char *ddld_grpc_code_name(grpc_status_code code)
 {
-    static const char *names[] = {
-        "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND",
-        "ALREADY_EXISTS", "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
-        "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS",
-        "UNAUTHENTICATED"};
+    static const char *names[] = {"OK",
+                                  "CANCELLED",
+                                  "UNKNOWN",
+                                  "INVALID_ARGUMENT",
+                                  "DEADLINE_EXCEEDED",
+                                  "NOT_FOUND",
+                                  "ALREADY_EXISTS",
+                                  "PERMISSION_DENIED",
+                                  "RESOURCE_EXHAUSTED",
+                                  "FAILED_PRECONDITION",
+                                  "ABORTED",
+                                  "OUT_OF_RANGE",
+                                  "UNIMPLEMENTED",
+                                  "INTERNAL",
+                                  "UNAVAILABLE",
+                                  "DATA_LOSS",
+                                  "UNAUTHENTICATED"};
     if ((int)code >= 0 && (size_t)code < sizeof names / sizeof names[0]) {
         return names[code];
     }

@@ -206,6 +206,19 @@ def main():
                      push_stream(skip=order[-1]), tr.PushWeightsResponse)
         expect_error(SC.INVALID_ARGUMENT, c.client_stream, "/distdl.v1.Trainer/PushWeights",
                      push_stream(lambda n, d: d[:-4]), tr.PushWeightsResponse)
+        raw_push = c.ch.stream_unary("/distdl.v1.Trainer/PushWeights",
+                                     request_serializer=lambda b: b,
+                                     response_deserializer=tr.PushWeightsResponse.FromString)
+        first = next(push_stream()).SerializeToString()
+        for garbage in (b"\x0a\xff", b"\x2a\x80\x80\x80\x80\x10", b"\x07", first[:-3]):
+            expect_error(SC.INVALID_ARGUMENT, raw_push, iter([garbage]))
+        n0 = order[0]
+        expect_error(SC.INVALID_ARGUMENT, c.client_stream, "/distdl.v1.Trainer/PushWeights",
+                     iter([tr.WeightChunk(name=n0, datatype=weights[n0][0], first=True,
+                                          shape=[1] * 12)]), tr.PushWeightsResponse)
+        expect_error(SC.INVALID_ARGUMENT, c.client_stream, "/distdl.v1.Trainer/PushWeights",
+                     iter([tr.WeightChunk(name="x" * 1000, datatype="FP32", first=True)]),
+                     tr.PushWeightsResponse)
         p1 = c.trainer("Predict", tr.PredictRequest(x=T("x", x[:5], "FP32")), "PredictResponse")
         assert p1.logits.raw == p0.logits.raw, "a refused push changed the weights"
         c.client_stream("/distdl.v1.Trainer/PushWeights", push_stream(), tr.PushWeightsResponse)
@@ -282,9 +295,27 @@ def main():
         st = c.status()
         assert st.state == "idle" and st.step < first.step + 1000, st
 
-        print("Shutdown")
+        print("Shutdown (while a Train runs: it stops at the next step boundary)")
+        train_end = []
+
+        def trainer():
+            last = None
+            try:
+                for r in c.server_stream("/distdl.v1.Trainer/Train",
+                                         tr.TrainRequest(steps=100000), tr.TrainProgress):
+                    last = r
+            except grpc.RpcError as e:
+                train_end.append((e.code(), last))
+        tt = threading.Thread(target=trainer)
+        tt.start()
+        while c.status().state != "training":
+            time.sleep(0.05)
+        time.sleep(0.3)
         sd = c.trainer("Shutdown", tr.ShutdownRequest(checkpoint=True), "ShutdownResponse")
-        assert sd.durable_step >= 0, sd
+        tt.join(timeout=60)
+        assert train_end and train_end[0][0] == SC.UNAVAILABLE, train_end
+        assert train_end[0][1].finished, train_end
+        assert sd.durable_step == train_end[0][1].step, (sd, train_end[0][1])
         rc = proc.wait(timeout=60)
         assert rc == 0, "mpirun exit %d" % rc
         wt.join(timeout=10)

@@ -127,6 +127,13 @@ int main(int argc, char **argv)
     }
     char buf[512];
     if (!address && address_file) {
+        // The daemon writes the file once it listens; give a fresh one a minute to start.
+        int waited = 0;
+        while (read_address(address_file, buf, sizeof buf) != 0 && waited < 600) {
+            if (waited++ == 0)
+                fprintf(stderr, "waiting for %s ...\n", address_file);
+            usleep(100000);
+        }
         if (read_address(address_file, buf, sizeof buf) != 0) {
             fprintf(stderr, "ddl_example_train: cannot read an address from %s\n", address_file);
             return 1;

@@ -18,12 +18,14 @@
 //   completion queue; the channel is shared).
 // - Returns a ddl_status: DDL_OK, or an error. After an error, ddl_client_last_code() gives
 //   the gRPC status code of this thread's last call (a DDL_RPC_* value, DDL_RPC_OK after a
-//   local error) and ddl_last_error() its message ("INVALID_ARGUMENT: step: x has shape ...").
+//   local error) and ddl_last_error() its message, method and code first
+//   ("Step: INVALID_ARGUMENT: batch.x: expected shape [64, 1, 28, 28] ..., got ...").
 //   The mapping: INVALID_ARGUMENT -> DDL_EINVAL, NOT_FOUND -> DDL_ENOTFOUND,
 //   FAILED_PRECONDITION -> DDL_EBUSY, RESOURCE_EXHAUSTED -> DDL_ENOMEM, DATA_LOSS ->
 //   DDL_ECORRUPT, CANCELLED -> DDL_ECANCELED, DEADLINE_EXCEEDED -> DDL_ETIMEDOUT,
 //   UNAVAILABLE -> DDL_EIO, anything else -> DDL_EREMOTE.
-// - Outputs are written only on success. Memory the library returns names its free.
+// - Outputs are written only on success (except where a function says otherwise). Memory
+//   the library returns names its free.
 // - Pointer arguments are borrowed for the duration of the call.
 #ifndef DDL_CLIENT_H
 #define DDL_CLIENT_H

@@ -527,11 +527,14 @@ void ddld_dispatch_destroy(ddld_dispatch **pd)
     }
     free(d->xbuf);
     free(d->lbuf);
-    if (atomic_load(&d->pull_readers) == 0) {
-        free(d->pull);
-    }
-    free(d);
     *pd = NULL;
+    if (atomic_load(&d->pull_readers) != 0) {
+        // gRPC may release a stream's last chunk after its own shutdown returned: leave the
+        // snapshot and its counter alive for that release (the process is exiting).
+        return;
+    }
+    free(d->pull);
+    free(d);
 }
 
 void ddld_dispatch_set_hooks(ddld_dispatch *d, ddld_service *svc, void (*poll)(void *),

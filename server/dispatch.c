@@ -11,8 +11,9 @@
 // A rejected request is never broadcast: the workers do not learn of it.
 //
 // Idle is idle: the workers wait for the next header with MPI_Ibcast + MPI_Test and a
-// sleep that grows from 50 us to 10 ms, so a quiet daemon costs almost no CPU while a
-// burst of steps still finds them within a fraction of a millisecond.
+// sleep that grows from 50 us to 10 ms with the time since the last command, so a quiet
+// daemon costs almost no CPU while a client stepping steadily finds them within 50 us to
+// 1 ms.
 #include <errno.h>
 #include <jansson.h>
 #include <limits.h>
@@ -446,13 +447,24 @@ static ddl_status run(ddld_dispatch *d, int op, int flags, int64_t a0, int64_t a
     return execute(d, &cmd, p);
 }
 
+// The sleep between two tests of the pending broadcast, by the time since the last command
+// ended: 50 us at first (a client stepping back to back), then up to 1 ms for the next
+// 100 ms (a client preparing its next batch), then up to 10 ms (idle: ~100 wake-ups/s).
+static long worker_nap_ns(long nap_ns, double idle_s)
+{
+    long cap = idle_s < 0.002 ? 50000 : idle_s < 0.1 ? 1000000 : 10000000;
+    nap_ns *= 2;
+    return nap_ns > cap ? cap : nap_ns < 50000 ? 50000 : nap_ns;
+}
+
 int ddld_dispatch_worker_loop(ddld_dispatch *d)
 {
     for (;;) {
         ddld_cmd    cmd;
         MPI_Request req;
-        int         done = 0, polls = 0;
+        int         done = 0;
         long        nap_ns = 50000;
+        double      t0 = MPI_Wtime();
         MPI_Ibcast(&cmd, (int)sizeof cmd, MPI_BYTE, 0, d->ctrl, &req);
         for (;;) {
             MPI_Test(&req, &done, MPI_STATUS_IGNORE);
@@ -461,10 +473,7 @@ int ddld_dispatch_worker_loop(ddld_dispatch *d)
             }
             struct timespec ts = {.tv_sec = 0, .tv_nsec = nap_ns};
             nanosleep(&ts, NULL);
-            // 50 us for the first ~2 ms after a command, then doubling up to 10 ms.
-            if (++polls > 40 && nap_ns < 10000000) {
-                nap_ns = nap_ns * 2 > 10000000 ? 10000000 : nap_ns * 2;
-            }
+            nap_ns = worker_nap_ns(nap_ns, MPI_Wtime() - t0);
         }
         if (cmd.op == DDLD_OP_QUIT) {
             return (int)cmd.arg[0];

@@ -163,7 +163,11 @@ typedef struct ddld_job {
     uint8_t *staging;
     bool     staging_owned;
     uint64_t model_gen; // the model the staging layout belongs to
+    double   t_arrived; // MPI_Wtime-compatible clock when the request was decoded
 } ddld_job;
+
+// Seconds on a monotonic clock (for DDLD_VERBOSE timings across threads).
+double ddld_now(void);
 
 enum { DDLD_JOB_SHUTDOWN = 1 };
 

@@ -78,6 +78,7 @@ struct ddld_dispatch {
     uint64_t   weights_version; // bumps with every command that may change weights
     bool       verbose;         // DDLD_VERBOSE=1: timings of the weight paths
     bool       ckpt_requested;  // SIGUSR1: checkpoint at the next step boundary or when idle
+    double     t_popped;        // when the current job left the queue (DDLD_VERBOSE)
 };
 
 // ---- model info (rank 0) ------------------------------------------------------------------
@@ -462,9 +463,9 @@ int ddld_dispatch_worker_loop(ddld_dispatch *d)
     for (;;) {
         ddld_cmd    cmd;
         MPI_Request req;
-        int         done = 0;
+        int         done   = 0;
         long        nap_ns = 50000;
-        double      t0 = MPI_Wtime();
+        double      t0     = MPI_Wtime();
         MPI_Ibcast(&cmd, (int)sizeof cmd, MPI_BYTE, 0, d->ctrl, &req);
         for (;;) {
             MPI_Test(&req, &done, MPI_STATUS_IGNORE);
@@ -791,8 +792,14 @@ static void on_step(ddld_dispatch *d, ddld_job *job)
             fail(job, GRPC_STATUS_RESOURCE_EXHAUSTED, "Step: out of memory");
         } else {
             set_state("training");
+            double     t0 = ddld_now();
             ddl_status st = run(d, DDLD_OP_STEP, 0, n, 0, &p);
             set_state("idle");
+            if (d->verbose) {
+                ddld_log("Step: waited %.3f ms in the queue, validated in %.3f ms, engine %.3f ms",
+                         (job->t_arrived > 0 ? d->t_popped - job->t_arrived : 0) * 1e3,
+                         (t0 - d->t_popped) * 1e3, (ddld_now() - t0) * 1e3);
+            }
             if (st != DDL_OK) {
                 fail_engine(job, "Step", st);
             } else {
@@ -1406,6 +1413,7 @@ void ddld_dispatch_final_checkpoint(ddld_dispatch *d)
 
 void ddld_dispatch_run(ddld_dispatch *d, ddld_job *job)
 {
+    d->t_popped = ddld_now();
     ddl_clear_error();
     // A call that was cancelled (or passed its deadline) while it waited in the queue is
     // not executed: its client has already been told it failed.

@@ -1082,6 +1082,14 @@ static void on_model_infer(ddld_dispatch *d, ddld_job *job)
              d->s == NULL ? " (no model loaded)" : "");
         return;
     }
+    for (size_t i = 0; i < q->n_outputs; i++) {
+        if (strcmp(q->outputs[i]->name, "logits") != 0) {
+            fail(job, GRPC_STATUS_INVALID_ARGUMENT,
+                 "ModelInfer: unknown output \"%.64s\" (the model's output is \"logits\")",
+                 q->outputs[i]->name);
+            return;
+        }
+    }
     if (q->n_inputs != 1) {
         fail(job, GRPC_STATUS_INVALID_ARGUMENT, "ModelInfer: expected 1 input, got %zu",
              q->n_inputs);

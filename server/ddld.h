@@ -182,7 +182,6 @@ ddld_service *ddld_service_start(const ddld_config *cfg, void (*wake)(void *), v
 ddld_job *ddld_service_pop(ddld_service *svc);
 // Queues an internal job at the front (signals). Main thread.
 void ddld_service_push_internal(ddld_service *svc, int internal);
-int  ddld_service_queue_depth(ddld_service *svc);
 // True once a Shutdown call was accepted (a running Train stops at its step boundary).
 bool ddld_service_shutdown_pending(ddld_service *svc);
 // The queued Shutdown was refused (its checkpoint could not be written): carry on.

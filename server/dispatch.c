@@ -35,6 +35,8 @@ enum { CF_REPLACE = 1 };
 
 struct train_ctx;
 
+static bool d_verbose; // DDLD_VERBOSE=1 (rank 0's logging of timings and refusals)
+
 struct payload {
     const char            *text, *source, *path;
     const void            *x;
@@ -506,6 +508,7 @@ ddld_dispatch *ddld_dispatch_create(const ddld_config *cfg, MPI_Comm world)
     d->opts.checkpoint_every = cfg->checkpoint_every;
     atomic_init(&d->pull_readers, 0);
     d->verbose = getenv("DDLD_VERBOSE") != NULL && getenv("DDLD_VERBOSE")[0] == '1';
+    d_verbose  = d->verbose && d->rank == 0;
     if (d->rank == 0) {
         if (realpath(cfg->data_root, d->root_real) == NULL) {
             snprintf(d->root_real, sizeof d->root_real, "%s", cfg->data_root);
@@ -625,6 +628,9 @@ static void fail(ddld_job *job, grpc_status_code code, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    if (d_verbose) {
+        ddld_log("refused: %s %s", ddld_grpc_code_name(code), msg);
+    }
     if (job->call != NULL) {
         ddld_call_finish(job->call, code, msg, NULL);
     }

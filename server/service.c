@@ -486,14 +486,6 @@ void ddld_service_shutdown_refused(ddld_service *svc)
     atomic_store(&svc->shutdown_pending, false);
 }
 
-int ddld_service_queue_depth(ddld_service *svc)
-{
-    pthread_mutex_lock(&svc->mu);
-    int n = svc->count;
-    pthread_mutex_unlock(&svc->mu);
-    return n;
-}
-
 void ddld_service_push_internal(ddld_service *svc, int internal)
 {
     ddld_job *job = calloc(1, sizeof *job);

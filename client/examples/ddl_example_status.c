@@ -22,10 +22,10 @@ int main(int argc, char **argv)
         }
         fclose(f);
         buf[strcspn(buf, "\r\n")] = '\0';
-        address = buf;
+        address                   = buf;
     }
     ddl_client_options o = ddl_client_options_default();
-    o.connect_timeout_s = 5;
+    o.connect_timeout_s  = 5;
     ddl_client_t *c;
     if (ddl_client_connect(address, &o, &c) != DDL_OK) {
         fprintf(stderr, "ddl_example_status: %s\n", ddl_last_error());
@@ -46,8 +46,8 @@ int main(int argc, char **argv)
     }
     printf("state %s, world size %d, model %s%s, step %lld, last loss %.4f\n"
            "queue %d/%d, durable step %lld, epoch %lld batch %lld, data '%s'\n",
-           s.state, s.world_size, s.has_model ? s.model_name : "(none)",
-           s.has_model ? "" : "", (long long)s.step, s.last_loss, s.queue_depth, s.queue_capacity,
+           s.state, s.world_size, s.has_model ? s.model_name : "(none)", s.has_model ? "" : "",
+           (long long)s.step, s.last_loss, s.queue_depth, s.queue_capacity,
            (long long)s.durable_step, (long long)s.epoch, (long long)s.batch, s.data_dir);
     ddl_client_destroy(&c);
     return 0;

@@ -49,7 +49,7 @@ static uint8_t *read_idx(const char *path, size_t header, size_t count)
         return NULL;
     uint8_t  hdr[16];
     uint8_t *buf = malloc(count);
-    int      ok = buf && gzread(g, hdr, (unsigned)header) == (int)header &&
+    int      ok  = buf && gzread(g, hdr, (unsigned)header) == (int)header &&
              gzread(g, buf, (unsigned)count) == (int)count;
     gzclose(g);
     if (!ok) {
@@ -77,36 +77,63 @@ static int on_progress(const ddl_client_progress *p, void *ud)
 
 int main(int argc, char **argv)
 {
-    const char *address = NULL, *address_file = NULL, *pull = "weights.safetensors";
-    const char *data = "/usr/share/datasets/fashion-mnist", *dataset = "";
-    long long   epochs = 1, steps = 0, npredict = 8, every = 100;
+    const char                *address = NULL, *address_file = NULL, *pull = "weights.safetensors";
+    const char                *data = "/usr/share/datasets/fashion-mnist", *dataset = "";
+    long long                  epochs = 1, steps = 0, npredict = 8, every = 100;
     static const struct option longs[] = {
-        {"address", required_argument, 0, 'a'}, {"address-file", required_argument, 0, 'f'},
-        {"epochs", required_argument, 0, 'e'},  {"steps", required_argument, 0, 's'},
-        {"data", required_argument, 0, 'd'},    {"dataset", required_argument, 0, 'D'},
-        {"predict", required_argument, 0, 'p'}, {"pull", required_argument, 0, 'w'},
+        {"address", required_argument, 0, 'a'},        {"address-file", required_argument, 0, 'f'},
+        {"epochs", required_argument, 0, 'e'},         {"steps", required_argument, 0, 's'},
+        {"data", required_argument, 0, 'd'},           {"dataset", required_argument, 0, 'D'},
+        {"predict", required_argument, 0, 'p'},        {"pull", required_argument, 0, 'w'},
         {"progress-every", required_argument, 0, 'k'}, {0, 0, 0, 0}};
     int ch;
     while ((ch = getopt_long(argc, argv, "", longs, NULL)) != -1) {
         switch (ch) {
-        case 'a': address = optarg; break;
-        case 'f': address_file = optarg; break;
-        case 'e': epochs = atoll(optarg); break;
-        case 's': steps = atoll(optarg); epochs = 0; break;
-        case 'd': data = optarg; break;
-        case 'D': dataset = optarg; break;
-        case 'p': npredict = atoll(optarg); break;
-        case 'w': pull = optarg; break;
-        case 'k': every = atoll(optarg); break;
+        case 'a':
+            address = optarg;
+            break;
+        case 'f':
+            address_file = optarg;
+            break;
+        case 'e':
+            epochs = atoll(optarg);
+            break;
+        case 's':
+            steps  = atoll(optarg);
+            epochs = 0;
+            break;
+        case 'd':
+            data = optarg;
+            break;
+        case 'D':
+            dataset = optarg;
+            break;
+        case 'p':
+            npredict = atoll(optarg);
+            break;
+        case 'w':
+            pull = optarg;
+            break;
+        case 'k':
+            every = atoll(optarg);
+            break;
         default:
-            fprintf(stderr, "usage: ddl_example_train --address HOST:PORT | --address-file F\n"
-                            "         [--epochs N | --steps N] [--dataset REL] [--data IDXDIR]\n"
-                            "         [--predict N] [--pull FILE.safetensors] [--progress-every K]\n");
+            fprintf(stderr,
+                    "usage: ddl_example_train --address HOST:PORT | --address-file F\n"
+                    "         [--epochs N | --steps N] [--dataset REL] [--data IDXDIR]\n"
+                    "         [--predict N] [--pull FILE.safetensors] [--progress-every K]\n");
             return 2;
         }
     }
     char buf[512];
     if (!address && address_file) {
+        // The daemon writes the file once it listens; give a fresh one a minute to start.
+        int waited = 0;
+        while (read_address(address_file, buf, sizeof buf) != 0 && waited < 600) {
+            if (waited++ == 0)
+                fprintf(stderr, "waiting for %s ...\n", address_file);
+            usleep(100000);
+        }
         if (read_address(address_file, buf, sizeof buf) != 0) {
             fprintf(stderr, "ddl_example_train: cannot read an address from %s\n", address_file);
             return 1;
@@ -117,7 +144,7 @@ int main(int argc, char **argv)
         address = "127.0.0.1:50051";
 
     ddl_client_options o = ddl_client_options_default();
-    o.tune_malloc = 1;
+    o.tune_malloc        = 1;
     ddl_client_t *c;
     if (ddl_client_connect(address, &o, &c) != DDL_OK)
         return die("connect");
@@ -157,14 +184,17 @@ int main(int argc, char **argv)
                     data);
             return 1;
         }
-        ddl_client_tensor x = {.name = "x", .dtype = DDL_WIRE_UINT8, .ndim = 4,
-                               .shape = {npredict, 1, 28, 28}, .data = px,
+        ddl_client_tensor x = {.name  = "x",
+                               .dtype = DDL_WIRE_UINT8,
+                               .ndim  = 4,
+                               .shape = {npredict, 1, 28, 28},
+                               .data  = px,
                                .bytes = (size_t)npredict * 784};
         ddl_client_tensor logits;
         if (ddl_client_predict(c, &x, &logits) != DDL_OK)
             return die("Predict");
-        const float *z = logits.data;
-        int64_t      k = logits.ndim == 2 ? logits.shape[1] : 0;
+        const float *z     = logits.data;
+        int64_t      k     = logits.ndim == 2 ? logits.shape[1] : 0;
         int          right = 0;
         for (int64_t i = 0; i < npredict && k > 0; i++) {
             int64_t best = 0;

@@ -18,12 +18,14 @@
 //   completion queue; the channel is shared).
 // - Returns a ddl_status: DDL_OK, or an error. After an error, ddl_client_last_code() gives
 //   the gRPC status code of this thread's last call (a DDL_RPC_* value, DDL_RPC_OK after a
-//   local error) and ddl_last_error() its message ("INVALID_ARGUMENT: step: x has shape ...").
+//   local error) and ddl_last_error() its message, method and code first
+//   ("Step: INVALID_ARGUMENT: batch.x: expected shape [64, 1, 28, 28] ..., got ...").
 //   The mapping: INVALID_ARGUMENT -> DDL_EINVAL, NOT_FOUND -> DDL_ENOTFOUND,
 //   FAILED_PRECONDITION -> DDL_EBUSY, RESOURCE_EXHAUSTED -> DDL_ENOMEM, DATA_LOSS ->
 //   DDL_ECORRUPT, CANCELLED -> DDL_ECANCELED, DEADLINE_EXCEEDED -> DDL_ETIMEDOUT,
 //   UNAVAILABLE -> DDL_EIO, anything else -> DDL_EREMOTE.
-// - Outputs are written only on success. Memory the library returns names its free.
+// - Outputs are written only on success (except where a function says otherwise). Memory
+//   the library returns names its free.
 // - Pointer arguments are borrowed for the duration of the call.
 #ifndef DDL_CLIENT_H
 #define DDL_CLIENT_H
@@ -48,27 +50,27 @@ DDL_EXTERN const char *ddl_client_version_string(void);
 
 // gRPC status codes (numbers as on the wire).
 typedef enum {
-    DDL_RPC_OK = 0,
-    DDL_RPC_CANCELLED = 1,
-    DDL_RPC_UNKNOWN = 2,
-    DDL_RPC_INVALID_ARGUMENT = 3,
-    DDL_RPC_DEADLINE_EXCEEDED = 4,
-    DDL_RPC_NOT_FOUND = 5,
-    DDL_RPC_ALREADY_EXISTS = 6,
-    DDL_RPC_PERMISSION_DENIED = 7,
-    DDL_RPC_RESOURCE_EXHAUSTED = 8,
+    DDL_RPC_OK                  = 0,
+    DDL_RPC_CANCELLED           = 1,
+    DDL_RPC_UNKNOWN             = 2,
+    DDL_RPC_INVALID_ARGUMENT    = 3,
+    DDL_RPC_DEADLINE_EXCEEDED   = 4,
+    DDL_RPC_NOT_FOUND           = 5,
+    DDL_RPC_ALREADY_EXISTS      = 6,
+    DDL_RPC_PERMISSION_DENIED   = 7,
+    DDL_RPC_RESOURCE_EXHAUSTED  = 8,
     DDL_RPC_FAILED_PRECONDITION = 9,
-    DDL_RPC_ABORTED = 10,
-    DDL_RPC_OUT_OF_RANGE = 11,
-    DDL_RPC_UNIMPLEMENTED = 12,
-    DDL_RPC_INTERNAL = 13,
-    DDL_RPC_UNAVAILABLE = 14,
-    DDL_RPC_DATA_LOSS = 15,
-    DDL_RPC_UNAUTHENTICATED = 16,
+    DDL_RPC_ABORTED             = 10,
+    DDL_RPC_OUT_OF_RANGE        = 11,
+    DDL_RPC_UNIMPLEMENTED       = 12,
+    DDL_RPC_INTERNAL            = 13,
+    DDL_RPC_UNAVAILABLE         = 14,
+    DDL_RPC_DATA_LOSS           = 15,
+    DDL_RPC_UNAUTHENTICATED     = 16,
 } ddl_rpc_code;
 
 // The gRPC status code of the calling thread's most recent client call.
-DDL_EXTERN int         ddl_client_last_code(void);
+DDL_EXTERN int ddl_client_last_code(void);
 // "INVALID_ARGUMENT" for DDL_RPC_INVALID_ARGUMENT; "UNKNOWN_CODE" outside the table.
 DDL_EXTERN const char *ddl_client_code_name(int code);
 
@@ -77,7 +79,7 @@ DDL_EXTERN const char *ddl_client_code_name(int code);
 typedef struct ddl_client ddl_client_t;
 
 typedef struct ddl_client_options {
-    double      connect_timeout_s; // connect waits this long for the channel to be ready
+    double connect_timeout_s;      // connect waits this long for the channel to be ready
                                    // (0: do not wait; the first call connects)
     double      call_timeout_s;    // deadline of unary calls (0: none); streams have none
     const char *tls_ca_file;       // PEM roots: TLS when set, plaintext when NULL
@@ -99,13 +101,13 @@ DDL_EXTERN ddl_client_options ddl_client_options_default(void);
 DDL_EXTERN ddl_status ddl_client_connect(const char *address, const ddl_client_options *opts,
                                          ddl_client_t **out);
 // Closes the channel. No call may be in progress on it. NULL-safe; sets *c = NULL.
-DDL_EXTERN void       ddl_client_destroy(ddl_client_t **c);
+DDL_EXTERN void ddl_client_destroy(ddl_client_t **c);
 
 // ---- tensors -------------------------------------------------------------------------
 
 typedef enum {
-    DDL_WIRE_FP32 = 0,
-    DDL_WIRE_FP64 = 1,
+    DDL_WIRE_FP32  = 0,
+    DDL_WIRE_FP64  = 1,
     DDL_WIRE_INT64 = 2,
     DDL_WIRE_UINT8 = 3,
 } ddl_wire_dtype;
@@ -124,11 +126,11 @@ typedef struct ddl_client_tensor {
 } ddl_client_tensor;
 
 // Bytes of one element (4, 8, 8, 1); 0 for an unknown dtype.
-DDL_EXTERN size_t      ddl_wire_dtype_size(ddl_wire_dtype d);
+DDL_EXTERN size_t ddl_wire_dtype_size(ddl_wire_dtype d);
 // "FP32", "FP64", "INT64", "UINT8".
 DDL_EXTERN const char *ddl_wire_dtype_name(ddl_wire_dtype d);
 // Frees what the library allocated in *t and zeroes it. NULL-safe.
-DDL_EXTERN void        ddl_client_tensor_release(ddl_client_tensor *t);
+DDL_EXTERN void ddl_client_tensor_release(ddl_client_tensor *t);
 
 // A set of global (unsharded) weights, in the order the daemon sent them.
 typedef struct ddl_client_weights {
@@ -138,16 +140,16 @@ typedef struct ddl_client_weights {
 
 // The tensor called `name`, or NULL.
 DDL_EXTERN ddl_client_tensor *ddl_client_weights_find(const ddl_client_weights *w,
-                                                      const char *name);
+                                                      const char               *name);
 // Frees the set (NULL-safe; sets *w = NULL).
-DDL_EXTERN void               ddl_client_weights_destroy(ddl_client_weights **w);
+DDL_EXTERN void ddl_client_weights_destroy(ddl_client_weights **w);
 
 // ---- health and inference (grpc.health.v1, KServe v2) ---------------------------------
 
 typedef enum {
-    DDL_HEALTH_UNKNOWN = 0,
-    DDL_HEALTH_SERVING = 1,
-    DDL_HEALTH_NOT_SERVING = 2,
+    DDL_HEALTH_UNKNOWN         = 0,
+    DDL_HEALTH_SERVING         = 1,
+    DDL_HEALTH_NOT_SERVING     = 2,
     DDL_HEALTH_SERVICE_UNKNOWN = 3,
 } ddl_health_status;
 
@@ -197,7 +199,7 @@ typedef struct ddl_client_status_info {
     int64_t durable_step; // -1: none
     int32_t queue_depth;
     int32_t queue_capacity;
-    char    state[32];    // "idle", "training", "shutting_down"
+    char    state[32]; // "idle", "training", "shutting_down"
     int64_t epoch;
     int64_t batch;
     int64_t batch_size;
@@ -220,8 +222,7 @@ typedef struct ddl_client_batch {
 // SubmitBatch: streams n batches into the daemon's queue. *accepted (may be NULL) receives
 // how many were appended, *queue_depth (may be NULL) the queue depth after.
 DDL_EXTERN ddl_status ddl_client_submit_batches(ddl_client_t *c, const ddl_client_batch *b,
-                                                int64_t n, int32_t *accepted,
-                                                int32_t *queue_depth);
+                                                int64_t n, int32_t *accepted, int32_t *queue_depth);
 
 typedef struct ddl_client_step_result {
     int64_t step;
@@ -235,7 +236,7 @@ DDL_EXTERN ddl_status ddl_client_step(ddl_client_t *c, const ddl_client_batch *b
                                       ddl_client_step_result *out);
 
 typedef struct ddl_client_train_request {
-    int64_t     steps;          // exactly one of steps / epochs > 0
+    int64_t     steps; // exactly one of steps / epochs > 0
     int64_t     epochs;
     const char *dataset;        // relative to the daemon's --data-root (NULL or "": the root)
     int32_t     progress_every; // a record every K steps (0: every step); epoch ends always
@@ -276,8 +277,8 @@ typedef struct ddl_client_eval_result {
 
 // Evaluate on a dataset split ("test" or "train"; NULL: "test") or, when batch is not
 // NULL, on those inline samples.
-DDL_EXTERN ddl_status ddl_client_evaluate(ddl_client_t *c, const char *dataset,
-                                          const char *split, const ddl_client_batch *batch,
+DDL_EXTERN ddl_status ddl_client_evaluate(ddl_client_t *c, const char *dataset, const char *split,
+                                          const ddl_client_batch *batch,
                                           ddl_client_eval_result *out);
 
 // Predict: logits [n, classes] for x [n, sample...]. The caller releases *logits.
@@ -319,8 +320,7 @@ DDL_EXTERN ddl_status ddl_client_restore(ddl_client_t *c, int64_t step, const ch
                                          int64_t *restored_step);
 // Shutdown the daemon, after a final checkpoint when checkpoint is 1. *durable_step may be
 // NULL.
-DDL_EXTERN ddl_status ddl_client_shutdown(ddl_client_t *c, int checkpoint,
-                                          int64_t *durable_step);
+DDL_EXTERN ddl_status ddl_client_shutdown(ddl_client_t *c, int checkpoint, int64_t *durable_step);
 
 #ifdef __cplusplus
 }

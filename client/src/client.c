@@ -19,22 +19,22 @@ static _Thread_local int last_code;
 static const char *const method_path[M_COUNT] = {
     [M_HEALTH_CHECK] = "/grpc.health.v1.Health/Check",
     [M_HEALTH_WATCH] = "/grpc.health.v1.Health/Watch",
-    [M_SERVER_LIVE] = "/inference.GRPCInferenceService/ServerLive",
+    [M_SERVER_LIVE]  = "/inference.GRPCInferenceService/ServerLive",
     [M_SERVER_READY] = "/inference.GRPCInferenceService/ServerReady",
-    [M_MODEL_READY] = "/inference.GRPCInferenceService/ModelReady",
-    [M_MODEL_INFER] = "/inference.GRPCInferenceService/ModelInfer",
+    [M_MODEL_READY]  = "/inference.GRPCInferenceService/ModelReady",
+    [M_MODEL_INFER]  = "/inference.GRPCInferenceService/ModelInfer",
     [M_CREATE_MODEL] = "/distdl.v1.Trainer/CreateModel",
-    [M_GET_STATUS] = "/distdl.v1.Trainer/GetStatus",
+    [M_GET_STATUS]   = "/distdl.v1.Trainer/GetStatus",
     [M_SUBMIT_BATCH] = "/distdl.v1.Trainer/SubmitBatch",
-    [M_STEP] = "/distdl.v1.Trainer/Step",
-    [M_TRAIN] = "/distdl.v1.Trainer/Train",
-    [M_EVALUATE] = "/distdl.v1.Trainer/Evaluate",
-    [M_PREDICT] = "/distdl.v1.Trainer/Predict",
+    [M_STEP]         = "/distdl.v1.Trainer/Step",
+    [M_TRAIN]        = "/distdl.v1.Trainer/Train",
+    [M_EVALUATE]     = "/distdl.v1.Trainer/Evaluate",
+    [M_PREDICT]      = "/distdl.v1.Trainer/Predict",
     [M_PULL_WEIGHTS] = "/distdl.v1.Trainer/PullWeights",
     [M_PUSH_WEIGHTS] = "/distdl.v1.Trainer/PushWeights",
-    [M_CHECKPOINT] = "/distdl.v1.Trainer/Checkpoint",
-    [M_RESTORE] = "/distdl.v1.Trainer/Restore",
-    [M_SHUTDOWN] = "/distdl.v1.Trainer/Shutdown",
+    [M_CHECKPOINT]   = "/distdl.v1.Trainer/Checkpoint",
+    [M_RESTORE]      = "/distdl.v1.Trainer/Restore",
+    [M_SHUTDOWN]     = "/distdl.v1.Trainer/Shutdown",
 };
 
 const char *ddl__method_name(int method)
@@ -51,10 +51,22 @@ const char *ddl_client_version_string(void)
 // ---- status --------------------------------------------------------------------------
 
 static const char *const code_names[] = {
-    "OK",          "CANCELLED",          "UNKNOWN",        "INVALID_ARGUMENT",
-    "DEADLINE_EXCEEDED", "NOT_FOUND",    "ALREADY_EXISTS", "PERMISSION_DENIED",
-    "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
-    "UNIMPLEMENTED", "INTERNAL",         "UNAVAILABLE",    "DATA_LOSS",
+    "OK",
+    "CANCELLED",
+    "UNKNOWN",
+    "INVALID_ARGUMENT",
+    "DEADLINE_EXCEEDED",
+    "NOT_FOUND",
+    "ALREADY_EXISTS",
+    "PERMISSION_DENIED",
+    "RESOURCE_EXHAUSTED",
+    "FAILED_PRECONDITION",
+    "ABORTED",
+    "OUT_OF_RANGE",
+    "UNIMPLEMENTED",
+    "INTERNAL",
+    "UNAVAILABLE",
+    "DATA_LOSS",
     "UNAUTHENTICATED",
 };
 
@@ -186,12 +198,12 @@ static grpc_channel_credentials *make_credentials(const ddl_client_options *o, d
         goto fail;
     if (o->tls_cert_file) {
         cert = read_text(o->tls_cert_file, "certificate");
-        key = cert ? read_text(o->tls_key_file, "key") : NULL;
+        key  = cert ? read_text(o->tls_key_file, "key") : NULL;
         if (!key)
             goto fail;
     }
     grpc_ssl_pem_key_cert_pair pair = {.private_key = key, .cert_chain = cert};
-    grpc_channel_credentials  *cr = grpc_ssl_credentials_create(ca, cert ? &pair : NULL, NULL, NULL);
+    grpc_channel_credentials *cr = grpc_ssl_credentials_create(ca, cert ? &pair : NULL, NULL, NULL);
     free(ca);
     free(cert);
     if (key) {
@@ -212,10 +224,10 @@ fail:
 // Waits until the channel is READY or the deadline passes.
 static ddl_status wait_ready(grpc_channel *ch, double timeout_s, const char *address)
 {
-    gpr_timespec           deadline = deadline_after(timeout_s);
-    grpc_completion_queue *cq = grpc_completion_queue_create_for_pluck(NULL);
-    ddl_status             st = DDL_OK;
-    char                   tag;
+    gpr_timespec            deadline = deadline_after(timeout_s);
+    grpc_completion_queue  *cq       = grpc_completion_queue_create_for_pluck(NULL);
+    ddl_status              st       = DDL_OK;
+    char                    tag;
     grpc_connectivity_state s = grpc_channel_check_connectivity_state(ch, 1);
     while (s != GRPC_CHANNEL_READY) {
         if (s == GRPC_CHANNEL_SHUTDOWN) {
@@ -223,8 +235,8 @@ static ddl_status wait_ready(grpc_channel *ch, double timeout_s, const char *add
             break;
         }
         grpc_channel_watch_connectivity_state(ch, s, deadline, cq, &tag);
-        grpc_event ev = grpc_completion_queue_pluck(cq, &tag, gpr_inf_future(GPR_CLOCK_REALTIME),
-                                                    NULL);
+        grpc_event ev =
+            grpc_completion_queue_pluck(cq, &tag, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
         if (ev.type != GRPC_OP_COMPLETE || !ev.success) { // deadline passed
             st = DDL_ETIMEDOUT;
             break;
@@ -273,17 +285,17 @@ ddl_status ddl_client_connect(const char *address, const ddl_client_options *opt
 
     int64_t  max_recv = o.max_receive_bytes ? o.max_receive_bytes : (int64_t)64 << 20;
     grpc_arg args[3];
-    size_t   na = 0;
-    args[na].type = GRPC_ARG_INTEGER;
-    args[na].key = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
+    size_t   na              = 0;
+    args[na].type            = GRPC_ARG_INTEGER;
+    args[na].key             = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
     args[na++].value.integer = max_recv < 0 || max_recv > INT32_MAX ? -1 : (int)max_recv;
     if (o.tls_server_name) {
-        args[na].type = GRPC_ARG_STRING;
-        args[na].key = GRPC_SSL_TARGET_NAME_OVERRIDE_ARG;
+        args[na].type           = GRPC_ARG_STRING;
+        args[na].key            = GRPC_SSL_TARGET_NAME_OVERRIDE_ARG;
         args[na++].value.string = (char *)o.tls_server_name;
     }
     grpc_channel_args cargs = {.num_args = na, .args = args};
-    c->channel = grpc_channel_create(address, cr, &cargs);
+    c->channel              = grpc_channel_create(address, cr, &cargs);
     grpc_channel_credentials_release(cr);
     if (!c->channel) {
         free(c);
@@ -300,7 +312,7 @@ ddl_status ddl_client_connect(const char *address, const ddl_client_options *opt
             return ddl__local_error(DDL_ENOMEM, "connect: out of memory");
         }
         snprintf(v, n, "Bearer %s", o.token);
-        c->auth.key = grpc_slice_from_static_string("authorization");
+        c->auth.key   = grpc_slice_from_static_string("authorization");
         c->auth.value = grpc_slice_from_copied_string(v);
         memset(v, 0, n);
         free(v);
@@ -313,7 +325,7 @@ ddl_status ddl_client_connect(const char *address, const ddl_client_options *opt
             return st;
         }
     }
-    *out = c;
+    *out      = c;
     last_code = DDL_RPC_OK;
     return DDL_OK;
 }
@@ -342,9 +354,9 @@ static int pluck(grpc_completion_queue *cq, void *tag)
 ddl_status ddl__rpc_open(ddl_client_t *c, int method, double timeout_s, ddl__rpc *r)
 {
     memset(r, 0, sizeof *r);
-    r->client = c;
-    r->method = method;
-    r->status = GRPC_STATUS_UNKNOWN;
+    r->client  = c;
+    r->method  = method;
+    r->status  = GRPC_STATUS_UNKNOWN;
     r->details = grpc_empty_slice();
     grpc_metadata_array_init(&r->initial_md);
     grpc_metadata_array_init(&r->trailing_md);
@@ -352,19 +364,19 @@ ddl_status ddl__rpc_open(ddl_client_t *c, int method, double timeout_s, ddl__rpc
     if (!r->cq)
         return ddl__local_error(DDL_ENOMEM, "%s: cannot create a completion queue",
                                 ddl__method_name(method));
-    r->call = grpc_channel_create_registered_call(c->channel, NULL, GRPC_PROPAGATE_DEFAULTS, r->cq,
-                                                  c->method[method], deadline_after(timeout_s),
-                                                  NULL);
+    r->call =
+        grpc_channel_create_registered_call(c->channel, NULL, GRPC_PROPAGATE_DEFAULTS, r->cq,
+                                            c->method[method], deadline_after(timeout_s), NULL);
     if (!r->call)
         return ddl__local_error(DDL_EINTERNAL, "%s: cannot create the call",
                                 ddl__method_name(method));
     grpc_op op;
     memset(&op, 0, sizeof op);
-    op.op = GRPC_OP_RECV_STATUS_ON_CLIENT;
+    op.op                                           = GRPC_OP_RECV_STATUS_ON_CLIENT;
     op.data.recv_status_on_client.trailing_metadata = &r->trailing_md;
-    op.data.recv_status_on_client.status = &r->status;
-    op.data.recv_status_on_client.status_details = &r->details;
-    op.data.recv_status_on_client.error_string = &r->error_string;
+    op.data.recv_status_on_client.status            = &r->status;
+    op.data.recv_status_on_client.status_details    = &r->details;
+    op.data.recv_status_on_client.error_string      = &r->error_string;
     if (grpc_call_start_batch(r->call, &op, 1, &r->status_tag, NULL) != GRPC_CALL_OK)
         return ddl__local_error(DDL_EINTERNAL, "%s: cannot start the call",
                                 ddl__method_name(method));
@@ -390,13 +402,14 @@ ddl_status ddl__rpc_close(ddl__rpc *r, ddl_status local_status)
         }
         pluck(r->cq, &r->status_tag);
         r->status_pending = 0;
-        int code = (int)r->status;
+        int code          = (int)r->status;
         if (code != GRPC_STATUS_OK) {
             char *d = grpc_slice_to_c_string(r->details);
             if (local_status == DDL_OK || code != GRPC_STATUS_CANCELLED) {
                 last_code = code;
-                st = ddl_set_error(status_from_code(code), "%s: %s: %s", ddl__method_name(r->method),
-                                   ddl_client_code_name(code), d && *d ? d : "(no message)");
+                st =
+                    ddl_set_error(status_from_code(code), "%s: %s: %s", ddl__method_name(r->method),
+                                  ddl_client_code_name(code), d && *d ? d : "(no message)");
             }
             gpr_free(d);
         } else if (local_status == DDL_OK) {
@@ -460,16 +473,16 @@ ddl_status ddl__unary(ddl_client_t *c, int method, const ProtobufCMessage *req,
     grpc_byte_buffer *send = ddl__pack(req), *recv = NULL;
     grpc_op           ops[5];
     memset(ops, 0, sizeof ops);
-    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-    ops[0].data.send_initial_metadata.count = c->nauth;
-    ops[0].data.send_initial_metadata.metadata = c->nauth ? &c->auth : NULL;
-    ops[1].op = GRPC_OP_SEND_MESSAGE;
-    ops[1].data.send_message.send_message = send;
-    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+    ops[0].op                                               = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[0].data.send_initial_metadata.count                 = c->nauth;
+    ops[0].data.send_initial_metadata.metadata              = c->nauth ? &c->auth : NULL;
+    ops[1].op                                               = GRPC_OP_SEND_MESSAGE;
+    ops[1].data.send_message.send_message                   = send;
+    ops[2].op                                               = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    ops[3].op                                               = GRPC_OP_RECV_INITIAL_METADATA;
     ops[3].data.recv_initial_metadata.recv_initial_metadata = &r.initial_md;
-    ops[4].op = GRPC_OP_RECV_MESSAGE;
-    ops[4].data.recv_message.recv_message = &recv;
+    ops[4].op                                               = GRPC_OP_RECV_MESSAGE;
+    ops[4].data.recv_message.recv_message                   = &recv;
     ddl__rpc_batch(&r, ops, 5);
     grpc_byte_buffer_destroy(send);
     ddl_status local = DDL_OK;
@@ -477,7 +490,8 @@ ddl_status ddl__unary(ddl_client_t *c, int method, const ProtobufCMessage *req,
         *resp = ddl__unpack(recv, d);
         grpc_byte_buffer_destroy(recv);
         if (!*resp)
-            local = ddl__local_error(DDL_EPROTO, "%s: malformed response", ddl__method_name(method));
+            local =
+                ddl__local_error(DDL_EPROTO, "%s: malformed response", ddl__method_name(method));
     }
     st = ddl__rpc_close(&r, local);
     if (st == DDL_OK && !*resp)

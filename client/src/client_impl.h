@@ -32,11 +32,11 @@ enum {
 };
 
 struct ddl_client {
-    grpc_channel  *channel;
-    void          *method[M_COUNT]; // grpc_channel_register_call handles
-    grpc_metadata  auth;            // "authorization: Bearer ..." when a token is set
-    size_t         nauth;
-    double         call_timeout_s;
+    grpc_channel *channel;
+    void         *method[M_COUNT]; // grpc_channel_register_call handles
+    grpc_metadata auth;            // "authorization: Bearer ..." when a token is set
+    size_t        nauth;
+    double        call_timeout_s;
 };
 
 // One call in flight: its own pluck queue, so calls on one connection never share a queue.
@@ -60,16 +60,16 @@ const char *ddl__method_name(int method);
 // Starts a call with the given deadline (seconds, 0: none) and starts receiving its status.
 ddl_status ddl__rpc_open(ddl_client_t *c, int method, double timeout_s, ddl__rpc *r);
 // Runs a batch of ops and waits for it; returns the batch's success flag (0 on failure).
-int        ddl__rpc_batch(ddl__rpc *r, const grpc_op *ops, size_t n);
+int ddl__rpc_batch(ddl__rpc *r, const grpc_op *ops, size_t n);
 // Waits for the status (cancelling nothing), releases the call and its queue, records the
 // thread's last code and message. Returns local_status if that is an error and the call
 // itself succeeded, else the status mapped from the gRPC code.
 ddl_status ddl__rpc_close(ddl__rpc *r, ddl_status local_status);
 
 // Serialises a message into a byte buffer (caller destroys), or NULL on allocation failure.
-grpc_byte_buffer  *ddl__pack(const ProtobufCMessage *m);
+grpc_byte_buffer *ddl__pack(const ProtobufCMessage *m);
 // Parses a byte buffer (NULL on malformed input). Free with protobuf_c_message_free_unpacked.
-ProtobufCMessage  *ddl__unpack(grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *d);
+ProtobufCMessage *ddl__unpack(grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *d);
 
 // Unary call: sends req, receives one message of descriptor d into *resp (caller frees).
 ddl_status ddl__unary(ddl_client_t *c, int method, const ProtobufCMessage *req,

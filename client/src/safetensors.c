@@ -50,7 +50,7 @@ ddl_status ddl_safetensors_write(const char *path, const ddl_client_weights *w)
     json_t *hdr = json_object();
     size_t  off = 0;
     for (int64_t i = 0; i < w->count; i++) {
-        const ddl_client_tensor *t = &w->tensors[i];
+        const ddl_client_tensor *t  = &w->tensors[i];
         const char              *dt = st_dtype(t->dtype);
         if (!dt || !t->name) {
             json_decref(hdr);
@@ -72,7 +72,7 @@ ddl_status ddl_safetensors_write(const char *path, const ddl_client_weights *w)
     size_t hlen = strlen(text), padded = (hlen + 7) / 8 * 8;
 
     size_t plen = strlen(path);
-    char  *tmp = malloc(plen + 5);
+    char  *tmp  = malloc(plen + 5);
     if (!tmp) {
         free(text);
         return ddl__local_error(DDL_ENOMEM, "safetensors: out of memory");
@@ -116,10 +116,10 @@ ddl_status ddl_safetensors_read(const char *path, ddl_client_weights **out)
     FILE *f = fopen(path, "rb");
     if (!f)
         return ddl__local_error(DDL_EIO, "safetensors: cannot open %s: %s", path, strerror(errno));
-    ddl_status          st = DDL_OK;
+    ddl_status          st   = DDL_OK;
     char               *text = NULL;
-    json_t             *hdr = NULL;
-    ddl_client_weights *w = calloc(1, sizeof *w);
+    json_t             *hdr  = NULL;
+    ddl_client_weights *w    = calloc(1, sizeof *w);
     uint8_t             le[8];
     if (!w) {
         st = ddl__local_error(DDL_ENOMEM, "safetensors: out of memory");
@@ -157,7 +157,7 @@ ddl_status ddl_safetensors_read(const char *path, ddl_client_weights **out)
         goto out;
     }
     uint64_t    data_bytes = (uint64_t)fsize - 8 - hlen;
-    size_t      n = json_object_size(hdr);
+    size_t      n          = json_object_size(hdr);
     const char *key;
     json_t     *val;
     w->tensors = calloc(n ? n : 1, sizeof *w->tensors);
@@ -170,27 +170,29 @@ ddl_status ddl_safetensors_read(const char *path, ddl_client_weights **out)
     {
         if (strcmp(key, "__metadata__") == 0)
             continue;
-        json_t     *dt = json_object_get(val, "dtype"), *shape = json_object_get(val, "shape"),
+        json_t *dt = json_object_get(val, "dtype"), *shape = json_object_get(val, "shape"),
                *offs = json_object_get(val, "data_offsets");
-        int         d = json_is_string(dt) ? st_dtype_parse(json_string_value(dt)) : -1;
+        int d        = json_is_string(dt) ? st_dtype_parse(json_string_value(dt)) : -1;
         if (d < 0 || !json_is_array(shape) || json_array_size(shape) > DDL_CLIENT_MAX_DIMS ||
             !json_is_array(offs) || json_array_size(offs) != 2) {
-            st = ddl__local_error(DDL_EPROTO,
-                                  "safetensors: %s: tensor '%s' needs dtype F32/F64/I64/U8, a shape "
-                                  "of <= %d dims and two data_offsets",
-                                  path, key, DDL_CLIENT_MAX_DIMS);
+            st =
+                ddl__local_error(DDL_EPROTO,
+                                 "safetensors: %s: tensor '%s' needs dtype F32/F64/I64/U8, a shape "
+                                 "of <= %d dims and two data_offsets",
+                                 path, key, DDL_CLIENT_MAX_DIMS);
             goto out;
         }
         ddl_client_tensor *t = &w->tensors[w->count];
-        t->dtype = (ddl_wire_dtype)d;
-        t->ndim = (int)json_array_size(shape);
-        uint64_t bytes = ddl_wire_dtype_size(t->dtype);
+        t->dtype             = (ddl_wire_dtype)d;
+        t->ndim              = (int)json_array_size(shape);
+        uint64_t bytes       = ddl_wire_dtype_size(t->dtype);
         for (int i = 0; i < t->ndim; i++) {
             json_t *s = json_array_get(shape, (size_t)i);
             if (!json_is_integer(s) || json_integer_value(s) < 0 ||
-                (json_integer_value(s) > 0 && bytes > data_bytes / (uint64_t)json_integer_value(s) + 1)) {
-                st = ddl__local_error(DDL_EPROTO, "safetensors: %s: tensor '%s' has a bad shape", path,
-                                      key);
+                (json_integer_value(s) > 0 &&
+                 bytes > data_bytes / (uint64_t)json_integer_value(s) + 1)) {
+                st = ddl__local_error(DDL_EPROTO, "safetensors: %s: tensor '%s' has a bad shape",
+                                      path, key);
                 goto out;
             }
             t->shape[i] = json_integer_value(s);
@@ -202,19 +204,20 @@ ddl_status ddl_safetensors_read(const char *path, ddl_client_weights **out)
             st = ddl__local_error(DDL_EPROTO,
                                   "safetensors: %s: tensor '%s' offsets [%lld, %lld] do not hold "
                                   "%llu bytes within %llu",
-                                  path, key, (long long)b0, (long long)b1, (unsigned long long)bytes,
-                                  (unsigned long long)data_bytes);
+                                  path, key, (long long)b0, (long long)b1,
+                                  (unsigned long long)bytes, (unsigned long long)data_bytes);
             goto out;
         }
-        t->name = strdup(key);
-        t->data = malloc(bytes ? bytes : 1);
+        t->name  = strdup(key);
+        t->data  = malloc(bytes ? bytes : 1);
         t->bytes = bytes;
         w->count++;
         if (!t->name || !t->data) {
             st = ddl__local_error(DDL_ENOMEM, "safetensors: out of memory for '%s'", key);
             goto out;
         }
-        if (fseek(f, data_start + (long)b0, SEEK_SET) != 0 || fread(t->data, 1, bytes, f) != bytes) {
+        if (fseek(f, data_start + (long)b0, SEEK_SET) != 0 ||
+            fread(t->data, 1, bytes, f) != bytes) {
             st = ddl__local_error(DDL_EIO, "safetensors: %s: cannot read tensor '%s'", path, key);
             goto out;
         }

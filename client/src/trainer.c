@@ -30,11 +30,11 @@ static int copy_shape(int64_t *dst, size_t n, const int64_t *src)
 static void tensor_to_wire(const ddl_client_tensor *t, Distdl__V1__Tensor *w)
 {
     distdl__v1__tensor__init(w);
-    w->name = t->name ? t->name : (char *)"";
+    w->name     = t->name ? t->name : (char *)"";
     w->datatype = (char *)ddl_wire_dtype_name(t->dtype);
-    w->n_shape = (size_t)t->ndim;
-    w->shape = (int64_t *)t->shape;
-    w->raw.len = t->bytes;
+    w->n_shape  = (size_t)t->ndim;
+    w->shape    = (int64_t *)t->shape;
+    w->raw.len  = t->bytes;
     w->raw.data = t->data;
 }
 
@@ -49,9 +49,9 @@ static ddl_status tensor_from_wire(const Distdl__V1__Tensor *w, const char *what
     if (w->n_shape > DDL_CLIENT_MAX_DIMS)
         return ddl__local_error(DDL_EPROTO, "%s: %zu dims", what, w->n_shape);
     t->dtype = (ddl_wire_dtype)dt;
-    t->ndim = copy_shape(t->shape, w->n_shape, w->shape);
-    t->name = strdup(w->name ? w->name : "");
-    t->data = malloc(w->raw.len ? w->raw.len : 1);
+    t->ndim  = copy_shape(t->shape, w->n_shape, w->shape);
+    t->name  = strdup(w->name ? w->name : "");
+    t->data  = malloc(w->raw.len ? w->raw.len : 1);
     if (!t->name || !t->data) {
         ddl_client_tensor_release(t);
         return ddl__local_error(DDL_ENOMEM, "%s: out of memory", what);
@@ -75,7 +75,7 @@ static void batch_to_wire(const ddl_client_batch *b, Distdl__V1__Batch *w, Distd
     distdl__v1__batch__init(w);
     tensor_to_wire(&b->x, x);
     tensor_to_wire(&b->labels, labels);
-    w->x = x;
+    w->x      = x;
     w->labels = labels;
 }
 
@@ -84,10 +84,10 @@ static void batch_to_wire(const ddl_client_batch *b, Distdl__V1__Batch *w, Distd
 ddl_status ddl_client_health_check(ddl_client_t *c, const char *service, ddl_health_status *out)
 {
     Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
-    req.service = (char *)(service ? service : "");
+    req.service                              = (char *)(service ? service : "");
     ProtobufCMessage *m;
-    ddl_status st = ddl__unary(c, M_HEALTH_CHECK, &req.base,
-                               &grpc__health__v1__health_check_response__descriptor, &m);
+    ddl_status        st = ddl__unary(c, M_HEALTH_CHECK, &req.base,
+                                      &grpc__health__v1__health_check_response__descriptor, &m);
     if (st != DDL_OK)
         return st;
     if (out)
@@ -99,9 +99,9 @@ ddl_status ddl_client_health_check(ddl_client_t *c, const char *service, ddl_hea
 ddl_status ddl_client_server_live(ddl_client_t *c, int *out)
 {
     Inference__ServerLiveRequest req = INFERENCE__SERVER_LIVE_REQUEST__INIT;
-    ProtobufCMessage *m;
-    ddl_status st = ddl__unary(c, M_SERVER_LIVE, &req.base,
-                               &inference__server_live_response__descriptor, &m);
+    ProtobufCMessage            *m;
+    ddl_status                   st =
+        ddl__unary(c, M_SERVER_LIVE, &req.base, &inference__server_live_response__descriptor, &m);
     if (st != DDL_OK)
         return st;
     if (out)
@@ -113,9 +113,9 @@ ddl_status ddl_client_server_live(ddl_client_t *c, int *out)
 ddl_status ddl_client_server_ready(ddl_client_t *c, int *out)
 {
     Inference__ServerReadyRequest req = INFERENCE__SERVER_READY_REQUEST__INIT;
-    ProtobufCMessage *m;
-    ddl_status st = ddl__unary(c, M_SERVER_READY, &req.base,
-                               &inference__server_ready_response__descriptor, &m);
+    ProtobufCMessage             *m;
+    ddl_status                    st =
+        ddl__unary(c, M_SERVER_READY, &req.base, &inference__server_ready_response__descriptor, &m);
     if (st != DDL_OK)
         return st;
     if (out)
@@ -127,10 +127,10 @@ ddl_status ddl_client_server_ready(ddl_client_t *c, int *out)
 ddl_status ddl_client_model_ready(ddl_client_t *c, const char *model, int *out)
 {
     Inference__ModelReadyRequest req = INFERENCE__MODEL_READY_REQUEST__INIT;
-    req.name = (char *)(model ? model : "");
+    req.name                         = (char *)(model ? model : "");
     ProtobufCMessage *m;
-    ddl_status st = ddl__unary(c, M_MODEL_READY, &req.base,
-                               &inference__model_ready_response__descriptor, &m);
+    ddl_status        st =
+        ddl__unary(c, M_MODEL_READY, &req.base, &inference__model_ready_response__descriptor, &m);
     if (st != DDL_OK)
         return st;
     if (out)
@@ -151,16 +151,16 @@ ddl_status ddl_client_model_infer(ddl_client_t *c, const char *model, const ddl_
     Inference__ModelInferRequest__InferInputTensor in =
         INFERENCE__MODEL_INFER_REQUEST__INFER_INPUT_TENSOR__INIT;
     Inference__ModelInferRequest__InferInputTensor *inputs[1] = {&in};
-    ProtobufCBinaryData raw = {.len = x->bytes, .data = x->data};
-    req.model_name = (char *)(model ? model : "");
-    in.name = x->name ? x->name : (char *)"input";
-    in.datatype = (char *)ddl_wire_dtype_name(x->dtype);
-    in.n_shape = (size_t)x->ndim;
-    in.shape = (int64_t *)x->shape;
-    req.n_inputs = 1;
-    req.inputs = inputs;
+    ProtobufCBinaryData                             raw       = {.len = x->bytes, .data = x->data};
+    req.model_name                                            = (char *)(model ? model : "");
+    in.name                                                   = x->name ? x->name : (char *)"input";
+    in.datatype              = (char *)ddl_wire_dtype_name(x->dtype);
+    in.n_shape               = (size_t)x->ndim;
+    in.shape                 = (int64_t *)x->shape;
+    req.n_inputs             = 1;
+    req.inputs               = inputs;
     req.n_raw_input_contents = 1;
-    req.raw_input_contents = &raw;
+    req.raw_input_contents   = &raw;
     ProtobufCMessage *m;
     st = ddl__unary(c, M_MODEL_INFER, &req.base, &inference__model_infer_response__descriptor, &m);
     if (st != DDL_OK)
@@ -172,12 +172,12 @@ ddl_status ddl_client_model_infer(ddl_client_t *c, const char *model, const ddl_
     }
     Distdl__V1__Tensor w;
     distdl__v1__tensor__init(&w);
-    w.name = r->outputs[0]->name;
+    w.name     = r->outputs[0]->name;
     w.datatype = r->outputs[0]->datatype;
-    w.n_shape = r->outputs[0]->n_shape;
-    w.shape = r->outputs[0]->shape;
-    w.raw = r->raw_output_contents[0];
-    st = tensor_from_wire(&w, "ModelInfer", out);
+    w.n_shape  = r->outputs[0]->n_shape;
+    w.shape    = r->outputs[0]->shape;
+    w.raw      = r->raw_output_contents[0];
+    st         = tensor_from_wire(&w, "ModelInfer", out);
     protobuf_c_message_free_unpacked(m, NULL);
     return st;
 }
@@ -188,23 +188,23 @@ ddl_status ddl_client_create_model(ddl_client_t *c, const char *spec_json, const
                                    int replace, ddl_client_model_info *out)
 {
     Distdl__V1__CreateModelRequest req = DISTDL__V1__CREATE_MODEL_REQUEST__INIT;
-    req.spec_json = (char *)(spec_json ? spec_json : "");
-    req.name = (char *)(name ? name : "");
-    req.replace = replace != 0;
+    req.spec_json                      = (char *)(spec_json ? spec_json : "");
+    req.name                           = (char *)(name ? name : "");
+    req.replace                        = replace != 0;
     ProtobufCMessage *m;
-    ddl_status st = ddl__unary(c, M_CREATE_MODEL, &req.base,
-                               &distdl__v1__create_model_response__descriptor, &m);
+    ddl_status        st = ddl__unary(c, M_CREATE_MODEL, &req.base,
+                                      &distdl__v1__create_model_response__descriptor, &m);
     if (st != DDL_OK)
         return st;
     Distdl__V1__CreateModelResponse *r = (Distdl__V1__CreateModelResponse *)m;
     if (out) {
         memset(out, 0, sizeof *out);
         copy_str(out->name, sizeof out->name, r->name);
-        out->world_size = r->world_size;
+        out->world_size     = r->world_size;
         out->num_parameters = r->num_parameters;
-        out->batch_size = r->batch_size;
-        out->input_ndim = copy_shape(out->input_shape, r->n_input_shape, r->input_shape);
-        out->num_classes = r->num_classes;
+        out->batch_size     = r->batch_size;
+        out->input_ndim     = copy_shape(out->input_shape, r->n_input_shape, r->input_shape);
+        out->num_classes    = r->num_classes;
         copy_str(out->datatype, sizeof out->datatype, r->datatype);
     }
     protobuf_c_message_free_unpacked(m, NULL);
@@ -215,8 +215,8 @@ ddl_status ddl_client_get_status(ddl_client_t *c, ddl_client_status_info *out)
 {
     Distdl__V1__GetStatusRequest req = DISTDL__V1__GET_STATUS_REQUEST__INIT;
     ProtobufCMessage            *m;
-    ddl_status st = ddl__unary(c, M_GET_STATUS, &req.base,
-                               &distdl__v1__get_status_response__descriptor, &m);
+    ddl_status                   st =
+        ddl__unary(c, M_GET_STATUS, &req.base, &distdl__v1__get_status_response__descriptor, &m);
     if (st != DDL_OK)
         return st;
     Distdl__V1__GetStatusResponse *r = (Distdl__V1__GetStatusResponse *)m;
@@ -224,17 +224,17 @@ ddl_status ddl_client_get_status(ddl_client_t *c, ddl_client_status_info *out)
         memset(out, 0, sizeof *out);
         out->has_model = r->has_model;
         copy_str(out->model_name, sizeof out->model_name, r->model_name);
-        out->world_size = r->world_size;
-        out->step = r->step;
-        out->last_loss = r->last_loss;
-        out->durable_step = r->durable_step;
-        out->queue_depth = r->queue_depth;
+        out->world_size     = r->world_size;
+        out->step           = r->step;
+        out->last_loss      = r->last_loss;
+        out->durable_step   = r->durable_step;
+        out->queue_depth    = r->queue_depth;
         out->queue_capacity = r->queue_capacity;
         copy_str(out->state, sizeof out->state, r->state);
-        out->epoch = r->epoch;
-        out->batch = r->batch;
-        out->batch_size = r->batch_size;
-        out->input_ndim = copy_shape(out->input_shape, r->n_input_shape, r->input_shape);
+        out->epoch       = r->epoch;
+        out->batch       = r->batch;
+        out->batch_size  = r->batch_size;
+        out->input_ndim  = copy_shape(out->input_shape, r->n_input_shape, r->input_shape);
         out->num_classes = r->num_classes;
         copy_str(out->datatype, sizeof out->datatype, r->datatype);
         copy_str(out->data_dir, sizeof out->data_dir, r->data_dir);
@@ -251,8 +251,8 @@ static int send_initial(ddl__rpc *r)
 {
     grpc_op op;
     memset(&op, 0, sizeof op);
-    op.op = GRPC_OP_SEND_INITIAL_METADATA;
-    op.data.send_initial_metadata.count = r->client->nauth;
+    op.op                                  = GRPC_OP_SEND_INITIAL_METADATA;
+    op.data.send_initial_metadata.count    = r->client->nauth;
     op.data.send_initial_metadata.metadata = r->client->nauth ? &r->client->auth : NULL;
     return ddl__rpc_batch(r, &op, 1);
 }
@@ -262,9 +262,9 @@ static int send_message(ddl__rpc *r, const ProtobufCMessage *m)
     grpc_byte_buffer *bb = ddl__pack(m);
     grpc_op           op;
     memset(&op, 0, sizeof op);
-    op.op = GRPC_OP_SEND_MESSAGE;
+    op.op                             = GRPC_OP_SEND_MESSAGE;
     op.data.send_message.send_message = bb;
-    int ok = ddl__rpc_batch(r, &op, 1);
+    int ok                            = ddl__rpc_batch(r, &op, 1);
     grpc_byte_buffer_destroy(bb);
     return ok;
 }
@@ -276,18 +276,19 @@ static ProtobufCMessage *finish_client_stream(ddl__rpc *r, const ProtobufCMessag
     grpc_byte_buffer *recv = NULL;
     grpc_op           ops[3];
     memset(ops, 0, sizeof ops);
-    ops[0].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-    ops[1].op = GRPC_OP_RECV_INITIAL_METADATA;
+    ops[0].op                                               = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    ops[1].op                                               = GRPC_OP_RECV_INITIAL_METADATA;
     ops[1].data.recv_initial_metadata.recv_initial_metadata = &r->initial_md;
-    ops[2].op = GRPC_OP_RECV_MESSAGE;
-    ops[2].data.recv_message.recv_message = &recv;
+    ops[2].op                                               = GRPC_OP_RECV_MESSAGE;
+    ops[2].data.recv_message.recv_message                   = &recv;
     ddl__rpc_batch(r, ops, 3);
     if (!recv)
         return NULL;
     ProtobufCMessage *m = ddl__unpack(recv, d);
     grpc_byte_buffer_destroy(recv);
     if (!m)
-        *local = ddl__local_error(DDL_EPROTO, "%s: malformed response", ddl__method_name(r->method));
+        *local =
+            ddl__local_error(DDL_EPROTO, "%s: malformed response", ddl__method_name(r->method));
     return m;
 }
 
@@ -319,9 +320,9 @@ ddl_status ddl_client_submit_batches(ddl_client_t *c, const ddl_client_batch *b,
     ddl_status st = ddl__rpc_open(c, M_SUBMIT_BATCH, 0, &r);
     if (st != DDL_OK)
         return ddl__rpc_close(&r, st);
-    ProtobufCMessage *m = NULL;
+    ProtobufCMessage *m     = NULL;
     ddl_status        local = DDL_OK;
-    int               ok = send_initial(&r);
+    int               ok    = send_initial(&r);
     for (int64_t i = 0; ok && i < n; i++) {
         Distdl__V1__Batch  w;
         Distdl__V1__Tensor x, y;
@@ -329,7 +330,7 @@ ddl_status ddl_client_submit_batches(ddl_client_t *c, const ddl_client_batch *b,
         ok = send_message(&r, &w.base);
     }
     // A failed send means the daemon already ended the call; its status says why.
-    m = finish_client_stream(&r, &distdl__v1__submit_batch_response__descriptor, &local);
+    m  = finish_client_stream(&r, &distdl__v1__submit_batch_response__descriptor, &local);
     st = close_with_response(&r, local, &m);
     if (st != DDL_OK)
         return st;
@@ -376,7 +377,7 @@ ddl_status ddl_client_evaluate(ddl_client_t *c, const char *dataset, const char 
     Distdl__V1__Batch           w;
     Distdl__V1__Tensor          x, y;
     req.dataset = (char *)(dataset ? dataset : "");
-    req.split = (char *)(split ? split : "");
+    req.split   = (char *)(split ? split : "");
     if (batch) {
         ddl_status st = check_batch(batch, "Evaluate");
         if (st != DDL_OK)
@@ -385,18 +386,20 @@ ddl_status ddl_client_evaluate(ddl_client_t *c, const char *dataset, const char 
         req.batch = &w;
     }
     ProtobufCMessage *m;
-    ddl_status        st = ddl__unary(c, M_EVALUATE, &req.base,
-                                      &distdl__v1__evaluate_response__descriptor, &m);
+    ddl_status        st =
+        ddl__unary(c, M_EVALUATE, &req.base, &distdl__v1__evaluate_response__descriptor, &m);
     if (st != DDL_OK)
         return st;
     Distdl__V1__EvaluateResponse *r = (Distdl__V1__EvaluateResponse *)m;
     if (out)
-        *out = (ddl_client_eval_result){.count = r->count, .loss = r->loss, .accuracy = r->accuracy};
+        *out =
+            (ddl_client_eval_result){.count = r->count, .loss = r->loss, .accuracy = r->accuracy};
     protobuf_c_message_free_unpacked(m, NULL);
     return DDL_OK;
 }
 
-ddl_status ddl_client_predict(ddl_client_t *c, const ddl_client_tensor *x, ddl_client_tensor *logits)
+ddl_status ddl_client_predict(ddl_client_t *c, const ddl_client_tensor *x,
+                              ddl_client_tensor *logits)
 {
     ddl_status st = ddl__check_tensor(x, "Predict");
     if (st != DDL_OK)
@@ -428,15 +431,15 @@ static int send_request(ddl__rpc *r, const ProtobufCMessage *req)
     grpc_byte_buffer *bb = ddl__pack(req);
     grpc_op           ops[4];
     memset(ops, 0, sizeof ops);
-    ops[0].op = GRPC_OP_SEND_INITIAL_METADATA;
-    ops[0].data.send_initial_metadata.count = r->client->nauth;
+    ops[0].op                                  = GRPC_OP_SEND_INITIAL_METADATA;
+    ops[0].data.send_initial_metadata.count    = r->client->nauth;
     ops[0].data.send_initial_metadata.metadata = r->client->nauth ? &r->client->auth : NULL;
-    ops[1].op = GRPC_OP_SEND_MESSAGE;
-    ops[1].data.send_message.send_message = bb;
-    ops[2].op = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
-    ops[3].op = GRPC_OP_RECV_INITIAL_METADATA;
+    ops[1].op                                  = GRPC_OP_SEND_MESSAGE;
+    ops[1].data.send_message.send_message      = bb;
+    ops[2].op                                  = GRPC_OP_SEND_CLOSE_FROM_CLIENT;
+    ops[3].op                                  = GRPC_OP_RECV_INITIAL_METADATA;
     ops[3].data.recv_initial_metadata.recv_initial_metadata = &r->initial_md;
-    int ok = ddl__rpc_batch(r, ops, 4);
+    int ok                                                  = ddl__rpc_batch(r, ops, 4);
     grpc_byte_buffer_destroy(bb);
     return ok;
 }
@@ -447,7 +450,7 @@ static grpc_byte_buffer *recv_message(ddl__rpc *r)
     grpc_byte_buffer *bb = NULL;
     grpc_op           op;
     memset(&op, 0, sizeof op);
-    op.op = GRPC_OP_RECV_MESSAGE;
+    op.op                             = GRPC_OP_RECV_MESSAGE;
     op.data.recv_message.recv_message = &bb;
     if (!ddl__rpc_batch(r, &op, 1) && bb) {
         grpc_byte_buffer_destroy(bb);
@@ -462,12 +465,12 @@ ddl_status ddl_client_health_watch(ddl_client_t *c, const char *service, ddl_cli
     if (!cb)
         return ddl__local_error(DDL_EINVAL, "Watch: callback is NULL");
     Grpc__Health__V1__HealthCheckRequest req = GRPC__HEALTH__V1__HEALTH_CHECK_REQUEST__INIT;
-    req.service = (char *)(service ? service : "");
+    req.service                              = (char *)(service ? service : "");
     ddl__rpc   r;
     ddl_status st = ddl__rpc_open(c, M_HEALTH_WATCH, 0, &r);
     if (st != DDL_OK)
         return ddl__rpc_close(&r, st);
-    ddl_status local = DDL_OK;
+    ddl_status local   = DDL_OK;
     int        stopped = 0;
     if (send_request(&r, &req.base)) {
         grpc_byte_buffer *bb;
@@ -503,16 +506,16 @@ ddl_status ddl_client_train(ddl_client_t *c, const ddl_client_train_request *req
     if (!req)
         return ddl__local_error(DDL_EINVAL, "Train: request is NULL");
     Distdl__V1__TrainRequest w = DISTDL__V1__TRAIN_REQUEST__INIT;
-    w.steps = req->steps;
-    w.epochs = req->epochs;
-    w.dataset = (char *)(req->dataset ? req->dataset : "");
-    w.progress_every = req->progress_every;
+    w.steps                    = req->steps;
+    w.epochs                   = req->epochs;
+    w.dataset                  = (char *)(req->dataset ? req->dataset : "");
+    w.progress_every           = req->progress_every;
 
     ddl__rpc   r;
     ddl_status st = ddl__rpc_open(c, M_TRAIN, 0, &r);
     if (st != DDL_OK)
         return ddl__rpc_close(&r, st);
-    ddl_status          local = DDL_OK;
+    ddl_status          local     = DDL_OK;
     int                 cancelled = 0, have = 0;
     ddl_client_progress p;
     memset(&p, 0, sizeof p);
@@ -526,19 +529,19 @@ ddl_status ddl_client_train(ddl_client_t *c, const ddl_client_train_request *req
                 local = ddl__local_error(DDL_EPROTO, "Train: malformed progress record");
                 break;
             }
-            p = (ddl_client_progress){.step = m->step,
-                                      .epoch = m->epoch,
-                                      .batch = m->batch,
-                                      .steps_per_epoch = m->steps_per_epoch,
-                                      .loss = m->loss,
-                                      .accuracy = m->accuracy,
-                                      .images_per_second = m->images_per_second,
-                                      .done = m->done,
-                                      .total = m->total,
-                                      .epoch_end = m->epoch_end,
-                                      .durable = m->durable,
-                                      .finished = m->finished,
-                                      .mean_loss = m->mean_loss};
+            p    = (ddl_client_progress){.step              = m->step,
+                                         .epoch             = m->epoch,
+                                         .batch             = m->batch,
+                                         .steps_per_epoch   = m->steps_per_epoch,
+                                         .loss              = m->loss,
+                                         .accuracy          = m->accuracy,
+                                         .images_per_second = m->images_per_second,
+                                         .done              = m->done,
+                                         .total             = m->total,
+                                         .epoch_end         = m->epoch_end,
+                                         .durable           = m->durable,
+                                         .finished          = m->finished,
+                                         .mean_loss         = m->mean_loss};
             have = 1;
             protobuf_c_message_free_unpacked(&m->base, NULL);
             if (!cancelled && cb && cb(&p, user_data)) {
@@ -608,7 +611,7 @@ static int cur_copy(slice_cursor *c, void *dst, size_t len)
         if (c->i == c->n)
             return 0;
         size_t avail = GRPC_SLICE_LENGTH(c->s[c->i]) - c->off;
-        size_t k = avail < len ? avail : len;
+        size_t k     = avail < len ? avail : len;
         if (d) {
             memcpy(d, GRPC_SLICE_START_PTR(c->s[c->i]) + c->off, k);
             d += k;
@@ -651,8 +654,8 @@ static int parse_chunk(const grpc_slice *slices, size_t n, chunk_view *v)
     memset(v, 0, sizeof *v);
     slice_cursor c = {.s = slices, .n = n};
     for (;;) {
-        uint64_t key;
-        uint8_t  probe;
+        uint64_t     key;
+        uint8_t      probe;
         slice_cursor at = c;
         if (!cur_byte(&at, &probe))
             return 1; // end of message
@@ -691,7 +694,7 @@ static int parse_chunk(const grpc_slice *slices, size_t n, chunk_view *v)
             if (!cur_varint(&c, &len))
                 return 0;
             v->data_len = (size_t)len;
-            v->data_at = c;
+            v->data_at  = c;
             if (!cur_copy(&c, NULL, (size_t)len))
                 return 0;
         } else if (field == 6 && wt == 0) {
@@ -728,27 +731,28 @@ static ddl_status pull_chunk(pull_state *ps, chunk_view *ch)
     ddl_client_weights *w = ps->w;
     if (ch->first) {
         if (w->count > 0 && ps->filled != w->tensors[w->count - 1].bytes)
-            return ddl__local_error(DDL_EPROTO, "PullWeights: tensor '%s' ended after %zu of %zu bytes",
-                                    w->tensors[w->count - 1].name, ps->filled,
-                                    w->tensors[w->count - 1].bytes);
+            return ddl__local_error(
+                DDL_EPROTO, "PullWeights: tensor '%s' ended after %zu of %zu bytes",
+                w->tensors[w->count - 1].name, ps->filled, w->tensors[w->count - 1].bytes);
         int dt = ddl__dtype_from_name(ch->datatype);
         if (dt < 0 || ch->n_shape > DDL_CLIENT_MAX_DIMS)
             return ddl__local_error(DDL_EPROTO, "PullWeights: tensor '%s': datatype '%s', %zu dims",
                                     ch->name, ch->datatype, ch->n_shape);
         size_t bytes = ddl_wire_dtype_size((ddl_wire_dtype)dt);
         for (size_t i = 0; i < ch->n_shape; i++) {
-            if (ch->shape[i] < 0 || (ch->shape[i] > 0 && bytes > ((size_t)1 << 40) / (size_t)ch->shape[i]))
+            if (ch->shape[i] < 0 ||
+                (ch->shape[i] > 0 && bytes > ((size_t)1 << 40) / (size_t)ch->shape[i]))
                 return ddl__local_error(DDL_EPROTO, "PullWeights: tensor '%s' has a bad shape",
                                         ch->name);
             bytes *= (size_t)ch->shape[i];
         }
         if (w->count == ps->cap) {
             int64_t            cap = ps->cap ? 2 * ps->cap : 16;
-            ddl_client_tensor *nt = realloc(w->tensors, (size_t)cap * sizeof *nt);
+            ddl_client_tensor *nt  = realloc(w->tensors, (size_t)cap * sizeof *nt);
             if (!nt)
                 return ddl__local_error(DDL_ENOMEM, "PullWeights: out of memory");
             w->tensors = nt;
-            ps->cap = cap;
+            ps->cap    = cap;
         }
         ddl_client_tensor *t = &w->tensors[w->count];
         memset(t, 0, sizeof *t);
@@ -760,7 +764,7 @@ static ddl_status pull_chunk(pull_state *ps, chunk_view *ch)
                                     ch->name, bytes);
         }
         t->dtype = (ddl_wire_dtype)dt;
-        t->ndim = copy_shape(t->shape, ch->n_shape, ch->shape);
+        t->ndim  = copy_shape(t->shape, ch->n_shape, ch->shape);
         t->bytes = bytes;
         w->count++;
         ps->filled = 0;
@@ -869,28 +873,28 @@ ddl_status ddl_client_push_weights(ddl_client_t *c, const ddl_client_tensor *t, 
     if (st != DDL_OK)
         return ddl__rpc_close(&r, st);
     ddl_status local = DDL_OK;
-    int        ok = send_initial(&r);
+    int        ok    = send_initial(&r);
     for (int64_t i = 0; ok && i < n; i++) {
         size_t off = 0;
         do {
-            size_t                  len = t[i].bytes - off < CHUNK_BYTES ? t[i].bytes - off : CHUNK_BYTES;
+            size_t len = t[i].bytes - off < CHUNK_BYTES ? t[i].bytes - off : CHUNK_BYTES;
             Distdl__V1__WeightChunk ch = DISTDL__V1__WEIGHT_CHUNK__INIT;
             if (off == 0) {
-                ch.first = 1;
-                ch.name = t[i].name ? t[i].name : (char *)"";
+                ch.first    = 1;
+                ch.name     = t[i].name ? t[i].name : (char *)"";
                 ch.datatype = (char *)ddl_wire_dtype_name(t[i].dtype);
-                ch.n_shape = (size_t)t[i].ndim;
-                ch.shape = (int64_t *)t[i].shape;
+                ch.n_shape  = (size_t)t[i].ndim;
+                ch.shape    = (int64_t *)t[i].shape;
             }
-            ch.offset = (int64_t)off;
-            ch.data.len = len;
+            ch.offset    = (int64_t)off;
+            ch.data.len  = len;
             ch.data.data = (uint8_t *)t[i].data + off;
-            ok = send_message(&r, &ch.base);
+            ok           = send_message(&r, &ch.base);
             off += len;
         } while (ok && off < t[i].bytes);
     }
-    ProtobufCMessage *m = finish_client_stream(&r, &distdl__v1__push_weights_response__descriptor,
-                                               &local);
+    ProtobufCMessage *m =
+        finish_client_stream(&r, &distdl__v1__push_weights_response__descriptor, &local);
     st = close_with_response(&r, local, &m);
     if (st != DDL_OK)
         return st;
@@ -916,19 +920,20 @@ ddl_status ddl_client_push_weights_from_file(ddl_client_t *c, const char *path)
 
 // ---- checkpoints and shutdown ----------------------------------------------------------
 
-ddl_status ddl_client_checkpoint(ddl_client_t *c, const char *dir, ddl_client_checkpoint_result *out)
+ddl_status ddl_client_checkpoint(ddl_client_t *c, const char *dir,
+                                 ddl_client_checkpoint_result *out)
 {
     Distdl__V1__CheckpointRequest req = DISTDL__V1__CHECKPOINT_REQUEST__INIT;
-    req.dir = (char *)(dir ? dir : "");
+    req.dir                           = (char *)(dir ? dir : "");
     ProtobufCMessage *m;
-    ddl_status        st = ddl__unary(c, M_CHECKPOINT, &req.base,
-                                      &distdl__v1__checkpoint_response__descriptor, &m);
+    ddl_status        st =
+        ddl__unary(c, M_CHECKPOINT, &req.base, &distdl__v1__checkpoint_response__descriptor, &m);
     if (st != DDL_OK)
         return st;
     Distdl__V1__CheckpointResponse *r = (Distdl__V1__CheckpointResponse *)m;
     if (out) {
         memset(out, 0, sizeof *out);
-        out->step = r->step;
+        out->step    = r->step;
         out->durable = r->durable;
         copy_str(out->path, sizeof out->path, r->path);
     }
@@ -936,15 +941,16 @@ ddl_status ddl_client_checkpoint(ddl_client_t *c, const char *dir, ddl_client_ch
     return DDL_OK;
 }
 
-ddl_status ddl_client_restore(ddl_client_t *c, int64_t step, const char *dir, int64_t *restored_step)
+ddl_status ddl_client_restore(ddl_client_t *c, int64_t step, const char *dir,
+                              int64_t *restored_step)
 {
     Distdl__V1__RestoreRequest req = DISTDL__V1__RESTORE_REQUEST__INIT;
-    req.step = step < 0 ? 0 : step;
-    req.latest = step < 0;
-    req.dir = (char *)(dir ? dir : "");
+    req.step                       = step < 0 ? 0 : step;
+    req.latest                     = step < 0;
+    req.dir                        = (char *)(dir ? dir : "");
     ProtobufCMessage *m;
-    ddl_status        st = ddl__unary(c, M_RESTORE, &req.base,
-                                      &distdl__v1__restore_response__descriptor, &m);
+    ddl_status        st =
+        ddl__unary(c, M_RESTORE, &req.base, &distdl__v1__restore_response__descriptor, &m);
     if (st != DDL_OK)
         return st;
     if (restored_step)
@@ -956,10 +962,10 @@ ddl_status ddl_client_restore(ddl_client_t *c, int64_t step, const char *dir, in
 ddl_status ddl_client_shutdown(ddl_client_t *c, int checkpoint, int64_t *durable_step)
 {
     Distdl__V1__ShutdownRequest req = DISTDL__V1__SHUTDOWN_REQUEST__INIT;
-    req.checkpoint = checkpoint != 0;
+    req.checkpoint                  = checkpoint != 0;
     ProtobufCMessage *m;
-    ddl_status        st = ddl__unary(c, M_SHUTDOWN, &req.base,
-                                      &distdl__v1__shutdown_response__descriptor, &m);
+    ddl_status        st =
+        ddl__unary(c, M_SHUTDOWN, &req.base, &distdl__v1__shutdown_response__descriptor, &m);
     if (st != DDL_OK)
         return st;
     if (durable_step)

@@ -1,17 +1,19 @@
 // bench-rpc: what the gRPC front end costs, measured against references in the same run.
 //
-//   bench-rpc [--steps N] [--unary N] [--reps N] [--idle SECONDS] [--specs DIR]
+//   bench-rpc [--steps N] [--blocks B] [--unary N] [--reps N] [--idle SECONDS] [--specs DIR]
 //
 // 1. Step overhead: LeNet-5 at batch 256 on 2 ranks, the same inline batch stepped
 //    in-process (`mpirun -np 2 bench-rpc --inproc`, ddl_session_step) and through a
-//    2-rank distdld (ddl_client_step); the ratio of the medians (target <= 1.05).
+//    2-rank distdld (ddl_client_step), in B alternating blocks of N steps; the ratio of
+//    the mean block medians (target <= 1.05).
 // 2. GetStatus unary latency: median and p99 over N calls.
 // 3. PullWeights / PushWeights throughput on deploy/specs/mlp-big-2.json (80 MB of
 //    global weights; target >= 1 GiB/s), median of N repetitions.
 // 4. Idle CPU of a 4-rank daemon with a model over SECONDS (mpirun and every rank).
 //
-// Every child process (mpirun) is started before the first gRPC call: nothing forks after
-// grpc_init (PLATFORM.md).
+// The daemons are started before the first gRPC call (PLATFORM.md: no fork after
+// grpc_init); the in-process runs later go through popen, which glibc implements with
+// posix_spawn.
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
@@ -117,7 +119,7 @@ static int run_inproc(const char *spec_path, int steps)
     MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     int            threads = ddl_runtime_divide_cores(MPI_COMM_WORLD);
-    char          *spec = rank == 0 ? read_file(spec_path) : NULL;
+    char          *spec    = rank == 0 ? read_file(spec_path) : NULL;
     ddl_session_t *s;
     ddl_status     st = ddl_session_create(MPI_COMM_WORLD, spec, spec_path, NULL, &s);
     if (st != DDL_OK) {
@@ -125,16 +127,16 @@ static int run_inproc(const char *spec_path, int steps)
             fprintf(stderr, "inproc: %s\n", ddl_last_error());
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
-    float   *x = rank == 0 ? malloc(sizeof(float) * BATCH * 784) : NULL;
+    float   *x      = rank == 0 ? malloc(sizeof(float) * BATCH * 784) : NULL;
     int64_t *labels = rank == 0 ? malloc(sizeof(int64_t) * BATCH) : NULL;
     if (rank == 0)
         make_batch(x, labels);
     size_t  xb = rank == 0 ? sizeof(float) * BATCH * 784 : 0;
-    double *t = malloc(sizeof(double) * (size_t)steps);
+    double *t  = malloc(sizeof(double) * (size_t)steps);
     for (int i = -3; i < steps; i++) {
         ddl_step_result r;
         double          t0 = now();
-        st = ddl_session_step(s, x, xb, labels, rank == 0 ? BATCH : 0, &r);
+        st                 = ddl_session_step(s, x, xb, labels, rank == 0 ? BATCH : 0, &r);
         if (st != DDL_OK) {
             if (rank == 0)
                 fprintf(stderr, "inproc step: %s\n", ddl_last_error());
@@ -168,9 +170,9 @@ static void mpi_argv(const char **argv, int *n, int np)
 {
     static char npbuf[16];
     snprintf(npbuf, sizeof npbuf, "%d", np);
-    argv[(*n)++] = DDL_MPIEXEC;
-    argv[(*n)++] = "-np";
-    argv[(*n)++] = npbuf;
+    argv[(*n)++]        = DDL_MPIEXEC;
+    argv[(*n)++]        = "-np";
+    argv[(*n)++]        = npbuf;
     static char flags[] = DDL_MPIEXEC_FLAGS; // space separated
     static char copy[sizeof flags];
     memcpy(copy, flags, sizeof flags);
@@ -255,12 +257,13 @@ static long long tree_ticks(pid_t root)
                     continue;
                 size_t k = fread(buf, 1, sizeof buf - 1, f);
                 fclose(f);
-                buf[k] = '\0';
+                buf[k]      = '\0';
                 char     *p = strrchr(buf, ')');
                 int       ppid;
                 long long ut, stt;
-                if (p && sscanf(p + 2, "%*c %d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lld %lld", &ppid,
-                                &ut, &stt) == 3 &&
+                if (p &&
+                    sscanf(p + 2, "%*c %d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lld %lld", &ppid,
+                           &ut, &stt) == 3 &&
                     ppid == root)
                     total += ut + stt;
             }
@@ -273,7 +276,7 @@ static long long tree_ticks(pid_t root)
                 continue;
             size_t k = fread(buf, 1, sizeof buf - 1, f);
             fclose(f);
-            buf[k] = '\0';
+            buf[k]      = '\0';
             char     *p = strrchr(buf, ')');
             long long ut, stt;
             if (p && sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lld %lld", &ut,
@@ -291,7 +294,7 @@ static void stop_daemon(child_daemon *d)
     if (d->address[0]) {
         ddl_client_t      *c;
         ddl_client_options o = ddl_client_options_default();
-        o.connect_timeout_s = 5;
+        o.connect_timeout_s  = 5;
         if (ddl_client_connect(d->address, &o, &c) == DDL_OK) {
             ddl_client_shutdown(c, 0, NULL);
             ddl_client_destroy(&c);
@@ -310,13 +313,13 @@ static void stop_daemon(child_daemon *d)
     d->pid = 0;
 }
 
-#define DIE(...)                                                             \
-    do {                                                                     \
-        fprintf(stderr, "bench-rpc: " __VA_ARGS__);                          \
-        fprintf(stderr, ": %s (%s)\n", ddl_last_error(),                     \
-                ddl_client_code_name(ddl_client_last_code()));               \
-        rc = 1;                                                              \
-        goto out;                                                            \
+#define DIE(...)                                                                                   \
+    do {                                                                                           \
+        fprintf(stderr, "bench-rpc: " __VA_ARGS__);                                                \
+        fprintf(stderr, ": %s (%s)\n", ddl_last_error(),                                           \
+                ddl_client_code_name(ddl_client_last_code()));                                     \
+        rc = 1;                                                                                    \
+        goto out;                                                                                  \
     } while (0)
 
 int main(int argc, char **argv)
@@ -324,29 +327,42 @@ int main(int argc, char **argv)
     if (argc >= 4 && strcmp(argv[1], "--inproc") == 0)
         return run_inproc(argv[2], atoi(argv[3]));
 
-    int         steps = 30, unary = 2000, reps = 5, idle = 60;
-    const char *specs = NULL;
-    static const struct option longs[] = {
-        {"steps", required_argument, 0, 's'}, {"unary", required_argument, 0, 'u'},
-        {"reps", required_argument, 0, 'r'},  {"idle", required_argument, 0, 'i'},
-        {"specs", required_argument, 0, 'S'}, {0, 0, 0, 0}};
-    int ch;
+    int                        steps = 20, unary = 2000, reps = 5, idle = 60, blocks = 3;
+    const char                *specs   = NULL;
+    static const struct option longs[] = {{"steps", required_argument, 0, 's'},
+                                          {"unary", required_argument, 0, 'u'},
+                                          {"reps", required_argument, 0, 'r'},
+                                          {"idle", required_argument, 0, 'i'},
+                                          {"specs", required_argument, 0, 'S'},
+                                          {"blocks", required_argument, 0, 'b'},
+                                          {0, 0, 0, 0}};
+    int                        ch;
     while ((ch = getopt_long(argc, argv, "", longs, NULL)) != -1) {
         switch (ch) {
-        case 's': steps = atoi(optarg); break;
-        case 'u': unary = atoi(optarg); break;
-        case 'r': reps = atoi(optarg); break;
-        case 'i': idle = atoi(optarg); break;
-        case 'S': specs = optarg; break;
+        case 's':
+            steps = atoi(optarg);
+            break;
+        case 'u':
+            unary = atoi(optarg);
+            break;
+        case 'r':
+            reps = atoi(optarg);
+            break;
+        case 'i':
+            idle = atoi(optarg);
+            break;
+        case 'S':
+            specs = optarg;
+            break;
         default:
             fprintf(stderr, "usage: bench-rpc [--steps N] [--unary N] [--reps N] [--idle S] "
                             "[--specs DIR]\n");
             return 2;
         }
     }
-    if (steps < 1 || unary < 1 || reps < 1 || idle < 0)
+    if (steps < 1 || unary < 1 || reps < 1 || idle < 0 || blocks < 1)
         return fprintf(stderr, "bench-rpc: counts must be positive\n"), 2;
-    char exe[PATH_MAX];
+    char    exe[PATH_MAX];
     ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (k <= 0)
         return 1;
@@ -374,62 +390,86 @@ int main(int argc, char **argv)
     if (!big_text)
         return fprintf(stderr, "bench-rpc: cannot read %s\n", big), 1;
 
-    // 1a. The in-process reference.
-    printf("bench-rpc: LeNet-5, batch %d, 2 ranks; %d timed steps each way\n", BATCH, steps);
+    printf("bench-rpc: LeNet-5, batch %d, 2 ranks; %d blocks of %d timed steps each way, "
+           "alternating\n",
+           BATCH, blocks, steps);
     char cmd[3 * PATH_MAX + 1024];
     snprintf(cmd, sizeof cmd, "%s -np 2 %s %s --inproc %s %d", DDL_MPIEXEC, DDL_MPIEXEC_FLAGS, exe,
              spec256_path, steps);
-    FILE  *p = popen(cmd, "r");
-    double in_med = 0, in_p90 = 0;
-    int    in_threads = 0;
-    char   line[512];
-    while (p && fgets(line, sizeof line, p))
-        if (sscanf(line, "INPROC %lf %lf %d", &in_med, &in_p90, &in_threads) == 3)
-            break;
-    while (p && fgets(line, sizeof line, p)) {
-    }
-    if (!p || pclose(p) != 0 || in_med <= 0)
-        return fprintf(stderr, "bench-rpc: the in-process run failed: %s\n", cmd), 1;
 
     // Both daemons start now, before any gRPC call in this process.
-    child_daemon d2 = {0}, d4 = {0};
-    int    rc = 0;
-    ddl_client_t *c = NULL;
-    if (start_daemon(&d2, 2, NULL, tmp) || start_daemon(&d4, 4, lenet4, tmp) ||
-        wait_address(&d2) || wait_address(&d4)) {
+    child_daemon  d2 = {0}, d4 = {0};
+    int           rc = 0;
+    ddl_client_t *c  = NULL;
+    if (start_daemon(&d2, 2, NULL, tmp) || start_daemon(&d4, 4, lenet4, tmp) || wait_address(&d2) ||
+        wait_address(&d4)) {
         rc = 1;
         goto out;
     }
     ddl_client_options o = ddl_client_options_default();
-    o.tune_malloc = 1;
+    o.tune_malloc        = 1;
     if (ddl_client_connect(d2.address, &o, &c) != DDL_OK)
         DIE("connect %s", d2.address);
 
     // 1b. The same steps through the daemon.
     if (ddl_client_create_model(c, spec256, "lenet-b256", 1, NULL) != DDL_OK)
         DIE("CreateModel");
-    float   *x = malloc(sizeof(float) * BATCH * 784);
+    float   *x      = malloc(sizeof(float) * BATCH * 784);
     int64_t *labels = malloc(sizeof(int64_t) * BATCH);
     make_batch(x, labels);
-    ddl_client_batch b = {
-        .x = {.name = "x", .dtype = DDL_WIRE_FP32, .ndim = 4, .shape = {BATCH, 1, 28, 28},
-              .data = x, .bytes = sizeof(float) * BATCH * 784},
-        .labels = {.name = "labels", .dtype = DDL_WIRE_INT64, .ndim = 1, .shape = {BATCH},
-                   .data = labels, .bytes = sizeof(int64_t) * BATCH}};
-    double *t = malloc(sizeof(double) * (size_t)(steps > unary ? steps : unary));
-    for (int i = -3; i < steps; i++) {
-        double t0 = now();
-        if (ddl_client_step(c, &b, NULL) != DDL_OK)
-            DIE("Step");
-        if (i >= 0)
-            t[i] = now() - t0;
+    ddl_client_batch b = {.x      = {.name  = "x",
+                                     .dtype = DDL_WIRE_FP32,
+                                     .ndim  = 4,
+                                     .shape = {BATCH, 1, 28, 28},
+                                     .data  = x,
+                                     .bytes = sizeof(float) * BATCH * 784},
+                          .labels = {.name  = "labels",
+                                     .dtype = DDL_WIRE_INT64,
+                                     .ndim  = 1,
+                                     .shape = {BATCH},
+                                     .data  = labels,
+                                     .bytes = sizeof(int64_t) * BATCH}};
+    // In-process and RPC blocks alternate so that load drifting on a shared machine hits
+    // both sides alike. (popen after grpc_init: glibc's popen is posix_spawn, an exec with
+    // no fork of gRPC's threads' state.)
+    int     nt     = steps * blocks;
+    double *t      = malloc(sizeof(double) * (size_t)(nt > unary ? nt : unary));
+    double *rt     = malloc(sizeof(double) * (size_t)steps);
+    double  in_sum = 0, rpc_sum = 0;
+    int     in_threads = 0;
+    for (int k = 0; k < blocks; k++) {
+        double in_med = 0, in_p90 = 0;
+        FILE  *p = popen(cmd, "r");
+        char   line[512];
+        while (p && fgets(line, sizeof line, p))
+            if (sscanf(line, "INPROC %lf %lf %d", &in_med, &in_p90, &in_threads) == 3)
+                break;
+        while (p && fgets(line, sizeof line, p)) {
+        }
+        if (!p || pclose(p) != 0 || in_med <= 0) {
+            fprintf(stderr, "bench-rpc: the in-process run failed: %s\n", cmd);
+            rc = 1;
+            goto out;
+        }
+        for (int i = -3; i < steps; i++) {
+            double t0 = now();
+            if (ddl_client_step(c, &b, NULL) != DDL_OK)
+                DIE("Step");
+            if (i >= 0)
+                t[k * steps + i] = rt[i] = now() - t0;
+        }
+        double rpc_med = quantile(rt, steps, 0.5);
+        printf("  block %d: in-process median %8.3f ms (p90 %8.3f), RPC median %8.3f ms: %.3f\n", k,
+               1e3 * in_med, 1e3 * in_p90, 1e3 * rpc_med, rpc_med / in_med);
+        in_sum += in_med;
+        rpc_sum += rpc_med;
     }
-    double rpc_med = quantile(t, steps, 0.5), rpc_p90 = quantile(t, steps, 0.9);
-    printf("step in-process : median %8.3f ms  p90 %8.3f ms  (%d BLAS thread(s) per rank)\n",
-           1e3 * in_med, 1e3 * in_p90, in_threads);
-    printf("step via RPC    : median %8.3f ms  p90 %8.3f ms\n", 1e3 * rpc_med, 1e3 * rpc_p90);
-    printf("RPC overhead ratio (median RPC / median in-process): %.3f  (target <= 1.05)\n",
-           rpc_med / in_med);
+    printf("step in-process : mean of block medians %8.3f ms  (%d BLAS thread(s) per rank)\n",
+           1e3 * in_sum / blocks, in_threads);
+    printf("step via RPC    : mean of block medians %8.3f ms  (p90 of all %.3f ms)\n",
+           1e3 * rpc_sum / blocks, 1e3 * quantile(t, nt, 0.9));
+    printf("RPC overhead ratio (RPC / in-process): %.3f  (target <= 1.05)\n", rpc_sum / in_sum);
+    free(rt);
 
     // 2. Unary latency.
     for (int i = 0; i < unary; i++) {
@@ -447,8 +487,8 @@ int main(int argc, char **argv)
     if (ddl_client_create_model(c, big_text, "mlp-big", 1, &mi) != DDL_OK)
         DIE("CreateModel mlp-big-2");
     double *tp = malloc(sizeof(double) * (size_t)reps), *tq = malloc(sizeof(double) * (size_t)reps);
-    size_t  bytes = 0;
-    ddl_client_weights *w = NULL;
+    size_t  bytes            = 0;
+    ddl_client_weights *w    = NULL;
     double              cpu0 = cpu_self();
     for (int i = 0; i < reps; i++) {
         ddl_client_weights_destroy(&w);
@@ -468,7 +508,7 @@ int main(int argc, char **argv)
         tq[i] = now() - t0;
     }
     double cpu_push = cpu_self() - cpu0;
-    double gib = (double)bytes / (1u << 30);
+    double gib      = (double)bytes / (1u << 30);
     printf("weights: %lld tensors, %.1f MiB (%lld parameters)\n", (long long)w->count,
            (double)bytes / (1 << 20), (long long)mi.num_parameters);
     printf("PullWeights: median %.3f s = %.2f GiB/s  (best %.2f GiB/s; target >= 1)\n",
@@ -493,10 +533,11 @@ int main(int argc, char **argv)
         long long t0 = tree_ticks(d4.pid);
         double    w0 = now();
         sleep((unsigned)idle);
-        long long t1 = tree_ticks(d4.pid);
+        long long t1  = tree_ticks(d4.pid);
         double    cpu = (double)(t1 - t0) / (double)hz, wall = now() - w0;
-        printf("idle 4-rank daemon over %.0f s: %.2f CPU-s = %.2f%% of one core (mpirun + 4 ranks)\n",
-               wall, cpu, 100.0 * cpu / wall);
+        printf(
+            "idle 4-rank daemon over %.0f s: %.2f CPU-s = %.2f%% of one core (mpirun + 4 ranks)\n",
+            wall, cpu, 100.0 * cpu / wall);
     }
     free(t);
     free(tp);

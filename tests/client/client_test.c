@@ -14,9 +14,9 @@
 //   client_test shutdown    Shutdown RPC (the daemon must then exit 0)
 #define _GNU_SOURCE
 #include <ftw.h>
-#include <signal.h>
 #include <math.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,29 +33,29 @@
 
 static int failures, checks;
 
-#define CHECK(cond, ...)                                                          \
-    do {                                                                          \
-        checks++;                                                                 \
-        if (!(cond)) {                                                            \
-            failures++;                                                           \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);       \
-            fprintf(stderr, __VA_ARGS__);                                         \
-            fprintf(stderr, " [last: %s %s]\n",                                   \
-                    ddl_client_code_name(ddl_client_last_code()), ddl_last_error()); \
-        }                                                                         \
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        checks++;                                                                                  \
+        if (!(cond)) {                                                                             \
+            failures++;                                                                            \
+            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                        \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fprintf(stderr, " [last: %s %s]\n", ddl_client_code_name(ddl_client_last_code()),      \
+                    ddl_last_error());                                                             \
+        }                                                                                          \
     } while (0)
 
 // A call that must succeed; the scenario stops if it does not.
-#define MUST(call)                                                                     \
-    do {                                                                               \
-        ddl_status st_ = (call);                                                       \
-        checks++;                                                                      \
-        if (st_ != DDL_OK) {                                                           \
-            fprintf(stderr, "FAIL %s:%d: %s -> %s: %s %s\n", __FILE__, __LINE__, #call, \
-                    ddl_status_name(st_), ddl_client_code_name(ddl_client_last_code()),   \
-                    ddl_last_error());                                                 \
-            return ++failures;                                                         \
-        }                                                                              \
+#define MUST(call)                                                                                 \
+    do {                                                                                           \
+        ddl_status st_ = (call);                                                                   \
+        checks++;                                                                                  \
+        if (st_ != DDL_OK) {                                                                       \
+            fprintf(stderr, "FAIL %s:%d: %s -> %s: %s %s\n", __FILE__, __LINE__, #call,            \
+                    ddl_status_name(st_), ddl_client_code_name(ddl_client_last_code()),            \
+                    ddl_last_error());                                                             \
+            return ++failures;                                                                     \
+        }                                                                                          \
     } while (0)
 
 static const char *data_dir = "/usr/share/datasets/fashion-mnist";
@@ -70,7 +70,7 @@ static int load_data(void)
 {
     char path[1024];
     snprintf(path, sizeof path, "%s/train-images-idx3-ubyte.gz", data_dir);
-    gzFile g = gzopen(path, "rb");
+    gzFile  g = gzopen(path, "rb");
     uint8_t hdr[16];
     train_px = malloc(NTRAIN * 784);
     train_lb = malloc(NTRAIN);
@@ -90,12 +90,15 @@ static ddl_client_batch make_batch(int64_t first, int64_t n)
 {
     ddl_client_batch b;
     memset(&b, 0, sizeof b);
-    b.x = (ddl_client_tensor){.name = "x", .dtype = DDL_WIRE_UINT8, .ndim = 4,
-                              .shape = {n, 1, 28, 28}, .bytes = (size_t)n * 784};
+    b.x      = (ddl_client_tensor){.name  = "x",
+                                   .dtype = DDL_WIRE_UINT8,
+                                   .ndim  = 4,
+                                   .shape = {n, 1, 28, 28},
+                                   .bytes = (size_t)n * 784};
     b.x.data = malloc(b.x.bytes + 1);
     memcpy(b.x.data, train_px + first * 784, b.x.bytes);
-    b.labels = (ddl_client_tensor){.name = "labels", .dtype = DDL_WIRE_INT64, .ndim = 1,
-                                   .shape = {n}, .bytes = (size_t)n * 8};
+    b.labels = (ddl_client_tensor){
+        .name = "labels", .dtype = DDL_WIRE_INT64, .ndim = 1, .shape = {n}, .bytes = (size_t)n * 8};
     b.labels.data = malloc(b.labels.bytes + 1);
     for (int64_t i = 0; i < n; i++)
         ((int64_t *)b.labels.data)[i] = train_lb[first + i];
@@ -105,9 +108,12 @@ static ddl_client_batch make_batch(int64_t first, int64_t n)
 // The same images as FP32, normalised as the spec says (mean 0.2860, std 0.3530).
 static ddl_client_tensor make_fp32(int64_t first, int64_t n)
 {
-    ddl_client_tensor t = {.name = "x", .dtype = DDL_WIRE_FP32, .ndim = 4, .shape = {n, 1, 28, 28},
+    ddl_client_tensor t = {.name  = "x",
+                           .dtype = DDL_WIRE_FP32,
+                           .ndim  = 4,
+                           .shape = {n, 1, 28, 28},
                            .bytes = (size_t)n * 784 * 4};
-    float *f = malloc(t.bytes);
+    float            *f = malloc(t.bytes);
     for (int64_t i = 0; i < n * 784; i++)
         f[i] = (float)((train_px[first * 784 + i] / 255.0 - 0.2860) / 0.3530);
     t.data = f;
@@ -209,11 +215,11 @@ static ddl_client_t *connect_env(void)
         return NULL;
     }
     ddl_client_options o = ddl_client_options_default();
-    o.tune_malloc = 1;
-    o.token = getenv("DDL_TOKEN");
-    o.tls_ca_file = getenv("DDL_TLS_CA");
-    o.tls_cert_file = getenv("DDL_TLS_CERT");
-    o.tls_key_file = getenv("DDL_TLS_KEY");
+    o.tune_malloc        = 1;
+    o.token              = getenv("DDL_TOKEN");
+    o.tls_ca_file        = getenv("DDL_TLS_CA");
+    o.tls_cert_file      = getenv("DDL_TLS_CERT");
+    o.tls_key_file       = getenv("DDL_TLS_KEY");
     ddl_client_t *c;
     if (ddl_client_connect(addr, &o, &c) != DDL_OK) {
         fprintf(stderr, "connect %s: %s\n", addr, ddl_last_error());
@@ -235,32 +241,75 @@ typedef ddl_status (*bad_fn)(bad_ctx *ctx);
 // Batch variants: a valid 64-image batch, then one thing changed.
 static ddl_status step_with(bad_ctx *ctx, int variant)
 {
-    ddl_client_batch b = make_batch(0, variant == 12 ? 32 : 64);
+    ddl_client_batch b   = make_batch(0, variant == 12 ? 32 : 64);
     int64_t         *lab = b.labels.data;
     switch (variant) {
-    case 1: b.x.dtype = DDL_WIRE_FP64; break;                          // FP64 for an f32 model
-    case 2: b.x.dtype = DDL_WIRE_INT64; break;                          // wrong dtype
-    case 3: b.x.ndim = 3; b.x.shape[1] = 28; b.x.shape[2] = 28; break; // [64,28,28]
-    case 4: b.x.shape[3] = 27; b.x.bytes = 64 * 28 * 27; break;          // wrong width
-    case 5: b.x.shape[1] = 3; break;                                    // 3 channels, bytes of 1
-    case 6: b.x.bytes -= 1; break;                                      // short raw
-    case 7: b.x.bytes += 1; break;                                      // long raw
-    case 8: b.labels.shape[0] = 63; b.labels.bytes = 63 * 8; break;     // label count
-    case 9: b.labels.dtype = DDL_WIRE_FP32; b.labels.bytes = 64 * 4; break;
-    case 10: lab[5] = 10; break;                                        // label out of range
-    case 11: lab[0] = -1; break;
-    case 12: break;                                                     // n = 32 != batch size
-    case 13: b.x.shape[0] = 0; b.x.bytes = 0; b.labels.shape[0] = 0; b.labels.bytes = 0; break;
-    case 14: b.labels.ndim = 0; b.labels.bytes = 0; break;             // labels missing
-    case 15: b.x.shape[0] = -64; break;                                 // negative dim
-    case 16: b.x.dtype = DDL_WIRE_FP32; break;                          // FP32 with UINT8's bytes
+    case 1:
+        b.x.dtype = DDL_WIRE_FP64;
+        break; // FP64 for an f32 model
+    case 2:
+        b.x.dtype = DDL_WIRE_INT64;
+        break; // wrong dtype
+    case 3:
+        b.x.ndim     = 3;
+        b.x.shape[1] = 28;
+        b.x.shape[2] = 28;
+        break; // [64,28,28]
+    case 4:
+        b.x.shape[3] = 27;
+        b.x.bytes    = 64 * 28 * 27;
+        break; // wrong width
+    case 5:
+        b.x.shape[1] = 3;
+        break; // 3 channels, bytes of 1
+    case 6:
+        b.x.bytes -= 1;
+        break; // short raw
+    case 7:
+        b.x.bytes += 1;
+        break; // long raw
+    case 8:
+        b.labels.shape[0] = 63;
+        b.labels.bytes    = 63 * 8;
+        break; // label count
+    case 9:
+        b.labels.dtype = DDL_WIRE_FP32;
+        b.labels.bytes = 64 * 4;
+        break;
+    case 10:
+        lab[5] = 10;
+        break; // label out of range
+    case 11:
+        lab[0] = -1;
+        break;
+    case 12:
+        break; // n = 32 != batch size
+    case 13:
+        b.x.shape[0]      = 0;
+        b.x.bytes         = 0;
+        b.labels.shape[0] = 0;
+        b.labels.bytes    = 0;
+        break;
+    case 14:
+        b.labels.ndim  = 0;
+        b.labels.bytes = 0;
+        break; // labels missing
+    case 15:
+        b.x.shape[0] = -64;
+        break; // negative dim
+    case 16:
+        b.x.dtype = DDL_WIRE_FP32;
+        break; // FP32 with UINT8's bytes
     }
     ddl_status st = ddl_client_step(ctx->c, &b, NULL);
     free_batch(&b);
     return st;
 }
-#define STEP_BAD(k) \
-    static ddl_status bad_step_##k(bad_ctx *ctx) { return step_with(ctx, k); }
+#define STEP_BAD(k)                                                                                \
+    static ddl_status bad_step_##k(bad_ctx *ctx)                                                   \
+    {                                                                                              \
+        return step_with(ctx, k);                                                                  \
+    }
 STEP_BAD(1)
 STEP_BAD(2)
 STEP_BAD(3)
@@ -282,17 +331,32 @@ static ddl_status predict_with(bad_ctx *ctx, int variant)
 {
     ddl_client_tensor x = make_fp32(0, 4), y;
     switch (variant) {
-    case 1: x.dtype = DDL_WIRE_FP64; break;
-    case 2: x.shape[3] = 27; x.bytes = 4 * 28 * 27 * 4; break;
-    case 3: x.bytes -= 4; break;
-    case 4: x.shape[0] = 0; x.bytes = 0; break;
-    case 5: x.ndim = 2; x.shape[1] = 784; break;
-    case 6: x.dtype = DDL_WIRE_INT64; break;
+    case 1:
+        x.dtype = DDL_WIRE_FP64;
+        break;
+    case 2:
+        x.shape[3] = 27;
+        x.bytes    = 4 * 28 * 27 * 4;
+        break;
+    case 3:
+        x.bytes -= 4;
+        break;
+    case 4:
+        x.shape[0] = 0;
+        x.bytes    = 0;
+        break;
+    case 5:
+        x.ndim     = 2;
+        x.shape[1] = 784;
+        break;
+    case 6:
+        x.dtype = DDL_WIRE_INT64;
+        break;
     case 7: { // larger than the daemon's --max-message-bytes (8 MiB in the harness)
         free(x.data);
         x.shape[0] = 3000;
-        x.bytes = (size_t)3000 * 784 * 4;
-        x.data = calloc(1, x.bytes);
+        x.bytes    = (size_t)3000 * 784 * 4;
+        x.data     = calloc(1, x.bytes);
         break;
     }
     }
@@ -302,8 +366,11 @@ static ddl_status predict_with(bad_ctx *ctx, int variant)
     free(x.data);
     return st;
 }
-#define PREDICT_BAD(k) \
-    static ddl_status bad_predict_##k(bad_ctx *ctx) { return predict_with(ctx, k); }
+#define PREDICT_BAD(k)                                                                             \
+    static ddl_status bad_predict_##k(bad_ctx *ctx)                                                \
+    {                                                                                              \
+        return predict_with(ctx, k);                                                               \
+    }
 PREDICT_BAD(1)
 PREDICT_BAD(2)
 PREDICT_BAD(3)
@@ -316,19 +383,34 @@ static ddl_status create_with(bad_ctx *ctx, const char *spec, int replace)
 {
     return ddl_client_create_model(ctx->c, spec, NULL, replace, NULL);
 }
-static ddl_status bad_create_empty(bad_ctx *ctx) { return create_with(ctx, "", 1); }
-static ddl_status bad_create_text(bad_ctx *ctx) { return create_with(ctx, "not json", 1); }
-static ddl_status bad_create_obj(bad_ctx *ctx) { return create_with(ctx, "{}", 1); }
-static ddl_status bad_create_array(bad_ctx *ctx) { return create_with(ctx, "[1,2]", 1); }
+static ddl_status bad_create_empty(bad_ctx *ctx)
+{
+    return create_with(ctx, "", 1);
+}
+static ddl_status bad_create_text(bad_ctx *ctx)
+{
+    return create_with(ctx, "not json", 1);
+}
+static ddl_status bad_create_obj(bad_ctx *ctx)
+{
+    return create_with(ctx, "{}", 1);
+}
+static ddl_status bad_create_array(bad_ctx *ctx)
+{
+    return create_with(ctx, "[1,2]", 1);
+}
 static ddl_status bad_create_trunc(bad_ctx *ctx)
 {
-    char *s = strdup(ctx->spec2);
+    char *s          = strdup(ctx->spec2);
     s[strlen(s) / 2] = '\0';
-    ddl_status st = create_with(ctx, s, 1);
+    ddl_status st    = create_with(ctx, s, 1);
     free(s);
     return st;
 }
-static ddl_status bad_create_world(bad_ctx *ctx) { return create_with(ctx, ctx->spec4, 1); }
+static ddl_status bad_create_world(bad_ctx *ctx)
+{
+    return create_with(ctx, ctx->spec4, 1);
+}
 static ddl_status spec_edit(bad_ctx *ctx, const char *from, const char *to)
 {
     char *p = strstr(ctx->spec2, from);
@@ -341,25 +423,52 @@ static ddl_status spec_edit(bad_ctx *ctx, const char *from, const char *to)
     free(s);
     return st;
 }
-static ddl_status bad_create_layer(bad_ctx *ctx) { return spec_edit(ctx, "\"maxpool2d\"", "\"frobnicate\""); }
-static ddl_status bad_create_batch(bad_ctx *ctx) { return spec_edit(ctx, "\"batch_size\": 64", "\"batch_size\": -1"); }
-static ddl_status bad_create_dtype(bad_ctx *ctx) { return spec_edit(ctx, "\"dtype\": \"f32\"", "\"dtype\": \"f17\""); }
-static ddl_status bad_create_rank(bad_ctx *ctx) { return spec_edit(ctx, "\"ranks\": [0, 1], \"shape\": [1, 1, 2, 1]", "\"ranks\": [0, 7], \"shape\": [1, 1, 2, 1]"); }
-static ddl_status bad_create_kernel(bad_ctx *ctx) { return spec_edit(ctx, "\"kernel\": [5, 5], \"padding\"", "\"kernel\": [0, 5], \"padding\""); }
-static ddl_status bad_create_noreplace(bad_ctx *ctx) { return create_with(ctx, ctx->spec2, 0); }
+static ddl_status bad_create_layer(bad_ctx *ctx)
+{
+    return spec_edit(ctx, "\"maxpool2d\"", "\"frobnicate\"");
+}
+static ddl_status bad_create_batch(bad_ctx *ctx)
+{
+    return spec_edit(ctx, "\"batch_size\": 64", "\"batch_size\": -1");
+}
+static ddl_status bad_create_dtype(bad_ctx *ctx)
+{
+    return spec_edit(ctx, "\"dtype\": \"f32\"", "\"dtype\": \"f17\"");
+}
+static ddl_status bad_create_rank(bad_ctx *ctx)
+{
+    return spec_edit(ctx, "\"ranks\": [0]", "\"ranks\": [99]");
+}
+static ddl_status bad_create_kernel(bad_ctx *ctx)
+{
+    return spec_edit(ctx, "\"kernel\": [5, 5], \"padding\"", "\"kernel\": [0, 5], \"padding\"");
+}
+static ddl_status bad_create_noreplace(bad_ctx *ctx)
+{
+    return create_with(ctx, ctx->spec2, 0);
+}
 
-static ddl_status bad_step_empty_queue(bad_ctx *ctx) { return ddl_client_step(ctx->c, NULL, NULL); }
+static ddl_status bad_step_empty_queue(bad_ctx *ctx)
+{
+    return ddl_client_step(ctx->c, NULL, NULL);
+}
 
 static ddl_status eval_with(bad_ctx *ctx, const char *ds, const char *split)
 {
     ddl_client_eval_result r;
     return ddl_client_evaluate(ctx->c, ds, split, NULL, &r);
 }
-static ddl_status bad_eval_missing(bad_ctx *ctx) { return eval_with(ctx, "no-such-dataset", "test"); }
-static ddl_status bad_eval_split(bad_ctx *ctx) { return eval_with(ctx, "", "validation"); }
+static ddl_status bad_eval_missing(bad_ctx *ctx)
+{
+    return eval_with(ctx, "no-such-dataset", "test");
+}
+static ddl_status bad_eval_split(bad_ctx *ctx)
+{
+    return eval_with(ctx, "", "validation");
+}
 static ddl_status bad_eval_labels(bad_ctx *ctx)
 {
-    ddl_client_batch b = make_batch(0, 64);
+    ddl_client_batch b            = make_batch(0, 64);
     ((int64_t *)b.labels.data)[3] = 99;
     ddl_client_eval_result r;
     ddl_status             st = ddl_client_evaluate(ctx->c, NULL, NULL, &b, &r);
@@ -369,8 +478,8 @@ static ddl_status bad_eval_labels(bad_ctx *ctx)
 static ddl_status bad_eval_shape(bad_ctx *ctx)
 {
     ddl_client_batch b = make_batch(0, 64);
-    b.x.shape[2] = 27;
-    b.x.bytes = 64 * 27 * 28;
+    b.x.shape[2]       = 27;
+    b.x.bytes          = 64 * 27 * 28;
     ddl_client_eval_result r;
     ddl_status             st = ddl_client_evaluate(ctx->c, NULL, NULL, &b, &r);
     free_batch(&b);
@@ -379,15 +488,34 @@ static ddl_status bad_eval_shape(bad_ctx *ctx)
 
 static ddl_status train_with(bad_ctx *ctx, int64_t steps, int64_t epochs, const char *ds, int every)
 {
-    ddl_client_train_request r = {.steps = steps, .epochs = epochs, .dataset = ds, .progress_every = every};
+    ddl_client_train_request r = {
+        .steps = steps, .epochs = epochs, .dataset = ds, .progress_every = every};
     return ddl_client_train(ctx->c, &r, NULL, NULL, NULL);
 }
-static ddl_status bad_train_none(bad_ctx *ctx) { return train_with(ctx, 0, 0, "", 1); }
-static ddl_status bad_train_both(bad_ctx *ctx) { return train_with(ctx, 5, 1, "", 1); }
-static ddl_status bad_train_neg(bad_ctx *ctx) { return train_with(ctx, -1, 0, "", 1); }
-static ddl_status bad_train_negep(bad_ctx *ctx) { return train_with(ctx, 0, -2, "", 1); }
-static ddl_status bad_train_missing(bad_ctx *ctx) { return train_with(ctx, 1, 0, "no-such-dataset", 1); }
-static ddl_status bad_train_every(bad_ctx *ctx) { return train_with(ctx, 1, 0, "", -1); }
+static ddl_status bad_train_none(bad_ctx *ctx)
+{
+    return train_with(ctx, 0, 0, "", 1);
+}
+static ddl_status bad_train_both(bad_ctx *ctx)
+{
+    return train_with(ctx, 5, 1, "", 1);
+}
+static ddl_status bad_train_neg(bad_ctx *ctx)
+{
+    return train_with(ctx, -1, 0, "", 1);
+}
+static ddl_status bad_train_negep(bad_ctx *ctx)
+{
+    return train_with(ctx, 0, -2, "", 1);
+}
+static ddl_status bad_train_missing(bad_ctx *ctx)
+{
+    return train_with(ctx, 1, 0, "no-such-dataset", 1);
+}
+static ddl_status bad_train_every(bad_ctx *ctx)
+{
+    return train_with(ctx, 1, 0, "", -1);
+}
 
 static ddl_status submit_with(bad_ctx *ctx, int variant)
 {
@@ -420,9 +548,18 @@ static int drain_queue(ddl_client_t *c)
         return -1;
     return 0;
 }
-static ddl_status bad_submit_shape(bad_ctx *ctx) { return submit_with(ctx, 1); }
-static ddl_status bad_submit_label(bad_ctx *ctx) { return submit_with(ctx, 2); }
-static ddl_status bad_submit_full(bad_ctx *ctx) { return submit_with(ctx, 3); }
+static ddl_status bad_submit_shape(bad_ctx *ctx)
+{
+    return submit_with(ctx, 1);
+}
+static ddl_status bad_submit_label(bad_ctx *ctx)
+{
+    return submit_with(ctx, 2);
+}
+static ddl_status bad_submit_full(bad_ctx *ctx)
+{
+    return submit_with(ctx, 3);
+}
 
 // PushWeights variants, built from the pulled weights.
 static ddl_status push_with(bad_ctx *ctx, int variant)
@@ -435,21 +572,49 @@ static ddl_status push_with(bad_ctx *ctx, int variant)
     int64_t            n = w->count;
     ddl_client_tensor  two[2];
     switch (variant) {
-    case 1: free(t->name); t->name = strdup("no.such.tensor"); n = 1; break;
-    case 2: t->shape[0] += 1; n = 1; break;
-    case 3: t->dtype = DDL_WIRE_FP64; n = 1; break;                 // FP64 into an f32 model
-    case 4: t->bytes -= 4; n = 1; break;
-    case 5: two[0] = *t; two[1] = *t; st = ddl_client_push_weights(ctx->c, two, 2, NULL, NULL);
-            ddl_client_weights_destroy(&w); return st;
-    case 6: t->ndim = t->ndim + 1; t->shape[t->ndim - 1] = 1; t->shape[0] *= 2; n = 1; break;
-    case 7: t->dtype = DDL_WIRE_UINT8; n = 1; break;
+    case 1:
+        free(t->name);
+        t->name = strdup("no.such.tensor");
+        n       = 1;
+        break;
+    case 2:
+        t->shape[0] += 1;
+        n = 1;
+        break;
+    case 3:
+        t->dtype = DDL_WIRE_FP64;
+        n        = 1;
+        break; // FP64 into an f32 model
+    case 4:
+        t->bytes -= 4;
+        n = 1;
+        break;
+    case 5:
+        two[0] = *t;
+        two[1] = *t;
+        st     = ddl_client_push_weights(ctx->c, two, 2, NULL, NULL);
+        ddl_client_weights_destroy(&w);
+        return st;
+    case 6:
+        t->ndim               = t->ndim + 1;
+        t->shape[t->ndim - 1] = 1;
+        t->shape[0] *= 2;
+        n = 1;
+        break;
+    case 7:
+        t->dtype = DDL_WIRE_UINT8;
+        n        = 1;
+        break;
     }
     st = ddl_client_push_weights(ctx->c, w->tensors, n, NULL, NULL);
     ddl_client_weights_destroy(&w);
     return st;
 }
-#define PUSH_BAD(k) \
-    static ddl_status bad_push_##k(bad_ctx *ctx) { return push_with(ctx, k); }
+#define PUSH_BAD(k)                                                                                \
+    static ddl_status bad_push_##k(bad_ctx *ctx)                                                   \
+    {                                                                                              \
+        return push_with(ctx, k);                                                                  \
+    }
 PUSH_BAD(1)
 PUSH_BAD(2)
 PUSH_BAD(3)
@@ -497,14 +662,15 @@ static ddl_status bad_restore_corrupt(bad_ctx *ctx)
     mkdir(dir, 0755);
     ddl_client_checkpoint_result r;
     if (ddl_client_checkpoint(ctx->c, dir, &r) != DDL_OK)
-        return ddl_set_error(DDL_EINTERNAL, "test: checkpoint into %s failed: %s", dir, ddl_last_error());
+        return ddl_set_error(DDL_EINTERNAL, "test: checkpoint into %s failed: %s", dir,
+                             ddl_last_error());
     nftw(dir, corrupt_file, 16, FTW_PHYS);
     return ddl_client_restore(ctx->c, -1, dir, NULL);
 }
 
 static ddl_status bad_infer_model(bad_ctx *ctx)
 {
-    ddl_client_tensor x = make_fp32(0, 4), y;
+    ddl_client_tensor x  = make_fp32(0, 4), y;
     ddl_status        st = ddl_client_model_infer(ctx->c, "no-such-model", &x, &y);
     if (st == DDL_OK)
         ddl_client_tensor_release(&y);
@@ -516,8 +682,8 @@ static ddl_status bad_infer_shape(bad_ctx *ctx)
     ddl_client_status_info s;
     ddl_client_get_status(ctx->c, &s);
     ddl_client_tensor x = make_fp32(0, 4), y;
-    x.shape[2] = 14;
-    ddl_status st = ddl_client_model_infer(ctx->c, s.model_name, &x, &y);
+    x.shape[2]          = 14;
+    ddl_status st       = ddl_client_model_infer(ctx->c, s.model_name, &x, &y);
     if (st == DDL_OK)
         ddl_client_tensor_release(&y);
     free(x.data);
@@ -528,10 +694,10 @@ static ddl_status bad_infer_dtype(bad_ctx *ctx)
     ddl_client_status_info s;
     ddl_client_get_status(ctx->c, &s);
     ddl_client_tensor x = make_fp32(0, 4), y;
-    x.dtype = DDL_WIRE_INT64;
-    x.bytes = 4 * 784 * 8;
-    x.data = realloc(x.data, x.bytes);
-    ddl_status st = ddl_client_model_infer(ctx->c, s.model_name, &x, &y);
+    x.dtype             = DDL_WIRE_INT64;
+    x.bytes             = 4 * 784 * 8;
+    x.data              = realloc(x.data, x.bytes);
+    ddl_status st       = ddl_client_model_infer(ctx->c, s.model_name, &x, &y);
     if (st == DDL_OK)
         ddl_client_tensor_release(&y);
     free(x.data);
@@ -554,8 +720,12 @@ static ddl_status bad_push_nomodel(bad_ctx *ctx)
 {
     (void)ctx;
     float             v[6] = {0};
-    ddl_client_tensor t = {.name = "conv1.bias", .dtype = DDL_WIRE_FP32, .ndim = 1, .shape = {6},
-                           .data = v, .bytes = sizeof v};
+    ddl_client_tensor t    = {.name  = "conv1.bias",
+                              .dtype = DDL_WIRE_FP32,
+                              .ndim  = 1,
+                              .shape = {6},
+                              .data  = v,
+                              .bytes = sizeof v};
     return ddl_client_push_weights(ctx->c, &t, 1, NULL, NULL);
 }
 static ddl_status bad_health_service(bad_ctx *ctx)
@@ -586,11 +756,11 @@ static const bad_case before_model[] = {
     {"CreateModel {}", bad_create_obj, DDL_RPC_INVALID_ARGUMENT},
     {"CreateModel JSON array", bad_create_array, DDL_RPC_INVALID_ARGUMENT},
     {"CreateModel truncated spec", bad_create_trunc, DDL_RPC_INVALID_ARGUMENT},
-    {"CreateModel spec for 4 ranks", bad_create_world, DDL_RPC_INVALID_ARGUMENT},
+    {"CreateModel other world size", bad_create_world, DDL_RPC_INVALID_ARGUMENT},
     {"CreateModel unknown layer", bad_create_layer, DDL_RPC_INVALID_ARGUMENT},
     {"CreateModel batch_size -1", bad_create_batch, DDL_RPC_INVALID_ARGUMENT},
     {"CreateModel dtype f17", bad_create_dtype, DDL_RPC_INVALID_ARGUMENT},
-    {"CreateModel rank 7 of 2", bad_create_rank, DDL_RPC_INVALID_ARGUMENT},
+    {"CreateModel rank 99", bad_create_rank, DDL_RPC_INVALID_ARGUMENT},
     {"CreateModel kernel 0", bad_create_kernel, DDL_RPC_INVALID_ARGUMENT},
 };
 
@@ -657,8 +827,8 @@ static int run_table(bad_ctx *ctx, const bad_case *t, size_t n)
     int bad = 0;
     for (size_t i = 0; i < n; i++) {
         ddl_client_status_info before, after;
-        ddl_status             s0 = ddl_client_get_status(ctx->c, &before);
-        ddl_status             st = t[i].fn(ctx);
+        ddl_status             s0   = ddl_client_get_status(ctx->c, &before);
+        ddl_status             st   = t[i].fn(ctx);
         int                    code = st == DDL_OK ? DDL_RPC_OK : ddl_client_last_code();
         char                   msg[1024];
         snprintf(msg, sizeof msg, "%s", st == DDL_OK ? "" : ddl_last_error());
@@ -686,13 +856,17 @@ static int run_table(bad_ctx *ctx, const bad_case *t, size_t n)
 
 static int scenario_bad(ddl_client_t *c)
 {
-    bad_ctx ctx = {.c = c, .spec2 = spec_text("lenet5-2.json"), .spec4 = spec_text("lenet5-4.json")};
-    char    scratch[] = "/tmp/ddl-client-bad-XXXXXX";
-    ctx.scratch = mkdtemp(scratch);
-    if (!ctx.spec2 || !ctx.spec4 || !ctx.scratch)
-        return ++failures;
+    // spec2 is the daemon's own LeNet-5 (lenet5-<world size>), spec4 one for another size.
     ddl_client_status_info s;
     MUST(ddl_client_get_status(c, &s));
+    CHECK(s.world_size == 2 || s.world_size == 4, "world size %d", s.world_size);
+    bad_ctx ctx       = {.c     = c,
+                         .spec2 = spec_text(s.world_size == 4 ? "lenet5-4.json" : "lenet5-2.json"),
+                         .spec4 = spec_text(s.world_size == 4 ? "lenet5-2.json" : "lenet5-4.json")};
+    char    scratch[] = "/tmp/ddl-client-bad-XXXXXX";
+    ctx.scratch       = mkdtemp(scratch);
+    if (!ctx.spec2 || !ctx.spec4 || !ctx.scratch)
+        return ++failures;
     CHECK(!s.has_model, "the daemon must start without a model for this scenario");
     size_t nb = sizeof before_model / sizeof before_model[0];
     size_t nw = sizeof with_model / sizeof with_model[0];
@@ -773,9 +947,10 @@ static int scenario_lifecycle(ddl_client_t *c)
     MUST(ddl_client_create_model(c, spec, "lenet", 0, &mi));
     CHECK(strcmp(mi.name, "lenet") == 0, "name '%s'", mi.name);
     CHECK(mi.world_size == 2 && mi.batch_size == 64 && mi.num_classes == 10,
-          "world %d batch %lld classes %d", mi.world_size, (long long)mi.batch_size, mi.num_classes);
-    CHECK(mi.input_ndim == 3 && mi.input_shape[0] == 1 && mi.input_shape[1] == 28,
-          "input ndim %d", mi.input_ndim);
+          "world %d batch %lld classes %d", mi.world_size, (long long)mi.batch_size,
+          mi.num_classes);
+    CHECK(mi.input_ndim == 3 && mi.input_shape[0] == 1 && mi.input_shape[1] == 28, "input ndim %d",
+          mi.input_ndim);
     // LeNet-5 on 28x28 with padding 2: 156 + 2416 + 48120 + 10164 + 850 parameters.
     CHECK(mi.num_parameters == 61706, "num_parameters %lld", (long long)mi.num_parameters);
     MUST(ddl_client_model_ready(c, "lenet", &ready));
@@ -811,7 +986,8 @@ static int scenario_lifecycle(ddl_client_t *c)
         free_batch(&q[i]);
     }
     MUST(ddl_client_get_status(c, &s));
-    CHECK(s.queue_depth == 0 && s.step == 7, "depth %d step %lld", s.queue_depth, (long long)s.step);
+    CHECK(s.queue_depth == 0 && s.step == 7, "depth %d step %lld", s.queue_depth,
+          (long long)s.step);
 
     // Predict: UINT8 and FP32 inputs give the same logits (the daemon normalises pixels).
     ddl_client_batch  pb = make_batch(0, 16);
@@ -859,8 +1035,8 @@ static int scenario_lifecycle(ddl_client_t *c)
         ddl_client_tensor *t = &wm->tensors[i];
         if (t->ndim == 1 && t->shape[0] == 10)
             bias = t;
-        if (t->ndim == 2 && ((t->shape[0] == 10 && t->shape[1] == 84) ||
-                             (t->shape[0] == 84 && t->shape[1] == 10)))
+        if (t->ndim == 2 &&
+            ((t->shape[0] == 10 && t->shape[1] == 84) || (t->shape[0] == 84 && t->shape[1] == 10)))
             weight = t;
     }
     CHECK(bias && weight, "no [10] bias / [10,84] weight among %lld tensors", (long long)wm->count);
@@ -869,7 +1045,7 @@ static int scenario_lifecycle(ddl_client_t *c)
         for (int k = 0; k < 10; k++)
             ((float *)bias->data)[k] = k == 7 ? 5.0f : -5.0f;
         // The daemon takes a push as one complete, atomic set of weights.
-        int32_t nt = 0;
+        int32_t nt     = 0;
         int64_t nbytes = 0;
         MUST(ddl_client_push_weights(c, wm->tensors, wm->count, &nt, &nbytes));
         CHECK(nt == wm->count && nbytes == 4 * total, "pushed %d tensors %lld bytes", nt,
@@ -890,7 +1066,7 @@ static int scenario_lifecycle(ddl_client_t *c)
     }
     // Push everything back through a safetensors file.
     char tmpf[] = "/tmp/ddl-client-w0-XXXXXX";
-    int  fd = mkstemp(tmpf);
+    int  fd     = mkstemp(tmpf);
     close(fd);
     MUST(ddl_safetensors_write(tmpf, w0));
     MUST(ddl_client_push_weights_from_file(c, tmpf));
@@ -904,10 +1080,11 @@ static int scenario_lifecycle(ddl_client_t *c)
 
     // Checkpoint, step on, restore: the weights and the step come back exactly.
     ddl_client_checkpoint_result ck;
-    char ckdir[] = "/tmp/ddl-client-ckpt-XXXXXX";
+    char                         ckdir[] = "/tmp/ddl-client-ckpt-XXXXXX";
     MUST(mkdtemp(ckdir) ? DDL_OK : DDL_EIO);
     MUST(ddl_client_checkpoint(c, ckdir, &ck));
-    CHECK(ck.step == 7 && ck.durable, "checkpoint step %lld durable %d", (long long)ck.step, ck.durable);
+    CHECK(ck.step == 7 && ck.durable, "checkpoint step %lld durable %d", (long long)ck.step,
+          ck.durable);
     for (int i = 0; i < 2; i++) {
         ddl_client_batch b = make_batch(64 * i, 64);
         MUST(ddl_client_step(c, &b, NULL));
@@ -931,10 +1108,10 @@ static int scenario_lifecycle(ddl_client_t *c)
     ddl_client_weights_destroy(&w0);
 
     // Cancel a long Train after three progress records.
-    cancel_state        cs = {.cancel_after = 3};
-    ddl_client_progress last;
+    cancel_state             cs = {.cancel_after = 3};
+    ddl_client_progress      last;
     ddl_client_train_request tr = {.steps = 100000, .progress_every = 1};
-    ddl_status          st = ddl_client_train(c, &tr, cancel_cb, &cs, &last);
+    ddl_status               st = ddl_client_train(c, &tr, cancel_cb, &cs, &last);
     CHECK(st == DDL_ECANCELED && ddl_client_last_code() == DDL_RPC_CANCELLED,
           "cancelled Train returned %s", ddl_status_name(st));
     CHECK(cs.records == 3, "%d records after cancelling at 3", cs.records);
@@ -948,6 +1125,21 @@ static int scenario_lifecycle(ddl_client_t *c)
     CHECK(strcmp(s.state, "idle") == 0, "state '%s' after cancel", s.state);
     CHECK(s.step >= 10 && s.step < 7 + 200, "step %lld after a cancel at the third record",
           (long long)s.step);
+
+    // A deadline shorter than the call: DEADLINE_EXCEEDED, and the daemon serves on.
+    {
+        ddl_client_options o = ddl_client_options_default();
+        o.call_timeout_s     = 0.002;
+        ddl_client_t *cd;
+        MUST(ddl_client_connect(getenv("DDL_ADDRESS"), &o, &cd));
+        ddl_client_eval_result ev2;
+        st = ddl_client_evaluate(cd, "", "test", NULL, &ev2);
+        CHECK(st == DDL_ETIMEDOUT && ddl_client_last_code() == DDL_RPC_DEADLINE_EXCEEDED,
+              "Evaluate of 10000 images within 2 ms: %s", ddl_status_name(st));
+        ddl_client_destroy(&cd);
+        MUST(ddl_client_evaluate(c, "", "test", NULL, &ev2));
+        CHECK(ev2.count == ev.count, "evaluate after a deadline: %lld", (long long)ev2.count);
+    }
 
     // Many threads on one connection.
     pthread_t  th[4];
@@ -993,7 +1185,7 @@ static int scenario_train(ddl_client_t *c, int64_t steps)
     ddl_client_status_info s0;
     MUST(ddl_client_get_status(c, &s0));
     CHECK(s0.has_model, "the daemon must start with --model");
-    loss_log                *l = calloc(1, sizeof *l);
+    loss_log                *l  = calloc(1, sizeof *l);
     ddl_client_train_request tr = {.steps = steps, .progress_every = 1};
     ddl_client_progress      last;
     MUST(ddl_client_train(c, &tr, log_cb, l, &last));
@@ -1036,8 +1228,8 @@ static int scenario_compare(ddl_client_t *c, int64_t steps, const char *ref)
     MUST(ddl_client_train(c, &tr, NULL, NULL, NULL));
     MUST(ddl_client_pull_weights(c, &w));
     int eq = weights_equal(r, w, 1);
-    CHECK(eq, "weights after Train(%lld) differ from distdl-train --max-steps %lld", (long long)steps,
-          (long long)steps);
+    CHECK(eq, "weights after Train(%lld) differ from distdl-train --max-steps %lld",
+          (long long)steps, (long long)steps);
     if (eq)
         printf("%lld tensors bitwise equal to %s\n", (long long)w->count, ref);
     ddl_client_weights_destroy(&w);
@@ -1051,7 +1243,8 @@ static int scenario_save(ddl_client_t *c, const char *dir, const char *out)
     MUST(ddl_client_train(c, &tr, NULL, NULL, NULL));
     ddl_client_checkpoint_result ck;
     MUST(ddl_client_checkpoint(c, dir, &ck));
-    CHECK(ck.durable && ck.step == 5, "checkpoint step %lld durable %d", (long long)ck.step, ck.durable);
+    CHECK(ck.durable && ck.step == 5, "checkpoint step %lld durable %d", (long long)ck.step,
+          ck.durable);
     MUST(ddl_client_pull_weights_to_file(c, out));
     ddl_client_status_info s;
     MUST(ddl_client_get_status(c, &s));
@@ -1083,7 +1276,7 @@ static int scenario_restore(ddl_client_t *c, const char *dir, const char *ref)
 
 static int scenario_health(ddl_client_t *c)
 {
-    ddl_health_status h = DDL_HEALTH_UNKNOWN;
+    ddl_health_status h    = DDL_HEALTH_UNKNOWN;
     int               live = -1, ready = -1;
     MUST(ddl_client_health_check(c, "", &h));
     CHECK(h == DDL_HEALTH_SERVING, "overall health %d", h);
@@ -1119,13 +1312,15 @@ static int scenario_shutdown(ddl_client_t *c)
             CHECK(0, "GetStatus after Shutdown: %s", ddl_client_code_name(ddl_client_last_code()));
         usleep(100000);
     }
-    CHECK(seen_ok == 0, "%d GetStatus calls after Shutdown returned a state other than "
-          "shutting_down", seen_ok);
+    CHECK(seen_ok == 0,
+          "%d GetStatus calls after Shutdown returned a state other than "
+          "shutting_down",
+          seen_ok);
     CHECK(unavailable, "calls never became UNAVAILABLE after Shutdown");
-    printf("after Shutdown: %d CANCELLED, then UNAVAILABLE: %s\n", seen_cancelled, ddl_last_error());
+    printf("after Shutdown: %d CANCELLED, then UNAVAILABLE: %s\n", seen_cancelled,
+           ddl_last_error());
     return 0;
 }
-
 
 // ---- against mock_daemon.py ----------------------------------------------------------
 
@@ -1170,20 +1365,21 @@ static int scenario_mock(ddl_client_t *c)
     MUST(ddl_client_step(c, &b, &r));
     CHECK(r.step == step0 + 1 && fabs(r.loss - 1.0 / (double)r.step) < 1e-12, "step %lld loss %g",
           (long long)r.step, r.loss);
-    b.x.shape[2] = 27;
+    b.x.shape[2]  = 27;
     ddl_status st = ddl_client_step(c, &b, &r);
     CHECK(st == DDL_EINVAL && ddl_client_last_code() == DDL_RPC_INVALID_ARGUMENT &&
               strstr(ddl_last_error(), "Step: INVALID_ARGUMENT: x: expected [n, 1, 28, 28]"),
           "bad Step: %s", ddl_status_name(st));
     b.x.shape[2] = 28;
-    st = ddl_client_step(c, NULL, &r);
+    st           = ddl_client_step(c, NULL, &r);
     CHECK(st == DDL_EINVAL, "Step without a batch on the mock: %s", ddl_status_name(st));
     ddl_client_eval_result ev;
     st = ddl_client_evaluate(c, "missing", NULL, NULL, &ev);
-    CHECK(st == DDL_ENOTFOUND && ddl_client_last_code() == DDL_RPC_NOT_FOUND, "Evaluate missing: %s",
-          ddl_status_name(st));
+    CHECK(st == DDL_ENOTFOUND && ddl_client_last_code() == DDL_RPC_NOT_FOUND,
+          "Evaluate missing: %s", ddl_status_name(st));
     MUST(ddl_client_evaluate(c, "", "test", NULL, &ev));
-    CHECK(ev.count == 10000 && ev.accuracy == 0.75, "eval %lld %g", (long long)ev.count, ev.accuracy);
+    CHECK(ev.count == 10000 && ev.accuracy == 0.75, "eval %lld %g", (long long)ev.count,
+          ev.accuracy);
     ddl_health_status h;
     st = ddl_client_health_check(c, "", &h);
     CHECK(st == DDL_EREMOTE && ddl_client_last_code() == DDL_RPC_UNIMPLEMENTED,
@@ -1201,28 +1397,35 @@ static int scenario_mock(ddl_client_t *c)
             ok = ((float *)ta->data)[i] == (float)(i * 0.5);
         CHECK(ok, "tensor a content");
         const int64_t *v = tb->data;
-        CHECK(tb->dtype == DDL_WIRE_INT64 && tb->bytes == 24 && v[0] == -1 && v[1] == 0 && v[2] == 7,
+        CHECK(tb->dtype == DDL_WIRE_INT64 && tb->bytes == 24 && v[0] == -1 && v[1] == 0 &&
+                  v[2] == 7,
               "tensor b content");
         // Push a modified a and a new UINT8 c; pull them back.
         for (int i = 0; i < 700000; i++)
             ((float *)ta->data)[i] = (float)-i;
-        uint8_t           cd[5] = {9, 8, 7, 6, 5};
-        ddl_client_tensor push[2] = {*ta, {.name = "c", .dtype = DDL_WIRE_UINT8, .ndim = 1,
-                                           .shape = {5}, .data = cd, .bytes = 5}};
-        int32_t           nt = 0;
-        int64_t           nb = 0;
+        uint8_t           cd[5]   = {9, 8, 7, 6, 5};
+        ddl_client_tensor push[2] = {*ta,
+                                     {.name  = "c",
+                                      .dtype = DDL_WIRE_UINT8,
+                                      .ndim  = 1,
+                                      .shape = {5},
+                                      .data  = cd,
+                                      .bytes = 5}};
+        int32_t           nt      = 0;
+        int64_t           nb      = 0;
         MUST(ddl_client_push_weights(c, push, 2, &nt, &nb));
         CHECK(nt == 2 && nb == 2800005, "pushed %d tensors, %lld bytes", nt, (long long)nb);
         ddl_client_weights *w2;
         MUST(ddl_client_pull_weights(c, &w2));
-        ddl_client_tensor *a2 = ddl_client_weights_find(w2, "a"), *c2 = ddl_client_weights_find(w2, "c");
+        ddl_client_tensor *a2 = ddl_client_weights_find(w2, "a"),
+                          *c2 = ddl_client_weights_find(w2, "c");
         CHECK(w2->count == 3 && a2 && c2 && a2->bytes == ta->bytes &&
                   memcmp(a2->data, ta->data, ta->bytes) == 0 && c2->bytes == 5 &&
                   memcmp(c2->data, cd, 5) == 0,
               "pull after push");
         // And through a file.
         char path[] = "/tmp/ddl-client-mock-XXXXXX";
-        int  fd = mkstemp(path);
+        int  fd     = mkstemp(path);
         close(fd);
         MUST(ddl_client_pull_weights_to_file(c, path));
         ddl_client_weights *wf;
@@ -1259,7 +1462,7 @@ static int scenario_mock(ddl_client_t *c)
 
     // Train to the end, then cancel one.
     MUST(ddl_client_get_status(c, &s));
-    loss_log                *l = calloc(1, sizeof *l);
+    loss_log                *l  = calloc(1, sizeof *l);
     ddl_client_train_request tr = {.steps = 5};
     ddl_client_progress      last;
     MUST(ddl_client_train(c, &tr, log_cb, l, &last));
@@ -1267,9 +1470,9 @@ static int scenario_mock(ddl_client_t *c)
           "%d records, finished %d, last step %lld", l->n, l->finished, (long long)last.step);
     free(l);
     cancel_state cs = {.cancel_after = 3};
-    tr.steps = 100000;
-    double t0 = (double)clock();
-    st = ddl_client_train(c, &tr, cancel_cb, &cs, &last);
+    tr.steps        = 100000;
+    double t0       = (double)clock();
+    st              = ddl_client_train(c, &tr, cancel_cb, &cs, &last);
     (void)t0;
     CHECK(st == DDL_ECANCELED && ddl_client_last_code() == DDL_RPC_CANCELLED && cs.records == 3,
           "cancelled Train: %s after %d records", ddl_status_name(st), cs.records);
@@ -1300,9 +1503,9 @@ static int scenario_mock(ddl_client_t *c)
     // The token: a connection without it is refused.
     if (getenv("DDL_TOKEN")) {
         ddl_client_options o = ddl_client_options_default();
-        o.tls_ca_file = getenv("DDL_TLS_CA");
-        o.tls_cert_file = getenv("DDL_TLS_CERT");
-        o.tls_key_file = getenv("DDL_TLS_KEY");
+        o.tls_ca_file        = getenv("DDL_TLS_CA");
+        o.tls_cert_file      = getenv("DDL_TLS_CERT");
+        o.tls_key_file       = getenv("DDL_TLS_KEY");
         ddl_client_t *c2;
         MUST(ddl_client_connect(getenv("DDL_ADDRESS"), &o, &c2));
         st = ddl_client_get_status(c2, &s);
@@ -1313,20 +1516,21 @@ static int scenario_mock(ddl_client_t *c)
     // With TLS: a plaintext connection, or one that does not trust the server, fails.
     if (getenv("DDL_TLS_CA")) {
         ddl_client_options o = ddl_client_options_default();
-        o.connect_timeout_s = 2;
-        ddl_client_t *c3 = NULL;
-        st = ddl_client_connect(getenv("DDL_ADDRESS"), &o, &c3);
-        CHECK(st == DDL_ETIMEDOUT && !c3, "plaintext connect to a TLS port: %s", ddl_status_name(st));
-        o.tls_ca_file = getenv("DDL_TLS_OTHER_CA");
+        o.connect_timeout_s  = 2;
+        ddl_client_t *c3     = NULL;
+        st                   = ddl_client_connect(getenv("DDL_ADDRESS"), &o, &c3);
+        CHECK(st == DDL_ETIMEDOUT && !c3, "plaintext connect to a TLS port: %s",
+              ddl_status_name(st));
+        o.tls_ca_file   = getenv("DDL_TLS_OTHER_CA");
         o.tls_cert_file = getenv("DDL_TLS_CERT");
-        o.tls_key_file = getenv("DDL_TLS_KEY");
-        st = ddl_client_connect(getenv("DDL_ADDRESS"), &o, &c3);
+        o.tls_key_file  = getenv("DDL_TLS_KEY");
+        st              = ddl_client_connect(getenv("DDL_ADDRESS"), &o, &c3);
         CHECK(st == DDL_ETIMEDOUT && !c3, "connect trusting another CA: %s", ddl_status_name(st));
         if (getenv("DDL_TLS_CERT")) { // mTLS: no client certificate, refused
-            o.tls_ca_file = getenv("DDL_TLS_CA");
+            o.tls_ca_file   = getenv("DDL_TLS_CA");
             o.tls_cert_file = o.tls_key_file = NULL;
-            o.token = getenv("DDL_TOKEN");
-            st = ddl_client_connect(getenv("DDL_ADDRESS"), &o, &c3);
+            o.token                          = getenv("DDL_TOKEN");
+            st                               = ddl_client_connect(getenv("DDL_ADDRESS"), &o, &c3);
             if (st == DDL_OK) {
                 st = ddl_client_get_status(c3, &s);
                 ddl_client_destroy(&c3);
@@ -1358,7 +1562,7 @@ static int watch_cb(ddl_health_status h, void *ud)
 static void *watch_thread(void *p)
 {
     watch_log *w = p;
-    w->st = ddl_client_health_watch(w->c, "", watch_cb, w);
+    w->st        = ddl_client_health_watch(w->c, "", watch_cb, w);
     return NULL;
 }
 
@@ -1373,17 +1577,17 @@ typedef struct train_log {
 static int count_cb(const ddl_client_progress *p, void *ud)
 {
     train_log *t = ud;
-    t->last = *p;
+    t->last      = *p;
     t->records++;
     return 0;
 }
 
 static void *train_thread(void *p)
 {
-    train_log               *t = p;
+    train_log               *t  = p;
     ddl_client_train_request tr = {.steps = 1000000, .progress_every = 1};
-    t->st = ddl_client_train(t->c, &tr, count_cb, t, NULL);
-    t->code = ddl_client_last_code();
+    t->st                       = ddl_client_train(t->c, &tr, count_cb, t, NULL);
+    t->code                     = ddl_client_last_code();
     return NULL;
 }
 
@@ -1408,10 +1612,11 @@ static int scenario_sigterm(ddl_client_t *c, pid_t rank0)
            (long long)t.last.step, ddl_status_name(t.st), ddl_client_code_name(t.code));
     CHECK(t.st == DDL_OK || t.code == DDL_RPC_UNAVAILABLE || t.code == DDL_RPC_CANCELLED,
           "Train ended with %s", ddl_client_code_name(t.code));
-    CHECK(t.last.step >= at && t.last.step < at + 50, "Train went on to step %lld after SIGTERM at %lld",
-          (long long)t.last.step, (long long)at);
+    CHECK(t.last.step >= at && t.last.step < at + 50,
+          "Train went on to step %lld after SIGTERM at %lld", (long long)t.last.step,
+          (long long)at);
     int serving_first = w.n > 0 && w.seen[0] == DDL_HEALTH_SERVING;
-    int not_serving = 0;
+    int not_serving   = 0;
     for (int i = 1; i < w.n; i++)
         not_serving |= w.seen[i] == DDL_HEALTH_NOT_SERVING;
     CHECK(serving_first && not_serving, "Watch saw %d statuses (first %d), NOT_SERVING %d", w.n,
@@ -1448,14 +1653,15 @@ static int scenario_compare_submit(ddl_client_t *c, const char *spec_name, int64
     CHECK(spec != NULL, "spec %s: %s", spec_name, je.text);
     if (!spec)
         return 0;
-    uint64_t seed = (uint64_t)json_integer_value(json_object_get(spec, "seed"));
-    int64_t  B = json_integer_value(json_object_get(spec, "batch_size"));
-    json_t  *norm = json_object_get(json_object_get(spec, "data"), "normalize");
-    double   mean = json_number_value(json_object_get(norm, "mean"));
-    double   sd = json_number_value(json_object_get(norm, "std"));
-    int shuffle = json_is_true(json_object_get(json_object_get(spec, "data"), "shuffle"));
+    uint64_t seed    = (uint64_t)json_integer_value(json_object_get(spec, "seed"));
+    int64_t  B       = json_integer_value(json_object_get(spec, "batch_size"));
+    json_t  *norm    = json_object_get(json_object_get(spec, "data"), "normalize");
+    double   mean    = json_number_value(json_object_get(norm, "mean"));
+    double   sd      = json_number_value(json_object_get(norm, "std"));
+    int      shuffle = json_is_true(json_object_get(json_object_get(spec, "data"), "shuffle"));
     json_decref(spec);
-    CHECK(B > 0 && sd > 0 && shuffle, "spec batch %lld std %g shuffle %d", (long long)B, sd, shuffle);
+    CHECK(B > 0 && sd > 0 && shuffle, "spec batch %lld std %g shuffle %d", (long long)B, sd,
+          shuffle);
 
     ddl_dataset ds;
     MUST(ddl_dataset_load_mnist_dir(data_dir, 1, &ds));
@@ -1464,14 +1670,20 @@ static int scenario_compare_submit(ddl_client_t *c, const char *spec_name, int64
 
     ddl_client_status_info s;
     MUST(ddl_client_get_status(c, &s));
-    int              qcap = s.queue_capacity > 0 ? s.queue_capacity : 1;
-    ddl_client_batch *q = calloc((size_t)qcap, sizeof *q);
+    int               qcap = s.queue_capacity > 0 ? s.queue_capacity : 1;
+    ddl_client_batch *q    = calloc((size_t)qcap, sizeof *q);
     for (int i = 0; i < qcap; i++) {
-        q[i].x = (ddl_client_tensor){.name = "x", .dtype = DDL_WIRE_FP32, .ndim = 4,
-                                     .shape = {B, 1, 28, 28}, .bytes = (size_t)B * 784 * 4};
-        q[i].x.data = malloc(q[i].x.bytes);
-        q[i].labels = (ddl_client_tensor){.name = "labels", .dtype = DDL_WIRE_INT64, .ndim = 1,
-                                          .shape = {B}, .bytes = (size_t)B * 8};
+        q[i].x           = (ddl_client_tensor){.name  = "x",
+                                               .dtype = DDL_WIRE_FP32,
+                                               .ndim  = 4,
+                                               .shape = {B, 1, 28, 28},
+                                               .bytes = (size_t)B * 784 * 4};
+        q[i].x.data      = malloc(q[i].x.bytes);
+        q[i].labels      = (ddl_client_tensor){.name  = "labels",
+                                               .dtype = DDL_WIRE_INT64,
+                                               .ndim  = 1,
+                                               .shape = {B},
+                                               .bytes = (size_t)B * 8};
         q[i].labels.data = malloc(q[i].labels.bytes);
     }
     int64_t done = 0;

@@ -11,14 +11,14 @@
 
 static int failures;
 
-#define CHECK(cond, ...)                                                    \
-    do {                                                                    \
-        if (!(cond)) {                                                      \
-            failures++;                                                     \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                   \
-            fprintf(stderr, " [%s]\n", ddl_last_error());                   \
-        }                                                                   \
+#define CHECK(cond, ...)                                                                           \
+    do {                                                                                           \
+        if (!(cond)) {                                                                             \
+            failures++;                                                                            \
+            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                        \
+            fprintf(stderr, __VA_ARGS__);                                                          \
+            fprintf(stderr, " [%s]\n", ddl_last_error());                                          \
+        }                                                                                          \
     } while (0)
 
 static double now(void)
@@ -30,20 +30,45 @@ static double now(void)
 
 static void test_safetensors(void)
 {
-    float   a[6] = {1, -2, 3.5f, 0, 1e-30f, -0.0f};
-    double  b[2] = {M_PI, -1e300};
-    int64_t c[3] = {-1, 0, INT64_MAX};
-    uint8_t d[5] = {0, 1, 2, 254, 255};
+    float             a[6] = {1, -2, 3.5f, 0, 1e-30f, -0.0f};
+    double            b[2] = {M_PI, -1e300};
+    int64_t           c[3] = {-1, 0, INT64_MAX};
+    uint8_t           d[5] = {0, 1, 2, 254, 255};
     ddl_client_tensor t[5] = {
-        {.name = "conv1.weight", .dtype = DDL_WIRE_FP32, .ndim = 2, .shape = {2, 3}, .data = a, .bytes = sizeof a},
-        {.name = "b", .dtype = DDL_WIRE_FP64, .ndim = 1, .shape = {2}, .data = b, .bytes = sizeof b},
-        {.name = "c", .dtype = DDL_WIRE_INT64, .ndim = 3, .shape = {1, 3, 1}, .data = c, .bytes = sizeof c},
-        {.name = "d", .dtype = DDL_WIRE_UINT8, .ndim = 1, .shape = {5}, .data = d, .bytes = sizeof d},
-        {.name = "empty", .dtype = DDL_WIRE_FP32, .ndim = 2, .shape = {0, 4}, .data = a, .bytes = 0},
+        {.name  = "conv1.weight",
+         .dtype = DDL_WIRE_FP32,
+         .ndim  = 2,
+         .shape = {2, 3},
+         .data  = a,
+         .bytes = sizeof a},
+        {.name  = "b",
+         .dtype = DDL_WIRE_FP64,
+         .ndim  = 1,
+         .shape = {2},
+         .data  = b,
+         .bytes = sizeof b},
+        {.name  = "c",
+         .dtype = DDL_WIRE_INT64,
+         .ndim  = 3,
+         .shape = {1, 3, 1},
+         .data  = c,
+         .bytes = sizeof c},
+        {.name  = "d",
+         .dtype = DDL_WIRE_UINT8,
+         .ndim  = 1,
+         .shape = {5},
+         .data  = d,
+         .bytes = sizeof d},
+        {.name  = "empty",
+         .dtype = DDL_WIRE_FP32,
+         .ndim  = 2,
+         .shape = {0, 4},
+         .data  = a,
+         .bytes = 0},
     };
-    ddl_client_weights w = {.count = 5, .tensors = t};
+    ddl_client_weights w      = {.count = 5, .tensors = t};
     char               path[] = "/tmp/ddl-client-unit-XXXXXX";
-    int                fd = mkstemp(path);
+    int                fd     = mkstemp(path);
     close(fd);
     CHECK(ddl_safetensors_write(path, &w) == DDL_OK, "write");
     ddl_client_weights *r = NULL;
@@ -61,7 +86,7 @@ static void test_safetensors(void)
     CHECK(r == NULL, "destroy sets NULL");
 
     // The file layout: 8-byte length, JSON header padded to 8, data.
-    FILE *f = fopen(path, "rb");
+    FILE    *f  = fopen(path, "rb");
     uint64_t hl = 0;
     CHECK(fread(&hl, 8, 1, f) == 1 && hl % 8 == 0 && hl < 1000, "header length %llu",
           (unsigned long long)hl);
@@ -72,18 +97,18 @@ static void test_safetensors(void)
     snprintf(cmd, sizeof cmd, "truncate -s -3 %s", path);
     CHECK(system(cmd) == 0, "truncate");
     CHECK(ddl_safetensors_read(path, &r) == DDL_EPROTO && r == NULL, "truncated file");
-    f = fopen(path, "r+b");
+    f            = fopen(path, "r+b");
     uint64_t big = 1ull << 40;
     fwrite(&big, 8, 1, f);
     fclose(f);
     CHECK(ddl_safetensors_read(path, &r) == DDL_EPROTO, "huge header length");
-    f = fopen(path, "wb");
+    f              = fopen(path, "wb");
     uint64_t eight = 8;
     fwrite(&eight, 8, 1, f);
     fwrite("{nojson}", 8, 1, f);
     fclose(f);
     CHECK(ddl_safetensors_read(path, &r) == DDL_EPROTO, "bad JSON");
-    f = fopen(path, "wb");
+    f             = fopen(path, "wb");
     const char *h = "{\"x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,4]}}";
     uint64_t    n = strlen(h);
     fwrite(&n, 8, 1, f);
@@ -97,7 +122,8 @@ static void test_safetensors(void)
 
 static void test_names(void)
 {
-    CHECK(strcmp(ddl_client_code_name(DDL_RPC_INVALID_ARGUMENT), "INVALID_ARGUMENT") == 0, "name 3");
+    CHECK(strcmp(ddl_client_code_name(DDL_RPC_INVALID_ARGUMENT), "INVALID_ARGUMENT") == 0,
+          "name 3");
     CHECK(strcmp(ddl_client_code_name(DDL_RPC_UNAUTHENTICATED), "UNAUTHENTICATED") == 0, "name 16");
     CHECK(strcmp(ddl_client_code_name(99), "UNKNOWN_CODE") == 0, "name 99");
     CHECK(ddl_wire_dtype_size(DDL_WIRE_FP64) == 8 && ddl_wire_dtype_size(DDL_WIRE_UINT8) == 1 &&
@@ -112,25 +138,25 @@ static void test_no_daemon(void)
     ddl_client_t *c = NULL;
     CHECK(ddl_client_connect(NULL, NULL, &c) == DDL_EINVAL && !c, "NULL address");
     ddl_client_options o = ddl_client_options_default();
-    o.tls_cert_file = "/nonexistent";
+    o.tls_cert_file      = "/nonexistent";
     CHECK(ddl_client_connect("127.0.0.1:1", &o, &c) == DDL_EINVAL && !c, "cert without CA");
-    o = ddl_client_options_default();
+    o             = ddl_client_options_default();
     o.tls_ca_file = "/nonexistent/ca.pem";
     CHECK(ddl_client_connect("127.0.0.1:1", &o, &c) == DDL_EIO && !c, "missing CA file");
 
     // Port 1 on loopback refuses: connect with a timeout gives up in time.
-    o = ddl_client_options_default();
+    o                   = ddl_client_options_default();
     o.connect_timeout_s = 0.5;
-    double t0 = now();
-    ddl_status st = ddl_client_connect("127.0.0.1:1", &o, &c);
-    double dt = now() - t0;
+    double     t0       = now();
+    ddl_status st       = ddl_client_connect("127.0.0.1:1", &o, &c);
+    double     dt       = now() - t0;
     CHECK(st == DDL_ETIMEDOUT && !c && ddl_client_last_code() == DDL_RPC_UNAVAILABLE,
           "connect to a closed port: %s", ddl_status_name(st));
     CHECK(dt < 3.0, "connect took %.2f s with a 0.5 s timeout", dt);
 
     // Without waiting, connect succeeds and the first call reports UNAVAILABLE.
     o.connect_timeout_s = 0;
-    o.call_timeout_s = 2;
+    o.call_timeout_s    = 2;
     CHECK(ddl_client_connect("127.0.0.1:1", &o, &c) == DDL_OK && c, "lazy connect");
     ddl_client_status_info s;
     st = ddl_client_get_status(c, &s);
@@ -138,7 +164,7 @@ static void test_no_daemon(void)
               strstr(ddl_last_error(), "GetStatus: UNAVAILABLE"),
           "GetStatus to nothing: %s", ddl_status_name(st));
     ddl_client_weights *w = NULL;
-    st = ddl_client_pull_weights(c, &w);
+    st                    = ddl_client_pull_weights(c, &w);
     CHECK(st == DDL_EIO && !w, "PullWeights to nothing: %s", ddl_status_name(st));
     ddl_client_tensor t = {.name = "x", .dtype = DDL_WIRE_FP32, .ndim = 1, .shape = {1}};
     CHECK(ddl_client_push_weights(c, &t, 1, NULL, NULL) == DDL_EIO, "PushWeights to nothing");

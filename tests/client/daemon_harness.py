@@ -26,14 +26,14 @@ class Failure(Exception):
 
 
 class Daemon:
-    def __init__(self, h, np, args, name):
+    def __init__(self, h, np, args, name, listen="127.0.0.1:0"):
         self.h = h
         self.np = np
         self.dir = tempfile.mkdtemp(prefix="ddl-daemon-%s-" % name, dir=h.work)
         self.addr_file = os.path.join(self.dir, "addr")
         self.log_path = os.path.join(self.dir, "daemon.log")
         cmd = [h.mpiexec, "-np", str(np)] + h.mpi_flags + [
-            h.distdld, "--listen", "127.0.0.1:0", "--address-file", self.addr_file,
+            h.distdld, "--listen", listen, "--address-file", self.addr_file,
             "--data-root", FMNIST] + args
         self.cmd = cmd
         self.log = open(self.log_path, "w")
@@ -133,8 +133,8 @@ class Harness:
     def spec(self, name):
         return os.path.join(self.specs, name)
 
-    def start(self, np, args, name):
-        d = Daemon(self, np, args, name)
+    def start(self, np, args, name, **kw):
+        d = Daemon(self, np, args, name, **kw)
         self.daemons.append(d)
         d.wait_address()
         return d
@@ -189,8 +189,8 @@ def sc_lifecycle(h):
     h.shutdown(d)
 
 
-def sc_bad(h):
-    d = h.start(2, COMMON, "bad")
+def sc_bad(h, np=2):
+    d = h.start(np, COMMON, "bad")
     h.client(d, "bad")
     h.client(d, "health")
     h.shutdown(d)
@@ -253,6 +253,17 @@ def sc_sigterm(h):
     d2 = h.start(2, COMMON + ["--model", h.spec("lenet5-2.json"), "--checkpoint-dir", ck], "after-sigterm")
     h.client(d2, "restore_min", ck, stopped[0] if stopped else 1)
     h.shutdown(d2)
+
+
+def sc_unix(h):
+    """A daemon on a unix socket: the address file says unix:PATH and the client dials it."""
+    sock = os.path.join(h.work, "distdld.sock")
+    d = h.start(2, COMMON + ["--model", h.spec("lenet5-2.json")], "unix", listen="unix:" + sock)
+    if d.address != "unix:" + sock:
+        raise Failure("address file says %r" % d.address)
+    h.client(d, "health")
+    h.client(d, "train", 100)
+    h.shutdown(d)
 
 
 def sc_interop(h):
@@ -344,6 +355,7 @@ SCENARIOS = {
     "mock_tls": sc_mock_tls,
     "lifecycle": sc_lifecycle,
     "bad": sc_bad,
+    "bad_np4": lambda h: sc_bad(h, np=4),
     "train": sc_train,
     "compare": sc_compare,
     "compare_np4": lambda h: sc_compare(h, np=4, steps=30),
@@ -351,6 +363,7 @@ SCENARIOS = {
     "checkpoint_np": sc_checkpoint_np,
     "sigterm": sc_sigterm,
     "interop": sc_interop,
+    "unix": sc_unix,
 }
 
 

@@ -163,7 +163,11 @@ typedef struct ddld_job {
     uint8_t *staging;
     bool     staging_owned;
     uint64_t model_gen; // the model the staging layout belongs to
+    double   t_arrived; // MPI_Wtime-compatible clock when the request was decoded
 } ddld_job;
+
+// Seconds on a monotonic clock (for DDLD_VERBOSE timings across threads).
+double ddld_now(void);
 
 enum { DDLD_JOB_SHUTDOWN = 1 };
 
@@ -178,7 +182,6 @@ ddld_service *ddld_service_start(const ddld_config *cfg, void (*wake)(void *), v
 ddld_job *ddld_service_pop(ddld_service *svc);
 // Queues an internal job at the front (signals). Main thread.
 void ddld_service_push_internal(ddld_service *svc, int internal);
-int  ddld_service_queue_depth(ddld_service *svc);
 // True once a Shutdown call was accepted (a running Train stops at its step boundary).
 bool ddld_service_shutdown_pending(ddld_service *svc);
 // The queued Shutdown was refused (its checkpoint could not be written): carry on.

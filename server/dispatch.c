@@ -11,8 +11,9 @@
 // A rejected request is never broadcast: the workers do not learn of it.
 //
 // Idle is idle: the workers wait for the next header with MPI_Ibcast + MPI_Test and a
-// sleep that grows from 50 us to 10 ms, so a quiet daemon costs almost no CPU while a
-// burst of steps still finds them within a fraction of a millisecond.
+// sleep that grows from 50 us to 10 ms with the time since the last command, so a quiet
+// daemon costs almost no CPU while a client stepping steadily finds them within 50 us to
+// 1 ms.
 #include <errno.h>
 #include <jansson.h>
 #include <limits.h>
@@ -33,6 +34,8 @@ ddld_shared ddld_g = {
 enum { CF_REPLACE = 1 };
 
 struct train_ctx;
+
+static bool d_verbose; // DDLD_VERBOSE=1 (rank 0's logging of timings and refusals)
 
 struct payload {
     const char            *text, *source, *path;
@@ -77,6 +80,7 @@ struct ddld_dispatch {
     uint64_t   weights_version; // bumps with every command that may change weights
     bool       verbose;         // DDLD_VERBOSE=1: timings of the weight paths
     bool       ckpt_requested;  // SIGUSR1: checkpoint at the next step boundary or when idle
+    double     t_popped;        // when the current job left the queue (DDLD_VERBOSE)
 };
 
 // ---- model info (rank 0) ------------------------------------------------------------------
@@ -446,13 +450,24 @@ static ddl_status run(ddld_dispatch *d, int op, int flags, int64_t a0, int64_t a
     return execute(d, &cmd, p);
 }
 
+// The sleep between two tests of the pending broadcast, by the time since the last command
+// ended: 50 us at first (a client stepping back to back), then up to 1 ms for the next
+// 100 ms (a client preparing its next batch), then up to 10 ms (idle: ~100 wake-ups/s).
+static long worker_nap_ns(long nap_ns, double idle_s)
+{
+    long cap = idle_s < 0.002 ? 50000 : idle_s < 0.1 ? 1000000 : 10000000;
+    nap_ns *= 2;
+    return nap_ns > cap ? cap : nap_ns < 50000 ? 50000 : nap_ns;
+}
+
 int ddld_dispatch_worker_loop(ddld_dispatch *d)
 {
     for (;;) {
         ddld_cmd    cmd;
         MPI_Request req;
-        int         done = 0, polls = 0;
+        int         done   = 0;
         long        nap_ns = 50000;
+        double      t0     = MPI_Wtime();
         MPI_Ibcast(&cmd, (int)sizeof cmd, MPI_BYTE, 0, d->ctrl, &req);
         for (;;) {
             MPI_Test(&req, &done, MPI_STATUS_IGNORE);
@@ -461,10 +476,7 @@ int ddld_dispatch_worker_loop(ddld_dispatch *d)
             }
             struct timespec ts = {.tv_sec = 0, .tv_nsec = nap_ns};
             nanosleep(&ts, NULL);
-            // 50 us for the first ~2 ms after a command, then doubling up to 10 ms.
-            if (++polls > 40 && nap_ns < 10000000) {
-                nap_ns = nap_ns * 2 > 10000000 ? 10000000 : nap_ns * 2;
-            }
+            nap_ns = worker_nap_ns(nap_ns, MPI_Wtime() - t0);
         }
         if (cmd.op == DDLD_OP_QUIT) {
             return (int)cmd.arg[0];
@@ -496,6 +508,7 @@ ddld_dispatch *ddld_dispatch_create(const ddld_config *cfg, MPI_Comm world)
     d->opts.checkpoint_every = cfg->checkpoint_every;
     atomic_init(&d->pull_readers, 0);
     d->verbose = getenv("DDLD_VERBOSE") != NULL && getenv("DDLD_VERBOSE")[0] == '1';
+    d_verbose  = d->verbose && d->rank == 0;
     if (d->rank == 0) {
         if (realpath(cfg->data_root, d->root_real) == NULL) {
             snprintf(d->root_real, sizeof d->root_real, "%s", cfg->data_root);
@@ -527,11 +540,14 @@ void ddld_dispatch_destroy(ddld_dispatch **pd)
     }
     free(d->xbuf);
     free(d->lbuf);
-    if (atomic_load(&d->pull_readers) == 0) {
-        free(d->pull);
-    }
-    free(d);
     *pd = NULL;
+    if (atomic_load(&d->pull_readers) != 0) {
+        // gRPC may release a stream's last chunk after its own shutdown returned: leave the
+        // snapshot and its counter alive for that release (the process is exiting).
+        return;
+    }
+    free(d->pull);
+    free(d);
 }
 
 void ddld_dispatch_set_hooks(ddld_dispatch *d, ddld_service *svc, void (*poll)(void *),
@@ -612,6 +628,9 @@ static void fail(ddld_job *job, grpc_status_code code, const char *fmt, ...)
     va_start(ap, fmt);
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    if (d_verbose) {
+        ddld_log("refused: %s %s", ddld_grpc_code_name(code), msg);
+    }
     if (job->call != NULL) {
         ddld_call_finish(job->call, code, msg, NULL);
     }
@@ -779,8 +798,14 @@ static void on_step(ddld_dispatch *d, ddld_job *job)
             fail(job, GRPC_STATUS_RESOURCE_EXHAUSTED, "Step: out of memory");
         } else {
             set_state("training");
+            double     t0 = ddld_now();
             ddl_status st = run(d, DDLD_OP_STEP, 0, n, 0, &p);
             set_state("idle");
+            if (d->verbose) {
+                ddld_log("Step: waited %.3f ms in the queue, validated in %.3f ms, engine %.3f ms",
+                         (job->t_arrived > 0 ? d->t_popped - job->t_arrived : 0) * 1e3,
+                         (t0 - d->t_popped) * 1e3, (ddld_now() - t0) * 1e3);
+            }
             if (st != DDL_OK) {
                 fail_engine(job, "Step", st);
             } else {
@@ -1062,6 +1087,14 @@ static void on_model_infer(ddld_dispatch *d, ddld_job *job)
         fail(job, GRPC_STATUS_NOT_FOUND, "ModelInfer: model \"%.128s\" not found%s", q->model_name,
              d->s == NULL ? " (no model loaded)" : "");
         return;
+    }
+    for (size_t i = 0; i < q->n_outputs; i++) {
+        if (strcmp(q->outputs[i]->name, "logits") != 0) {
+            fail(job, GRPC_STATUS_INVALID_ARGUMENT,
+                 "ModelInfer: unknown output \"%.64s\" (the model's output is \"logits\")",
+                 q->outputs[i]->name);
+            return;
+        }
     }
     if (q->n_inputs != 1) {
         fail(job, GRPC_STATUS_INVALID_ARGUMENT, "ModelInfer: expected 1 input, got %zu",
@@ -1394,6 +1427,7 @@ void ddld_dispatch_final_checkpoint(ddld_dispatch *d)
 
 void ddld_dispatch_run(ddld_dispatch *d, ddld_job *job)
 {
+    d->t_popped = ddld_now();
     ddl_clear_error();
     // A call that was cancelled (or passed its deadline) while it waited in the queue is
     // not executed: its client has already been told it failed.

@@ -26,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "ddld.h"
 #include "grpc/health/v1/health.pb-c.h"
@@ -427,8 +428,16 @@ void ddld_job_free(ddld_job *job)
 }
 
 // Queues a job for the main thread; false when the queue is full or closing.
+double ddld_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
 static grpc_status_code enqueue(ddld_service *svc, ddld_job *job, bool front)
 {
+    job->t_arrived = ddld_now();
     pthread_mutex_lock(&svc->mu);
     if (svc->closing) {
         pthread_mutex_unlock(&svc->mu);
@@ -475,14 +484,6 @@ bool ddld_service_shutdown_pending(ddld_service *svc)
 void ddld_service_shutdown_refused(ddld_service *svc)
 {
     atomic_store(&svc->shutdown_pending, false);
-}
-
-int ddld_service_queue_depth(ddld_service *svc)
-{
-    pthread_mutex_lock(&svc->mu);
-    int n = svc->count;
-    pthread_mutex_unlock(&svc->mu);
-    return n;
 }
 
 void ddld_service_push_internal(ddld_service *svc, int internal)

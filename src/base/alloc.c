@@ -2,6 +2,7 @@
 //
 // Counting lets tests assert that plans do their allocation at creation and that
 // forward/adjoint allocate nothing (the steady state of a training step).
+#include <execinfo.h>
 #include <malloc.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -15,21 +16,30 @@
 
 static atomic_uint_fast64_t n_allocs;
 static atomic_int_fast64_t  live_bytes;
-// Test-only fault injection (ddl_alloc_fail_after): allocations left before the one that
-// fails; 0 means off.
+// Test-only fault injection (ddl_alloc_fail_after): allocations of at least fail_min
+// bytes left before the one that fails; 0 means off.
 static atomic_uint_fast64_t fail_countdown;
+static atomic_size_t        fail_min;
 
-void ddl_alloc_fail_after(uint64_t n)
+void ddl_alloc_fail_after(uint64_t n, size_t min_bytes)
 {
+    atomic_store(&fail_min, min_bytes);
     atomic_store(&fail_countdown, n);
 }
 
 // True when this allocation is the one chosen to fail (the countdown then switches off).
-static int injected_failure(void)
+static int injected_failure(size_t bytes)
 {
     uint_fast64_t left = atomic_load(&fail_countdown);
+    if (left == 0 || bytes < atomic_load(&fail_min)) {
+        return 0;
+    }
     while (left > 0) {
         if (atomic_compare_exchange_weak(&fail_countdown, &left, left - 1)) {
+            if (left == 1 && getenv("DDL_ALLOC_FAIL_TRACE") != NULL) {
+                void *frames[16];
+                backtrace_symbols_fd(frames, backtrace(frames, 16), 2);
+            }
             return left == 1;
         }
     }
@@ -38,7 +48,7 @@ static int injected_failure(void)
 
 void *ddl_malloc(size_t bytes)
 {
-    if (bytes > SIZE_MAX - 2 * HEADER || injected_failure()) {
+    if (bytes > SIZE_MAX - 2 * HEADER || injected_failure(bytes)) {
         return NULL;
     }
     size_t total = HEADER + ((bytes + DDL_ALIGN - 1) / DDL_ALIGN) * DDL_ALIGN;

@@ -163,6 +163,15 @@ static ddl_status build_tables(ddl_model_t *m, int nparams)
             m->nparams++;
         }
     }
+    // Checkpoints and exports name every tensor: two layers with one name would only
+    // fail there, after hours of training, so refuse them now.
+    for (int i = 0; i < m->nparams; i++) {
+        for (int j = 0; j < i; j++) {
+            DDL_REQUIRE(strcmp(m->pnames[i], m->pnames[j]) != 0, DDL_EINVAL,
+                        "%s: two parameters are named '%s': give the layers distinct \"name\"s",
+                        s->source, m->pnames[i]);
+        }
+    }
     DDL_CHECK(ddl_optimizer_create(&s->optim, m->nparams, m->params, &m->opt));
     // Buffers: batch norm's running statistics, boxed by each rank's channel range
     // (ranks sharing channels hold replicas).
@@ -193,6 +202,12 @@ static ddl_status build_tables(ddl_model_t *m, int nparams)
             snprintf(m->bnames[m->nbuffers], sizeof m->bnames[0], "%s.%s", s->layers[i].name,
                      k == 0 ? "running_mean" : "running_var");
             m->buffers[m->nbuffers] = (ddl_named_tensor){m->bnames[m->nbuffers], g, b, rs[k]};
+            for (int j = 0; j < m->nbuffers; j++) {
+                DDL_REQUIRE(strcmp(m->bnames[j], m->bnames[m->nbuffers]) != 0, DDL_EINVAL,
+                            "%s: two buffers are named '%s': give the layers distinct "
+                            "\"name\"s",
+                            s->source, m->bnames[j]);
+            }
             m->nbuffers++;
         }
     }

@@ -635,6 +635,16 @@ static ddl_status conv_setup(ddl_layer_t *L, conv_impl *m, const ddl_partition_t
         sp0 = sp0 && iw[j] == 0;
     }
     m->recv_bias = c->bias && m->in_w && iw[1] == 0;
+    // A local failure (an allocation) before the last collective construction is kept in
+    // lst and reported after it: returning at once would leave the other ranks waiting
+    // in a collective this rank never joins. (LOCAL evaluates nothing once one failed.)
+    ddl_status lst = DDL_OK;
+#define LOCAL(expr)             \
+    do {                        \
+        if (lst == DDL_OK) {    \
+            lst = (expr);       \
+        }                       \
+    } while (0)
 
     // 1. The halo plan on P_x (no communication).
     if (c->halo) {
@@ -646,12 +656,14 @@ static ddl_status conv_setup(ddl_layer_t *L, conv_impl *m, const ddl_partition_t
             Pd[i]   = sp ? c->p[i - 2] : 0;
             D[i]    = sp ? c->d[i - 2] : 1;
         }
-        DDL_CHECK(ddl_halo_exchange_create(P_x, dt, xg, K, S, Pd, D, &m->halo));
-        ddl_shape hs  = ddl_halo_exchange_shape(m->halo);
-        m->bulk       = ddl_halo_exchange_bulk_box(m->halo);
-        m->need       = ddl_halo_exchange_needed_box(m->halo);
-        DDL_CHECK(ddl_tensor_create(dt, &hs, &m->xbuf));  // pads: zero, and stay zero
-        DDL_CHECK(ddl_tensor_create(dt, &hs, &m->dxbuf));
+        LOCAL(ddl_halo_exchange_create(P_x, dt, xg, K, S, Pd, D, &m->halo));
+        if (m->halo != NULL) {
+            ddl_shape hs = ddl_halo_exchange_shape(m->halo);
+            m->bulk      = ddl_halo_exchange_bulk_box(m->halo);
+            m->need      = ddl_halo_exchange_needed_box(m->halo);
+            LOCAL(ddl_tensor_create(dt, &hs, &m->xbuf)); // pads: zero, and stay zero
+            LOCAL(ddl_tensor_create(dt, &hs, &m->dxbuf));
+        }
         m->nx_blk = m->in_x ? ddl_box_numel(&m->need) : 0;
     } else {
         m->nx_blk = m->in_x ? ddl_shape_numel(&L->x_shape) : 0;
@@ -712,28 +724,28 @@ static ddl_status conv_setup(ddl_layer_t *L, conv_impl *m, const ddl_partition_t
     for (int j = 0; j < c->nsp; j++) {
         fan_in *= c->k[j];
     }
-    DDL_CHECK(ddl_layer_add_param(L, "weight", &wg, &wbox, DDL_INIT_KAIMING_UNIFORM, fan_in));
+    LOCAL(ddl_layer_add_param(L, "weight", &wg, &wbox, DDL_INIT_KAIMING_UNIFORM, fan_in));
     if (c->bias) {
         ddl_shape bg   = ddl_shape_make(1, (int64_t[]){c->C_out});
         ddl_box   bbox = {.ndim = 1};
         if (m->recv_bias && (!rep || sp0)) {
             bbox = ddl_box_make(1, (int64_t[]){co0}, (int64_t[]){co0 + co_loc});
         }
-        DDL_CHECK(ddl_layer_add_param(L, "bias", &bg, &bbox, DDL_INIT_FAN_IN_UNIFORM, fan_in));
+        LOCAL(ddl_layer_add_param(L, "bias", &bg, &bbox, DDL_INIT_FAN_IN_UNIFORM, fan_in));
     }
 
     // 4. Parameter replication (halo layouts).
     if (rep) {
         DDL_CHECK(ddl_broadcast_create(P_wr, P_w, false, false, dt, &wblk, &m->w_bc));
-        DDL_CHECK(ddl_tensor_create(dt, &wblk, &m->w));
-        DDL_CHECK(ddl_tensor_create(dt, &wblk, &m->dw));
-        DDL_CHECK(ddl_tensor_create(dt, &L->params[0].value->shape, &m->gw));
+        LOCAL(ddl_tensor_create(dt, &wblk, &m->w));
+        LOCAL(ddl_tensor_create(dt, &wblk, &m->dw));
+        LOCAL(ddl_tensor_create(dt, &L->params[0].value->shape, &m->gw));
         if (c->bias) {
             ddl_shape bblk = ddl_shape_make(1, (int64_t[]){m->recv_bias ? co_loc : 0});
             DDL_CHECK(ddl_broadcast_create(P_br, P_b, false, false, dt, &bblk, &m->b_bc));
-            DDL_CHECK(ddl_tensor_create(dt, &bblk, &m->b));
-            DDL_CHECK(ddl_tensor_create(dt, &bblk, &m->db));
-            DDL_CHECK(ddl_tensor_create(dt, &L->params[1].value->shape, &m->gb));
+            LOCAL(ddl_tensor_create(dt, &bblk, &m->b));
+            LOCAL(ddl_tensor_create(dt, &bblk, &m->db));
+            LOCAL(ddl_tensor_create(dt, &L->params[1].value->shape, &m->gb));
         }
     }
 
@@ -755,14 +767,18 @@ static ddl_status conv_setup(ddl_layer_t *L, conv_impl *m, const ddl_partition_t
         m->ny_leaf = ddl_shape_numel(&s);
         s = ddl_sum_reduce_y_shape(m->y_sr);
         m->ny_root = ddl_shape_numel(&s);
-        DDL_CHECK(flat_create(dt, m->nx_leaf, &m->xw));
-        DDL_CHECK(flat_create(dt, m->nx_leaf, &m->dxw));
-        DDL_CHECK(flat_create(dt, m->ny_leaf, &m->yw));
-        DDL_CHECK(flat_create(dt, m->ny_leaf, &m->dyw));
+        LOCAL(flat_create(dt, m->nx_leaf, &m->xw));
+        LOCAL(flat_create(dt, m->nx_leaf, &m->dxw));
+        LOCAL(flat_create(dt, m->ny_leaf, &m->yw));
+        LOCAL(flat_create(dt, m->ny_leaf, &m->dyw));
         if (y_env) {
-            DDL_CHECK(flat_create(dt, m->ny_root, &m->ystage));
+            LOCAL(flat_create(dt, m->ny_root, &m->ystage));
         }
     }
+
+    // The collectives are behind us: report a deferred local failure now.
+#undef LOCAL
+    DDL_CHECK(lst);
 
     // 6. Staging on P_x: the needed crop (halo layouts, unless it is the whole buffer), or
     //    an envelope. The feature layer without a halo reads x itself (no copy).

@@ -238,13 +238,12 @@ ddl_status ddl_linear_create(const ddl_partition_t *P_x, const ddl_partition_t *
             bbox.stop[0]  = wbox.stop[0];
         }
     }
-    DDL_CHECK_GOTO(ddl_layer_add_param(L, "weight", &wg, &wbox, DDL_INIT_KAIMING_UNIFORM,
-                                       in_features),
-                   st, fail);
-    if (bias) {
-        DDL_CHECK_GOTO(ddl_layer_add_param(L, "bias", &bg, &bbox, DDL_INIT_FAN_IN_UNIFORM,
-                                           in_features),
-                       st, fail);
+    // The parameters are this rank's own allocations: a failure is reported only after
+    // the plans below, whose collectives the other ranks would otherwise wait in.
+    ddl_status lst = ddl_layer_add_param(L, "weight", &wg, &wbox, DDL_INIT_KAIMING_UNIFORM,
+                                         in_features);
+    if (lst == DDL_OK && bias) {
+        lst = ddl_layer_add_param(L, "bias", &bg, &bbox, DDL_INIT_FAN_IN_UNIFORM, in_features);
     }
 
     // Is Bc the identity (one row of P_w on the ranks of P_x, in order)? The same answer
@@ -266,6 +265,7 @@ ddl_status ddl_linear_create(const ddl_partition_t *P_x, const ddl_partition_t *
     }
     DDL_CHECK_GOTO(ddl_sum_reduce_create(P_w, P_y, true, false, dt, &yblk, &m->reduce_y), st,
                    fail);
+    DDL_CHECK_GOTO(lst, st, fail);
     ddl_shape xs_shape = m->x_direct ? none : ddl_broadcast_x_shape(m->bcast_x);
     ddl_shape xw_shape = m->x_direct ? none : ddl_broadcast_y_shape(m->bcast_x);
     ddl_shape yw_shape = ddl_sum_reduce_x_shape(m->reduce_y);

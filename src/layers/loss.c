@@ -50,6 +50,7 @@
 #include <string.h>
 
 #include "base/check.h"
+#include "ddl/agree.h"
 #include "ddl/base.h"
 #include "ddl/decomp.h"
 #include "ddl/layers.h"
@@ -125,7 +126,17 @@ static ddl_status loss_validate(const ddl_partition_t *P_x, ddl_dtype dt, const 
     return DDL_OK;
 }
 
-static ddl_status ce_setup(ddl_loss_t *l)
+// A local failure (an allocation) is kept in *lst and setup goes on through the
+// collective constructions, so that the other ranks are not left waiting in one this
+// rank skipped; loss_setup reports it, agreed over P_x, once they are behind us.
+#define LOCAL(expr)          \
+    do {                     \
+        if (*lst == DDL_OK) { \
+            *lst = (expr);   \
+        }                    \
+    } while (0)
+
+static ddl_status ce_setup(ddl_loss_t *l, ddl_status *lst)
 {
     const ddl_partition_t *P = l->P_x;
     int64_t                N = l->x_global.d[0];
@@ -144,16 +155,19 @@ static ddl_status ce_setup(ddl_loss_t *l)
     l->maxbuf = ddl_malloc(sizeof(double) * (size_t)(N + 1));
     l->gmax   = ddl_malloc(sizeof(double) * nr);
     if (l->maxbuf == NULL || l->gmax == NULL) {
-        return ddl_set_error(DDL_ENOMEM, "loss: out of memory");
+        LOCAL(ddl_set_error(DDL_ENOMEM, "loss: out of memory"));
     }
     ddl_shape ss = ddl_shape_make(1, (int64_t[]){2 * l->rows});
     DDL_CHECK(ddl_all_sum_reduce_create(P, 1, (int[]){1}, DDL_F64, &ss, &l->rowsum));
     ddl_shape sa = ddl_all_sum_reduce_shape(l->rowsum);
-    DDL_CHECK(ddl_tensor_create(DDL_F64, &sa, &l->stats));
+    LOCAL(ddl_tensor_create(DDL_F64, &sa, &l->stats));
     if (l->reduction == DDL_REDUCTION_NONE) {
         // The column-0 ranks, one per P_x row, broadcast the per-row gradient along it.
-        const int *ps    = ddl_partition_shape(P);
-        int       *ranks = ddl_malloc(sizeof(int) * (size_t)ps[0]);
+        // (The rank list lives on the stack when it is small, so that this step cannot
+        // fail on one rank alone.)
+        const int *ps = ddl_partition_shape(P);
+        int        few[64];
+        int       *ranks = ps[0] <= 64 ? few : ddl_malloc(sizeof(int) * (size_t)ps[0]);
         if (ranks == NULL) {
             return ddl_set_error(DDL_ENOMEM, "loss: out of memory");
         }
@@ -162,19 +176,22 @@ static ddl_status ce_setup(ddl_loss_t *l)
         }
         ddl_status st = ddl_partition_create(ddl_partition_base(P), ps[0], ranks, 2,
                                              (int[]){ps[0], 1}, &l->Pc0);
-        ddl_free(ranks);
+        if (ranks != few) {
+            ddl_free(ranks);
+        }
         DDL_CHECK(st);
         ddl_shape gs = ddl_shape_make(1, (int64_t[]){l->rows});
         DDL_CHECK(ddl_broadcast_create(l->Pc0, P, false, false, l->dt, &gs, &l->bcast_g));
         ddl_shape gy = ddl_broadcast_y_shape(l->bcast_g);
-        DDL_CHECK(ddl_tensor_create(l->dt, &gy, &l->grow));
+        LOCAL(ddl_tensor_create(l->dt, &gy, &l->grow));
     }
     return DDL_OK;
 }
 
 static ddl_status loss_setup(ddl_loss_t *l)
 {
-    const ddl_partition_t *P = l->P_x;
+    const ddl_partition_t *P    = l->P_x;
+    ddl_status             lval = DDL_OK, *lst = &lval;
     if (l->reduction != DDL_REDUCTION_NONE) {
         int nd = ddl_partition_ndim(P);
         int r0 = ddl_partition_ranks(P)[0];
@@ -186,14 +203,16 @@ static ddl_status loss_setup(ddl_loss_t *l)
         ddl_shape two = ddl_shape_make(1, (int64_t[]){2});
         DDL_CHECK(ddl_sum_reduce_create(P, l->P0, false, false, DDL_F64, &two, &l->reduce));
         ddl_shape ps = ddl_sum_reduce_x_shape(l->reduce), ts = ddl_sum_reduce_y_shape(l->reduce);
-        DDL_CHECK(ddl_tensor_create(DDL_F64, &ps, &l->part));
-        DDL_CHECK(ddl_tensor_create(DDL_F64, &ts, &l->total));
+        LOCAL(ddl_tensor_create(DDL_F64, &ps, &l->part));
+        LOCAL(ddl_tensor_create(DDL_F64, &ts, &l->total));
     }
     if (l->kind == DDL_LOSS_CROSS_ENTROPY) {
-        DDL_CHECK(ce_setup(l));
+        DDL_CHECK(ce_setup(l, lst));
     }
-    return DDL_OK;
+    // The members of P_x agree on the outcome, so none keeps a loss its partners lack.
+    return l->active ? ddl_agree(ddl_partition_comm(P), lval) : lval;
 }
+#undef LOCAL
 
 ddl_status ddl_loss_create(const ddl_partition_t *P_x, ddl_dtype dt, const ddl_shape *x_global,
                            ddl_loss_kind kind, ddl_reduction reduction, ddl_loss_t **out)

@@ -43,6 +43,7 @@
 #include <string.h>
 
 #include "base/check.h"
+#include "ddl/agree.h"
 #include "ddl/base.h"
 #include "ddl/decomp.h"
 #include "ddl/layers.h"
@@ -421,11 +422,22 @@ ddl_status ddl_upsample_create(const ddl_partition_t *P_x, ddl_dtype dt,
     DDL_CHECK(validate(P_x, dt, x_global, mode, align_corners, scale_factor, size, &ip));
 
     ddl_layer_t *L = NULL;
-    DDL_CHECK(ddl_layer_alloc(&up_ops, "upsample", dt, &L));
-    up_impl *u = ddl_calloc(1, sizeof *u);
-    if (u == NULL) {
+    ddl_status ast = ddl_layer_alloc(&up_ops, "upsample", dt, &L);
+    up_impl   *u   = ast == DDL_OK ? ddl_calloc(1, sizeof *u) : NULL;
+    if (ast == DDL_OK && u == NULL) {
+        ast = ddl_set_error(DDL_ENOMEM, "upsample: out of memory");
+    }
+    if (ast != DDL_OK) {
+        // Still join P_x's duplicate and agreement below, so P_x fails together.
+        if (ddl_partition_active(P_x)) {
+            MPI_Comm tmp;
+            if (MPI_Comm_dup(ddl_partition_comm(P_x), &tmp) == MPI_SUCCESS) {
+                ast = ddl_agree(tmp, ast);
+                MPI_Comm_free(&tmp);
+            }
+        }
         ddl_layer_destroy(&L);
-        return ddl_set_error(DDL_ENOMEM, "upsample: out of memory");
+        return ast;
     }
     u->comm     = MPI_COMM_NULL;
     u->ip       = ip;
@@ -454,11 +466,7 @@ ddl_status ddl_upsample_create(const ddl_partition_t *P_x, ddl_dtype dt,
         }
         // P_x agrees on success, so no rank is left with a plan its partners lack.
         if (u->comm != MPI_COMM_NULL) {
-            int ok = st == DDL_OK, all = 0;
-            rc     = MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, u->comm);
-            if (st == DDL_OK && (rc != MPI_SUCCESS || !all)) {
-                st = ddl_set_error(DDL_EMPI, "upsample: another rank of P_x failed to plan");
-            }
+            st = ddl_agree(u->comm, st);
         }
     }
     if (st != DDL_OK) {

@@ -34,6 +34,7 @@
 #include <string.h>
 
 #include "base/check.h"
+#include "ddl/agree.h"
 #include "ddl/base.h"
 #include "ddl/decomp.h"
 #include "ddl/primitives.h"
@@ -110,38 +111,33 @@ static ddl_status validate_args(const ddl_partition_t *P_x, const ddl_partition_
     return DDL_OK;
 }
 
-// Union members agree that they were all called alike (same dtype, same global shape,
-// x_local given everywhere or nowhere: a mix would make some ranks exchange shapes
-// while others do not) and that each is ready to go on (`st`, this rank's status so
-// far). One MPI_Allreduce(MIN) over v and -v yields the minimum and the maximum.
+// Union members agree that each is ready to go on (`st`, this rank's status so far:
+// ddl_agree carries the code and message of the lowest failing member to all), then
+// that they were all called alike (same dtype, same global shape, x_local given
+// everywhere or nowhere: a mix would make some ranks exchange shapes while others do
+// not). One MPI_Allreduce(MIN) over v and -v yields the minimum and the maximum.
 static ddl_status agree_on_call(MPI_Comm comm, ddl_status st, ddl_dtype dt,
                                 const ddl_shape *global, bool unbalanced)
 {
-    enum { K = 4 + DDL_MAX_DIMS };
+    DDL_CHECK(ddl_agree(comm, st));
+    enum { K = 3 + DDL_MAX_DIMS };
     int64_t v[2 * K] = {0}, r[2 * K];
-    v[0] = st;
-    v[1] = unbalanced ? 1 : 0;
-    v[2] = (int64_t)dt;
-    v[3] = global->ndim;
+    v[0] = unbalanced ? 1 : 0;
+    v[1] = (int64_t)dt;
+    v[2] = global->ndim;
     for (int d = 0; d < global->ndim; d++) {
-        v[4 + d] = global->d[d];
+        v[3 + d] = global->d[d];
     }
     for (int k = 0; k < K; k++) {
         v[K + k] = -v[k];
     }
     DDL_CHECK_MPI(MPI_Allreduce(v, r, 2 * K, MPI_INT64_T, MPI_MIN, comm));
-    if (st != DDL_OK) {
-        return st;  // this rank's own error, message already set
-    }
-    DDL_REQUIRE(r[0] == DDL_OK, (ddl_status)r[0],
-                "repartition: another rank of the union failed (%s)",
-                ddl_status_name((ddl_status)r[0]));
-    DDL_REQUIRE(r[1] == -r[K + 1], DDL_EINVAL,
+    DDL_REQUIRE(r[0] == -r[K], DDL_EINVAL,
                 "repartition: x_local is given on some ranks of the union and NULL on others");
-    for (int k = 2; k < K; k++) {
+    for (int k = 1; k < K; k++) {
         DDL_REQUIRE(r[k] == -r[K + k], DDL_EINVAL,
                     "repartition: ranks of the union disagree on the %s",
-                    k == 2 ? "dtype" : "global shape");
+                    k == 1 ? "dtype" : "global shape");
     }
     return DDL_OK;
 }
@@ -501,7 +497,20 @@ ddl_status ddl_repartition_create(const ddl_partition_t *P_x, const ddl_partitio
                 "repartition: P_x, P_y, global and out must not be NULL");
     DDL_CHECK(validate_args(P_x, P_y, dt, global));
     ddl_repartition_t *t = ddl_calloc(1, sizeof *t);
-    DDL_REQUIRE(t != NULL, DDL_ENOMEM, "repartition: out of memory for the plan");
+    if (t == NULL) {
+        ddl_status st = ddl_set_error(DDL_ENOMEM, "repartition: out of memory for the plan");
+        if (!ddl_partition_active(P_x) && !ddl_partition_active(P_y)) {
+            return st;
+        }
+        // Join the union's creation and first agreement with the failure, so that the
+        // other members fail with this one instead of waiting for it.
+        ddl_partition_t *U = NULL;
+        if (ddl_partition_union(P_x, P_y, &U) == DDL_OK) {
+            st = agree_on_call(ddl_partition_comm(U), st, dt, global, x_local != NULL);
+            ddl_partition_destroy(&U);
+        }
+        return st;
+    }
     t->dt      = dt;
     t->global  = *global;
     t->x_shape = (ddl_shape){.ndim = global->ndim};
@@ -552,26 +561,21 @@ ddl_status ddl_repartition_create(const ddl_partition_t *P_x, const ddl_partitio
     st = plan_build(t, P_x, P_y, &xg);
     ddl_free(xg.start);
 
-    // Final agreement: the worst status, and whether any member has a remote piece.
-    int64_t v[2] = {st, -(int64_t)(t->nx + t->ny)}, r[2];
-    int     rc   = MPI_Allreduce(v, r, 2, MPI_INT64_T, MPI_MIN, comm);
-    if (rc != MPI_SUCCESS && st == DDL_OK) {
-        char msg[MPI_MAX_ERROR_STRING];
-        int  len = 0;
-        MPI_Error_string(rc, msg, &len);
-        st = ddl_set_error(DDL_EMPI, "repartition: agreement failed: %s", msg);
-    } else if (st == DDL_OK && r[0] != DDL_OK) {
-        st = ddl_set_error((ddl_status)r[0], "repartition: another rank of the union failed (%s)",
-                           ddl_status_name((ddl_status)r[0]));
+    // Final agreement: the status (ddl_agree), then whether any member has a remote
+    // piece.
+    st          = ddl_agree(comm, st);
+    int64_t v   = -(int64_t)(t->nx + t->ny), r = 0;
+    if (st == DDL_OK && MPI_Allreduce(&v, &r, 1, MPI_INT64_T, MPI_MIN, comm) != MPI_SUCCESS) {
+        st = ddl_set_error(DDL_EMPI, "repartition: MPI_Allreduce of the piece counts failed");
     }
     if (st != DDL_OK) {
         ddl_repartition_destroy(&t);
         return st;
     }
-    // r[1] is minus the largest number of remote pieces on any member: zero means
+    // r is minus the largest number of remote pieces on any member: zero means
     // the whole plan is self copies (P_x == P_y with balanced input, or degenerate
     // shapes), so forward and adjoint never touch MPI.
-    t->local = r[1] == 0;
+    t->local = r == 0;
     if (t->local) {
         // Identity shortcut: only self copies remain, the union is not needed.
         ddl_partition_destroy(&t->U);

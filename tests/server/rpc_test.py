@@ -165,6 +165,9 @@ def main():
         assert np.allclose(out, logits[:2], rtol=1e-5, atol=1e-6)
         expect_error(SC.NOT_FOUND, c.unary, "/inference.GRPCInferenceService/ModelInfer",
                      inf.ModelInferRequest(model_name="nope"), inf.ModelInferResponse)
+        req.outputs.add(name="probabilities")
+        expect_error(SC.INVALID_ARGUMENT, c.unary, "/inference.GRPCInferenceService/ModelInfer",
+                     req, inf.ModelInferResponse)
 
         print("Pull/Push weights")
         chunks = list(c.server_stream("/distdl.v1.Trainer/PullWeights", tr.PullWeightsRequest(),

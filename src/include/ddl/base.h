@@ -25,11 +25,11 @@ DDL_EXTERN void   ddl_free(void *p);
 DDL_EXTERN uint64_t ddl_alloc_count(void);
 // Bytes currently allocated through ddl_malloc/ddl_calloc.
 DDL_EXTERN int64_t  ddl_alloc_bytes_live(void);
-// TEST ONLY (fault injection): the n-th ddl_malloc/ddl_calloc call of this process from
-// now on returns NULL, once; n = 0 switches injection off. Lets tests make one rank
-// fail an allocation at a chosen point and check that every rank fails alike. Never
-// call it in production code.
-DDL_EXTERN void     ddl_alloc_fail_after(uint64_t n);
+// TEST ONLY (fault injection): among the ddl_malloc/ddl_calloc calls of this process
+// from now on that ask for at least min_bytes, the n-th returns NULL, once; n = 0
+// switches injection off. Lets tests make one rank fail an allocation at a chosen point
+// and check that every rank fails alike. Never call it in production code.
+DDL_EXTERN void     ddl_alloc_fail_after(uint64_t n, size_t min_bytes);
 
 // Process-wide glibc malloc tuning for programs that move large buffers (the daemon,
 // distdl-train, benchmarks): keeps large blocks (ours and MPI's internal temporaries)

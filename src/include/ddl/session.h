@@ -45,15 +45,20 @@ extern "C" {
 
 typedef struct ddl_session ddl_session_t;
 
+// Read on rank 0 only (other ranks may pass NULL): every rank learns them by broadcast.
 typedef struct ddl_session_options {
-    const char *checkpoint_dir;   // rank 0: where ddl_session_save writes (NULL: none)
-    int64_t     checkpoint_every; // checkpoint every K optimizer steps inside train (0: never)
+    const char *checkpoint_dir;   // where ddl_session_save writes (NULL: none); the path must
+                                  // be reachable from every rank (each writes its shard)
+    int64_t     checkpoint_every; // checkpoint every K optimizer steps inside train and
+                                  // step (0: never; > 0 needs checkpoint_dir)
 } ddl_session_options;
 
 // Builds the model from rank 0's spec text (validated on rank 0, then broadcast and
-// built on every rank). `source` names the spec in messages. A spec for another world
-// size, a malformed spec or a failure while building on any rank fails on every rank.
-// The caller owns *out (ddl_session_destroy). Collective over comm.
+// built on every rank). `source` (rank 0's) names the spec in messages. A spec for
+// another world size, a malformed spec, two layers with one name, or a failure while
+// building on any rank (an allocation on one rank included) fails on every rank, with
+// everything freed. `out` must not be NULL on any rank. The caller owns *out
+// (ddl_session_destroy). Collective over comm.
 DDL_EXTERN ddl_status ddl_session_create(MPI_Comm comm, const char *spec_text,
                                          const char *source, const ddl_session_options *opts,
                                          ddl_session_t **out);
@@ -63,8 +68,9 @@ DDL_EXTERN void       ddl_session_destroy(ddl_session_t **s);
 DDL_EXTERN ddl_model_t *ddl_session_model(const ddl_session_t *s);
 
 // Loads an IDX directory (rank 0's path) holding both splits and checks each against the
-// model: sample shape, label range [0, classes). Replaces the current data only on
-// success. Collective.
+// model: sample shape (the IDX dims are the input's trailing dims, e.g. 28 x 28 for
+// [1, 28, 28]), label range [0, classes), and at least one batch of training samples.
+// Replaces the current data only on success; the cursor is kept. Collective.
 DDL_EXTERN ddl_status ddl_session_open_data(ddl_session_t *s, const char *dir);
 DDL_EXTERN bool       ddl_session_has_data(const ddl_session_t *s);
 
@@ -93,13 +99,16 @@ typedef struct ddl_progress {
     bool    durable;      // a checkpoint of this step is durable on disk
 } ddl_progress;
 
-// Called on rank 0 after every step. Return true to stop at this step boundary (the
-// decision reaches every rank; the result then has .cancelled set).
+// Called on rank 0 after every step (after that step's checkpoint, if any). Return true
+// to stop at this step boundary (the decision is broadcast to every rank; the result
+// then has .cancelled set unless that was the last planned step anyway).
 typedef bool (*ddl_progress_cb)(const ddl_progress *p, void *user_data);
 
+// Rank 0's request is the one that counts (broadcast). Exactly one field is > 0.
 typedef struct ddl_train_request {
     int64_t steps;  // > 0: exactly this many steps (crossing epochs as needed), or
-    int64_t epochs; // > 0: until the cursor reaches the end of this many more epochs
+    int64_t epochs; // > 0: until the cursor reaches the end of this many more epochs (the
+                    // current, possibly partial, epoch counts as the first)
 } ddl_train_request;
 
 typedef struct ddl_train_result {
@@ -113,7 +122,9 @@ typedef struct ddl_train_result {
 } ddl_train_result;
 
 // Trains over the training split from the cursor, shuffling each epoch by (seed, epoch),
-// checkpointing every checkpoint_every steps. Collective; cb and user_data on rank 0.
+// checkpointing every checkpoint_every steps. Collective; req, cb and user_data on rank 0.
+// DDL_EBUSY without data; DDL_EINVAL for a bad request or a cursor outside this data's
+// epoch. On a failure part way *out (when not NULL) still says how many steps were kept.
 DDL_EXTERN ddl_status ddl_session_train(ddl_session_t *s, const ddl_train_request *req,
                                         ddl_progress_cb cb, void *user_data,
                                         ddl_train_result *out);
@@ -139,10 +150,12 @@ typedef struct ddl_eval_result {
     double  accuracy;
 } ddl_eval_result;
 
-// Loss and accuracy over a whole split (the last batch padded, padding ignored).
+// Loss and accuracy over a whole split (rank 0's choice; the last batch padded, padding
+// ignored). DDL_EBUSY without data. Collective.
 DDL_EXTERN ddl_status ddl_session_evaluate(ddl_session_t *s, ddl_split split,
                                            ddl_eval_result *out);
-// The same over rank 0's inline samples (any count >= 1; processed batch by batch).
+// The same over rank 0's inline samples: count >= 1 samples in exactly x_bytes = count *
+// sample * dtype size, labels in [0, classes); processed batch by batch. Collective.
 DDL_EXTERN ddl_status ddl_session_evaluate_batch(ddl_session_t *s, const void *x,
                                                  size_t x_bytes, const int64_t *labels,
                                                  int64_t count, ddl_eval_result *out);
@@ -158,8 +171,12 @@ DDL_EXTERN ddl_status ddl_session_predict(ddl_session_t *s, const void *x, size_
 // (or rank 0's `dir` when not NULL); *step receives the durable step. Collective.
 DDL_EXTERN ddl_status ddl_session_save(ddl_session_t *s, const char *dir, int64_t *step);
 // Restores from rank 0's `path` (a checkpoint root: `latest`, or with step >= 0 that
-// step's directory; or a step directory) onto this world size. The seed must match the
-// spec's. DDL_ENOTFOUND when there is none; DDL_ECORRUPT for a damaged one. Collective.
+// step's directory; or a step directory) onto this world size. The data cursor is
+// validated (integers, not strings; epoch in [0, 2^40]; batch in [0, batches per epoch)
+// when data is open) and its seed must match the spec's (DDL_EINVAL otherwise); an empty
+// caller state (a ddl_model_save checkpoint) means cursor (0, 0). DDL_ENOTFOUND when there
+// is none; DDL_ECORRUPT for a damaged one. A refused restore leaves weights, optimizer
+// state, step and cursor as they were. Collective.
 DDL_EXTERN ddl_status ddl_session_restore(ddl_session_t *s, const char *path, int64_t step);
 DDL_EXTERN int64_t    ddl_session_durable_step(const ddl_session_t *s); // -1: none
 
@@ -169,7 +186,8 @@ DDL_EXTERN int              ddl_session_nweights(const ddl_session_t *s);
 DDL_EXTERN const char      *ddl_session_weight_name(const ddl_session_t *s, int i);
 DDL_EXTERN const ddl_shape *ddl_session_weight_shape(const ddl_session_t *s, int i);
 DDL_EXTERN ddl_dtype        ddl_session_weight_dtype(const ddl_session_t *s, int i);
-// Assembles weight i onto rank 0 into `buf` (rank 0: numel * dtype size bytes).
+// Assembles weight i (rank 0's index) onto rank 0 into `buf` (rank 0: numel * dtype size
+// bytes). Collective.
 DDL_EXTERN ddl_status ddl_session_gather_weight(ddl_session_t *s, int i, void *buf);
 // Sets every weight from rank 0's buffers (bufs[i] for weight i, each of the global
 // size), all or nothing. Collective.

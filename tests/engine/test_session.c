@@ -1,0 +1,683 @@
+// tests/engine/test_session.c: the training session (ddl/session.h) on real
+// Fashion-MNIST with the shipped LeNet-5 spec for this world size (1, 2 or 4 ranks):
+//   - a call before any data, a spec for another world size and bad inline sizes fail
+//     on every rank with the same status (and change nothing);
+//   - training lowers the loss; the progress callback can cancel, and the decision
+//     reaches every rank; training allocates nothing per step;
+//   - evaluation of the test split improves after training;
+//   - predict handles count < batch (the samples end at a guard page, so a read past
+//     them crashes) and count > batch, consistently with evaluate_batch;
+//   - save -> train -> restore gives back the weights, the cursor, and then the very
+//     same losses; restored cursors are validated (strings, INT64_MIN, out of range,
+//     a different seed) and a refused restore changes nothing;
+//   - the data of both splits is checked against the model (tiny IDX files);
+//   - an allocation failure on ONE rank (fault injection) inside a save and at many
+//     points of session creation fails every rank alike, without hanging or leaking.
+// Usage: test_session SPEC_DIR
+#define _GNU_SOURCE // mkdtemp, MAP_ANONYMOUS
+
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "ddl/base.h"
+#include "ddl/data.h"
+#include "ddl/session.h"
+#include "mpi_test.h"
+
+#define FASHION_DIR "/usr/share/datasets/fashion-mnist"
+
+static int rank, size;
+
+// ---- helpers -------------------------------------------------------------------
+
+// Rank 0 reads a whole file (NULL elsewhere).
+static char *read_text(const char *path)
+{
+    if (rank != 0) {
+        return NULL;
+    }
+    FILE *f = fopen(path, "rb");
+    ASSERT_TRUE(f != NULL);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *t = malloc((size_t)n + 1);
+    ASSERT_TRUE(fread(t, 1, (size_t)n, f) == (size_t)n);
+    t[n] = '\0';
+    fclose(f);
+    return t;
+}
+
+// Every rank must hold the same value.
+static void assert_same(long long v)
+{
+    long long lo = v, hi = v;
+    MPI_Allreduce(MPI_IN_PLACE, &lo, 1, MPI_LONG_LONG, MPI_MIN, MPI_COMM_WORLD);
+    MPI_Allreduce(MPI_IN_PLACE, &hi, 1, MPI_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
+    ASSERT_EQ(lo, hi);
+}
+
+// Rank 0's temporary directory, known to every rank.
+static void make_tmpdir(char *dir, size_t len)
+{
+    if (rank == 0) {
+        snprintf(dir, len, "/tmp/ddl_session_XXXXXX");
+        ASSERT_TRUE(mkdtemp(dir) != NULL);
+    }
+    MPI_Bcast(dir, (int)len, MPI_CHAR, 0, MPI_COMM_WORLD);
+}
+
+// Big-endian IDX file of unsigned bytes: dims[0..ndim), then data.
+static void write_idx(const char *path, int ndim, const uint32_t *dims, const uint8_t *data)
+{
+    FILE *f = fopen(path, "wb");
+    ASSERT_TRUE(f != NULL);
+    unsigned char h[4] = {0, 0, 0x08, (unsigned char)ndim};
+    fwrite(h, 1, 4, f);
+    size_t n = 1;
+    for (int i = 0; i < ndim; i++) {
+        unsigned char be[4] = {(unsigned char)(dims[i] >> 24), (unsigned char)(dims[i] >> 16),
+                               (unsigned char)(dims[i] >> 8), (unsigned char)dims[i]};
+        fwrite(be, 1, 4, f);
+        n *= dims[i];
+    }
+    ASSERT_TRUE(fwrite(data, 1, n, f) == n);
+    fclose(f);
+}
+
+// Writes one split <dir>/<prefix>-{images-idx3,labels-idx1}-ubyte: n images of h x w,
+// labels i % classes + label_shift.
+static void write_split(const char *dir, const char *prefix, uint32_t n, uint32_t h, uint32_t w,
+                        int classes, int label_shift)
+{
+    char     path[512];
+    uint8_t *px  = calloc((size_t)n * h * w, 1);
+    uint8_t *lab = calloc(n, 1);
+    for (size_t i = 0; i < (size_t)n * h * w; i++) {
+        px[i] = (uint8_t)(i * 7);
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        lab[i] = (uint8_t)((int)i % classes + label_shift);
+    }
+    snprintf(path, sizeof path, "%s/%s-images-idx3-ubyte", dir, prefix);
+    write_idx(path, 3, (uint32_t[]){n, h, w}, px);
+    snprintf(path, sizeof path, "%s/%s-labels-idx1-ubyte", dir, prefix);
+    write_idx(path, 1, (uint32_t[]){n}, lab);
+    free(px);
+    free(lab);
+}
+
+// ---- progress callbacks ------------------------------------------------------------
+
+typedef struct record {
+    double  loss[64];
+    int64_t n, stop_after, last_step, last_done;
+    bool    bad; // a field out of order
+} record;
+
+static bool on_progress(const ddl_progress *p, void *ud)
+{
+    record *r = ud;
+    if (r->n < 64) {
+        r->loss[r->n] = p->loss;
+    }
+    r->n++;
+    if (p->done != r->last_done + 1 || (r->last_step > 0 && p->step != r->last_step + 1) ||
+        p->batch < 1 || p->batch > p->steps_per_epoch || !(p->loss > 0)) {
+        r->bad = true;
+    }
+    r->last_done = p->done;
+    r->last_step = p->step;
+    return r->stop_after > 0 && p->done >= r->stop_after;
+}
+
+// ---- the parts ---------------------------------------------------------------------
+
+// A spec for another world size is refused on every rank; so is a missing spec.
+static void test_bad_create(const char *spec_dir)
+{
+    char path[512];
+    snprintf(path, sizeof path, "%s/lenet5-%d.json", spec_dir, size == 1 ? 2 : 1);
+    char          *other = read_text(path);
+    ddl_session_t *s     = NULL;
+    ASSERT_STATUS(ddl_session_create(MPI_COMM_WORLD, other, "other.json", NULL, &s), DDL_EINVAL);
+    ASSERT_TRUE(s == NULL);
+    ASSERT_TRUE(strstr(ddl_last_error(), "world_size") != NULL ||
+                strstr(ddl_last_error(), "ranks") != NULL);
+    ASSERT_STATUS(ddl_session_create(MPI_COMM_WORLD, NULL, "none", NULL, &s), DDL_EINVAL);
+    free(other);
+    // Two layers with one name: refused when the model is built, not at the first
+    // checkpoint or export.
+    snprintf(path, sizeof path, "%s/lenet5-%d.json", spec_dir, size);
+    char *dup = read_text(path);
+    if (rank == 0) {
+        char *at = strstr(dup, "\"name\": \"conv2\"");
+        ASSERT_TRUE(at != NULL);
+        memcpy(at, "\"name\": \"conv1\"", 15);
+    }
+    ASSERT_STATUS(ddl_session_create(MPI_COMM_WORLD, dup, "dup.json", NULL, &s), DDL_EINVAL);
+    ASSERT_TRUE(strstr(ddl_last_error(), "conv1.weight") != NULL);
+    free(dup);
+    // A layer too large for memory (conv2 with 2^30 output channels) fails on the ranks
+    // that hold it; every rank returns the same error, and nothing leaks.
+    char *huge = read_text(path);
+    char *big  = NULL;
+    if (rank == 0) {
+        const char *at = strstr(huge, "\"out_channels\": 16");
+        ASSERT_TRUE(at != NULL);
+        big = malloc(strlen(huge) + 32);
+        snprintf(big, strlen(huge) + 32, "%.*s\"out_channels\": 1073741824%s", (int)(at - huge),
+                 huge, at + strlen("\"out_channels\": 16"));
+    }
+    int64_t live = ddl_alloc_bytes_live();
+    ddl_status st = ddl_session_create(MPI_COMM_WORLD, big, "huge.json", NULL, &s);
+    assert_same(st);
+    ASSERT_STATUS(st, DDL_ENOMEM);
+    ASSERT_TRUE(strstr(ddl_last_error(), "conv2") != NULL);
+    ASSERT_EQ(ddl_alloc_bytes_live(), live);
+    free(huge);
+    free(big);
+}
+
+// Rank 0's copy of the first n normalized test samples and their labels.
+static void test_samples(const ddl_session_t *s, int64_t n, float *x, int64_t *lab)
+{
+    if (rank != 0) {
+        return;
+    }
+    ddl_dataset ds = {0};
+    ASSERT_OK(ddl_dataset_load_mnist_dir(FASHION_DIR, 0, &ds));
+    int64_t *idx = malloc(sizeof(int64_t) * (size_t)n);
+    for (int64_t i = 0; i < n; i++) {
+        idx[i] = i;
+    }
+    double mean, std;
+    ddl_spec_normalize(ddl_model_spec(ddl_session_model(s)), &mean, &std);
+    ddl_dataset_batch_f32(&ds, idx, n, mean, std, x, lab);
+    free(idx);
+    ddl_dataset_free(&ds);
+}
+
+// A buffer of `bytes` that ends exactly at an inaccessible page: reading past it faults.
+static void *guarded(size_t bytes, void **base, size_t *maplen)
+{
+    long   page = sysconf(_SC_PAGESIZE);
+    size_t body = (bytes + (size_t)page - 1) / (size_t)page * (size_t)page;
+    *maplen     = body + (size_t)page;
+    *base       = mmap(NULL, *maplen, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    ASSERT_TRUE(*base != MAP_FAILED);
+    ASSERT_TRUE(mprotect((char *)*base + body, (size_t)page, PROT_NONE) == 0);
+    return (char *)*base + body - bytes;
+}
+
+static void test_predict_and_eval(ddl_session_t *s)
+{
+    const int64_t B = ddl_spec_batch_size(ddl_model_spec(ddl_session_model(s)));
+    const int64_t C = 10, N = B + 7, S = 784;
+    float        *x = NULL, *lg = NULL, *lg5 = NULL;
+    int64_t      *lab = NULL;
+    if (rank == 0) {
+        x   = malloc(sizeof(float) * (size_t)(N * S));
+        lab = malloc(sizeof(int64_t) * (size_t)N);
+        lg  = malloc(sizeof(float) * (size_t)(N * C));
+        lg5 = malloc(sizeof(float) * (size_t)(5 * C));
+    }
+    test_samples(s, N, x, lab);
+    // count > batch: two model batches.
+    ASSERT_OK(ddl_session_predict(s, x, sizeof(float) * (size_t)(N * S), N, lg,
+                                  sizeof(float) * (size_t)(N * C)));
+    // count < batch, from a buffer that ends at a guard page.
+    void  *base = NULL;
+    size_t maplen = 0;
+    float *gx     = NULL;
+    if (rank == 0) {
+        gx = guarded(sizeof(float) * (size_t)(5 * S), &base, &maplen);
+        memcpy(gx, x, sizeof(float) * (size_t)(5 * S));
+    }
+    ASSERT_OK(ddl_session_predict(s, gx, sizeof(float) * (size_t)(5 * S), 5, lg5,
+                                  sizeof(float) * (size_t)(5 * C)));
+    ddl_eval_result ev;
+    ASSERT_OK(ddl_session_evaluate_batch(s, x, sizeof(float) * (size_t)(N * S), lab, N, &ev));
+    ASSERT_EQ(ev.count, N);
+    if (rank == 0) {
+        // The rows of a short batch are those of the full one (eval mode, per-row math).
+        ASSERT_TRUE(memcmp(lg, lg5, sizeof(float) * (size_t)(5 * C)) == 0);
+        double  ref = 0;
+        int64_t hits = 0;
+        for (int64_t b = 0; b < N; b++) {
+            const float *r  = lg + b * C;
+            int64_t      am = 0;
+            double       mx = r[0], se = 0;
+            for (int64_t c = 1; c < C; c++) {
+                if (r[c] > mx) {
+                    mx = r[c];
+                    am = c;
+                }
+            }
+            for (int64_t c = 0; c < C; c++) {
+                se += exp((double)r[c] - mx);
+            }
+            ref += mx + log(se) - (double)r[lab[b]];
+            hits += am == lab[b];
+        }
+        ASSERT_NEAR(ev.loss, ref / (double)N, 1e-4 * fabs(ref / (double)N));
+        ASSERT_NEAR(ev.accuracy, (double)hits / (double)N, 1e-12);
+        munmap(base, maplen);
+    }
+    // Bad inline sizes are refused on every rank (other ranks pass nothing) and nothing
+    // moves: one byte short, too small an output, a count of zero, a label out of range.
+    int64_t step = ddl_model_step(ddl_session_model(s));
+    size_t  xb   = sizeof(float) * (size_t)(N * S), lb = sizeof(float) * (size_t)(N * C);
+    const float *rx = rank == 0 ? x : NULL;
+    float       *rl = rank == 0 ? lg : NULL;
+    ASSERT_STATUS(ddl_session_predict(s, rx, rank == 0 ? xb - 1 : 0, N, rl, lb), DDL_EINVAL);
+    ASSERT_STATUS(ddl_session_predict(s, rx, rank == 0 ? xb : 0, N, rl, rank == 0 ? lb - 4 : 0),
+                  DDL_EINVAL);
+    ASSERT_STATUS(ddl_session_predict(s, rx, 0, rank == 0 ? 0 : 3, rl, 0), DDL_EINVAL);
+    ASSERT_STATUS(ddl_session_step(s, rx, rank == 0 ? xb : 0, lab, N, NULL), DDL_EINVAL);
+    ASSERT_TRUE(strstr(ddl_last_error(), "batch") != NULL);
+    if (rank == 0) {
+        lab[7] = C;
+    }
+    ASSERT_STATUS(ddl_session_evaluate_batch(s, rx, rank == 0 ? xb : 0, lab, N, &ev), DDL_EINVAL);
+    ASSERT_STATUS(ddl_session_step(s, rx, rank == 0 ? sizeof(float) * (size_t)(B * S) : 0, lab, B,
+                                   NULL),
+                  DDL_EINVAL);
+    ASSERT_TRUE(strstr(ddl_last_error(), "label") != NULL);
+    ASSERT_EQ(ddl_model_step(ddl_session_model(s)), step);
+    // A good inline step moves the step counter on every rank.
+    if (rank == 0) {
+        lab[7] = 1;
+    }
+    ddl_step_result sr;
+    ASSERT_OK(ddl_session_step(s, rx, rank == 0 ? sizeof(float) * (size_t)(B * S) : 0, lab, B,
+                               &sr));
+    ASSERT_EQ(sr.step, step + 1);
+    assert_same((long long)(sr.loss * 1e6));
+    free(x);
+    free(lab);
+    free(lg);
+    free(lg5);
+}
+
+// Rank 0's logits of the first B test samples (for before/after comparisons).
+static void logits_of(ddl_session_t *s, const float *x, float *out)
+{
+    const int64_t B = ddl_spec_batch_size(ddl_model_spec(ddl_session_model(s)));
+    ASSERT_OK(ddl_session_predict(s, x, rank == 0 ? sizeof(float) * (size_t)(B * 784) : 0,
+                                  rank == 0 ? B : 0, out,
+                                  rank == 0 ? sizeof(float) * (size_t)(B * 10) : 0));
+}
+
+// A checkpoint holding the model's state with a hand-written cursor.
+static void write_bad_cursor(ddl_session_t *s, const char *root, int k, const char *user)
+{
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/bad%d", root, k);
+    ASSERT_OK(ddl_model_save(ddl_session_model(s), dir, user));
+}
+
+static void test_save_restore(ddl_session_t *s, const char *tmp)
+{
+    const int64_t B = ddl_spec_batch_size(ddl_model_spec(ddl_session_model(s)));
+    float        *x = NULL, *l1 = NULL, *l2 = NULL;
+    int64_t      *lab = NULL;
+    if (rank == 0) {
+        x   = malloc(sizeof(float) * (size_t)(B * 784));
+        lab = malloc(sizeof(int64_t) * (size_t)B);
+        l1  = malloc(sizeof(float) * (size_t)(B * 10));
+        l2  = malloc(sizeof(float) * (size_t)(B * 10));
+    }
+    test_samples(s, B, x, lab);
+    int64_t saved = -1;
+    ASSERT_OK(ddl_session_save(s, NULL, &saved));
+    ASSERT_EQ(saved, ddl_model_step(ddl_session_model(s)));
+    ASSERT_EQ(ddl_session_durable_step(s), saved);
+    assert_same(saved);
+    ddl_cursor c0 = ddl_session_cursor(s);
+    logits_of(s, x, l1);
+    record            a = {0}, b = {0};
+    ddl_train_request req = {.steps = 5};
+    ddl_train_result  res;
+    ASSERT_OK(ddl_session_train(s, &req, on_progress, &a, &res));
+    ASSERT_EQ(res.steps_done, 5);
+    // Back to the checkpoint: weights, step and cursor as saved; then the same 5 losses.
+    char root[512];
+    snprintf(root, sizeof root, "%s/ck", tmp);
+    ASSERT_OK(ddl_session_restore(s, rank == 0 ? root : NULL, -1));
+    ASSERT_EQ(ddl_model_step(ddl_session_model(s)), saved);
+    ASSERT_EQ(ddl_session_cursor(s).epoch, c0.epoch);
+    ASSERT_EQ(ddl_session_cursor(s).batch, c0.batch);
+    logits_of(s, x, l2);
+    if (rank == 0) {
+        ASSERT_TRUE(memcmp(l1, l2, sizeof(float) * (size_t)(B * 10)) == 0);
+    }
+    ASSERT_OK(ddl_session_train(s, &req, on_progress, &b, &res));
+    if (rank == 0) {
+        for (int i = 0; i < 5; i++) {
+            ASSERT_TRUE(a.loss[i] == b.loss[i]); // bitwise: the same trajectory
+        }
+    }
+    // A step directory by number works too.
+    ASSERT_OK(ddl_session_restore(s, rank == 0 ? root : NULL, saved));
+    ASSERT_EQ(ddl_model_step(ddl_session_model(s)), saved);
+    ASSERT_STATUS(ddl_session_restore(s, rank == 0 ? root : NULL, saved + 12345), DDL_ENOTFOUND);
+
+    // Damaged cursors: refused on every rank, and nothing changes.
+    char     spe[64];
+    snprintf(spe, sizeof spe, "%lld", (long long)ddl_session_steps_per_epoch(s));
+    char big[256];
+    snprintf(big, sizeof big, "{\"epoch\": 0, \"batch\": %s}", spe);
+    const char *bad[] = {"{\"epoch\": \"3\", \"batch\": 0}",
+                         "{\"epoch\": -9223372036854775808, \"batch\": 0}",
+                         "{\"epoch\": 0, \"batch\": -1}",
+                         big,
+                         "{\"epoch\": 1.5, \"batch\": 0}",
+                         "{\"epoch\": 0}",
+                         "{\"epoch\": 0, \"batch\": 0, \"rng\": {\"seed\": 2}}",
+                         "{\"epoch\": 0, \"batch\": 0, \"rng\": 7}"};
+    int nbad = (int)(sizeof bad / sizeof bad[0]);
+    for (int k = 0; k < nbad; k++) {
+        write_bad_cursor(s, tmp, k, bad[k]);
+    }
+    // Move away from the checkpoint so that a wrongly accepted restore would show.
+    ASSERT_OK(ddl_session_train(s, &req, NULL, NULL, &res));
+    int64_t    step = ddl_model_step(ddl_session_model(s));
+    ddl_cursor c1   = ddl_session_cursor(s);
+    logits_of(s, x, l1);
+    for (int k = 0; k < nbad; k++) {
+        char dir[512];
+        snprintf(dir, sizeof dir, "%s/bad%d", tmp, k);
+        ddl_status st = ddl_session_restore(s, rank == 0 ? dir : NULL, -1);
+        if (st == DDL_OK) {
+            TEST_FAIL_("restore accepted the cursor %s", bad[k]);
+        }
+        ASSERT_TRUE(st == DDL_ECORRUPT || st == DDL_EINVAL);
+        assert_same(st);
+        ASSERT_EQ(ddl_model_step(ddl_session_model(s)), step);
+        ASSERT_EQ(ddl_session_cursor(s).epoch, c1.epoch);
+        ASSERT_EQ(ddl_session_cursor(s).batch, c1.batch);
+    }
+    ASSERT_TRUE(strstr(ddl_last_error(), "rng") != NULL);
+    logits_of(s, x, l2);
+    if (rank == 0) {
+        ASSERT_TRUE(memcmp(l1, l2, sizeof(float) * (size_t)(B * 10)) == 0);
+    }
+    free(x);
+    free(lab);
+    free(l1);
+    free(l2);
+}
+
+// The global weights: gather them all onto rank 0, push zeros (every logit is then 0),
+// gather the zeros back, push the originals (the logits return bitwise).
+static void test_weights(ddl_session_t *s)
+{
+    const int64_t B  = ddl_spec_batch_size(ddl_model_spec(ddl_session_model(s)));
+    int           nw = ddl_session_nweights(s);
+    ASSERT_TRUE(nw == 10);
+    float  *x = NULL, *l0 = NULL, *l1 = NULL;
+    int64_t *lab = NULL;
+    float  **w = calloc((size_t)nw, sizeof *w), **z = calloc((size_t)nw, sizeof *z);
+    if (rank == 0) {
+        x   = malloc(sizeof(float) * (size_t)(B * 784));
+        lab = malloc(sizeof(int64_t) * (size_t)B);
+        l0  = malloc(sizeof(float) * (size_t)(B * 10));
+        l1  = malloc(sizeof(float) * (size_t)(B * 10));
+    }
+    test_samples(s, B, x, lab);
+    logits_of(s, x, l0);
+    for (int i = 0; i < nw; i++) {
+        int64_t n = ddl_shape_numel(ddl_session_weight_shape(s, i));
+        ASSERT_TRUE(n > 0);
+        ASSERT_TRUE(ddl_session_weight_dtype(s, i) == DDL_F32);
+        ASSERT_TRUE(strchr(ddl_session_weight_name(s, i), '.') != NULL);
+        if (rank == 0) {
+            w[i] = malloc(sizeof(float) * (size_t)n);
+            z[i] = calloc((size_t)n, sizeof(float));
+        }
+        ASSERT_OK(ddl_session_gather_weight(s, i, w[i]));
+    }
+    ASSERT_STATUS(ddl_session_gather_weight(s, nw, rank == 0 ? w[0] : NULL), DDL_EINVAL);
+    ASSERT_STATUS(ddl_session_scatter_weights(s, NULL), DDL_EINVAL);
+    ASSERT_OK(ddl_session_scatter_weights(s, (const void *const *)z));
+    logits_of(s, x, l1);
+    if (rank == 0) {
+        for (int64_t i = 0; i < B * 10; i++) {
+            ASSERT_TRUE(l1[i] == 0.0f);
+        }
+        memset(z[3], 0xff, sizeof(float)); // a NaN, overwritten by the gather below
+    }
+    ASSERT_OK(ddl_session_gather_weight(s, 3, z[3]));
+    if (rank == 0) {
+        ASSERT_TRUE(z[3][0] == 0.0f);
+    }
+    ASSERT_OK(ddl_session_scatter_weights(s, (const void *const *)w));
+    logits_of(s, x, l1);
+    if (rank == 0) {
+        ASSERT_TRUE(memcmp(l0, l1, sizeof(float) * (size_t)(B * 10)) == 0);
+    }
+    for (int i = 0; i < nw; i++) {
+        free(w[i]);
+        free(z[i]);
+    }
+    free(w);
+    free(z);
+    free(x);
+    free(lab);
+    free(l0);
+    free(l1);
+}
+
+// Both splits are checked against the model; a refused dataset leaves the old one.
+static void test_data_checks(ddl_session_t *s, const char *tmp)
+{
+    const int64_t B   = ddl_spec_batch_size(ddl_model_spec(ddl_session_model(s)));
+    const int64_t spe = ddl_session_steps_per_epoch(s);
+    struct {
+        uint32_t    test_h, test_w, train_n;
+        int         test_shift;
+        const char *needle;
+    } cases[] = {
+        {56, 56, (uint32_t)B, 0, "test samples"}, // the 28 x 28 model would overflow
+        {1, 1, (uint32_t)B, 0, "test samples"},   // a meaningless accuracy
+        {28, 28, (uint32_t)B, 1, "test labels"},  // label 10 with 10 classes
+        {28, 28, (uint32_t)B - 1, 0, "fewer than one batch"},
+    };
+    for (int k = 0; k < (int)(sizeof cases / sizeof cases[0]); k++) {
+        char dir[512];
+        snprintf(dir, sizeof dir, "%s/data%d", tmp, k);
+        if (rank == 0) {
+            ASSERT_TRUE(mkdir(dir, 0777) == 0);
+            write_split(dir, "train", cases[k].train_n, 28, 28, 10, 0);
+            write_split(dir, "t10k", 20, cases[k].test_h, cases[k].test_w, 10, cases[k].test_shift);
+        }
+        ASSERT_STATUS(ddl_session_open_data(s, rank == 0 ? dir : NULL), DDL_EINVAL);
+        if (strstr(ddl_last_error(), cases[k].needle) == NULL) {
+            TEST_FAIL_("case %d: message \"%s\" lacks \"%s\"", k, ddl_last_error(),
+                       cases[k].needle);
+        }
+        ASSERT_TRUE(ddl_session_has_data(s));
+        ASSERT_EQ(ddl_session_steps_per_epoch(s), spe);
+    }
+    // A good tiny dataset replaces the old one.
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/good", tmp);
+    if (rank == 0) {
+        ASSERT_TRUE(mkdir(dir, 0777) == 0);
+        write_split(dir, "train", (uint32_t)(2 * B + 3), 28, 28, 10, 0);
+        write_split(dir, "t10k", 20, 28, 28, 10, 0);
+    }
+    ASSERT_OK(ddl_session_open_data(s, rank == 0 ? dir : NULL));
+    ASSERT_EQ(ddl_session_steps_per_epoch(s), 2);
+    ddl_eval_result ev;
+    ASSERT_OK(ddl_session_evaluate(s, DDL_SPLIT_TEST, &ev));
+    ASSERT_EQ(ev.count, 20);
+}
+
+// An allocation failure on the last rank only: inside a save, then at every allocation
+// of at least 4 KiB (tensors: weights, activations, gradients, optimizer state, plan
+// buffers -- where a huge layer fails) of session creation, and at each of the first 40
+// allocations of any size (the session, the spec, the partitions, the first layer).
+// Every rank must return the same error, nothing may hang, and a failed creation must
+// free everything it made.
+static void sweep_create(const char *spec_text, long long first, long long last, size_t min_bytes)
+{
+    const int victim = size - 1;
+    for (long long n = first; n <= last; n++) {
+        int64_t        live = ddl_alloc_bytes_live();
+        ddl_session_t *t    = NULL;
+        if (getenv("DDL_TEST_VERBOSE") != NULL && rank == 0) {
+            fprintf(stderr, "failing allocation %lld (>= %zu bytes) on rank %d\n", n, min_bytes,
+                    victim);
+        }
+        if (rank == victim) {
+            ddl_alloc_fail_after((uint64_t)n, min_bytes);
+        }
+        ddl_status st = ddl_session_create(MPI_COMM_WORLD, spec_text, "spec.json", NULL, &t);
+        ddl_alloc_fail_after(0, 0);
+        assert_same(st);
+        if (st == DDL_OK && last == LLONG_MAX) {
+            ddl_session_destroy(&t); // past the last allocation of that size: done
+            ASSERT_TRUE(n > 5);
+            return;
+        }
+        if (st != DDL_ENOMEM) {
+            TEST_FAIL_("allocation %lld (>= %zu bytes) failing on rank %d gave %s: %s", n,
+                       min_bytes, victim, ddl_status_name(st), ddl_last_error());
+        }
+        ASSERT_TRUE(t == NULL);
+        if (ddl_alloc_bytes_live() != live) { // nothing may leak
+            TEST_FAIL_("allocation %lld (>= %zu bytes) failing on rank %d leaked %lld bytes (%s)",
+                       n, min_bytes, victim, (long long)(ddl_alloc_bytes_live() - live),
+                       ddl_last_error());
+        }
+    }
+    ASSERT_TRUE(last != LLONG_MAX);
+}
+
+static void test_one_rank_failure(ddl_session_t *s, const char *spec_text, const char *tmp)
+{
+    const int victim = size - 1;
+    char      dir[512];
+    snprintf(dir, sizeof dir, "%s/failsave", tmp);
+    for (uint64_t n = 1; n <= 3; n++) {
+        if (rank == victim) {
+            ddl_alloc_fail_after(n, 0);
+        }
+        ddl_status st = ddl_session_save(s, rank == 0 ? dir : NULL, NULL);
+        ddl_alloc_fail_after(0, 0);
+        assert_same(st);
+        ASSERT_STATUS(st, DDL_ENOMEM);
+    }
+    sweep_create(spec_text, 1, LLONG_MAX, 4096);
+    // DDL_TEST_SWEEP_FROM=n: also every small allocation from the n-th on (exploratory).
+    const char *from = getenv("DDL_TEST_SWEEP_FROM");
+    if (from != NULL) {
+        sweep_create(spec_text, atoll(from), LLONG_MAX, 0);
+    } else {
+        sweep_create(spec_text, 1, 40, 0);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    ddl_test_mpi_init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    ASSERT_TRUE(argc == 2);
+    struct stat sb;
+    if (stat(FASHION_DIR, &sb) != 0) {
+        if (rank == 0) {
+            printf("skipped: no dataset at %s\n", FASHION_DIR);
+        }
+        MPI_Finalize();
+        return DDL_TEST_SKIP;
+    }
+    if (size != 1 && size != 2 && size != 4) {
+        return ddl_test_mpi_finalize(); // shipped LeNet-5 specs exist for 1, 2 and 4 ranks
+    }
+    char path[512], tmp[256];
+    snprintf(path, sizeof path, "%s/lenet5-%d.json", argv[1], size);
+    char *text = read_text(path);
+    make_tmpdir(tmp, sizeof tmp);
+    test_bad_create(argv[1]);
+
+    char ck[512];
+    snprintf(ck, sizeof ck, "%s/ck", tmp);
+    ddl_session_options opts = {.checkpoint_dir = ck, .checkpoint_every = 0};
+    ddl_session_t      *s    = NULL;
+    ASSERT_OK(ddl_session_create(MPI_COMM_WORLD, text, path, rank == 0 ? &opts : NULL, &s));
+    ASSERT_TRUE(ddl_session_nweights(s) == 10);
+
+    // Nothing to train on yet.
+    ddl_train_request req = {.steps = 3};
+    ddl_train_result  res;
+    ASSERT_STATUS(ddl_session_train(s, &req, NULL, NULL, &res), DDL_EBUSY);
+    ASSERT_OK(ddl_session_open_data(s, rank == 0 ? FASHION_DIR : NULL));
+    ASSERT_EQ(ddl_session_steps_per_epoch(s), 60000 / 64);
+    ddl_eval_result ev0, ev1;
+    ASSERT_OK(ddl_session_evaluate(s, DDL_SPLIT_TEST, &ev0));
+    ASSERT_EQ(ev0.count, 10000);
+    // Bad requests: both or neither of steps and epochs.
+    ddl_train_request both = {.steps = 1, .epochs = 1}, none = {0};
+    ASSERT_STATUS(ddl_session_train(s, &both, NULL, NULL, &res), DDL_EINVAL);
+    ASSERT_STATUS(ddl_session_train(s, &none, NULL, NULL, &res), DDL_EINVAL);
+
+    // Training lowers the loss and allocates nothing per step.
+    record r = {0};
+    req      = (ddl_train_request){.steps = 2};
+    ASSERT_OK(ddl_session_train(s, &req, on_progress, &r, &res)); // warm-up
+    uint64_t before = ddl_alloc_count();
+    req             = (ddl_train_request){.steps = 40};
+    r               = (record){0};
+    ASSERT_OK(ddl_session_train(s, &req, on_progress, &r, &res));
+    ASSERT_EQ(ddl_alloc_count() - before, 0);
+    ASSERT_EQ(res.steps_done, 40);
+    ASSERT_EQ(res.step, 42);
+    ASSERT_TRUE(!res.cancelled);
+    ASSERT_EQ(ddl_session_cursor(s).batch, 42);
+    if (rank == 0) {
+        ASSERT_EQ(r.n, 40);
+        ASSERT_TRUE(!r.bad);
+        double first = 0, last = 0;
+        for (int i = 0; i < 5; i++) {
+            first += r.loss[i];
+            last += r.loss[35 + i];
+        }
+        ASSERT_TRUE(last < first);
+    }
+    // Cancel from the callback after 3 of 10 steps: every rank stops there.
+    r            = (record){.stop_after = 3};
+    req          = (ddl_train_request){.steps = 10};
+    ASSERT_OK(ddl_session_train(s, &req, on_progress, &r, &res));
+    ASSERT_TRUE(res.cancelled);
+    ASSERT_EQ(res.steps_done, 3);
+    ASSERT_EQ(ddl_session_cursor(s).batch, 45);
+    assert_same(res.steps_done);
+    ASSERT_OK(ddl_session_evaluate(s, DDL_SPLIT_TEST, &ev1));
+    ASSERT_TRUE(ev1.loss < ev0.loss);
+    ASSERT_TRUE(ev1.accuracy > ev0.accuracy);
+
+    test_predict_and_eval(s);
+    test_save_restore(s, tmp);
+    test_weights(s);
+    test_one_rank_failure(s, text, tmp);
+    test_data_checks(s, tmp);
+
+    ddl_session_destroy(&s);
+    ASSERT_TRUE(s == NULL);
+    if (rank == 0) {
+        char cmd[512];
+        snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
+        ASSERT_TRUE(system(cmd) == 0);
+    }
+    free(text);
+    return ddl_test_mpi_finalize();
+}

@@ -301,12 +301,9 @@ static void close_handle(uv_handle_t *h, void *arg)
 
 static int run_rank0(const ddld_config *cfg, ddld_dispatch *d)
 {
-    r0.d     = d;
-    int code = ddld_dispatch_startup(d);
-    if (code != 0) {
-        ddld_dispatch_quit(d, code);
-        return code;
-    }
+    r0.d = d;
+    // The loop and its signal handles come first, so a signal during a long start-up
+    // (building a big model, --resume) is held for the loop instead of killing rank 0.
     uv_loop_init(&r0.loop);
     uv_async_init(&r0.loop, &r0.wake, on_wake);
     uv_signal_init(&r0.loop, &r0.sig_term);
@@ -323,11 +320,13 @@ static int run_rank0(const ddld_config *cfg, ddld_dispatch *d)
         uv_timer_start(&r0.ckpt_timer, on_ckpt_timer, ms, ms);
     }
 
+    int code = ddld_dispatch_startup(d);
     int port = 0;
-    r0.svc   = ddld_service_start(cfg, wake_from_grpc, NULL, &port);
-    if (r0.svc == NULL) {
-        code = 2;
-    } else if (write_address(cfg, port) != 0) {
+    if (code == 0) {
+        r0.svc = ddld_service_start(cfg, wake_from_grpc, NULL, &port);
+        code   = r0.svc == NULL ? 2 : 0;
+    }
+    if (code == 0 && write_address(cfg, port) != 0) {
         code = 2;
         ddld_service_close(r0.svc);
         ddld_service_stop(&r0.svc, 0);

@@ -155,7 +155,8 @@ struct ddld_service {
     pthread_mutex_t mu; // jobs, closing, watchers, shutdown_done, staging
     pthread_cond_t  cv;
     ddld_job      **jobs;
-    int             cap, head, count;
+    int             cap, head, count; // ring storage
+    int             limit;            // --queue: client jobs waiting at most
     bool            closing, stopping, shutdown_done;
     ddld_call      *watchers;
     uint8_t        *staging;
@@ -435,7 +436,30 @@ double ddld_now(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static grpc_status_code enqueue(ddld_service *svc, ddld_job *job, bool front)
+// Makes room for one more job at the front, beyond the client limit if need be. Caller
+// holds svc->mu.
+static void push_front_locked(ddld_service *svc, ddld_job *job)
+{
+    if (svc->count == svc->cap) {
+        int        ncap = svc->cap * 2;
+        ddld_job **nj   = calloc((size_t)ncap, sizeof *nj);
+        for (int i = 0; i < svc->count; i++) {
+            nj[i] = svc->jobs[(svc->head + i) % svc->cap];
+        }
+        free(svc->jobs);
+        svc->jobs = nj;
+        svc->cap  = ncap;
+        svc->head = 0;
+    }
+    svc->head            = (svc->head + svc->cap - 1) % svc->cap;
+    svc->jobs[svc->head] = job;
+    svc->count++;
+}
+
+// Queues a job for the main thread: UNAVAILABLE when closing, RESOURCE_EXHAUSTED when
+// --queue client jobs wait already. `priority` jobs (Shutdown) go first and are never
+// refused for room.
+static grpc_status_code enqueue(ddld_service *svc, ddld_job *job, bool priority)
 {
     job->t_arrived = ddld_now();
     pthread_mutex_lock(&svc->mu);
@@ -443,17 +467,15 @@ static grpc_status_code enqueue(ddld_service *svc, ddld_job *job, bool front)
         pthread_mutex_unlock(&svc->mu);
         return GRPC_STATUS_UNAVAILABLE;
     }
-    if (svc->count == svc->cap) {
+    if (priority) {
+        push_front_locked(svc, job);
+    } else if (svc->count >= svc->limit) {
         pthread_mutex_unlock(&svc->mu);
         return GRPC_STATUS_RESOURCE_EXHAUSTED;
-    }
-    if (front) {
-        svc->head            = (svc->head + svc->cap - 1) % svc->cap;
-        svc->jobs[svc->head] = job;
     } else {
         svc->jobs[(svc->head + svc->count) % svc->cap] = job;
+        svc->count++;
     }
-    svc->count++;
     if (job->call != NULL) {
         atomic_fetch_add(&job->call->refs, 1);
         job->call->state = ST_IDLE;
@@ -491,22 +513,8 @@ void ddld_service_push_internal(ddld_service *svc, int internal)
     ddld_job *job = calloc(1, sizeof *job);
     job->method   = DDLD_M_INTERNAL;
     job->internal = internal;
-    // The queue may be full of client work; internal jobs go first and may exceed it.
     pthread_mutex_lock(&svc->mu);
-    if (svc->count == svc->cap) {
-        int        ncap = svc->cap * 2;
-        ddld_job **nj   = calloc((size_t)ncap, sizeof *nj);
-        for (int i = 0; i < svc->count; i++) {
-            nj[i] = svc->jobs[(svc->head + i) % svc->cap];
-        }
-        free(svc->jobs);
-        svc->jobs = nj;
-        svc->cap  = ncap;
-        svc->head = 0;
-    }
-    svc->head            = (svc->head + svc->cap - 1) % svc->cap;
-    svc->jobs[svc->head] = job;
-    svc->count++;
+    push_front_locked(svc, job); // ahead of client work, even when the queue is full
     pthread_mutex_unlock(&svc->mu);
 }
 
@@ -1212,7 +1220,7 @@ static void on_message(ddld_call *c)
                 finish_code(c, code, "distdld is shutting down");
             } else {
                 finish_code(c, code, "the request queue is full (%d waiting; --queue)",
-                            c->svc->cap);
+                            c->svc->limit);
             }
         }
         return;
@@ -1448,7 +1456,8 @@ ddld_service *ddld_service_start(const ddld_config *cfg, void (*wake)(void *), v
     svc->cfg               = cfg;
     svc->wake              = wake;
     svc->wake_ud           = wake_ud;
-    svc->cap               = cfg->queue;
+    svc->cap               = cfg->queue + 1;
+    svc->limit             = cfg->queue;
     svc->verbose           = getenv("DDLD_VERBOSE") != NULL && getenv("DDLD_VERBOSE")[0] == '1';
     svc->jobs              = calloc((size_t)svc->cap, sizeof *svc->jobs);
     svc->shutdown_tag.what = TAG_SHUTDOWN;

@@ -313,8 +313,18 @@ def main():
         tt.start()
         while c.status().state != "training":
             time.sleep(0.05)
-        time.sleep(0.3)
+        # The request queue (--queue 4) fills behind the Train: the 5th and 6th Step are
+        # RESOURCE_EXHAUSTED at once; a Shutdown still gets in (it goes first) and the
+        # queued Steps end UNAVAILABLE.
+        step_f = c.ch.unary_unary("/distdl.v1.Trainer/Step",
+                                  request_serializer=lambda m: m.SerializeToString(),
+                                  response_deserializer=tr.StepResponse.FromString)
+        futs = [step_f.future(tr.StepRequest(batch=batch()), timeout=120) for _ in range(6)]
+        time.sleep(0.5)
         sd = c.trainer("Shutdown", tr.ShutdownRequest(checkpoint=True), "ShutdownResponse")
+        codes = sorted(f.exception().code().name if f.exception() else "OK" for f in futs)
+        print("  queued Steps ended:", codes)
+        assert codes == ["RESOURCE_EXHAUSTED"] * 2 + ["UNAVAILABLE"] * 4, codes
         tt.join(timeout=60)
         assert train_end and train_end[0][0] == SC.UNAVAILABLE, train_end
         assert train_end[0][1].finished, train_end

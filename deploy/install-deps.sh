@@ -15,4 +15,5 @@ $SUDO apt-get install -y -q --no-install-recommends \
     libgrpc-dev protobuf-c-compiler libprotobuf-c-dev \
     libuv1-dev libjansson-dev zlib1g-dev libssl-dev \
     dataset-fashion-mnist \
-    python3 python3-numpy python3-torch
+    python3 python3-numpy python3-torch \
+    python3-grpcio python3-protobuf protobuf-compiler

@@ -1,0 +1,1545 @@
+// server/dispatch.c: the command path. Rank 0's main thread validates each queued request
+// completely against the model, broadcasts one fixed-size command header to every rank,
+// and then every rank calls the same ddl_session_* function (rank 0 with the payload
+// pointers, the others with NULL: the session broadcasts what it needs and ends with all
+// ranks agreeing on the status). Rank 0 then completes the gRPC call.
+//
+// The command protocol (one header per command, MPI_Ibcast of sizeof(ddld_cmd) bytes from
+// rank 0 on the dispatcher's own duplicate of MPI_COMM_WORLD):
+//   QUIT(code)  CREATE(flags REPLACE)  OPEN_DATA  STEP(count)  TRAIN(steps, epochs)
+//   EVAL_SPLIT(split)  EVAL_BATCH(count)  PREDICT(count)  PULL  PUSH  SAVE  RESTORE(step)
+// A rejected request is never broadcast: the workers do not learn of it.
+//
+// Idle is idle: the workers wait for the next header with MPI_Ibcast + MPI_Test and a
+// sleep that grows from 50 us to 10 ms with the time since the last command, so a quiet
+// daemon costs almost no CPU while a client stepping steadily finds them within 50 us to
+// 1 ms.
+#include <errno.h>
+#include <jansson.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ddl/base.h"
+#include "ddld.h"
+#include "inference/grpc_service.pb-c.h"
+
+ddld_shared ddld_g = {
+    .mu = PTHREAD_MUTEX_INITIALIZER, .state = "idle", .serving = true, .durable_step = -1};
+
+enum { CF_REPLACE = 1 };
+
+struct train_ctx;
+
+static bool d_verbose; // DDLD_VERBOSE=1 (rank 0's logging of timings and refusals)
+
+struct payload {
+    const char            *text, *source, *path;
+    const void            *x;
+    size_t                 x_bytes;
+    const int64_t         *labels;
+    void                  *out;
+    size_t                 out_bytes;
+    const ddld_model_info *mi; // PULL: where each weight goes in out
+    const void *const     *bufs;
+    ddl_step_result        step;
+    ddl_train_result       train;
+    ddl_eval_result        eval;
+    int64_t                saved_step;
+    struct train_ctx      *tctx; // TRAIN: the streaming call's context (rank 0)
+};
+
+struct ddld_dispatch {
+    const ddld_config  *cfg;
+    MPI_Comm            world, ctrl;
+    int                 rank, size;
+    ddl_session_options opts;
+    ddl_session_t      *s;
+    // rank 0 only
+    ddld_service *svc;
+    void (*poll)(void *);
+    bool (*stopping)(void *);
+    void    *ud;
+    char     root_real[PATH_MAX];
+    char     data_abs[PATH_MAX]; // the open dataset ("" : none)
+    double   lut[256];           // UINT8 pixel -> normalized value
+    void    *xbuf;               // converted inputs (grown, reused)
+    size_t   xcap;
+    int64_t *lbuf; // realigned labels
+    size_t   lcap;
+    // PullWeights snapshot: gathered once per weights version and shared read-only by every
+    // stream that serves that version; rewritten only when no stream reads it.
+    uint8_t   *pull;
+    size_t     pull_cap;
+    atomic_int pull_readers;
+    uint64_t   pull_version;    // weights_version the snapshot holds (0: none)
+    uint64_t   weights_version; // bumps with every command that may change weights
+    bool       verbose;         // DDLD_VERBOSE=1: timings of the weight paths
+    bool       ckpt_requested;  // SIGUSR1: checkpoint at the next step boundary or when idle
+    double     t_popped;        // when the current job left the queue (DDLD_VERBOSE)
+};
+
+// ---- model info (rank 0) ------------------------------------------------------------------
+
+const char *ddld_dtype_wire(ddl_dtype dt)
+{
+    return dt == DDL_F64 ? "FP64" : "FP32";
+}
+
+void ddld_model_info_free(ddld_model_info *mi)
+{
+    for (int i = 0; i < mi->nweights; i++) {
+        free(mi->weights[i].name);
+    }
+    free(mi->weights);
+    for (int i = 0; i < mi->npartitions; i++) {
+        free(mi->part_name[i]);
+        free(mi->part_ranks[i]);
+        free(mi->part_shape[i]);
+    }
+    free(mi->part_name);
+    free(mi->part_ranks);
+    free(mi->part_shape);
+    free(mi->part_nranks);
+    free(mi->part_ndims);
+    memset(mi, 0, sizeof *mi);
+}
+
+static void info_partitions(ddld_model_info *mi, const char *spec_text)
+{
+    json_t *root  = json_loads(spec_text, 0, NULL);
+    json_t *parts = root != NULL ? json_object_get(root, "partitions") : NULL;
+    if (json_is_object(parts)) {
+        size_t n        = json_object_size(parts);
+        mi->part_name   = calloc(n + 1, sizeof *mi->part_name);
+        mi->part_ranks  = calloc(n + 1, sizeof *mi->part_ranks);
+        mi->part_shape  = calloc(n + 1, sizeof *mi->part_shape);
+        mi->part_nranks = calloc(n + 1, sizeof *mi->part_nranks);
+        mi->part_ndims  = calloc(n + 1, sizeof *mi->part_ndims);
+        const char *key;
+        json_t     *val;
+        int         i = 0;
+        json_object_foreach(parts, key, val)
+        {
+            json_t *r = json_object_get(val, "ranks"), *sh = json_object_get(val, "shape");
+            mi->part_name[i]  = strdup(key);
+            size_t nr         = json_is_array(r) ? json_array_size(r) : 0;
+            size_t nd         = json_is_array(sh) ? json_array_size(sh) : 0;
+            mi->part_ranks[i] = calloc(nr + 1, sizeof(int32_t));
+            mi->part_shape[i] = calloc(nd + 1, sizeof(int64_t));
+            for (size_t k = 0; k < nr; k++) {
+                mi->part_ranks[i][k] = (int32_t)json_integer_value(json_array_get(r, k));
+            }
+            for (size_t k = 0; k < nd; k++) {
+                mi->part_shape[i][k] = json_integer_value(json_array_get(sh, k));
+            }
+            mi->part_nranks[i] = (int)nr;
+            mi->part_ndims[i]  = (int)nd;
+            i++;
+        }
+        mi->npartitions = i;
+    }
+    json_decref(root);
+}
+
+// Publishes the current model (or none) in the shared snapshot. Rank 0.
+static void publish_model(ddld_dispatch *d, const char *name)
+{
+    ddld_model_info mi;
+    memset(&mi, 0, sizeof mi);
+    if (d->s != NULL) {
+        const ddl_spec_t *spec = ddl_model_spec(ddl_session_model(d->s));
+        mi.has_model           = true;
+        snprintf(mi.name, sizeof mi.name, "%s", name != NULL && name[0] ? name : "model");
+        mi.dtype        = ddl_spec_dtype(spec);
+        mi.batch_size   = ddl_spec_batch_size(spec);
+        mi.input        = ddl_spec_input_shape(spec);
+        mi.sample_numel = ddl_shape_numel(&mi.input);
+        mi.classes      = ddl_spec_num_classes(spec);
+        ddl_spec_normalize(spec, &mi.norm_mean, &mi.norm_std);
+        for (int v = 0; v < 256; v++) {
+            d->lut[v] = ((double)v / 255.0 - mi.norm_mean) / mi.norm_std;
+        }
+        mi.nweights = ddl_session_nweights(d->s);
+        mi.weights  = calloc((size_t)mi.nweights + 1, sizeof *mi.weights);
+        size_t off  = 0;
+        for (int i = 0; i < mi.nweights; i++) {
+            ddld_weight_info *w = &mi.weights[i];
+            w->name             = strdup(ddl_session_weight_name(d->s, i));
+            w->dtype            = ddl_session_weight_dtype(d->s, i);
+            w->shape            = *ddl_session_weight_shape(d->s, i);
+            int64_t n           = ddl_shape_numel(&w->shape);
+            w->bytes            = (size_t)n * ddl_dtype_size(w->dtype);
+            w->offset           = off;
+            off += (w->bytes + 63) / 64 * 64;
+            mi.num_parameters += n;
+        }
+        mi.weights_bytes = off;
+        info_partitions(&mi, ddl_spec_text(spec));
+    } else if (name != NULL) {
+        snprintf(mi.name, sizeof mi.name, "%s", name);
+    }
+    pthread_mutex_lock(&ddld_g.mu);
+    if (!mi.has_model && name == NULL) {
+        snprintf(mi.name, sizeof mi.name, "%s", ddld_g.info.name);
+    }
+    ddld_model_info_free(&ddld_g.info);
+    ddld_g.info = mi;
+    ddld_g.model_gen++;
+    pthread_mutex_unlock(&ddld_g.mu);
+}
+
+// Mirrors the session's counters into the snapshot. Rank 0.
+static void publish_progress(ddld_dispatch *d)
+{
+    if (d->s == NULL) {
+        return;
+    }
+    ddl_cursor cur     = ddl_session_cursor(d->s);
+    int64_t    step    = ddl_model_step(ddl_session_model(d->s));
+    int64_t    durable = ddl_session_durable_step(d->s);
+    pthread_mutex_lock(&ddld_g.mu);
+    ddld_g.step         = step;
+    ddld_g.durable_step = durable;
+    ddld_g.epoch        = cur.epoch;
+    ddld_g.batch        = cur.batch;
+    pthread_mutex_unlock(&ddld_g.mu);
+}
+
+static void clear_batches(void)
+{
+    pthread_mutex_lock(&ddld_g.mu);
+    while (ddld_g.batch_count > 0) {
+        protobuf_c_message_free_unpacked(&ddld_g.batches[ddld_g.batch_head]->base, NULL);
+        ddld_g.batch_head = (ddld_g.batch_head + 1) % ddld_g.batch_cap;
+        ddld_g.batch_count--;
+    }
+    pthread_mutex_unlock(&ddld_g.mu);
+}
+
+// ---- validation (any thread; no MPI) -------------------------------------------------------
+
+static void shape_text(const int64_t *d, size_t n, char *buf, size_t len)
+{
+    size_t o = (size_t)snprintf(buf, len, "[");
+    for (size_t i = 0; i < n && o < len; i++) {
+        o += (size_t)snprintf(buf + o, len - o, i ? ", %lld" : "%lld", (long long)d[i]);
+    }
+    if (o < len) {
+        snprintf(buf + o, len - o, "]");
+    }
+}
+
+grpc_status_code ddld_input_check(const ddld_model_info *mi, const char *what, const char *datatype,
+                                  const int64_t *shape, size_t ndim, size_t raw_len, int64_t *count,
+                                  char *err, size_t errlen)
+{
+    const char *want = ddld_dtype_wire(mi->dtype);
+    size_t      item;
+    if (strcmp(datatype, want) == 0) {
+        item = ddl_dtype_size(mi->dtype);
+    } else if (strcmp(datatype, "UINT8") == 0) {
+        item = 1;
+    } else {
+        snprintf(err, errlen, "%s: expected datatype %s or UINT8, got \"%.32s\"", what, want,
+                 datatype);
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    int64_t exp[DDL_MAX_DIMS + 1];
+    exp[0] = ndim > 0 ? shape[0] : 0;
+    for (int k = 0; k < mi->input.ndim; k++) {
+        exp[k + 1] = mi->input.d[k];
+    }
+    bool ok = ndim == (size_t)mi->input.ndim + 1 && shape[0] >= 1;
+    for (size_t k = 1; ok && k < ndim; k++) {
+        ok = shape[k] == exp[k];
+    }
+    if (!ok) {
+        char e[200], g[200];
+        shape_text(exp, (size_t)mi->input.ndim + 1, e, sizeof e);
+        shape_text(shape, ndim < 16 ? ndim : 16, g, sizeof g);
+        snprintf(err, errlen, "%s: expected shape %s with n >= 1, got %s", what, e, g);
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    // numel = n * sample, checked against the element cap before multiplying bytes.
+    if (shape[0] > DDLD_MAX_ELEMENTS / (mi->sample_numel > 0 ? mi->sample_numel : 1)) {
+        snprintf(err, errlen, "%s: %lld samples exceed the tensor size limit", what,
+                 (long long)shape[0]);
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    uint64_t bytes = (uint64_t)shape[0] * (uint64_t)mi->sample_numel * item;
+    if (bytes != raw_len) {
+        snprintf(err, errlen, "%s: expected %llu bytes (%lld x %lld x %zu-byte %s), got %zu", what,
+                 (unsigned long long)bytes, (long long)shape[0], (long long)mi->sample_numel, item,
+                 datatype, raw_len);
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    *count = shape[0];
+    return GRPC_STATUS_OK;
+}
+
+grpc_status_code ddld_batch_check(const ddld_model_info *mi, const Distdl__V1__Batch *b, bool exact,
+                                  int64_t *count, char *err, size_t errlen)
+{
+    if (b->x == NULL || b->labels == NULL) {
+        snprintf(err, errlen, "batch: both x and labels are required");
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    int64_t          n;
+    grpc_status_code code = ddld_input_check(mi, "batch.x", b->x->datatype, b->x->shape,
+                                             b->x->n_shape, b->x->raw.len, &n, err, errlen);
+    if (code != GRPC_STATUS_OK) {
+        return code;
+    }
+    if (exact && n != mi->batch_size) {
+        snprintf(err, errlen, "batch.x: expected %lld samples (the spec's batch_size), got %lld",
+                 (long long)mi->batch_size, (long long)n);
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    const Distdl__V1__Tensor *l = b->labels;
+    if (strcmp(l->datatype, "INT64") != 0) {
+        snprintf(err, errlen, "batch.labels: expected datatype INT64, got \"%.32s\"", l->datatype);
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    if (l->n_shape != 1 || l->shape[0] != n) {
+        char g[200];
+        shape_text(l->shape, l->n_shape < 16 ? l->n_shape : 16, g, sizeof g);
+        snprintf(err, errlen, "batch.labels: expected shape [%lld], got %s", (long long)n, g);
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    if (l->raw.len != (size_t)n * 8) {
+        snprintf(err, errlen, "batch.labels: expected %lld bytes (%lld x 8), got %zu",
+                 (long long)n * 8, (long long)n, l->raw.len);
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        int64_t v;
+        memcpy(&v, l->raw.data + i * 8, 8);
+        if (v < 0 || v >= mi->classes) {
+            snprintf(err, errlen, "batch.labels[%lld]: expected a class in [0, %d), got %lld",
+                     (long long)i, mi->classes, (long long)v);
+            return GRPC_STATUS_INVALID_ARGUMENT;
+        }
+    }
+    *count = n;
+    return GRPC_STATUS_OK;
+}
+
+// A dataset name relative to --data-root: no absolute paths, nothing that climbs out of
+// the root (lexically, and after resolving symbolic links). Rank 0.
+static grpc_status_code resolve_dataset(ddld_dispatch *d, const char *rel, char *abs, char *err,
+                                        size_t errlen)
+{
+    if (rel[0] == '/') {
+        snprintf(err, errlen, "dataset \"%.200s\": expected a path relative to --data-root", rel);
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    int depth = 0;
+    for (const char *p = rel; *p != '\0';) {
+        const char *e = strchr(p, '/');
+        size_t      n = e != NULL ? (size_t)(e - p) : strlen(p);
+        if (n == 2 && p[0] == '.' && p[1] == '.') {
+            depth--;
+        } else if (n > 0 && !(n == 1 && p[0] == '.')) {
+            depth++;
+        }
+        if (depth < 0) {
+            snprintf(err, errlen, "dataset \"%.200s\" leaves the data root", rel);
+            return GRPC_STATUS_INVALID_ARGUMENT;
+        }
+        p += n + (e != NULL);
+    }
+    char joined[PATH_MAX * 2];
+    snprintf(joined, sizeof joined, "%s/%s", d->root_real, rel);
+    if (realpath(joined, abs) == NULL) {
+        snprintf(err, errlen, "dataset \"%.200s\": %s under %s", rel, strerror(errno),
+                 d->root_real);
+        return errno == ENOENT ? GRPC_STATUS_NOT_FOUND : GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    size_t rn = strlen(d->root_real);
+    if (strncmp(abs, d->root_real, rn) != 0 || (abs[rn] != '\0' && abs[rn] != '/' && rn > 1)) {
+        snprintf(err, errlen, "dataset \"%.200s\" leaves the data root", rel);
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    return GRPC_STATUS_OK;
+}
+
+// ---- the collective part (every rank) -------------------------------------------------------
+
+static bool progress_cb(const ddl_progress *p, void *ud);
+
+static ddl_status execute(ddld_dispatch *d, const ddld_cmd *cmd, struct payload *p)
+{
+    ddl_status st = DDL_OK;
+    switch (cmd->op) {
+    case DDLD_OP_CREATE: {
+        ddl_session_t *ns = NULL;
+        st = ddl_session_create(d->world, p->text, p->source != NULL ? p->source : "CreateModel",
+                                &d->opts, &ns);
+        if (st == DDL_OK) {
+            ddl_session_destroy(&d->s);
+            d->s = ns;
+        }
+        break;
+    }
+    case DDLD_OP_OPEN_DATA:
+        st = ddl_session_open_data(d->s, p->path);
+        break;
+    case DDLD_OP_STEP:
+        st = ddl_session_step(d->s, p->x, p->x_bytes, p->labels, cmd->arg[0], &p->step);
+        break;
+    case DDLD_OP_TRAIN: {
+        ddl_train_request r = {.steps = cmd->arg[0], .epochs = cmd->arg[1]};
+        st = ddl_session_train(d->s, &r, d->rank == 0 ? progress_cb : NULL, d->rank == 0 ? p : NULL,
+                               &p->train);
+        break;
+    }
+    case DDLD_OP_EVAL_SPLIT:
+        st = ddl_session_evaluate(d->s, (ddl_split)cmd->arg[0], &p->eval);
+        break;
+    case DDLD_OP_EVAL_BATCH:
+        st = ddl_session_evaluate_batch(d->s, p->x, p->x_bytes, p->labels, cmd->arg[0], &p->eval);
+        break;
+    case DDLD_OP_PREDICT:
+        st = ddl_session_predict(d->s, p->x, p->x_bytes, cmd->arg[0], p->out, p->out_bytes);
+        break;
+    case DDLD_OP_PULL: {
+        int n = ddl_session_nweights(d->s);
+        for (int i = 0; i < n && st == DDL_OK; i++) {
+            uint8_t *dst = p->mi != NULL ? (uint8_t *)p->out + p->mi->weights[i].offset : NULL;
+            st           = ddl_session_gather_weight(d->s, i, dst);
+        }
+        break;
+    }
+    case DDLD_OP_PUSH:
+        st = ddl_session_scatter_weights(d->s, p->bufs);
+        break;
+    case DDLD_OP_SAVE:
+        st = ddl_session_save(d->s, p->path, &p->saved_step);
+        break;
+    case DDLD_OP_RESTORE:
+        st = ddl_session_restore(d->s, p->path, cmd->arg[0]);
+        break;
+    default:
+        break;
+    }
+    return st;
+}
+
+// Rank 0: the header to everyone, then the same call as the workers.
+static ddl_status run(ddld_dispatch *d, int op, int flags, int64_t a0, int64_t a1,
+                      struct payload *p)
+{
+    ddld_cmd cmd;
+    memset(&cmd, 0, sizeof cmd);
+    cmd.op     = op;
+    cmd.flags  = flags;
+    cmd.arg[0] = a0;
+    cmd.arg[1] = a1;
+    MPI_Request req;
+    MPI_Ibcast(&cmd, (int)sizeof cmd, MPI_BYTE, 0, d->ctrl, &req);
+    MPI_Wait(&req, MPI_STATUS_IGNORE);
+    if (op == DDLD_OP_CREATE || op == DDLD_OP_STEP || op == DDLD_OP_TRAIN || op == DDLD_OP_PUSH ||
+        op == DDLD_OP_RESTORE) {
+        d->weights_version++;
+    }
+    return execute(d, &cmd, p);
+}
+
+// The sleep between two tests of the pending broadcast, by the time since the last command
+// ended: 50 us at first (a client stepping back to back), then up to 1 ms for the next
+// 100 ms (a client preparing its next batch), then up to 10 ms (idle: ~100 wake-ups/s).
+static long worker_nap_ns(long nap_ns, double idle_s)
+{
+    long cap = idle_s < 0.002 ? 50000 : idle_s < 0.1 ? 1000000 : 10000000;
+    nap_ns *= 2;
+    return nap_ns > cap ? cap : nap_ns < 50000 ? 50000 : nap_ns;
+}
+
+int ddld_dispatch_worker_loop(ddld_dispatch *d)
+{
+    for (;;) {
+        ddld_cmd    cmd;
+        MPI_Request req;
+        int         done   = 0;
+        long        nap_ns = 50000;
+        double      t0     = MPI_Wtime();
+        MPI_Ibcast(&cmd, (int)sizeof cmd, MPI_BYTE, 0, d->ctrl, &req);
+        for (;;) {
+            MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+            if (done) {
+                break;
+            }
+            struct timespec ts = {.tv_sec = 0, .tv_nsec = nap_ns};
+            nanosleep(&ts, NULL);
+            nap_ns = worker_nap_ns(nap_ns, MPI_Wtime() - t0);
+        }
+        if (cmd.op == DDLD_OP_QUIT) {
+            return (int)cmd.arg[0];
+        }
+        struct payload p;
+        memset(&p, 0, sizeof p);
+        execute(d, &cmd, &p);
+    }
+}
+
+void ddld_dispatch_quit(ddld_dispatch *d, int code)
+{
+    struct payload p;
+    memset(&p, 0, sizeof p);
+    run(d, DDLD_OP_QUIT, 0, code, 0, &p);
+}
+
+// ---- lifecycle ---------------------------------------------------------------------------------
+
+ddld_dispatch *ddld_dispatch_create(const ddld_config *cfg, MPI_Comm world)
+{
+    ddld_dispatch *d = calloc(1, sizeof *d);
+    d->cfg           = cfg;
+    d->world         = world;
+    MPI_Comm_dup(world, &d->ctrl);
+    MPI_Comm_rank(world, &d->rank);
+    MPI_Comm_size(world, &d->size);
+    d->opts.checkpoint_dir   = cfg->checkpoint_dir;
+    d->opts.checkpoint_every = cfg->checkpoint_every;
+    atomic_init(&d->pull_readers, 0);
+    d->verbose = getenv("DDLD_VERBOSE") != NULL && getenv("DDLD_VERBOSE")[0] == '1';
+    d_verbose  = d->verbose && d->rank == 0;
+    if (d->rank == 0) {
+        if (realpath(cfg->data_root, d->root_real) == NULL) {
+            snprintf(d->root_real, sizeof d->root_real, "%s", cfg->data_root);
+        }
+        pthread_mutex_lock(&ddld_g.mu);
+        ddld_g.world_size = d->size;
+        ddld_g.batch_cap  = cfg->queue;
+        ddld_g.batches    = calloc((size_t)cfg->queue, sizeof *ddld_g.batches);
+        pthread_mutex_unlock(&ddld_g.mu);
+    }
+    return d;
+}
+
+void ddld_dispatch_destroy(ddld_dispatch **pd)
+{
+    ddld_dispatch *d = *pd;
+    if (d == NULL) {
+        return;
+    }
+    ddl_session_destroy(&d->s);
+    MPI_Comm_free(&d->ctrl);
+    if (d->rank == 0) {
+        clear_batches();
+        pthread_mutex_lock(&ddld_g.mu);
+        ddld_model_info_free(&ddld_g.info);
+        free(ddld_g.batches);
+        ddld_g.batches = NULL;
+        pthread_mutex_unlock(&ddld_g.mu);
+    }
+    free(d->xbuf);
+    free(d->lbuf);
+    *pd = NULL;
+    if (atomic_load(&d->pull_readers) != 0) {
+        // gRPC may release a stream's last chunk after its own shutdown returned: leave the
+        // snapshot and its counter alive for that release (the process is exiting).
+        return;
+    }
+    free(d->pull);
+    free(d);
+}
+
+void ddld_dispatch_set_hooks(ddld_dispatch *d, ddld_service *svc, void (*poll)(void *),
+                             bool (*stopping)(void *), void *ud)
+{
+    d->svc      = svc;
+    d->poll     = poll;
+    d->stopping = stopping;
+    d->ud       = ud;
+}
+
+// ---- rank 0 helpers ------------------------------------------------------------------------
+
+static void *grow(void **buf, size_t *cap, size_t need)
+{
+    if (*cap < need) {
+        free(*buf);
+        *buf = aligned_alloc(64, (need + 63) / 64 * 64);
+        *cap = *buf != NULL ? need : 0;
+    }
+    return *buf;
+}
+
+// The model-dtype view of a validated input: the request's own bytes when they already are
+// the model dtype (and aligned), otherwise converted once into a reused buffer.
+static const void *input_data(ddld_dispatch *d, const char *datatype, const uint8_t *raw,
+                              int64_t numel, size_t *bytes)
+{
+    const ddld_model_info *mi   = &ddld_g.info; // stable: only this thread replaces it
+    size_t                 item = ddl_dtype_size(mi->dtype);
+    *bytes                      = (size_t)numel * item;
+    if (strcmp(datatype, "UINT8") != 0) {
+        if (((uintptr_t)raw % item) == 0) {
+            return raw;
+        }
+        void *x = grow(&d->xbuf, &d->xcap, *bytes);
+        if (x != NULL) {
+            memcpy(x, raw, *bytes);
+        }
+        return x;
+    }
+    void *x = grow(&d->xbuf, &d->xcap, *bytes);
+    if (x == NULL) {
+        return NULL;
+    }
+    if (mi->dtype == DDL_F64) {
+        double *o = x;
+        for (int64_t i = 0; i < numel; i++) {
+            o[i] = d->lut[raw[i]];
+        }
+    } else {
+        float *o = x;
+        for (int64_t i = 0; i < numel; i++) {
+            o[i] = (float)d->lut[raw[i]];
+        }
+    }
+    return x;
+}
+
+static const int64_t *label_data(ddld_dispatch *d, const uint8_t *raw, int64_t n)
+{
+    if (((uintptr_t)raw % 8) == 0) {
+        return (const int64_t *)raw;
+    }
+    int64_t *l = grow((void **)&d->lbuf, &d->lcap, (size_t)n * 8);
+    if (l != NULL) {
+        memcpy(l, raw, (size_t)n * 8);
+    }
+    return l;
+}
+
+static void fail(ddld_job *job, grpc_status_code code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void fail(ddld_job *job, grpc_status_code code, const char *fmt, ...)
+{
+    char    msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (d_verbose) {
+        ddld_log("refused: %s %s", ddld_grpc_code_name(code), msg);
+    }
+    if (job->call != NULL) {
+        ddld_call_finish(job->call, code, msg, NULL);
+    }
+}
+
+// The engine's status as the call's status, with the agreed message.
+static void fail_engine(ddld_job *job, const char *what, ddl_status st)
+{
+    const char *m = ddl_last_error();
+    fail(job, ddld_status_to_grpc(st), "%s: %s", what, m[0] ? m : ddl_strerror(st));
+}
+
+static bool need_model(ddld_dispatch *d, ddld_job *job, const char *what)
+{
+    if (d->s == NULL) {
+        fail(job, GRPC_STATUS_FAILED_PRECONDITION, "%s: no model (CreateModel first)", what);
+        return false;
+    }
+    return true;
+}
+
+// Opens the dataset when it is not the open one. Rank 0 (collective when it opens).
+static bool ensure_data(ddld_dispatch *d, ddld_job *job, const char *rel, const char *what)
+{
+    char             abs[PATH_MAX], err[768];
+    grpc_status_code code = resolve_dataset(d, rel, abs, err, sizeof err);
+    if (code != GRPC_STATUS_OK) {
+        fail(job, code, "%s: %s", what, err);
+        return false;
+    }
+    if (strcmp(abs, d->data_abs) == 0 && ddl_session_has_data(d->s)) {
+        return true;
+    }
+    struct payload p;
+    memset(&p, 0, sizeof p);
+    p.path        = abs;
+    ddl_status st = run(d, DDLD_OP_OPEN_DATA, 0, 0, 0, &p);
+    if (st != DDL_OK) {
+        fail_engine(job, what, st);
+        return false;
+    }
+    snprintf(d->data_abs, sizeof d->data_abs, "%s", abs);
+    pthread_mutex_lock(&ddld_g.mu);
+    snprintf(ddld_g.data_dir, sizeof ddld_g.data_dir, "%s", rel);
+    pthread_mutex_unlock(&ddld_g.mu);
+    return true;
+}
+
+static void set_state(const char *state)
+{
+    pthread_mutex_lock(&ddld_g.mu);
+    if (strcmp(ddld_g.state, "shutting_down") != 0) {
+        ddld_g.state = state;
+    }
+    pthread_mutex_unlock(&ddld_g.mu);
+}
+
+// ---- handlers (rank 0, main thread) -----------------------------------------------------------
+
+static ddl_status create_model(ddld_dispatch *d, const char *what, const char *text,
+                               const char *source, bool replace, const char *name, char *err,
+                               size_t errlen, grpc_status_code *code)
+{
+    if (d->s != NULL && !replace) {
+        *code = GRPC_STATUS_FAILED_PRECONDITION;
+        snprintf(err, errlen, "%s: a model exists (set replace to replace it)", what);
+        return DDL_EBUSY;
+    }
+    if (text == NULL || text[0] == '\0') {
+        *code = GRPC_STATUS_INVALID_ARGUMENT;
+        snprintf(err, errlen, "%s: spec_json is empty", what);
+        return DDL_EINVAL;
+    }
+    // Complete validation on rank 0 first: a bad spec costs the other ranks nothing.
+    ddl_spec_t *spec = NULL;
+    ddl_status  st   = ddl_spec_parse(text, source, d->size, &spec);
+    ddl_spec_destroy(&spec);
+    if (st == DDL_OK) {
+        struct payload p;
+        memset(&p, 0, sizeof p);
+        p.text   = text;
+        p.source = source;
+        st       = run(d, DDLD_OP_CREATE, replace ? CF_REPLACE : 0, 0, 0, &p);
+    }
+    if (st != DDL_OK) {
+        *code = ddld_status_to_grpc(st);
+        snprintf(err, errlen, "%s: %s", what,
+                 ddl_last_error()[0] ? ddl_last_error() : ddl_strerror(st));
+        return st;
+    }
+    clear_batches();
+    d->data_abs[0] = '\0';
+    pthread_mutex_lock(&ddld_g.mu);
+    ddld_g.data_dir[0] = '\0';
+    ddld_g.last_loss   = 0;
+    pthread_mutex_unlock(&ddld_g.mu);
+    publish_model(d, name);
+    publish_progress(d);
+    return DDL_OK;
+}
+
+static void on_create(ddld_dispatch *d, ddld_job *job)
+{
+    const Distdl__V1__CreateModelRequest *q = (const void *)job->msg;
+    char                                  err[1024];
+    grpc_status_code                      code = GRPC_STATUS_OK;
+    if (create_model(d, "CreateModel", q->spec_json, "spec_json", q->replace, q->name, err,
+                     sizeof err, &code) != DDL_OK) {
+        fail(job, code, "%s", err);
+        return;
+    }
+    Distdl__V1__CreateModelResponse r  = DISTDL__V1__CREATE_MODEL_RESPONSE__INIT;
+    const ddld_model_info          *mi = &ddld_g.info;
+    int64_t                         in[DDL_MAX_DIMS];
+    for (int k = 0; k < mi->input.ndim; k++) {
+        in[k] = mi->input.d[k];
+    }
+    r.name           = (char *)mi->name;
+    r.world_size     = d->size;
+    r.num_parameters = mi->num_parameters;
+    r.batch_size     = mi->batch_size;
+    r.n_input_shape  = (size_t)mi->input.ndim;
+    r.input_shape    = in;
+    r.num_classes    = mi->classes;
+    r.datatype       = (char *)ddld_dtype_wire(mi->dtype);
+    ddld_log("model \"%s\" created (%lld parameters, %d weights)", mi->name,
+             (long long)mi->num_parameters, mi->nweights);
+    ddld_call_finish(job->call, GRPC_STATUS_OK, NULL, &r.base);
+}
+
+static void on_step(ddld_dispatch *d, ddld_job *job)
+{
+    const Distdl__V1__StepRequest *q = (const void *)job->msg;
+    if (!need_model(d, job, "Step")) {
+        return;
+    }
+    const ddld_model_info *mi = &ddld_g.info;
+    Distdl__V1__Batch     *b = q->batch, *queued = NULL;
+    char                   err[768];
+    int64_t                n;
+    if (b == NULL) {
+        pthread_mutex_lock(&ddld_g.mu);
+        if (ddld_g.batch_count > 0) {
+            queued            = ddld_g.batches[ddld_g.batch_head];
+            ddld_g.batch_head = (ddld_g.batch_head + 1) % ddld_g.batch_cap;
+            ddld_g.batch_count--;
+        }
+        pthread_mutex_unlock(&ddld_g.mu);
+        if (queued == NULL) {
+            fail(job, GRPC_STATUS_FAILED_PRECONDITION,
+                 "Step: no inline batch and no submitted batch waiting (SubmitBatch first)");
+            return;
+        }
+        b = queued;
+    }
+    grpc_status_code code = ddld_batch_check(mi, b, true, &n, err, sizeof err);
+    if (code != GRPC_STATUS_OK) {
+        fail(job, code, "Step: %s", err);
+    } else {
+        struct payload p;
+        memset(&p, 0, sizeof p);
+        p.x      = input_data(d, b->x->datatype, b->x->raw.data, n * mi->sample_numel, &p.x_bytes);
+        p.labels = label_data(d, b->labels->raw.data, n);
+        if (p.x == NULL || p.labels == NULL) {
+            fail(job, GRPC_STATUS_RESOURCE_EXHAUSTED, "Step: out of memory");
+        } else {
+            set_state("training");
+            double     t0 = ddld_now();
+            ddl_status st = run(d, DDLD_OP_STEP, 0, n, 0, &p);
+            set_state("idle");
+            if (d->verbose) {
+                ddld_log("Step: waited %.3f ms in the queue, validated in %.3f ms, engine %.3f ms",
+                         (job->t_arrived > 0 ? d->t_popped - job->t_arrived : 0) * 1e3,
+                         (t0 - d->t_popped) * 1e3, (ddld_now() - t0) * 1e3);
+            }
+            if (st != DDL_OK) {
+                fail_engine(job, "Step", st);
+            } else {
+                pthread_mutex_lock(&ddld_g.mu);
+                ddld_g.last_loss = p.step.loss;
+                pthread_mutex_unlock(&ddld_g.mu);
+                publish_progress(d);
+                Distdl__V1__StepResponse r = DISTDL__V1__STEP_RESPONSE__INIT;
+                r.step                     = p.step.step;
+                r.loss                     = p.step.loss;
+                r.accuracy                 = p.step.accuracy;
+                r.durable                  = p.step.durable;
+                ddld_call_finish(job->call, GRPC_STATUS_OK, NULL, &r.base);
+            }
+        }
+    }
+    if (queued != NULL) {
+        protobuf_c_message_free_unpacked(&queued->base, NULL);
+    }
+}
+
+struct train_ctx {
+    ddld_dispatch *d;
+    ddld_job      *job;
+    int            every;
+    int64_t        base_done; // steps done by earlier segments of this call
+    int64_t        total;     // steps planned for the whole call
+    bool           stop_shutdown, stop_cancel, stop_ckpt;
+};
+
+static bool progress_cb(const ddl_progress *pr, void *ud)
+{
+    struct payload   *p    = ud;
+    struct train_ctx *t    = p->tctx;
+    ddld_dispatch    *d    = t->d;
+    int64_t           done = t->base_done + pr->done;
+    if (t->base_done == 0) {
+        t->total = pr->total;
+    }
+    publish_progress(d);
+    pthread_mutex_lock(&ddld_g.mu);
+    ddld_g.last_loss = pr->loss;
+    pthread_mutex_unlock(&ddld_g.mu);
+    if (t->job->call != NULL && (pr->epoch_end || done % t->every == 0)) {
+        Distdl__V1__TrainProgress r = DISTDL__V1__TRAIN_PROGRESS__INIT;
+        r.step                      = pr->step;
+        r.epoch                     = pr->epoch;
+        r.batch                     = pr->batch;
+        r.steps_per_epoch           = pr->steps_per_epoch;
+        r.loss                      = pr->loss;
+        r.accuracy                  = pr->accuracy;
+        r.images_per_second         = pr->images_per_s;
+        r.done                      = done;
+        r.total                     = t->total;
+        r.epoch_end                 = pr->epoch_end;
+        r.durable                   = pr->durable;
+        r.mean_loss                 = pr->mean_loss;
+        ddld_call_send(t->job->call, &r.base);
+    }
+    if (d->poll != NULL) {
+        d->poll(d->ud); // signals and timers: may begin shutdown or ask for a checkpoint
+    }
+    t->stop_shutdown = d->stopping != NULL && d->stopping(d->ud);
+    t->stop_cancel   = t->job->call != NULL && ddld_call_cancelled(t->job->call);
+    t->stop_ckpt     = d->ckpt_requested;
+    return t->stop_shutdown || t->stop_cancel || t->stop_ckpt;
+}
+
+// Train runs in segments: a checkpoint requested meanwhile (SIGUSR1) stops the session at
+// the step boundary, is written, and training goes on with the steps that remain, on the
+// same stream.
+static void on_train(ddld_dispatch *d, ddld_job *job)
+{
+    const Distdl__V1__TrainRequest *q = (const void *)job->msg;
+    if (!need_model(d, job, "Train")) {
+        return;
+    }
+    if ((q->steps > 0) == (q->epochs > 0) || q->steps < 0 || q->epochs < 0) {
+        fail(job, GRPC_STATUS_INVALID_ARGUMENT,
+             "Train: expected exactly one of steps > 0 or epochs > 0, got steps=%lld epochs=%lld",
+             (long long)q->steps, (long long)q->epochs);
+        return;
+    }
+    if (q->progress_every < 0) {
+        fail(job, GRPC_STATUS_INVALID_ARGUMENT, "Train: progress_every must be >= 0, got %d",
+             q->progress_every);
+        return;
+    }
+    if (!ensure_data(d, job, q->dataset, "Train")) {
+        return;
+    }
+    struct train_ctx t = {
+        .d = d, .job = job, .every = q->progress_every > 0 ? q->progress_every : 1};
+    struct payload p;
+    int64_t        steps = q->steps, epochs = q->epochs, done = 0;
+    double         loss_sum = 0, acc_sum = 0, seconds = 0;
+    ddl_status     st;
+    set_state("training");
+    for (;;) {
+        memset(&p, 0, sizeof p);
+        p.tctx      = &t;
+        t.stop_ckpt = false;
+        double t0   = MPI_Wtime();
+        st          = run(d, DDLD_OP_TRAIN, 0, steps, epochs, &p);
+        seconds += MPI_Wtime() - t0;
+        if (st != DDL_OK) {
+            break;
+        }
+        done += p.train.steps_done;
+        loss_sum += p.train.mean_loss * (double)p.train.steps_done;
+        acc_sum += p.train.accuracy * (double)p.train.steps_done;
+        t.base_done = done;
+        if (!t.stop_ckpt || t.stop_shutdown || t.stop_cancel) {
+            break;
+        }
+        ddld_dispatch_checkpoint_pending(d);
+        if (done >= t.total) {
+            break;
+        }
+        steps  = t.total - done;
+        epochs = 0;
+    }
+    set_state("idle");
+    publish_progress(d);
+    if (st != DDL_OK) {
+        const char *m = ddl_last_error();
+        char        msg[1024];
+        snprintf(msg, sizeof msg, "Train: %s", m[0] ? m : ddl_strerror(st));
+        ddld_call_end(job->call, ddld_status_to_grpc(st), msg);
+        return;
+    }
+    Distdl__V1__TrainProgress r   = DISTDL__V1__TRAIN_PROGRESS__INIT;
+    ddl_cursor                cur = ddl_session_cursor(d->s);
+    r.step                        = p.train.step;
+    r.epoch                       = cur.epoch;
+    r.batch                       = cur.batch;
+    r.steps_per_epoch             = ddl_session_steps_per_epoch(d->s);
+    r.loss                        = done > 0 ? loss_sum / (double)done : 0;
+    r.mean_loss                   = r.loss;
+    r.accuracy                    = done > 0 ? acc_sum / (double)done : 0;
+    r.images_per_second = seconds > 0 ? (double)done * (double)ddld_g.info.batch_size / seconds : 0;
+    r.done              = done;
+    r.total             = t.total > 0 ? t.total : done;
+    r.durable           = p.train.durable_step == p.train.step;
+    r.finished          = true;
+    ddld_call_send(job->call, &r.base);
+    if (t.stop_shutdown) {
+        ddld_call_end(job->call, GRPC_STATUS_UNAVAILABLE,
+                      "Train: stopped at a step boundary because distdld is shutting down");
+    } else if (t.stop_cancel) {
+        ddld_call_end(job->call, GRPC_STATUS_CANCELLED, "Train: cancelled");
+    } else {
+        ddld_call_end(job->call, GRPC_STATUS_OK, NULL);
+    }
+}
+
+static void on_evaluate(ddld_dispatch *d, ddld_job *job)
+{
+    const Distdl__V1__EvaluateRequest *q = (const void *)job->msg;
+    if (!need_model(d, job, "Evaluate")) {
+        return;
+    }
+    struct payload p;
+    memset(&p, 0, sizeof p);
+    ddl_status st;
+    if (q->batch != NULL) {
+        char             err[768];
+        int64_t          n;
+        grpc_status_code code =
+            ddld_batch_check(&ddld_g.info, q->batch, false, &n, err, sizeof err);
+        if (code != GRPC_STATUS_OK) {
+            fail(job, code, "Evaluate: %s", err);
+            return;
+        }
+        p.x      = input_data(d, q->batch->x->datatype, q->batch->x->raw.data,
+                              n * ddld_g.info.sample_numel, &p.x_bytes);
+        p.labels = label_data(d, q->batch->labels->raw.data, n);
+        if (p.x == NULL || p.labels == NULL) {
+            fail(job, GRPC_STATUS_RESOURCE_EXHAUSTED, "Evaluate: out of memory");
+            return;
+        }
+        st = run(d, DDLD_OP_EVAL_BATCH, 0, n, 0, &p);
+    } else {
+        int split;
+        if (q->split[0] == '\0' || strcmp(q->split, "test") == 0) {
+            split = DDL_SPLIT_TEST;
+        } else if (strcmp(q->split, "train") == 0) {
+            split = DDL_SPLIT_TRAIN;
+        } else {
+            fail(job, GRPC_STATUS_INVALID_ARGUMENT,
+                 "Evaluate: split: expected \"test\" or \"train\", got \"%.64s\"", q->split);
+            return;
+        }
+        if (!ensure_data(d, job, q->dataset, "Evaluate")) {
+            return;
+        }
+        st = run(d, DDLD_OP_EVAL_SPLIT, 0, split, 0, &p);
+    }
+    if (st != DDL_OK) {
+        fail_engine(job, "Evaluate", st);
+        return;
+    }
+    Distdl__V1__EvaluateResponse r = DISTDL__V1__EVALUATE_RESPONSE__INIT;
+    r.count                        = p.eval.count;
+    r.loss                         = p.eval.loss;
+    r.accuracy                     = p.eval.accuracy;
+    ddld_call_finish(job->call, GRPC_STATUS_OK, NULL, &r.base);
+}
+
+// Runs Predict on a validated input; *logits (malloc'd) receives [n, classes].
+static ddl_status predict(ddld_dispatch *d, const char *datatype, const uint8_t *raw, int64_t n,
+                          void **logits, size_t *logits_bytes)
+{
+    const ddld_model_info *mi = &ddld_g.info;
+    struct payload         p;
+    memset(&p, 0, sizeof p);
+    p.x           = input_data(d, datatype, raw, n * mi->sample_numel, &p.x_bytes);
+    *logits_bytes = (size_t)n * (size_t)mi->classes * ddl_dtype_size(mi->dtype);
+    *logits       = malloc(*logits_bytes > 0 ? *logits_bytes : 1);
+    if (p.x == NULL || *logits == NULL) {
+        free(*logits);
+        *logits = NULL;
+        return ddl_set_error(DDL_ENOMEM, "out of memory for %lld samples", (long long)n);
+    }
+    p.out         = *logits;
+    p.out_bytes   = *logits_bytes;
+    ddl_status st = run(d, DDLD_OP_PREDICT, 0, n, 0, &p);
+    if (st != DDL_OK) {
+        free(*logits);
+        *logits = NULL;
+    }
+    return st;
+}
+
+static void on_predict(ddld_dispatch *d, ddld_job *job)
+{
+    const Distdl__V1__PredictRequest *q = (const void *)job->msg;
+    if (!need_model(d, job, "Predict")) {
+        return;
+    }
+    if (q->x == NULL) {
+        fail(job, GRPC_STATUS_INVALID_ARGUMENT, "Predict: x is required");
+        return;
+    }
+    char             err[768];
+    int64_t          n;
+    grpc_status_code code = ddld_input_check(&ddld_g.info, "x", q->x->datatype, q->x->shape,
+                                             q->x->n_shape, q->x->raw.len, &n, err, sizeof err);
+    if (code != GRPC_STATUS_OK) {
+        fail(job, code, "Predict: %s", err);
+        return;
+    }
+    void      *logits;
+    size_t     lb;
+    ddl_status st = predict(d, q->x->datatype, q->x->raw.data, n, &logits, &lb);
+    if (st != DDL_OK) {
+        fail_engine(job, "Predict", st);
+        return;
+    }
+    int64_t            shape[2]   = {n, ddld_g.info.classes};
+    Distdl__V1__Tensor t          = DISTDL__V1__TENSOR__INIT;
+    t.name                        = "logits";
+    t.datatype                    = (char *)ddld_dtype_wire(ddld_g.info.dtype);
+    t.n_shape                     = 2;
+    t.shape                       = shape;
+    t.raw.data                    = logits;
+    t.raw.len                     = lb;
+    Distdl__V1__PredictResponse r = DISTDL__V1__PREDICT_RESPONSE__INIT;
+    r.logits                      = &t;
+    ddld_call_finish(job->call, GRPC_STATUS_OK, NULL, &r.base);
+    free(logits);
+}
+
+static void on_model_infer(ddld_dispatch *d, ddld_job *job)
+{
+    const Inference__ModelInferRequest *q  = (const void *)job->msg;
+    const ddld_model_info              *mi = &ddld_g.info;
+    if (d->s == NULL || (q->model_name[0] != '\0' && strcmp(q->model_name, mi->name) != 0)) {
+        fail(job, GRPC_STATUS_NOT_FOUND, "ModelInfer: model \"%.128s\" not found%s", q->model_name,
+             d->s == NULL ? " (no model loaded)" : "");
+        return;
+    }
+    for (size_t i = 0; i < q->n_outputs; i++) {
+        if (strcmp(q->outputs[i]->name, "logits") != 0) {
+            fail(job, GRPC_STATUS_INVALID_ARGUMENT,
+                 "ModelInfer: unknown output \"%.64s\" (the model's output is \"logits\")",
+                 q->outputs[i]->name);
+            return;
+        }
+    }
+    if (q->n_inputs != 1) {
+        fail(job, GRPC_STATUS_INVALID_ARGUMENT, "ModelInfer: expected 1 input, got %zu",
+             q->n_inputs);
+        return;
+    }
+    const Inference__ModelInferRequest__InferInputTensor *in      = q->inputs[0];
+    const uint8_t                                        *raw     = NULL;
+    size_t                                                raw_len = 0;
+    void                                                 *typed   = NULL;
+    if (q->n_raw_input_contents > 0) {
+        if (q->n_raw_input_contents != 1 || in->contents != NULL) {
+            fail(job, GRPC_STATUS_INVALID_ARGUMENT,
+                 "ModelInfer: expected one raw_input_contents entry and no typed contents");
+            return;
+        }
+        raw     = q->raw_input_contents[0].data;
+        raw_len = q->raw_input_contents[0].len;
+    } else if (in->contents != NULL) {
+        // Typed contents: repack as little-endian raw bytes of the declared datatype.
+        const Inference__InferTensorContents *c = in->contents;
+        if (strcmp(in->datatype, "FP32") == 0) {
+            raw_len = c->n_fp32_contents * 4;
+            typed   = malloc(raw_len + 1);
+            memcpy(typed, c->fp32_contents, raw_len);
+        } else if (strcmp(in->datatype, "FP64") == 0) {
+            raw_len = c->n_fp64_contents * 8;
+            typed   = malloc(raw_len + 1);
+            memcpy(typed, c->fp64_contents, raw_len);
+        } else if (strcmp(in->datatype, "UINT8") == 0) {
+            raw_len = c->n_uint_contents;
+            typed   = malloc(raw_len + 1);
+            for (size_t i = 0; i < raw_len; i++) {
+                if (c->uint_contents[i] > 255) {
+                    free(typed);
+                    fail(job, GRPC_STATUS_INVALID_ARGUMENT,
+                         "ModelInfer: uint_contents[%zu] = %u is not a UINT8", i,
+                         c->uint_contents[i]);
+                    return;
+                }
+                ((uint8_t *)typed)[i] = (uint8_t)c->uint_contents[i];
+            }
+        }
+        raw = typed;
+    } else {
+        fail(job, GRPC_STATUS_INVALID_ARGUMENT, "ModelInfer: the input has no data");
+        return;
+    }
+    char             err[768];
+    int64_t          n;
+    grpc_status_code code = ddld_input_check(mi, in->name, in->datatype, in->shape, in->n_shape,
+                                             raw_len, &n, err, sizeof err);
+    if (code != GRPC_STATUS_OK) {
+        free(typed);
+        fail(job, code, "ModelInfer: %s", err);
+        return;
+    }
+    void      *logits;
+    size_t     lb;
+    ddl_status st = predict(d, in->datatype, raw, n, &logits, &lb);
+    free(typed);
+    if (st != DDL_OK) {
+        fail_engine(job, "ModelInfer", st);
+        return;
+    }
+    int64_t                                          shape[2] = {n, mi->classes};
+    Inference__ModelInferResponse__InferOutputTensor o, *op = &o;
+    inference__model_infer_response__infer_output_tensor__init(&o);
+    o.name                            = "logits";
+    o.datatype                        = (char *)ddld_dtype_wire(mi->dtype);
+    o.n_shape                         = 2;
+    o.shape                           = shape;
+    ProtobufCBinaryData           out = {.len = lb, .data = logits};
+    Inference__ModelInferResponse r   = INFERENCE__MODEL_INFER_RESPONSE__INIT;
+    r.model_name                      = (char *)mi->name;
+    r.model_version                   = "1";
+    r.id                              = q->id;
+    r.n_outputs                       = 1;
+    r.outputs                         = &op;
+    r.n_raw_output_contents           = 1;
+    r.raw_output_contents             = &out;
+    ddld_call_finish(job->call, GRPC_STATUS_OK, NULL, &r.base);
+    free(logits);
+}
+
+static void pull_release(void *ud)
+{
+    ddld_dispatch *d = ud;
+    atomic_fetch_sub(&d->pull_readers, 1);
+}
+
+static void pull_release_owned(void *ud)
+{
+    free(ud);
+}
+
+static void on_pull(ddld_dispatch *d, ddld_job *job)
+{
+    if (!need_model(d, job, "PullWeights")) {
+        return;
+    }
+    const ddld_model_info *mi = &ddld_g.info;
+    // Weights unchanged since the last snapshot: stream it again, no collective at all.
+    if (d->pull != NULL && d->pull_version == d->weights_version) {
+        atomic_fetch_add(&d->pull_readers, 1);
+        ddld_call_stream_weights(job->call, mi, d->pull, pull_release, d);
+        return;
+    }
+    // Otherwise gather into the snapshot when no stream reads it, else into a private copy.
+    bool     shared = atomic_load(&d->pull_readers) == 0;
+    uint8_t *buf;
+    if (shared) {
+        d->pull_version = 0;
+        buf             = grow((void **)&d->pull, &d->pull_cap, mi->weights_bytes + 64);
+    } else {
+        buf = aligned_alloc(64, (mi->weights_bytes + 127) / 64 * 64);
+    }
+    if (buf == NULL) {
+        fail(job, GRPC_STATUS_RESOURCE_EXHAUSTED, "PullWeights: out of memory for %zu bytes",
+             mi->weights_bytes);
+        return;
+    }
+    struct payload p;
+    memset(&p, 0, sizeof p);
+    p.out         = buf;
+    p.mi          = mi;
+    double     t0 = MPI_Wtime();
+    ddl_status st = run(d, DDLD_OP_PULL, 0, 0, 0, &p);
+    if (d->verbose) {
+        ddld_log("PullWeights: gathered %zu bytes in %.1f ms", mi->weights_bytes,
+                 (MPI_Wtime() - t0) * 1e3);
+    }
+    if (st != DDL_OK) {
+        if (!shared) {
+            free(buf);
+        }
+        fail_engine(job, "PullWeights", st);
+        return;
+    }
+    if (shared) {
+        d->pull_version = d->weights_version;
+        atomic_fetch_add(&d->pull_readers, 1);
+        ddld_call_stream_weights(job->call, mi, buf, pull_release, d);
+    } else {
+        ddld_call_stream_weights(job->call, mi, buf, pull_release_owned, buf);
+    }
+}
+
+static void on_push(ddld_dispatch *d, ddld_job *job)
+{
+    if (!need_model(d, job, "PushWeights")) {
+        return;
+    }
+    const ddld_model_info *mi = &ddld_g.info;
+    if (job->model_gen != ddld_g.model_gen) {
+        fail(job, GRPC_STATUS_ABORTED,
+             "PushWeights: the model was replaced while the weights streamed in; push again");
+        return;
+    }
+    const void **bufs  = calloc((size_t)mi->nweights + 1, sizeof *bufs);
+    int64_t      bytes = 0;
+    for (int i = 0; i < mi->nweights; i++) {
+        bufs[i] = job->staging + mi->weights[i].offset;
+        bytes += (int64_t)mi->weights[i].bytes;
+    }
+    struct payload p;
+    memset(&p, 0, sizeof p);
+    p.bufs        = bufs;
+    double     t0 = MPI_Wtime();
+    ddl_status st = run(d, DDLD_OP_PUSH, 0, 0, 0, &p);
+    if (d->verbose) {
+        ddld_log("PushWeights: scattered %lld bytes in %.1f ms", (long long)bytes,
+                 (MPI_Wtime() - t0) * 1e3);
+    }
+    free(bufs);
+    if (st != DDL_OK) {
+        fail_engine(job, "PushWeights", st);
+        return;
+    }
+    Distdl__V1__PushWeightsResponse r = DISTDL__V1__PUSH_WEIGHTS_RESPONSE__INIT;
+    r.tensors                         = mi->nweights;
+    r.bytes                           = bytes;
+    ddld_call_finish(job->call, GRPC_STATUS_OK, NULL, &r.base);
+}
+
+// Saves a checkpoint into dir (NULL: --checkpoint-dir). Rank 0.
+static ddl_status save(ddld_dispatch *d, const char *dir, int64_t *step)
+{
+    struct payload p;
+    memset(&p, 0, sizeof p);
+    p.path        = dir;
+    ddl_status st = run(d, DDLD_OP_SAVE, 0, 0, 0, &p);
+    if (st == DDL_OK) {
+        *step = p.saved_step;
+        publish_progress(d);
+        ddld_log("checkpoint of step %lld is durable in %s", (long long)p.saved_step, dir);
+    }
+    return st;
+}
+
+static void on_checkpoint(ddld_dispatch *d, ddld_job *job)
+{
+    const Distdl__V1__CheckpointRequest *q = (const void *)job->msg;
+    if (!need_model(d, job, "Checkpoint")) {
+        return;
+    }
+    const char *dir = q->dir[0] ? q->dir : d->cfg->checkpoint_dir;
+    if (dir == NULL) {
+        fail(job, GRPC_STATUS_FAILED_PRECONDITION,
+             "Checkpoint: no dir in the request and no --checkpoint-dir");
+        return;
+    }
+    int64_t    step = -1;
+    ddl_status st   = save(d, dir, &step);
+    if (st != DDL_OK) {
+        fail_engine(job, "Checkpoint", st);
+        return;
+    }
+    Distdl__V1__CheckpointResponse r = DISTDL__V1__CHECKPOINT_RESPONSE__INIT;
+    r.step                           = step;
+    r.durable                        = true;
+    r.path                           = (char *)dir;
+    ddld_call_finish(job->call, GRPC_STATUS_OK, NULL, &r.base);
+}
+
+static void on_restore(ddld_dispatch *d, ddld_job *job)
+{
+    const Distdl__V1__RestoreRequest *q = (const void *)job->msg;
+    if (!need_model(d, job, "Restore")) {
+        return;
+    }
+    const char *dir = q->dir[0] ? q->dir : d->cfg->checkpoint_dir;
+    if (dir == NULL) {
+        fail(job, GRPC_STATUS_FAILED_PRECONDITION,
+             "Restore: no dir in the request and no --checkpoint-dir");
+        return;
+    }
+    if (!q->latest && q->step < 0) {
+        fail(job, GRPC_STATUS_INVALID_ARGUMENT, "Restore: step must be >= 0 (or latest), got %lld",
+             (long long)q->step);
+        return;
+    }
+    struct payload p;
+    memset(&p, 0, sizeof p);
+    p.path        = dir;
+    ddl_status st = run(d, DDLD_OP_RESTORE, 0, q->latest ? -1 : q->step, 0, &p);
+    if (st != DDL_OK) {
+        fail_engine(job, "Restore", st);
+        return;
+    }
+    clear_batches();
+    publish_progress(d);
+    Distdl__V1__RestoreResponse r = DISTDL__V1__RESTORE_RESPONSE__INIT;
+    r.step                        = ddl_model_step(ddl_session_model(d->s));
+    ddld_log("restored step %lld from %s", (long long)r.step, dir);
+    ddld_call_finish(job->call, GRPC_STATUS_OK, NULL, &r.base);
+}
+
+static void on_shutdown(ddld_dispatch *d, ddld_job *job)
+{
+    const Distdl__V1__ShutdownRequest *q = (const void *)job->msg;
+    Distdl__V1__ShutdownResponse       r = DISTDL__V1__SHUTDOWN_RESPONSE__INIT;
+    r.durable_step                       = d->s != NULL ? ddl_session_durable_step(d->s) : -1;
+    if (q->checkpoint) {
+        if (d->s == NULL || d->cfg->checkpoint_dir == NULL) {
+            ddld_service_shutdown_refused(d->svc);
+            fail(job, GRPC_STATUS_FAILED_PRECONDITION, "Shutdown: checkpoint requested but %s",
+                 d->s == NULL ? "there is no model" : "distdld has no --checkpoint-dir");
+            return;
+        }
+        int64_t    step;
+        ddl_status st = save(d, d->cfg->checkpoint_dir, &step);
+        if (st != DDL_OK) {
+            ddld_service_shutdown_refused(d->svc);
+            fail_engine(job, "Shutdown", st);
+            return;
+        }
+        r.durable_step = step;
+    }
+    ddld_log("Shutdown requested by a client");
+    ddld_shared_mark_shutdown();
+    ddld_call_finish(job->call, GRPC_STATUS_OK, NULL, &r.base);
+    ddld_service_push_internal(d->svc, DDLD_JOB_SHUTDOWN);
+}
+
+void ddld_dispatch_request_checkpoint(ddld_dispatch *d)
+{
+    d->ckpt_requested = true;
+}
+
+void ddld_dispatch_request_checkpoint_if_stale(ddld_dispatch *d)
+{
+    if (d->s != NULL && d->cfg->checkpoint_dir != NULL &&
+        ddl_session_durable_step(d->s) != ddl_model_step(ddl_session_model(d->s))) {
+        d->ckpt_requested = true;
+    }
+}
+
+void ddld_dispatch_checkpoint_pending(ddld_dispatch *d)
+{
+    if (!d->ckpt_requested) {
+        return;
+    }
+    d->ckpt_requested = false;
+    if (d->s == NULL || d->cfg->checkpoint_dir == NULL) {
+        ddld_log("checkpoint requested but %s",
+                 d->s == NULL ? "there is no model" : "there is no --checkpoint-dir");
+        return;
+    }
+    int64_t step;
+    if (save(d, d->cfg->checkpoint_dir, &step) != DDL_OK) {
+        ddld_log("requested checkpoint failed: %s", ddl_last_error());
+    }
+}
+
+void ddld_dispatch_final_checkpoint(ddld_dispatch *d)
+{
+    if (d->s == NULL || d->cfg->checkpoint_dir == NULL) {
+        return;
+    }
+    if (ddl_session_durable_step(d->s) == ddl_model_step(ddl_session_model(d->s))) {
+        return; // this step is durable already (Shutdown with checkpoint, or no steps since)
+    }
+    int64_t    step;
+    ddl_status st = save(d, d->cfg->checkpoint_dir, &step);
+    if (st != DDL_OK) {
+        ddld_log("final checkpoint failed: %s", ddl_last_error());
+    }
+}
+
+void ddld_dispatch_run(ddld_dispatch *d, ddld_job *job)
+{
+    d->t_popped = ddld_now();
+    ddl_clear_error();
+    // A call that was cancelled (or passed its deadline) while it waited in the queue is
+    // not executed: its client has already been told it failed.
+    if (job->call != NULL && ddld_call_cancelled(job->call)) {
+        fail(job, GRPC_STATUS_CANCELLED, "cancelled while queued");
+        ddld_job_free(job);
+        return;
+    }
+    switch (job->method) {
+    case DDLD_M_CREATE_MODEL:
+        on_create(d, job);
+        break;
+    case DDLD_M_STEP:
+        on_step(d, job);
+        break;
+    case DDLD_M_TRAIN:
+        on_train(d, job);
+        break;
+    case DDLD_M_EVALUATE:
+        on_evaluate(d, job);
+        break;
+    case DDLD_M_PREDICT:
+        on_predict(d, job);
+        break;
+    case DDLD_M_MODEL_INFER:
+        on_model_infer(d, job);
+        break;
+    case DDLD_M_PULL_WEIGHTS:
+        on_pull(d, job);
+        break;
+    case DDLD_M_PUSH_WEIGHTS:
+        on_push(d, job);
+        break;
+    case DDLD_M_CHECKPOINT:
+        on_checkpoint(d, job);
+        break;
+    case DDLD_M_RESTORE:
+        on_restore(d, job);
+        break;
+    case DDLD_M_SHUTDOWN:
+        on_shutdown(d, job);
+        break;
+    case DDLD_M_INTERNAL:
+        break;
+    default:
+        fail(job, GRPC_STATUS_INTERNAL, "no handler for method %d", job->method);
+        break;
+    }
+    ddld_job_free(job);
+}
+
+// ---- start-up ---------------------------------------------------------------------------
+
+static char *read_file(const char *path, char *err, size_t errlen)
+{
+    FILE *f = fopen(path, "rb");
+    if (f == NULL) {
+        snprintf(err, errlen, "--model %s: %s", path, strerror(errno));
+        return NULL;
+    }
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    if (n < 0 || n > (64L << 20)) {
+        fclose(f);
+        snprintf(err, errlen, "--model %s: not a readable spec (size %ld)", path, n);
+        return NULL;
+    }
+    char  *text = malloc((size_t)n + 1);
+    size_t got  = fread(text, 1, (size_t)n, f);
+    fclose(f);
+    text[got] = '\0';
+    return text;
+}
+
+int ddld_dispatch_startup(ddld_dispatch *d)
+{
+    const ddld_config *cfg = d->cfg;
+    if (cfg->model_path == NULL) {
+        publish_model(d, NULL);
+        return 0;
+    }
+    char  err[1024];
+    char *text = read_file(cfg->model_path, err, sizeof err);
+    if (text == NULL) {
+        ddld_log("%s", err);
+        return 2;
+    }
+    grpc_status_code code;
+    ddl_status       st =
+        create_model(d, "--model", text, cfg->model_path, false, NULL, err, sizeof err, &code);
+    free(text);
+    if (st != DDL_OK) {
+        ddld_log("%s", err);
+        return 2;
+    }
+    ddld_log("model from %s: %lld parameters", cfg->model_path,
+             (long long)ddld_g.info.num_parameters);
+    if (cfg->resume) {
+        struct payload p;
+        memset(&p, 0, sizeof p);
+        p.path = cfg->checkpoint_dir;
+        st     = run(d, DDLD_OP_RESTORE, 0, -1, 0, &p);
+        if (st == DDL_OK) {
+            publish_progress(d);
+            ddld_log("resumed from %s at step %lld", cfg->checkpoint_dir, (long long)ddld_g.step);
+        } else if (st == DDL_ENOTFOUND) {
+            ddld_log("--resume: no checkpoint in %s yet; starting fresh", cfg->checkpoint_dir);
+        } else {
+            ddld_log("--resume: %s", ddl_last_error());
+            return st == DDL_ECORRUPT ? 3 : 2;
+        }
+    }
+    return 0;
+}

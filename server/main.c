@@ -1,0 +1,422 @@
+// server/main.c: distdld, the distdl-c daemon. One MPI job: every rank holds its shard of
+// the model; rank 0 also serves gRPC and drives the others one command at a time.
+//
+//   mpirun -np P distdld [--model spec.json] [--listen 127.0.0.1:PORT|unix:PATH]
+//          [--address-file F] [--data-root D] [--checkpoint-dir D --checkpoint-every K]
+//          [--resume] [--max-message-bytes N] [--queue N]
+//
+// Rank 0's main thread runs a libuv loop: an async handle wakes it when the gRPC thread
+// queued work, signal handles turn SIGTERM/SIGINT/SIGUSR2 into a graceful shutdown and
+// SIGUSR1 into a checkpoint. Ranks > 0 ignore those signals (mpirun forwards SIGUSR1 and
+// SIGUSR2 to every rank at once, so `kill -USR2 <mpirun>` is the clean way to stop the
+// job from outside) and wait for commands (dispatch.c). SIGTERM to mpirun reaches the
+// ranks only after `odls_base_sigkill_timeout` seconds and is followed by SIGKILL as long
+// again: launch with `--mca odls_base_sigkill_timeout 30` (more than the grace period
+// plus the final checkpoint) if you stop it that way.
+#include <errno.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <uv.h>
+
+#include "ddl/base.h"
+#include "ddl/model.h"
+#include "ddld.h"
+
+static int log_rank = -1;
+
+void ddld_log(const char *fmt, ...)
+{
+    char    msg[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (log_rank > 0) {
+        fprintf(stderr, DDLD_LOG_PREFIX "[%d]: %s\n", log_rank, msg);
+    } else {
+        fprintf(stderr, DDLD_LOG_PREFIX ": %s\n", msg);
+    }
+}
+
+// ---- command line ------------------------------------------------------------------------
+
+static const char usage[] =
+    "usage: mpirun -np P distdld [options]\n"
+    "  --model FILE              create this model (a JSON spec) at start\n"
+    "  --listen ADDR             127.0.0.1:PORT (default 127.0.0.1:50051; port 0 picks a free\n"
+    "                            one), [::1]:PORT, 0.0.0.0:PORT or unix:PATH\n"
+    "  --address-file FILE       write the bound host:port here once serving\n"
+    "  --data-root DIR           server-side datasets are named relative to DIR\n"
+    "                            (default /usr/share/datasets/fashion-mnist)\n"
+    "  --checkpoint-dir DIR      checkpoints (Checkpoint, SIGUSR1, shutdown, --checkpoint-every)\n"
+    "  --checkpoint-every K      checkpoint every K training steps (needs --checkpoint-dir)\n"
+    "  --checkpoint-interval S   also checkpoint every S seconds when steps were taken\n"
+    "  --resume                  restore the latest checkpoint of --checkpoint-dir, if any\n"
+    "  --max-message-bytes N     largest request message accepted (default 67108864)\n"
+    "  --queue N                 pending requests and submitted batches (default 64)\n"
+    "  --grace SECONDS           shutdown grace for in-flight calls (default 5)\n"
+    "Signals: SIGTERM/SIGINT to rank 0, or SIGUSR2 to mpirun, shut down gracefully;\n"
+    "SIGUSR1 (to mpirun or rank 0) checkpoints now.\n";
+
+static bool parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out)
+{
+    char *end;
+    errno       = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno != 0 || end == s || *end != '\0' || v < lo || v > hi) {
+        return false;
+    }
+    *out = v;
+    return true;
+}
+
+// Every rank parses the same argv, so every rank reaches the same verdict without talking.
+// Returns 0, or 2 after printing the problem (on the first rank only), or 1 for --help.
+static int parse_args(int argc, char **argv, ddld_config *cfg, bool print)
+{
+    memset(cfg, 0, sizeof *cfg);
+    cfg->listen            = "127.0.0.1:50051";
+    cfg->data_root         = "/usr/share/datasets/fashion-mnist";
+    cfg->max_message_bytes = 64 << 20;
+    cfg->queue             = 64;
+    cfg->grace_s           = 5;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        char        name[64];
+        const char *val = NULL;
+        const char *eq  = strchr(a, '=');
+        if (strncmp(a, "--", 2) == 0 && eq != NULL && (size_t)(eq - a) < sizeof name) {
+            memcpy(name, a, (size_t)(eq - a));
+            name[eq - a] = '\0';
+            val          = eq + 1;
+        } else {
+            snprintf(name, sizeof name, "%s", a);
+        }
+        if (strcmp(name, "--help") == 0 || strcmp(name, "-h") == 0) {
+            if (print) {
+                fputs(usage, stdout);
+            }
+            return 1;
+        }
+        if (strcmp(name, "--resume") == 0) {
+            cfg->resume = true;
+            continue;
+        }
+        static const char *const with_value[] = {"--model",
+                                                 "--listen",
+                                                 "--address-file",
+                                                 "--data-root",
+                                                 "--checkpoint-dir",
+                                                 "--checkpoint-every",
+                                                 "--checkpoint-interval",
+                                                 "--max-message-bytes",
+                                                 "--queue",
+                                                 "--grace"};
+        bool                     known        = false;
+        for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) {
+            known = known || strcmp(name, with_value[k]) == 0;
+        }
+        if (!known) {
+            if (print) {
+                if (strncmp(name, "--tls", 5) == 0 || strcmp(name, "--token-file") == 0) {
+                    fprintf(stderr,
+                            DDLD_LOG_PREFIX ": %s: TLS and tokens are not supported by "
+                                            "this build yet\n",
+                            name);
+                } else {
+                    fprintf(stderr, DDLD_LOG_PREFIX ": unknown option %s (see --help)\n", a);
+                }
+            }
+            return 2;
+        }
+        if (val == NULL) {
+            if (i + 1 >= argc) {
+                if (print) {
+                    fprintf(stderr, DDLD_LOG_PREFIX ": %s needs a value (see --help)\n", name);
+                }
+                return 2;
+            }
+            val = argv[++i];
+        }
+        int64_t v;
+        bool    ok = true;
+        if (strcmp(name, "--model") == 0) {
+            cfg->model_path = val;
+        } else if (strcmp(name, "--listen") == 0) {
+            cfg->listen = val;
+            ok          = val[0] != '\0';
+        } else if (strcmp(name, "--address-file") == 0) {
+            cfg->address_file = val;
+        } else if (strcmp(name, "--data-root") == 0) {
+            cfg->data_root = val;
+        } else if (strcmp(name, "--checkpoint-dir") == 0) {
+            cfg->checkpoint_dir = val;
+        } else if (strcmp(name, "--checkpoint-every") == 0) {
+            ok                    = parse_int(val, 1, INT64_MAX, &v);
+            cfg->checkpoint_every = v;
+        } else if (strcmp(name, "--checkpoint-interval") == 0) {
+            ok                       = parse_int(val, 1, 365L * 24 * 3600, &v);
+            cfg->checkpoint_interval = v;
+        } else if (strcmp(name, "--max-message-bytes") == 0) {
+            ok                     = parse_int(val, 4096, INT_MAX, &v);
+            cfg->max_message_bytes = v;
+        } else if (strcmp(name, "--queue") == 0) {
+            ok         = parse_int(val, 1, 1 << 20, &v);
+            cfg->queue = (int)v;
+        } else if (strcmp(name, "--grace") == 0) {
+            ok           = parse_int(val, 0, 3600, &v);
+            cfg->grace_s = (double)v;
+        }
+        if (!ok) {
+            if (print) {
+                fprintf(stderr, DDLD_LOG_PREFIX ": %s: bad value \"%s\" (see --help)\n", name, val);
+            }
+            return 2;
+        }
+    }
+    const char *problem = NULL;
+    if (cfg->checkpoint_every > 0 && cfg->checkpoint_dir == NULL) {
+        problem = "--checkpoint-every needs --checkpoint-dir";
+    } else if (cfg->checkpoint_interval > 0 && cfg->checkpoint_dir == NULL) {
+        problem = "--checkpoint-interval needs --checkpoint-dir";
+    } else if (cfg->resume && cfg->checkpoint_dir == NULL) {
+        problem = "--resume needs --checkpoint-dir";
+    } else if (cfg->resume && cfg->model_path == NULL) {
+        problem = "--resume needs --model (a checkpoint restores onto a model)";
+    }
+    if (problem != NULL) {
+        if (print) {
+            fprintf(stderr, DDLD_LOG_PREFIX ": %s\n", problem);
+        }
+        return 2;
+    }
+    return 0;
+}
+
+// ---- rank 0: the loop ------------------------------------------------------------------------
+
+static struct {
+    uv_loop_t      loop;
+    uv_async_t     wake;
+    uv_signal_t    sig_term, sig_int, sig_usr1, sig_usr2;
+    uv_timer_t     ckpt_timer;
+    ddld_service  *svc;
+    ddld_dispatch *d;
+    bool           shutdown;
+} r0;
+
+static void wake_from_grpc(void *ud)
+{
+    (void)ud;
+    uv_async_send(&r0.wake);
+}
+
+static void on_wake(uv_async_t *h)
+{
+    (void)h; // the main loop drains the queue after uv_run returns
+}
+
+static void on_signal(uv_signal_t *h, int signum)
+{
+    (void)h;
+    if (signum == SIGUSR1) {
+        ddld_log("SIGUSR1: checkpoint requested");
+        ddld_dispatch_request_checkpoint(r0.d);
+    } else if (!r0.shutdown) {
+        ddld_log("%s: shutting down gracefully", signum == SIGTERM  ? "SIGTERM"
+                                                 : signum == SIGINT ? "SIGINT"
+                                                                    : "SIGUSR2");
+        ddld_shared_mark_shutdown();
+        r0.shutdown = true;
+    }
+}
+
+// Timed checkpoints go the SIGUSR1 way: at the next step boundary of a Train, or when the
+// current command ends.
+static void on_ckpt_timer(uv_timer_t *h)
+{
+    (void)h;
+    ddld_dispatch_request_checkpoint_if_stale(r0.d);
+}
+
+static void poll_loop(void *ud)
+{
+    (void)ud;
+    uv_run(&r0.loop, UV_RUN_NOWAIT);
+}
+
+static bool stopping(void *ud)
+{
+    (void)ud;
+    return r0.shutdown || ddld_service_shutdown_pending(r0.svc);
+}
+
+// host:port of what we bound, written to temp and renamed into place (readers never see a
+// partial file).
+static int write_address(const ddld_config *cfg, int port)
+{
+    char text[600];
+    if (strncmp(cfg->listen, "unix:", 5) == 0) {
+        snprintf(text, sizeof text, "%s\n", cfg->listen);
+    } else {
+        const char *colon = strrchr(cfg->listen, ':');
+        int         hl    = colon != NULL ? (int)(colon - cfg->listen) : (int)strlen(cfg->listen);
+        snprintf(text, sizeof text, "%.*s:%d\n", hl, cfg->listen, port);
+    }
+    if (cfg->address_file == NULL) {
+        return 0;
+    }
+    char tmp[PATH_MAX];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", cfg->address_file, (int)getpid());
+    FILE *f = fopen(tmp, "w");
+    if (f == NULL || fputs(text, f) < 0 || fflush(f) != 0 || fsync(fileno(f)) != 0) {
+        ddld_log("--address-file %s: %s", tmp, strerror(errno));
+        if (f != NULL) {
+            fclose(f);
+        }
+        unlink(tmp);
+        return -1;
+    }
+    fclose(f);
+    if (rename(tmp, cfg->address_file) != 0) {
+        ddld_log("--address-file %s: %s", cfg->address_file, strerror(errno));
+        unlink(tmp);
+        return -1;
+    }
+    return 0;
+}
+
+static void close_handle(uv_handle_t *h, void *arg)
+{
+    (void)arg;
+    if (!uv_is_closing(h)) {
+        uv_close(h, NULL);
+    }
+}
+
+static int run_rank0(const ddld_config *cfg, ddld_dispatch *d)
+{
+    r0.d = d;
+    // The loop and its signal handles come first, so a signal during a long start-up
+    // (building a big model, --resume) is held for the loop instead of killing rank 0.
+    uv_loop_init(&r0.loop);
+    uv_async_init(&r0.loop, &r0.wake, on_wake);
+    uv_signal_init(&r0.loop, &r0.sig_term);
+    uv_signal_init(&r0.loop, &r0.sig_int);
+    uv_signal_init(&r0.loop, &r0.sig_usr1);
+    uv_signal_init(&r0.loop, &r0.sig_usr2);
+    uv_signal_start(&r0.sig_term, on_signal, SIGTERM);
+    uv_signal_start(&r0.sig_int, on_signal, SIGINT);
+    uv_signal_start(&r0.sig_usr1, on_signal, SIGUSR1);
+    uv_signal_start(&r0.sig_usr2, on_signal, SIGUSR2);
+    uv_timer_init(&r0.loop, &r0.ckpt_timer);
+    if (cfg->checkpoint_interval > 0) {
+        uint64_t ms = (uint64_t)cfg->checkpoint_interval * 1000;
+        uv_timer_start(&r0.ckpt_timer, on_ckpt_timer, ms, ms);
+    }
+
+    int code = ddld_dispatch_startup(d);
+    int port = 0;
+    if (code == 0) {
+        r0.svc = ddld_service_start(cfg, wake_from_grpc, NULL, &port);
+        code   = r0.svc == NULL ? 2 : 0;
+    }
+    if (code == 0 && write_address(cfg, port) != 0) {
+        code = 2;
+        ddld_service_close(r0.svc);
+        ddld_service_stop(&r0.svc, 0);
+    }
+    if (code == 0) {
+        ddld_dispatch_set_hooks(d, r0.svc, poll_loop, stopping, NULL);
+        if (strncmp(cfg->listen, "unix:", 5) == 0) {
+            ddld_log("listening on %s (pid %d)", cfg->listen, (int)getpid());
+        } else {
+            const char *colon = strrchr(cfg->listen, ':');
+            int         hl = colon != NULL ? (int)(colon - cfg->listen) : (int)strlen(cfg->listen);
+            ddld_log("listening on %.*s:%d (pid %d)", hl, cfg->listen, port, (int)getpid());
+        }
+        while (!r0.shutdown) {
+            uv_run(&r0.loop, UV_RUN_ONCE);
+            ddld_dispatch_checkpoint_pending(d);
+            ddld_job *job;
+            while (!r0.shutdown && (job = ddld_service_pop(r0.svc)) != NULL) {
+                if (job->method == DDLD_M_INTERNAL && job->internal == DDLD_JOB_SHUTDOWN) {
+                    r0.shutdown = true;
+                    ddld_job_free(job);
+                    break;
+                }
+                ddld_dispatch_run(d, job);
+                ddld_dispatch_checkpoint_pending(d);
+            }
+        }
+        // The order gRPC needs (REPORT.md §10): refuse and fail what is queued, then the
+        // final checkpoint while the workers are still here, then the gRPC teardown, and
+        // only then release the workers.
+        ddld_service_close(r0.svc);
+        ddld_dispatch_final_checkpoint(d);
+        ddld_service_stop(&r0.svc, cfg->grace_s);
+    }
+    uv_walk(&r0.loop, close_handle, NULL);
+    uv_run(&r0.loop, UV_RUN_DEFAULT);
+    uv_loop_close(&r0.loop);
+    ddld_dispatch_quit(d, code);
+    return code;
+}
+
+int main(int argc, char **argv)
+{
+    // Before MPI_Init we know our rank only from the launcher's environment; use it so
+    // a bad command line is reported once, not P times.
+    const char *env_rank = getenv("OMPI_COMM_WORLD_RANK");
+    bool        first    = env_rank == NULL || strcmp(env_rank, "0") == 0;
+    ddld_config cfg;
+    int         pa = parse_args(argc, argv, &cfg, first);
+    if (pa != 0) {
+        return pa == 1 ? 0 : 2;
+    }
+    ddl_malloc_tune_for_streaming();
+    signal(SIGPIPE, SIG_IGN);
+
+    int provided;
+    MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+    int rank, size;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    log_rank = rank;
+    if (provided < MPI_THREAD_FUNNELED) {
+        if (rank == 0) {
+            ddld_log("MPI provides thread level %d, FUNNELED needed", provided);
+        }
+        MPI_Finalize();
+        return 2;
+    }
+    // The same BLAS thread share per rank as distdl-train, so a model trained through the
+    // daemon computes exactly what the batch program computes.
+    int threads = ddl_runtime_divide_cores(MPI_COMM_WORLD);
+    if (rank == 0) {
+        ddld_log("%d ranks, %d BLAS thread%s each", size, threads, threads == 1 ? "" : "s");
+    }
+    ddld_dispatch *d = ddld_dispatch_create(&cfg, MPI_COMM_WORLD);
+    int            code;
+    if (rank == 0) {
+        code = run_rank0(&cfg, d);
+    } else {
+        // Shutdown is rank 0's decision; mpirun forwards SIGUSR1 (checkpoint) to us too.
+        signal(SIGTERM, SIG_IGN);
+        signal(SIGINT, SIG_IGN);
+        signal(SIGUSR1, SIG_IGN);
+        signal(SIGUSR2, SIG_IGN);
+        code = ddld_dispatch_worker_loop(d);
+    }
+    ddld_dispatch_destroy(&d);
+    MPI_Finalize();
+    if (rank == 0) {
+        ddld_log("exit %d", code);
+    }
+    return code;
+}

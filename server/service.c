@@ -1,0 +1,1584 @@
+// server/service.c: gRPC core on rank 0. One completion-queue thread ("cq thread") runs
+// every call's state machine; the main thread (libuv + MPI) receives engine work through a
+// bounded job queue and completes those calls itself.
+//
+// Call lifetime. Every call carries two tags: `op` for its one outstanding batch of
+// message/status operations, and `close` for a RECV_CLOSE_ON_SERVER batch started as
+// soon as the call arrives (it completes when the call ends and tells us whether the
+// client cancelled). A call is reference counted: one reference for the op side (dropped
+// when the status batch completes or an op batch fails), one for the close side, and one
+// per job that the main thread holds. The state is always set before a batch starts,
+// because its completion may run on the cq thread before start_batch returns.
+//
+// Streams. Server-streaming sends go through the call's mutex: at most one send in flight,
+// later records wait in a small ring (the newest replaces the last one when it is full),
+// and the end status waits for the ring to drain. PullWeights chunks are produced by the
+// cq thread as each send completes and point into the weights snapshot without copying.
+#include <grpc/byte_buffer.h>
+#include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc_security.h>
+#include <grpc/slice.h>
+#include <grpc/support/alloc.h>
+#include <grpc/support/time.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ddld.h"
+#include "grpc/health/v1/health.pb-c.h"
+#include "inference/grpc_service.pb-c.h"
+
+// ---- method table ---------------------------------------------------------------------
+
+enum { K_UNARY, K_CLIENT_STREAM, K_SERVER_STREAM };
+
+static const struct method_desc {
+    const char                       *path;
+    int                               kind;
+    const ProtobufCMessageDescriptor *req;
+    bool                              engine; // needs the main thread (queued)
+} methods[DDLD_M_COUNT] = {
+    [DDLD_M_CREATE_MODEL] = {"/distdl.v1.Trainer/CreateModel", K_UNARY,
+                             &distdl__v1__create_model_request__descriptor, true},
+    [DDLD_M_GET_STATUS]   = {"/distdl.v1.Trainer/GetStatus", K_UNARY,
+                             &distdl__v1__get_status_request__descriptor, false},
+    [DDLD_M_SUBMIT_BATCH] = {"/distdl.v1.Trainer/SubmitBatch", K_CLIENT_STREAM,
+                             &distdl__v1__batch__descriptor, false},
+    [DDLD_M_STEP]     = {"/distdl.v1.Trainer/Step", K_UNARY, &distdl__v1__step_request__descriptor,
+                         true},
+    [DDLD_M_TRAIN]    = {"/distdl.v1.Trainer/Train", K_SERVER_STREAM,
+                         &distdl__v1__train_request__descriptor, true},
+    [DDLD_M_EVALUATE] = {"/distdl.v1.Trainer/Evaluate", K_UNARY,
+                         &distdl__v1__evaluate_request__descriptor, true},
+    [DDLD_M_PREDICT]  = {"/distdl.v1.Trainer/Predict", K_UNARY,
+                         &distdl__v1__predict_request__descriptor, true},
+    [DDLD_M_PULL_WEIGHTS]   = {"/distdl.v1.Trainer/PullWeights", K_SERVER_STREAM,
+                               &distdl__v1__pull_weights_request__descriptor, true},
+    [DDLD_M_PUSH_WEIGHTS]   = {"/distdl.v1.Trainer/PushWeights", K_CLIENT_STREAM,
+                               &distdl__v1__weight_chunk__descriptor, false},
+    [DDLD_M_CHECKPOINT]     = {"/distdl.v1.Trainer/Checkpoint", K_UNARY,
+                               &distdl__v1__checkpoint_request__descriptor, true},
+    [DDLD_M_RESTORE]        = {"/distdl.v1.Trainer/Restore", K_UNARY,
+                               &distdl__v1__restore_request__descriptor, true},
+    [DDLD_M_SHUTDOWN]       = {"/distdl.v1.Trainer/Shutdown", K_UNARY,
+                               &distdl__v1__shutdown_request__descriptor, true},
+    [DDLD_M_HEALTH_CHECK]   = {"/grpc.health.v1.Health/Check", K_UNARY,
+                               &grpc__health__v1__health_check_request__descriptor, false},
+    [DDLD_M_HEALTH_WATCH]   = {"/grpc.health.v1.Health/Watch", K_SERVER_STREAM,
+                               &grpc__health__v1__health_check_request__descriptor, false},
+    [DDLD_M_SERVER_LIVE]    = {"/inference.GRPCInferenceService/ServerLive", K_UNARY,
+                               &inference__server_live_request__descriptor, false},
+    [DDLD_M_SERVER_READY]   = {"/inference.GRPCInferenceService/ServerReady", K_UNARY,
+                               &inference__server_ready_request__descriptor, false},
+    [DDLD_M_MODEL_READY]    = {"/inference.GRPCInferenceService/ModelReady", K_UNARY,
+                               &inference__model_ready_request__descriptor, false},
+    [DDLD_M_MODEL_METADATA] = {"/inference.GRPCInferenceService/ModelMetadata", K_UNARY,
+                               &inference__model_metadata_request__descriptor, false},
+    [DDLD_M_MODEL_INFER]    = {"/inference.GRPCInferenceService/ModelInfer", K_UNARY,
+                               &inference__model_infer_request__descriptor, true},
+};
+#define M_GENERIC DDLD_M_COUNT // any other method: UNIMPLEMENTED
+
+// ---- calls ------------------------------------------------------------------------------
+
+enum { TAG_OP, TAG_CLOSE, TAG_SHUTDOWN };
+enum { ST_NEW, ST_RECV, ST_IDLE, ST_SEND, ST_FINISH };
+#define SEND_RING 16
+
+struct tag {
+    ddld_call *call;
+    int        what;
+};
+
+// The PullWeights stream: each chunk's data slice holds a reference to it.
+struct wstream {
+    atomic_int refs;
+    void (*release)(void *);
+    void *ud;
+};
+
+struct ddld_call {
+    struct tag          op, close;
+    ddld_service       *svc;
+    atomic_int          refs;
+    int                 method;
+    int                 state;
+    grpc_call          *call;
+    gpr_timespec        deadline;
+    grpc_metadata_array md;
+    grpc_call_details   details; // generic calls only
+    grpc_byte_buffer   *recv_bb;
+    grpc_byte_buffer   *send_bb;
+    grpc_slice          status_details;
+    bool                has_details;
+    int                 close_cancelled;
+    atomic_bool         cancelled;
+
+    pthread_mutex_t   mu; // the send side of streams
+    bool              sent_md, send_busy, dead, end_pending;
+    grpc_status_code  end_code;
+    char             *end_msg;
+    grpc_byte_buffer *ring[SEND_RING];
+    int               nring;
+    ddld_call        *next_watch;
+
+    // SubmitBatch
+    int accepted;
+    // PushWeights: a copy of the model's weight table and the staging buffer.
+    ddld_model_info *push_mi;
+    uint64_t         push_gen;
+    gpr_timespec     push_t0; // first chunk (DDLD_VERBOSE timing)
+    uint8_t         *staging;
+    bool             staging_owned;
+    size_t          *push_got; // bytes received per weight
+    int              push_cur; // the weight being received (-1: none yet)
+    // PullWeights
+    int               w_n, w_cur;
+    ddld_weight_info *w_info;
+    size_t            w_off;
+    const uint8_t    *w_data;
+    struct wstream   *w_stream;
+};
+
+struct ddld_service {
+    const ddld_config     *cfg;
+    grpc_server           *server;
+    grpc_completion_queue *cq;
+    pthread_t              thread;
+    void                  *registered[DDLD_M_COUNT];
+    struct tag             shutdown_tag;
+
+    pthread_mutex_t mu; // jobs, closing, watchers, shutdown_done, staging
+    pthread_cond_t  cv;
+    ddld_job      **jobs;
+    int             cap, head, count; // ring storage
+    int             limit;            // --queue: client jobs waiting at most
+    bool            closing, stopping, shutdown_done;
+    ddld_call      *watchers;
+    uint8_t        *staging;
+    size_t          staging_cap;
+    bool            staging_busy;
+
+    void (*wake)(void *);
+    void       *wake_ud;
+    bool        verbose;          // DDLD_VERBOSE=1
+    atomic_bool shutdown_pending; // a Shutdown call is queued or running
+};
+
+static void request_new(ddld_service *svc, int method);
+static void call_unref(ddld_call *c);
+
+static void start_batch(ddld_call *c, const grpc_op *ops, size_t n)
+{
+    grpc_call_error e = grpc_call_start_batch(c->call, ops, n, &c->op, NULL);
+    if (e != GRPC_CALL_OK) {
+        // A bug in our state machine, never a peer's doing: say so and drop the op side.
+        ddld_log("internal: grpc_call_start_batch(%s, state %d) = %d",
+                 c->method < DDLD_M_COUNT ? methods[c->method].path : "generic", c->state, e);
+        c->dead = true;
+        call_unref(c);
+    }
+}
+
+static grpc_byte_buffer *pack_message(const ProtobufCMessage *m)
+{
+    size_t     n = protobuf_c_message_get_packed_size(m);
+    grpc_slice s = grpc_slice_malloc(n);
+    protobuf_c_message_pack(m, GRPC_SLICE_START_PTR(s));
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(&s, 1);
+    grpc_slice_unref(s);
+    return bb;
+}
+
+// Starts the status batch (with an optional last message). Caller holds c->mu or owns
+// the op side alone.
+static void finish_locked(ddld_call *c, grpc_status_code code, const char *msg,
+                          grpc_byte_buffer *bb)
+{
+    grpc_op ops[3];
+    size_t  n = 0;
+    memset(ops, 0, sizeof ops);
+    if (!c->sent_md) {
+        ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+        c->sent_md  = true;
+    }
+    if (bb != NULL) {
+        c->send_bb                              = bb;
+        ops[n].op                               = GRPC_OP_SEND_MESSAGE;
+        ops[n++].data.send_message.send_message = bb;
+    }
+    c->status_details = grpc_slice_from_copied_string(msg != NULL ? msg : "");
+    c->has_details    = true;
+    ops[n].op         = GRPC_OP_SEND_STATUS_FROM_SERVER;
+    ops[n].data.send_status_from_server.status           = code;
+    ops[n++].data.send_status_from_server.status_details = msg != NULL ? &c->status_details : NULL;
+    c->state                                             = ST_FINISH;
+    c->send_busy                                         = true;
+    start_batch(c, ops, n);
+}
+
+static void send_locked(ddld_call *c, grpc_byte_buffer *bb)
+{
+    grpc_op ops[2];
+    size_t  n = 0;
+    memset(ops, 0, sizeof ops);
+    if (!c->sent_md) {
+        ops[n++].op = GRPC_OP_SEND_INITIAL_METADATA;
+        c->sent_md  = true;
+    }
+    c->send_bb                              = bb;
+    ops[n].op                               = GRPC_OP_SEND_MESSAGE;
+    ops[n++].data.send_message.send_message = bb;
+    c->state                                = ST_SEND;
+    c->send_busy                            = true;
+    start_batch(c, ops, n);
+}
+
+void ddld_call_finish(ddld_call *c, grpc_status_code code, const char *msg,
+                      const ProtobufCMessage *resp)
+{
+    grpc_byte_buffer *bb = (resp != NULL && code == GRPC_STATUS_OK) ? pack_message(resp) : NULL;
+    pthread_mutex_lock(&c->mu);
+    if (c->dead) {
+        if (bb != NULL) {
+            grpc_byte_buffer_destroy(bb);
+        }
+    } else {
+        finish_locked(c, code, msg, bb);
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+static void finish_code(ddld_call *c, grpc_status_code code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void finish_code(ddld_call *c, grpc_status_code code, const char *fmt, ...)
+{
+    char    msg[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    ddld_call_finish(c, code, msg, NULL);
+}
+
+void ddld_call_send(ddld_call *c, const ProtobufCMessage *msg)
+{
+    grpc_byte_buffer *bb = pack_message(msg);
+    pthread_mutex_lock(&c->mu);
+    if (c->dead || c->end_pending) {
+        grpc_byte_buffer_destroy(bb);
+    } else if (!c->send_busy) {
+        send_locked(c, bb);
+    } else if (c->nring < SEND_RING) {
+        c->ring[c->nring++] = bb;
+    } else {
+        // The client reads slower than we produce: keep the newest record.
+        grpc_byte_buffer_destroy(c->ring[SEND_RING - 1]);
+        c->ring[SEND_RING - 1] = bb;
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+void ddld_call_end(ddld_call *c, grpc_status_code code, const char *msg)
+{
+    pthread_mutex_lock(&c->mu);
+    if (!c->dead) {
+        if (c->send_busy) {
+            c->end_pending = true;
+            c->end_code    = code;
+            c->end_msg     = strdup(msg != NULL ? msg : "");
+        } else {
+            finish_locked(c, code, msg, NULL);
+        }
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+bool ddld_call_cancelled(const ddld_call *c)
+{
+    return atomic_load(&c->cancelled);
+}
+
+// ---- PullWeights: zero-copy chunks ------------------------------------------------------
+
+static void wstream_unref(void *p)
+{
+    struct wstream *w = p;
+    if (atomic_fetch_sub(&w->refs, 1) == 1) {
+        if (w->release != NULL) {
+            w->release(w->ud);
+        }
+        free(w);
+    }
+}
+
+static size_t put_varint(uint8_t *p, uint64_t v)
+{
+    size_t n = 0;
+    while (v >= 0x80) {
+        p[n++] = (uint8_t)(v | 0x80);
+        v >>= 7;
+    }
+    p[n++] = (uint8_t)v;
+    return n;
+}
+
+// The next WeightChunk: protobuf-c packs the small fields, then field 5 (data) is
+// appended by hand as a tag and a length, its bytes a slice into the snapshot.
+static grpc_byte_buffer *next_chunk(ddld_call *c)
+{
+    const ddld_weight_info *w = &c->w_info[c->w_cur];
+    size_t len = w->bytes - c->w_off < DDLD_CHUNK_BYTES ? w->bytes - c->w_off : DDLD_CHUNK_BYTES;
+    Distdl__V1__WeightChunk ch = DISTDL__V1__WEIGHT_CHUNK__INIT;
+    int64_t                 shape[DDL_MAX_DIMS];
+    ch.offset = (int64_t)c->w_off;
+    if (c->w_off == 0) {
+        ch.first    = true;
+        ch.name     = w->name;
+        ch.datatype = (char *)ddld_dtype_wire(w->dtype);
+        for (int d = 0; d < w->shape.ndim; d++) {
+            shape[d] = w->shape.d[d];
+        }
+        ch.n_shape = (size_t)w->shape.ndim;
+        ch.shape   = shape;
+    }
+    size_t     hn = protobuf_c_message_get_packed_size(&ch.base);
+    grpc_slice slices[2];
+    slices[0]  = grpc_slice_malloc(hn + 11);
+    uint8_t *p = GRPC_SLICE_START_PTR(slices[0]);
+    protobuf_c_message_pack(&ch.base, p);
+    size_t used    = hn;
+    size_t nslices = 1;
+    if (len > 0) {
+        p[used++] = (5 << 3) | 2; // field 5, length-delimited
+        used += put_varint(p + used, len);
+        atomic_fetch_add(&c->w_stream->refs, 1);
+        slices[1] = grpc_slice_new_with_user_data((void *)(c->w_data + w->offset + c->w_off), len,
+                                                  wstream_unref, c->w_stream);
+        nslices   = 2;
+    }
+    slices[0]            = grpc_slice_sub_no_ref(slices[0], 0, used);
+    grpc_byte_buffer *bb = grpc_raw_byte_buffer_create(slices, nslices);
+    for (size_t i = 0; i < nslices; i++) {
+        grpc_slice_unref(slices[i]);
+    }
+    c->w_off += len;
+    if (c->w_off >= w->bytes) {
+        c->w_cur++;
+        c->w_off = 0;
+    }
+    return bb;
+}
+
+void ddld_call_stream_weights(ddld_call *c, const ddld_model_info *mi, const uint8_t *data,
+                              void (*release)(void *), void *ud)
+{
+    struct wstream *w = malloc(sizeof *w);
+    atomic_init(&w->refs, 1);
+    w->release = release;
+    w->ud      = ud;
+    pthread_mutex_lock(&c->mu);
+    c->w_stream = w;
+    c->w_n      = mi->nweights;
+    c->w_cur    = 0;
+    c->w_off    = 0;
+    c->w_data   = data;
+    c->w_info   = calloc((size_t)mi->nweights + 1, sizeof *c->w_info);
+    for (int i = 0; i < mi->nweights; i++) {
+        c->w_info[i]      = mi->weights[i];
+        c->w_info[i].name = strdup(mi->weights[i].name);
+    }
+    if (c->dead) {
+        pthread_mutex_unlock(&c->mu);
+        return;
+    }
+    if (c->w_n == 0) {
+        finish_locked(c, GRPC_STATUS_OK, NULL, NULL);
+    } else {
+        send_locked(c, next_chunk(c));
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
+// ---- jobs -------------------------------------------------------------------------------
+
+void ddld_job_free(ddld_job *job)
+{
+    if (job == NULL) {
+        return;
+    }
+    if (job->msg != NULL) {
+        protobuf_c_message_free_unpacked(job->msg, NULL);
+    }
+    if (job->staging_owned) {
+        free(job->staging);
+    } else if (job->staging != NULL && job->call != NULL) {
+        ddld_service *svc = job->call->svc;
+        pthread_mutex_lock(&svc->mu);
+        svc->staging_busy = false;
+        pthread_mutex_unlock(&svc->mu);
+    }
+    if (job->call != NULL) {
+        call_unref(job->call);
+    }
+    free(job);
+}
+
+// Queues a job for the main thread; false when the queue is full or closing.
+double ddld_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+// Makes room for one more job at the front, beyond the client limit if need be. Caller
+// holds svc->mu.
+static void push_front_locked(ddld_service *svc, ddld_job *job)
+{
+    if (svc->count == svc->cap) {
+        int        ncap = svc->cap * 2;
+        ddld_job **nj   = calloc((size_t)ncap, sizeof *nj);
+        for (int i = 0; i < svc->count; i++) {
+            nj[i] = svc->jobs[(svc->head + i) % svc->cap];
+        }
+        free(svc->jobs);
+        svc->jobs = nj;
+        svc->cap  = ncap;
+        svc->head = 0;
+    }
+    svc->head            = (svc->head + svc->cap - 1) % svc->cap;
+    svc->jobs[svc->head] = job;
+    svc->count++;
+}
+
+// Queues a job for the main thread: UNAVAILABLE when closing, RESOURCE_EXHAUSTED when
+// --queue client jobs wait already. `priority` jobs (Shutdown) go first and are never
+// refused for room.
+static grpc_status_code enqueue(ddld_service *svc, ddld_job *job, bool priority)
+{
+    job->t_arrived = ddld_now();
+    pthread_mutex_lock(&svc->mu);
+    if (svc->closing) {
+        pthread_mutex_unlock(&svc->mu);
+        return GRPC_STATUS_UNAVAILABLE;
+    }
+    if (priority) {
+        push_front_locked(svc, job);
+    } else if (svc->count >= svc->limit) {
+        pthread_mutex_unlock(&svc->mu);
+        return GRPC_STATUS_RESOURCE_EXHAUSTED;
+    } else {
+        svc->jobs[(svc->head + svc->count) % svc->cap] = job;
+        svc->count++;
+    }
+    if (job->call != NULL) {
+        atomic_fetch_add(&job->call->refs, 1);
+        job->call->state = ST_IDLE;
+    }
+    pthread_mutex_unlock(&svc->mu);
+    svc->wake(svc->wake_ud);
+    return GRPC_STATUS_OK;
+}
+
+ddld_job *ddld_service_pop(ddld_service *svc)
+{
+    ddld_job *job = NULL;
+    pthread_mutex_lock(&svc->mu);
+    if (svc->count > 0) {
+        job       = svc->jobs[svc->head];
+        svc->head = (svc->head + 1) % svc->cap;
+        svc->count--;
+    }
+    pthread_mutex_unlock(&svc->mu);
+    return job;
+}
+
+bool ddld_service_shutdown_pending(ddld_service *svc)
+{
+    return svc != NULL && atomic_load(&svc->shutdown_pending);
+}
+
+void ddld_service_shutdown_refused(ddld_service *svc)
+{
+    atomic_store(&svc->shutdown_pending, false);
+}
+
+void ddld_service_push_internal(ddld_service *svc, int internal)
+{
+    ddld_job *job = calloc(1, sizeof *job);
+    job->method   = DDLD_M_INTERNAL;
+    job->internal = internal;
+    pthread_mutex_lock(&svc->mu);
+    push_front_locked(svc, job); // ahead of client work, even when the queue is full
+    pthread_mutex_unlock(&svc->mu);
+}
+
+// ---- cheap answers from the snapshot (cq thread) ----------------------------------------
+
+static void answer_status(ddld_call *c)
+{
+    Distdl__V1__GetStatusResponse r = DISTDL__V1__GET_STATUS_RESPONSE__INIT;
+    pthread_mutex_lock(&ddld_g.mu);
+    const ddld_model_info *mi = &ddld_g.info;
+    int64_t                in[DDL_MAX_DIMS];
+    Distdl__V1__Partition  parts_storage[64], *parts[64];
+    r.has_model      = mi->has_model;
+    r.model_name     = (char *)(mi->has_model ? mi->name : "");
+    r.world_size     = ddld_g.world_size;
+    r.step           = ddld_g.step;
+    r.last_loss      = ddld_g.last_loss;
+    r.durable_step   = ddld_g.durable_step;
+    r.queue_depth    = ddld_g.batch_count;
+    r.queue_capacity = ddld_g.batch_cap;
+    r.state          = (char *)ddld_g.state;
+    r.epoch          = ddld_g.epoch;
+    r.batch          = ddld_g.batch;
+    r.data_dir       = ddld_g.data_dir;
+    if (mi->has_model) {
+        r.batch_size = mi->batch_size;
+        for (int d = 0; d < mi->input.ndim; d++) {
+            in[d] = mi->input.d[d];
+        }
+        r.n_input_shape = (size_t)mi->input.ndim;
+        r.input_shape   = in;
+        r.num_classes   = mi->classes;
+        r.datatype      = (char *)ddld_dtype_wire(mi->dtype);
+        int np          = mi->npartitions < 64 ? mi->npartitions : 64;
+        for (int i = 0; i < np; i++) {
+            Distdl__V1__Partition *p = &parts_storage[i];
+            distdl__v1__partition__init(p);
+            p->name    = mi->part_name[i];
+            p->n_ranks = (size_t)mi->part_nranks[i];
+            p->ranks   = mi->part_ranks[i];
+            p->n_shape = (size_t)mi->part_ndims[i];
+            p->shape   = mi->part_shape[i];
+            parts[i]   = p;
+        }
+        r.n_partitions = (size_t)np;
+        r.partitions   = parts;
+    }
+    grpc_byte_buffer *bb = pack_message(&r.base);
+    pthread_mutex_unlock(&ddld_g.mu);
+    pthread_mutex_lock(&c->mu);
+    finish_locked(c, GRPC_STATUS_OK, NULL, bb);
+    pthread_mutex_unlock(&c->mu);
+}
+
+static bool health_known(const char *service)
+{
+    return service[0] == '\0' || strcmp(service, "distdl.v1.Trainer") == 0 ||
+           strcmp(service, "inference.GRPCInferenceService") == 0;
+}
+
+static Grpc__Health__V1__HealthCheckResponse__ServingStatus health_now(void)
+{
+    pthread_mutex_lock(&ddld_g.mu);
+    bool serving = ddld_g.serving;
+    pthread_mutex_unlock(&ddld_g.mu);
+    return serving ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING
+                   : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING;
+}
+
+static void answer_health(ddld_call *c, const Grpc__Health__V1__HealthCheckRequest *req, bool watch)
+{
+    Grpc__Health__V1__HealthCheckResponse r = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
+    if (!health_known(req->service)) {
+        if (!watch) {
+            finish_code(c, GRPC_STATUS_NOT_FOUND, "health: unknown service \"%s\"", req->service);
+            return;
+        }
+        r.status = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVICE_UNKNOWN;
+    } else {
+        r.status = health_now();
+    }
+    if (!watch) {
+        ddld_call_finish(c, GRPC_STATUS_OK, NULL, &r.base);
+        return;
+    }
+    // Watch: the current status now, then every change (only SERVING -> NOT_SERVING at
+    // shutdown, after which the stream ends).
+    ddld_service *svc = c->svc;
+    pthread_mutex_lock(&svc->mu);
+    bool closing = svc->closing;
+    if (!closing) {
+        c->next_watch = svc->watchers;
+        svc->watchers = c;
+        atomic_fetch_add(&c->refs, 1); // the watcher list's reference
+    }
+    pthread_mutex_unlock(&svc->mu);
+    c->state = ST_IDLE;
+    ddld_call_send(c, &r.base);
+    if (closing) {
+        ddld_call_end(c, GRPC_STATUS_OK, NULL);
+    }
+}
+
+static void answer_kserve(ddld_call *c, const ProtobufCMessage *req)
+{
+    pthread_mutex_lock(&ddld_g.mu);
+    bool        has = ddld_g.info.has_model, serving = ddld_g.serving;
+    const char *name = ddld_g.info.name;
+    switch (c->method) {
+    case DDLD_M_SERVER_LIVE: {
+        Inference__ServerLiveResponse r = INFERENCE__SERVER_LIVE_RESPONSE__INIT;
+        r.live                          = true;
+        pthread_mutex_unlock(&ddld_g.mu);
+        ddld_call_finish(c, GRPC_STATUS_OK, NULL, &r.base);
+        return;
+    }
+    case DDLD_M_SERVER_READY: {
+        Inference__ServerReadyResponse r = INFERENCE__SERVER_READY_RESPONSE__INIT;
+        r.ready                          = serving && has;
+        pthread_mutex_unlock(&ddld_g.mu);
+        ddld_call_finish(c, GRPC_STATUS_OK, NULL, &r.base);
+        return;
+    }
+    case DDLD_M_MODEL_READY: {
+        const Inference__ModelReadyRequest *q = (const void *)req;
+        Inference__ModelReadyResponse       r = INFERENCE__MODEL_READY_RESPONSE__INIT;
+        r.ready = serving && has && (q->name[0] == '\0' || strcmp(q->name, name) == 0);
+        pthread_mutex_unlock(&ddld_g.mu);
+        ddld_call_finish(c, GRPC_STATUS_OK, NULL, &r.base);
+        return;
+    }
+    default: { // ModelMetadata
+        const Inference__ModelMetadataRequest *q = (const void *)req;
+        if (!has || (q->name[0] != '\0' && strcmp(q->name, name) != 0)) {
+            char qn[160];
+            snprintf(qn, sizeof qn, "%s", q->name);
+            pthread_mutex_unlock(&ddld_g.mu);
+            finish_code(c, GRPC_STATUS_NOT_FOUND, "model \"%s\" not found%s", qn,
+                        has ? "" : " (no model loaded)");
+            return;
+        }
+        const ddld_model_info *mi = &ddld_g.info;
+        int64_t                in[DDL_MAX_DIMS + 1], out[2] = {-1, mi->classes};
+        in[0] = -1;
+        for (int d = 0; d < mi->input.ndim; d++) {
+            in[d + 1] = mi->input.d[d];
+        }
+        Inference__ModelMetadataResponse__TensorMetadata ti, to, *tip = &ti, *top = &to;
+        inference__model_metadata_response__tensor_metadata__init(&ti);
+        inference__model_metadata_response__tensor_metadata__init(&to);
+        ti.name                                      = "input";
+        ti.datatype                                  = (char *)ddld_dtype_wire(mi->dtype);
+        ti.n_shape                                   = (size_t)mi->input.ndim + 1;
+        ti.shape                                     = in;
+        to.name                                      = "logits";
+        to.datatype                                  = ti.datatype;
+        to.n_shape                                   = 2;
+        to.shape                                     = out;
+        char                            *versions[1] = {"1"};
+        Inference__ModelMetadataResponse r           = INFERENCE__MODEL_METADATA_RESPONSE__INIT;
+        r.name                                       = (char *)name;
+        r.n_versions                                 = 1;
+        r.versions                                   = versions;
+        r.platform                                   = "distdl-c";
+        r.n_inputs                                   = 1;
+        r.inputs                                     = &tip;
+        r.n_outputs                                  = 1;
+        r.outputs                                    = &top;
+        grpc_byte_buffer *bb                         = pack_message(&r.base);
+        pthread_mutex_unlock(&ddld_g.mu);
+        pthread_mutex_lock(&c->mu);
+        finish_locked(c, GRPC_STATUS_OK, NULL, bb);
+        pthread_mutex_unlock(&c->mu);
+        return;
+    }
+    }
+}
+
+// ---- client streams (cq thread) -----------------------------------------------------------
+
+static void recv_next(ddld_call *c)
+{
+    grpc_op op;
+    memset(&op, 0, sizeof op);
+    op.op                             = GRPC_OP_RECV_MESSAGE;
+    op.data.recv_message.recv_message = &c->recv_bb;
+    c->state                          = ST_RECV;
+    start_batch(c, &op, 1);
+}
+
+static void submit_batch(ddld_call *c, Distdl__V1__Batch *b)
+{
+    char             err[512];
+    int64_t          count;
+    grpc_status_code code;
+    pthread_mutex_lock(&ddld_g.mu);
+    if (!ddld_g.info.has_model) {
+        code = GRPC_STATUS_FAILED_PRECONDITION;
+        snprintf(err, sizeof err, "SubmitBatch: no model (CreateModel first)");
+    } else {
+        char msg[448];
+        code = ddld_batch_check(&ddld_g.info, b, true, &count, msg, sizeof msg);
+        if (code != GRPC_STATUS_OK) {
+            snprintf(err, sizeof err, "SubmitBatch: %s", msg);
+        }
+        if (code == GRPC_STATUS_OK && ddld_g.batch_count == ddld_g.batch_cap) {
+            code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+            snprintf(err, sizeof err,
+                     "SubmitBatch: the batch queue is full (%d batches; Step consumes them)",
+                     ddld_g.batch_cap);
+        }
+        if (code == GRPC_STATUS_OK) {
+            ddld_g.batches[(ddld_g.batch_head + ddld_g.batch_count) % ddld_g.batch_cap] = b;
+            ddld_g.batch_count++;
+            b = NULL;
+        }
+    }
+    pthread_mutex_unlock(&ddld_g.mu);
+    if (b != NULL) {
+        protobuf_c_message_free_unpacked(&b->base, NULL);
+    }
+    if (code != GRPC_STATUS_OK) {
+        ddld_call_finish(c, code, err, NULL);
+        return;
+    }
+    c->accepted++;
+    recv_next(c);
+}
+
+static void submit_end(ddld_call *c)
+{
+    Distdl__V1__SubmitBatchResponse r = DISTDL__V1__SUBMIT_BATCH_RESPONSE__INIT;
+    r.accepted                        = c->accepted;
+    pthread_mutex_lock(&ddld_g.mu);
+    r.queue_depth = ddld_g.batch_count;
+    pthread_mutex_unlock(&ddld_g.mu);
+    ddld_call_finish(c, GRPC_STATUS_OK, NULL, &r.base);
+}
+
+static void push_release_staging(ddld_call *c)
+{
+    if (c->staging == NULL) {
+        return;
+    }
+    if (c->staging_owned) {
+        free(c->staging);
+    } else {
+        pthread_mutex_lock(&c->svc->mu);
+        c->svc->staging_busy = false;
+        pthread_mutex_unlock(&c->svc->mu);
+    }
+    c->staging = NULL;
+}
+
+static void push_fail(ddld_call *c, grpc_status_code code, const char *msg)
+{
+    push_release_staging(c);
+    ddld_call_finish(c, code, msg, NULL);
+}
+
+// The first chunk of a push: copy the model's weight table and take a staging buffer
+// (the service keeps one for reuse, so a 64 MiB push does not fault in fresh pages).
+static bool push_begin(ddld_call *c)
+{
+    pthread_mutex_lock(&ddld_g.mu);
+    const ddld_model_info *mi = &ddld_g.info;
+    if (!mi->has_model) {
+        pthread_mutex_unlock(&ddld_g.mu);
+        push_fail(c, GRPC_STATUS_FAILED_PRECONDITION, "PushWeights: no model (CreateModel first)");
+        return false;
+    }
+    ddld_model_info *cp = calloc(1, sizeof *cp);
+    cp->has_model       = true;
+    cp->nweights        = mi->nweights;
+    cp->weights_bytes   = mi->weights_bytes;
+    cp->weights         = calloc((size_t)mi->nweights + 1, sizeof *cp->weights);
+    for (int i = 0; i < mi->nweights; i++) {
+        cp->weights[i]      = mi->weights[i];
+        cp->weights[i].name = strdup(mi->weights[i].name);
+    }
+    c->push_gen = ddld_g.model_gen;
+    pthread_mutex_unlock(&ddld_g.mu);
+    c->push_mi        = cp;
+    c->push_t0        = gpr_now(GPR_CLOCK_MONOTONIC);
+    c->push_got       = calloc((size_t)cp->nweights + 1, sizeof *c->push_got);
+    c->push_cur       = -1;
+    ddld_service *svc = c->svc;
+    pthread_mutex_lock(&svc->mu);
+    if (!svc->staging_busy) {
+        if (svc->staging_cap < cp->weights_bytes) {
+            free(svc->staging);
+            svc->staging     = aligned_alloc(64, (cp->weights_bytes + 63) / 64 * 64 + 64);
+            svc->staging_cap = svc->staging != NULL ? cp->weights_bytes : 0;
+        }
+        if (svc->staging != NULL) {
+            svc->staging_busy = true;
+            c->staging        = svc->staging;
+        }
+    }
+    pthread_mutex_unlock(&svc->mu);
+    if (c->staging == NULL) {
+        c->staging       = aligned_alloc(64, (cp->weights_bytes + 63) / 64 * 64 + 64);
+        c->staging_owned = true;
+        if (c->staging == NULL) {
+            push_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "PushWeights: out of memory for staging");
+            return false;
+        }
+    }
+    return true;
+}
+
+// A WeightChunk read in place: the small fields are parsed straight from gRPC's slices
+// and the data is copied once, from those slices into the staging buffer (unpacking with
+// protobuf-c would first gather the message into one buffer, then copy the data again).
+struct wcursor {
+    const grpc_slice *s;
+    size_t            n, i, pos; // slice index, position in it
+    size_t            off;       // bytes consumed
+};
+
+static bool wc_end(struct wcursor *c)
+{
+    while (c->i < c->n && c->pos >= GRPC_SLICE_LENGTH(c->s[c->i])) {
+        c->i++;
+        c->pos = 0;
+    }
+    return c->i >= c->n;
+}
+
+static bool wc_byte(struct wcursor *c, uint8_t *b)
+{
+    if (wc_end(c)) {
+        return false;
+    }
+    *b = GRPC_SLICE_START_PTR(c->s[c->i])[c->pos++];
+    c->off++;
+    return true;
+}
+
+static bool wc_varint(struct wcursor *c, uint64_t *v)
+{
+    *v = 0;
+    for (int sh = 0; sh < 64; sh += 7) {
+        uint8_t b;
+        if (!wc_byte(c, &b)) {
+            return false;
+        }
+        *v |= (uint64_t)(b & 0x7f) << sh;
+        if ((b & 0x80) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+// Copies len bytes into dst, or skips them when dst is NULL.
+static bool wc_take(struct wcursor *c, uint8_t *dst, size_t len)
+{
+    while (len > 0) {
+        if (wc_end(c)) {
+            return false;
+        }
+        size_t avail = GRPC_SLICE_LENGTH(c->s[c->i]) - c->pos;
+        size_t k     = avail < len ? avail : len;
+        if (dst != NULL) {
+            memcpy(dst, GRPC_SLICE_START_PTR(c->s[c->i]) + c->pos, k);
+            dst += k;
+        }
+        c->pos += k;
+        c->off += k;
+        len -= k;
+    }
+    return true;
+}
+
+struct wchunk {
+    char           name[256], datatype[16];
+    bool           name_long, datatype_long, shape_long, first;
+    int64_t        shape[DDL_MAX_DIMS];
+    size_t         nshape;
+    int64_t        offset;
+    struct wcursor data; // where the data bytes start
+    size_t         data_len;
+};
+
+static bool wc_string(struct wcursor *c, char *dst, size_t cap, bool *too_long)
+{
+    uint64_t len;
+    if (!wc_varint(c, &len)) {
+        return false;
+    }
+    *too_long = len >= cap;
+    if (*too_long) {
+        dst[0] = '\0';
+        return wc_take(c, NULL, len);
+    }
+    if (!wc_take(c, (uint8_t *)dst, len)) {
+        return false;
+    }
+    dst[len] = '\0';
+    return true;
+}
+
+static void wchunk_shape_add(struct wchunk *w, uint64_t v)
+{
+    if (w->nshape < DDL_MAX_DIMS) {
+        w->shape[w->nshape++] = (int64_t)v;
+    } else {
+        w->shape_long = true;
+    }
+}
+
+// Parses a WeightChunk (distdl.v1, trainer.proto) from its wire bytes. False: malformed.
+static bool wchunk_parse(const grpc_slice *s, size_t n, struct wchunk *w)
+{
+    memset(w, 0, sizeof *w);
+    struct wcursor c = {.s = s, .n = n};
+    while (!wc_end(&c)) {
+        uint64_t key, v;
+        if (!wc_varint(&c, &key)) {
+            return false;
+        }
+        unsigned field = (unsigned)(key >> 3), wt = (unsigned)(key & 7);
+        bool     ok;
+        if (field == 1 && wt == 2) {
+            ok = wc_string(&c, w->name, sizeof w->name, &w->name_long);
+        } else if (field == 2 && wt == 2) {
+            ok = wc_string(&c, w->datatype, sizeof w->datatype, &w->datatype_long);
+        } else if (field == 3 && wt == 2) { // packed shape
+            ok          = wc_varint(&c, &v);
+            size_t stop = c.off + v;
+            while (ok && c.off < stop) {
+                ok = wc_varint(&c, &v);
+                wchunk_shape_add(w, v);
+            }
+            ok = ok && c.off == stop;
+        } else if (field == 3 && wt == 0) {
+            ok = wc_varint(&c, &v);
+            wchunk_shape_add(w, v);
+        } else if (field == 4 && wt == 0) {
+            ok        = wc_varint(&c, &v);
+            w->offset = (int64_t)v;
+        } else if (field == 5 && wt == 2) {
+            ok          = wc_varint(&c, &v);
+            w->data     = c;
+            w->data_len = v;
+            ok          = ok && wc_take(&c, NULL, v);
+        } else if (field == 6 && wt == 0) {
+            ok       = wc_varint(&c, &v);
+            w->first = v != 0;
+        } else if (field != 0 && wt == 0) { // unknown fields are skipped
+            ok = wc_varint(&c, &v);
+        } else if (field != 0 && wt == 1) {
+            ok = wc_take(&c, NULL, 8);
+        } else if (field != 0 && wt == 2) {
+            ok = wc_varint(&c, &v) && wc_take(&c, NULL, v);
+        } else if (field != 0 && wt == 5) {
+            ok = wc_take(&c, NULL, 4);
+        } else {
+            ok = false;
+        }
+        if (!ok) {
+            return false;
+        }
+    }
+    return true;
+}
+
+static void push_chunk(ddld_call *c, struct wchunk *ch)
+{
+    char err[768];
+    if (c->push_mi == NULL && !push_begin(c)) {
+        return;
+    }
+    const ddld_model_info *mi = c->push_mi;
+    if (ch->first) {
+        int i = 0;
+        while (!ch->name_long && i < mi->nweights && strcmp(mi->weights[i].name, ch->name) != 0) {
+            i++;
+        }
+        if (ch->name_long || i == mi->nweights) {
+            if (ch->name_long) {
+                snprintf(err, sizeof err, "PushWeights: unknown tensor (name over %zu bytes)",
+                         sizeof ch->name - 1);
+            } else {
+                snprintf(err, sizeof err, "PushWeights: unknown tensor \"%.200s\"", ch->name);
+            }
+            push_fail(c, GRPC_STATUS_INVALID_ARGUMENT, err);
+            return;
+        }
+        const ddld_weight_info *w = &mi->weights[i];
+        if (c->push_got[i] != 0 || (c->push_cur == i)) {
+            snprintf(err, sizeof err, "PushWeights: tensor \"%s\" sent twice", w->name);
+            push_fail(c, GRPC_STATUS_INVALID_ARGUMENT, err);
+            return;
+        }
+        if (ch->datatype_long || strcmp(ch->datatype, ddld_dtype_wire(w->dtype)) != 0) {
+            snprintf(err, sizeof err, "PushWeights: \"%s\": expected datatype %s, got \"%s%s\"",
+                     w->name, ddld_dtype_wire(w->dtype), ch->datatype,
+                     ch->datatype_long ? "..." : "");
+            push_fail(c, GRPC_STATUS_INVALID_ARGUMENT, err);
+            return;
+        }
+        bool same = !ch->shape_long && ch->nshape == (size_t)w->shape.ndim;
+        for (size_t d = 0; same && d < ch->nshape; d++) {
+            same = ch->shape[d] == w->shape.d[d];
+        }
+        if (!same) {
+            char exp[160], got[200];
+            ddl_shape_str(&w->shape, exp, sizeof exp);
+            size_t o = 0;
+            got[o++] = '[';
+            for (size_t d = 0; d < ch->nshape && o < 160; d++) {
+                o += (size_t)snprintf(got + o, sizeof got - o, d ? ", %lld" : "%lld",
+                                      (long long)ch->shape[d]);
+            }
+            snprintf(got + o, sizeof got - o, "%s]", ch->shape_long ? ", ..." : "");
+            snprintf(err, sizeof err, "PushWeights: \"%s\": expected shape %s, got %s", w->name,
+                     exp, got);
+            push_fail(c, GRPC_STATUS_INVALID_ARGUMENT, err);
+            return;
+        }
+        c->push_cur = i;
+    } else if (c->push_cur < 0) {
+        push_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
+                  "PushWeights: the first chunk must have first=true with name, datatype, shape");
+        return;
+    }
+    const ddld_weight_info *w   = &mi->weights[c->push_cur];
+    size_t                  got = c->push_got[c->push_cur];
+    if (ch->offset < 0 || (uint64_t)ch->offset != got) {
+        snprintf(err, sizeof err, "PushWeights: \"%s\": expected offset %zu, got %lld", w->name,
+                 got, (long long)ch->offset);
+        push_fail(c, GRPC_STATUS_INVALID_ARGUMENT, err);
+        return;
+    }
+    if (ch->data_len > w->bytes - got) {
+        snprintf(err, sizeof err,
+                 "PushWeights: \"%s\": %zu bytes at offset %zu exceed its %zu bytes", w->name,
+                 ch->data_len, got, w->bytes);
+        push_fail(c, GRPC_STATUS_INVALID_ARGUMENT, err);
+        return;
+    }
+    wc_take(&ch->data, c->staging + w->offset + got, ch->data_len);
+    c->push_got[c->push_cur] = got + ch->data_len;
+    recv_next(c);
+}
+
+// Parses and applies one received PushWeights message (and releases it).
+static void push_message(ddld_call *c)
+{
+    grpc_byte_buffer *bb = c->recv_bb;
+    c->recv_bb           = NULL;
+    struct wchunk ch;
+    bool          ok;
+    if (bb->type == GRPC_BB_RAW && bb->data.raw.compression == GRPC_COMPRESS_NONE) {
+        ok = wchunk_parse(bb->data.raw.slice_buffer.slices, bb->data.raw.slice_buffer.count, &ch);
+        if (ok) {
+            push_chunk(c, &ch);
+        }
+    } else { // compressed: let gRPC inflate it into one slice first
+        grpc_byte_buffer_reader r;
+        ok = grpc_byte_buffer_reader_init(&r, bb) != 0;
+        if (ok) {
+            grpc_slice one = grpc_byte_buffer_reader_readall(&r);
+            grpc_byte_buffer_reader_destroy(&r);
+            ok = wchunk_parse(&one, 1, &ch);
+            if (ok) {
+                push_chunk(c, &ch);
+            }
+            grpc_slice_unref(one);
+        }
+    }
+    grpc_byte_buffer_destroy(bb);
+    if (!ok) {
+        push_fail(c, GRPC_STATUS_INVALID_ARGUMENT, "PushWeights: malformed WeightChunk");
+    }
+}
+
+static void push_end(ddld_call *c)
+{
+    char err[512];
+    if (c->push_mi == NULL) {
+        finish_code(c, GRPC_STATUS_INVALID_ARGUMENT, "PushWeights: empty stream");
+        return;
+    }
+    for (int i = 0; i < c->push_mi->nweights; i++) {
+        const ddld_weight_info *w = &c->push_mi->weights[i];
+        if (c->push_got[i] != w->bytes) {
+            snprintf(err, sizeof err, "PushWeights: \"%s\": expected %zu bytes, got %zu", w->name,
+                     w->bytes, c->push_got[i]);
+            push_fail(c, GRPC_STATUS_INVALID_ARGUMENT, err);
+            return;
+        }
+    }
+    if (c->svc->verbose) {
+        gpr_timespec dt = gpr_time_sub(gpr_now(GPR_CLOCK_MONOTONIC), c->push_t0);
+        ddld_log("PushWeights: received %zu bytes in %.1f ms", c->push_mi->weights_bytes,
+                 (double)dt.tv_sec * 1e3 + dt.tv_nsec * 1e-6);
+    }
+    ddld_job *job         = calloc(1, sizeof *job);
+    job->method           = DDLD_M_PUSH_WEIGHTS;
+    job->call             = c;
+    job->staging          = c->staging;
+    job->staging_owned    = c->staging_owned;
+    job->model_gen        = c->push_gen;
+    c->staging            = NULL;
+    grpc_status_code code = enqueue(c->svc, job, false);
+    if (code != GRPC_STATUS_OK) {
+        job->call = NULL;
+        if (!job->staging_owned) {
+            job->staging = NULL;
+            pthread_mutex_lock(&c->svc->mu);
+            c->svc->staging_busy = false;
+            pthread_mutex_unlock(&c->svc->mu);
+        }
+        ddld_job_free(job);
+        finish_code(c, code,
+                    code == GRPC_STATUS_UNAVAILABLE ? "shutting down" : "request queue full");
+    }
+}
+
+// ---- the state machine (cq thread) ---------------------------------------------------------
+
+static ProtobufCMessage *decode(grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *d)
+{
+    ProtobufCMessage *m;
+    if (bb->type == GRPC_BB_RAW && bb->data.raw.compression == GRPC_COMPRESS_NONE &&
+        bb->data.raw.slice_buffer.count == 1) {
+        grpc_slice s = bb->data.raw.slice_buffer.slices[0];
+        m = protobuf_c_message_unpack(d, NULL, GRPC_SLICE_LENGTH(s), GRPC_SLICE_START_PTR(s));
+    } else {
+        grpc_byte_buffer_reader r;
+        if (!grpc_byte_buffer_reader_init(&r, bb)) {
+            return NULL;
+        }
+        grpc_slice s = grpc_byte_buffer_reader_readall(&r);
+        grpc_byte_buffer_reader_destroy(&r);
+        m = protobuf_c_message_unpack(d, NULL, GRPC_SLICE_LENGTH(s), GRPC_SLICE_START_PTR(s));
+        grpc_slice_unref(s);
+    }
+    return m;
+}
+
+static void on_message(ddld_call *c)
+{
+    const struct method_desc *md = &methods[c->method];
+    if (c->recv_bb == NULL) { // the client half-closed
+        if (c->method == DDLD_M_SUBMIT_BATCH) {
+            submit_end(c);
+        } else if (c->method == DDLD_M_PUSH_WEIGHTS) {
+            push_end(c);
+        } else {
+            finish_code(c, GRPC_STATUS_INVALID_ARGUMENT, "%s: no request message", md->path);
+        }
+        return;
+    }
+    if (c->method == DDLD_M_PUSH_WEIGHTS) {
+        push_message(c);
+        return;
+    }
+    ProtobufCMessage *m = decode(c->recv_bb, md->req);
+    grpc_byte_buffer_destroy(c->recv_bb);
+    c->recv_bb = NULL;
+    if (m == NULL) {
+        finish_code(c, GRPC_STATUS_INVALID_ARGUMENT, "%s: malformed %s message", md->path,
+                    md->req->name);
+        return;
+    }
+    switch (c->method) {
+    case DDLD_M_SUBMIT_BATCH:
+        submit_batch(c, (Distdl__V1__Batch *)m);
+        return;
+    case DDLD_M_GET_STATUS:
+        answer_status(c);
+        break;
+    case DDLD_M_HEALTH_CHECK:
+    case DDLD_M_HEALTH_WATCH:
+        answer_health(c, (const void *)m, c->method == DDLD_M_HEALTH_WATCH);
+        break;
+    case DDLD_M_SERVER_LIVE:
+    case DDLD_M_SERVER_READY:
+    case DDLD_M_MODEL_READY:
+    case DDLD_M_MODEL_METADATA:
+        answer_kserve(c, m);
+        break;
+    default: {
+        ddld_job *job = calloc(1, sizeof *job);
+        job->method   = (ddld_method)c->method;
+        job->call     = c;
+        job->msg      = m;
+        // Shutdown goes ahead of queued work and stops a running Train at its next step
+        // boundary; what it jumped is failed UNAVAILABLE by the shutdown itself.
+        bool             shutdown = c->method == DDLD_M_SHUTDOWN;
+        grpc_status_code code     = enqueue(c->svc, job, shutdown);
+        if (code == GRPC_STATUS_OK && shutdown) {
+            atomic_store(&c->svc->shutdown_pending, true);
+        }
+        if (code != GRPC_STATUS_OK) {
+            job->call = NULL;
+            ddld_job_free(job);
+            if (code == GRPC_STATUS_UNAVAILABLE) {
+                finish_code(c, code, "distdld is shutting down");
+            } else {
+                finish_code(c, code, "the request queue is full (%d waiting; --queue)",
+                            c->svc->limit);
+            }
+        }
+        return;
+    }
+    }
+    protobuf_c_message_free_unpacked(m, NULL);
+}
+
+static void call_free(ddld_call *c)
+{
+    if (c->call != NULL) {
+        grpc_call_unref(c->call);
+    }
+    grpc_metadata_array_destroy(&c->md);
+    grpc_call_details_destroy(&c->details);
+    if (c->recv_bb != NULL) {
+        grpc_byte_buffer_destroy(c->recv_bb);
+    }
+    if (c->send_bb != NULL) {
+        grpc_byte_buffer_destroy(c->send_bb);
+    }
+    for (int i = 0; i < c->nring; i++) {
+        grpc_byte_buffer_destroy(c->ring[i]);
+    }
+    if (c->has_details) {
+        grpc_slice_unref(c->status_details);
+    }
+    free(c->end_msg);
+    push_release_staging(c);
+    if (c->push_mi != NULL) {
+        ddld_model_info_free(c->push_mi);
+        free(c->push_mi);
+    }
+    free(c->push_got);
+    if (c->w_info != NULL) {
+        for (int i = 0; i < c->w_n; i++) {
+            free(c->w_info[i].name);
+        }
+        free(c->w_info);
+    }
+    if (c->w_stream != NULL) {
+        wstream_unref(c->w_stream);
+    }
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+}
+
+static void call_unref(ddld_call *c)
+{
+    if (atomic_fetch_sub(&c->refs, 1) == 1) {
+        call_free(c);
+    }
+}
+
+// An op batch completed.
+static void on_op(ddld_call *c, bool ok)
+{
+    ddld_service *svc = c->svc;
+    switch (c->state) {
+    case ST_NEW: {
+        if (!ok) { // the server is shutting down: this request never got a call
+            call_free(c);
+            return;
+        }
+        request_new(svc, c->method);
+        atomic_init(&c->refs, 2); // op side + close side
+        grpc_op op;
+        memset(&op, 0, sizeof op);
+        op.op                                  = GRPC_OP_RECV_CLOSE_ON_SERVER;
+        op.data.recv_close_on_server.cancelled = &c->close_cancelled;
+        if (grpc_call_start_batch(c->call, &op, 1, &c->close, NULL) != GRPC_CALL_OK) {
+            atomic_fetch_sub(&c->refs, 1);
+        }
+        if (c->method == M_GENERIC) {
+            char *path = grpc_slice_to_c_string(c->details.method);
+            finish_code(c, GRPC_STATUS_UNIMPLEMENTED, "unknown method %s", path);
+            gpr_free(path);
+            return;
+        }
+        pthread_mutex_lock(&svc->mu);
+        bool closing = svc->closing;
+        pthread_mutex_unlock(&svc->mu);
+        if (closing && methods[c->method].engine) {
+            finish_code(c, GRPC_STATUS_UNAVAILABLE, "distdld is shutting down");
+            return;
+        }
+        recv_next(c);
+        return;
+    }
+    case ST_RECV:
+        if (!ok) {
+            c->dead = true;
+            call_unref(c);
+            return;
+        }
+        on_message(c);
+        return;
+    case ST_SEND: {
+        pthread_mutex_lock(&c->mu);
+        grpc_byte_buffer_destroy(c->send_bb);
+        c->send_bb = NULL;
+        if (!ok) {
+            c->dead      = true;
+            c->send_busy = false;
+            pthread_mutex_unlock(&c->mu);
+            call_unref(c);
+            return;
+        }
+        if (c->nring > 0) {
+            grpc_byte_buffer *bb = c->ring[0];
+            memmove(c->ring, c->ring + 1, (size_t)(c->nring - 1) * sizeof c->ring[0]);
+            c->nring--;
+            send_locked(c, bb);
+        } else if (c->end_pending) {
+            c->end_pending = false;
+            finish_locked(c, c->end_code, c->end_msg, NULL);
+        } else if (c->w_stream != NULL && c->w_cur < c->w_n) {
+            send_locked(c, next_chunk(c));
+        } else if (c->w_stream != NULL) {
+            finish_locked(c, GRPC_STATUS_OK, NULL, NULL);
+        } else {
+            c->send_busy = false;
+            c->state     = ST_IDLE;
+        }
+        pthread_mutex_unlock(&c->mu);
+        return;
+    }
+    case ST_FINISH:
+        pthread_mutex_lock(&c->mu);
+        c->dead      = true; // the op side is over
+        c->send_busy = false;
+        pthread_mutex_unlock(&c->mu);
+        call_unref(c);
+        return;
+    default:
+        ddld_log("internal: completion in state %d", c->state);
+        return;
+    }
+}
+
+static void on_close(ddld_call *c)
+{
+    atomic_store(&c->cancelled, c->close_cancelled != 0);
+    if (c->method == DDLD_M_HEALTH_WATCH) {
+        // A watcher that went away: take it off the list and end its op side.
+        ddld_service *svc   = c->svc;
+        bool          found = false;
+        pthread_mutex_lock(&svc->mu);
+        for (ddld_call **p = &svc->watchers; *p != NULL; p = &(*p)->next_watch) {
+            if (*p == c) {
+                *p    = c->next_watch;
+                found = true;
+                break;
+            }
+        }
+        pthread_mutex_unlock(&svc->mu);
+        if (found) {
+            ddld_call_end(c, GRPC_STATUS_CANCELLED, NULL);
+            call_unref(c);
+        }
+    }
+    call_unref(c);
+}
+
+static void *cq_thread(void *arg)
+{
+    ddld_service *svc = arg;
+    for (;;) {
+        grpc_event ev =
+            grpc_completion_queue_next(svc->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+        if (ev.type == GRPC_QUEUE_SHUTDOWN) {
+            break;
+        }
+        if (ev.type != GRPC_OP_COMPLETE) {
+            continue;
+        }
+        struct tag *t = ev.tag;
+        if (t->what == TAG_SHUTDOWN) {
+            pthread_mutex_lock(&svc->mu);
+            svc->shutdown_done = true;
+            pthread_cond_broadcast(&svc->cv);
+            pthread_mutex_unlock(&svc->mu);
+        } else if (t->what == TAG_CLOSE) {
+            on_close(t->call);
+        } else {
+            on_op(t->call, ev.success != 0);
+        }
+    }
+    return NULL;
+}
+
+// Keeps one request outstanding per method (gRPC holds further calls until we ask).
+static void request_new(ddld_service *svc, int method)
+{
+    pthread_mutex_lock(&svc->mu);
+    bool stopping = svc->stopping;
+    pthread_mutex_unlock(&svc->mu);
+    if (stopping) {
+        return;
+    }
+    ddld_call *c  = calloc(1, sizeof *c);
+    c->svc        = svc;
+    c->method     = method;
+    c->state      = ST_NEW;
+    c->op.call    = c;
+    c->op.what    = TAG_OP;
+    c->close.call = c;
+    c->close.what = TAG_CLOSE;
+    pthread_mutex_init(&c->mu, NULL);
+    grpc_metadata_array_init(&c->md);
+    grpc_call_details_init(&c->details);
+    grpc_call_error e;
+    if (method == M_GENERIC) {
+        e = grpc_server_request_call(svc->server, &c->call, &c->details, &c->md, svc->cq, svc->cq,
+                                     &c->op);
+    } else {
+        e = grpc_server_request_registered_call(svc->server, svc->registered[method], &c->call,
+                                                &c->deadline, &c->md, NULL, svc->cq, svc->cq,
+                                                &c->op);
+    }
+    if (e != GRPC_CALL_OK) {
+        ddld_log("request_call(%d) failed: %d", method, e);
+        call_free(c);
+    }
+}
+
+// ---- lifecycle (main thread) ----------------------------------------------------------------
+
+ddld_service *ddld_service_start(const ddld_config *cfg, void (*wake)(void *), void *wake_ud,
+                                 int *port)
+{
+    ddld_service *svc      = calloc(1, sizeof *svc);
+    svc->cfg               = cfg;
+    svc->wake              = wake;
+    svc->wake_ud           = wake_ud;
+    svc->cap               = cfg->queue + 1;
+    svc->limit             = cfg->queue;
+    svc->verbose           = getenv("DDLD_VERBOSE") != NULL && getenv("DDLD_VERBOSE")[0] == '1';
+    svc->jobs              = calloc((size_t)svc->cap, sizeof *svc->jobs);
+    svc->shutdown_tag.what = TAG_SHUTDOWN;
+    atomic_init(&svc->shutdown_pending, false);
+    pthread_mutex_init(&svc->mu, NULL);
+    pthread_cond_init(&svc->cv, NULL);
+
+    grpc_init();
+    int64_t  max     = cfg->max_message_bytes > INT_MAX ? INT_MAX : cfg->max_message_bytes;
+    grpc_arg args[2] = {
+        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_ALLOW_REUSEPORT, .value.integer = 0},
+        {.type          = GRPC_ARG_INTEGER,
+         .key           = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
+         .value.integer = (int)max},
+    };
+    grpc_channel_args ca = {.num_args = 2, .args = args};
+    svc->server          = grpc_server_create(&ca, NULL);
+    svc->cq              = grpc_completion_queue_create_for_next(NULL);
+    grpc_server_register_completion_queue(svc->server, svc->cq, NULL);
+    for (int m = 0; m < DDLD_M_COUNT; m++) {
+        svc->registered[m] = grpc_server_register_method(svc->server, methods[m].path, NULL,
+                                                         GRPC_SRM_PAYLOAD_NONE, 0);
+    }
+    grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
+    *port                          = grpc_server_add_http2_port(svc->server, cfg->listen, creds);
+    grpc_server_credentials_release(creds);
+    if (*port == 0) {
+        ddld_log("cannot listen on %s (address in use or invalid)", cfg->listen);
+        grpc_server_destroy(svc->server);
+        grpc_completion_queue_shutdown(svc->cq);
+        while (grpc_completion_queue_next(svc->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
+               GRPC_QUEUE_SHUTDOWN) {
+        }
+        grpc_completion_queue_destroy(svc->cq);
+        grpc_shutdown();
+        free(svc->jobs);
+        free(svc);
+        return NULL;
+    }
+    grpc_server_start(svc->server);
+    for (int m = 0; m <= M_GENERIC; m++) {
+        request_new(svc, m);
+    }
+    pthread_create(&svc->thread, NULL, cq_thread, svc);
+    return svc;
+}
+
+void ddld_shared_mark_shutdown(void)
+{
+    pthread_mutex_lock(&ddld_g.mu);
+    ddld_g.serving = false;
+    ddld_g.state   = "shutting_down";
+    pthread_mutex_unlock(&ddld_g.mu);
+}
+
+void ddld_service_close(ddld_service *svc)
+{
+    ddld_shared_mark_shutdown();
+
+    pthread_mutex_lock(&svc->mu);
+    svc->closing  = true;
+    ddld_call *w  = svc->watchers;
+    svc->watchers = NULL;
+    pthread_mutex_unlock(&svc->mu);
+    Grpc__Health__V1__HealthCheckResponse r = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
+    r.status = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING;
+    while (w != NULL) {
+        ddld_call *next = w->next_watch;
+        ddld_call_send(w, &r.base);
+        ddld_call_end(w, GRPC_STATUS_OK, NULL);
+        call_unref(w);
+        w = next;
+    }
+    ddld_job *job;
+    while ((job = ddld_service_pop(svc)) != NULL) {
+        if (job->call != NULL) {
+            ddld_call_finish(job->call, GRPC_STATUS_UNAVAILABLE, "distdld is shutting down", NULL);
+        }
+        ddld_job_free(job);
+    }
+}
+
+void ddld_service_stop(ddld_service **psvc, double grace_s)
+{
+    ddld_service *svc = *psvc;
+    if (svc == NULL) {
+        return;
+    }
+    pthread_mutex_lock(&svc->mu);
+    svc->stopping = true;
+    pthread_mutex_unlock(&svc->mu);
+    grpc_server_shutdown_and_notify(svc->server, svc->cq, &svc->shutdown_tag);
+    gpr_timespec until = gpr_time_add(
+        gpr_now(GPR_CLOCK_REALTIME), gpr_time_from_millis((int64_t)(grace_s * 1000), GPR_TIMESPAN));
+    struct timespec ts = {.tv_sec = until.tv_sec, .tv_nsec = until.tv_nsec};
+    pthread_mutex_lock(&svc->mu);
+    while (!svc->shutdown_done) {
+        if (pthread_cond_timedwait(&svc->cv, &svc->mu, &ts) != 0) {
+            break;
+        }
+    }
+    bool done = svc->shutdown_done;
+    pthread_mutex_unlock(&svc->mu);
+    if (!done) {
+        ddld_log("grace period over: cancelling the remaining calls");
+        grpc_server_cancel_all_calls(svc->server);
+        pthread_mutex_lock(&svc->mu);
+        while (!svc->shutdown_done) {
+            pthread_cond_wait(&svc->cv, &svc->mu);
+        }
+        pthread_mutex_unlock(&svc->mu);
+    }
+    grpc_server_destroy(svc->server);
+    grpc_completion_queue_shutdown(svc->cq);
+    pthread_join(svc->thread, NULL);
+    grpc_completion_queue_destroy(svc->cq);
+    grpc_shutdown();
+    free(svc->staging);
+    free(svc->jobs);
+    pthread_cond_destroy(&svc->cv);
+    pthread_mutex_destroy(&svc->mu);
+    free(svc);
+    *psvc = NULL;
+}

@@ -1,0 +1,394 @@
+#!/usr/bin/python3
+"""Integration scenarios for libdistdl-client against a real distdld under mpirun.
+
+Each scenario starts `mpirun -np P distdld --listen 127.0.0.1:0 --address-file F ...`,
+waits for the address file, runs client programs with DDL_ADDRESS set, stops the daemon
+(Shutdown RPC or a signal) and requires mpirun -- hence every rank -- to exit 0.
+
+  daemon_harness.py --build BUILD --source SRC --mpiexec MPIEXEC [--mpi-flags "..."] SCENARIO
+
+Exit status: 0 pass, 1 fail, 7 skip (the daemon binary is not built).
+"""
+import argparse
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+FMNIST = "/usr/share/datasets/fashion-mnist"
+
+
+class Failure(Exception):
+    pass
+
+
+class Daemon:
+    def __init__(self, h, np, args, name, listen="127.0.0.1:0"):
+        self.h = h
+        self.np = np
+        self.dir = tempfile.mkdtemp(prefix="ddl-daemon-%s-" % name, dir=h.work)
+        self.addr_file = os.path.join(self.dir, "addr")
+        self.log_path = os.path.join(self.dir, "daemon.log")
+        cmd = [h.mpiexec, "-np", str(np)] + h.mpi_flags + [
+            h.distdld, "--listen", listen, "--address-file", self.addr_file,
+            "--data-root", FMNIST] + args
+        self.cmd = cmd
+        self.log = open(self.log_path, "w")
+        print("$ " + " ".join(shlex.quote(c) for c in cmd), flush=True)
+        self.t0 = time.time()
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        self.address = None
+
+    def wait_address(self, timeout=90):
+        end = time.time() + timeout
+        while time.time() < end:
+            if self.proc.poll() is not None:
+                self.dump()
+                raise Failure("daemon exited with %d before writing its address" % self.proc.returncode)
+            try:
+                with open(self.addr_file) as f:
+                    a = f.read().strip()
+                if a:
+                    self.address = a
+                    print("daemon (np %d) listening on %s after %.1f s" %
+                          (self.np, a, time.time() - self.t0), flush=True)
+                    return a
+            except FileNotFoundError:
+                pass
+            time.sleep(0.1)
+        self.kill()
+        self.dump()
+        raise Failure("no address in %s after %d s" % (self.addr_file, timeout))
+
+    def rank_pids(self):
+        """pid -> rank of the daemon's processes (children of mpirun)."""
+        out = {}
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                with open("/proc/%s/stat" % pid) as f:
+                    st = f.read()
+                ppid = int(st.rsplit(")", 1)[1].split()[1])
+                if ppid != self.proc.pid:
+                    continue
+                with open("/proc/%s/environ" % pid, "rb") as f:
+                    env = f.read().split(b"\0")
+                for e in env:
+                    if e.startswith(b"OMPI_COMM_WORLD_RANK="):
+                        out[int(pid)] = int(e.split(b"=", 1)[1])
+            except (OSError, ValueError, IndexError):
+                continue
+        return out
+
+    def wait_exit(self, timeout=60):
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            self.dump()
+            raise Failure("daemon still running %d s after it was told to stop" % timeout)
+        self.log.close()
+        if rc != 0:
+            self.dump()
+            raise Failure("mpirun exited with %d (a rank failed or was killed)" % rc)
+        print("daemon exited 0", flush=True)
+
+    def kill(self):
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+    def dump(self):
+        try:
+            self.log.flush()
+            with open(self.log_path) as f:
+                text = f.read()
+            print("---- daemon log (%s) ----\n%s---- end of daemon log ----" %
+                  (self.log_path, text[-6000:]), flush=True)
+        except OSError:
+            pass
+
+
+class Harness:
+    def __init__(self, a):
+        self.build = a.build
+        self.source = a.source
+        self.mpiexec = a.mpiexec
+        self.mpi_flags = shlex.split(a.mpi_flags)
+        self.distdld = os.path.join(a.build, "bin", "distdld")
+        # DDL_CLIENT_TEST runs another build's client_test (e.g. a sanitizer build).
+        self.client_test = os.environ.get("DDL_CLIENT_TEST",
+                                          os.path.join(a.build, "tests", "client_test"))
+        self.specs = os.path.join(a.source, "deploy", "specs")
+        self.work = tempfile.mkdtemp(prefix="ddl-client-it-")
+        self.daemons = []
+
+    def spec(self, name):
+        return os.path.join(self.specs, name)
+
+    def start(self, np, args, name, **kw):
+        d = Daemon(self, np, args, name, **kw)
+        self.daemons.append(d)
+        d.wait_address()
+        return d
+
+    def run(self, d, argv, timeout=600, env_extra=None, capture=False):
+        env = dict(os.environ)
+        env["DDL_ADDRESS"] = d.address
+        env["DDL_SPEC_DIR"] = self.specs
+        env["DDL_DATA_DIR"] = FMNIST
+        env.setdefault("GRPC_VERBOSITY", "ERROR")
+        if env_extra:
+            env.update(env_extra)
+        print("$ " + " ".join(shlex.quote(c) for c in argv), flush=True)
+        t0 = time.time()
+        try:
+            r = subprocess.run(argv, env=env, timeout=timeout,
+                               stdout=subprocess.PIPE if capture else None,
+                               text=True if capture else None)
+        except subprocess.TimeoutExpired:
+            raise Failure("%s timed out after %d s" % (argv[0], timeout))
+        if capture:
+            print(r.stdout, end="", flush=True)
+        print("(%.1f s, exit %d)" % (time.time() - t0, r.returncode), flush=True)
+        if r.returncode != 0:
+            d.dump()
+            raise Failure("%s exited with %d" % (" ".join(argv[:2]), r.returncode))
+        return r.stdout if capture else None
+
+    def client(self, d, *args, **kw):
+        return self.run(d, [self.client_test] + [str(a) for a in args], **kw)
+
+    def shutdown(self, d):
+        self.client(d, "shutdown")
+        d.wait_exit()
+
+    def cleanup(self):
+        for d in self.daemons:
+            if d.proc.poll() is None:
+                d.kill()
+
+
+# ---- scenarios --------------------------------------------------------------------------
+
+COMMON = ["--queue", "4", "--max-message-bytes", str(8 << 20)]
+
+
+def sc_lifecycle(h):
+    d = h.start(2, COMMON, "lifecycle")
+    h.client(d, "health")
+    h.client(d, "lifecycle")
+    h.client(d, "health")
+    h.shutdown(d)
+
+
+def sc_bad(h, np=2):
+    d = h.start(np, COMMON, "bad")
+    h.client(d, "bad")
+    h.client(d, "health")
+    h.shutdown(d)
+
+
+def sc_train(h):
+    d = h.start(2, COMMON + ["--model", h.spec("lenet5-2.json")], "train")
+    h.client(d, "train", 200)
+    h.shutdown(d)
+
+
+def sc_compare(h, np=2, steps=60, submit=False):
+    ref = os.path.join(h.work, "distdl-train-np%d.safetensors" % np)
+    cmd = [h.mpiexec, "-np", str(np)] + h.mpi_flags + [
+        os.path.join(h.build, "bin", "distdl-train"), "--model", h.spec("lenet5-%d.json" % np),
+        "--data", FMNIST, "--epochs", "1", "--max-steps", str(steps), "--no-eval",
+        "--export", ref]
+    print("$ " + " ".join(cmd), flush=True)
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    if r.returncode != 0 or not os.path.exists(ref):
+        print(r.stdout)
+        raise Failure("distdl-train failed (%d)" % r.returncode)
+    d = h.start(np, COMMON + ["--model", h.spec("lenet5-%d.json" % np)], "compare")
+    if submit:
+        h.client(d, "compare_submit", "lenet5-%d.json" % np, steps, ref)
+    else:
+        h.client(d, "compare", steps, ref)
+    h.shutdown(d)
+
+
+def sc_checkpoint_np(h):
+    ck = os.path.join(h.work, "ckpt")
+    os.makedirs(ck)
+    saved = os.path.join(h.work, "saved-np2.safetensors")
+    d = h.start(2, COMMON + ["--model", h.spec("lenet5-2.json"), "--checkpoint-dir", ck], "save")
+    h.client(d, "save", ck, saved)
+    h.shutdown(d)
+    d = h.start(4, COMMON + ["--model", h.spec("lenet5-4.json"), "--checkpoint-dir", ck], "restore")
+    h.client(d, "restore", ck, saved)
+    h.shutdown(d)
+
+
+def sc_sigterm(h):
+    """SIGTERM to rank 0 of a 4-rank daemon in the middle of a Train (with a Health.Watch
+    open): the Train stops, health goes NOT_SERVING, every rank exits 0, and the final
+    checkpoint is durable: a 2-rank daemon restores it."""
+    ck = os.path.join(h.work, "ckpt-sigterm")
+    os.makedirs(ck)
+    d = h.start(4, COMMON + ["--model", h.spec("lenet5-4.json"), "--checkpoint-dir", ck], "sigterm")
+    h.client(d, "health")
+    ranks = d.rank_pids()
+    r0 = [p for p, r in ranks.items() if r == 0]
+    if len(ranks) != 4 or not r0:
+        raise Failure("found ranks %s under mpirun %d" % (ranks, d.proc.pid))
+    t0 = time.time()
+    out = h.client(d, "sigterm", r0[0], capture=True)
+    stopped = [int(l.split()[1]) for l in out.splitlines() if l.startswith("STOPPED_AT ")]
+    d.wait_exit(timeout=60)
+    print("all ranks exited 0 %.2f s after the Train began" % (time.time() - t0), flush=True)
+    d2 = h.start(2, COMMON + ["--model", h.spec("lenet5-2.json"), "--checkpoint-dir", ck], "after-sigterm")
+    h.client(d2, "restore_min", ck, stopped[0] if stopped else 1)
+    h.shutdown(d2)
+
+
+def sc_unix(h):
+    """A daemon on a unix socket: the address file says unix:PATH and the client dials it."""
+    sock = os.path.join(h.work, "distdld.sock")
+    d = h.start(2, COMMON + ["--model", h.spec("lenet5-2.json")], "unix", listen="unix:" + sock)
+    if d.address != "unix:" + sock:
+        raise Failure("address file says %r" % d.address)
+    h.client(d, "health")
+    h.client(d, "train", 100)
+    h.shutdown(d)
+
+
+def sc_interop(h):
+    d = h.start(2, COMMON + ["--model", h.spec("lenet5-2.json")], "interop")
+    gen = os.path.join(h.build, "tests", "client_py")
+    h.run(d, ["/usr/bin/python3", os.path.join(h.source, "tests", "client", "interop.py"),
+              "--proto", os.path.join(h.source, "proto"), "--gen", gen])
+    h.shutdown(d)
+
+
+def sc_mock(h):
+    """The library against mock_daemon.py (no MPI): streaming, cancel, token, statuses."""
+    d = MockDaemon(h, token="s3cret-token")
+    h.client(d, "mock", env_extra={"DDL_TOKEN": "s3cret-token"})
+    d.kill()
+
+
+def make_cert(d, name):
+    """A self-signed certificate for 127.0.0.1/localhost (it is its own CA)."""
+    crt, key = os.path.join(d, name + ".crt"), os.path.join(d, name + ".key")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key,
+                    "-out", crt, "-days", "2", "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return crt, key
+
+
+def sc_mock_tls(h):
+    """The mock over TLS, then mutual TLS, with the token on top."""
+    d0 = tempfile.mkdtemp(prefix="ddl-certs-", dir=h.work)
+    srv_crt, srv_key = make_cert(d0, "server")
+    cli_crt, cli_key = make_cert(d0, "client")
+    other_crt, _ = make_cert(d0, "other")
+    env = {"DDL_TOKEN": "s3cret-token", "DDL_TLS_CA": srv_crt, "DDL_TLS_OTHER_CA": other_crt}
+    d = MockDaemon(h, token="s3cret-token", tls=(srv_crt, srv_key, None))
+    h.client(d, "mock", env_extra=env)
+    d.kill()
+    env.update({"DDL_TLS_CERT": cli_crt, "DDL_TLS_KEY": cli_key})
+    d = MockDaemon(h, token="s3cret-token", tls=(srv_crt, srv_key, cli_crt))
+    h.client(d, "mock", env_extra=env)
+    d.kill()
+
+
+class MockDaemon(Daemon):
+    def __init__(self, h, token, tls=None):
+        self.h = h
+        self.np = 0
+        self.dir = tempfile.mkdtemp(prefix="ddl-mock-", dir=h.work)
+        self.addr_file = os.path.join(self.dir, "addr")
+        self.log_path = os.path.join(self.dir, "mock.log")
+        self.log = open(self.log_path, "w")
+        self.t0 = time.time()
+        self.proc = subprocess.Popen(
+            ["/usr/bin/python3", os.path.join(h.source, "tests", "client", "mock_daemon.py"),
+             "--proto", os.path.join(h.source, "proto"), "--gen", os.path.join(self.dir, "gen"),
+             "--address-file", self.addr_file, "--token", token] +
+            (["--tls-cert", tls[0], "--tls-key", tls[1]] if tls else []) +
+            (["--client-ca", tls[2]] if tls and tls[2] else []),
+            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
+        h.daemons.append(self)
+        self.wait_address()
+
+
+def sc_example(h):
+    """What a new user does: the example program trains, evaluates, predicts and pulls."""
+    d = h.start(2, ["--model", h.spec("lenet5-2.json")], "example")
+    out = os.path.join(d.dir, "weights.safetensors")
+    cmd = [os.path.join(h.build, "bin", "ddl_example_train"), "--address-file", d.addr_file,
+           "--steps", "150", "--progress-every", "50", "--predict", "16", "--pull", out]
+    print("$ " + " ".join(cmd), flush=True)
+    r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    print(r.stdout, flush=True)
+    if r.returncode != 0:
+        raise Failure("ddl_example_train exited with %d" % r.returncode)
+    acc = [l for l in r.stdout.splitlines() if l.startswith("test: ")]
+    if not acc:
+        raise Failure("no test accuracy line")
+    pct = float(acc[0].split("accuracy")[1].strip().rstrip("%"))
+    if pct < 60:
+        raise Failure("test accuracy %.2f%% after 150 steps" % pct)
+    if "predicted" not in r.stdout or not os.path.getsize(out) > 61706 * 4:
+        raise Failure("no predictions or no weights file")
+    h.shutdown(d)
+
+
+SCENARIOS = {
+    "example": sc_example,
+    "mock": sc_mock,
+    "mock_tls": sc_mock_tls,
+    "lifecycle": sc_lifecycle,
+    "bad": sc_bad,
+    "bad_np4": lambda h: sc_bad(h, np=4),
+    "train": sc_train,
+    "compare": sc_compare,
+    "compare_np4": lambda h: sc_compare(h, np=4, steps=30),
+    "compare_submit": lambda h: sc_compare(h, np=2, steps=40, submit=True),
+    "checkpoint_np": sc_checkpoint_np,
+    "sigterm": sc_sigterm,
+    "interop": sc_interop,
+    "unix": sc_unix,
+}
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--build", required=True)
+    p.add_argument("--source", required=True)
+    p.add_argument("--mpiexec", default="mpirun")
+    p.add_argument("--mpi-flags", default="")
+    p.add_argument("scenario", choices=sorted(SCENARIOS))
+    a = p.parse_args()
+    h = Harness(a)
+    if not a.scenario.startswith("mock") and not os.path.exists(h.distdld):
+        print("SKIP: %s is not built" % h.distdld)
+        return 7
+    try:
+        SCENARIOS[a.scenario](h)
+    except Failure as e:
+        print("FAIL: %s: %s" % (a.scenario, e), flush=True)
+        return 1
+    finally:
+        h.cleanup()
+    print("PASS: %s" % a.scenario)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -819,6 +819,9 @@ static ddl_status verify_shard(const char *stepdir, const ckpt_manifest *m, int 
                        (long long)sb.st_size, (long long)m->bytes[r]);
     }
     ddl_status st = ddl_sha256_file(path, hex);
+    if (st == DDL_ENOMEM) {
+        return st; // our failure, not the file's
+    }
     if (st != DDL_OK) {
         return corrupt(path, "cannot hash: %s", ddl_last_error());
     }
@@ -1051,7 +1054,7 @@ ddl_status ddl_checkpoint_load(MPI_Comm comm, const char *path, int n,
     } else {
         st = match_requests(&m, mpath, n, tensors, idx);
     }
-    st    = ddl_agree(comm, st);
+    st = ddl_agree(comm, st);
     if (st != DDL_OK) {
         goto done;
     }

@@ -363,4 +363,3 @@ bool ddl__boxes_tile(const ddl_shape *g, int nb, const ddl_box *boxes, size_t st
     }
     return true;
 }
-

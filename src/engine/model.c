@@ -37,43 +37,43 @@
 #include "partition/mpi_check.h"
 
 struct ddl_model {
-    MPI_Comm          comm;  // our duplicate of the caller's communicator
-    int               rank;
-    ddl_spec_t       *spec;
-    ddl_partition_t **parts;
-    int               nlayers;
-    ddl_layer_t     **layers;
-    ddl_tensor_t    **act;   // nlayers + 1 activations (act[0]: the input)
-    ddl_tensor_t    **dact;  // their gradients
-    ddl_shape         in_global;      // [batch, sample...]
-    size_t            sample_bytes;   // one sample in the spec's dtype
-    ddl_partition_t  *P_in_root;      // rank 0 alone, with the input's dimension
-    ddl_partition_t  *P_out_root;     // rank 0 alone, with the output's dimension
-    ddl_repartition_t *in_plan;       // rank 0's batch -> the input partition
-    ddl_repartition_t *out_plan;      // the output partition -> rank 0
-    ddl_tensor_t     *xin;            // rank 0: the whole batch; elsewhere zero-volume
-    ddl_loss_t       *loss, *loss_each;
-    ddl_tensor_t     *loss_el, *dloss_el;
-    int               loss_root;      // world rank holding the reduced loss
-    int64_t          *labels_all, *labels_local;
-    ddl_box           out_box;        // this rank's box of the output [batch, classes]
-    ddl_tensor_t     *logits;         // rank 0: the gathered output; elsewhere zero-volume
-    int               first_param_layer;
-    int               nparams;
-    ddl_param       **params;
-    char            (*pnames)[2 * SPEC_NAME];
-    int               nbuffers;       // running statistics (state saved with the weights)
+    MPI_Comm           comm; // our duplicate of the caller's communicator
+    int                rank;
+    ddl_spec_t        *spec;
+    ddl_partition_t  **parts;
+    int                nlayers;
+    ddl_layer_t      **layers;
+    ddl_tensor_t     **act;          // nlayers + 1 activations (act[0]: the input)
+    ddl_tensor_t     **dact;         // their gradients
+    ddl_shape          in_global;    // [batch, sample...]
+    size_t             sample_bytes; // one sample in the spec's dtype
+    ddl_partition_t   *P_in_root;    // rank 0 alone, with the input's dimension
+    ddl_partition_t   *P_out_root;   // rank 0 alone, with the output's dimension
+    ddl_repartition_t *in_plan;      // rank 0's batch -> the input partition
+    ddl_repartition_t *out_plan;     // the output partition -> rank 0
+    ddl_tensor_t      *xin;          // rank 0: the whole batch; elsewhere zero-volume
+    ddl_loss_t        *loss, *loss_each;
+    ddl_tensor_t      *loss_el, *dloss_el;
+    int                loss_root; // world rank holding the reduced loss
+    int64_t           *labels_all, *labels_local;
+    ddl_box            out_box; // this rank's box of the output [batch, classes]
+    ddl_tensor_t      *logits;  // rank 0: the gathered output; elsewhere zero-volume
+    int                first_param_layer;
+    int                nparams;
+    ddl_param        **params;
+    char (*pnames)[2 * SPEC_NAME];
+    int               nbuffers; // running statistics (state saved with the weights)
     ddl_named_tensor *buffers;
-    char            (*bnames)[2 * SPEC_NAME];
-    ddl_optimizer_t  *opt;
+    char (*bnames)[2 * SPEC_NAME];
+    ddl_optimizer_t *opt;
 };
 
 static ddl_status build_partitions(ddl_model_t *m)
 {
     const ddl_spec_t *s = m->spec;
     m->parts            = ddl_calloc((size_t)s->nparts, sizeof *m->parts);
-    ddl_status st = ddl_agree(m->comm, m->parts != NULL ? DDL_OK
-                                                        : ddl_set_error(DDL_ENOMEM, "model: out of memory"));
+    ddl_status st       = ddl_agree(
+              m->comm, m->parts != NULL ? DDL_OK : ddl_set_error(DDL_ENOMEM, "model: out of memory"));
     // Each partition's creation is collective over its members: agree after each one,
     // so no rank goes on to the next while another has failed.
     for (int i = 0; st == DDL_OK && i < s->nparts; i++) {
@@ -288,12 +288,12 @@ static ddl_status build_output_plan(ddl_model_t *m)
 // the model's communicator, so a failure on one rank (an allocation, a layer's check)
 // fails every rank at the same point and no rank waits in a collective the others
 // never reach.
-#define STAGE(expr)                                    \
-    do {                                               \
-        ddl_status stage_st_ = ddl_agree(m->comm, (expr)); \
-        if (stage_st_ != DDL_OK) {                     \
-            return stage_st_;                          \
-        }                                              \
+#define STAGE(expr)                                                                                \
+    do {                                                                                           \
+        ddl_status stage_st_ = ddl_agree(m->comm, (expr));                                         \
+        if (stage_st_ != DDL_OK) {                                                                 \
+            return stage_st_;                                                                      \
+        }                                                                                          \
     } while (0)
 
 static ddl_status alloc_layer_tables(ddl_model_t *m)
@@ -312,10 +312,10 @@ static ddl_status alloc_layer_tables(ddl_model_t *m)
     for (int d = 0; d < s->input.ndim; d++) {
         g.d[1 + d] = s->input.d[d];
     }
-    m->in_global      = g;
-    m->sample_bytes   = (size_t)ddl_shape_numel(&s->input) * ddl_dtype_size(s->dt);
-    ddl_box   in_box  = ddl_partition_local_box(m->parts[s->input_partition], &g);
-    ddl_shape ls      = ddl_box_shape(&in_box);
+    m->in_global     = g;
+    m->sample_bytes  = (size_t)ddl_shape_numel(&s->input) * ddl_dtype_size(s->dt);
+    ddl_box   in_box = ddl_partition_local_box(m->parts[s->input_partition], &g);
+    ddl_shape ls     = ddl_box_shape(&in_box);
     DDL_CHECK(ddl_tensor_create(s->dt, &ls, &m->act[0]));
     DDL_CHECK(ddl_tensor_create(s->dt, &ls, &m->dact[0]));
     m->first_param_layer = m->nlayers;
@@ -350,9 +350,9 @@ ddl_status ddl_model_create(MPI_Comm comm, const ddl_spec_t *spec, ddl_model_t *
     DDL_REQUIRE(size == spec->world_size, DDL_EINVAL,
                 "model: the spec %s is for %d ranks, the job has %d (mpirun -np %d)", spec->source,
                 spec->world_size, size, spec->world_size);
-    ddl_model_t *m  = ddl_calloc(1, sizeof *m);
-    ddl_status   st = ddl_agree(comm, m != NULL ? DDL_OK
-                                                : ddl_set_error(DDL_ENOMEM, "model: out of memory"));
+    ddl_model_t *m = ddl_calloc(1, sizeof *m);
+    ddl_status   st =
+        ddl_agree(comm, m != NULL ? DDL_OK : ddl_set_error(DDL_ENOMEM, "model: out of memory"));
     if (st != DDL_OK) {
         ddl_free(m);
         return st;
@@ -434,8 +434,8 @@ void ddl_model_destroy(ddl_model_t **mp)
 // samples in [lo, hi], x holding at least count samples (x_bytes), labels (when wanted)
 // in [0, classes). Every rank then agrees on the verdict and learns rank 0's count.
 static ddl_status check_batch(ddl_model_t *m, const char *what, const void *x, size_t x_bytes,
-                              const int64_t *labels, bool want_labels, int64_t *count,
-                              int64_t lo, int64_t hi)
+                              const int64_t *labels, bool want_labels, int64_t *count, int64_t lo,
+                              int64_t hi)
 {
     const ddl_spec_t *s  = m->spec;
     ddl_status        st = DDL_OK;
@@ -448,17 +448,17 @@ static ddl_status check_batch(ddl_model_t *m, const char *what, const void *x, s
         } else if (n > 0 && x == NULL) {
             st = ddl_set_error(DDL_EINVAL, "%s: rank 0 must pass the samples", what);
         } else if (x_bytes / m->sample_bytes < (uint64_t)n) {
-            st = ddl_set_error(DDL_EINVAL,
-                               "%s: %lld samples of %zu bytes need %llu bytes, got %zu", what,
-                               (long long)n, m->sample_bytes,
+            st = ddl_set_error(DDL_EINVAL, "%s: %lld samples of %zu bytes need %llu bytes, got %zu",
+                               what, (long long)n, m->sample_bytes,
                                (unsigned long long)((uint64_t)n * m->sample_bytes), x_bytes);
         } else if (want_labels && n > 0 && labels == NULL) {
             st = ddl_set_error(DDL_EINVAL, "%s: rank 0 must pass the labels", what);
         } else if (want_labels) {
             for (int64_t i = 0; i < n; i++) {
                 if (labels[i] < 0 || labels[i] >= C) {
-                    st = ddl_set_error(DDL_EINVAL, "%s: label %lld of sample %lld is outside [0, %lld)",
-                                       what, (long long)labels[i], (long long)i, (long long)C);
+                    st = ddl_set_error(DDL_EINVAL,
+                                       "%s: label %lld of sample %lld is outside [0, %lld)", what,
+                                       (long long)labels[i], (long long)i, (long long)C);
                     break;
                 }
             }
@@ -562,8 +562,8 @@ ddl_status ddl_model_train_step(ddl_model_t *m, const void *x, size_t x_bytes,
 {
     DDL_CHECK(check_batch(m, "train_step", x, x_bytes, labels, true, &count, m->spec->batch,
                           m->spec->batch));
-    double     l = 0.0;
-    int64_t    c = 0;
+    double     l  = 0.0;
+    int64_t    c  = 0;
     ddl_status st = ddl_agree(m->comm, train_step(m, x, labels, &l, &c));
     if (st == DDL_OK) {
         *loss    = l;
@@ -675,6 +675,9 @@ static ddl_status named_state(ddl_model_t *m, bool with_optim, ddl_named_tensor 
     if (*out == NULL || *names == NULL) {
         ddl_free(*out);
         ddl_free(*names);
+        *out   = NULL;
+        *names = NULL;
+        *n     = 0;
         return ddl_set_error(DDL_ENOMEM, "model: out of memory");
     }
     for (int i = 0; i < m->nparams; i++) {
@@ -703,10 +706,15 @@ static ddl_status named_state(ddl_model_t *m, bool with_optim, ddl_named_tensor 
 
 ddl_status ddl_model_save(ddl_model_t *m, const char *dir, const char *user_json)
 {
-    ddl_named_tensor *nt;
-    char (*names)[2 * SPEC_NAME + 32];
+    ddl_named_tensor *nt = NULL;
+    char (*names)[2 * SPEC_NAME + 32] = NULL;
     int   n;
-    DDL_CHECK(ddl_agree(m->comm, named_state(m, true, &nt, &n, &names)));
+    ddl_status nst = ddl_agree(m->comm, named_state(m, true, &nt, &n, &names));
+    if (nst != DDL_OK) {
+        ddl_free(nt);
+        ddl_free(names);
+        return nst;
+    }
     ddl_checkpoint_meta meta = {ddl_optimizer_steps(m->opt), m->spec->text,
                                 user_json != NULL ? user_json : "{}"};
     ddl_status st = ddl_checkpoint_save(m->comm, dir, &meta, n, nt);
@@ -717,12 +725,17 @@ ddl_status ddl_model_save(ddl_model_t *m, const char *dir, const char *user_json
 
 ddl_status ddl_model_load(ddl_model_t *m, const char *path, char **user_json)
 {
-    ddl_named_tensor *nt;
-    char (*names)[2 * SPEC_NAME + 32];
+    ddl_named_tensor *nt = NULL;
+    char (*names)[2 * SPEC_NAME + 32] = NULL;
     int     n;
     int64_t step = 0;
     char   *spec = NULL;
-    DDL_CHECK(ddl_agree(m->comm, named_state(m, true, &nt, &n, &names)));
+    ddl_status nst = ddl_agree(m->comm, named_state(m, true, &nt, &n, &names));
+    if (nst != DDL_OK) {
+        ddl_free(nt);
+        ddl_free(names);
+        return nst;
+    }
     ddl_status st = ddl_checkpoint_load(m->comm, path, n, nt, &step, &spec, user_json);
     if (st == DDL_OK) {
         ddl_optimizer_set_steps(m->opt, step);
@@ -741,10 +754,15 @@ static bool is_safetensors(const char *path)
 
 ddl_status ddl_model_export(ddl_model_t *m, const char *path)
 {
-    ddl_named_tensor *nt;
-    char (*names)[2 * SPEC_NAME + 32];
+    ddl_named_tensor *nt = NULL;
+    char (*names)[2 * SPEC_NAME + 32] = NULL;
     int   n;
-    DDL_CHECK(ddl_agree(m->comm, named_state(m, false, &nt, &n, &names)));
+    ddl_status nst = ddl_agree(m->comm, named_state(m, false, &nt, &n, &names));
+    if (nst != DDL_OK) {
+        ddl_free(nt);
+        ddl_free(names);
+        return nst;
+    }
     ddl_status st = is_safetensors(path) ? ddl_export_safetensors(m->comm, path, n, nt, NULL)
                                          : ddl_export_npy_dir(m->comm, path, n, nt);
     ddl_free(nt);
@@ -754,10 +772,15 @@ ddl_status ddl_model_export(ddl_model_t *m, const char *path)
 
 ddl_status ddl_model_import(ddl_model_t *m, const char *path)
 {
-    ddl_named_tensor *nt;
-    char (*names)[2 * SPEC_NAME + 32];
+    ddl_named_tensor *nt = NULL;
+    char (*names)[2 * SPEC_NAME + 32] = NULL;
     int   n;
-    DDL_CHECK(ddl_agree(m->comm, named_state(m, false, &nt, &n, &names)));
+    ddl_status nst = ddl_agree(m->comm, named_state(m, false, &nt, &n, &names));
+    if (nst != DDL_OK) {
+        ddl_free(nt);
+        ddl_free(names);
+        return nst;
+    }
     ddl_status st = is_safetensors(path) ? ddl_import_safetensors(m->comm, path, n, nt)
                                          : ddl_import_npy_dir(m->comm, path, n, nt);
     ddl_free(nt);
@@ -768,8 +791,8 @@ ddl_status ddl_model_import(ddl_model_t *m, const char *path)
 ddl_status ddl__model_named_state(ddl_model_t *m, bool with_optim, ddl_named_tensor **out, int *n,
                                   void **names)
 {
-    char (*nm)[2 * SPEC_NAME + 32] = NULL;
-    ddl_status st                   = named_state(m, with_optim, out, n, &nm);
-    *names                          = nm;
+    char(*nm)[2 * SPEC_NAME + 32] = NULL;
+    ddl_status st                 = named_state(m, with_optim, out, n, &nm);
+    *names                        = nm;
     return st;
 }

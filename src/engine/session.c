@@ -56,7 +56,7 @@ struct ddl_session {
     size_t       sample_bytes; // one sample in the spec's dtype
     int          classes;
     ddl_dtype    dt;
-    double       mean, std;    // input normalization
+    double       mean, std; // input normalization
     // Checkpoint policy.
     char   *ckpt_dir;   // rank 0 (NULL: none)
     int64_t ckpt_every; // every rank
@@ -195,8 +195,8 @@ static ddl_status create_body(ddl_session_t *s, const char *spec_text, const cha
         st = ddl_model_create(s->comm, spec, &s->model); // agreed inside
     }
     if (st == DDL_OK) {
-        s->batch     = ddl_spec_batch_size(spec);
-        ddl_shape in = ddl_spec_input_shape(spec);
+        s->batch        = ddl_spec_batch_size(spec);
+        ddl_shape in    = ddl_spec_input_shape(spec);
         s->sample_numel = ddl_shape_numel(&in);
         s->dt           = ddl_spec_dtype(spec);
         s->sample_bytes = (size_t)s->sample_numel * ddl_dtype_size(s->dt);
@@ -231,9 +231,9 @@ ddl_status ddl_session_create(MPI_Comm comm, const char *spec_text, const char *
 {
     DDL_REQUIRE(out != NULL, DDL_EINVAL, "session: out must not be NULL");
     *out             = NULL;
-    ddl_session_t *s  = ddl_calloc(1, sizeof *s);
-    ddl_status     st = ddl_agree(comm, s != NULL ? DDL_OK
-                                                  : ddl_set_error(DDL_ENOMEM, "session: out of memory"));
+    ddl_session_t *s = ddl_calloc(1, sizeof *s);
+    ddl_status     st =
+        ddl_agree(comm, s != NULL ? DDL_OK : ddl_set_error(DDL_ENOMEM, "session: out of memory"));
     if (st != DDL_OK) {
         ddl_free(s);
         return st;
@@ -309,8 +309,8 @@ static ddl_status check_split(const ddl_session_t *s, const char *dir, const cha
         fits         = have == in.d[d];
     }
     DDL_REQUIRE(fits, DDL_EINVAL,
-                "data %s: the %s samples are %s, the model's input is %s (one sample)", dir,
-                name, got, want);
+                "data %s: the %s samples are %s, the model's input is %s (one sample)", dir, name,
+                got, want);
     DDL_REQUIRE(ds->num_classes <= s->classes, DDL_EINVAL,
                 "data %s: the %s labels reach %d, the model has %d classes (labels must be in "
                 "[0, %d))",
@@ -378,6 +378,25 @@ bool ddl_session_has_data(const ddl_session_t *s)
 ddl_cursor ddl_session_cursor(const ddl_session_t *s)
 {
     return s->cur;
+}
+
+ddl_status ddl_session_set_cursor(ddl_session_t *s, ddl_cursor c)
+{
+    ddl_status st  = DDL_OK;
+    int64_t    spe = steps_per_epoch(s);
+    if (s->rank == 0 && (c.epoch < 0 || c.epoch > CURSOR_EPOCH_MAX || c.batch < 0 ||
+                         (spe > 0 && c.batch >= spe))) {
+        st = ddl_set_error(DDL_EINVAL,
+                           "set_cursor: epoch %lld must be in [0, %lld] and batch %lld in [0, "
+                           "%lld) (batches per epoch)",
+                           (long long)c.epoch, (long long)CURSOR_EPOCH_MAX, (long long)c.batch,
+                           (long long)(spe > 0 ? spe : INT64_MAX));
+    }
+    DDL_CHECK(ddl_agree(s->comm, st));
+    int64_t v[2] = {c.epoch, c.batch};
+    DDL_CHECK_MPI(MPI_Bcast(v, 2, MPI_INT64_T, 0, s->comm));
+    s->cur = (ddl_cursor){v[0], v[1]};
+    return ddl_agree(s->comm, DDL_OK);
 }
 
 int64_t ddl_session_steps_per_epoch(const ddl_session_t *s)
@@ -465,14 +484,14 @@ static ddl_status parse_cursor(const ddl_session_t *s, const char *user, ddl_cur
         st = ddl_set_error(DDL_ECORRUPT, "restore: cursor epoch %lld outside [0, %lld]",
                            (long long)json_integer_value(e), (long long)CURSOR_EPOCH_MAX);
     } else if (json_integer_value(b) < 0 || (spe > 0 && json_integer_value(b) >= spe)) {
-        st = ddl_set_error(DDL_ECORRUPT,
-                           "restore: cursor batch %lld outside [0, %lld) (batches per epoch)",
-                           (long long)json_integer_value(b), (long long)(spe > 0 ? spe : INT64_MAX));
+        st = ddl_set_error(
+            DDL_ECORRUPT, "restore: cursor batch %lld outside [0, %lld) (batches per epoch)",
+            (long long)json_integer_value(b), (long long)(spe > 0 ? spe : INT64_MAX));
     } else if (rng != NULL && (!json_is_object(rng) || (seed != NULL && !json_is_integer(seed)))) {
         st = ddl_set_error(DDL_ECORRUPT, "restore: the cursor's \"rng\" must be an object with an "
                                          "integer \"seed\"");
-    } else if (seed != NULL && (uint64_t)json_integer_value(seed) !=
-                                   ddl_spec_seed(ddl_model_spec(s->model))) {
+    } else if (seed != NULL &&
+               (uint64_t)json_integer_value(seed) != ddl_spec_seed(ddl_model_spec(s->model))) {
         st = ddl_set_error(DDL_EINVAL,
                            "restore: the checkpoint was trained with seed %lld but the spec has "
                            "seed %llu; resuming would not continue the same run",
@@ -531,8 +550,8 @@ static void snapshot_put_back(ddl_model_t *m, const snapshot *sn)
 
 ddl_status ddl_session_restore(ddl_session_t *s, const char *path, int64_t step)
 {
-    ddl_status st  = DDL_OK;
-    char       buf[4096];
+    ddl_status  st = DDL_OK;
+    char        buf[4096];
     const char *pick = NULL;
     if (s->rank == 0) {
         if (path == NULL) {
@@ -576,12 +595,7 @@ ddl_status ddl_session_restore(ddl_session_t *s, const char *path, int64_t step)
 
 // ---- training ------------------------------------------------------------------
 
-// The plan of a train call, decided on rank 0 and broadcast.
-typedef struct train_plan {
-    int64_t status;
-    int64_t total;
-} train_plan;
-
+// Rank 0's plan of a train call: the number of steps (broadcast by the caller).
 static ddl_status plan_train(const ddl_session_t *s, const ddl_train_request *req, int64_t *total)
 {
     DDL_REQUIRE(req != NULL, DDL_EINVAL, "train: rank 0 must pass a request");
@@ -597,8 +611,9 @@ static ddl_status plan_train(const ddl_session_t *s, const ddl_train_request *re
     if (req->steps > 0) {
         *total = req->steps;
     } else {
-        DDL_REQUIRE(req->epochs <= CURSOR_EPOCH_MAX - s->cur.epoch, DDL_EINVAL,
-                    "train: %lld epochs is too many", (long long)req->epochs);
+        DDL_REQUIRE(req->epochs <= CURSOR_EPOCH_MAX - s->cur.epoch &&
+                        req->epochs <= INT64_MAX / spe,
+                    DDL_EINVAL, "train: %lld epochs is too many", (long long)req->epochs);
         *total = req->epochs * spe - s->cur.batch;
     }
     return DDL_OK;
@@ -616,8 +631,8 @@ ddl_status ddl_session_train(ddl_session_t *s, const ddl_train_request *req, ddl
     const int64_t      B    = s->batch;
     const ddl_dataset *tr   = &s->data[DDL_SPLIT_TRAIN];
     const bool         shuf = ddl_spec_shuffle(ddl_model_spec(s->model));
-    double  t0 = now(), te = t0, lsum = 0, esum = 0;
-    int64_t hits = 0, esteps = 0;
+    double             t0 = now(), te = t0, lsum = 0, esum = 0;
+    int64_t            hits = 0, esteps = 0;
     for (int64_t done = 0; done < plan && st == DDL_OK;) {
         if (s->rank == 0) {
             if (s->perm_epoch != s->cur.epoch) {
@@ -706,8 +721,8 @@ ddl_status ddl_session_train(ddl_session_t *s, const ddl_train_request *req, ddl
     return st;
 }
 
-ddl_status ddl_session_step(ddl_session_t *s, const void *x, size_t x_bytes,
-                            const int64_t *labels, int64_t count, ddl_step_result *out)
+ddl_status ddl_session_step(ddl_session_t *s, const void *x, size_t x_bytes, const int64_t *labels,
+                            int64_t count, ddl_step_result *out)
 {
     ddl_status st = DDL_OK;
     if (s->rank == 0 && (count != s->batch || x_bytes != (size_t)count * s->sample_bytes)) {
@@ -756,7 +771,7 @@ ddl_status ddl_session_evaluate(ddl_session_t *s, ddl_split split, ddl_eval_resu
     DDL_CHECK_MPI(MPI_Bcast(&sp, 1, MPI_INT, 0, s->comm));
     const ddl_dataset *ds    = &s->data[sp];
     int64_t            total = s->n[sp], hits = 0, seen = 0;
-    double             lsum  = 0;
+    double             lsum = 0;
     for (int64_t start = 0; start < total && st == DDL_OK; start += s->batch) {
         int64_t count = total - start < s->batch ? total - start : s->batch;
         if (s->rank == 0) {
@@ -767,9 +782,8 @@ ddl_status ddl_session_evaluate(ddl_session_t *s, ddl_split split, ddl_eval_resu
         }
         double  l = 0;
         int64_t c = 0;
-        st        = ddl_model_eval(s->model, s->xbuf,
-                                   s->rank == 0 ? (size_t)count * s->sample_bytes : 0, s->lbuf,
-                                   count, &l, &c);
+        st = ddl_model_eval(s->model, s->xbuf, s->rank == 0 ? (size_t)count * s->sample_bytes : 0,
+                            s->lbuf, count, &l, &c);
         lsum += l;
         hits += c;
         seen += count;
@@ -807,8 +821,9 @@ ddl_status ddl_session_evaluate_batch(ddl_session_t *s, const void *x, size_t x_
         }
         for (int64_t i = 0; st == DDL_OK && i < count; i++) {
             if (labels[i] < 0 || labels[i] >= s->classes) {
-                st = ddl_set_error(DDL_EINVAL, "evaluate: label %lld of sample %lld is outside "
-                                               "[0, %d)",
+                st = ddl_set_error(DDL_EINVAL,
+                                   "evaluate: label %lld of sample %lld is outside "
+                                   "[0, %d)",
                                    (long long)labels[i], (long long)i, s->classes);
             }
         }
@@ -819,10 +834,10 @@ ddl_status ddl_session_evaluate_batch(ddl_session_t *s, const void *x, size_t x_
     int64_t hits = 0;
     double  lsum = 0;
     for (int64_t start = 0; start < total && st == DDL_OK; start += s->batch) {
-        int64_t n   = total - start < s->batch ? total - start : s->batch;
+        int64_t     n  = total - start < s->batch ? total - start : s->batch;
         const char *xp = s->rank == 0 ? (const char *)x + (size_t)start * s->sample_bytes : NULL;
-        double  l = 0;
-        int64_t c = 0;
+        double      l  = 0;
+        int64_t     c  = 0;
         st = ddl_model_eval(s->model, xp, s->rank == 0 ? (size_t)n * s->sample_bytes : 0,
                             s->rank == 0 ? labels + start : NULL, n, &l, &c);
         lsum += l;
@@ -844,8 +859,9 @@ ddl_status ddl_session_predict(ddl_session_t *s, const void *x, size_t x_bytes, 
         st = check_inline(s, "predict", x, x_bytes, count);
         if (st == DDL_OK && (logits == NULL || (uint64_t)count > SIZE_MAX / row ||
                              logits_bytes < (size_t)count * row)) {
-            st = ddl_set_error(DDL_EINVAL, "predict: %lld rows of %d logits need %llu bytes, got "
-                                           "%zu%s",
+            st = ddl_set_error(DDL_EINVAL,
+                               "predict: %lld rows of %d logits need %llu bytes, got "
+                               "%zu%s",
                                (long long)count, s->classes,
                                (unsigned long long)count * (unsigned long long)row,
                                logits == NULL ? 0 : logits_bytes, logits == NULL ? " (NULL)" : "");

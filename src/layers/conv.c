@@ -639,11 +639,11 @@ static ddl_status conv_setup(ddl_layer_t *L, conv_impl *m, const ddl_partition_t
     // lst and reported after it: returning at once would leave the other ranks waiting
     // in a collective this rank never joins. (LOCAL evaluates nothing once one failed.)
     ddl_status lst = DDL_OK;
-#define LOCAL(expr)             \
-    do {                        \
-        if (lst == DDL_OK) {    \
-            lst = (expr);       \
-        }                       \
+#define LOCAL(expr)                                                                                \
+    do {                                                                                           \
+        if (lst == DDL_OK) {                                                                       \
+            lst = (expr);                                                                          \
+        }                                                                                          \
     } while (0)
 
     // 1. The halo plan on P_x (no communication).

@@ -240,8 +240,8 @@ ddl_status ddl_linear_create(const ddl_partition_t *P_x, const ddl_partition_t *
     }
     // The parameters are this rank's own allocations: a failure is reported only after
     // the plans below, whose collectives the other ranks would otherwise wait in.
-    ddl_status lst = ddl_layer_add_param(L, "weight", &wg, &wbox, DDL_INIT_KAIMING_UNIFORM,
-                                         in_features);
+    ddl_status lst =
+        ddl_layer_add_param(L, "weight", &wg, &wbox, DDL_INIT_KAIMING_UNIFORM, in_features);
     if (lst == DDL_OK && bias) {
         lst = ddl_layer_add_param(L, "bias", &bg, &bbox, DDL_INIT_FAN_IN_UNIFORM, in_features);
     }

@@ -129,11 +129,11 @@ static ddl_status loss_validate(const ddl_partition_t *P_x, ddl_dtype dt, const 
 // A local failure (an allocation) is kept in *lst and setup goes on through the
 // collective constructions, so that the other ranks are not left waiting in one this
 // rank skipped; loss_setup reports it, agreed over P_x, once they are behind us.
-#define LOCAL(expr)          \
-    do {                     \
-        if (*lst == DDL_OK) { \
-            *lst = (expr);   \
-        }                    \
+#define LOCAL(expr)                                                                                \
+    do {                                                                                           \
+        if (*lst == DDL_OK) {                                                                      \
+            *lst = (expr);                                                                         \
+        }                                                                                          \
     } while (0)
 
 static ddl_status ce_setup(ddl_loss_t *l, ddl_status *lst)

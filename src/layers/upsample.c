@@ -422,8 +422,8 @@ ddl_status ddl_upsample_create(const ddl_partition_t *P_x, ddl_dtype dt,
     DDL_CHECK(validate(P_x, dt, x_global, mode, align_corners, scale_factor, size, &ip));
 
     ddl_layer_t *L = NULL;
-    ddl_status ast = ddl_layer_alloc(&up_ops, "upsample", dt, &L);
-    up_impl   *u   = ast == DDL_OK ? ddl_calloc(1, sizeof *u) : NULL;
+    ddl_status   ast = ddl_layer_alloc(&up_ops, "upsample", dt, &L);
+    up_impl     *u   = ast == DDL_OK ? ddl_calloc(1, sizeof *u) : NULL;
     if (ast == DDL_OK && u == NULL) {
         ast = ddl_set_error(DDL_ENOMEM, "upsample: out of memory");
     }

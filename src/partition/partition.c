@@ -6,9 +6,9 @@
 #include <limits.h>
 #include <string.h>
 
+#include "ddl/agree.h"
 #include "ddl/base.h"
 #include "ddl/decomp.h"
-#include "ddl/agree.h"
 #include "ddl/partition.h"
 #include "partition/mpi_check.h"
 

@@ -1,8 +1,11 @@
 // primitives/collect.c: gathering the boxed pieces of a distributed tensor onto one
 // rank and scattering them back (parameters for checkpoints and exports, test data).
-// Not on any training path: it allocates a staging buffer on the root per call.
+// Not on any training path: it allocates a staging buffer on the root per call. A
+// failure on the root (an allocation) is agreed on before each exchange, so it fails
+// every rank instead of leaving them in MPI_Gather(v)/MPI_Scatterv.
 #include <limits.h>
 
+#include "ddl/agree.h"
 #include "ddl/base.h"
 #include "ddl/collect.h"
 #include "partition/mpi_check.h"
@@ -27,36 +30,53 @@ static ddl_status gather_box_table(MPI_Comm comm, int root, const ddl_box *box, 
         mine[1 + d]               = box->start[d];
         mine[1 + DDL_MAX_DIMS + d] = box->stop[d];
     }
-    *table  = NULL;
-    *counts = NULL;
-    *displs = NULL;
+    *table        = NULL;
+    *counts       = NULL;
+    *displs       = NULL;
+    ddl_status st = DDL_OK;
     if (rank == root) {
         *table  = ddl_malloc(sizeof(int64_t) * (size_t)size * (2 * DDL_MAX_DIMS + 1));
         *counts = ddl_malloc(sizeof(int) * (size_t)size);
         *displs = ddl_malloc(sizeof(int) * (size_t)size);
         if (*table == NULL || *counts == NULL || *displs == NULL) {
-            ddl_free(*table);
-            ddl_free(*counts);
-            ddl_free(*displs);
-            return ddl_set_error(DDL_ENOMEM, "gather: out of memory");
+            st = ddl_set_error(DDL_ENOMEM, "gather: out of memory");
         }
     }
-    DDL_CHECK_MPI(MPI_Gather(mine, 2 * DDL_MAX_DIMS + 1, MPI_INT64_T, *table, 2 * DDL_MAX_DIMS + 1,
-                             MPI_INT64_T, root, comm));
-    if (rank == root) {
+    // The root's failures reach every rank before the exchanges (ddl_agree), so no rank
+    // waits in a collective the root never joins.
+    st = ddl_agree(comm, st);
+    if (st == DDL_OK &&
+        MPI_Gather(mine, 2 * DDL_MAX_DIMS + 1, MPI_INT64_T, *table, 2 * DDL_MAX_DIMS + 1,
+                   MPI_INT64_T, root, comm) != MPI_SUCCESS) {
+        st = ddl_set_error(DDL_EMPI, "gather: MPI_Gather of the boxes failed");
+    }
+    if (st == DDL_OK && rank == root) {
         int64_t off = 0;
-        for (int r = 0; r < size; r++) {
+        for (int r = 0; r < size && st == DDL_OK; r++) {
             const int64_t *e = *table + (size_t)r * (2 * DDL_MAX_DIMS + 1);
             int64_t        n = 1;
             for (int d = 0; d < e[0]; d++) {
                 int64_t ext = e[1 + DDL_MAX_DIMS + d] - e[1 + d];
                 n *= ext > 0 ? ext : 0;
             }
-            DDL_REQUIRE(off + n <= INT_MAX, DDL_EINVAL, "gather: more than INT_MAX elements");
-            (*counts)[r] = (int)n;
-            (*displs)[r] = (int)off;
-            off += n;
+            if (off + n > INT_MAX) {
+                st = ddl_set_error(DDL_EINVAL, "gather: more than INT_MAX elements");
+            } else {
+                (*counts)[r] = (int)n;
+                (*displs)[r] = (int)off;
+                off += n;
+            }
         }
+    }
+    st = ddl_agree(comm, st);
+    if (st != DDL_OK) {
+        ddl_free(*table);
+        ddl_free(*counts);
+        ddl_free(*displs);
+        *table  = NULL;
+        *counts = NULL;
+        *displs = NULL;
+        return st;
     }
     *size_out = size;
     return DDL_OK;
@@ -89,6 +109,13 @@ ddl_status ddl_gather_boxes(MPI_Comm comm, int root, const ddl_tensor_t *local, 
         if (flat == NULL) {
             st = ddl_set_error(DDL_ENOMEM, "gather: out of memory");
         }
+    }
+    st = ddl_agree(comm, st);
+    if (st != DDL_OK) {
+        ddl_free(table);
+        ddl_free(counts);
+        ddl_free(displs);
+        return st;
     }
     int n = (int)ddl_box_numel(box);
     int rc = MPI_Gatherv(local->data, n, mpi_type(local->dtype), flat, counts, displs,
@@ -138,6 +165,13 @@ ddl_status ddl_scatter_boxes(MPI_Comm comm, int root, const ddl_tensor_t *global
                 }
             }
         }
+    }
+    st = ddl_agree(comm, st);
+    if (st != DDL_OK) {
+        ddl_free(table);
+        ddl_free(counts);
+        ddl_free(displs);
+        return st;
     }
     int n  = (int)ddl_box_numel(box);
     int rc = MPI_Scatterv(flat, counts, displs, mpi_type(local->dtype), local->data, n,

@@ -122,9 +122,9 @@ static ddl_status agree_on_call(MPI_Comm comm, ddl_status st, ddl_dtype dt,
     DDL_CHECK(ddl_agree(comm, st));
     enum { K = 3 + DDL_MAX_DIMS };
     int64_t v[2 * K] = {0}, r[2 * K];
-    v[0] = unbalanced ? 1 : 0;
-    v[1] = (int64_t)dt;
-    v[2] = global->ndim;
+    v[0]             = unbalanced ? 1 : 0;
+    v[1]             = (int64_t)dt;
+    v[2]             = global->ndim;
     for (int d = 0; d < global->ndim; d++) {
         v[3 + d] = global->d[d];
     }
@@ -563,8 +563,8 @@ ddl_status ddl_repartition_create(const ddl_partition_t *P_x, const ddl_partitio
 
     // Final agreement: the status (ddl_agree), then whether any member has a remote
     // piece.
-    st          = ddl_agree(comm, st);
-    int64_t v   = -(int64_t)(t->nx + t->ny), r = 0;
+    st        = ddl_agree(comm, st);
+    int64_t v = -(int64_t)(t->nx + t->ny), r = 0;
     if (st == DDL_OK && MPI_Allreduce(&v, &r, 1, MPI_INT64_T, MPI_MIN, comm) != MPI_SUCCESS) {
         st = ddl_set_error(DDL_EMPI, "repartition: MPI_Allreduce of the piece counts failed");
     }

@@ -84,7 +84,8 @@ int main(int argc, char **argv)
         }
         double  loss;
         int64_t c;
-        if (ddl_model_train_step(m, x, rank == 0 ? sizeof(float) * (size_t)batch * 784 : 0, lab, batch, &loss, &c) != DDL_OK) {
+        if (ddl_model_train_step(m, x, rank == 0 ? sizeof(float) * (size_t)batch * 784 : 0, lab,
+                                 batch, &loss, &c) != DDL_OK) {
             if (rank == 0) {
                 fprintf(stderr, "bench-train-worker: %s\n", ddl_last_error());
             }

@@ -175,8 +175,8 @@ static void test_bad_create(const char *spec_dir)
         snprintf(big, strlen(huge) + 32, "%.*s\"out_channels\": 1073741824%s", (int)(at - huge),
                  huge, at + strlen("\"out_channels\": 16"));
     }
-    int64_t live = ddl_alloc_bytes_live();
-    ddl_status st = ddl_session_create(MPI_COMM_WORLD, big, "huge.json", NULL, &s);
+    int64_t    live = ddl_alloc_bytes_live();
+    ddl_status st   = ddl_session_create(MPI_COMM_WORLD, big, "huge.json", NULL, &s);
     assert_same(st);
     ASSERT_STATUS(st, DDL_ENOMEM);
     ASSERT_TRUE(strstr(ddl_last_error(), "conv2") != NULL);
@@ -233,7 +233,7 @@ static void test_predict_and_eval(ddl_session_t *s)
     ASSERT_OK(ddl_session_predict(s, x, sizeof(float) * (size_t)(N * S), N, lg,
                                   sizeof(float) * (size_t)(N * C)));
     // count < batch, from a buffer that ends at a guard page.
-    void  *base = NULL;
+    void  *base   = NULL;
     size_t maplen = 0;
     float *gx     = NULL;
     if (rank == 0) {
@@ -248,7 +248,7 @@ static void test_predict_and_eval(ddl_session_t *s)
     if (rank == 0) {
         // The rows of a short batch are those of the full one (eval mode, per-row math).
         ASSERT_TRUE(memcmp(lg, lg5, sizeof(float) * (size_t)(5 * C)) == 0);
-        double  ref = 0;
+        double  ref  = 0;
         int64_t hits = 0;
         for (int64_t b = 0; b < N; b++) {
             const float *r  = lg + b * C;
@@ -272,8 +272,8 @@ static void test_predict_and_eval(ddl_session_t *s)
     }
     // Bad inline sizes are refused on every rank (other ranks pass nothing) and nothing
     // moves: one byte short, too small an output, a count of zero, a label out of range.
-    int64_t step = ddl_model_step(ddl_session_model(s));
-    size_t  xb   = sizeof(float) * (size_t)(N * S), lb = sizeof(float) * (size_t)(N * C);
+    int64_t      step = ddl_model_step(ddl_session_model(s));
+    size_t       xb = sizeof(float) * (size_t)(N * S), lb = sizeof(float) * (size_t)(N * C);
     const float *rx = rank == 0 ? x : NULL;
     float       *rl = rank == 0 ? lg : NULL;
     ASSERT_STATUS(ddl_session_predict(s, rx, rank == 0 ? xb - 1 : 0, N, rl, lb), DDL_EINVAL);
@@ -286,9 +286,9 @@ static void test_predict_and_eval(ddl_session_t *s)
         lab[7] = C;
     }
     ASSERT_STATUS(ddl_session_evaluate_batch(s, rx, rank == 0 ? xb : 0, lab, N, &ev), DDL_EINVAL);
-    ASSERT_STATUS(ddl_session_step(s, rx, rank == 0 ? sizeof(float) * (size_t)(B * S) : 0, lab, B,
-                                   NULL),
-                  DDL_EINVAL);
+    ASSERT_STATUS(
+        ddl_session_step(s, rx, rank == 0 ? sizeof(float) * (size_t)(B * S) : 0, lab, B, NULL),
+        DDL_EINVAL);
     ASSERT_TRUE(strstr(ddl_last_error(), "label") != NULL);
     ASSERT_EQ(ddl_model_step(ddl_session_model(s)), step);
     // A good inline step moves the step counter on every rank.
@@ -296,8 +296,8 @@ static void test_predict_and_eval(ddl_session_t *s)
         lab[7] = 1;
     }
     ddl_step_result sr;
-    ASSERT_OK(ddl_session_step(s, rx, rank == 0 ? sizeof(float) * (size_t)(B * S) : 0, lab, B,
-                               &sr));
+    ASSERT_OK(
+        ddl_session_step(s, rx, rank == 0 ? sizeof(float) * (size_t)(B * S) : 0, lab, B, &sr));
     ASSERT_EQ(sr.step, step + 1);
     assert_same((long long)(sr.loss * 1e6));
     free(x);
@@ -370,7 +370,7 @@ static void test_save_restore(ddl_session_t *s, const char *tmp)
     ASSERT_STATUS(ddl_session_restore(s, rank == 0 ? root : NULL, saved + 12345), DDL_ENOTFOUND);
 
     // Damaged cursors: refused on every rank, and nothing changes.
-    char     spe[64];
+    char spe[64];
     snprintf(spe, sizeof spe, "%lld", (long long)ddl_session_steps_per_epoch(s));
     char big[256];
     snprintf(big, sizeof big, "{\"epoch\": 0, \"batch\": %s}", spe);
@@ -382,7 +382,7 @@ static void test_save_restore(ddl_session_t *s, const char *tmp)
                          "{\"epoch\": 0}",
                          "{\"epoch\": 0, \"batch\": 0, \"rng\": {\"seed\": 2}}",
                          "{\"epoch\": 0, \"batch\": 0, \"rng\": 7}"};
-    int nbad = (int)(sizeof bad / sizeof bad[0]);
+    int         nbad  = (int)(sizeof bad / sizeof bad[0]);
     for (int k = 0; k < nbad; k++) {
         write_bad_cursor(s, tmp, k, bad[k]);
     }
@@ -422,7 +422,7 @@ static void test_weights(ddl_session_t *s)
     const int64_t B  = ddl_spec_batch_size(ddl_model_spec(ddl_session_model(s)));
     int           nw = ddl_session_nweights(s);
     ASSERT_TRUE(nw == 10);
-    float  *x = NULL, *l0 = NULL, *l1 = NULL;
+    float   *x = NULL, *l0 = NULL, *l1 = NULL;
     int64_t *lab = NULL;
     float  **w = calloc((size_t)nw, sizeof *w), **z = calloc((size_t)nw, sizeof *z);
     if (rank == 0) {
@@ -445,6 +445,28 @@ static void test_weights(ddl_session_t *s)
         ASSERT_OK(ddl_session_gather_weight(s, i, w[i]));
     }
     ASSERT_STATUS(ddl_session_gather_weight(s, nw, rank == 0 ? w[0] : NULL), DDL_EINVAL);
+    // An allocation failing on the root (rank 0) part way through a gather or a scatter
+    // fails every rank alike; the weights stay as they were.
+    for (uint64_t n = 1; n <= 4; n++) {
+        if (rank == 0) {
+            ddl_alloc_fail_after(n, 0);
+        }
+        ddl_status st = ddl_session_gather_weight(s, 0, w[0]);
+        ddl_alloc_fail_after(0, 0);
+        assert_same(st);
+        ASSERT_TRUE(st == DDL_ENOMEM || st == DDL_OK);
+        if (rank == 0) {
+            ddl_alloc_fail_after(n, 0);
+        }
+        st = ddl_session_scatter_weights(s, (const void *const *)z);
+        ddl_alloc_fail_after(0, 0);
+        assert_same(st);
+        ASSERT_STATUS(st, DDL_ENOMEM);
+    }
+    logits_of(s, x, l1);
+    if (rank == 0) {
+        ASSERT_TRUE(memcmp(l0, l1, sizeof(float) * (size_t)(B * 10)) == 0);
+    }
     ASSERT_STATUS(ddl_session_scatter_weights(s, NULL), DDL_EINVAL);
     ASSERT_OK(ddl_session_scatter_weights(s, (const void *const *)z));
     logits_of(s, x, l1);
@@ -516,6 +538,27 @@ static void test_data_checks(ddl_session_t *s, const char *tmp)
     }
     ASSERT_OK(ddl_session_open_data(s, rank == 0 ? dir : NULL));
     ASSERT_EQ(ddl_session_steps_per_epoch(s), 2);
+    // The cursor (batch 45 of the real data) does not fit 2 batches per epoch: training
+    // refuses it until the cursor is moved.
+    ddl_train_request req = {.epochs = 1};
+    ddl_train_result  res;
+    ASSERT_STATUS(ddl_session_train(s, &req, NULL, NULL, &res), DDL_EINVAL);
+    ASSERT_TRUE(strstr(ddl_last_error(), "cursor") != NULL);
+    ASSERT_STATUS(ddl_session_set_cursor(s, (ddl_cursor){0, 2}), DDL_EINVAL);
+    ASSERT_STATUS(ddl_session_set_cursor(s, (ddl_cursor){-1, 0}), DDL_EINVAL);
+    ASSERT_OK(ddl_session_set_cursor(s, (ddl_cursor){0, 1}));
+    // {epochs = 1} from the middle of an epoch finishes it; {epochs = 2} then runs two.
+    ASSERT_OK(ddl_session_train(s, &req, NULL, NULL, &res));
+    ASSERT_EQ(res.steps_done, 1);
+    ASSERT_EQ(ddl_session_cursor(s).epoch, 1);
+    ASSERT_EQ(ddl_session_cursor(s).batch, 0);
+    req = (ddl_train_request){.epochs = 2};
+    ASSERT_OK(ddl_session_train(s, &req, NULL, NULL, &res));
+    ASSERT_EQ(res.steps_done, 4);
+    ASSERT_EQ(ddl_session_cursor(s).epoch, 3);
+    ASSERT_EQ(ddl_session_cursor(s).batch, 0);
+    req = (ddl_train_request){.epochs = INT64_MAX};
+    ASSERT_STATUS(ddl_session_train(s, &req, NULL, NULL, &res), DDL_EINVAL);
     ddl_eval_result ev;
     ASSERT_OK(ddl_session_evaluate(s, DDL_SPLIT_TEST, &ev));
     ASSERT_EQ(ev.count, 20);
@@ -562,19 +605,110 @@ static void sweep_create(const char *spec_text, long long first, long long last,
     ASSERT_TRUE(last != LLONG_MAX);
 }
 
+// Runs op once to count the victim's allocations, then again with each of them failing
+// in turn: every rank must return `want` (or DDL_OK when want_ok_too and the failure was
+// absorbed), nothing may leak, and the step and cursor stay as they were.
+typedef ddl_status (*session_op)(ddl_session_t *s, const char *arg);
+
+static void sweep_op(ddl_session_t *s, const char *name, session_op op, const char *arg,
+                     int victim, ddl_status want)
+{
+    int64_t    step = ddl_model_step(ddl_session_model(s));
+    ddl_cursor cur  = ddl_session_cursor(s);
+    uint64_t   c0   = ddl_alloc_count();
+    ASSERT_OK(op(s, arg));
+    long long k = (long long)(ddl_alloc_count() - c0);
+    MPI_Bcast(&k, 1, MPI_LONG_LONG, victim, MPI_COMM_WORLD);
+    for (long long n = 1; n <= k; n++) {
+        int64_t live = ddl_alloc_bytes_live();
+        if (getenv("DDL_TEST_VERBOSE") != NULL && rank == 0) {
+            fprintf(stderr, "%s: failing allocation %lld of %lld on rank %d\n", name, n, k,
+                    victim);
+        }
+        if (rank == victim) {
+            ddl_alloc_fail_after((uint64_t)n, 0);
+        }
+        ddl_status st = op(s, arg);
+        ddl_alloc_fail_after(0, 0);
+        assert_same(st);
+        if (st != want) {
+            TEST_FAIL_("%s: allocation %lld of %lld failing on rank %d gave %s: %s", name, n, k,
+                       victim, ddl_status_name(st), ddl_last_error());
+        }
+        if (ddl_alloc_bytes_live() != live) {
+            TEST_FAIL_("%s: allocation %lld of %lld failing on rank %d leaked %lld bytes", name,
+                       n, k, victim, (long long)(ddl_alloc_bytes_live() - live));
+        }
+        ASSERT_EQ(ddl_model_step(ddl_session_model(s)), step);
+        ASSERT_EQ(ddl_session_cursor(s).batch, cur.batch);
+    }
+}
+
+static ddl_status op_open(ddl_session_t *s, const char *dir)
+{
+    return ddl_session_open_data(s, rank == 0 ? dir : NULL);
+}
+
+static ddl_status op_export(ddl_session_t *s, const char *path)
+{
+    return ddl_model_export(ddl_session_model(s), path);
+}
+
+static ddl_status op_import(ddl_session_t *s, const char *path)
+{
+    return ddl_model_import(ddl_session_model(s), path);
+}
+
 static void test_one_rank_failure(ddl_session_t *s, const char *spec_text, const char *tmp)
 {
     const int victim = size - 1;
     char      dir[512];
     snprintf(dir, sizeof dir, "%s/failsave", tmp);
-    for (uint64_t n = 1; n <= 3; n++) {
-        if (rank == victim) {
-            ddl_alloc_fail_after(n, 0);
+    // Every allocation of a save, then of a restore, failing in turn on the victim: the
+    // same status everywhere, and a failed restore changes nothing.
+    int64_t    step = ddl_model_step(ddl_session_model(s));
+    ddl_cursor cur  = ddl_session_cursor(s);
+    for (int what = 0; what < 2; what++) {
+        uint64_t c0 = ddl_alloc_count();
+        ASSERT_OK(what == 0 ? ddl_session_save(s, rank == 0 ? dir : NULL, NULL)
+                            : ddl_session_restore(s, rank == 0 ? dir : NULL, -1));
+        long long k = (long long)(ddl_alloc_count() - c0);
+        MPI_Bcast(&k, 1, MPI_LONG_LONG, victim, MPI_COMM_WORLD);
+        ASSERT_TRUE(k >= 3);
+        for (long long n = 1; n <= k; n++) {
+            int64_t live = ddl_alloc_bytes_live();
+            if (getenv("DDL_TEST_VERBOSE") != NULL && rank == 0) {
+                fprintf(stderr, "%s: failing allocation %lld of %lld on rank %d\n",
+                        what == 0 ? "save" : "restore", n, k, victim);
+            }
+            if (rank == victim) {
+                ddl_alloc_fail_after((uint64_t)n, 0);
+            }
+            ddl_status st = what == 0 ? ddl_session_save(s, rank == 0 ? dir : NULL, NULL)
+                                      : ddl_session_restore(s, rank == 0 ? dir : NULL, -1);
+            ddl_alloc_fail_after(0, 0);
+            assert_same(st);
+            if (st != DDL_ENOMEM) {
+                TEST_FAIL_("%s: allocation %lld of %lld failing on rank %d gave %s: %s",
+                           what == 0 ? "save" : "restore", n, k, victim, ddl_status_name(st),
+                           ddl_last_error());
+            }
+            ASSERT_EQ(ddl_alloc_bytes_live(), live);
+            ASSERT_EQ(ddl_model_step(ddl_session_model(s)), step);
+            ASSERT_EQ(ddl_session_cursor(s).batch, cur.batch);
         }
-        ddl_status st = ddl_session_save(s, rank == 0 ? dir : NULL, NULL);
-        ddl_alloc_fail_after(0, 0);
-        assert_same(st);
-        ASSERT_STATUS(st, DDL_ENOMEM);
+    }
+    // Data (rank 0 reads it), and the global weights out and back in.
+    sweep_op(s, "open_data", op_open, FASHION_DIR, 0, DDL_ENOMEM);
+    char st_path[600], npy_dir[600];
+    snprintf(st_path, sizeof st_path, "%s/w.safetensors", tmp);
+    snprintf(npy_dir, sizeof npy_dir, "%s/npy", tmp);
+    for (int v = 0; v < 2; v++) {
+        int who = v == 0 ? 0 : victim;
+        sweep_op(s, "export safetensors", op_export, st_path, who, DDL_ENOMEM);
+        sweep_op(s, "import safetensors", op_import, st_path, who, DDL_ENOMEM);
+        sweep_op(s, "export npy", op_export, npy_dir, who, DDL_ENOMEM);
+        sweep_op(s, "import npy", op_import, npy_dir, who, DDL_ENOMEM);
     }
     sweep_create(spec_text, 1, LLONG_MAX, 4096);
     // DDL_TEST_SWEEP_FROM=n: also every small allocation from the n-th on (exploratory).
@@ -654,8 +788,8 @@ int main(int argc, char **argv)
         ASSERT_TRUE(last < first);
     }
     // Cancel from the callback after 3 of 10 steps: every rank stops there.
-    r            = (record){.stop_after = 3};
-    req          = (ddl_train_request){.steps = 10};
+    r   = (record){.stop_after = 3};
+    req = (ddl_train_request){.steps = 10};
     ASSERT_OK(ddl_session_train(s, &req, on_progress, &r, &res));
     ASSERT_TRUE(res.cancelled);
     ASSERT_EQ(res.steps_done, 3);

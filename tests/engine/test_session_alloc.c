@@ -26,15 +26,15 @@ static int check_spec(const char *path)
         ddl_spec_destroy(&spec);
         return 0;
     }
-    int64_t   B  = ddl_spec_batch_size(spec), C = ddl_spec_num_classes(spec);
-    ddl_shape in = ddl_spec_input_shape(spec);
-    int64_t   S  = ddl_shape_numel(&in);
-    size_t    es = ddl_dtype_size(ddl_spec_dtype(spec));
-    ddl_session_t *s = NULL;
-    ASSERT_OK(ddl_session_create(MPI_COMM_WORLD, rank == 0 ? ddl_spec_text(spec) : NULL, path,
-                                 NULL, &s));
-    ddl_model_t *m  = ddl_session_model(s);
-    void        *x  = NULL, *lg = NULL;
+    int64_t        B = ddl_spec_batch_size(spec), C = ddl_spec_num_classes(spec);
+    ddl_shape      in = ddl_spec_input_shape(spec);
+    int64_t        S  = ddl_shape_numel(&in);
+    size_t         es = ddl_dtype_size(ddl_spec_dtype(spec));
+    ddl_session_t *s  = NULL;
+    ASSERT_OK(
+        ddl_session_create(MPI_COMM_WORLD, rank == 0 ? ddl_spec_text(spec) : NULL, path, NULL, &s));
+    ddl_model_t *m = ddl_session_model(s);
+    void        *x = NULL, *lg = NULL;
     int64_t     *lab = NULL;
     size_t       xb = 0, lb = 0;
     if (rank == 0) {

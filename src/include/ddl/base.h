@@ -29,7 +29,7 @@ DDL_EXTERN int64_t  ddl_alloc_bytes_live(void);
 // from now on that ask for at least min_bytes, the n-th returns NULL, once; n = 0
 // switches injection off. Lets tests make one rank fail an allocation at a chosen point
 // and check that every rank fails alike. Never call it in production code.
-DDL_EXTERN void     ddl_alloc_fail_after(uint64_t n, size_t min_bytes);
+DDL_EXTERN void ddl_alloc_fail_after(uint64_t n, size_t min_bytes);
 
 // Process-wide glibc malloc tuning for programs that move large buffers (the daemon,
 // distdl-train, benchmarks): keeps large blocks (ours and MPI's internal temporaries)

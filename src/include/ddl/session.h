@@ -47,10 +47,10 @@ typedef struct ddl_session ddl_session_t;
 
 // Read on rank 0 only (other ranks may pass NULL): every rank learns them by broadcast.
 typedef struct ddl_session_options {
-    const char *checkpoint_dir;   // where ddl_session_save writes (NULL: none); the path must
-                                  // be reachable from every rank (each writes its shard)
-    int64_t     checkpoint_every; // checkpoint every K optimizer steps inside train and
-                                  // step (0: never; > 0 needs checkpoint_dir)
+    const char *checkpoint_dir; // where ddl_session_save writes (NULL: none); the path must
+                                // be reachable from every rank (each writes its shard)
+    int64_t checkpoint_every;   // checkpoint every K optimizer steps inside train and
+                                // step (0: never; > 0 needs checkpoint_dir)
 } ddl_session_options;
 
 // Builds the model from rank 0's spec text (validated on rank 0, then broadcast and
@@ -81,6 +81,9 @@ typedef struct ddl_cursor {
     int64_t epoch, batch;
 } ddl_cursor;
 DDL_EXTERN ddl_cursor ddl_session_cursor(const ddl_session_t *s);
+// Moves the cursor to rank 0's `c` (e.g. back to the start after opening other data):
+// epoch in [0, 2^40], batch in [0, batches per epoch) when data is open. Collective.
+DDL_EXTERN ddl_status ddl_session_set_cursor(ddl_session_t *s, ddl_cursor c);
 DDL_EXTERN int64_t    ddl_session_steps_per_epoch(const ddl_session_t *s); // 0 without data
 
 // ---- training ---------------------------------------------------------------------------

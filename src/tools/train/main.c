@@ -54,15 +54,21 @@ static void usage(FILE *f)
 // message.
 static int parse_args(int argc, char **argv, options *o, char *err, size_t errlen)
 {
-    static const struct option longs[] = {
-        {"model", required_argument, 0, 'm'},          {"data", required_argument, 0, 'd'},
-        {"epochs", required_argument, 0, 'e'},         {"checkpoint-dir", required_argument, 0, 'c'},
-        {"checkpoint-every", required_argument, 0, 'k'}, {"resume", no_argument, 0, 'r'},
-        {"max-steps", required_argument, 0, 's'},      {"print-steps", no_argument, 0, 'p'},
-        {"export", required_argument, 0, 'x'},         {"no-eval", no_argument, 0, 'n'},
-        {"resume-from", required_argument, 0, 'R'},    {"import", required_argument, 0, 'I'},
-        {"checkpoint-on-exit", no_argument, 0, 'E'},   {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0}};
+    static const struct option longs[] = {{"model", required_argument, 0, 'm'},
+                                          {"data", required_argument, 0, 'd'},
+                                          {"epochs", required_argument, 0, 'e'},
+                                          {"checkpoint-dir", required_argument, 0, 'c'},
+                                          {"checkpoint-every", required_argument, 0, 'k'},
+                                          {"resume", no_argument, 0, 'r'},
+                                          {"max-steps", required_argument, 0, 's'},
+                                          {"print-steps", no_argument, 0, 'p'},
+                                          {"export", required_argument, 0, 'x'},
+                                          {"no-eval", no_argument, 0, 'n'},
+                                          {"resume-from", required_argument, 0, 'R'},
+                                          {"import", required_argument, 0, 'I'},
+                                          {"checkpoint-on-exit", no_argument, 0, 'E'},
+                                          {"help", no_argument, 0, 'h'},
+                                          {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     o->epochs    = 1;
     o->max_steps = -1;
@@ -85,8 +91,8 @@ static int parse_args(int argc, char **argv, options *o, char *err, size_t errle
         case 'e':
         case 'k':
         case 's': {
-            errno                 = 0;
-            long long   v         = strtoll(optarg, &end, 10);
+            errno            = 0;
+            long long   v    = strtoll(optarg, &end, 10);
             const char *name = ch == 'e' ? "--epochs" : ch == 'k' ? "--checkpoint-every" : "--max-steps";
             if (errno == ERANGE) {
                 snprintf(err, errlen, "%s %s is out of range (at most %lld)", name, optarg,
@@ -149,29 +155,46 @@ static bool parent_writable(const char *path, char *err, size_t len, const char 
     return writable_dir(dirname(buf), err, len, what);
 }
 
+// mkdir -p: creates dir and its missing parents.
+static bool make_dirs(const char *dir, char *err, size_t len)
+{
+    char buf[4096];
+    int  n = snprintf(buf, sizeof buf, "%s", dir);
+    if (n <= 0 || (size_t)n >= sizeof buf) {
+        snprintf(err, len, "--checkpoint-dir: path too long");
+        return false;
+    }
+    for (char *p = buf + 1;; p++) {
+        if (*p != '/' && *p != '\0') {
+            continue;
+        }
+        char saved = *p;
+        *p         = '\0';
+        struct stat sb;
+        if (stat(buf, &sb) != 0 && mkdir(buf, 0777) != 0 && errno != EEXIST) {
+            snprintf(err, len, "--checkpoint-dir: cannot create %.400s: %s", buf, strerror(errno));
+            return false;
+        }
+        *p = saved;
+        if (saved == '\0') {
+            return true;
+        }
+    }
+}
+
 static bool check_outputs(const options *o, char *err, size_t len)
 {
     if (o->ckpt_dir != NULL) {
-        struct stat sb;
-        if (stat(o->ckpt_dir, &sb) != 0) {
-            // Creating it now (and only its last component) is what the first checkpoint
-            // would do; a missing parent is reported here instead of after training.
-            if (!parent_writable(o->ckpt_dir, err, len, "--checkpoint-dir") ||
-                mkdir(o->ckpt_dir, 0777) != 0) {
-                if (err[0] == '\0') {
-                    snprintf(err, len, "--checkpoint-dir: cannot create %s: %s", o->ckpt_dir,
-                             strerror(errno));
-                }
-                return false;
-            }
-        }
-        if (!writable_dir(o->ckpt_dir, err, len, "--checkpoint-dir")) {
+        // Creating it (and missing parents) now is what the first checkpoint would do; a
+        // failure is reported here instead of after hours of training.
+        if (!make_dirs(o->ckpt_dir, err, len) ||
+            !writable_dir(o->ckpt_dir, err, len, "--checkpoint-dir")) {
             return false;
         }
     }
     if (o->export_path != NULL) {
-        size_t n    = strlen(o->export_path);
-        bool   file = n > 12 && strcmp(o->export_path + n - 12, ".safetensors") == 0;
+        size_t      n    = strlen(o->export_path);
+        bool        file = n > 12 && strcmp(o->export_path + n - 12, ".safetensors") == 0;
         struct stat sb;
         if (file) {
             if (stat(o->export_path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
@@ -267,8 +290,8 @@ static int run(const options *o, int size)
     int                 threads = ddl_runtime_divide_cores(MPI_COMM_WORLD);
     ddl_session_options opts    = {o->ckpt_dir, o->ckpt_every};
     ddl_session_t      *s       = NULL;
-    st = ddl_session_create(MPI_COMM_WORLD, rank == 0 ? ddl_spec_text(spec) : NULL, o->model,
-                            &opts, &s);
+    st = ddl_session_create(MPI_COMM_WORLD, rank == 0 ? ddl_spec_text(spec) : NULL, o->model, &opts,
+                            &s);
     ddl_spec_destroy(&spec);
     if (st != DDL_OK) {
         return fail("building the model", st, 1);
@@ -316,8 +339,8 @@ static int run(const options *o, int size)
     if (rank == 0) {
         printf("model %s on %d ranks (%d BLAS thread%s each): %d parameter tensors, batch %lld, "
                "%lld steps per epoch\n",
-               o->model, size, threads, threads == 1 ? "" : "s", ddl_model_nparams(m),
-               (long long)B, (long long)spe);
+               o->model, size, threads, threads == 1 ? "" : "s", ddl_model_nparams(m), (long long)B,
+               (long long)spe);
         fflush(stdout);
     }
     for (int64_t epoch = ddl_session_cursor(s).epoch; epoch < o->epochs; epoch++) {
@@ -352,8 +375,8 @@ static int run(const options *o, int size)
         }
         if (rank == 0 && res.steps_done > 0) {
             int64_t seen = res.steps_done * B;
-            printf("epoch %lld: loss %.4f  train acc %.4f  %.1f img/s  %.1f s", (long long)epoch + 1,
-                   res.mean_loss, res.accuracy, (double)seen / dt, dt);
+            printf("epoch %lld: loss %.4f  train acc %.4f  %.1f img/s  %.1f s",
+                   (long long)epoch + 1, res.mean_loss, res.accuracy, (double)seen / dt, dt);
             if (!o->no_eval) {
                 printf("  test loss %.4f  test acc %.4f", ev.loss, ev.accuracy);
             }

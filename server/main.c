@@ -372,8 +372,14 @@ int main(int argc, char **argv)
 {
     // Before MPI_Init we know our rank only from the launcher's environment; use it so
     // a bad command line is reported once, not P times.
-    const char *env_rank = getenv("OMPI_COMM_WORLD_RANK");
-    bool        first    = env_rank == NULL || strcmp(env_rank, "0") == 0;
+    static const char *const rank_vars[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK",
+                                            "SLURM_PROCID"};
+    const char              *env_rank    = NULL;
+    for (size_t i = 0; env_rank == NULL && i < sizeof rank_vars / sizeof rank_vars[0]; i++) {
+        env_rank = getenv(rank_vars[i]);
+    }
+    bool first = env_rank == NULL || strcmp(env_rank, "0") == 0;
+
     ddld_config cfg;
     int         pa = parse_args(argc, argv, &cfg, first);
     if (pa != 0) {

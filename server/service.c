@@ -14,6 +14,13 @@
 // later records wait in a small ring (the newest replaces the last one when it is full),
 // and the end status waits for the ring to drain. PullWeights chunks are produced by the
 // cq thread as each send completes and point into the weights snapshot without copying.
+// Client streams (SubmitBatch, PushWeights) keep one RECV_MESSAGE outstanding and check
+// each message as it arrives; PushWeights parses its chunks in place and copies the data
+// once, into a staging buffer that the main thread scatters only after the whole stream
+// was found complete.
+//
+// Health, GetStatus and the KServe liveness/metadata calls are answered here, from the
+// snapshot the main thread publishes (ddld_shared), so they never wait for the engine.
 #include <grpc/byte_buffer.h>
 #include <grpc/byte_buffer_reader.h>
 #include <grpc/grpc_security.h>

@@ -279,15 +279,21 @@ ddl_status ddl_batchnorm_create(const ddl_partition_t *P_x, ddl_dtype dt,
     int        Pc  = pxs[1];
 
     ddl_layer_t *L = NULL;
-    DDL_CHECK(ddl_layer_alloc(&bn_ops, KIND, dt, &L));
-    bn_impl   *b  = ddl_calloc(1, sizeof *b);
-    int       *sr = ddl_malloc(sizeof(int) * (size_t)Pc);
-    ddl_status st = DDL_OK;
-    if (b == NULL || sr == NULL) {
+    ddl_status ast = ddl_layer_alloc(&bn_ops, KIND, dt, &L);
+    bn_impl   *b   = ast == DDL_OK ? ddl_calloc(1, sizeof *b) : NULL;
+    int       *sr  = ast == DDL_OK ? ddl_malloc(sizeof(int) * (size_t)Pc) : NULL;
+    ddl_status st  = DDL_OK;
+    if (ast == DDL_OK && (b == NULL || sr == NULL)) {
+        ast = ddl_set_error(DDL_ENOMEM, "batchnorm: out of memory");
+    }
+    // The members agree on these allocations before any collective construction, so a
+    // member whose allocation failed fails them all instead of leaving them waiting.
+    ast = ddl_partition_agree_union(P_x, NULL, NULL, ast);
+    if (ast != DDL_OK) {
         ddl_free(b);
         ddl_free(sr);
         ddl_layer_destroy(&L);
-        return ddl_set_error(DDL_ENOMEM, "batchnorm: out of memory");
+        return ast;
     }
     L->impl     = b;
     L->x_global = *x_global;

@@ -388,8 +388,11 @@ static bool box_is_full(const ddl_box *b, const ddl_shape *s)
 static ddl_status sub_partition(const ddl_partition_t *P, bool ci0, bool sp0, const int *shape,
                                 ddl_partition_t **out)
 {
+    // The rank list lives on the stack when it is small, so that this step cannot fail
+    // on one member alone (the others would wait in the partition's creation).
     int  nd = ddl_partition_ndim(P), n = ddl_partition_size(P), m = 0;
-    int *sel = ddl_malloc(sizeof(int) * (size_t)n);
+    int  few[256];
+    int *sel = n <= 256 ? few : ddl_malloc(sizeof(int) * (size_t)n);
     if (sel == NULL) {
         return ddl_set_error(DDL_ENOMEM, "conv: out of memory");
     }
@@ -405,7 +408,9 @@ static ddl_status sub_partition(const ddl_partition_t *P, bool ci0, bool sp0, co
         }
     }
     ddl_status st = ddl_partition_create(ddl_partition_base(P), m, sel, nd, shape, out);
-    ddl_free(sel);
+    if (sel != few) {
+        ddl_free(sel);
+    }
     return st;
 }
 
@@ -853,12 +858,19 @@ ddl_status ddl_conv_create(const ddl_partition_t *P_x, const ddl_partition_t *P_
         P_y = P_x;
         P_w = P_x;
     }
-    ddl_layer_t *L;
-    DDL_CHECK(ddl_layer_alloc(&conv_ops, kind_name[c.kind], dt, &L));
-    conv_impl *m = ddl_calloc(1, sizeof *m);
-    if (m == NULL) {
+    ddl_layer_t *L = NULL;
+    ddl_status ast = ddl_layer_alloc(&conv_ops, kind_name[c.kind], dt, &L);
+    conv_impl *m   = ast == DDL_OK ? ddl_calloc(1, sizeof *m) : NULL;
+    if (ast == DDL_OK && m == NULL) {
+        ast = ddl_set_error(DDL_ENOMEM, "%s: out of memory", kind_name[c.kind]);
+    }
+    // The members agree on these allocations before any collective construction, so a
+    // member whose allocation failed fails them all instead of leaving them waiting.
+    ast = ddl_partition_agree_union(P_x, P_y, P_w, ast);
+    if (ast != DDL_OK) {
+        ddl_free(m);
         ddl_layer_destroy(&L);
-        return ddl_set_error(DDL_ENOMEM, "%s: out of memory", kind_name[c.kind]);
+        return ast;
     }
     m->c          = c;
     L->impl       = m;

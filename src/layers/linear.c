@@ -205,11 +205,18 @@ ddl_status ddl_linear_create(const ddl_partition_t *P_x, const ddl_partition_t *
     const int *sw = ddl_partition_shape(P_w);
 
     ddl_layer_t *L = NULL;
-    DDL_CHECK(ddl_layer_alloc(&linear_ops, "linear", dt, &L));
-    linear_impl *m = ddl_calloc(1, sizeof *m);
-    if (m == NULL) {
+    ddl_status   ast = ddl_layer_alloc(&linear_ops, "linear", dt, &L);
+    linear_impl *m   = ast == DDL_OK ? ddl_calloc(1, sizeof *m) : NULL;
+    if (ast == DDL_OK && m == NULL) {
+        ast = ddl_set_error(DDL_ENOMEM, "linear: out of memory");
+    }
+    // The members agree on these allocations before any collective construction, so a
+    // member whose allocation failed fails them all instead of leaving them waiting.
+    ast = ddl_partition_agree_union(P_x, P_y, P_w, ast);
+    if (ast != DDL_OK) {
+        ddl_free(m);
         ddl_layer_destroy(&L);
-        return ddl_set_error(DDL_ENOMEM, "linear: out of memory");
+        return ast;
     }
     L->impl     = m;
     L->x_global = ddl_shape_make(2, (int64_t[]){batch, in_features});

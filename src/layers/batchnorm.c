@@ -48,6 +48,7 @@
 #include <string.h>
 
 #include "base/check.h"
+#include "ddl/agree.h"
 #include "ddl/base.h"
 #include "ddl/decomp.h"
 #include "ddl/layers.h"
@@ -330,9 +331,12 @@ ddl_status ddl_batchnorm_create(const ddl_partition_t *P_x, ddl_dtype dt,
         coord[1] = c;
         sr[c]    = ddl_partition_rank_at(P_x, coord);
     }
-    st = ddl_partition_create(ddl_partition_base(P_x), Pc, sr, nd, sshape, &b->P_sum);
+    // Every collective construction below ends agreed over P_x (U), which holds all
+    // the layer's ranks, so a step that failed on some of them stops all of them there.
+    MPI_Comm U = ddl_partition_comm(P_x);
+    st         = ddl_partition_create(ddl_partition_base(P_x), Pc, sr, nd, sshape, &b->P_sum);
     ddl_free(sr);
-    DDL_CHECK_GOTO(st, st, fail);
+    DDL_CHECK_GOTO(ddl_agree(U, st), st, fail);
     b->root = ddl_partition_active(b->P_sum);
 
     // Primitives and buffers: [C_loc] on P_x ranks (zero elsewhere); the reduced
@@ -340,16 +344,16 @@ ddl_status ddl_batchnorm_create(const ddl_partition_t *P_x, ddl_dtype dt,
     int64_t   Cx = b->C, Cr = b->root ? b->C : 0;
     ddl_shape s1 = ddl_shape_make(1, (int64_t[]){Cx});
     ddl_shape s2 = ddl_shape_make(1, (int64_t[]){2 * Cx});
-    DDL_CHECK_GOTO(ddl_sum_reduce_create(P_x, b->P_sum, false, false, DDL_F64, &s1, &b->sr1), st,
+    DDL_CHECK_GOTO(ddl_agree(U, ddl_sum_reduce_create(P_x, b->P_sum, false, false, DDL_F64, &s1, &b->sr1)), st,
                    fail);
-    DDL_CHECK_GOTO(ddl_broadcast_create(b->P_sum, P_x, false, false, DDL_F64, &s1, &b->bc1), st,
+    DDL_CHECK_GOTO(ddl_agree(U, ddl_broadcast_create(b->P_sum, P_x, false, false, DDL_F64, &s1, &b->bc1)), st,
                    fail);
-    DDL_CHECK_GOTO(ddl_sum_reduce_create(P_x, b->P_sum, false, false, DDL_F64, &s2, &b->sr2), st,
+    DDL_CHECK_GOTO(ddl_agree(U, ddl_sum_reduce_create(P_x, b->P_sum, false, false, DDL_F64, &s2, &b->sr2)), st,
                    fail);
-    DDL_CHECK_GOTO(ddl_broadcast_create(b->P_sum, P_x, false, false, DDL_F64, &s2, &b->bc2), st,
+    DDL_CHECK_GOTO(ddl_agree(U, ddl_broadcast_create(b->P_sum, P_x, false, false, DDL_F64, &s2, &b->bc2)), st,
                    fail);
     if (affine) {
-        DDL_CHECK_GOTO(ddl_broadcast_create(b->P_sum, P_x, false, false, dt, &s2, &b->bc_affine),
+        DDL_CHECK_GOTO(ddl_agree(U, ddl_broadcast_create(b->P_sum, P_x, false, false, dt, &s2, &b->bc_affine)),
                        st, fail);
     }
     DDL_CHECK_GOTO(vec(DDL_F64, Cx, &b->loc1), st, fail);

@@ -123,23 +123,22 @@ ddl_status ddl_partition_create(MPI_Comm base, int nranks, const int *ranks, int
 
 // ---- agreement over a union of partitions ----------------------------------------
 
-ddl_status ddl_partition_agree_union(const ddl_partition_t *P, const ddl_partition_t *Q,
-                                     const ddl_partition_t *R, ddl_status st)
+ddl_status ddl_partition_union_comm(const ddl_partition_t *P, const ddl_partition_t *Q,
+                                    const ddl_partition_t *R, MPI_Comm *out)
 {
+    *out                             = MPI_COMM_NULL;
     const ddl_partition_t *parts[3] = {P, Q, R};
     bool                   member   = false;
     for (int k = 0; k < 3; k++) {
         member = member || (parts[k] != NULL && parts[k]->position >= 0);
     }
     if (!member) {
-        return st;
+        return DDL_OK;
     }
     // The union as an MPI group (P's ranks, then Q's others, then R's others): MPI's
     // memory, not ours, so this works right after one of our allocations failed.
     MPI_Group world, acc = MPI_GROUP_EMPTY;
-    if (MPI_Comm_group(P->base, &world) != MPI_SUCCESS) {
-        return st != DDL_OK ? st : ddl_set_error(DDL_EMPI, "agree: MPI_Comm_group failed");
-    }
+    DDL_CHECK_MPI(MPI_Comm_group(P->base, &world));
     for (int k = 0; k < 3; k++) {
         if (parts[k] == NULL) {
             continue;
@@ -153,15 +152,26 @@ ddl_status ddl_partition_agree_union(const ddl_partition_t *P, const ddl_partiti
         }
         acc = u;
     }
-    MPI_Comm tmp = MPI_COMM_NULL;
-    int      rc  = MPI_Comm_create_group(P->base, acc, 0, &tmp);
+    int rc = MPI_Comm_create_group(P->base, acc, 0, out);
     MPI_Group_free(&acc);
     MPI_Group_free(&world);
-    if (rc != MPI_SUCCESS) {
-        return st != DDL_OK ? st : ddl_set_error(DDL_EMPI, "agree: MPI_Comm_create_group failed");
+    DDL_CHECK_MPI(rc);
+    DDL_CHECK_MPI(MPI_Comm_set_errhandler(*out, MPI_ERRORS_RETURN));
+    return DDL_OK;
+}
+
+ddl_status ddl_partition_agree_union(const ddl_partition_t *P, const ddl_partition_t *Q,
+                                     const ddl_partition_t *R, ddl_status st)
+{
+    MPI_Comm   U;
+    ddl_status cst = ddl_partition_union_comm(P, Q, R, &U);
+    if (cst != DDL_OK) {
+        return st != DDL_OK ? st : cst;
     }
-    st = ddl_agree(tmp, st);
-    MPI_Comm_free(&tmp);
+    st = ddl_agree(U, st);
+    if (U != MPI_COMM_NULL) {
+        MPI_Comm_free(&U);
+    }
     return st;
 }
 

@@ -54,6 +54,11 @@ DDL_EXTERN ddl_status ddl_partition_union(const ddl_partition_t *P, const ddl_pa
 // return st unchanged. Collective over the union's members.
 DDL_EXTERN ddl_status ddl_partition_agree_union(const ddl_partition_t *P, const ddl_partition_t *Q,
                                                 const ddl_partition_t *R, ddl_status st);
+// The communicator of the members of P ∪ Q ∪ R (same rank order as above), built the
+// same way; MPI_COMM_NULL on other ranks. The caller frees it (MPI_Comm_free). Lets a
+// multi-step construction agree after each step. Collective over the union's members.
+DDL_EXTERN ddl_status ddl_partition_union_comm(const ddl_partition_t *P, const ddl_partition_t *Q,
+                                               const ddl_partition_t *R, MPI_Comm *out);
 // NULL-safe; frees every communicator; sets *P to NULL. Not collective.
 DDL_EXTERN void       ddl_partition_destroy(ddl_partition_t **P);
 

@@ -48,6 +48,7 @@
 #include <string.h>
 
 #include "base/check.h"
+#include "ddl/agree.h"
 #include "ddl/base.h"
 #include "ddl/decomp.h"
 #include "ddl/layers.h"
@@ -279,15 +280,21 @@ ddl_status ddl_batchnorm_create(const ddl_partition_t *P_x, ddl_dtype dt,
     int        Pc  = pxs[1];
 
     ddl_layer_t *L = NULL;
-    DDL_CHECK(ddl_layer_alloc(&bn_ops, KIND, dt, &L));
-    bn_impl   *b  = ddl_calloc(1, sizeof *b);
-    int       *sr = ddl_malloc(sizeof(int) * (size_t)Pc);
-    ddl_status st = DDL_OK;
-    if (b == NULL || sr == NULL) {
+    ddl_status ast = ddl_layer_alloc(&bn_ops, KIND, dt, &L);
+    bn_impl   *b   = ast == DDL_OK ? ddl_calloc(1, sizeof *b) : NULL;
+    int       *sr  = ast == DDL_OK ? ddl_malloc(sizeof(int) * (size_t)Pc) : NULL;
+    ddl_status st  = DDL_OK;
+    if (ast == DDL_OK && (b == NULL || sr == NULL)) {
+        ast = ddl_set_error(DDL_ENOMEM, "batchnorm: out of memory");
+    }
+    // The members agree on these allocations before any collective construction, so a
+    // member whose allocation failed fails them all instead of leaving them waiting.
+    ast = ddl_partition_agree_union(P_x, NULL, NULL, ast);
+    if (ast != DDL_OK) {
         ddl_free(b);
         ddl_free(sr);
         ddl_layer_destroy(&L);
-        return ddl_set_error(DDL_ENOMEM, "batchnorm: out of memory");
+        return ast;
     }
     L->impl     = b;
     L->x_global = *x_global;
@@ -324,9 +331,12 @@ ddl_status ddl_batchnorm_create(const ddl_partition_t *P_x, ddl_dtype dt,
         coord[1] = c;
         sr[c]    = ddl_partition_rank_at(P_x, coord);
     }
-    st = ddl_partition_create(ddl_partition_base(P_x), Pc, sr, nd, sshape, &b->P_sum);
+    // Every collective construction below ends agreed over P_x (U), which holds all
+    // the layer's ranks, so a step that failed on some of them stops all of them there.
+    MPI_Comm U = ddl_partition_comm(P_x);
+    st         = ddl_partition_create(ddl_partition_base(P_x), Pc, sr, nd, sshape, &b->P_sum);
     ddl_free(sr);
-    DDL_CHECK_GOTO(st, st, fail);
+    DDL_CHECK_GOTO(ddl_agree(U, st), st, fail);
     b->root = ddl_partition_active(b->P_sum);
 
     // Primitives and buffers: [C_loc] on P_x ranks (zero elsewhere); the reduced
@@ -334,16 +344,16 @@ ddl_status ddl_batchnorm_create(const ddl_partition_t *P_x, ddl_dtype dt,
     int64_t   Cx = b->C, Cr = b->root ? b->C : 0;
     ddl_shape s1 = ddl_shape_make(1, (int64_t[]){Cx});
     ddl_shape s2 = ddl_shape_make(1, (int64_t[]){2 * Cx});
-    DDL_CHECK_GOTO(ddl_sum_reduce_create(P_x, b->P_sum, false, false, DDL_F64, &s1, &b->sr1), st,
+    DDL_CHECK_GOTO(ddl_agree(U, ddl_sum_reduce_create(P_x, b->P_sum, false, false, DDL_F64, &s1, &b->sr1)), st,
                    fail);
-    DDL_CHECK_GOTO(ddl_broadcast_create(b->P_sum, P_x, false, false, DDL_F64, &s1, &b->bc1), st,
+    DDL_CHECK_GOTO(ddl_agree(U, ddl_broadcast_create(b->P_sum, P_x, false, false, DDL_F64, &s1, &b->bc1)), st,
                    fail);
-    DDL_CHECK_GOTO(ddl_sum_reduce_create(P_x, b->P_sum, false, false, DDL_F64, &s2, &b->sr2), st,
+    DDL_CHECK_GOTO(ddl_agree(U, ddl_sum_reduce_create(P_x, b->P_sum, false, false, DDL_F64, &s2, &b->sr2)), st,
                    fail);
-    DDL_CHECK_GOTO(ddl_broadcast_create(b->P_sum, P_x, false, false, DDL_F64, &s2, &b->bc2), st,
+    DDL_CHECK_GOTO(ddl_agree(U, ddl_broadcast_create(b->P_sum, P_x, false, false, DDL_F64, &s2, &b->bc2)), st,
                    fail);
     if (affine) {
-        DDL_CHECK_GOTO(ddl_broadcast_create(b->P_sum, P_x, false, false, dt, &s2, &b->bc_affine),
+        DDL_CHECK_GOTO(ddl_agree(U, ddl_broadcast_create(b->P_sum, P_x, false, false, dt, &s2, &b->bc_affine)),
                        st, fail);
     }
     DDL_CHECK_GOTO(vec(DDL_F64, Cx, &b->loc1), st, fail);

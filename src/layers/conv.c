@@ -61,6 +61,7 @@
 #include <string.h>
 
 #include "base/check.h"
+#include "ddl/agree.h"
 #include "ddl/base.h"
 #include "ddl/layers.h"
 
@@ -388,8 +389,11 @@ static bool box_is_full(const ddl_box *b, const ddl_shape *s)
 static ddl_status sub_partition(const ddl_partition_t *P, bool ci0, bool sp0, const int *shape,
                                 ddl_partition_t **out)
 {
+    // The rank list lives on the stack when it is small, so that this step cannot fail
+    // on one member alone (the others would wait in the partition's creation).
     int  nd = ddl_partition_ndim(P), n = ddl_partition_size(P), m = 0;
-    int *sel = ddl_malloc(sizeof(int) * (size_t)n);
+    int  few[256];
+    int *sel = n <= 256 ? few : ddl_malloc(sizeof(int) * (size_t)n);
     if (sel == NULL) {
         return ddl_set_error(DDL_ENOMEM, "conv: out of memory");
     }
@@ -405,7 +409,9 @@ static ddl_status sub_partition(const ddl_partition_t *P, bool ci0, bool sp0, co
         }
     }
     ddl_status st = ddl_partition_create(ddl_partition_base(P), m, sel, nd, shape, out);
-    ddl_free(sel);
+    if (sel != few) {
+        ddl_free(sel);
+    }
     return st;
 }
 
@@ -608,7 +614,7 @@ static const ddl_layer_ops conv_ops = {
 // Builds everything of a validated layer. P_y and P_w are P_x for the feature layer.
 static ddl_status conv_setup(ddl_layer_t *L, conv_impl *m, const ddl_partition_t *P_x,
                              const ddl_partition_t *P_y, const ddl_partition_t *P_w,
-                             const ddl_shape *xg)
+                             const ddl_shape *xg, MPI_Comm U)
 {
     const conv_cfg *c  = &m->c;
     ddl_dtype       dt = L->dt;
@@ -646,6 +652,8 @@ static ddl_status conv_setup(ddl_layer_t *L, conv_impl *m, const ddl_partition_t
         }                                                                                          \
     } while (0)
 
+    // Every collective construction below is followed by an agreement over the layer's
+    // ranks (U), so a step that failed on some of them stops all of them there.
     // 1. The halo plan on P_x (no communication).
     if (c->halo) {
         int64_t K[DDL_MAX_DIMS], S[DDL_MAX_DIMS], Pd[DDL_MAX_DIMS], D[DDL_MAX_DIMS];
@@ -676,8 +684,8 @@ static ddl_status conv_setup(ddl_layer_t *L, conv_impl *m, const ddl_partition_t
         for (int j = 0; j < c->nsp; j++) {
             shape[2 + j] = c->S[j];
         }
-        DDL_CHECK(ddl_partition_create(ddl_partition_base(P_y), ddl_partition_size(P_y),
-                                       ddl_partition_ranks(P_y), nd, shape, &m->P_yr));
+        DDL_CHECK(ddl_agree(U, ddl_partition_create(ddl_partition_base(P_y), ddl_partition_size(P_y),
+                                       ddl_partition_ranks(P_y), nd, shape, &m->P_yr)));
     }
     if (rep) {
         int wr[DDL_MAX_DIMS] = {c->P_co, c->P_ci}, br[DDL_MAX_DIMS] = {c->P_co, 1};
@@ -686,14 +694,14 @@ static ddl_status conv_setup(ddl_layer_t *L, conv_impl *m, const ddl_partition_t
             wr[2 + j] = br[2 + j] = 1;
             bs[2 + j] = c->S[j];
         }
-        DDL_CHECK(sub_partition(P_w, false, true, wr, &m->P_wr_own));
+        DDL_CHECK(ddl_agree(U, sub_partition(P_w, false, true, wr, &m->P_wr_own)));
         P_wr = m->P_wr_own;
         if (c->bias && c->P_ci == 1) {
             P_br = P_wr;  // the same ranks and shape
             P_b  = P_w;
         } else if (c->bias) {
-            DDL_CHECK(sub_partition(P_w, true, true, br, &m->P_br_own));
-            DDL_CHECK(sub_partition(P_w, true, false, bs, &m->P_b_own));
+            DDL_CHECK(ddl_agree(U, sub_partition(P_w, true, true, br, &m->P_br_own)));
+            DDL_CHECK(ddl_agree(U, sub_partition(P_w, true, false, bs, &m->P_b_own)));
             P_br = m->P_br_own;
             P_b  = m->P_b_own;
         }
@@ -736,13 +744,13 @@ static ddl_status conv_setup(ddl_layer_t *L, conv_impl *m, const ddl_partition_t
 
     // 4. Parameter replication (halo layouts).
     if (rep) {
-        DDL_CHECK(ddl_broadcast_create(P_wr, P_w, false, false, dt, &wblk, &m->w_bc));
+        DDL_CHECK(ddl_agree(U, ddl_broadcast_create(P_wr, P_w, false, false, dt, &wblk, &m->w_bc)));
         LOCAL(ddl_tensor_create(dt, &wblk, &m->w));
         LOCAL(ddl_tensor_create(dt, &wblk, &m->dw));
         LOCAL(ddl_tensor_create(dt, &L->params[0].value->shape, &m->gw));
         if (c->bias) {
             ddl_shape bblk = ddl_shape_make(1, (int64_t[]){m->recv_bias ? co_loc : 0});
-            DDL_CHECK(ddl_broadcast_create(P_br, P_b, false, false, dt, &bblk, &m->b_bc));
+            DDL_CHECK(ddl_agree(U, ddl_broadcast_create(P_br, P_b, false, false, dt, &bblk, &m->b_bc)));
             LOCAL(ddl_tensor_create(dt, &bblk, &m->b));
             LOCAL(ddl_tensor_create(dt, &bblk, &m->db));
             LOCAL(ddl_tensor_create(dt, &L->params[1].value->shape, &m->gb));
@@ -756,8 +764,8 @@ static ddl_status conv_setup(ddl_layer_t *L, conv_impl *m, const ddl_partition_t
         int64_t nx = fan_count(c, P_x, 1, P_w, 1, false, &x_env);
         int64_t ny = fan_count(c, m->P_yr, 0, P_w, 0, true, &y_env);
         ddl_shape sx = ddl_shape_make(1, (int64_t[]){nx}), sy = ddl_shape_make(1, (int64_t[]){ny});
-        DDL_CHECK(ddl_broadcast_create(P_x, P_w, false, false, dt, &sx, &m->x_bc));
-        DDL_CHECK(ddl_sum_reduce_create(P_w, m->P_yr, false, false, dt, &sy, &m->y_sr));
+        DDL_CHECK(ddl_agree(U, ddl_broadcast_create(P_x, P_w, false, false, dt, &sx, &m->x_bc)));
+        DDL_CHECK(ddl_agree(U, ddl_sum_reduce_create(P_w, m->P_yr, false, false, dt, &sy, &m->y_sr)));
         ddl_shape s;
         s = ddl_broadcast_x_shape(m->x_bc);
         m->nx_root = ddl_shape_numel(&s);
@@ -853,16 +861,31 @@ ddl_status ddl_conv_create(const ddl_partition_t *P_x, const ddl_partition_t *P_
         P_y = P_x;
         P_w = P_x;
     }
-    ddl_layer_t *L;
-    DDL_CHECK(ddl_layer_alloc(&conv_ops, kind_name[c.kind], dt, &L));
-    conv_impl *m = ddl_calloc(1, sizeof *m);
-    if (m == NULL) {
+    ddl_layer_t *L = NULL;
+    ddl_status ast = ddl_layer_alloc(&conv_ops, kind_name[c.kind], dt, &L);
+    conv_impl *m   = ast == DDL_OK ? ddl_calloc(1, sizeof *m) : NULL;
+    if (ast == DDL_OK && m == NULL) {
+        ast = ddl_set_error(DDL_ENOMEM, "%s: out of memory", kind_name[c.kind]);
+    }
+    // The members agree on these allocations before any collective construction, so a
+    // member whose allocation failed fails them all instead of leaving them waiting.
+    MPI_Comm   U   = MPI_COMM_NULL;
+    ddl_status ust = ddl_partition_union_comm(P_x, P_y, P_w, &U);
+    ast            = ddl_agree(U, ast != DDL_OK ? ast : ust);
+    if (ast != DDL_OK) {
+        if (U != MPI_COMM_NULL) {
+            MPI_Comm_free(&U);
+        }
+        ddl_free(m);
         ddl_layer_destroy(&L);
-        return ddl_set_error(DDL_ENOMEM, "%s: out of memory", kind_name[c.kind]);
+        return ast;
     }
     m->c          = c;
     L->impl       = m;
-    ddl_status st = conv_setup(L, m, P_x, P_y, P_w, x_global);
+    ddl_status st = conv_setup(L, m, P_x, P_y, P_w, x_global, U);
+    if (U != MPI_COMM_NULL) {
+        MPI_Comm_free(&U);
+    }
     if (st != DDL_OK) {
         ddl_layer_destroy(&L);
         return st;

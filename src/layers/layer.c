@@ -13,6 +13,7 @@
 ddl_status ddl_layer_alloc(const ddl_layer_ops *ops, const char *kind, ddl_dtype dt,
                            ddl_layer_t **out)
 {
+    *out           = NULL;
     ddl_layer_t *L = ddl_calloc(1, sizeof *L);
     if (L == NULL) {
         return ddl_set_error(DDL_ENOMEM, "%s: out of memory", kind);

@@ -45,6 +45,7 @@
 #include <string.h>
 
 #include "base/check.h"
+#include "ddl/agree.h"
 #include "ddl/base.h"
 #include "ddl/decomp.h"
 #include "ddl/layers.h"
@@ -205,11 +206,24 @@ ddl_status ddl_linear_create(const ddl_partition_t *P_x, const ddl_partition_t *
     const int *sw = ddl_partition_shape(P_w);
 
     ddl_layer_t *L = NULL;
-    DDL_CHECK(ddl_layer_alloc(&linear_ops, "linear", dt, &L));
-    linear_impl *m = ddl_calloc(1, sizeof *m);
-    if (m == NULL) {
+    ddl_status   ast = ddl_layer_alloc(&linear_ops, "linear", dt, &L);
+    linear_impl *m   = ast == DDL_OK ? ddl_calloc(1, sizeof *m) : NULL;
+    if (ast == DDL_OK && m == NULL) {
+        ast = ddl_set_error(DDL_ENOMEM, "linear: out of memory");
+    }
+    // The members agree on these allocations before any collective construction, so a
+    // member whose allocation failed fails them all instead of leaving them waiting.
+    // U: the layer's ranks; every collective construction below ends agreed over it.
+    MPI_Comm   U   = MPI_COMM_NULL;
+    ddl_status ust = ddl_partition_union_comm(P_x, P_y, P_w, &U);
+    ast            = ddl_agree(U, ast != DDL_OK ? ast : ust);
+    if (ast != DDL_OK) {
+        if (U != MPI_COMM_NULL) {
+            MPI_Comm_free(&U);
+        }
+        ddl_free(m);
         ddl_layer_destroy(&L);
-        return ddl_set_error(DDL_ENOMEM, "linear: out of memory");
+        return ast;
     }
     L->impl     = m;
     L->x_global = ddl_shape_make(2, (int64_t[]){batch, in_features});
@@ -260,11 +274,13 @@ ddl_status ddl_linear_create(const ddl_partition_t *P_x, const ddl_partition_t *
     ddl_shape yblk   = ddl_shape_make(2, (int64_t[]){batch, fo_max});
     ddl_shape none   = ddl_shape_make(2, (int64_t[]){0, 0});
     if (!m->x_direct) {
-        DDL_CHECK_GOTO(ddl_broadcast_create(P_x, P_w, false, false, dt, &xblk, &m->bcast_x), st,
-                       fail);
+        DDL_CHECK_GOTO(ddl_agree(U, ddl_broadcast_create(P_x, P_w, false, false, dt, &xblk,
+                                                         &m->bcast_x)),
+                       st, fail);
     }
-    DDL_CHECK_GOTO(ddl_sum_reduce_create(P_w, P_y, true, false, dt, &yblk, &m->reduce_y), st,
-                   fail);
+    DDL_CHECK_GOTO(ddl_agree(U, ddl_sum_reduce_create(P_w, P_y, true, false, dt, &yblk,
+                                                      &m->reduce_y)),
+                   st, fail);
     DDL_CHECK_GOTO(lst, st, fail);
     ddl_shape xs_shape = m->x_direct ? none : ddl_broadcast_x_shape(m->bcast_x);
     ddl_shape xw_shape = m->x_direct ? none : ddl_broadcast_y_shape(m->bcast_x);
@@ -278,9 +294,15 @@ ddl_status ddl_linear_create(const ddl_partition_t *P_x, const ddl_partition_t *
     DDL_CHECK_GOTO(ddl_tensor_create(dt, &xw_shape, &m->xw), st, fail);
     DDL_CHECK_GOTO(ddl_tensor_create(dt, &xw_shape, &m->dxw), st, fail);
     DDL_CHECK_GOTO(ddl_tensor_create(dt, &yw_shape, &m->yw), st, fail);
+    if (U != MPI_COMM_NULL) {
+        MPI_Comm_free(&U);
+    }
     *out = L;
     return DDL_OK;
 fail:
+    if (U != MPI_COMM_NULL) {
+        MPI_Comm_free(&U);
+    }
     ddl_layer_destroy(&L);
     return st;
 }

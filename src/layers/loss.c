@@ -219,8 +219,14 @@ ddl_status ddl_loss_create(const ddl_partition_t *P_x, ddl_dtype dt, const ddl_s
 {
     DDL_CHECK(loss_validate(P_x, dt, x_global, kind, reduction, out));
     ddl_loss_t *l = ddl_calloc(1, sizeof *l);
-    if (l == NULL) {
-        return ddl_set_error(DDL_ENOMEM, "loss: out of memory");
+    // P_x's members agree on it before the collective setup, so that one member's
+    // failure fails them all instead of leaving them waiting.
+    ddl_status ast =
+        ddl_partition_agree_union(P_x, NULL, NULL,
+                                  l != NULL ? DDL_OK : ddl_set_error(DDL_ENOMEM, "loss: out of memory"));
+    if (ast != DDL_OK) {
+        ddl_free(l);
+        return ast;
     }
     l->P_x       = P_x;
     l->dt        = dt;

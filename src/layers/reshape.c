@@ -88,11 +88,18 @@ ddl_status ddl_repartition_layer_create(const ddl_partition_t *P_x, const ddl_pa
                 "x_global",
                 ddl_partition_ndim(P_x), ddl_partition_ndim(P_y), nd);
     ddl_layer_t *L = NULL;
-    DDL_CHECK(ddl_layer_alloc(&repartition_ops, "repartition", dt, &L));
-    repartition_impl *m = ddl_calloc(1, sizeof *m);
-    if (m == NULL) {
+    ddl_status        ast = ddl_layer_alloc(&repartition_ops, "repartition", dt, &L);
+    repartition_impl *m   = ast == DDL_OK ? ddl_calloc(1, sizeof *m) : NULL;
+    if (ast == DDL_OK && m == NULL) {
+        ast = ddl_set_error(DDL_ENOMEM, "repartition layer: out of memory");
+    }
+    // The members agree on these allocations before any collective construction, so a
+    // member whose allocation failed fails them all instead of leaving them waiting.
+    ast = ddl_partition_agree_union(P_x, P_y, NULL, ast);
+    if (ast != DDL_OK) {
+        ddl_free(m);
         ddl_layer_destroy(&L);
-        return ddl_set_error(DDL_ENOMEM, "repartition layer: out of memory");
+        return ast;
     }
     L->impl       = m;
     ddl_status st = ddl_repartition_create(P_x, P_y, dt, x_global, NULL, &m->t);
@@ -218,11 +225,18 @@ ddl_status ddl_flatten_create(const ddl_partition_t *P_x, const ddl_partition_t 
     }
 
     ddl_layer_t *L = NULL;
-    DDL_CHECK(ddl_layer_alloc(&flatten_ops, "flatten", dt, &L));
-    flatten_impl *m = ddl_calloc(1, sizeof *m);
-    if (m == NULL) {
+    ddl_status    ast = ddl_layer_alloc(&flatten_ops, "flatten", dt, &L);
+    flatten_impl *m   = ast == DDL_OK ? ddl_calloc(1, sizeof *m) : NULL;
+    if (ast == DDL_OK && m == NULL) {
+        ast = ddl_set_error(DDL_ENOMEM, "flatten: out of memory");
+    }
+    // The members agree on these allocations before any collective construction, so a
+    // member whose allocation failed fails them all instead of leaving them waiting.
+    ast = ddl_partition_agree_union(P_x, P_y, NULL, ast);
+    if (ast != DDL_OK) {
+        ddl_free(m);
         ddl_layer_destroy(&L);
-        return ddl_set_error(DDL_ENOMEM, "flatten: out of memory");
+        return ast;
     }
     L->impl     = m;
     L->x_global = *x_global;

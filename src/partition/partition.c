@@ -10,6 +10,7 @@
 #include "ddl/base.h"
 #include "ddl/decomp.h"
 #include "ddl/partition.h"
+#include "partition/group_internal.h"
 #include "partition/mpi_check.h"
 
 struct ddl_partition {
@@ -118,6 +119,60 @@ ddl_status ddl_partition_create(MPI_Comm base, int nranks, const int *ranks, int
     }
     *out = P;
     return DDL_OK;
+}
+
+// ---- agreement over a union of partitions ----------------------------------------
+
+ddl_status ddl_partition_union_comm(const ddl_partition_t *P, const ddl_partition_t *Q,
+                                    const ddl_partition_t *R, MPI_Comm *out)
+{
+    *out                             = MPI_COMM_NULL;
+    const ddl_partition_t *parts[3] = {P, Q, R};
+    bool                   member   = false;
+    for (int k = 0; k < 3; k++) {
+        member = member || (parts[k] != NULL && parts[k]->position >= 0);
+    }
+    if (!member) {
+        return DDL_OK;
+    }
+    // The union as an MPI group (P's ranks, then Q's others, then R's others): MPI's
+    // memory, not ours, so this works right after one of our allocations failed.
+    MPI_Group world, acc = MPI_GROUP_EMPTY;
+    DDL_CHECK_MPI(MPI_Comm_group(P->base, &world));
+    for (int k = 0; k < 3; k++) {
+        if (parts[k] == NULL) {
+            continue;
+        }
+        MPI_Group g, u;
+        MPI_Group_incl(world, parts[k]->nranks, parts[k]->ranks, &g);
+        MPI_Group_union(acc, g, &u);
+        MPI_Group_free(&g);
+        if (acc != MPI_GROUP_EMPTY) {
+            MPI_Group_free(&acc);
+        }
+        acc = u;
+    }
+    int rc = MPI_Comm_create_group(P->base, acc, 0, out);
+    MPI_Group_free(&acc);
+    MPI_Group_free(&world);
+    DDL_CHECK_MPI(rc);
+    DDL_CHECK_MPI(MPI_Comm_set_errhandler(*out, MPI_ERRORS_RETURN));
+    return DDL_OK;
+}
+
+ddl_status ddl_partition_agree_union(const ddl_partition_t *P, const ddl_partition_t *Q,
+                                     const ddl_partition_t *R, ddl_status st)
+{
+    MPI_Comm   U;
+    ddl_status cst = ddl_partition_union_comm(P, Q, R, &U);
+    if (cst != DDL_OK) {
+        return st != DDL_OK ? st : cst;
+    }
+    st = ddl_agree(U, st);
+    if (U != MPI_COMM_NULL) {
+        MPI_Comm_free(&U);
+    }
+    return st;
 }
 
 ddl_status ddl_partition_union(const ddl_partition_t *P, const ddl_partition_t *Q,
@@ -403,7 +458,7 @@ static int group_members(const ddl_partition_t *R, const ddl_partition_t *L, con
 // Builds this rank's groups. `R` holds the roots (one per colour), `L` the leaves.
 static ddl_status build_groups(const ddl_partition_t *R, const int64_t *rcol,
                                const ddl_partition_t *L, const int64_t *lcol, bool rooted_is_send,
-                               const char *what, ddl_group_pair *out)
+                               const char *what, ddl_status local, ddl_group_pair *out)
 {
     int       me     = R->base_rank;
     ddl_group rooted = {.member = false, .root = -1, .size = 0, .comm = MPI_COMM_NULL};
@@ -426,9 +481,17 @@ static ddl_status build_groups(const ddl_partition_t *R, const int64_t *rcol,
         DDL_REQUIRE(leaf.member, DDL_EINTERNAL, "%s: no root for colour %lld", what,
                     (long long)col[1]);
     }
-    int *mem = ddl_malloc(sizeof(int) * (size_t)(L->nranks + 1));
-    if (mem == NULL) {
-        return ddl_set_error(DDL_ENOMEM, "%s: out of memory", what);
+    int       *mem = ddl_malloc(sizeof(int) * (size_t)(L->nranks + 1));
+    ddl_status ast = local;
+    if (ast == DDL_OK && mem == NULL) {
+        ast = ddl_set_error(DDL_ENOMEM, "%s: out of memory", what);
+    }
+    // The members agree before creating any communicator, so that one member's local
+    // failure (here or in the colouring) fails them all instead of leaving them waiting.
+    ast = ddl_partition_agree_union(R, L, NULL, ast);
+    if (ast != DDL_OK) {
+        ddl_free(mem);
+        return ast;
     }
     bool same = rooted.member && leaf.member && rooted.root == leaf.root;
     // Create communicators in increasing order of root rank, so that no cycle of
@@ -473,32 +536,58 @@ static ddl_status build_groups(const ddl_partition_t *R, const int64_t *rcol,
     return DDL_OK;
 }
 
-ddl_status ddl_group_pair_broadcast(const ddl_partition_t *P_src, const ddl_partition_t *P_dest,
-                                    bool transpose_src, bool transpose_dest, ddl_group_pair *out)
+ddl_status ddl__group_pair_broadcast(const ddl_partition_t *P_src, const ddl_partition_t *P_dest,
+                                     bool transpose_src, bool transpose_dest, ddl_status local,
+                                     ddl_group_pair *out)
 {
     DDL_REQUIRE(P_src->base == P_dest->base, DDL_EINVAL,
                 "broadcast: partitions over different base communicators");
     colouring c;
     // For a broadcast the destination is the wide side, the source the narrow side.
-    DDL_CHECK(compute_colours(P_dest, transpose_dest, P_src, transpose_src, false, "broadcast", &c));
-    ddl_status st = build_groups(P_src, c.narrow, P_dest, c.wide, true, "broadcast", out);
+    ddl_status cst = compute_colours(P_dest, transpose_dest, P_src, transpose_src, false,
+                                     "broadcast", &c);
+    if (cst == DDL_ENOMEM) {
+        // A local failure: join the agreement the other members reach in build_groups.
+        return ddl_partition_agree_union(P_src, P_dest, NULL, cst);
+    }
+    DDL_CHECK(cst); // the rules: the same verdict on every rank
+    ddl_status st = build_groups(P_src, c.narrow, P_dest, c.wide, true, "broadcast", local, out);
     ddl_free(c.wide);
     ddl_free(c.narrow);
     return st;
 }
 
-ddl_status ddl_group_pair_reduce(const ddl_partition_t *P_src, const ddl_partition_t *P_dest,
-                                 bool transpose_src, bool transpose_dest, ddl_group_pair *out)
+ddl_status ddl__group_pair_reduce(const ddl_partition_t *P_src, const ddl_partition_t *P_dest,
+                                  bool transpose_src, bool transpose_dest, ddl_status local,
+                                  ddl_group_pair *out)
 {
     DDL_REQUIRE(P_src->base == P_dest->base, DDL_EINVAL,
                 "sum_reduce: partitions over different base communicators");
     colouring c;
     // For a reduction the source is the wide side, the destination the narrow side.
-    DDL_CHECK(compute_colours(P_src, transpose_src, P_dest, transpose_dest, true, "sum_reduce", &c));
-    ddl_status st = build_groups(P_dest, c.narrow, P_src, c.wide, false, "sum_reduce", out);
+    ddl_status cst = compute_colours(P_src, transpose_src, P_dest, transpose_dest, true,
+                                     "sum_reduce", &c);
+    if (cst == DDL_ENOMEM) {
+        // A local failure: join the agreement the other members reach in build_groups.
+        return ddl_partition_agree_union(P_dest, P_src, NULL, cst);
+    }
+    DDL_CHECK(cst); // the rules: the same verdict on every rank
+    ddl_status st = build_groups(P_dest, c.narrow, P_src, c.wide, false, "sum_reduce", local, out);
     ddl_free(c.wide);
     ddl_free(c.narrow);
     return st;
+}
+
+ddl_status ddl_group_pair_broadcast(const ddl_partition_t *P_src, const ddl_partition_t *P_dest,
+                                    bool transpose_src, bool transpose_dest, ddl_group_pair *out)
+{
+    return ddl__group_pair_broadcast(P_src, P_dest, transpose_src, transpose_dest, DDL_OK, out);
+}
+
+ddl_status ddl_group_pair_reduce(const ddl_partition_t *P_src, const ddl_partition_t *P_dest,
+                                 bool transpose_src, bool transpose_dest, ddl_group_pair *out)
+{
+    return ddl__group_pair_reduce(P_src, P_dest, transpose_src, transpose_dest, DDL_OK, out);
 }
 
 void ddl_group_pair_free(ddl_group_pair *g)

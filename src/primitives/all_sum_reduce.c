@@ -21,6 +21,7 @@
 // make no MPI call at all.
 #include <string.h>
 
+#include "ddl/agree.h"
 #include "ddl/base.h"
 #include "ddl/primitives.h"
 #include "partition/mpi_check.h"
@@ -85,8 +86,16 @@ ddl_status ddl_all_sum_reduce_create(const ddl_partition_t *P, int naxes, const 
     }
 
     ddl_all_sum_reduce_t *a = ddl_calloc(1, sizeof *a);
-    if (a == NULL) {
-        return ddl_set_error(DDL_ENOMEM, "all_sum_reduce: out of memory for the plan");
+    // P's members agree on the plan's allocation before the split, so that one member's
+    // failure fails them all instead of leaving them in MPI_Comm_split.
+    ddl_status ast =
+        a != NULL ? DDL_OK : ddl_set_error(DDL_ENOMEM, "all_sum_reduce: out of memory for the plan");
+    if (ddl_partition_active(P)) {
+        ast = ddl_agree(ddl_partition_comm(P), ast);
+    }
+    if (ast != DDL_OK) {
+        ddl_free(a);
+        return ast;
     }
     a->active     = ddl_partition_active(P);
     a->group_size = group_size;

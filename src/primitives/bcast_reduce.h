@@ -47,11 +47,13 @@ typedef struct ddl__bcast_reduce {
 // Validates shape and dtype, then builds the groups: roots_are_x selects the broadcast
 // rules (ddl_group_pair_broadcast; roots = P_x) or the reduction rules
 // (ddl_group_pair_reduce; roots = P_y). Collective over P_x ∪ P_y; EINVAL on every
-// rank alike for a bad shape, dtype or partition pair. On failure p holds nothing.
+// rank alike for a bad shape, dtype or partition pair. `local` (this rank's outcome so
+// far, e.g. the plan's allocation) is agreed on by the members before any communicator
+// is created. On failure p holds nothing.
 ddl_status ddl__bcast_reduce_init(ddl__bcast_reduce *p, const char *name,
                                   const ddl_partition_t *P_x, const ddl_partition_t *P_y,
                                   bool transpose_src, bool transpose_dest, ddl_dtype dt,
-                                  const ddl_shape *shape, bool roots_are_x);
+                                  const ddl_shape *shape, bool roots_are_x, ddl_status local);
 // Frees the communicators. Not collective; idempotent.
 void ddl__bcast_reduce_free(ddl__bcast_reduce *p);
 

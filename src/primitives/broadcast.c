@@ -28,6 +28,7 @@
 
 #include "ddl/base.h"
 #include "ddl/primitives.h"
+#include "partition/group_internal.h"
 #include "partition/mpi_check.h"
 #include "primitives/bcast_reduce.h"
 
@@ -150,7 +151,7 @@ static ddl_status reduce_chunks(const ddl__bcast_reduce *p, const void *send, vo
 ddl_status ddl__bcast_reduce_init(ddl__bcast_reduce *p, const char *name,
                                   const ddl_partition_t *P_x, const ddl_partition_t *P_y,
                                   bool transpose_src, bool transpose_dest, ddl_dtype dt,
-                                  const ddl_shape *shape, bool roots_are_x)
+                                  const ddl_shape *shape, bool roots_are_x, ddl_status local)
 {
     DDL_REQUIRE(P_x != NULL && P_y != NULL, DDL_EINVAL, "%s: P_x or P_y is NULL", name);
     DDL_REQUIRE(shape != NULL, DDL_EINVAL, "%s: shape is NULL", name);
@@ -160,9 +161,9 @@ ddl_status ddl__bcast_reduce_init(ddl__bcast_reduce *p, const char *name,
     // on every rank before they create any communicator.
     ddl_group_pair g;
     if (roots_are_x) {
-        DDL_CHECK(ddl_group_pair_broadcast(P_x, P_y, transpose_src, transpose_dest, &g));
+        DDL_CHECK(ddl__group_pair_broadcast(P_x, P_y, transpose_src, transpose_dest, local, &g));
     } else {
-        DDL_CHECK(ddl_group_pair_reduce(P_x, P_y, transpose_src, transpose_dest, &g));
+        DDL_CHECK(ddl__group_pair_reduce(P_x, P_y, transpose_src, transpose_dest, local, &g));
     }
 
     memset(p, 0, sizeof *p);
@@ -296,12 +297,18 @@ ddl_status ddl_broadcast_create(const ddl_partition_t *P_x, const ddl_partition_
                                 const ddl_shape *shape, ddl_broadcast_t **out)
 {
     DDL_REQUIRE(out != NULL, DDL_EINVAL, "broadcast: out is NULL");
-    ddl_broadcast_t *b = ddl_calloc(1, sizeof *b);
-    if (b == NULL) {
-        return ddl_set_error(DDL_ENOMEM, "broadcast: out of memory for the plan");
+    // Without the plan's memory this rank still joins the members' agreement (in the
+    // group building), so they all fail with it.
+    ddl_broadcast_t  *b = ddl_calloc(1, sizeof *b);
+    ddl__bcast_reduce none;
+    ddl_status        local =
+        b != NULL ? DDL_OK : ddl_set_error(DDL_ENOMEM, "broadcast: out of memory for the plan");
+    ddl_status st = ddl__bcast_reduce_init(b != NULL ? &b->br : &none, "broadcast", P_x, P_y,
+                                           transpose_src, transpose_dest, dt, shape, true, local);
+    if (st == DDL_OK && b == NULL) {
+        ddl__bcast_reduce_free(&none); // not reached: the members agreed on the failure
+        st = local;
     }
-    ddl_status st = ddl__bcast_reduce_init(&b->br, "broadcast", P_x, P_y, transpose_src,
-                                           transpose_dest, dt, shape, true);
     if (st != DDL_OK) {
         ddl_free(b);
         return st;

@@ -35,12 +35,18 @@ ddl_status ddl_sum_reduce_create(const ddl_partition_t *P_x, const ddl_partition
                                  const ddl_shape *shape, ddl_sum_reduce_t **out)
 {
     DDL_REQUIRE(out != NULL, DDL_EINVAL, "sum_reduce: out is NULL");
+    // Without the plan's memory this rank still joins the members' agreement (in the
+    // group building), so they all fail with it.
     ddl_sum_reduce_t *r = ddl_calloc(1, sizeof *r);
-    if (r == NULL) {
-        return ddl_set_error(DDL_ENOMEM, "sum_reduce: out of memory for the plan");
+    ddl__bcast_reduce none;
+    ddl_status        local =
+        r != NULL ? DDL_OK : ddl_set_error(DDL_ENOMEM, "sum_reduce: out of memory for the plan");
+    ddl_status st = ddl__bcast_reduce_init(r != NULL ? &r->br : &none, "sum_reduce", P_x, P_y,
+                                           transpose_src, transpose_dest, dt, shape, false, local);
+    if (st == DDL_OK && r == NULL) {
+        ddl__bcast_reduce_free(&none); // not reached: the members agreed on the failure
+        st = local;
     }
-    ddl_status st = ddl__bcast_reduce_init(&r->br, "sum_reduce", P_x, P_y, transpose_src,
-                                           transpose_dest, dt, shape, false);
     if (st != DDL_OK) {
         ddl_free(r);
         return st;

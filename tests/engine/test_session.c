@@ -564,10 +564,9 @@ static void test_data_checks(ddl_session_t *s, const char *tmp)
     ASSERT_EQ(ev.count, 20);
 }
 
-// An allocation failure on the last rank only: inside a save, then at every allocation
-// of at least 4 KiB (tensors: weights, activations, gradients, optimizer state, plan
-// buffers -- where a huge layer fails) of session creation, and at each of the first 40
-// allocations of any size (the session, the spec, the partitions, the first layer).
+// An allocation failure on the last rank only, at every allocation of session creation:
+// first those of at least 4 KiB (tensors: weights, activations, gradients, optimizer
+// state, plan buffers -- where a huge layer fails), then all of them.
 // Every rank must return the same error, nothing may hang, and a failed creation must
 // free everything it made.
 static void sweep_create(const char *spec_text, long long first, long long last, size_t min_bytes)
@@ -711,13 +710,9 @@ static void test_one_rank_failure(ddl_session_t *s, const char *spec_text, const
         sweep_op(s, "import npy", op_import, npy_dir, who, DDL_ENOMEM);
     }
     sweep_create(spec_text, 1, LLONG_MAX, 4096);
-    // DDL_TEST_SWEEP_FROM=n: also every small allocation from the n-th on (exploratory).
+    // And every allocation of any size (DDL_TEST_SWEEP_FROM=n starts at the n-th).
     const char *from = getenv("DDL_TEST_SWEEP_FROM");
-    if (from != NULL) {
-        sweep_create(spec_text, atoll(from), LLONG_MAX, 0);
-    } else {
-        sweep_create(spec_text, 1, 40, 0);
-    }
+    sweep_create(spec_text, from != NULL ? atoll(from) : 1, LLONG_MAX, 0);
 }
 
 int main(int argc, char **argv)

@@ -48,6 +48,17 @@ DDL_EXTERN ddl_status ddl_partition_create(MPI_Comm base, int nranks, const int 
 // the union. P and Q must share the base communicator.
 DDL_EXTERN ddl_status ddl_partition_union(const ddl_partition_t *P, const ddl_partition_t *Q,
                                           ddl_partition_t **out);
+// Agrees on st (ddl_agree) over the members of P ∪ Q ∪ R (Q and R may be NULL; all on one
+// base), through a temporary communicator built from MPI groups -- no allocation of ours,
+// so a rank can join right after one of its allocations failed. Ranks outside the union
+// return st unchanged. Collective over the union's members.
+DDL_EXTERN ddl_status ddl_partition_agree_union(const ddl_partition_t *P, const ddl_partition_t *Q,
+                                                const ddl_partition_t *R, ddl_status st);
+// The communicator of the members of P ∪ Q ∪ R (same rank order as above), built the
+// same way; MPI_COMM_NULL on other ranks. The caller frees it (MPI_Comm_free). Lets a
+// multi-step construction agree after each step. Collective over the union's members.
+DDL_EXTERN ddl_status ddl_partition_union_comm(const ddl_partition_t *P, const ddl_partition_t *Q,
+                                               const ddl_partition_t *R, MPI_Comm *out);
 // NULL-safe; frees every communicator; sets *P to NULL. Not collective.
 DDL_EXTERN void       ddl_partition_destroy(ddl_partition_t **P);
 

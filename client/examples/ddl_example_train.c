@@ -59,18 +59,31 @@ static uint8_t *read_idx(const char *path, size_t header, size_t count)
     return buf;
 }
 
+// On a terminal: one progress bar redrawn in place; otherwise a line per record.
 static int on_progress(const ddl_client_progress *p, void *ud)
 {
-    (void)ud;
-    if (p->epoch_end)
-        printf("  epoch %lld done: mean loss %.4f, %.0f images/s\n", (long long)p->epoch,
-               p->mean_loss, p->images_per_second);
-    else if (p->finished)
-        printf("  finished at step %lld: loss %.4f, %.0f images/s\n", (long long)p->step, p->loss,
-               p->images_per_second);
-    else
+    int tty = *(const int *)ud;
+    if (p->epoch_end || p->finished) {
+        if (tty)
+            printf("\n");
+        if (p->epoch_end)
+            printf("  epoch %lld done: mean loss %.4f, %.0f images/s\n", (long long)p->epoch,
+                   p->mean_loss, p->images_per_second);
+        else
+            printf("  finished at step %lld: loss %.4f, %.0f images/s\n", (long long)p->step,
+                   p->loss, p->images_per_second);
+    } else if (tty) {
+        int  width = 30, fill = p->total > 0 ? (int)(width * p->done / p->total) : 0;
+        char bar[64];
+        for (int i = 0; i < width; i++)
+            bar[i] = i < fill ? '#' : '.';
+        bar[width] = '\0';
+        printf("\r  [%s] %lld/%lld  loss %.4f  acc %.3f  %.0f img/s ", bar, (long long)p->done,
+               (long long)p->total, p->loss, p->accuracy, p->images_per_second);
+    } else {
         printf("  step %6lld  [%lld/%lld]  loss %.4f  acc %.3f  %.0f img/s\n", (long long)p->step,
                (long long)p->done, (long long)p->total, p->loss, p->accuracy, p->images_per_second);
+    }
     fflush(stdout);
     return 0;
 }
@@ -164,7 +177,10 @@ int main(int argc, char **argv)
         .epochs = epochs, .steps = steps, .dataset = dataset, .progress_every = (int32_t)every};
     ddl_client_progress last;
     printf("training %lld %s ...\n", epochs ? epochs : steps, epochs ? "epoch(s)" : "step(s)");
-    if (ddl_client_train(c, &tr, on_progress, NULL, &last) != DDL_OK)
+    int tty = isatty(STDOUT_FILENO);
+    if (tty && every > 10)
+        tr.progress_every = 10; // the bar moves smoothly; lines stay sparse otherwise
+    if (ddl_client_train(c, &tr, on_progress, &tty, &last) != DDL_OK)
         return die("Train");
 
     ddl_client_eval_result ev;

@@ -324,7 +324,6 @@ static ddl_status alloc_layer_tables(ddl_model_t *m)
 
 static ddl_status build(ddl_model_t *m)
 {
-    const ddl_spec_t *s = m->spec;
     DDL_CHECK(build_partitions(m)); // agreed inside, partition by partition
     STAGE(alloc_layer_tables(m));
     int nparams = 0;
@@ -338,7 +337,6 @@ static ddl_status build(ddl_model_t *m)
     STAGE(root_partition(m, last->y_global.ndim, &m->P_out_root));
     STAGE(build_input_plan(m));
     STAGE(build_output_plan(m));
-    (void)s;
     return DDL_OK;
 }
 

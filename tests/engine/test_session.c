@@ -564,6 +564,51 @@ static void test_data_checks(ddl_session_t *s, const char *tmp)
     ASSERT_EQ(ev.count, 20);
 }
 
+// Periodic checkpoints inside train: checkpoint_every 3 over 7 steps makes steps 3 and 6
+// durable (the progress says so at those steps), and the newest one restores.
+typedef struct durables {
+    int64_t steps[8];
+    int     n;
+} durables;
+
+static bool note_durable(const ddl_progress *p, void *ud)
+{
+    durables *d = ud;
+    if (p->durable && d->n < 8) {
+        d->steps[d->n++] = p->step;
+    }
+    return false;
+}
+
+static void test_periodic_checkpoints(const char *spec_text, const char *tmp)
+{
+    char ck[512], data[512];
+    snprintf(ck, sizeof ck, "%s/every3", tmp);
+    snprintf(data, sizeof data, "%s/good", tmp); // written by test_data_checks
+    ddl_session_options opts = {.checkpoint_dir = ck, .checkpoint_every = 3};
+    ddl_session_t      *t    = NULL;
+    ASSERT_OK(ddl_session_create(MPI_COMM_WORLD, spec_text, "spec.json", rank == 0 ? &opts : NULL,
+                                 &t));
+    ASSERT_OK(ddl_session_open_data(t, rank == 0 ? data : NULL));
+    durables          d   = {.n = 0};
+    ddl_train_request req = {.steps = 7};
+    ddl_train_result  res;
+    ASSERT_OK(ddl_session_train(t, &req, note_durable, &d, &res));
+    ASSERT_EQ(res.steps_done, 7);
+    ASSERT_EQ(res.durable_step, 6);
+    ASSERT_EQ(ddl_session_durable_step(t), 6);
+    if (rank == 0) {
+        ASSERT_EQ(d.n, 2);
+        ASSERT_EQ(d.steps[0], 3);
+        ASSERT_EQ(d.steps[1], 6);
+    }
+    ASSERT_OK(ddl_session_restore(t, rank == 0 ? ck : NULL, -1));
+    ASSERT_EQ(ddl_model_step(ddl_session_model(t)), 6);
+    ASSERT_EQ(ddl_session_cursor(t).epoch, 3); // 2 batches per epoch: step 6 ends epoch 3
+    ASSERT_EQ(ddl_session_cursor(t).batch, 0);
+    ddl_session_destroy(&t);
+}
+
 // An allocation failure on the last rank only, at every allocation of session creation:
 // first those of at least 4 KiB (tensors: weights, activations, gradients, optimizer
 // state, plan buffers -- where a huge layer fails), then all of them.
@@ -799,6 +844,7 @@ int main(int argc, char **argv)
     test_weights(s);
     test_one_rank_failure(s, text, tmp);
     test_data_checks(s, tmp);
+    test_periodic_checkpoints(text, tmp);
 
     ddl_session_destroy(&s);
     ASSERT_TRUE(s == NULL);

@@ -274,59 +274,6 @@ def sc_interop(h):
     h.shutdown(d)
 
 
-def sc_mock(h):
-    """The library against mock_daemon.py (no MPI): streaming, cancel, token, statuses."""
-    d = MockDaemon(h, token="s3cret-token")
-    h.client(d, "mock", env_extra={"DDL_TOKEN": "s3cret-token"})
-    d.kill()
-
-
-def make_cert(d, name):
-    """A self-signed certificate for 127.0.0.1/localhost (it is its own CA)."""
-    crt, key = os.path.join(d, name + ".crt"), os.path.join(d, name + ".key")
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key,
-                    "-out", crt, "-days", "2", "-subj", "/CN=localhost",
-                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"],
-                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    return crt, key
-
-
-def sc_mock_tls(h):
-    """The mock over TLS, then mutual TLS, with the token on top."""
-    d0 = tempfile.mkdtemp(prefix="ddl-certs-", dir=h.work)
-    srv_crt, srv_key = make_cert(d0, "server")
-    cli_crt, cli_key = make_cert(d0, "client")
-    other_crt, _ = make_cert(d0, "other")
-    env = {"DDL_TOKEN": "s3cret-token", "DDL_TLS_CA": srv_crt, "DDL_TLS_OTHER_CA": other_crt}
-    d = MockDaemon(h, token="s3cret-token", tls=(srv_crt, srv_key, None))
-    h.client(d, "mock", env_extra=env)
-    d.kill()
-    env.update({"DDL_TLS_CERT": cli_crt, "DDL_TLS_KEY": cli_key})
-    d = MockDaemon(h, token="s3cret-token", tls=(srv_crt, srv_key, cli_crt))
-    h.client(d, "mock", env_extra=env)
-    d.kill()
-
-
-class MockDaemon(Daemon):
-    def __init__(self, h, token, tls=None):
-        self.h = h
-        self.np = 0
-        self.dir = tempfile.mkdtemp(prefix="ddl-mock-", dir=h.work)
-        self.addr_file = os.path.join(self.dir, "addr")
-        self.log_path = os.path.join(self.dir, "mock.log")
-        self.log = open(self.log_path, "w")
-        self.t0 = time.time()
-        self.proc = subprocess.Popen(
-            ["/usr/bin/python3", os.path.join(h.source, "tests", "client", "mock_daemon.py"),
-             "--proto", os.path.join(h.source, "proto"), "--gen", os.path.join(self.dir, "gen"),
-             "--address-file", self.addr_file, "--token", token] +
-            (["--tls-cert", tls[0], "--tls-key", tls[1]] if tls else []) +
-            (["--client-ca", tls[2]] if tls and tls[2] else []),
-            stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True)
-        h.daemons.append(self)
-        self.wait_address()
-
-
 def sc_example(h):
     """What a new user does: the example program trains, evaluates, predicts and pulls."""
     d = h.start(2, ["--model", h.spec("lenet5-2.json")], "example")
@@ -351,8 +298,6 @@ def sc_example(h):
 
 SCENARIOS = {
     "example": sc_example,
-    "mock": sc_mock,
-    "mock_tls": sc_mock_tls,
     "lifecycle": sc_lifecycle,
     "bad": sc_bad,
     "bad_np4": lambda h: sc_bad(h, np=4),
@@ -376,7 +321,7 @@ def main():
     p.add_argument("scenario", choices=sorted(SCENARIOS))
     a = p.parse_args()
     h = Harness(a)
-    if not a.scenario.startswith("mock") and not os.path.exists(h.distdld):
+    if not os.path.exists(h.distdld):
         print("SKIP: %s is not built" % h.distdld)
         return 7
     try:

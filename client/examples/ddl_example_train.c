@@ -3,10 +3,13 @@
 //   mpirun -np 2 build/bin/distdld --model deploy/specs/lenet5-2.json --address-file /tmp/addr
 //   build/bin/ddl_example_train --address-file /tmp/addr [--epochs 1 | --steps N]
 //        [--data /usr/share/datasets/fashion-mnist] [--predict 8] [--pull weights.safetensors]
+//        [--shutdown]
 //
 // It trains over the daemon's dataset with a progress line per record, reports the test
 // accuracy, predicts the first few test images (read here from the IDX files, sent as UINT8
-// pixels) and pulls the global weights into a safetensors file.
+// pixels), pulls the global weights into a safetensors file and, with --shutdown, stops
+// the daemon (a final checkpoint first when it has a checkpoint directory).
+#include <errno.h>
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -88,6 +91,21 @@ static int on_progress(const ddl_client_progress *p, void *ud)
     return 0;
 }
 
+// A whole number >= min for a flag, or a message and -1.
+static int parse_count(const char *flag, const char *text, long long min, long long *out)
+{
+    char *end = NULL;
+    errno     = 0;
+    long long v = strtoll(text, &end, 10);
+    if (end == text || *end != '\0' || errno == ERANGE || v < min) {
+        fprintf(stderr, "ddl_example_train: %s needs a whole number >= %lld, got \"%s\"\n", flag,
+                min, text);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     const char                *address = NULL, *address_file = NULL, *pull = "weights.safetensors";
@@ -98,8 +116,9 @@ int main(int argc, char **argv)
         {"epochs", required_argument, 0, 'e'},         {"steps", required_argument, 0, 's'},
         {"data", required_argument, 0, 'd'},           {"dataset", required_argument, 0, 'D'},
         {"predict", required_argument, 0, 'p'},        {"pull", required_argument, 0, 'w'},
-        {"progress-every", required_argument, 0, 'k'}, {0, 0, 0, 0}};
-    int ch;
+        {"progress-every", required_argument, 0, 'k'}, {"shutdown", no_argument, 0, 'q'},
+        {0, 0, 0, 0}};
+    int ch, shutdown = 0;
     while ((ch = getopt_long(argc, argv, "", longs, NULL)) != -1) {
         switch (ch) {
         case 'a':
@@ -109,10 +128,12 @@ int main(int argc, char **argv)
             address_file = optarg;
             break;
         case 'e':
-            epochs = atoll(optarg);
+            if (parse_count("--epochs", optarg, 1, &epochs) != 0)
+                return 2;
             break;
         case 's':
-            steps  = atoll(optarg);
+            if (parse_count("--steps", optarg, 1, &steps) != 0)
+                return 2;
             epochs = 0;
             break;
         case 'd':
@@ -122,19 +143,25 @@ int main(int argc, char **argv)
             dataset = optarg;
             break;
         case 'p':
-            npredict = atoll(optarg);
+            if (parse_count("--predict", optarg, 0, &npredict) != 0)
+                return 2;
             break;
         case 'w':
             pull = optarg;
             break;
         case 'k':
-            every = atoll(optarg);
+            if (parse_count("--progress-every", optarg, 1, &every) != 0)
+                return 2;
+            break;
+        case 'q':
+            shutdown = 1;
             break;
         default:
             fprintf(stderr,
                     "usage: ddl_example_train --address HOST:PORT | --address-file F\n"
                     "         [--epochs N | --steps N] [--dataset REL] [--data IDXDIR]\n"
-                    "         [--predict N] [--pull FILE.safetensors] [--progress-every K]\n");
+                    "         [--predict N] [--pull FILE.safetensors] [--progress-every K]\n"
+                    "         [--shutdown (stop the daemon at the end, with a final checkpoint)]\n");
             return 2;
         }
     }
@@ -238,6 +265,12 @@ int main(int argc, char **argv)
             return die("write safetensors");
         printf("pulled %lld tensors (%zu bytes) into %s\n", (long long)w->count, bytes, pull);
         ddl_client_weights_destroy(&w);
+    }
+    if (shutdown) {
+        int64_t durable = -1;
+        if (ddl_client_shutdown(c, 1, &durable) != DDL_OK)
+            return die("Shutdown");
+        printf("daemon shut down (durable checkpoint: step %lld)\n", (long long)durable);
     }
     ddl_client_destroy(&c);
     return 0;

@@ -65,8 +65,8 @@ ddl_status verify_random(ddl_dtype dt, const ddl_shape *s, uint64_t seed, uint64
 // Test-only fault injection (DDL_VERIFY_FAIL_ALLOC="<rank>:<n>", read by main): on
 // that world rank, the first object under test to be built arms
 // ddl_alloc_fail_after(n + 1, 0): the (n+1)-th allocation after it fails, so the checks
-// that follow meet an allocation failure on one rank only. The creation of plans and layers is not covered (it is not agreed on
-// under a one-rank ENOMEM yet); the checks themselves are.
+// that follow meet an allocation failure on one rank only. (The creation of plans and
+// layers is swept by tests/engine/test_session.c instead.)
 extern long long verify_fail_alloc_after;  // -1: off
 void             verify_arm_fail_alloc(void);
 

@@ -1,6 +1,7 @@
 // server/status_map.c: the one mapping from engine status codes to gRPC status codes.
 // The client maps back with the inverse of this table (client/), so change both together.
 #include "ddld.h"
+#include "rpc_codes.h"
 
 static const struct {
     ddl_status       st;
@@ -34,25 +35,5 @@ grpc_status_code ddld_status_to_grpc(ddl_status st)
 
 const char *ddld_grpc_code_name(grpc_status_code code)
 {
-    static const char *names[] = {"OK",
-                                  "CANCELLED",
-                                  "UNKNOWN",
-                                  "INVALID_ARGUMENT",
-                                  "DEADLINE_EXCEEDED",
-                                  "NOT_FOUND",
-                                  "ALREADY_EXISTS",
-                                  "PERMISSION_DENIED",
-                                  "RESOURCE_EXHAUSTED",
-                                  "FAILED_PRECONDITION",
-                                  "ABORTED",
-                                  "OUT_OF_RANGE",
-                                  "UNIMPLEMENTED",
-                                  "INTERNAL",
-                                  "UNAVAILABLE",
-                                  "DATA_LOSS",
-                                  "UNAUTHENTICATED"};
-    if ((int)code >= 0 && (size_t)code < sizeof names / sizeof names[0]) {
-        return names[code];
-    }
-    return "?";
+    return ddl_rpc_code_name((int)code);
 }

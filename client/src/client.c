@@ -13,6 +13,7 @@
 #include <grpc/support/time.h>
 
 #include "client_impl.h"
+#include "rpc_codes.h"
 
 static _Thread_local int last_code;
 
@@ -50,25 +51,6 @@ const char *ddl_client_version_string(void)
 
 // ---- status --------------------------------------------------------------------------
 
-static const char *const code_names[] = {
-    "OK",
-    "CANCELLED",
-    "UNKNOWN",
-    "INVALID_ARGUMENT",
-    "DEADLINE_EXCEEDED",
-    "NOT_FOUND",
-    "ALREADY_EXISTS",
-    "PERMISSION_DENIED",
-    "RESOURCE_EXHAUSTED",
-    "FAILED_PRECONDITION",
-    "ABORTED",
-    "OUT_OF_RANGE",
-    "UNIMPLEMENTED",
-    "INTERNAL",
-    "UNAVAILABLE",
-    "DATA_LOSS",
-    "UNAUTHENTICATED",
-};
 
 int ddl_client_last_code(void)
 {
@@ -77,9 +59,7 @@ int ddl_client_last_code(void)
 
 const char *ddl_client_code_name(int code)
 {
-    if (code < 0 || code >= (int)(sizeof code_names / sizeof code_names[0]))
-        return "UNKNOWN_CODE";
-    return code_names[code];
+    return ddl_rpc_code_name(code);
 }
 
 static ddl_status status_from_code(int code)

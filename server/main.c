@@ -24,6 +24,7 @@
 #include <uv.h>
 
 #include "ddl/base.h"
+#include "ddl/blas.h"
 #include "ddl/model.h"
 #include "ddld.h"
 
@@ -370,6 +371,7 @@ static int run_rank0(const ddld_config *cfg, ddld_dispatch *d)
 
 int main(int argc, char **argv)
 {
+    ddl_blas_startup(argc, argv); // may re-execute: before MPI, gRPC and threads
     // Before MPI_Init we know our rank only from the launcher's environment; use it so
     // a bad command line is reported once, not P times.
     static const char *const rank_vars[] = {"OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK",
@@ -405,7 +407,8 @@ int main(int argc, char **argv)
     // daemon computes exactly what the batch program computes.
     int threads = ddl_runtime_divide_cores(MPI_COMM_WORLD);
     if (rank == 0) {
-        ddld_log("%d ranks, %d BLAS thread%s each", size, threads, threads == 1 ? "" : "s");
+        ddld_log("%d ranks, BLAS %s, %d thread%s per rank", size, ddl_blas_summary(), threads,
+                 threads == 1 ? "" : "s");
     }
     ddld_dispatch *d = ddld_dispatch_create(&cfg, MPI_COMM_WORLD);
     int            code;

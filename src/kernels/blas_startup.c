@@ -204,6 +204,9 @@ static void after_reexec(char **argv, const char *marker)
     } else if (!self_check(why, sizeof why)) {
         // why says what failed
     } else {
+        // Left for our children (mpirun, a daemon, a helper): their OPENBLAS_CORETYPE
+        // then reads as inherited, not as the user's.
+        setenv("DDL_BLAS_CHOSEN", m, 1);
         set_summary("auto: was %s", was, NULL);
         return;
     }
@@ -238,7 +241,12 @@ void ddl_blas_startup(int argc, char **argv)
         return;
     }
     if (user != NULL && !(force != NULL && strcmp(force, "1") == 0)) {
-        set_summary("OPENBLAS_CORETYPE=%s set by the user", user, NULL);
+        const char *chosen = getenv("DDL_BLAS_CHOSEN");
+        if (chosen != NULL && strcmp(chosen, user) == 0) {
+            set_summary("auto, inherited from the parent process", NULL, NULL);
+        } else {
+            set_summary("OPENBLAS_CORETYPE=%s set by the user", user, NULL);
+        }
         return;
     }
     ddl_blas_cpu cpu;

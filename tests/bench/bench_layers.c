@@ -51,6 +51,7 @@
 #include <string.h>
 
 #include "ddl/base.h"
+#include "ddl/blas.h"
 #include "ddl/kernels.h"
 #include "ddl/layers.h"
 #include "ddl/model.h"
@@ -436,6 +437,7 @@ static int parse_list(const char *s, int64_t *v, int n)
 
 int main(int argc, char **argv)
 {
+    ddl_blas_startup(argc, argv); // may re-execute: before anything else
     ddl_malloc_tune_for_streaming();
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
@@ -474,6 +476,9 @@ int main(int argc, char **argv)
     int divided = ddl_runtime_divide_cores(MPI_COMM_WORLD);
     if (threads > 0) {
         ddl_blas_set_threads(threads);
+    }
+    if (rank == 0) {
+        ddl_blas_log("bench-layers", 0);
     }
     // Threads per rank and CPUs each rank may run on (its affinity mask).
     cpu_set_t set;

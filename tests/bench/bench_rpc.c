@@ -33,6 +33,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "ddl/blas.h"
 #include "ddl/session.h"
 #include "ddl_client.h"
 
@@ -119,6 +120,9 @@ static int run_inproc(const char *spec_path, int steps)
     MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     int            threads = ddl_runtime_divide_cores(MPI_COMM_WORLD);
+    if (rank == 0) {
+        ddl_blas_log("bench-rpc (in-process)", threads);
+    }
     char          *spec    = rank == 0 ? read_file(spec_path) : NULL;
     ddl_session_t *s;
     ddl_status     st = ddl_session_create(MPI_COMM_WORLD, spec, spec_path, NULL, &s);
@@ -324,6 +328,7 @@ static void stop_daemon(child_daemon *d)
 
 int main(int argc, char **argv)
 {
+    ddl_blas_startup(argc, argv); // may re-execute: before MPI, gRPC and children
     if (argc >= 4 && strcmp(argv[1], "--inproc") == 0)
         return run_inproc(argv[2], atoi(argv[3]));
 

@@ -12,11 +12,13 @@
 #include <string.h>
 
 #include "ddl/base.h"
+#include "ddl/blas.h"
 #include "ddl/data.h"
 #include "ddl/model.h"
 
 int main(int argc, char **argv)
 {
+    ddl_blas_startup(argc, argv); // may re-execute: before anything else
     ddl_malloc_tune_for_streaming();
     MPI_Init(&argc, &argv);
     int rank, size;
@@ -51,6 +53,9 @@ int main(int argc, char **argv)
     ddl_status  st   = ddl_spec_parse(text, model, size, &spec);
     ddl_model_t *m   = NULL;
     int threads      = ddl_runtime_divide_cores(MPI_COMM_WORLD);
+    if (rank == 0) {
+        ddl_blas_log("bench-train-worker", threads);
+    }
     if (st == DDL_OK) {
         st = ddl_model_create(MPI_COMM_WORLD, spec, &m);
     }

@@ -22,6 +22,8 @@
 //   DDL_BLAS_REEXEC    internal marker between a process and its re-executed image
 //                      ("<candidate>:<was>:<original OPENBLAS_CORETYPE or ->", or
 //                      "fallback:<reason>"); it is removed before main() continues.
+//   DDL_BLAS_CHOSEN    set after a verified switch to the core chosen, so that child
+//                      processes log their inherited OPENBLAS_CORETYPE as such.
 //   DDL_BLAS_TEST_FORCE=1  test only: lets the choice override a preset OPENBLAS_CORETYPE
 //                      (tests force Prescott to exercise the logic on any CPU).
 #ifndef DDL_BLAS_H

@@ -27,6 +27,7 @@
 #include <unistd.h>
 
 #include "ddl/base.h"
+#include "ddl/blas.h"
 #include "ddl/data.h"
 #include "ddl/model.h"
 #include "ddl/session.h"
@@ -288,6 +289,9 @@ static int run(const options *o, int size)
         return 2;
     }
     int                 threads = ddl_runtime_divide_cores(MPI_COMM_WORLD);
+    if (rank == 0) {
+        ddl_blas_log("distdl-train", threads);
+    }
     ddl_session_options opts    = {o->ckpt_dir, o->ckpt_every};
     ddl_session_t      *s       = NULL;
     st = ddl_session_create(MPI_COMM_WORLD, rank == 0 ? ddl_spec_text(spec) : NULL, o->model, &opts,
@@ -411,6 +415,7 @@ done:
 
 int main(int argc, char **argv)
 {
+    ddl_blas_startup(argc, argv); // may re-execute: before anything else
     ddl_malloc_tune_for_streaming();
     MPI_Init(&argc, &argv);
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "ddl/base.h"
+#include "ddl/blas.h"
 #include "verify.h"
 
 static const char *USAGE =
@@ -118,6 +119,7 @@ static int agree(int rc)
 
 int main(int argc, char **argv)
 {
+    ddl_blas_startup(argc, argv); // may re-execute: before anything else
     ddl_malloc_tune_for_streaming();
     MPI_Init(&argc, &argv);
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
@@ -140,6 +142,9 @@ int main(int argc, char **argv)
         }
         MPI_Finalize();
         return argc == 2 ? 0 : VERIFY_INVALID;
+    }
+    if (c.world_rank == 0) {
+        ddl_blas_log("distdl-verify", 0); // stderr: stdout is the verdict
     }
     text = read_case(argv[1], c.err, sizeof c.err);
     if (text != NULL) {

@@ -1474,13 +1474,19 @@ ddld_service *ddld_service_start(const ddld_config *cfg, void (*wake)(void *), v
 
     grpc_init();
     int64_t  max     = cfg->max_message_bytes > INT_MAX ? INT_MAX : cfg->max_message_bytes;
-    grpc_arg args[2] = {
+    // A stream's flow-control window starts at 64 KiB: an inline batch (800 KB for
+    // LeNet-5 at batch 256) would wait for several window updates over loopback. Let each
+    // stream run ahead by 8 MiB (the client does the same for pulled weights).
+    grpc_arg args[3] = {
         {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_ALLOW_REUSEPORT, .value.integer = 0},
         {.type          = GRPC_ARG_INTEGER,
          .key           = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
          .value.integer = (int)max},
+        {.type          = GRPC_ARG_INTEGER,
+         .key           = GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
+         .value.integer = 8 << 20},
     };
-    grpc_channel_args ca = {.num_args = 2, .args = args};
+    grpc_channel_args ca = {.num_args = 3, .args = args};
     svc->server          = grpc_server_create(&ca, NULL);
     svc->cq              = grpc_completion_queue_create_for_next(NULL);
     grpc_server_register_completion_queue(svc->server, svc->cq, NULL);

@@ -264,11 +264,16 @@ ddl_status ddl_client_connect(const char *address, const ddl_client_options *opt
     c->call_timeout_s = o.call_timeout_s;
 
     int64_t  max_recv = o.max_receive_bytes ? o.max_receive_bytes : (int64_t)64 << 20;
-    grpc_arg args[3];
+    grpc_arg args[4];
     size_t   na              = 0;
     args[na].type            = GRPC_ARG_INTEGER;
     args[na].key             = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
     args[na++].value.integer = max_recv < 0 || max_recv > INT32_MAX ? -1 : (int)max_recv;
+    // Streams start with a 64 KiB flow-control window; large logits and weight chunks
+    // should not wait for window updates (the daemon does the same for requests).
+    args[na].type            = GRPC_ARG_INTEGER;
+    args[na].key             = GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES;
+    args[na++].value.integer = 8 << 20;
     if (o.tls_server_name) {
         args[na].type           = GRPC_ARG_STRING;
         args[na].key            = GRPC_SSL_TARGET_NAME_OVERRIDE_ARG;

@@ -9,159 +9,21 @@ waits for the address file, runs client programs with DDL_ADDRESS set, stops the
 
 Exit status: 0 pass, 1 fail, 7 skip (the daemon binary is not built).
 """
-import argparse
 import os
-import shlex
-import signal
 import subprocess
 import sys
-import tempfile
 import time
 
-FMNIST = "/usr/share/datasets/fashion-mnist"
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from ddl_daemon import DaemonHarness, Failure, FMNIST, run_scenarios  # noqa: E402
 
 
-class Failure(Exception):
-    pass
-
-
-class Daemon:
-    def __init__(self, h, np, args, name, listen="127.0.0.1:0"):
-        self.h = h
-        self.np = np
-        self.dir = tempfile.mkdtemp(prefix="ddl-daemon-%s-" % name, dir=h.work)
-        self.addr_file = os.path.join(self.dir, "addr")
-        self.log_path = os.path.join(self.dir, "daemon.log")
-        cmd = [h.mpiexec, "-np", str(np)] + h.mpi_flags + [
-            h.distdld, "--listen", listen, "--address-file", self.addr_file,
-            "--data-root", FMNIST] + args
-        self.cmd = cmd
-        self.log = open(self.log_path, "w")
-        print("$ " + " ".join(shlex.quote(c) for c in cmd), flush=True)
-        self.t0 = time.time()
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
-        self.address = None
-
-    def wait_address(self, timeout=90):
-        end = time.time() + timeout
-        while time.time() < end:
-            if self.proc.poll() is not None:
-                self.dump()
-                raise Failure("daemon exited with %d before writing its address" % self.proc.returncode)
-            try:
-                with open(self.addr_file) as f:
-                    a = f.read().strip()
-                if a:
-                    self.address = a
-                    print("daemon (np %d) listening on %s after %.1f s" %
-                          (self.np, a, time.time() - self.t0), flush=True)
-                    return a
-            except FileNotFoundError:
-                pass
-            time.sleep(0.1)
-        self.kill()
-        self.dump()
-        raise Failure("no address in %s after %d s" % (self.addr_file, timeout))
-
-    def rank_pids(self):
-        """pid -> rank of the daemon's processes (children of mpirun)."""
-        out = {}
-        for pid in os.listdir("/proc"):
-            if not pid.isdigit():
-                continue
-            try:
-                with open("/proc/%s/stat" % pid) as f:
-                    st = f.read()
-                ppid = int(st.rsplit(")", 1)[1].split()[1])
-                if ppid != self.proc.pid:
-                    continue
-                with open("/proc/%s/environ" % pid, "rb") as f:
-                    env = f.read().split(b"\0")
-                for e in env:
-                    if e.startswith(b"OMPI_COMM_WORLD_RANK="):
-                        out[int(pid)] = int(e.split(b"=", 1)[1])
-            except (OSError, ValueError, IndexError):
-                continue
-        return out
-
-    def wait_exit(self, timeout=60):
-        try:
-            rc = self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
-            self.dump()
-            raise Failure("daemon still running %d s after it was told to stop" % timeout)
-        self.log.close()
-        if rc != 0:
-            self.dump()
-            raise Failure("mpirun exited with %d (a rank failed or was killed)" % rc)
-        print("daemon exited 0", flush=True)
-
-    def kill(self):
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait()
-
-    def dump(self):
-        try:
-            self.log.flush()
-            with open(self.log_path) as f:
-                text = f.read()
-            print("---- daemon log (%s) ----\n%s---- end of daemon log ----" %
-                  (self.log_path, text[-6000:]), flush=True)
-        except OSError:
-            pass
-
-
-class Harness:
+class Harness(DaemonHarness):
     def __init__(self, a):
-        self.build = a.build
-        self.source = a.source
-        self.mpiexec = a.mpiexec
-        self.mpi_flags = shlex.split(a.mpi_flags)
-        self.distdld = os.path.join(a.build, "bin", "distdld")
+        super().__init__(a, prefix="ddl-client-it-")
         # DDL_CLIENT_TEST runs another build's client_test (e.g. a sanitizer build).
         self.client_test = os.environ.get("DDL_CLIENT_TEST",
                                           os.path.join(a.build, "tests", "client_test"))
-        self.specs = os.path.join(a.source, "deploy", "specs")
-        self.work = tempfile.mkdtemp(prefix="ddl-client-it-")
-        self.daemons = []
-
-    def spec(self, name):
-        return os.path.join(self.specs, name)
-
-    def start(self, np, args, name, **kw):
-        d = Daemon(self, np, args, name, **kw)
-        self.daemons.append(d)
-        d.wait_address()
-        return d
-
-    def run(self, d, argv, timeout=600, env_extra=None, capture=False):
-        env = dict(os.environ)
-        env["DDL_ADDRESS"] = d.address
-        env["DDL_SPEC_DIR"] = self.specs
-        env["DDL_DATA_DIR"] = FMNIST
-        env.setdefault("GRPC_VERBOSITY", "ERROR")
-        if env_extra:
-            env.update(env_extra)
-        print("$ " + " ".join(shlex.quote(c) for c in argv), flush=True)
-        t0 = time.time()
-        try:
-            r = subprocess.run(argv, env=env, timeout=timeout,
-                               stdout=subprocess.PIPE if capture else None,
-                               text=True if capture else None)
-        except subprocess.TimeoutExpired:
-            raise Failure("%s timed out after %d s" % (argv[0], timeout))
-        if capture:
-            print(r.stdout, end="", flush=True)
-        print("(%.1f s, exit %d)" % (time.time() - t0, r.returncode), flush=True)
-        if r.returncode != 0:
-            d.dump()
-            raise Failure("%s exited with %d" % (" ".join(argv[:2]), r.returncode))
-        return r.stdout if capture else None
 
     def client(self, d, *args, **kw):
         return self.run(d, [self.client_test] + [str(a) for a in args], **kw)
@@ -169,11 +31,6 @@ class Harness:
     def shutdown(self, d):
         self.client(d, "shutdown")
         d.wait_exit()
-
-    def cleanup(self):
-        for d in self.daemons:
-            if d.proc.poll() is None:
-                d.kill()
 
 
 # ---- scenarios --------------------------------------------------------------------------
@@ -312,28 +169,5 @@ SCENARIOS = {
 }
 
 
-def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--build", required=True)
-    p.add_argument("--source", required=True)
-    p.add_argument("--mpiexec", default="mpirun")
-    p.add_argument("--mpi-flags", default="")
-    p.add_argument("scenario", choices=sorted(SCENARIOS))
-    a = p.parse_args()
-    h = Harness(a)
-    if not os.path.exists(h.distdld):
-        print("SKIP: %s is not built" % h.distdld)
-        return 7
-    try:
-        SCENARIOS[a.scenario](h)
-    except Failure as e:
-        print("FAIL: %s: %s" % (a.scenario, e), flush=True)
-        return 1
-    finally:
-        h.cleanup()
-    print("PASS: %s" % a.scenario)
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_scenarios(Harness, SCENARIOS))

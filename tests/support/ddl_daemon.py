@@ -1,0 +1,210 @@
+"""Shared test support: start a real distdld under mpirun and run programs against it.
+
+  from ddl_daemon import DaemonHarness, Daemon, Failure, Skip, FMNIST, run_scenarios
+
+A Daemon runs `mpirun -np P distdld --listen 127.0.0.1:0 --address-file F --data-root
+FMNIST ARGS`, waits for the address file, and on wait_exit() requires mpirun -- hence every
+rank -- to exit 0. Tests put tests/support on sys.path to import this module.
+"""
+import argparse
+import os
+import shlex
+import signal
+import subprocess
+import tempfile
+import time
+
+
+class Failure(Exception):
+    pass
+
+
+class Skip(Exception):
+    pass
+
+
+FMNIST = "/usr/share/datasets/fashion-mnist"
+
+
+class Daemon:
+    def __init__(self, h, np, args, name, listen="127.0.0.1:0"):
+        self.h = h
+        self.np = np
+        self.dir = tempfile.mkdtemp(prefix="ddl-daemon-%s-" % name, dir=h.work)
+        self.addr_file = os.path.join(self.dir, "addr")
+        self.log_path = os.path.join(self.dir, "daemon.log")
+        cmd = [h.mpiexec, "-np", str(np)] + h.mpi_flags + [
+            h.distdld, "--listen", listen, "--address-file", self.addr_file,
+            "--data-root", FMNIST] + args
+        self.cmd = cmd
+        self.log = open(self.log_path, "w")
+        print("$ " + " ".join(shlex.quote(c) for c in cmd), flush=True)
+        self.t0 = time.time()
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
+                                     start_new_session=True)
+        self.address = None
+
+    def wait_address(self, timeout=90):
+        end = time.time() + timeout
+        while time.time() < end:
+            if self.proc.poll() is not None:
+                self.dump()
+                raise Failure("daemon exited with %d before writing its address" % self.proc.returncode)
+            try:
+                with open(self.addr_file) as f:
+                    a = f.read().strip()
+                if a:
+                    self.address = a
+                    print("daemon (np %d) listening on %s after %.1f s" %
+                          (self.np, a, time.time() - self.t0), flush=True)
+                    return a
+            except FileNotFoundError:
+                pass
+            time.sleep(0.1)
+        self.kill()
+        self.dump()
+        raise Failure("no address in %s after %d s" % (self.addr_file, timeout))
+
+    def rank_pids(self):
+        """pid -> rank of the daemon's processes (children of mpirun)."""
+        out = {}
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                with open("/proc/%s/stat" % pid) as f:
+                    st = f.read()
+                ppid = int(st.rsplit(")", 1)[1].split()[1])
+                if ppid != self.proc.pid:
+                    continue
+                with open("/proc/%s/environ" % pid, "rb") as f:
+                    env = f.read().split(b"\0")
+                for e in env:
+                    if e.startswith(b"OMPI_COMM_WORLD_RANK="):
+                        out[int(pid)] = int(e.split(b"=", 1)[1])
+            except (OSError, ValueError, IndexError):
+                continue
+        return out
+
+    def wait_exit(self, timeout=60):
+        try:
+            rc = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            self.dump()
+            raise Failure("daemon still running %d s after it was told to stop" % timeout)
+        self.log.close()
+        if rc != 0:
+            self.dump()
+            raise Failure("mpirun exited with %d (a rank failed or was killed)" % rc)
+        print("daemon exited 0", flush=True)
+
+    def kill(self):
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait()
+
+    def dump(self):
+        try:
+            self.log.flush()
+            with open(self.log_path) as f:
+                text = f.read()
+            print("---- daemon log (%s) ----\n%s---- end of daemon log ----" %
+                  (self.log_path, text[-6000:]), flush=True)
+        except OSError:
+            pass
+
+
+class DaemonHarness:
+    """Starts daemons and runs programs against them; subclasses add their own helpers.
+
+    Built from the common command line (see add_common_args): --build, --source, --mpiexec,
+    --mpi-flags. Every daemon started is killed by cleanup() if it is still running."""
+
+    def __init__(self, a, prefix="ddl-it-"):
+        self.build = a.build
+        self.source = a.source
+        self.mpiexec = a.mpiexec
+        self.mpi_flags = shlex.split(a.mpi_flags)
+        self.distdld = os.path.join(a.build, "bin", "distdld")
+        self.specs = os.path.join(a.source, "deploy", "specs")
+        self.work = tempfile.mkdtemp(prefix=prefix)
+        self.daemons = []
+
+    def spec(self, name):
+        return os.path.join(self.specs, name)
+
+    def start(self, np, args, name, **kw):
+        d = Daemon(self, np, args, name, **kw)
+        self.daemons.append(d)
+        d.wait_address()
+        return d
+
+    def run(self, d, argv, timeout=600, env_extra=None, capture=False, check=True):
+        """Runs argv with DDL_ADDRESS=d.address (d may be None); returns its stdout when
+        capture, else None. check: a nonzero exit raises Failure (after the daemon log)."""
+        env = dict(os.environ)
+        if d is not None:
+            env["DDL_ADDRESS"] = d.address
+        env["DDL_SPEC_DIR"] = self.specs
+        env["DDL_DATA_DIR"] = FMNIST
+        env.setdefault("GRPC_VERBOSITY", "ERROR")
+        if env_extra:
+            env.update(env_extra)
+        print("$ " + " ".join(shlex.quote(c) for c in argv), flush=True)
+        t0 = time.time()
+        try:
+            r = subprocess.run(argv, env=env, timeout=timeout,
+                               stdout=subprocess.PIPE if capture else None,
+                               text=True if capture else None)
+        except subprocess.TimeoutExpired:
+            raise Failure("%s timed out after %d s" % (argv[0], timeout))
+        if capture:
+            print(r.stdout, end="", flush=True)
+        print("(%.1f s, exit %d)" % (time.time() - t0, r.returncode), flush=True)
+        self.last_returncode = r.returncode
+        if check and r.returncode != 0:
+            if d is not None:
+                d.dump()
+            raise Failure("%s exited with %d" % (" ".join(argv[:2]), r.returncode))
+        return r.stdout if capture else None
+
+    def cleanup(self):
+        for d in self.daemons:
+            if d.proc.poll() is None:
+                d.kill()
+
+
+def add_common_args(p):
+    p.add_argument("--build", required=True)
+    p.add_argument("--source", required=True)
+    p.add_argument("--mpiexec", default="mpirun")
+    p.add_argument("--mpi-flags", default="")
+
+
+def run_scenarios(harness_cls, scenarios, argv=None):
+    """The main() of a scenario script: parses the common arguments plus the scenario name,
+    skips (7) when distdld is not built, runs it, prints PASS/FAIL and returns the exit code
+    (0 pass, 1 fail, 7 skip; a scenario raises Skip to skip with its reason)."""
+    p = argparse.ArgumentParser()
+    add_common_args(p)
+    p.add_argument("scenario", choices=sorted(scenarios))
+    a = p.parse_args(argv)
+    h = harness_cls(a)
+    if not os.path.exists(h.distdld):
+        print("SKIP: %s is not built" % h.distdld)
+        return 7
+    try:
+        scenarios[a.scenario](h)
+    except Skip as e:
+        print("SKIP: %s: %s" % (a.scenario, e), flush=True)
+        return 7
+    except Failure as e:
+        print("FAIL: %s: %s" % (a.scenario, e), flush=True)
+        return 1
+    finally:
+        h.cleanup()
+    print("PASS: %s" % a.scenario)
+    return 0

@@ -389,6 +389,9 @@ int main(int argc, char **argv)
     }
     ddl_malloc_tune_for_streaming();
     signal(SIGPIPE, SIG_IGN);
+    // A file-size limit (ulimit -f) makes a checkpoint write fail with EFBIG, reported to
+    // the caller, instead of killing the rank with SIGXFSZ.
+    signal(SIGXFSZ, SIG_IGN);
 
     int provided;
     MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);

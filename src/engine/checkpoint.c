@@ -33,6 +33,10 @@
 // one exists: renameat2 RENAME_EXCHANGE), fsyncs <dir>, and only then rewrites `latest`
 // the same way. A crash at any point leaves `latest` naming a complete checkpoint; a
 // left-over step-<S>.partial is removed by the next save of step S.
+// Crash points for tests (ddl_fault_point, DDL_FAULT): checkpoint.staged (every rank,
+// staging directory made), .shard (every rank, own shard durable), .manifest (rank 0,
+// manifest durable in staging), .publish (rank 0, step directory renamed, `latest` not
+// yet moved), .done (every rank, `latest` moved).
 //
 // Loading. Rank 0 resolves `latest`, reads manifest.json, checks it against
 // manifest.sha256 and broadcasts its text; every rank validates it (every field's type
@@ -171,9 +175,7 @@ static ddl_status write_shard(const char *path, int rank, int size, int64_t step
         ok = ok && (bytes == 0 || fwrite(x->local->data, 1, bytes, f) == bytes);
     }
     if (!ok) {
-        int err = errno;
-        ddl__durable_abort(f, path);
-        return ddl_set_error(DDL_EIO, "checkpoint: cannot write %s: %s", path, strerror(err));
+        return ddl__durable_fail(f, path, "checkpoint", errno);
     }
     return ddl__durable_commit(f, path);
 }
@@ -278,9 +280,7 @@ static ddl_status manifest_sum_write(const char *mpath, const char *bytes, size_
     FILE *f;
     DDL_CHECK(ddl__durable_open(path, &f));
     if (fprintf(f, "%s  manifest.json\n", hex) < 0) {
-        int err = errno;
-        ddl__durable_abort(f, path);
-        return ddl_set_error(DDL_EIO, "checkpoint: cannot write %s: %s", path, strerror(err));
+        return ddl__durable_fail(f, path, "checkpoint", errno);
     }
     return ddl__durable_commit(f, path);
 }
@@ -308,9 +308,7 @@ static ddl_status manifest_write(json_t *m, int size, const char *hexes, const i
     ddl_status st = ddl__durable_open(path, &f);
     if (st == DDL_OK) {
         if (fwrite(text, 1, len + 1, f) != len + 1) {
-            int err = errno;
-            ddl__durable_abort(f, path);
-            st = ddl_set_error(DDL_EIO, "checkpoint: cannot write %s: %s", path, strerror(err));
+            st = ddl__durable_fail(f, path, "checkpoint", errno);
         } else {
             st = ddl__durable_commit(f, path);
         }
@@ -362,9 +360,7 @@ static ddl_status write_latest(const char *root, const char *step_name)
     FILE *f;
     DDL_CHECK(ddl__durable_open(path, &f));
     if (fprintf(f, "%s\n", step_name) < 0) {
-        int err = errno;
-        ddl__durable_abort(f, path);
-        return ddl_set_error(DDL_EIO, "checkpoint: cannot write %s: %s", path, strerror(err));
+        return ddl__durable_fail(f, path, "checkpoint", errno);
     }
     return ddl__durable_commit(f, path);
 }
@@ -374,8 +370,8 @@ static ddl_status prepare_dirs(const char *root, const char *staging)
 {
     DDL_CHECK(ddl__mkdir_p(root));
     DDL_CHECK(remove_flat_dir(staging));
-    DDL_REQUIRE(mkdir(staging, 0777) == 0, DDL_EIO, "checkpoint: cannot create %s: %s", staging,
-                strerror(errno));
+    DDL_REQUIRE(mkdir(staging, 0777) == 0, ddl__write_errno_status(errno),
+                "checkpoint: cannot create %s: %s", staging, strerror(errno));
     return ddl__fsync_dir(root);
 }
 
@@ -438,6 +434,7 @@ ddl_status ddl_checkpoint_save(MPI_Comm comm, const char *dir, const ddl_checkpo
     if (st != DDL_OK) {
         goto done;
     }
+    ddl_fault_point("checkpoint.staged", rank);
 
     // 2. Every rank writes and hashes its shard.
     st = write_shard(shard, rank, size, meta->step, n, tensors);
@@ -452,6 +449,7 @@ ddl_status ddl_checkpoint_save(MPI_Comm comm, const char *dir, const ddl_checkpo
             st = ddl_set_error(DDL_EIO, "checkpoint: cannot stat %s: %s", shard, strerror(errno));
         }
     }
+    ddl_fault_point("checkpoint.shard", rank);
     st = ddl_agree(comm, st);
     if (st != DDL_OK) {
         goto done;
@@ -466,11 +464,16 @@ ddl_status ddl_checkpoint_save(MPI_Comm comm, const char *dir, const ddl_checkpo
     if (rank == 0 && st == DDL_OK) {
         st = manifest_write(manifest, size, hexes, bytes, manifest_path);
         if (st == DDL_OK) {
+            ddl_fault_point("checkpoint.manifest", rank);
             st = publish_step(dir, staging, final);
         }
         if (st == DDL_OK) {
+            ddl_fault_point("checkpoint.publish", rank);
             st = write_latest(dir, step_name);
         }
+    }
+    if (st == DDL_OK) {
+        ddl_fault_point("checkpoint.done", rank);
     }
     st = ddl_agree(comm, st);
 

@@ -96,7 +96,8 @@ ddl_status ddl__durable_open(const char *path, FILE **out)
     char tmp[CKPT_PATH_MAX];
     DDL_CHECK(ddl__path_fmt(tmp, sizeof tmp, "%s.tmp", path));
     *out = fopen(tmp, "wb");
-    DDL_REQUIRE(*out != NULL, DDL_EIO, "cannot create %s: %s", tmp, strerror(errno));
+    DDL_REQUIRE(*out != NULL, ddl__write_errno_status(errno), "cannot create %s: %s", tmp,
+                strerror(errno));
     return DDL_OK;
 }
 
@@ -121,9 +122,22 @@ ddl_status ddl__durable_commit(FILE *f, const char *path)
     }
     if (!ok) {
         unlink(tmp);
-        return ddl_set_error(DDL_EIO, "cannot write %s: %s", path, strerror(err));
+        return ddl_set_error(ddl__write_errno_status(err), "cannot write %s: %s", path,
+                             strerror(err));
     }
     return fsync_parent(path);
+}
+
+ddl_status ddl__write_errno_status(int err)
+{
+    return err == ENOSPC || err == EDQUOT || err == EFBIG ? DDL_ENOMEM : DDL_EIO;
+}
+
+ddl_status ddl__durable_fail(FILE *f, const char *path, const char *who, int err)
+{
+    ddl__durable_abort(f, path);
+    return ddl_set_error(ddl__write_errno_status(err), "%s: cannot write %s: %s", who, path,
+                         strerror(err));
 }
 
 void ddl__durable_abort(FILE *f, const char *path)

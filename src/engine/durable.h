@@ -17,6 +17,13 @@ ddl_status ddl__fsync_dir(const char *dir);
 ddl_status ddl__mkdir_p(const char *dir);
 ddl_status ddl__durable_open(const char *path, FILE **out);
 ddl_status ddl__durable_commit(FILE *f, const char *path);
+// The status of a failed write with errno err: DDL_ENOMEM ("resource exhausted": the
+// caller sees RESOURCE_EXHAUSTED) for a full disk, a quota or a file-size limit (ENOSPC,
+// EDQUOT, EFBIG), else DDL_EIO.
+ddl_status ddl__write_errno_status(int err);
+// Abandons a durable write after a failed write with errno err (closes f, removes the
+// temporary file) and returns the error "<who>: cannot write <path>: <strerror>".
+ddl_status ddl__durable_fail(FILE *f, const char *path, const char *who, int err);
 void       ddl__durable_abort(FILE *f, const char *path);
 ddl_status ddl__check_named(const char *who, int n, const ddl_named_tensor *t);
 ddl_status ddl__check_same_list(MPI_Comm comm, const char *who, int n, const ddl_named_tensor *t,

@@ -208,8 +208,8 @@ ddl_status ddl_export_safetensors(MPI_Comm comm, const char *path, int n,
         if (st == DDL_OK) {
             uint64_t le = (uint64_t)len; // little-endian host (checked in checkpoint.c)
             if (fwrite(&le, 1, 8, f) != 8 || fwrite(hdr, 1, len, f) != len) {
-                st = ddl_set_error(DDL_EIO, "safetensors: cannot write %s: %s", path,
-                                   strerror(errno));
+                st = ddl_set_error(ddl__write_errno_status(errno),
+                                   "safetensors: cannot write %s: %s", path, strerror(errno));
             }
         }
     }
@@ -229,7 +229,8 @@ ddl_status ddl_export_safetensors(MPI_Comm comm, const char *path, int n,
         st = ddl_gather_boxes(comm, 0, tensors[i].local, &tensors[i].box, &tensors[i].global, g);
         size_t bytes = rank == 0 ? ddl_tensor_bytes(g) : 0;
         if (rank == 0 && st == DDL_OK && bytes > 0 && fwrite(g->data, 1, bytes, f) != bytes) {
-            st = ddl_set_error(DDL_EIO, "safetensors: cannot write %s: %s", path, strerror(errno));
+            st = ddl_set_error(ddl__write_errno_status(errno), "safetensors: cannot write %s: %s",
+                               path, strerror(errno));
         }
         ddl_tensor_destroy(&g);
         st = ddl_agree(comm, st);

@@ -444,6 +444,30 @@ static ddl_status resolve_save_dir(ddl_session_t *s, const char *dir, char **out
     return bcast_string(s->comm, s->rank, pick, out);
 }
 
+// The checkpoint every ckpt_every steps inside train and step (collective). A failed save
+// (a full disk, say) does not stop training: it is logged on rank 0, *durable stays
+// false, the newest durable checkpoint stays what it was, and the next one retries.
+// Only a failure to agree on the directory is returned.
+static ddl_status periodic_save(ddl_session_t *s, bool *durable)
+{
+    char      *d  = NULL;
+    ddl_status st = bcast_string(s->comm, s->rank, s->ckpt_dir, &d);
+    if (st == DDL_OK) {
+        ddl_status sv = save_to(s, d);
+        if (sv == DDL_OK) {
+            *durable = true;
+        } else if (s->rank == 0) {
+            ddl_log(DDL_LOG_WARN,
+                    "checkpoint of step %lld failed, training goes on (newest durable step "
+                    "%lld): %s",
+                    (long long)ddl_model_step(s->model), (long long)s->durable_step,
+                    ddl_last_error());
+        }
+    }
+    ddl_free(d);
+    return st;
+}
+
 ddl_status ddl_session_save(ddl_session_t *s, const char *dir, int64_t *step)
 {
     char      *d  = NULL;
@@ -678,16 +702,12 @@ ddl_status ddl_session_train(ddl_session_t *s, const ddl_train_request *req, ddl
         p.mean_loss    = esum / (double)esteps;
         p.images_per_s = (double)(esteps * B) / (now() - te);
         if (s->ckpt_every > 0 && p.step % s->ckpt_every == 0) {
-            char *d = NULL;
-            st      = bcast_string(s->comm, s->rank, s->ckpt_dir, &d);
-            if (st == DDL_OK) {
-                st = save_to(s, d);
-            }
-            ddl_free(d);
+            bool durable = false;
+            st           = periodic_save(s, &durable);
             if (st != DDL_OK) {
                 break;
             }
-            p.durable        = true;
+            p.durable        = durable;
             res.durable_step = s->durable_step;
         }
         int stop = 0;
@@ -738,13 +758,7 @@ ddl_status ddl_session_step(ddl_session_t *s, const void *x, size_t x_bytes, con
     st           = ddl_model_train_step(s->model, x, x_bytes, labels, s->batch, &loss, &c);
     bool durable = false;
     if (st == DDL_OK && s->ckpt_every > 0 && ddl_model_step(s->model) % s->ckpt_every == 0) {
-        char *d = NULL;
-        st      = bcast_string(s->comm, s->rank, s->ckpt_dir, &d);
-        if (st == DDL_OK) {
-            st = save_to(s, d);
-        }
-        ddl_free(d);
-        durable = st == DDL_OK;
+        st = periodic_save(s, &durable);
     }
     st = ddl_agree(s->comm, st);
     if (out != NULL) {

@@ -27,7 +27,7 @@ FMNIST = "/usr/share/datasets/fashion-mnist"
 
 
 class Daemon:
-    def __init__(self, h, np, args, name, listen="127.0.0.1:0"):
+    def __init__(self, h, np, args, name, listen="127.0.0.1:0", env=None):
         self.h = h
         self.np = np
         self.dir = tempfile.mkdtemp(prefix="ddl-daemon-%s-" % name, dir=h.work)
@@ -40,8 +40,13 @@ class Daemon:
         self.log = open(self.log_path, "w")
         print("$ " + " ".join(shlex.quote(c) for c in cmd), flush=True)
         self.t0 = time.time()
+        penv = None
+        if env:
+            penv = dict(os.environ)
+            penv.update(env)
+            print("  with %s" % " ".join("%s=%s" % kv for kv in sorted(env.items())), flush=True)
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+                                     start_new_session=True, env=penv)
         self.address = None
 
     def wait_address(self, timeout=90):

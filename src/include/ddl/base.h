@@ -34,6 +34,12 @@ DDL_EXTERN int64_t  ddl_alloc_bytes_peak_reset(void);
 // switches injection off. Lets tests make one rank fail an allocation at a chosen point
 // and check that every rank fails alike. Never call it in production code.
 DDL_EXTERN void ddl_alloc_fail_after(uint64_t n, size_t min_bytes);
+// TEST ONLY (crash injection): a named point where a crash-recovery test may kill this
+// process. With DDL_FAULT="SITE[@RANK][#NTH]" in the environment, the NTH pass (default
+// 1) of `site` on `rank` (default any) raises SIGKILL; without it, nothing happens. Sites
+// are listed where they are placed (checkpoint.c: checkpoint.staged, .shard, .manifest,
+// .publish, .done).
+DDL_EXTERN void ddl_fault_point(const char *site, int rank);
 
 // Process-wide glibc malloc tuning for programs that move large buffers (the daemon,
 // distdl-train, benchmarks): keeps large blocks (ours and MPI's internal temporaries)

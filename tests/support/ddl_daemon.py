@@ -27,13 +27,17 @@ FMNIST = "/usr/share/datasets/fashion-mnist"
 
 
 class Daemon:
-    def __init__(self, h, np, args, name, listen="127.0.0.1:0"):
+    def __init__(self, h, np, args, name, listen="127.0.0.1:0", prefix=(), mpi_flags=None,
+                 env=None):
+        """prefix: argv put before mpirun (e.g. ip netns exec NS); mpi_flags replace the
+        harness's flags; env replaces the environment mpirun starts with."""
         self.h = h
         self.np = np
         self.dir = tempfile.mkdtemp(prefix="ddl-daemon-%s-" % name, dir=h.work)
         self.addr_file = os.path.join(self.dir, "addr")
         self.log_path = os.path.join(self.dir, "daemon.log")
-        cmd = [h.mpiexec, "-np", str(np)] + h.mpi_flags + [
+        flags = h.mpi_flags if mpi_flags is None else list(mpi_flags)
+        cmd = list(prefix) + [h.mpiexec, "-np", str(np)] + flags + [
             h.distdld, "--listen", listen, "--address-file", self.addr_file,
             "--data-root", FMNIST] + args
         self.cmd = cmd
@@ -41,7 +45,7 @@ class Daemon:
         print("$ " + " ".join(shlex.quote(c) for c in cmd), flush=True)
         self.t0 = time.time()
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+                                     start_new_session=True, env=env)
         self.address = None
 
     def wait_address(self, timeout=90):

@@ -153,7 +153,7 @@ def client(h, d, ns, verb, steps=0, pull=None):
         argv = [os.path.join(h.build, "tests", "client_test"), "shutdown"]
     else:
         raise ValueError(verb)
-    out = h.run(d, pre + argv, timeout=150, capture=True)
+    out = h.run(d, pre + argv, timeout=60, capture=True)
     if verb == "status":
         return out
     if verb == "shutdown":
@@ -348,17 +348,23 @@ def two_hosts(h, np):
             raise Failure("the weights pulled after part %d differ between two hosts and one" % i)
     print("one host: the same %d losses, accuracies and weights (sha256 %s...)" %
           (len(losses), digests[0][:16]), flush=True)
+    h.passed = True
 
 
 class Harness(DaemonHarness):
     def __init__(self, a):
         super().__init__(a, prefix="ddl-netns-")
         self.cleanups = []
+        self.passed = False
 
     def cleanup(self):
+        """Kills the daemons, removes the namespaces (and what runs in them), and the work
+        directory when the scenario passed (its logs stay for a failure)."""
         super().cleanup()
         while self.cleanups:
             self.cleanups.pop()()
+        if self.passed:
+            shutil.rmtree(self.work, ignore_errors=True)
 
 
 def on_signal(signum, frame):

@@ -108,6 +108,14 @@ class Topology:
             sh(["ip", "-n", ns, "link", "set", dev, "up"])
         for ns in self.made:
             sh(["ip", "-n", ns, "link", "set", "lo", "up"])
+        # Some containers allow creating namespaces but not entering them (ip netns exec
+        # mounts a fresh /sys).
+        r = sh(["ip", "netns", "exec", self.h1, "true"], check=False)
+        if r.returncode != 0:
+            msg = r.stderr.strip()
+            if "not permitted" in msg or "Permission denied" in msg:
+                raise Skip("this machine forbids entering network namespaces: %s" % msg)
+            raise Failure("ip netns exec %s true: %s" % (self.h1, msg))
         print("namespaces %s (%s.1, %s.1) <-> %s (%s.2); client %s (%s.2) -> h1" %
               (self.h1, MPI_NET, CLI_NET, self.h2, MPI_NET, self.c, CLI_NET), flush=True)
 
@@ -122,6 +130,9 @@ class Topology:
         self.made = []
         if left:
             raise Failure("namespaces still present after cleanup: %s" % left)
+
+    def interfaces(self, ns):
+        return sorted(l["ifname"] for l in json.loads(sh(["ip", "-n", ns, "-j", "link"]).stdout))
 
     def inode(self, ns):
         return os.stat("/run/netns/" + ns).st_ino
@@ -190,7 +201,8 @@ def find_ranks(h, marker, np, timeout=20):
             break
         time.sleep(0.2)
     if sorted(ranks) != list(range(np)):
-        raise Failure("found ranks %s of the two-host daemon, expected 0..%d" % (sorted(ranks), np - 1))
+        raise Failure("found ranks %s of the two-host daemon, expected 0..%d" %
+                      (sorted(ranks), np - 1))
     return ranks
 
 
@@ -265,7 +277,8 @@ def two_hosts(h, np):
              "--mca", "plm", "rsh", "--mca", "plm_rsh_agent", agent,
              "--mca", "btl", "self,tcp", "--mca", "pml", "ob1",
              "--mca", "btl_tcp_if_include", subnet, "--mca", "oob_tcp_if_include", subnet,
-             "--mca", "mpi_yield_when_idle", "1", "-x", "DDL_NETNS_RUN", "-x", "OPENBLAS_NUM_THREADS"]
+             "--mca", "mpi_yield_when_idle", "1",
+             "-x", "DDL_NETNS_RUN", "-x", "OPENBLAS_NUM_THREADS"]
     model = ["--model", h.spec(spec + ".json")]
     d = h.start(np, model, "two-hosts", listen=CLI_NET + ".1:0",
                 prefix=["ip", "netns", "exec", topo.h1], mpi_flags=flags, env=env)
@@ -277,6 +290,9 @@ def two_hosts(h, np):
         raise Failure("the launch agent never started a daemon in %s" % topo.h2)
     check_placement(topo, find_ranks(h, marker, np), per_host)
 
+    if topo.interfaces(topo.c) != sorted(["lo", CLI_IF]):
+        raise Failure("the client namespace has interfaces %s, expected lo and %s only" %
+                      (topo.interfaces(topo.c), CLI_IF))
     status = client(h, d, topo.c, "status")
     if "world size %d" % np not in status:
         raise Failure("status does not report world size %d" % np)

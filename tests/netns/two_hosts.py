@@ -17,7 +17,9 @@ pulling the weights after each part), checks that
   - the MPI veth carried, per training step, at least the bytes the model's partitions
     must move between the hosts,
   - the loss goes down and the test accuracy is sane,
-then shuts the daemon down through the client (every rank exits 0) and repeats the same
+then shuts the daemon down through the client (every rank exits 0), checks that over the
+job the MPI veth carried every byte Open MPI's pml/monitoring counted between the hosts
+(plus framing, and not much more), and repeats the same
 client calls against a plain one-host daemon (shared memory): the per-step losses, the
 accuracies and the pulled weights must be identical.
 
@@ -222,6 +224,36 @@ def check_placement(topo, ranks, per_host):
               flush=True)
 
 
+def check_job_bytes(topo, prof, np, per_host, job0):
+    """Over the daemon's whole life, the MPI veth must have carried every byte the ranks of
+    one host sent the ranks of the other (pml/monitoring's count), plus TCP/IP and BTL
+    framing and Open MPI's out-of-band messages, and not much more."""
+    job1 = topo.bytes(topo.h1, MPI_IF)
+    sent = [0, 0]  # h1->h2, h2->h1
+    for r in range(np):
+        path = "%s.%d.prof" % (prof, r)
+        try:
+            with open(path) as f:
+                text = f.read()
+        except OSError as e:
+            raise Failure("no pml/monitoring output of rank %d: %s" % (r, e))
+        for src, dst, n in re.findall(r"^E\t(\d+)\t(\d+)\t(\d+) bytes", text, re.M):
+            a, b = int(src) // per_host, int(dst) // per_host
+            if a != b:
+                sent[a] += int(n)
+    veth = (job1[1] - job0[1], job1[0] - job0[0])
+    for k, what in enumerate(("h1->h2", "h2->h1")):
+        print("whole job, %s: ranks sent %d bytes across, the MPI veth carried %d (x%.3f)" %
+              (what, sent[k], veth[k], veth[k] / max(sent[k], 1)), flush=True)
+        if sent[k] == 0 or veth[k] < sent[k]:
+            raise Failure("%s: the MPI veth carried %d bytes, less than the %d the ranks sent "
+                          "across the hosts" % (what, veth[k], sent[k]))
+        # Framing costs 1.5-3 % here; far more would mean other traffic on the MPI link.
+        if veth[k] > 1.15 * sent[k] + (1 << 20):
+            raise Failure("%s: the MPI veth carried %d bytes, far more than the %d the ranks "
+                          "sent across the hosts" % (what, veth[k], sent[k]))
+
+
 # Bytes one training step must move between the hosts, at least, per direction (float32,
 # batch 64, ranks 0..per_host-1 on h1). h1->h2: the input lives on rank 0 alone and the
 # conv partition puts the lower half of the image rows (64*1*14*28) on h2's ranks.
@@ -273,13 +305,19 @@ def two_hosts(h, np):
     env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                DDL_NETNS_RUN=marker, OPENBLAS_NUM_THREADS="1")
     subnet = MPI_NET + ".0/24"
+    # Open MPI's pml/monitoring (over ob1) counts the bytes each rank sends each peer and
+    # writes them at MPI_Finalize: prof.RANK.prof, lines "E <src> <dst> <n> bytes ...".
+    prof = os.path.join(h.work, "prof")
     flags = ["--hostfile", hostfile, "--map-by", "slot", "--bind-to", "none",
              "--mca", "plm", "rsh", "--mca", "plm_rsh_agent", agent,
-             "--mca", "btl", "self,tcp", "--mca", "pml", "ob1",
+             "--mca", "btl", "self,tcp", "--mca", "pml", "ob1,monitoring",
+             "--mca", "pml_monitoring_enable", "1", "--mca", "pml_monitoring_enable_output", "3",
+             "--mca", "pml_monitoring_filename", prof,
              "--mca", "btl_tcp_if_include", subnet, "--mca", "oob_tcp_if_include", subnet,
              "--mca", "mpi_yield_when_idle", "1",
              "-x", "DDL_NETNS_RUN", "-x", "OPENBLAS_NUM_THREADS"]
     model = ["--model", h.spec(spec + ".json")]
+    job0 = topo.bytes(topo.h1, MPI_IF)
     d = h.start(np, model, "two-hosts", listen=CLI_NET + ".1:0",
                 prefix=["ip", "netns", "exec", topo.h1], mpi_flags=flags, env=env)
     if not d.address.startswith(CLI_NET + ".1:"):
@@ -341,6 +379,7 @@ def two_hosts(h, np):
         left = sh(["ip", "netns", "pids", ns]).stdout.split()
         if left:
             raise Failure("processes still running in %s after shutdown: %s" % (ns, left))
+    check_job_bytes(topo, prof, np, per_host, job0)
 
     # The same client calls against a plain one-host daemon (shared memory, loopback).
     ref = h.start(np, model, "one-host", env=dict(os.environ, OPENBLAS_NUM_THREADS="1"))
@@ -375,11 +414,12 @@ class Harness(DaemonHarness):
 
     def cleanup(self):
         """Kills the daemons, removes the namespaces (and what runs in them), and the work
-        directory when the scenario passed (its logs stay for a failure)."""
+        directory when the scenario passed or skipped before any daemon (the logs stay for
+        a failure)."""
         super().cleanup()
         while self.cleanups:
             self.cleanups.pop()()
-        if self.passed:
+        if self.passed or not self.daemons:
             shutil.rmtree(self.work, ignore_errors=True)
 
 

@@ -151,9 +151,13 @@ class Topology:
 def client(h, d, ns, verb, steps=0, pull=None):
     """Runs one client call against daemon d, inside namespace ns (None: this namespace).
 
-    This is the only place the test starts a client. Today it uses the example programs;
-    with the `distdl` CLI, `argv` below becomes [cli, "--address", d.address, ...verb args]
-    and the parsing follows its --json output. Returns {"losses": [(step, text)...],
+    This is the only place the test starts a client. Today it uses the example programs
+    (ddl_example_train trains, evaluates the test set and pulls the weights in one call;
+    client_test shutdown sends the Shutdown RPC). With the `distdl` CLI the argv become
+    [cli, "--address", d.address, "train", "--steps", N] then
+    [cli, "--address", d.address, "--json", "eval"] for "train",
+    [cli, "--address", d.address, "status"] and [cli, "--address", d.address, "shutdown"],
+    and the parsing below reads the CLI's output. Returns {"losses": [(step, text)...],
     "accuracy": float} for "train", the status text for "status", None for "shutdown"."""
     pre = ["ip", "netns", "exec", ns] if ns else []
     b = os.path.join(h.build, "bin")

@@ -27,13 +27,18 @@ FMNIST = "/usr/share/datasets/fashion-mnist"
 
 
 class Daemon:
-    def __init__(self, h, np, args, name, listen="127.0.0.1:0", env=None):
+    def __init__(self, h, np, args, name, listen="127.0.0.1:0", prefix=(), mpi_flags=None,
+                 env=None):
+        """prefix: argv put before mpirun (e.g. ip netns exec NS); mpi_flags replace the
+        harness's flags; env: variables added to (or overriding) this process's
+        environment for mpirun and the ranks."""
         self.h = h
         self.np = np
         self.dir = tempfile.mkdtemp(prefix="ddl-daemon-%s-" % name, dir=h.work)
         self.addr_file = os.path.join(self.dir, "addr")
         self.log_path = os.path.join(self.dir, "daemon.log")
-        cmd = [h.mpiexec, "-np", str(np)] + h.mpi_flags + [
+        flags = h.mpi_flags if mpi_flags is None else list(mpi_flags)
+        cmd = list(prefix) + [h.mpiexec, "-np", str(np)] + flags + [
             h.distdld, "--listen", listen, "--address-file", self.addr_file,
             "--data-root", FMNIST] + args
         self.cmd = cmd
@@ -44,7 +49,8 @@ class Daemon:
         if env:
             penv = dict(os.environ)
             penv.update(env)
-            print("  with %s" % " ".join("%s=%s" % kv for kv in sorted(env.items())), flush=True)
+            new = sorted(kv for kv in env.items() if os.environ.get(kv[0]) != kv[1])
+            print("  with %s" % " ".join("%s=%s" % kv for kv in new), flush=True)
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
                                      start_new_session=True, env=penv)
         self.address = None

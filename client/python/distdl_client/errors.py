@@ -25,7 +25,8 @@ class DistdlError(Exception):
     local: True when the library refused the call before any RPC."""
 
     def __init__(self, code_name, code, message, status=None, local=False):
-        super().__init__("%s: %s" % (code_name, message))
+        # The library's messages already name the call and code ("Step: INVALID_ARGUMENT: ...").
+        super().__init__(message if code_name in message else "%s: %s" % (code_name, message))
         self.code_name = code_name
         self.code = code
         self.message = message

@@ -50,7 +50,7 @@ def plot_predictions(images, predicted, true, cols=8):
     """A grid of images [n, 1, H, W] titled "predicted / true" (red when wrong)."""
     n = len(images)
     rows = (n + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(1.6 * cols, 1.9 * rows), dpi=DPI,
+    fig, axes = plt.subplots(rows, cols, figsize=(1.6 * cols, 2.2 * rows), dpi=DPI,
                              squeeze=False)
     for i, ax in enumerate(axes.flat):
         ax.axis("off")

@@ -21,7 +21,6 @@ import gc
 import json
 import math
 import os
-import shutil
 import struct
 import subprocess
 import sys
@@ -232,9 +231,9 @@ def sc_binding(h):
         expect(ValueError, lambda: c.train(steps=3, epochs=1), "train with steps and epochs")
         expect(ValueError, lambda: c.train(), "train with neither")
         # A generator dropped unfinished is closed by the garbage collector: it cancels too.
-        g = c.train(steps=400, progress_every=1)
-        next(g)
-        del g
+        g2 = c.train(steps=400, progress_every=1)
+        next(g2)
+        del g2
         gc.collect()
         check(wait_idle(c).state == "idle" and threading.active_count() == 1,
               "a dropped Train generator cancels and joins")
@@ -292,6 +291,20 @@ def jupyter_env(h):
     return env
 
 
+def nbconvert_command():
+    """`jupyter nbconvert` of Debian: /usr/bin/jupyter (packages jupyter-core and
+    jupyter-nbconvert), else the same program as a module of Debian's python3."""
+    missing = [m for m in ("nbconvert", "nbclient", "ipykernel", "matplotlib")
+               if subprocess.run(["/usr/bin/python3", "-c", "import " + m],
+                                 stderr=subprocess.DEVNULL).returncode != 0]
+    if missing:
+        raise Failure("Debian's python3 lacks %s: bash deploy/install-deps.sh (apt-get install "
+                      "python3-nbconvert python3-ipykernel python3-matplotlib)" % ", ".join(missing))
+    if os.access("/usr/bin/jupyter", os.X_OK) and os.access("/usr/bin/jupyter-nbconvert", os.X_OK):
+        return ["/usr/bin/jupyter", "nbconvert"]
+    return ["/usr/bin/python3", "-m", "nbconvert"]
+
+
 def run_env(d, out):
     return {"DDL_ADDRESS": d.address, "DDL_STEPS": str(NB_STEPS),
             "DDL_PROGRESS_EVERY": str(NB_EVERY), "DDL_OUT": out, "DDL_PREDICT": "16"}
@@ -300,19 +313,17 @@ def run_env(d, out):
 def run_notebook(h, name):
     """Executes train.ipynb headless against a fresh daemon; checks the executed notebook
     and its files; returns (records.json, output dir)."""
-    if shutil.which("jupyter", path="/usr/bin") is None:
-        raise Skip("/usr/bin/jupyter is missing: apt-get install python3-nbconvert "
-                   "python3-ipykernel python3-matplotlib")
+    nbconvert = nbconvert_command()
     d = h.start(2, ["--model", h.spec(SPEC)], name)
     out = os.path.join(h.work, name)
     env = jupyter_env(h)
     env.update(run_env(d, out))
     executed = os.path.join(out, "train.executed.ipynb")
-    h.run(None, ["/usr/bin/jupyter", "nbconvert", "--to", "notebook", "--execute",
+    h.run(None, nbconvert + ["--to", "notebook", "--execute",
                  "--ExecutePreprocessor.kernel_name=distdl-debian-python3",
-                 "--ExecutePreprocessor.timeout=150", "--output-dir", out,
+                 "--ExecutePreprocessor.timeout=100", "--output-dir", out,
                  "--output", "train.executed.ipynb",
-                 os.path.join(h.examples, "train.ipynb")], timeout=170, env_extra=env)
+                 os.path.join(h.examples, "train.ipynb")], timeout=120, env_extra=env)
     shutdown(d)
     with open(executed) as f:
         nb = json.load(f)
@@ -390,7 +401,7 @@ def sc_notebook(h):
     out = os.path.join(h.work, "script")
     env = run_env(d, out)
     env.update({"PYTHONPATH": "", "MPLBACKEND": "Agg"})
-    h.run(None, ["/usr/bin/python3", os.path.join(h.examples, "train.py")], timeout=170,
+    h.run(None, ["/usr/bin/python3", os.path.join(h.examples, "train.py")], timeout=120,
           env_extra=env)
     shutdown(d)
     check_files(out)
@@ -423,7 +434,7 @@ def sc_notebook_cli(h):
     d = h.start(2, ["--model", h.spec(SPEC)], "cli")
     af = ["--address-file", d.addr_file, "--json"]
     text = h.run(d, [cli] + af + ["train", "--steps", str(NB_STEPS), "--progress-every",
-                                  str(NB_EVERY)], capture=True, timeout=170)
+                                  str(NB_EVERY)], capture=True, timeout=120)
     events = [json.loads(line) for line in text.splitlines() if line.strip()]
     text = h.run(d, [cli] + af + ["eval"], capture=True, timeout=120)
     ev = [json.loads(line) for line in text.splitlines() if line.strip()]

@@ -11,7 +11,7 @@ import json
 import os
 import queue
 import threading
-from typing import Optional, Tuple
+from typing import Tuple
 
 import numpy as np
 

@@ -12,6 +12,8 @@ import os
 import subprocess
 import sys
 
+import numpy as np
+
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
                                 "client", "python"))
 from distdl_client import _native  # noqa: E402
@@ -40,10 +42,44 @@ def main():
                                                  "ok" if not any(b.startswith(name + ":") or
                                                                  b.startswith(name + ".")
                                                                  for b in bad) else "MISMATCH"))
+    bad += local_checks()
     for b in bad:
         print("FAIL: " + b)
     print("FAIL" if bad else "PASS: %d structs match" % len(c))
     return 1 if bad else 0
+
+
+def local_checks():
+    """What needs no daemon: a clear error when the library is missing, and the
+    Fashion-MNIST reader."""
+    bad = []
+    env = dict(os.environ, DDL_CLIENT_LIB="/nonexistent/libdistdl-client.so")
+    r = subprocess.run([sys.executable, "-c", "import distdl_client as d; d.library_version()"],
+                       env=env, cwd=os.path.join(os.path.dirname(_native.__file__), ".."),
+                       stderr=subprocess.PIPE, text=True)
+    msg = r.stderr.strip().splitlines()[-1] if r.stderr.strip() else ""
+    ok = r.returncode != 0 and msg.startswith("distdl_client._native.LibraryNotFound: "
+                                              "DDL_CLIENT_LIB=/nonexistent")
+    print("%s missing library: %s" % ("ok  " if ok else "FAIL", msg))
+    if not ok:
+        bad.append("a missing DDL_CLIENT_LIB did not raise LibraryNotFound naming it")
+    from distdl_client import fashion_mnist
+    x, y = fashion_mnist.load("test", count=5)
+    xa, ya = fashion_mnist.load("train")
+    ok = (x.shape == (5, 1, 28, 28) and x.dtype == np.uint8 and y.tolist() == [9, 2, 1, 1, 6]
+          and xa.shape == (60000, 1, 28, 28) and ya.shape == (60000,) and ya.dtype == np.int64
+          and np.bincount(ya).tolist() == [6000] * 10)
+    print("%s fashion_mnist.load: test[:5] labels %s, train %s" %
+          ("ok  " if ok else "FAIL", y.tolist(), xa.shape))
+    if not ok:
+        bad.append("fashion_mnist.load gave unexpected shapes or labels")
+    for args, what in ((("val",), "split 'val'"), (("test", 10001), "10001 test images")):
+        try:
+            fashion_mnist.load(*args)
+            bad.append("fashion_mnist.load(%s) did not raise" % what)
+        except ValueError as e:
+            print("ok   fashion_mnist.load(%s) -> ValueError: %s" % (what, e))
+    return bad
 
 
 def ctypes_size(cls):

@@ -430,7 +430,7 @@ def sc_notebook_cli(h):
         if os.environ.get("DDL_REQUIRE_CLI") == "1":
             raise Failure("DDL_REQUIRE_CLI=1 and the distdl CLI is not built")
         raise Skip("the distdl CLI is not built")
-    nb, _ = run_notebook(h, "notebook")
+    nb, nb_out = run_notebook(h, "notebook")
     d = h.start(2, ["--model", h.spec(SPEC)], "cli")
     af = ["--address-file", d.addr_file, "--json"]
     text = h.run(d, [cli] + af + ["train", "--steps", str(NB_STEPS), "--progress-every",
@@ -453,6 +453,18 @@ def sc_notebook_cli(h):
         for k in ("loss", "accuracy"):
             worst = max(worst, abs(a[k] - b[k]) / max(1.0, abs(b[k])))
     check(worst <= 1e-6, "per-step loss and accuracy equal the notebook's (worst rel %.2g)" % worst)
+    # The figure: the CLI's records drawn by the notebook's plotting code. When the numbers
+    # are bitwise the same the pixels must be too.
+    exact = all(a[k] == b[k] for a, b in zip(cli_recs, nb_recs) for k in ("loss", "accuracy"))
+    from distdl_client import plots
+    cli_png = os.path.join(h.work, "cli-curves.png")
+    plots.plot_curves(cli_recs, title=nb["model"]).savefig(cli_png, dpi=plots.DPI)
+    same = np.array_equal(pixels(cli_png), pixels(os.path.join(nb_out, "curves.png")))
+    if exact:
+        check(same, "the CLI's curves (%s) have the notebook's pixels" % cli_png)
+    else:
+        print("note: the CLI prints rounded numbers; its curves %s the notebook's pixels"
+              % ("have" if same else "do not have exactly"), flush=True)
     evs = [e for e in ev if e.get("event") == "eval"]
     check(len(evs) == 1 and evs[0]["count"] == nb["test"]["count"] and
           abs(evs[0]["accuracy"] - nb["test"]["accuracy"]) <= 1e-6,

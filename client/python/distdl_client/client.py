@@ -301,15 +301,15 @@ class Client:
          o.token) = self._keep
         o.max_receive_bytes = int(max_receive_bytes)
         o.tune_malloc = 1 if tune_malloc else 0
+        self._cv = threading.Condition()
+        self._calls = 0
+        self._closing = False
+        self._trains = set()  # cancel flags (threading.Event) of the Trains in progress
         h = N.CLIENT_P()
         st = self._lib.ddl_client_connect(address.encode(), ctypes.byref(o), ctypes.byref(h))
         self._keep = None
         _check(self._lib, st)
         self._h = h
-        self._cv = threading.Condition()
-        self._calls = 0
-        self._closing = False
-        self._trains = set()  # cancel flags (threading.Event) of the Trains in progress
 
     # -- lifetime --
 

@@ -93,6 +93,15 @@ def sc_binding(h):
     lazy = dc.Client("127.0.0.1:1", timeout=0)
     expect(dc.Unavailable, lazy.status, "GetStatus with no daemon (lazy connect)")
     lazy.close()
+    # Options reach ddl_client_options: the C library's own checks answer (local errors).
+    e = expect(dc.InvalidArgument, lambda: dc.Client("127.0.0.1:1", token="a\nb"),
+               "a token with a line break", contains="token")
+    check(e.local and e.code == 3 and e.status == "DDL_EINVAL", "refused locally, DDL_EINVAL")
+    expect(dc.InvalidArgument, lambda: dc.Client("127.0.0.1:1", tls_cert="c.pem", tls_key="k.pem"),
+           "a client certificate without a CA", contains="tls_ca_file")
+    e = expect(dc.DistdlError, lambda: dc.Client("127.0.0.1:1", tls_ca="/nonexistent/ca.pem"),
+               "a missing CA file", contains="/nonexistent/ca.pem")
+    check(e.local and e.status == "DDL_EIO", "a local file error: %s" % e.status)
     expect(ValueError, lambda: dc.Client(address="a:1", address_file="f"), "address and file")
     expect(FileNotFoundError, lambda: dc.Client(address_file=os.path.join(h.work, "none")),
            "missing address file")
@@ -299,7 +308,8 @@ def nbconvert_command():
                                  stderr=subprocess.DEVNULL).returncode != 0]
     if missing:
         raise Failure("Debian's python3 lacks %s: bash deploy/install-deps.sh (apt-get install "
-                      "python3-nbconvert python3-ipykernel python3-matplotlib)" % ", ".join(missing))
+                      "python3-nbconvert python3-ipykernel python3-matplotlib)"
+                      % ", ".join(missing))
     if os.access("/usr/bin/jupyter", os.X_OK) and os.access("/usr/bin/jupyter-nbconvert", os.X_OK):
         return ["/usr/bin/jupyter", "nbconvert"]
     return ["/usr/bin/python3", "-m", "nbconvert"]

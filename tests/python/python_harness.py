@@ -341,6 +341,8 @@ def run_notebook(h, name):
     ran = [c.get("execution_count") for c in code]
     check(len(code) >= 6 and all(isinstance(n, int) for n in ran),
           "every code cell ran: execution counts %s" % ran)
+    first = "".join("".join(o.get("text", "")) for o in code[0].get("outputs", []))
+    check("python /usr/bin/python3," in first, "the kernel is Debian's python3: %s" % first.strip())
     errs = [o for c in code for o in c.get("outputs", []) if o.get("output_type") == "error"]
     check(not errs, "no error outputs%s" % ("" if not errs else ": %s" % errs[0].get("ename")))
     pngs = [o["data"]["image/png"] for c in code for o in c.get("outputs", [])

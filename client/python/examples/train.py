@@ -51,7 +51,8 @@ PROGRESS_EVERY = int(os.environ.get("DDL_PROGRESS_EVERY", "10"))
 N_PREDICT = int(os.environ.get("DDL_PREDICT", "16"))
 OUT = os.path.abspath(os.environ.get("DDL_OUT", "train-output"))
 os.makedirs(OUT, exist_ok=True)
-print("libdistdl-client %s; output in %s" % (distdl_client.library_version(), OUT))
+print("python %s, libdistdl-client %s; output in %s"
+      % (sys.executable, distdl_client.library_version(), OUT))
 
 # %% [markdown]
 # ## Connect

@@ -186,7 +186,8 @@ def _weights_to_dict(lib, wp):
         out = {}
         for i in range(w.count):
             t = w.tensors[i]
-            out[_s(ctypes.string_at(t.name))] = _to_numpy(t)
+            name = _s(ctypes.string_at(t.name)) if t.name else ""
+            out[name] = _to_numpy(t)
         return out
     finally:
         lib.ddl_client_weights_destroy(ctypes.byref(wp))

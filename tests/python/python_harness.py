@@ -181,6 +181,18 @@ def sc_binding(h):
         check(np.array_equal(ref, logits), "predict equals the C client's logits (bitwise)")
         check(np.array_equal(c.infer(xt), logits), "ModelInfer equals Predict")
         expect(dc.InvalidArgument, lambda: c.predict(xt[:, :, :20]), "predict a bad shape")
+        results = []
+
+        def predict_many():
+            for _ in range(5):
+                results.append(np.array_equal(c.predict(xt), logits))
+        ts = [threading.Thread(target=predict_many) for _ in range(3)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(60)
+        check(len(results) == 15 and all(results),
+              "3 threads x 5 predicts on one connection: %d identical" % sum(results))
 
         # Weights: pull, modify, push; the original back gives identical results.
         w = c.pull_weights()

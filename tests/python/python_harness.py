@@ -1,0 +1,501 @@
+#!/usr/bin/python3
+"""Tests of the Python binding (client/python/distdl_client) and of the example notebook
+against real distdld daemons under mpirun (tests/support/ddl_daemon.py).
+
+  python_harness.py --build BUILD --source SRC --mpiexec MPIEXEC [--mpi-flags "..."] SCENARIO
+
+binding       every Client method on a 2-rank daemon: errors mapped to exceptions, a Train
+              generator left early cancels and the daemon serves on, pull -> push gives
+              identical results, predict equals the C client's, the context manager closes.
+notebook      train.py is what sync_script.py makes of train.ipynb; the notebook runs headless
+              (jupyter nbconvert --execute, Debian's python3 kernel) on one fresh daemon and
+              train.py on another: every cell ran, no errors, figures inline and as PNG files,
+              and the two runs have identical records, test accuracy, weights and pixels.
+notebook_cli  the notebook's records against the distdl CLI's (`distdl --json train/eval`) on
+              a fresh daemon with the same spec and seed. Without build/bin/distdl it prints
+              "CLI not built: comparison not run" and fails when DDL_REQUIRE_CLI=1, else skips.
+
+Exit status: 0 pass, 1 fail, 7 skip.
+"""
+import gc
+import json
+import math
+import os
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "support"))
+sys.path.insert(0, os.path.join(HERE, "..", "..", "client", "python"))
+from ddl_daemon import DaemonHarness, Failure, Skip, run_scenarios  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+import distdl_client as dc  # noqa: E402
+from distdl_client import fashion_mnist  # noqa: E402
+
+SPEC = "lenet5-2.json"
+# The notebook run: steps and progress interval (every record is one step's loss).
+NB_STEPS = 120
+NB_EVERY = 4
+
+
+class Harness(DaemonHarness):
+    def __init__(self, a):
+        super().__init__(a, prefix="ddl-python-it-")
+        self.examples = os.path.join(a.source, "client", "python", "examples")
+        self.py_client_ref = os.path.join(a.build, "tests", "py_client_ref")
+
+
+def check(cond, what):
+    print(("ok   " if cond else "FAIL ") + what, flush=True)
+    if not cond:
+        raise Failure(what)
+
+
+def expect(exc_cls, fn, what, contains=None):
+    """Calls fn(), which must raise exc_cls (a message containing `contains`)."""
+    try:
+        fn()
+    except exc_cls as e:
+        msg = str(e)
+        ok = contains is None or contains in msg
+        check(ok, "%s -> %s: %s" % (what, type(e).__name__, msg))
+        return e
+    except Exception as e:
+        raise Failure("%s: expected %s, got %s: %s" % (what, exc_cls.__name__,
+                                                      type(e).__name__, e))
+    raise Failure("%s: expected %s, nothing was raised" % (what, exc_cls.__name__))
+
+
+def wait_idle(c, timeout=30):
+    """The status once the daemon is idle: a cancelled Train ends on the client at once and
+    on the daemon at its next step boundary."""
+    end = time.time() + timeout
+    while True:
+        st = c.status()
+        if st.state == "idle" or time.time() > end:
+            return st
+        time.sleep(0.02)
+
+
+# ---- binding -------------------------------------------------------------------------------
+
+def sc_binding(h):
+    # No daemon: a closed port is UNAVAILABLE, at connect or (timeout 0) at the first call.
+    e = expect(dc.Unavailable, lambda: dc.Client("127.0.0.1:1", timeout=0.5),
+               "connect to a closed port")
+    check(e.code == 14 and e.code_name == "UNAVAILABLE" and "127.0.0.1:1" in e.message,
+          "code %d %s, message names the address" % (e.code, e.code_name))
+    lazy = dc.Client("127.0.0.1:1", timeout=0)
+    expect(dc.Unavailable, lazy.status, "GetStatus with no daemon (lazy connect)")
+    lazy.close()
+    # Options reach ddl_client_options: the C library's own checks answer (local errors).
+    e = expect(dc.InvalidArgument, lambda: dc.Client("127.0.0.1:1", token="a\nb"),
+               "a token with a line break", contains="token")
+    check(e.local and e.code == 3 and e.status == "DDL_EINVAL", "refused locally, DDL_EINVAL")
+    expect(dc.InvalidArgument, lambda: dc.Client("127.0.0.1:1", tls_cert="c.pem", tls_key="k.pem"),
+           "a client certificate without a CA", contains="tls_ca_file")
+    e = expect(dc.DistdlError, lambda: dc.Client("127.0.0.1:1", tls_ca="/nonexistent/ca.pem"),
+               "a missing CA file", contains="/nonexistent/ca.pem")
+    check(e.local and e.status == "DDL_EIO", "a local file error: %s" % e.status)
+    expect(ValueError, lambda: dc.Client(address="a:1", address_file="f"), "address and file")
+    expect(FileNotFoundError, lambda: dc.Client(address_file=os.path.join(h.work, "none")),
+           "missing address file")
+
+    ck = os.path.join(h.work, "ck")
+    d = h.start(2, ["--queue", "4", "--checkpoint-dir", ck], "binding")
+    x, y = fashion_mnist.load("train", count=256)
+    xb, yb = x[:64], y[:64]
+
+    with dc.Client(d.address, call_timeout=60) as c:
+        check(c.health() == "SERVING", "health SERVING")
+        check(c.server_live(), "server live")
+        check(not c.model_ready() and not c.server_ready(), "no model yet: not ready")
+        st = c.status()
+        check(not st.has_model and st.state == "idle", "status before a model: %s" % (st,))
+        e = expect(dc.FailedPrecondition, lambda: c.step(xb, yb), "step before a model")
+        check(e.code == 9 and not e.local, "FAILED_PRECONDITION from the daemon")
+        expect(dc.InvalidArgument, lambda: c.create('{"name": "x", "layers": 3}'),
+               "create with a bad spec")
+        expect(FileNotFoundError, lambda: c.create(os.path.join(h.work, "nope.json")),
+               "create from a missing file")
+        expect(TypeError, lambda: c.create(42), "create with a number")
+
+        info = c.create(h.spec(SPEC))
+        check(info.world_size == 2 and info.batch_size == 64 and
+              info.input_shape == (1, 28, 28) and info.num_classes == 10 and
+              info.num_parameters == 61706, "create from a file: %s" % (info,))
+        with open(h.spec(SPEC)) as f:
+            spec = json.load(f)
+        info = c.create(spec, replace=True)
+        check(info.num_parameters == 61706, "create from a dict (replace)")
+        expect(dc.FailedPrecondition, lambda: c.create(spec), "create again without replace")
+        check(c.model_ready() and c.server_ready(), "ModelReady and ServerReady true")
+
+        # Step: inline, bad shapes and dtypes (nothing changes), submitted batches.
+        r = c.step(xb, yb)
+        check(r.step == 1 and math.isfinite(r.loss) and 0 <= r.accuracy <= 1,
+              "step 1 (uint8 pixels, int64 labels): loss %.4f" % r.loss)
+        r = c.step(xb, yb.astype(np.int32))
+        check(r.step == 2, "step 2 with int32 labels (converted to int64)")
+        e = expect(dc.InvalidArgument, lambda: c.step(x[:64, :, :27, :], yb),
+                   "step with x [64, 1, 27, 28]", contains="expected shape")
+        check(e.code == 3 and e.code_name == "INVALID_ARGUMENT" and "Step" in e.message,
+              "the message names the call and the expected shape")
+        expect(dc.InvalidArgument, lambda: c.step(xb, y[:63]), "step with 63 labels for 64")
+        expect(TypeError, lambda: c.step(xb.astype(np.float16), yb), "float16 x")
+        expect(TypeError, lambda: c.step(xb, yb.astype(np.float32)), "float labels")
+        expect(ValueError, lambda: c.step(xb), "step with x and no y")
+        check(c.status().step == 2, "the bad steps changed nothing (step 2)")
+        xf = ((xb.astype(np.float32) / 255 - 0.2860) / 0.3530)[:, :, ::-1, :]  # not contiguous
+        r = c.step(xf, yb)
+        check(r.step == 3, "step 3 with a non-contiguous float32 array")
+        s = c.submit(xb, yb)
+        check(s.accepted == 1 and s.queue_depth == 1, "submit one batch: %s" % (s,))
+        s = c.submit_many([(x[64:128], y[64:128]), (x[128:192], y[128:192])])
+        check(s.accepted == 2 and s.queue_depth == 3, "submit two batches: %s" % (s,))
+        for k in range(3):
+            check(c.step().step == 4 + k, "step %d on a submitted batch" % (4 + k))
+        expect(dc.FailedPrecondition, lambda: c.step(), "step with the queue empty")
+
+        # Evaluate and predict; the C client (py_client_ref) gives the same logits.
+        ev = c.evaluate()
+        check(ev.count == 10000 and 0 < ev.accuracy <= 1 and math.isfinite(ev.loss),
+              "evaluate the test split: %s" % (ev,))
+        evb = c.evaluate(x[192:256], y[192:256])
+        check(evb.count == 64, "evaluate inline samples: %s" % (evb,))
+        expect(dc.InvalidArgument, lambda: c.evaluate(split="nope"), "evaluate a bad split")
+        xt, yt = fashion_mnist.load("test", count=32)
+        logits = c.predict(xt)
+        check(logits.shape == (32, 10) and logits.dtype == np.float32 and
+              logits.flags.owndata, "predict: %s %s" % (logits.shape, logits.dtype))
+        u8 = os.path.join(h.work, "x.u8")
+        f32 = os.path.join(h.work, "logits.f32")
+        xt.tofile(u8)
+        h.run(None, [h.py_client_ref, "predict", d.address, u8, "32", f32])
+        ref = np.fromfile(f32, dtype=np.float32).reshape(32, 10)
+        check(np.array_equal(ref, logits), "predict equals the C client's logits (bitwise)")
+        check(np.array_equal(c.infer(xt), logits), "ModelInfer equals Predict")
+        expect(dc.InvalidArgument, lambda: c.predict(xt[:, :, :20]), "predict a bad shape")
+        results = []
+
+        def predict_many():
+            for _ in range(5):
+                results.append(np.array_equal(c.predict(xt), logits))
+        ts = [threading.Thread(target=predict_many) for _ in range(3)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join(60)
+        check(len(results) == 15 and all(results),
+              "3 threads x 5 predicts on one connection: %d identical" % sum(results))
+
+        # Weights: pull, modify, push; the original back gives identical results.
+        w = c.pull_weights()
+        check(len(w) == 10 and w["fc3.weight"].shape == (10, 84) and
+              sum(a.size for a in w.values()) == 61706, "pull: %d tensors" % len(w))
+        z = dict(w)
+        z["fc3.weight"] = np.zeros_like(w["fc3.weight"])
+        z["fc3.bias"] = np.eye(10, dtype=np.float32)[7]
+        p = c.push_weights(z)
+        check(p.tensors == 10, "push modified weights: %s" % (p,))
+        check((c.predict(xt).argmax(axis=1) == 7).all(), "zero fc3 + one-hot bias: all class 7")
+        partial = {k: v for k, v in w.items() if k != "fc1.bias"}
+        expect(dc.InvalidArgument, lambda: c.push_weights(partial), "push without fc1.bias")
+        check((c.predict(xt).argmax(axis=1) == 7).all(), "the refused push changed nothing")
+        c.push_weights(w)
+        check(np.array_equal(c.predict(xt), logits), "original weights back: identical logits")
+        check(c.evaluate(x[192:256], y[192:256]) == evb, "and identical evaluate")
+        wf = os.path.join(h.work, "w.safetensors")
+        c.pull_weights(wf)
+        back = dc.read_safetensors(wf)
+        check(list(back) == list(w) and all(np.array_equal(back[k], w[k]) for k in w),
+              "pull to a file = pull to memory")
+        c.push_weights(wf)
+        check(np.array_equal(c.predict(xt), logits), "push from the file: identical logits")
+        w2 = os.path.join(h.work, "w2.safetensors")
+        dc.write_safetensors(w2, w)
+        check(all(np.array_equal(dc.read_safetensors(w2)[k], w[k]) for k in w),
+              "write_safetensors / read_safetensors round trip")
+
+        # Checkpoint and restore.
+        cp = c.checkpoint()
+        check(cp.durable and cp.step == 6 and cp.path.startswith(ck), "checkpoint: %s" % (cp,))
+        c.step(xb, yb)
+        check(c.restore() == 6 and c.status().step == 6, "restore the newest checkpoint")
+        check(np.array_equal(c.predict(xt), logits), "restored weights: identical logits")
+        expect(dc.NotFound, lambda: c.restore(999), "restore a step never written")
+
+        # Train: a full run, then one left early (cancelled); the daemon serves on.
+        recs = list(c.train(steps=12, progress_every=4))
+        steps = [p.step for p in recs if not p.finished]
+        check(steps == [10, 14, 18] and recs[-1].finished and recs[-1].step == 18,
+              "train 12 steps, a record every 4: %s + finished" % steps)
+        t0 = time.time()
+        seen = []
+        for p in c.train(steps=400, progress_every=1):
+            seen.append(p.step)
+            if len(seen) == 3:
+                break
+        check(threading.active_count() == 1, "break after 3 records: the worker thread joined")
+        st = wait_idle(c)
+        check(21 <= st.step < 80, "cancelled: the daemon stopped at step %d (%.1f s)"
+              % (st.step, time.time() - t0))
+        r = c.step(xb, yb)
+        check(r.step == st.step + 1, "the daemon serves on: step %d" % r.step)
+        g = c.train(steps=5, dataset="../etc")
+        expect(dc.InvalidArgument, lambda: next(g), "train on a dataset outside the root")
+        expect(ValueError, lambda: c.train(steps=3, epochs=1), "train with steps and epochs")
+        expect(ValueError, lambda: c.train(), "train with neither")
+        # A generator dropped unfinished is closed by the garbage collector: it cancels too.
+        g2 = c.train(steps=400, progress_every=1)
+        next(g2)
+        del g2
+        gc.collect()
+        check(wait_idle(c).state == "idle" and threading.active_count() == 1,
+              "a dropped Train generator cancels and joins")
+    check(c.closed, "the context manager closed the connection")
+    expect(ValueError, c.status, "a call after close")
+
+    # A Train in progress on another thread is cancelled by close().
+    c = dc.Client(d.address)
+    first = threading.Event()
+    out = {}
+
+    def consume():
+        try:
+            for p in c.train(steps=400, progress_every=1):
+                first.set()
+            out["ok"] = True
+        except BaseException as e:  # noqa: B902
+            out["error"] = e
+    t = threading.Thread(target=consume)
+    t.start()
+    check(first.wait(60), "a Train started on another thread")
+    c.close()
+    t.join(60)
+    check(not t.is_alive() and out.get("ok"), "close() cancelled it and the loop ended: %s"
+          % (out,))
+
+    with dc.Client(d.address) as c:
+        durable = c.shutdown(checkpoint=True)
+        check(durable >= 6, "shutdown with a final checkpoint (durable step %d)" % durable)
+    d.wait_exit()
+
+
+# ---- notebook --------------------------------------------------------------------------------
+
+def jupyter_env(h):
+    """Environment for jupyter nbconvert: Debian's tools first on PATH, every Jupyter and
+    IPython directory in the test's work directory, and a kernelspec that runs Debian's
+    /usr/bin/python3 (whatever else is installed on the machine)."""
+    root = os.path.join(h.work, "jupyter")
+    kdir = os.path.join(root, "share", "kernels", "distdl-debian-python3")
+    os.makedirs(kdir, exist_ok=True)
+    with open(os.path.join(kdir, "kernel.json"), "w") as f:
+        json.dump({"argv": ["/usr/bin/python3", "-Xfrozen_modules=off", "-m",
+                            "ipykernel_launcher", "-f", "{connection_file}"],
+                   "display_name": "Python 3 (Debian)", "language": "python",
+                   "metadata": {"debugger": False}}, f)
+    env = {"PATH": "/usr/bin:/bin:" + os.environ.get("PATH", ""),
+           "JUPYTER_PATH": os.path.join(root, "share"),
+           "JUPYTER_CONFIG_DIR": os.path.join(root, "config"),
+           "JUPYTER_DATA_DIR": os.path.join(root, "data"),
+           "JUPYTER_RUNTIME_DIR": os.path.join(root, "runtime"),
+           "IPYTHONDIR": os.path.join(root, "ipython"),
+           "MPLCONFIGDIR": os.path.join(root, "matplotlib"),
+           "PYTHONPATH": "", "MPLBACKEND": ""}
+    return env
+
+
+def nbconvert_command():
+    """`jupyter nbconvert` of Debian: /usr/bin/jupyter (packages jupyter-core and
+    jupyter-nbconvert), else the same program as a module of Debian's python3."""
+    missing = [m for m in ("nbconvert", "nbclient", "ipykernel", "matplotlib")
+               if subprocess.run(["/usr/bin/python3", "-c", "import " + m],
+                                 stderr=subprocess.DEVNULL).returncode != 0]
+    if missing:
+        raise Failure("Debian's python3 lacks %s: bash deploy/install-deps.sh (apt-get install "
+                      "python3-nbconvert python3-ipykernel python3-matplotlib)"
+                      % ", ".join(missing))
+    if os.access("/usr/bin/jupyter", os.X_OK) and os.access("/usr/bin/jupyter-nbconvert", os.X_OK):
+        return ["/usr/bin/jupyter", "nbconvert"]
+    return ["/usr/bin/python3", "-m", "nbconvert"]
+
+
+def run_env(d, out):
+    return {"DDL_ADDRESS": d.address, "DDL_STEPS": str(NB_STEPS),
+            "DDL_PROGRESS_EVERY": str(NB_EVERY), "DDL_OUT": out, "DDL_PREDICT": "16"}
+
+
+def run_notebook(h, name):
+    """Executes train.ipynb headless against a fresh daemon; checks the executed notebook
+    and its files; returns (records.json, output dir)."""
+    nbconvert = nbconvert_command()
+    d = h.start(2, ["--model", h.spec(SPEC)], name)
+    out = os.path.join(h.work, name)
+    env = jupyter_env(h)
+    env.update(run_env(d, out))
+    executed = os.path.join(out, "train.executed.ipynb")
+    h.run(None, nbconvert + ["--to", "notebook", "--execute",
+                 "--ExecutePreprocessor.kernel_name=distdl-debian-python3",
+                 "--ExecutePreprocessor.timeout=100", "--output-dir", out,
+                 "--output", "train.executed.ipynb",
+                 os.path.join(h.examples, "train.ipynb")], timeout=120, env_extra=env)
+    shutdown(d)
+    with open(executed) as f:
+        nb = json.load(f)
+    code = [c for c in nb["cells"] if c["cell_type"] == "code"]
+    ran = [c.get("execution_count") for c in code]
+    check(len(code) >= 6 and all(isinstance(n, int) for n in ran),
+          "every code cell ran: execution counts %s" % ran)
+    first = "".join("".join(o.get("text", "")) for o in code[0].get("outputs", []))
+    check("python /usr/bin/python3," in first, "the kernel is Debian's python3: %s" % first.strip())
+    errs = [o for c in code for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    check(not errs, "no error outputs%s" % ("" if not errs else ": %s" % errs[0].get("ename")))
+    pngs = [o["data"]["image/png"] for c in code for o in c.get("outputs", [])
+            if "image/png" in o.get("data", {})]
+    check(len(pngs) >= 2, "%d inline image/png outputs (curves, predictions)" % len(pngs))
+    check_files(out)
+    return load_records(out), out
+
+
+def png_size(path):
+    with open(path, "rb") as f:
+        head = f.read(24)
+    if head[:8] != b"\x89PNG\r\n\x1a\n":
+        raise Failure("%s is not a PNG file" % path)
+    return struct.unpack(">II", head[16:24])
+
+
+def check_files(out):
+    for name, min_w, min_h in (("curves.png", 600, 250), ("predictions.png", 600, 250)):
+        p = os.path.join(out, name)
+        check(os.path.exists(p), "%s written" % name)
+        w, hgt = png_size(p)
+        size = os.path.getsize(p)
+        check(w >= min_w and hgt >= min_h and 10000 < size < 2000000,
+              "%s: %d x %d px, %d bytes" % (name, w, hgt, size))
+    check(os.path.getsize(os.path.join(out, "weights.safetensors")) > 61706 * 4,
+          "weights.safetensors written")
+
+
+def load_records(out):
+    with open(os.path.join(out, "records.json")) as f:
+        rec = json.load(f)
+    steps = [r["step"] for r in rec["records"] if not r["finished"]]
+    want = list(range(NB_EVERY, NB_STEPS + 1, NB_EVERY))
+    check(steps == want and rec["records"][-1]["finished"],
+          "records: %d per-step records (steps %d..%d every %d) and the finished one"
+          % (len(steps), steps[0] if steps else -1, steps[-1] if steps else -1, NB_EVERY))
+    first = [r["loss"] for r in rec["records"][:5]]
+    last = [r["loss"] for r in rec["records"][-6:-1]]
+    check(sum(last) < 0.8 * sum(first), "the loss falls: first %s, last %s" %
+          (np.round(first, 3).tolist(), np.round(last, 3).tolist()))
+    check(rec["test"]["count"] == 10000 and rec["test"]["accuracy"] > 0.6,
+          "test accuracy %.4f" % rec["test"]["accuracy"])
+    return rec
+
+
+def deterministic(records):
+    """Progress records without their one timing field."""
+    return [{k: v for k, v in r.items() if k != "images_per_second"} for r in records]
+
+
+def shutdown(d):
+    with dc.Client(d.address) as c:
+        c.shutdown()
+    d.wait_exit()
+
+
+def pixels(path):
+    import matplotlib.image
+    return matplotlib.image.imread(path)
+
+
+def sc_notebook(h):
+    h.run(None, ["/usr/bin/python3", os.path.join(h.examples, "sync_script.py"), "--check"])
+    nb, nb_out = run_notebook(h, "notebook")
+    # The script twin on another fresh daemon: the same run, number for number.
+    d = h.start(2, ["--model", h.spec(SPEC)], "script")
+    out = os.path.join(h.work, "script")
+    env = run_env(d, out)
+    env.update({"PYTHONPATH": "", "MPLBACKEND": "Agg"})
+    h.run(None, ["/usr/bin/python3", os.path.join(h.examples, "train.py")], timeout=120,
+          env_extra=env)
+    shutdown(d)
+    check_files(out)
+    py = load_records(out)
+    ra, rb = deterministic(py["records"]), deterministic(nb["records"])
+    diff = next((i for i, (u, v) in enumerate(zip(ra, rb)) if u != v), None)
+    check(len(ra) == len(rb) and diff is None,
+          "train.py's %d progress records equal the notebook's exactly (every field but "
+          "images_per_second)%s" % (len(rb), "" if diff is None else
+                                    ": first difference %s vs %s" % (ra[diff], rb[diff])))
+    check(py["test"] == nb["test"], "same test loss and accuracy: %s" % (nb["test"],))
+    check(py["predicted"] == nb["predicted"], "same predictions")
+    wa = dc.read_safetensors(os.path.join(out, "weights.safetensors"))
+    wb = dc.read_safetensors(os.path.join(nb_out, "weights.safetensors"))
+    check(list(wa) == list(wb) and all(np.array_equal(wa[k], wb[k]) for k in wa),
+          "same weights (bitwise)")
+    for name in ("curves.png", "predictions.png"):
+        check(np.array_equal(pixels(os.path.join(out, name)), pixels(os.path.join(nb_out, name))),
+              "%s: the same pixels from the notebook and the script" % name)
+
+
+def sc_notebook_cli(h):
+    cli = os.path.join(h.build, "bin", "distdl")
+    if not os.path.exists(cli):
+        print("CLI not built: comparison not run (%s is missing)" % cli, flush=True)
+        if os.environ.get("DDL_REQUIRE_CLI") == "1":
+            raise Failure("DDL_REQUIRE_CLI=1 and the distdl CLI is not built")
+        raise Skip("the distdl CLI is not built")
+    nb, nb_out = run_notebook(h, "notebook")
+    d = h.start(2, ["--model", h.spec(SPEC)], "cli")
+    af = ["--address-file", d.addr_file, "--json"]
+    text = h.run(d, [cli] + af + ["train", "--steps", str(NB_STEPS), "--progress-every",
+                                  str(NB_EVERY)], capture=True, timeout=120)
+    events = [json.loads(line) for line in text.splitlines() if line.strip()]
+    text = h.run(d, [cli] + af + ["eval"], capture=True, timeout=120)
+    ev = [json.loads(line) for line in text.splitlines() if line.strip()]
+    shutdown(d)
+    check(events and events[-1].get("event") == "done", "the CLI's train ends with a done event")
+    by_step = {}
+    for e in events:
+        if e.get("event") == "progress":
+            by_step.setdefault(e["step"], e)  # a repeated step (a final record) is not a step's
+    cli_recs = [by_step[s] for s in sorted(by_step)]
+    nb_recs = [r for r in nb["records"] if not r["finished"]]
+    check([r["step"] for r in cli_recs] == [r["step"] for r in nb_recs],
+          "the CLI reports the same %d steps" % len(nb_recs))
+    worst = 0.0
+    for a, b in zip(cli_recs, nb_recs):
+        for k in ("loss", "accuracy"):
+            worst = max(worst, abs(a[k] - b[k]) / max(1.0, abs(b[k])))
+    check(worst <= 1e-6, "per-step loss and accuracy equal the notebook's (worst rel %.2g)" % worst)
+    # The figure: the CLI's records drawn by the notebook's plotting code. When the numbers
+    # are bitwise the same the pixels must be too.
+    exact = all(a[k] == b[k] for a, b in zip(cli_recs, nb_recs) for k in ("loss", "accuracy"))
+    from distdl_client import plots
+    cli_png = os.path.join(h.work, "cli-curves.png")
+    plots.plot_curves(cli_recs, title=nb["model"]).savefig(cli_png, dpi=plots.DPI)
+    same = np.array_equal(pixels(cli_png), pixels(os.path.join(nb_out, "curves.png")))
+    if exact:
+        check(same, "the CLI's curves (%s) have the notebook's pixels" % cli_png)
+    else:
+        print("note: the CLI prints rounded numbers; its curves %s the notebook's pixels"
+              % ("have" if same else "do not have exactly"), flush=True)
+    evs = [e for e in ev if e.get("event") == "eval"]
+    check(len(evs) == 1 and evs[0]["count"] == nb["test"]["count"] and
+          abs(evs[0]["accuracy"] - nb["test"]["accuracy"]) <= 1e-6,
+          "test accuracy: CLI %s, notebook %.6f" % (evs[0].get("accuracy") if evs else None,
+                                                    nb["test"]["accuracy"]))
+
+
+if __name__ == "__main__":
+    sys.exit(run_scenarios(Harness, {"binding": sc_binding, "notebook": sc_notebook,
+                                     "notebook_cli": sc_notebook_cli}))

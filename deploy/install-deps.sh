@@ -14,6 +14,7 @@ $SUDO apt-get install -y -q --no-install-recommends \
     libopenblas-dev \
     libgrpc-dev protobuf-c-compiler libprotobuf-c-dev \
     libuv1-dev libjansson-dev zlib1g-dev libssl-dev \
+    libmicrohttpd-dev \
     dataset-fashion-mnist \
     python3 python3-numpy python3-torch \
     python3-grpcio python3-protobuf protobuf-compiler

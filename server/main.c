@@ -4,6 +4,7 @@
 //   mpirun -np P distdld [--model spec.json] [--listen 127.0.0.1:PORT|unix:PATH]
 //          [--address-file F] [--data-root D] [--checkpoint-dir D --checkpoint-every K]
 //          [--resume] [--max-message-bytes N] [--queue N]
+//          [--metrics-listen 127.0.0.1:PORT [--metrics-address-file F]]
 //
 // Rank 0's main thread runs a libuv loop: an async handle wakes it when the gRPC thread
 // queued work, signal handles turn SIGTERM/SIGINT/SIGUSR2 into a graceful shutdown and

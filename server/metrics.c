@@ -239,7 +239,16 @@ void ddld_metrics_collect(MPI_Comm comm)
             r[2]       = (int64_t)t.c[k][p].calls;
         }
     }
-    rec[REC_RSS] = resident_bytes();
+    // Reading statm costs ~9 us (the kernel walks the memory map): twice a second is
+    // plenty for a gauge.
+    static double  rss_at = -1;
+    static int64_t rss;
+    double         now = now_mono();
+    if (rss_at < 0 || now - rss_at >= 0.5) {
+        rss    = resident_bytes();
+        rss_at = now;
+    }
+    rec[REC_RSS] = rss;
     MPI_Gather(rec, NREC, MPI_INT64_T, m.gather, NREC, MPI_INT64_T, 0, comm);
     if (m.rank == 0) {
         double dt = MPI_Wtime() - t0;
@@ -441,7 +450,7 @@ static void render(FILE *f, const struct scrape *s)
         }
     }
     family(f, "distdl_process_resident_memory_bytes", "gauge",
-           "Resident memory of each rank (rank 0 now, the others as of the last command).");
+           "Resident memory of each rank (rank 0 now, the others as of a recent command).");
     for (int r = 0; r < s->world_size; r++) {
         int64_t v = r == 0 ? resident_bytes()
                            : (s->gathered ? s->ranks[(size_t)r * NREC + REC_RSS] : 0);
@@ -537,14 +546,17 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     if (strcmp(url, "/metrics") != 0) {
         return reply(conn, MHD_HTTP_NOT_FOUND, not_found, strlen(not_found), false);
     }
-    struct scrape s;
-    char         *text = NULL;
-    size_t        len  = 0;
-    FILE         *f    = NULL;
-    if (take_scrape(&s) == 0 && (f = open_memstream(&text, &len)) != NULL) {
-        render(f, &s);
+    struct scrape *s    = malloc(sizeof *s); // ~70 KB: not on the HTTP thread's stack
+    char          *text = NULL;
+    size_t         len  = 0;
+    FILE          *f    = NULL;
+    if (s != NULL && take_scrape(s) == 0 && (f = open_memstream(&text, &len)) != NULL) {
+        render(f, s);
     }
-    free(s.ranks);
+    if (s != NULL) {
+        free(s->ranks);
+    }
+    free(s);
     if (f == NULL || fclose(f) != 0) {
         free(text);
         return reply(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, failed, strlen(failed), false);

@@ -60,9 +60,9 @@ static const char *const method_names[NMETHODS] = {
 
 // Latency buckets (upper bounds, seconds): 10 µs (a cheap answer from the snapshot) to
 // 10 minutes (a long Train stream), roughly 1-2.5-5 per decade.
-static const double buckets[] = {1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3,
-                                 5e-3, 1e-2,   2.5e-2, 5e-2, 0.1,  0.25, 0.5,  1,
-                                 2.5,  5,      10,     30,   60,   120,  300,  600};
+static const double buckets[] = {1e-5, 2.5e-5, 5e-5,   1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3,
+                                 5e-3, 1e-2,   2.5e-2, 5e-2, 0.1,    0.25, 0.5,  1,
+                                 2.5,  5,      10,     30,   60,     120,  300,  600};
 #define NBUCKETS ((int)(sizeof buckets / sizeof buckets[0]))
 
 typedef struct rpc_stats {
@@ -76,22 +76,22 @@ typedef struct rpc_stats {
 enum { REC_TRAFFIC = DDL_TRAFFIC_NKINDS * DDL_TRAFFIC_NPASSES * 3, REC_RSS = REC_TRAFFIC, NREC };
 
 static struct {
-    bool               enabled;
-    int                rank, size;
-    const ddld_config *cfg;
-    pthread_mutex_t    mu;
-    rpc_stats          rpc;
-    uint64_t           steps, images, checkpoints;
-    double             images_per_s;
-    int64_t           *gather; // size * NREC: the gather's receive buffer (rank 0)
-    int64_t           *ranks;  // size * NREC: the last complete gather, under mu
-    bool               gathered;
-    uint64_t           collects;
-    double             collect_s;
+    bool                    enabled;
+    int                     rank, size;
+    const ddld_config      *cfg;
+    pthread_mutex_t         mu;
+    rpc_stats               rpc;
+    uint64_t                steps, images, checkpoints;
+    double                  images_per_s;
+    int64_t                *gather; // size * NREC: the gather's receive buffer (rank 0)
+    int64_t                *ranks;  // size * NREC: the last complete gather, under mu
+    bool                    gathered;
+    uint64_t                collects;
+    double                  collect_s;
     _Atomic(ddld_service *) svc;
-    struct MHD_Daemon *mhd;
-    double             start_unix, start_mono;
-    long               page;
+    struct MHD_Daemon      *mhd;
+    double                  start_unix, start_mono;
+    long                    page;
 } m = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 // ---- the listen address ---------------------------------------------------------------
@@ -160,8 +160,7 @@ int ddld_metrics_check_config(const ddld_config *cfg, char *err, size_t errlen)
     }
     if (cfg->metrics_listen != NULL &&
         parse_listen(cfg->metrics_listen, &ss, &len, why, sizeof why) != 0) {
-        snprintf(err, errlen, "--metrics-listen: bad value \"%s\": %s", cfg->metrics_listen,
-                 why);
+        snprintf(err, errlen, "--metrics-listen: bad value \"%s\": %s", cfg->metrics_listen, why);
         return -1;
     }
     return 0;
@@ -359,8 +358,7 @@ static void render(FILE *f, const struct scrape *s)
     fprintf(f, "distdl_images_per_second %.6g\n", s->images_per_s);
     family(f, "distdl_model_step", "gauge", "The model's optimizer step (restored with it).");
     fprintf(f, "distdl_model_step %lld\n", (long long)s->step);
-    family(f, "distdl_durable_step", "gauge",
-           "Step of the newest durable checkpoint (-1: none).");
+    family(f, "distdl_durable_step", "gauge", "Step of the newest durable checkpoint (-1: none).");
     fprintf(f, "distdl_durable_step %lld\n", (long long)s->durable_step);
     family(f, "distdl_epoch", "gauge", "Epoch of the server-side dataset cursor.");
     fprintf(f, "distdl_epoch %lld\n", (long long)s->epoch);
@@ -423,7 +421,8 @@ static void render(FILE *f, const struct scrape *s)
             int64_t sum[3] = {0, 0, 0};
             for (int r = 0; r < s->world_size && s->ranks != NULL; r++) {
                 for (int j = 0; j < 3; j++) {
-                    sum[j] += s->ranks[(size_t)r * NREC + (size_t)(k * DDL_TRAFFIC_NPASSES + p) * 3 + (size_t)j];
+                    sum[j] += s->ranks[(size_t)r * NREC +
+                                       (size_t)(k * DDL_TRAFFIC_NPASSES + p) * 3 + (size_t)j];
                 }
             }
             const char *kn = ddl_traffic_kind_name((ddl_traffic_kind)k);
@@ -452,8 +451,8 @@ static void render(FILE *f, const struct scrape *s)
     family(f, "distdl_process_resident_memory_bytes", "gauge",
            "Resident memory of each rank (rank 0 now, the others as of a recent command).");
     for (int r = 0; r < s->world_size; r++) {
-        int64_t v = r == 0 ? resident_bytes()
-                           : (s->gathered ? s->ranks[(size_t)r * NREC + REC_RSS] : 0);
+        int64_t v =
+            r == 0 ? resident_bytes() : (s->gathered ? s->ranks[(size_t)r * NREC + REC_RSS] : 0);
         fprintf(f, "distdl_process_resident_memory_bytes{rank=\"%d\"} %lld\n", r, (long long)v);
     }
     family(f, "distdl_metrics_collections_total", "counter",
@@ -528,18 +527,17 @@ static enum MHD_Result reply(struct MHD_Connection *conn, unsigned int status, c
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
-                                  const char *method, const char *version,
-                                  const char *upload_data, size_t *upload_data_size,
-                                  void **con_cls)
+                                  const char *method, const char *version, const char *upload_data,
+                                  size_t *upload_data_size, void **con_cls)
 {
     (void)cls;
     (void)version;
     (void)upload_data;
     (void)upload_data_size;
     (void)con_cls;
-    static char not_found[] = "not found: the metrics are at /metrics\n";
+    static char not_found[]   = "not found: the metrics are at /metrics\n";
     static char not_allowed[] = "method not allowed: GET /metrics\n";
-    static char failed[] = "out of memory\n";
+    static char failed[]      = "out of memory\n";
     if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 && strcmp(method, MHD_HTTP_METHOD_HEAD) != 0) {
         return reply(conn, MHD_HTTP_METHOD_NOT_ALLOWED, not_allowed, strlen(not_allowed), false);
     }
@@ -617,7 +615,7 @@ int ddld_metrics_start(void)
     }
     // Our own listening socket, so a busy port is reported with its errno and the port
     // chosen for :0 is known before anyone is told.
-    int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int fd  = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     int one = 1;
     if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
         bind(fd, (struct sockaddr *)&ss, len) != 0 || listen(fd, 64) != 0) {
@@ -631,7 +629,7 @@ int ddld_metrics_start(void)
     socklen_t               blen = sizeof bound;
     getsockname(fd, (struct sockaddr *)&bound, &blen);
     int port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
-                                                  : ((struct sockaddr_in *)&bound)->sin_port);
+                                                 : ((struct sockaddr_in *)&bound)->sin_port);
     unsigned int flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ERROR_LOG;
     if (ss.ss_family == AF_INET6) {
         flags |= MHD_USE_IPv6;

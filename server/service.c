@@ -37,8 +37,8 @@
 
 #include "ddld.h"
 #include "grpc/health/v1/health.pb-c.h"
-#include "metrics.h"
 #include "inference/grpc_service.pb-c.h"
+#include "metrics.h"
 
 // ---- method table ---------------------------------------------------------------------
 

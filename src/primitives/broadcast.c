@@ -237,8 +237,8 @@ static void count_traffic(const ddl__bcast_reduce *p, bool fan_out, size_t bytes
     if (p->leaf.member && !p->same) {
         to_root = bytes;
     }
-    ddl_traffic_pass pass = fan_out == (p->kind == DDL_TRAFFIC_BROADCAST) ? DDL_TRAFFIC_FORWARD
-                                                                          : DDL_TRAFFIC_ADJOINT;
+    ddl_traffic_pass pass =
+        fan_out == (p->kind == DDL_TRAFFIC_BROADCAST) ? DDL_TRAFFIC_FORWARD : DDL_TRAFFIC_ADJOINT;
     if (fan_out) {
         ddl__traffic_add((ddl_traffic_kind)p->kind, pass, to_leaves, to_root);
     } else {

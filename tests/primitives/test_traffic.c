@@ -55,10 +55,10 @@ static void test_broadcast_sum_reduce(int r)
     ddl_partition_t *P  = ddl_test_partition_range(0, 1, (int[]){4});
     ddl_shape        S  = ddl_shape_make(1, (int64_t[]){10});
     for (int dti = 0; dti < 2; dti++) {
-        ddl_dtype dt = dti == 0 ? DDL_F32 : DDL_F64;
-        uint64_t  B  = 10 * ddl_dtype_size(dt);
-        ddl_broadcast_t  *b = NULL;
-        ddl_sum_reduce_t *s = NULL;
+        ddl_dtype         dt = dti == 0 ? DDL_F32 : DDL_F64;
+        uint64_t          B  = 10 * ddl_dtype_size(dt);
+        ddl_broadcast_t  *b  = NULL;
+        ddl_sum_reduce_t *s  = NULL;
         ASSERT_OK(ddl_broadcast_create(P0, P, false, false, dt, &S, &b));
         ASSERT_OK(ddl_sum_reduce_create(P, P0, false, false, dt, &S, &s));
         ddl_shape     bx = ddl_broadcast_x_shape(b), by = ddl_broadcast_y_shape(b);

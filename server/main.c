@@ -421,13 +421,6 @@ int main(int argc, char **argv)
         MPI_Finalize();
         return 2;
     }
-    // The same BLAS thread share per rank as distdl-train, so a model trained through the
-    // daemon computes exactly what the batch program computes.
-    int threads = ddl_runtime_divide_cores(MPI_COMM_WORLD);
-    if (rank == 0) {
-        ddld_log("%d ranks, BLAS %s, %d thread%s per rank", size, ddl_blas_summary(), threads,
-                 threads == 1 ? "" : "s");
-    }
     // The metrics options are checked here, where rank 0 can report them before any rank
     // leaves (MPI_Finalize waits for all): every rank reaches the same verdict alone.
     char why[512];
@@ -437,6 +430,13 @@ int main(int argc, char **argv)
         }
         MPI_Finalize();
         return 2;
+    }
+    // The same BLAS thread share per rank as distdl-train, so a model trained through the
+    // daemon computes exactly what the batch program computes.
+    int threads = ddl_runtime_divide_cores(MPI_COMM_WORLD);
+    if (rank == 0) {
+        ddld_log("%d ranks, BLAS %s, %d thread%s per rank", size, ddl_blas_summary(), threads,
+                 threads == 1 ? "" : "s");
     }
     ddld_metrics_init(&cfg, rank, size);
     ddld_dispatch *d = ddld_dispatch_create(&cfg, MPI_COMM_WORLD);

@@ -190,6 +190,10 @@ void ddld_metrics_init(const ddld_config *cfg, int rank, int size)
     if (m.enabled && rank == 0) {
         m.gather = calloc((size_t)size * NREC, sizeof *m.gather);
         m.ranks  = calloc((size_t)size * NREC, sizeof *m.ranks);
+        if (m.gather == NULL || m.ranks == NULL) {
+            ddld_log("metrics: out of memory for %d ranks' counters", size);
+            MPI_Abort(MPI_COMM_WORLD, 2); // the workers would wait in the first gather
+        }
     }
 }
 

@@ -619,7 +619,7 @@ int ddld_metrics_start(void)
     }
     // Our own listening socket, so a busy port is reported with its errno and the port
     // chosen for :0 is known before anyone is told.
-    int fd  = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    int fd  = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     int one = 1;
     if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
         bind(fd, (struct sockaddr *)&ss, len) != 0 || listen(fd, 64) != 0) {

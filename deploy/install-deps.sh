@@ -13,7 +13,8 @@ $SUDO apt-get install -y -q --no-install-recommends \
     libopenmpi-dev openmpi-bin \
     libopenblas-dev \
     libgrpc-dev protobuf-c-compiler libprotobuf-c-dev \
-    libuv1-dev libjansson-dev zlib1g-dev libssl-dev iproute2 \
+    libuv1-dev libjansson-dev zlib1g-dev libssl-dev libmicrohttpd-dev \
+    iproute2 \
     dataset-fashion-mnist \
     python3 python3-numpy python3-torch \
     python3-matplotlib python3-nbconvert python3-ipykernel jupyter-nbconvert \

@@ -47,6 +47,8 @@ typedef struct ddld_config {
     int64_t     max_message_bytes;
     int         queue;   // --queue: pending requests and submitted batches
     double      grace_s; // shutdown grace for in-flight calls
+    const char *metrics_listen;       // --metrics-listen: Prometheus endpoint (NULL: off)
+    const char *metrics_address_file; // --metrics-address-file: its host:port once serving
 } ddld_config;
 
 // Logging: "distdld: ..." on stderr (rank 0 only unless noted).
@@ -178,6 +180,8 @@ typedef struct ddld_service ddld_service;
 // job was queued.
 ddld_service *ddld_service_start(const ddld_config *cfg, void (*wake)(void *), void *wake_ud,
                                  int *port);
+// Jobs waiting in the request queue now (metrics). Any thread.
+int ddld_service_queue_depth(ddld_service *svc);
 // Takes the next queued job (NULL when empty). Main thread.
 ddld_job *ddld_service_pop(ddld_service *svc);
 // Queues an internal job at the front (signals). Main thread.

@@ -27,6 +27,7 @@
 #include "ddl/base.h"
 #include "ddld.h"
 #include "inference/grpc_service.pb-c.h"
+#include "metrics.h"
 
 ddld_shared ddld_g = {
     .mu = PTHREAD_MUTEX_INITIALIZER, .state = "idle", .serving = true, .durable_step = -1};
@@ -447,7 +448,11 @@ static ddl_status run(ddld_dispatch *d, int op, int flags, int64_t a0, int64_t a
         op == DDLD_OP_RESTORE) {
         d->weights_version++;
     }
-    return execute(d, &cmd, p);
+    ddl_status st = execute(d, &cmd, p);
+    if (op != DDLD_OP_QUIT) {
+        ddld_metrics_collect(d->ctrl); // the workers do the same after each command
+    }
+    return st;
 }
 
 // The sleep between two tests of the pending broadcast, by the time since the last command
@@ -484,6 +489,7 @@ int ddld_dispatch_worker_loop(ddld_dispatch *d)
         struct payload p;
         memset(&p, 0, sizeof p);
         execute(d, &cmd, &p);
+        ddld_metrics_collect(d->ctrl);
     }
 }
 
@@ -813,6 +819,11 @@ static void on_step(ddld_dispatch *d, ddld_job *job)
                 ddld_g.last_loss = p.step.loss;
                 pthread_mutex_unlock(&ddld_g.mu);
                 publish_progress(d);
+                double dt = ddld_now() - t0;
+                ddld_metrics_steps(1, n, dt > 0 ? (double)n / dt : 0);
+                if (p.step.durable) {
+                    ddld_metrics_checkpoint();
+                }
                 Distdl__V1__StepResponse r = DISTDL__V1__STEP_RESPONSE__INIT;
                 r.step                     = p.step.step;
                 r.loss                     = p.step.loss;
@@ -833,6 +844,7 @@ struct train_ctx {
     int            every;
     int64_t        base_done; // steps done by earlier segments of this call
     int64_t        total;     // steps planned for the whole call
+    int64_t        counted;   // steps already reported to the metrics
     bool           stop_shutdown, stop_cancel, stop_ckpt;
 };
 
@@ -849,6 +861,12 @@ static bool progress_cb(const ddl_progress *pr, void *ud)
     pthread_mutex_lock(&ddld_g.mu);
     ddld_g.last_loss = pr->loss;
     pthread_mutex_unlock(&ddld_g.mu);
+    ddld_metrics_steps(done - t->counted, (done - t->counted) * ddld_g.info.batch_size,
+                       pr->images_per_s);
+    t->counted = done;
+    if (pr->durable) {
+        ddld_metrics_checkpoint();
+    }
     if (t->job->call != NULL && (pr->epoch_end || done % t->every == 0)) {
         Distdl__V1__TrainProgress r = DISTDL__V1__TRAIN_PROGRESS__INIT;
         r.step                      = pr->step;
@@ -1290,6 +1308,7 @@ static ddl_status save(ddld_dispatch *d, const char *dir, int64_t *step)
     if (st == DDL_OK) {
         *step = p.saved_step;
         publish_progress(d);
+        ddld_metrics_checkpoint();
         ddld_log("checkpoint of step %lld is durable in %s", (long long)p.saved_step, dir);
     }
     return st;

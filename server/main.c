@@ -4,6 +4,7 @@
 //   mpirun -np P distdld [--model spec.json] [--listen 127.0.0.1:PORT|unix:PATH]
 //          [--address-file F] [--data-root D] [--checkpoint-dir D --checkpoint-every K]
 //          [--resume] [--max-message-bytes N] [--queue N]
+//          [--metrics-listen 127.0.0.1:PORT [--metrics-address-file F]]
 //
 // Rank 0's main thread runs a libuv loop: an async handle wakes it when the gRPC thread
 // queued work, signal handles turn SIGTERM/SIGINT/SIGUSR2 into a graceful shutdown and
@@ -27,6 +28,7 @@
 #include "ddl/blas.h"
 #include "ddl/model.h"
 #include "ddld.h"
+#include "metrics.h"
 
 static int log_rank = -1;
 
@@ -61,6 +63,9 @@ static const char usage[] =
     "  --max-message-bytes N     largest request message accepted (default 67108864)\n"
     "  --queue N                 pending requests and submitted batches (default 64)\n"
     "  --grace SECONDS           shutdown grace for in-flight calls (default 5)\n"
+    "  --metrics-listen H:PORT   serve Prometheus metrics at http://H:PORT/metrics (numeric\n"
+    "                            address; port 0 picks a free one; off by default)\n"
+    "  --metrics-address-file F  write the metrics host:port here once serving\n"
     "Signals: SIGTERM/SIGINT to rank 0, or SIGUSR2 to mpirun, shut down gracefully;\n"
     "SIGUSR1 (to mpirun or rank 0) checkpoints now.\n";
 
@@ -117,7 +122,9 @@ static int parse_args(int argc, char **argv, ddld_config *cfg, bool print)
                                                  "--checkpoint-interval",
                                                  "--max-message-bytes",
                                                  "--queue",
-                                                 "--grace"};
+                                                 "--grace",
+                                                 "--metrics-listen",
+                                                 "--metrics-address-file"};
         bool                     known        = false;
         for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) {
             known = known || strcmp(name, with_value[k]) == 0;
@@ -172,6 +179,10 @@ static int parse_args(int argc, char **argv, ddld_config *cfg, bool print)
         } else if (strcmp(name, "--grace") == 0) {
             ok           = parse_int(val, 0, 3600, &v);
             cfg->grace_s = (double)v;
+        } else if (strcmp(name, "--metrics-listen") == 0) {
+            cfg->metrics_listen = val; // checked after MPI_Init (ddld_metrics_check_config)
+        } else if (strcmp(name, "--metrics-address-file") == 0) {
+            cfg->metrics_address_file = val;
         }
         if (!ok) {
             if (print) {
@@ -323,12 +334,17 @@ static int run_rank0(const ddld_config *cfg, ddld_dispatch *d)
 
     int code = ddld_dispatch_startup(d);
     int port = 0;
+    if (code == 0 && ddld_metrics_start() != 0) {
+        code = 2; // a bad or busy --metrics-listen: before gRPC serves anything
+    }
     if (code == 0) {
         r0.svc = ddld_service_start(cfg, wake_from_grpc, NULL, &port);
         code   = r0.svc == NULL ? 2 : 0;
+        ddld_metrics_attach(r0.svc);
     }
     if (code == 0 && write_address(cfg, port) != 0) {
         code = 2;
+        ddld_metrics_stop();
         ddld_service_close(r0.svc);
         ddld_service_stop(&r0.svc, 0);
     }
@@ -360,8 +376,10 @@ static int run_rank0(const ddld_config *cfg, ddld_dispatch *d)
         // only then release the workers.
         ddld_service_close(r0.svc);
         ddld_dispatch_final_checkpoint(d);
+        ddld_metrics_stop(); // scrapes see the final checkpoint; the service outlives them
         ddld_service_stop(&r0.svc, cfg->grace_s);
     }
+    ddld_metrics_stop();
     uv_walk(&r0.loop, close_handle, NULL);
     uv_run(&r0.loop, UV_RUN_DEFAULT);
     uv_loop_close(&r0.loop);
@@ -406,6 +424,16 @@ int main(int argc, char **argv)
         MPI_Finalize();
         return 2;
     }
+    // The metrics options are checked here, where rank 0 can report them before any rank
+    // leaves (MPI_Finalize waits for all): every rank reaches the same verdict alone.
+    char why[512];
+    if (ddld_metrics_check_config(&cfg, why, sizeof why) != 0) {
+        if (rank == 0) {
+            ddld_log("%s (see --help)", why);
+        }
+        MPI_Finalize();
+        return 2;
+    }
     // The same BLAS thread share per rank as distdl-train, so a model trained through the
     // daemon computes exactly what the batch program computes.
     int threads = ddl_runtime_divide_cores(MPI_COMM_WORLD);
@@ -413,6 +441,7 @@ int main(int argc, char **argv)
         ddld_log("%d ranks, BLAS %s, %d thread%s per rank", size, ddl_blas_summary(), threads,
                  threads == 1 ? "" : "s");
     }
+    ddld_metrics_init(&cfg, rank, size);
     ddld_dispatch *d = ddld_dispatch_create(&cfg, MPI_COMM_WORLD);
     int            code;
     if (rank == 0) {
@@ -426,6 +455,7 @@ int main(int argc, char **argv)
         code = ddld_dispatch_worker_loop(d);
     }
     ddld_dispatch_destroy(&d);
+    ddld_metrics_free();
     MPI_Finalize();
     if (rank == 0) {
         ddld_log("exit %d", code);

@@ -38,6 +38,7 @@
 #include "ddld.h"
 #include "grpc/health/v1/health.pb-c.h"
 #include "inference/grpc_service.pb-c.h"
+#include "metrics.h"
 
 // ---- method table ---------------------------------------------------------------------
 
@@ -114,6 +115,7 @@ struct ddld_call {
     atomic_int          refs;
     int                 method;
     int                 state;
+    double              t_arrived; // ddld_now() when the call arrived (metrics)
     grpc_call          *call;
     gpr_timespec        deadline;
     grpc_metadata_array md;
@@ -225,6 +227,7 @@ static void finish_locked(ddld_call *c, grpc_status_code code, const char *msg,
     ops[n++].data.send_status_from_server.status_details = msg != NULL ? &c->status_details : NULL;
     c->state                                             = ST_FINISH;
     c->send_busy                                         = true;
+    ddld_metrics_rpc(c->method, code, ddld_now() - c->t_arrived);
     start_batch(c, ops, n);
 }
 
@@ -490,6 +493,14 @@ static grpc_status_code enqueue(ddld_service *svc, ddld_job *job, bool priority)
     pthread_mutex_unlock(&svc->mu);
     svc->wake(svc->wake_ud);
     return GRPC_STATUS_OK;
+}
+
+int ddld_service_queue_depth(ddld_service *svc)
+{
+    pthread_mutex_lock(&svc->mu);
+    int n = svc->count;
+    pthread_mutex_unlock(&svc->mu);
+    return n;
 }
 
 ddld_job *ddld_service_pop(ddld_service *svc)
@@ -1292,6 +1303,7 @@ static void on_op(ddld_call *c, bool ok)
             call_free(c);
             return;
         }
+        c->t_arrived = ddld_now();
         request_new(svc, c->method);
         atomic_init(&c->refs, 2); // op side + close side
         grpc_op op;

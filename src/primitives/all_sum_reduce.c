@@ -26,6 +26,7 @@
 #include "ddl/primitives.h"
 #include "partition/mpi_check.h"
 #include "primitives/bcast_reduce.h"
+#include "primitives/traffic.h"
 
 // Everything is decided in create; forward and adjoint only read the plan.
 struct ddl_all_sum_reduce {
@@ -155,11 +156,16 @@ ddl_shape ddl_all_sum_reduce_shape(const ddl_all_sum_reduce_t *a)
 // y = Σ_G x, shared by forward and adjoint. In place (x and y the same memory) is
 // allowed and uses MPI_IN_PLACE.
 static ddl_status all_sum(const ddl_all_sum_reduce_t *a, const ddl_tensor_t *x, ddl_tensor_t *y,
-                          const char *op)
+                          const char *op, ddl_traffic_pass pass)
 {
     DDL_REQUIRE(a != NULL, DDL_EINVAL, "%s: plan is NULL", op);
     DDL_CHECK(ddl__check_tensor(op, "input", x, a->dt, &a->shape));
     DDL_CHECK(ddl__check_tensor(op, "output", y, a->dt, &a->shape));
+    // Traffic: my tensor to each of the g-1 others and theirs to me (traffic.c).
+    uint64_t moved = a->active && a->comm != MPI_COMM_NULL
+                         ? (uint64_t)(a->group_size - 1) * (uint64_t)a->n * ddl_dtype_size(a->dt)
+                         : 0;
+    ddl__traffic_add(DDL_TRAFFIC_ALL_SUM_REDUCE, pass, moved, moved);
     if (!a->active || a->n == 0) {
         return DDL_OK;  // nothing here, and every member of my group agrees on n
     }
@@ -185,12 +191,12 @@ static ddl_status all_sum(const ddl_all_sum_reduce_t *a, const ddl_tensor_t *x, 
 ddl_status ddl_all_sum_reduce_forward(const ddl_all_sum_reduce_t *a, const ddl_tensor_t *x,
                                       ddl_tensor_t *y)
 {
-    return all_sum(a, x, y, "all_sum_reduce forward");
+    return all_sum(a, x, y, "all_sum_reduce forward", DDL_TRAFFIC_FORWARD);
 }
 
 ddl_status ddl_all_sum_reduce_adjoint(const ddl_all_sum_reduce_t *a, const ddl_tensor_t *dy,
                                       ddl_tensor_t *dx)
 {
     // Self-adjoint: the same group sum applied to dy.
-    return all_sum(a, dy, dx, "all_sum_reduce adjoint");
+    return all_sum(a, dy, dx, "all_sum_reduce adjoint", DDL_TRAFFIC_ADJOINT);
 }

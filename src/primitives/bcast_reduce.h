@@ -42,6 +42,7 @@ typedef struct ddl__bcast_reduce {
     ddl_shape      root_shape;    // local shape on the root side (zero-volume if not a root)
     ddl_shape      leaf_shape;    // local shape on the leaf side (zero-volume if not a leaf)
     const char    *name;          // "broadcast" or "sum_reduce", for messages
+    int            kind;          // ddl_traffic_kind of the plan (traffic counters)
 } ddl__bcast_reduce;
 
 // Validates shape and dtype, then builds the groups: roots_are_x selects the broadcast

@@ -31,6 +31,7 @@
 #include "partition/group_internal.h"
 #include "partition/mpi_check.h"
 #include "primitives/bcast_reduce.h"
+#include "primitives/traffic.h"
 
 // The plan is the shared executor with the sources as roots. Everything it needs is
 // computed by ddl_broadcast_create; forward and adjoint read it and allocate nothing.
@@ -191,6 +192,7 @@ ddl_status ddl__bcast_reduce_init(ddl__bcast_reduce *p, const char *name,
     p->root_shape = p->rooted.member ? *shape : z;
     p->leaf_shape = p->leaf.member ? *shape : z;
     p->name       = name;
+    p->kind       = roots_are_x ? DDL_TRAFFIC_BROADCAST : DDL_TRAFFIC_SUM_REDUCE;
     return DDL_OK;
 }
 
@@ -222,6 +224,28 @@ static ddl_status check_pair(const ddl__bcast_reduce *p, const char *op, const d
     return DDL_OK;
 }
 
+// Traffic of one fan-out or fan-in (primitives/traffic.c): the root exchanges the tensor
+// with each of the other g-1 members of the group it roots, a leaf that is not that root
+// exchanges it once with its own root. Fan-out is Broadcast's forward and SumReduce's
+// adjoint; fan-in the other way round.
+static void count_traffic(const ddl__bcast_reduce *p, bool fan_out, size_t bytes)
+{
+    uint64_t to_leaves = 0, to_root = 0;
+    if (p->rooted.member && p->rooted.comm != MPI_COMM_NULL) {
+        to_leaves = (uint64_t)(p->rooted.size - 1) * bytes;
+    }
+    if (p->leaf.member && !p->same) {
+        to_root = bytes;
+    }
+    ddl_traffic_pass pass =
+        fan_out == (p->kind == DDL_TRAFFIC_BROADCAST) ? DDL_TRAFFIC_FORWARD : DDL_TRAFFIC_ADJOINT;
+    if (fan_out) {
+        ddl__traffic_add((ddl_traffic_kind)p->kind, pass, to_leaves, to_root);
+    } else {
+        ddl__traffic_add((ddl_traffic_kind)p->kind, pass, to_root, to_leaves);
+    }
+}
+
 // Fan-out. Per group: the root's tensor reaches every leaf (MPI_Bcast from comm rank
 // 0). A root that is its own leaf copies first and broadcasts the copy, so `in` is
 // never written.
@@ -230,6 +254,7 @@ ddl_status ddl__bcast_reduce_bcast(const ddl__bcast_reduce *p, const ddl_tensor_
 {
     DDL_CHECK(check_pair(p, op, in, &p->root_shape, out, &p->leaf_shape));
     size_t bytes = (size_t)p->n * ddl_dtype_size(p->dt);
+    count_traffic(p, true, bytes);
     for (int step = 0; step < 2; step++) {
         bool rooted_step = (step == 0) == p->rooted_first;
         if (rooted_step && p->rooted.member) {
@@ -262,6 +287,7 @@ ddl_status ddl__bcast_reduce_sum(const ddl__bcast_reduce *p, const ddl_tensor_t 
 {
     DDL_CHECK(check_pair(p, op, in, &p->leaf_shape, out, &p->root_shape));
     size_t bytes = (size_t)p->n * ddl_dtype_size(p->dt);
+    count_traffic(p, false, bytes);
     for (int step = 0; step < 2; step++) {
         bool rooted_step = (step == 0) == p->rooted_first;
         if (rooted_step && p->rooted.member) {

@@ -41,6 +41,7 @@
 #include "ddl/base.h"
 #include "ddl/primitives.h"
 #include "partition/mpi_check.h"
+#include "primitives/traffic.h"
 
 // Tags: one per (direction, dimension), distinct for forward and adjoint so a message of
 // one operation can never match a receive of the other on the shared communicator.
@@ -659,9 +660,30 @@ static ddl_status complete(const ddl_halo_exchange_t *h, ddl_tensor_t *buf, step
 static const int ghost_slot[2] = {SLOT_GHOST_LO, SLOT_GHOST_HI};
 static const int bulk_slot[2]  = {SLOT_BULK_LO, SLOT_BULK_HI};
 
+// Traffic of one exchange (primitives/traffic.c): forward sends the bulk slabs and
+// receives the ghosts; the adjoint sends the ghosts back and receives into the bulk.
+static void count_traffic(const ddl_halo_exchange_t *h, ddl_traffic_pass pass)
+{
+    uint64_t bulk = 0, ghost = 0;
+    for (int t = 0; t < h->nsteps; t++) {
+        for (int side = 0; side < 2; side++) {
+            bulk += (uint64_t)h->steps[t].slab[bulk_slot[side]].count;
+            ghost += (uint64_t)h->steps[t].slab[ghost_slot[side]].count;
+        }
+    }
+    bulk *= h->esize;
+    ghost *= h->esize;
+    if (pass == DDL_TRAFFIC_FORWARD) {
+        ddl__traffic_add(DDL_TRAFFIC_HALO_EXCHANGE, pass, bulk, ghost);
+    } else {
+        ddl__traffic_add(DDL_TRAFFIC_HALO_EXCHANGE, pass, ghost, bulk);
+    }
+}
+
 ddl_status ddl_halo_exchange_forward(const ddl_halo_exchange_t *h, ddl_tensor_t *buf)
 {
     DDL_CHECK(check_buffer(h, buf, "forward"));
+    count_traffic(h, DDL_TRAFFIC_FORWARD);
     for (int t = 0; t < h->nsteps; t++) {
         const halo_step *s       = &h->steps[t];
         const int        peer[2] = {s->lo, s->hi};
@@ -699,6 +721,7 @@ ddl_status ddl_halo_exchange_forward(const ddl_halo_exchange_t *h, ddl_tensor_t 
 ddl_status ddl_halo_exchange_adjoint(const ddl_halo_exchange_t *h, ddl_tensor_t *buf)
 {
     DDL_CHECK(check_buffer(h, buf, "adjoint"));
+    count_traffic(h, DDL_TRAFFIC_ADJOINT);
     for (int t = h->nsteps - 1; t >= 0; t--) {
         const halo_step *s       = &h->steps[t];
         const int        peer[2] = {s->lo, s->hi};

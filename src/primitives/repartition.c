@@ -39,6 +39,7 @@
 #include "ddl/decomp.h"
 #include "ddl/primitives.h"
 #include "partition/mpi_check.h"
+#include "primitives/traffic.h"
 
 // Tags of the two directions (DistDL uses the same numbers). The union communicator
 // is private to the plan, so only the direction needs distinguishing; within one
@@ -55,6 +56,7 @@ typedef struct piece {
     int          count;    // element count (contiguous case), else 1
     MPI_Datatype type;     // MPI_FLOAT/MPI_DOUBLE, or a committed subarray type
     bool         derived;  // type was created here and must be freed
+    uint64_t     bytes;    // payload bytes of the piece (traffic counters)
 } piece;
 
 struct ddl_repartition {
@@ -73,6 +75,8 @@ struct ddl_repartition {
     ddl_box          self_x;    // that overlap in x-local coordinates
     ddl_box          self_y;    // and in y-local coordinates
     MPI_Request     *req;       // nx + ny requests, reused by every call
+    uint64_t         x_bytes;   // payload of the nx pieces (traffic counters)
+    uint64_t         y_bytes;   // payload of the ny pieces
 };
 
 // ---- validation -------------------------------------------------------------
@@ -310,6 +314,7 @@ static ddl_status piece_describe(ddl_dtype dt, const ddl_shape *s, const ddl_box
     int64_t numel = ddl_box_numel(b);
     p->peer       = peer;
     p->derived    = false;
+    p->bytes      = (uint64_t)numel * ddl_dtype_size(dt);
     if (contiguous && numel <= INT_MAX) {
         int64_t first = 0, stride = 1;  // element offset of the box's first element
         for (int d = s->ndim - 1; d >= 0; d--) {
@@ -458,6 +463,12 @@ static ddl_status plan_build(ddl_repartition_t *t, const ddl_partition_t *P_x,
                        .is_x = false};
             DDL_CHECK(side_build(t, &sd, &t->yp, &t->ny));
         }
+    }
+    for (int k = 0; k < t->nx; k++) {
+        t->x_bytes += t->xp[k].bytes;
+    }
+    for (int k = 0; k < t->ny; k++) {
+        t->y_bytes += t->yp[k].bytes;
     }
     if (t->nx + t->ny > 0) {
         t->req = ddl_malloc(sizeof(MPI_Request) * (size_t)(t->nx + t->ny));
@@ -688,6 +699,7 @@ ddl_status ddl_repartition_forward(const ddl_repartition_t *t, const ddl_tensor_
     DDL_CHECK(check_tensor(t, x, &t->x_shape, "x"));
     DDL_CHECK(check_tensor(t, y, &t->y_shape, "y"));
     // x pieces go out, y pieces come in.
+    ddl__traffic_add(DDL_TRAFFIC_REPARTITION, DDL_TRAFFIC_FORWARD, t->x_bytes, t->y_bytes);
     return execute(t, x, t->xp, t->nx, &t->self_x, y, t->yp, t->ny, &t->self_y, TAG_FORWARD);
 }
 
@@ -700,5 +712,6 @@ ddl_status ddl_repartition_adjoint(const ddl_repartition_t *t, const ddl_tensor_
     DDL_CHECK(check_tensor(t, dy, &t->y_shape, "dy"));
     DDL_CHECK(check_tensor(t, dx, &t->x_shape, "dx"));
     // The inverse remap: y pieces go back out, x pieces come home.
+    ddl__traffic_add(DDL_TRAFFIC_REPARTITION, DDL_TRAFFIC_ADJOINT, t->y_bytes, t->x_bytes);
     return execute(t, dy, t->yp, t->ny, &t->self_y, dx, t->xp, t->nx, &t->self_x, TAG_ADJOINT);
 }

@@ -145,6 +145,43 @@ DDL_EXTERN const ddl_halo_dim *ddl_halo_exchange_dims(const ddl_halo_exchange_t 
 DDL_EXTERN ddl_status ddl_halo_exchange_forward(const ddl_halo_exchange_t *h, ddl_tensor_t *buf);
 DDL_EXTERN ddl_status ddl_halo_exchange_adjoint(const ddl_halo_exchange_t *h, ddl_tensor_t *buf);
 
+// ---- Traffic counters ------------------------------------------------------
+// Every process counts the payload bytes its primitives exchanged with other ranks,
+// per primitive kind and pass (forward, adjoint), since start or the last reset: what
+// this rank's data other ranks needed (sent) and what it needed of theirs (received),
+// as direct messages; self copies are not counted. Collectives count per group of g
+// ranks and tensor of B bytes: a broadcast root sends (g-1)B and every other member
+// receives B; a sum-reduce root receives (g-1)B and every other member sends B; an
+// all-sum-reduce member sends and receives (g-1)B. Repartition and HaloExchange count
+// the exact boxes and slabs sent and received. Summed over ranks, sent == received.
+// `calls` counts the forward/adjoint executions on this rank (zero-byte ones too).
+// Main thread only (not thread-safe); allocates nothing.
+typedef enum {
+    DDL_TRAFFIC_BROADCAST,
+    DDL_TRAFFIC_SUM_REDUCE,
+    DDL_TRAFFIC_ALL_SUM_REDUCE,
+    DDL_TRAFFIC_REPARTITION,
+    DDL_TRAFFIC_HALO_EXCHANGE,
+    DDL_TRAFFIC_NKINDS
+} ddl_traffic_kind;
+
+typedef enum { DDL_TRAFFIC_FORWARD, DDL_TRAFFIC_ADJOINT, DDL_TRAFFIC_NPASSES } ddl_traffic_pass;
+
+typedef struct ddl_traffic_count {
+    uint64_t sent, received, calls;
+} ddl_traffic_count;
+
+typedef struct ddl_traffic {
+    ddl_traffic_count c[DDL_TRAFFIC_NKINDS][DDL_TRAFFIC_NPASSES];
+} ddl_traffic;
+
+// Copies this process's counters into *out.
+DDL_EXTERN void        ddl_traffic_snapshot(ddl_traffic *out);
+// Sets this process's counters to zero.
+DDL_EXTERN void        ddl_traffic_reset(void);
+// "broadcast", "sum_reduce", "all_sum_reduce", "repartition", "halo_exchange".
+DDL_EXTERN const char *ddl_traffic_kind_name(ddl_traffic_kind kind);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,666 @@
+// server/metrics.c: the Prometheus endpoint of distdld (server/metrics.h, docs/METRICS.md).
+//
+// Threads. The hooks run on rank 0's cq thread and main thread; the scrape runs on
+// libmicrohttpd's polling thread. They share `m` under m.mu, which the writers hold for a
+// few additions and the scrape for one copy of the tables (about 70 KB); the text is
+// formatted after the lock is released, so a slow scrape never holds up a step.
+//
+// Collection. ddld_metrics_collect is the one collective: after every command each rank
+// contributes a fixed record (its primitive counters, ddl_traffic_snapshot, and its
+// resident memory from /proc/self/statm) to an MPI_Gather on the dispatcher's
+// communicator. The buffers are allocated once by ddld_metrics_init; the gather
+// allocates nothing and costs one small message per rank per command (its time is
+// exported as distdl_metrics_collect_seconds_total).
+#include <arpa/inet.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "ddl/primitives.h"
+#include "metrics.h"
+
+// ---- tables -------------------------------------------------------------------------------
+
+#define NMETHODS (DDLD_M_COUNT + 1) // + "unknown"
+#define NCODES 17                   // gRPC status codes 0..16
+
+// Method label values: the gRPC path without its leading slash.
+static const char *const method_names[NMETHODS] = {
+    [DDLD_M_CREATE_MODEL]   = "distdl.v1.Trainer/CreateModel",
+    [DDLD_M_GET_STATUS]     = "distdl.v1.Trainer/GetStatus",
+    [DDLD_M_SUBMIT_BATCH]   = "distdl.v1.Trainer/SubmitBatch",
+    [DDLD_M_STEP]           = "distdl.v1.Trainer/Step",
+    [DDLD_M_TRAIN]          = "distdl.v1.Trainer/Train",
+    [DDLD_M_EVALUATE]       = "distdl.v1.Trainer/Evaluate",
+    [DDLD_M_PREDICT]        = "distdl.v1.Trainer/Predict",
+    [DDLD_M_PULL_WEIGHTS]   = "distdl.v1.Trainer/PullWeights",
+    [DDLD_M_PUSH_WEIGHTS]   = "distdl.v1.Trainer/PushWeights",
+    [DDLD_M_CHECKPOINT]     = "distdl.v1.Trainer/Checkpoint",
+    [DDLD_M_RESTORE]        = "distdl.v1.Trainer/Restore",
+    [DDLD_M_SHUTDOWN]       = "distdl.v1.Trainer/Shutdown",
+    [DDLD_M_HEALTH_CHECK]   = "grpc.health.v1.Health/Check",
+    [DDLD_M_HEALTH_WATCH]   = "grpc.health.v1.Health/Watch",
+    [DDLD_M_SERVER_LIVE]    = "inference.GRPCInferenceService/ServerLive",
+    [DDLD_M_SERVER_READY]   = "inference.GRPCInferenceService/ServerReady",
+    [DDLD_M_MODEL_READY]    = "inference.GRPCInferenceService/ModelReady",
+    [DDLD_M_MODEL_METADATA] = "inference.GRPCInferenceService/ModelMetadata",
+    [DDLD_M_MODEL_INFER]    = "inference.GRPCInferenceService/ModelInfer",
+    [DDLD_M_COUNT]          = "unknown",
+};
+
+// Latency buckets (upper bounds, seconds): 10 µs (a cheap answer from the snapshot) to
+// 10 minutes (a long Train stream), roughly 1-2.5-5 per decade.
+static const double buckets[] = {1e-5, 2.5e-5, 5e-5,   1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3,
+                                 5e-3, 1e-2,   2.5e-2, 5e-2, 0.1,    0.25, 0.5,  1,
+                                 2.5,  5,      10,     30,   60,     120,  300,  600};
+#define NBUCKETS ((int)(sizeof buckets / sizeof buckets[0]))
+
+typedef struct rpc_stats {
+    uint64_t count[NMETHODS][NCODES];
+    uint64_t bucket[NMETHODS][NCODES][NBUCKETS]; // not cumulative; +Inf is count - sum
+    double   sum[NMETHODS][NCODES];
+} rpc_stats;
+
+// One rank's gathered record: per primitive kind and pass, sent/received/calls, then
+// the resident memory.
+enum { REC_TRAFFIC = DDL_TRAFFIC_NKINDS * DDL_TRAFFIC_NPASSES * 3, REC_RSS = REC_TRAFFIC, NREC };
+
+static struct {
+    bool                    enabled;
+    int                     rank, size;
+    const ddld_config      *cfg;
+    pthread_mutex_t         mu;
+    rpc_stats               rpc;
+    uint64_t                steps, images, checkpoints;
+    double                  images_per_s;
+    int64_t                *gather; // size * NREC: the gather's receive buffer (rank 0)
+    int64_t                *ranks;  // size * NREC: the last complete gather, under mu
+    bool                    gathered;
+    uint64_t                collects;
+    double                  collect_s;
+    _Atomic(ddld_service *) svc;
+    struct MHD_Daemon      *mhd;
+    double                  start_unix, start_mono;
+    long                    page;
+} m = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+// ---- the listen address ---------------------------------------------------------------
+
+// Splits and parses HOST:PORT into ss. Pure.
+static int parse_listen(const char *s, struct sockaddr_storage *ss, socklen_t *len, char *err,
+                        size_t errlen)
+{
+    char        host[64];
+    const char *port;
+    memset(ss, 0, sizeof *ss);
+    if (s[0] == '[') {
+        const char *rb = strchr(s, ']');
+        if (rb == NULL || rb[1] != ':' || (size_t)(rb - s - 1) >= sizeof host) {
+            snprintf(err, errlen, "expected [IPV6]:PORT");
+            return -1;
+        }
+        memcpy(host, s + 1, (size_t)(rb - s - 1));
+        host[rb - s - 1] = '\0';
+        port             = rb + 2;
+    } else {
+        const char *colon = strrchr(s, ':');
+        if (colon == NULL || (size_t)(colon - s) >= sizeof host) {
+            snprintf(err, errlen, "expected HOST:PORT with a numeric address, e.g. 127.0.0.1:9090");
+            return -1;
+        }
+        memcpy(host, s, (size_t)(colon - s));
+        host[colon - s] = '\0';
+        port            = colon + 1;
+    }
+    char *end;
+    errno  = 0;
+    long p = strtol(port, &end, 10);
+    if (port[0] < '0' || port[0] > '9' || *end != '\0' || errno != 0 || p < 0 || p > 65535) {
+        snprintf(err, errlen, "port \"%s\" is not a number in 0..65535", port);
+        return -1;
+    }
+    struct sockaddr_in  *v4 = (struct sockaddr_in *)ss;
+    struct sockaddr_in6 *v6 = (struct sockaddr_in6 *)ss;
+    if (s[0] != '[' && inet_pton(AF_INET, host, &v4->sin_addr) == 1) {
+        v4->sin_family = AF_INET;
+        v4->sin_port   = htons((uint16_t)p);
+        *len           = sizeof *v4;
+    } else if (s[0] == '[' && inet_pton(AF_INET6, host, &v6->sin6_addr) == 1) {
+        v6->sin6_family = AF_INET6;
+        v6->sin6_port   = htons((uint16_t)p);
+        *len            = sizeof *v6;
+    } else {
+        snprintf(err, errlen,
+                 "\"%s\" is not a numeric IPv4 address (or a bracketed IPv6 one); names are "
+                 "not resolved",
+                 host);
+        return -1;
+    }
+    return 0;
+}
+
+int ddld_metrics_check_config(const ddld_config *cfg, char *err, size_t errlen)
+{
+    struct sockaddr_storage ss;
+    socklen_t               len;
+    char                    why[256];
+    if (cfg->metrics_address_file != NULL && cfg->metrics_listen == NULL) {
+        snprintf(err, errlen, "--metrics-address-file needs --metrics-listen");
+        return -1;
+    }
+    if (cfg->metrics_listen != NULL &&
+        parse_listen(cfg->metrics_listen, &ss, &len, why, sizeof why) != 0) {
+        snprintf(err, errlen, "--metrics-listen: bad value \"%s\": %s", cfg->metrics_listen, why);
+        return -1;
+    }
+    return 0;
+}
+
+// ---- lifecycle ----------------------------------------------------------------------------
+
+static double now_mono(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+void ddld_metrics_init(const ddld_config *cfg, int rank, int size)
+{
+    m.cfg     = cfg;
+    m.rank    = rank;
+    m.size    = size;
+    m.enabled = cfg->metrics_listen != NULL;
+    m.page    = sysconf(_SC_PAGESIZE);
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    m.start_unix = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+    m.start_mono = now_mono();
+    atomic_init(&m.svc, NULL);
+    if (m.enabled && rank == 0) {
+        m.gather = calloc((size_t)size * NREC, sizeof *m.gather);
+        m.ranks  = calloc((size_t)size * NREC, sizeof *m.ranks);
+        if (m.gather == NULL || m.ranks == NULL) {
+            ddld_log("metrics: out of memory for %d ranks' counters", size);
+            MPI_Abort(MPI_COMM_WORLD, 2); // the workers would wait in the first gather
+        }
+    }
+}
+
+void ddld_metrics_free(void)
+{
+    free(m.gather);
+    free(m.ranks);
+    m.gather  = NULL;
+    m.ranks   = NULL;
+    m.enabled = false;
+}
+
+// This process's resident set in bytes (second field of /proc/self/statm, in pages), or
+// 0 when it cannot be read. No allocation (no stdio).
+static int64_t resident_bytes(void)
+{
+    char buf[128];
+    int  fd = open("/proc/self/statm", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        return 0;
+    }
+    ssize_t n = read(fd, buf, sizeof buf - 1);
+    close(fd);
+    if (n <= 0) {
+        return 0;
+    }
+    buf[n]  = '\0';
+    char *p = strchr(buf, ' ');
+    return p != NULL ? strtoll(p + 1, NULL, 10) * (int64_t)m.page : 0;
+}
+
+void ddld_metrics_collect(MPI_Comm comm)
+{
+    if (!m.enabled) {
+        return;
+    }
+    double      t0 = MPI_Wtime();
+    ddl_traffic t;
+    int64_t     rec[NREC];
+    ddl_traffic_snapshot(&t);
+    for (int k = 0; k < DDL_TRAFFIC_NKINDS; k++) {
+        for (int p = 0; p < DDL_TRAFFIC_NPASSES; p++) {
+            int64_t *r = rec + (k * DDL_TRAFFIC_NPASSES + p) * 3;
+            r[0]       = (int64_t)t.c[k][p].sent;
+            r[1]       = (int64_t)t.c[k][p].received;
+            r[2]       = (int64_t)t.c[k][p].calls;
+        }
+    }
+    // Reading statm costs ~9 us (the kernel walks the memory map): twice a second is
+    // plenty for a gauge.
+    static double  rss_at = -1;
+    static int64_t rss;
+    double         now = now_mono();
+    if (rss_at < 0 || now - rss_at >= 0.5) {
+        rss    = resident_bytes();
+        rss_at = now;
+    }
+    rec[REC_RSS] = rss;
+    MPI_Gather(rec, NREC, MPI_INT64_T, m.gather, NREC, MPI_INT64_T, 0, comm);
+    if (m.rank == 0) {
+        double dt = MPI_Wtime() - t0;
+        pthread_mutex_lock(&m.mu);
+        memcpy(m.ranks, m.gather, (size_t)m.size * NREC * sizeof *m.ranks);
+        m.gathered = true;
+        m.collects++;
+        m.collect_s += dt;
+        pthread_mutex_unlock(&m.mu);
+    }
+}
+
+// ---- hooks ----------------------------------------------------------------------------------
+
+void ddld_metrics_rpc(int method, grpc_status_code code, double seconds)
+{
+    if (!m.enabled) {
+        return;
+    }
+    int mi = method >= 0 && method < NMETHODS ? method : DDLD_M_COUNT;
+    int ci = (int)code >= 0 && (int)code < NCODES ? (int)code : GRPC_STATUS_UNKNOWN;
+    int b  = 0;
+    while (b < NBUCKETS && seconds > buckets[b]) {
+        b++;
+    }
+    pthread_mutex_lock(&m.mu);
+    m.rpc.count[mi][ci]++;
+    m.rpc.sum[mi][ci] += seconds;
+    if (b < NBUCKETS) {
+        m.rpc.bucket[mi][ci][b]++;
+    }
+    pthread_mutex_unlock(&m.mu);
+}
+
+void ddld_metrics_steps(int64_t steps, int64_t images, double images_per_s)
+{
+    if (!m.enabled || steps <= 0) {
+        return;
+    }
+    pthread_mutex_lock(&m.mu);
+    m.steps += (uint64_t)steps;
+    m.images += (uint64_t)images;
+    if (images_per_s > 0) {
+        m.images_per_s = images_per_s;
+    }
+    pthread_mutex_unlock(&m.mu);
+}
+
+void ddld_metrics_checkpoint(void)
+{
+    if (!m.enabled) {
+        return;
+    }
+    pthread_mutex_lock(&m.mu);
+    m.checkpoints++;
+    pthread_mutex_unlock(&m.mu);
+}
+
+void ddld_metrics_attach(ddld_service *svc)
+{
+    atomic_store(&m.svc, svc);
+}
+
+// ---- the scrape (HTTP thread) ---------------------------------------------------------------
+
+// Everything a scrape prints, copied under the locks and formatted afterwards.
+struct scrape {
+    rpc_stats rpc;
+    uint64_t  steps, images, checkpoints, collects;
+    double    images_per_s, collect_s;
+    bool      gathered;
+    int64_t  *ranks; // size * NREC
+    // from ddld_g
+    bool        has_model;
+    int         world_size;
+    int64_t     step, durable_step, epoch;
+    double      last_loss;
+    int         batches, batch_cap, requests, request_cap;
+    const char *state;
+};
+
+static void family(FILE *f, const char *name, const char *type, const char *help)
+{
+    fprintf(f, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+}
+
+static void render(FILE *f, const struct scrape *s)
+{
+    family(f, "distdl_start_time_seconds", "gauge",
+           "Start time of the daemon since the Unix epoch in seconds.");
+    fprintf(f, "distdl_start_time_seconds %.3f\n", m.start_unix);
+    family(f, "distdl_uptime_seconds", "gauge", "Seconds since the daemon started.");
+    fprintf(f, "distdl_uptime_seconds %.3f\n", now_mono() - m.start_mono);
+    family(f, "distdl_world_size", "gauge", "MPI ranks of the daemon.");
+    fprintf(f, "distdl_world_size %d\n", s->world_size);
+    family(f, "distdl_model_loaded", "gauge", "1 when a model is loaded, else 0.");
+    fprintf(f, "distdl_model_loaded %d\n", s->has_model ? 1 : 0);
+    family(f, "distdl_training", "gauge", "1 while a Step or Train runs, else 0.");
+    fprintf(f, "distdl_training %d\n", strcmp(s->state, "training") == 0 ? 1 : 0);
+
+    family(f, "distdl_steps_total", "counter",
+           "Optimizer steps taken by this daemon (Step and Train).");
+    fprintf(f, "distdl_steps_total %llu\n", (unsigned long long)s->steps);
+    family(f, "distdl_images_total", "counter", "Training samples consumed by those steps.");
+    fprintf(f, "distdl_images_total %llu\n", (unsigned long long)s->images);
+    family(f, "distdl_images_per_second", "gauge",
+           "Training throughput of the latest Step or Train (samples per second).");
+    fprintf(f, "distdl_images_per_second %.6g\n", s->images_per_s);
+    family(f, "distdl_model_step", "gauge", "The model's optimizer step (restored with it).");
+    fprintf(f, "distdl_model_step %lld\n", (long long)s->step);
+    family(f, "distdl_durable_step", "gauge", "Step of the newest durable checkpoint (-1: none).");
+    fprintf(f, "distdl_durable_step %lld\n", (long long)s->durable_step);
+    family(f, "distdl_epoch", "gauge", "Epoch of the server-side dataset cursor.");
+    fprintf(f, "distdl_epoch %lld\n", (long long)s->epoch);
+    family(f, "distdl_train_loss", "gauge", "Loss of the latest training step.");
+    fprintf(f, "distdl_train_loss %.17g\n", s->last_loss);
+    family(f, "distdl_checkpoints_total", "counter", "Durable checkpoints written.");
+    fprintf(f, "distdl_checkpoints_total %llu\n", (unsigned long long)s->checkpoints);
+
+    family(f, "distdl_queue_depth", "gauge",
+           "Waiting engine requests (queue=\"requests\") and submitted batches "
+           "(queue=\"batches\").");
+    fprintf(f, "distdl_queue_depth{queue=\"requests\"} %d\n", s->requests);
+    fprintf(f, "distdl_queue_depth{queue=\"batches\"} %d\n", s->batches);
+    family(f, "distdl_queue_capacity", "gauge", "Capacity of those queues (--queue).");
+    fprintf(f, "distdl_queue_capacity{queue=\"requests\"} %d\n", s->request_cap);
+    fprintf(f, "distdl_queue_capacity{queue=\"batches\"} %d\n", s->batch_cap);
+
+    family(f, "distdl_rpc_requests_total", "counter",
+           "gRPC calls completed, by method and status code.");
+    for (int mi = 0; mi < NMETHODS; mi++) {
+        for (int c = 0; c < NCODES; c++) {
+            if (s->rpc.count[mi][c] > 0) {
+                fprintf(f, "distdl_rpc_requests_total{method=\"%s\",code=\"%s\"} %llu\n",
+                        method_names[mi], ddld_grpc_code_name((grpc_status_code)c),
+                        (unsigned long long)s->rpc.count[mi][c]);
+            }
+        }
+    }
+    family(f, "distdl_rpc_duration_seconds", "histogram",
+           "Time from a call's arrival to its final status, by method and status code.");
+    for (int mi = 0; mi < NMETHODS; mi++) {
+        for (int c = 0; c < NCODES; c++) {
+            uint64_t n = s->rpc.count[mi][c];
+            if (n == 0) {
+                continue;
+            }
+            char lab[160];
+            snprintf(lab, sizeof lab, "method=\"%s\",code=\"%s\"", method_names[mi],
+                     ddld_grpc_code_name((grpc_status_code)c));
+            uint64_t cum = 0;
+            for (int b = 0; b < NBUCKETS; b++) {
+                cum += s->rpc.bucket[mi][c][b];
+                fprintf(f, "distdl_rpc_duration_seconds_bucket{%s,le=\"%g\"} %llu\n", lab,
+                        buckets[b], (unsigned long long)cum);
+            }
+            fprintf(f, "distdl_rpc_duration_seconds_bucket{%s,le=\"+Inf\"} %llu\n", lab,
+                    (unsigned long long)n);
+            fprintf(f, "distdl_rpc_duration_seconds_sum{%s} %.9g\n", lab, s->rpc.sum[mi][c]);
+            fprintf(f, "distdl_rpc_duration_seconds_count{%s} %llu\n", lab, (unsigned long long)n);
+        }
+    }
+
+    static const char *const pass_names[DDL_TRAFFIC_NPASSES] = {"forward", "adjoint"};
+    family(f, "distdl_primitive_bytes_total", "counter",
+           "Payload bytes the parallel primitives moved between ranks, summed over all ranks "
+           "(direction=\"sent\" or \"received\"; self copies excluded), as of the last "
+           "command that ended.");
+    for (int k = 0; k < DDL_TRAFFIC_NKINDS; k++) {
+        for (int p = 0; p < DDL_TRAFFIC_NPASSES; p++) {
+            int64_t sum[3] = {0, 0, 0};
+            for (int r = 0; r < s->world_size && s->ranks != NULL; r++) {
+                for (int j = 0; j < 3; j++) {
+                    sum[j] += s->ranks[(size_t)r * NREC +
+                                       (size_t)(k * DDL_TRAFFIC_NPASSES + p) * 3 + (size_t)j];
+                }
+            }
+            const char *kn = ddl_traffic_kind_name((ddl_traffic_kind)k);
+            fprintf(f,
+                    "distdl_primitive_bytes_total{primitive=\"%s\",pass=\"%s\",direction=\"sent\"} "
+                    "%lld\n",
+                    kn, pass_names[p], (long long)sum[0]);
+            fprintf(f,
+                    "distdl_primitive_bytes_total{primitive=\"%s\",pass=\"%s\","
+                    "direction=\"received\"} %lld\n",
+                    kn, pass_names[p], (long long)sum[1]);
+        }
+    }
+    family(f, "distdl_primitive_calls_total", "counter",
+           "Executions of each primitive's forward or adjoint, summed over all ranks.");
+    for (int k = 0; k < DDL_TRAFFIC_NKINDS; k++) {
+        for (int p = 0; p < DDL_TRAFFIC_NPASSES; p++) {
+            int64_t n = 0;
+            for (int r = 0; r < s->world_size && s->ranks != NULL; r++) {
+                n += s->ranks[(size_t)r * NREC + (size_t)(k * DDL_TRAFFIC_NPASSES + p) * 3 + 2];
+            }
+            fprintf(f, "distdl_primitive_calls_total{primitive=\"%s\",pass=\"%s\"} %lld\n",
+                    ddl_traffic_kind_name((ddl_traffic_kind)k), pass_names[p], (long long)n);
+        }
+    }
+    family(f, "distdl_process_resident_memory_bytes", "gauge",
+           "Resident memory of each rank (rank 0 now, the others as of a recent command).");
+    for (int r = 0; r < s->world_size; r++) {
+        int64_t v =
+            r == 0 ? resident_bytes() : (s->gathered ? s->ranks[(size_t)r * NREC + REC_RSS] : 0);
+        fprintf(f, "distdl_process_resident_memory_bytes{rank=\"%d\"} %lld\n", r, (long long)v);
+    }
+    family(f, "distdl_metrics_collections_total", "counter",
+           "Gathers of the ranks' counters (one per command).");
+    fprintf(f, "distdl_metrics_collections_total %llu\n", (unsigned long long)s->collects);
+    family(f, "distdl_metrics_collect_seconds_total", "counter",
+           "Time rank 0 spent in those gathers.");
+    fprintf(f, "distdl_metrics_collect_seconds_total %.9g\n", s->collect_s);
+}
+
+static int take_scrape(struct scrape *s)
+{
+    memset(s, 0, sizeof *s);
+    s->ranks = calloc((size_t)m.size * NREC, sizeof *s->ranks);
+    if (s->ranks == NULL) {
+        return -1;
+    }
+    pthread_mutex_lock(&m.mu);
+    s->rpc          = m.rpc;
+    s->steps        = m.steps;
+    s->images       = m.images;
+    s->checkpoints  = m.checkpoints;
+    s->images_per_s = m.images_per_s;
+    s->collects     = m.collects;
+    s->collect_s    = m.collect_s;
+    s->gathered     = m.gathered;
+    memcpy(s->ranks, m.ranks, (size_t)m.size * NREC * sizeof *s->ranks);
+    pthread_mutex_unlock(&m.mu);
+
+    pthread_mutex_lock(&ddld_g.mu);
+    s->has_model    = ddld_g.info.has_model;
+    s->world_size   = ddld_g.world_size;
+    s->step         = ddld_g.step;
+    s->durable_step = ddld_g.durable_step;
+    s->epoch        = ddld_g.epoch;
+    s->last_loss    = ddld_g.last_loss;
+    s->batches      = ddld_g.batch_count;
+    s->batch_cap    = ddld_g.batch_cap;
+    s->state        = ddld_g.state; // a string literal
+    pthread_mutex_unlock(&ddld_g.mu);
+    if (s->world_size > m.size) {
+        s->world_size = m.size;
+    }
+    ddld_service *svc = atomic_load(&m.svc);
+    s->requests       = svc != NULL ? ddld_service_queue_depth(svc) : 0;
+    s->request_cap    = m.cfg->queue;
+    return 0;
+}
+
+static enum MHD_Result reply(struct MHD_Connection *conn, unsigned int status, char *body,
+                             size_t len, bool must_free)
+{
+    struct MHD_Response *r = MHD_create_response_from_buffer(
+        len, body, must_free ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
+    if (r == NULL) {
+        if (must_free) {
+            free(body);
+        }
+        return MHD_NO;
+    }
+    if (status == MHD_HTTP_OK) {
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; version=0.0.4");
+    } else {
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain");
+    }
+    if (status == MHD_HTTP_METHOD_NOT_ALLOWED) {
+        MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, "GET, HEAD");
+    }
+    enum MHD_Result ret = MHD_queue_response(conn, status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
+                                  const char *method, const char *version, const char *upload_data,
+                                  size_t *upload_data_size, void **con_cls)
+{
+    (void)cls;
+    (void)version;
+    (void)upload_data;
+    (void)upload_data_size;
+    (void)con_cls;
+    static char not_found[]   = "not found: the metrics are at /metrics\n";
+    static char not_allowed[] = "method not allowed: GET /metrics\n";
+    static char failed[]      = "out of memory\n";
+    if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 && strcmp(method, MHD_HTTP_METHOD_HEAD) != 0) {
+        return reply(conn, MHD_HTTP_METHOD_NOT_ALLOWED, not_allowed, strlen(not_allowed), false);
+    }
+    if (strcmp(url, "/metrics") != 0) {
+        return reply(conn, MHD_HTTP_NOT_FOUND, not_found, strlen(not_found), false);
+    }
+    struct scrape *s    = malloc(sizeof *s); // ~70 KB: not on the HTTP thread's stack
+    char          *text = NULL;
+    size_t         len  = 0;
+    FILE          *f    = NULL;
+    if (s != NULL && take_scrape(s) == 0 && (f = open_memstream(&text, &len)) != NULL) {
+        render(f, s);
+    }
+    if (s != NULL) {
+        free(s->ranks);
+    }
+    free(s);
+    if (f == NULL || fclose(f) != 0) {
+        free(text);
+        return reply(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, failed, strlen(failed), false);
+    }
+    return reply(conn, MHD_HTTP_OK, text, len, true);
+}
+
+static void mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    (void)cls;
+    char msg[512];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    size_t n = strlen(msg);
+    while (n > 0 && msg[n - 1] == '\n') {
+        msg[--n] = '\0';
+    }
+    ddld_log("metrics: %s", msg);
+}
+
+// host:port, written to a temp file and renamed into place (as --address-file).
+static int write_address(const char *path, const char *addr, int port)
+{
+    char        text[128];
+    const char *colon = strrchr(addr, ':');
+    snprintf(text, sizeof text, "%.*s:%d\n", (int)(colon - addr), addr, port);
+    char tmp[PATH_MAX];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    FILE *f = fopen(tmp, "w");
+    if (f == NULL || fputs(text, f) < 0 || fflush(f) != 0 || fsync(fileno(f)) != 0) {
+        ddld_log("--metrics-address-file %s: %s", tmp, strerror(errno));
+        if (f != NULL) {
+            fclose(f);
+        }
+        unlink(tmp);
+        return -1;
+    }
+    fclose(f);
+    if (rename(tmp, path) != 0) {
+        ddld_log("--metrics-address-file %s: %s", path, strerror(errno));
+        unlink(tmp);
+        return -1;
+    }
+    return 0;
+}
+
+int ddld_metrics_start(void)
+{
+    if (!m.enabled || m.rank != 0) {
+        return 0;
+    }
+    const char             *addr = m.cfg->metrics_listen;
+    struct sockaddr_storage ss;
+    socklen_t               len;
+    char                    err[256];
+    if (parse_listen(addr, &ss, &len, err, sizeof err) != 0) {
+        ddld_log("--metrics-listen %s: %s", addr, err);
+        return -1;
+    }
+    // Our own listening socket, so a busy port is reported with its errno and the port
+    // chosen for :0 is known before anyone is told.
+    int fd  = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+    int one = 1;
+    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
+        bind(fd, (struct sockaddr *)&ss, len) != 0 || listen(fd, 64) != 0) {
+        ddld_log("--metrics-listen %s: cannot listen: %s", addr, strerror(errno));
+        if (fd >= 0) {
+            close(fd);
+        }
+        return -1;
+    }
+    struct sockaddr_storage bound;
+    socklen_t               blen = sizeof bound;
+    getsockname(fd, (struct sockaddr *)&bound, &blen);
+    int port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
+                                                 : ((struct sockaddr_in *)&bound)->sin_port);
+    unsigned int flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ERROR_LOG;
+    if (ss.ss_family == AF_INET6) {
+        flags |= MHD_USE_IPv6;
+    }
+    m.mhd = MHD_start_daemon(flags, 0, NULL, NULL, on_request, NULL, MHD_OPTION_EXTERNAL_LOGGER,
+                             mhd_log, NULL, MHD_OPTION_LISTEN_SOCKET, fd,
+                             MHD_OPTION_CONNECTION_LIMIT, (unsigned int)16,
+                             MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)10, MHD_OPTION_END);
+    if (m.mhd == NULL) {
+        ddld_log("--metrics-listen %s: libmicrohttpd did not start", addr);
+        close(fd);
+        return -1;
+    }
+    if (m.cfg->metrics_address_file != NULL &&
+        write_address(m.cfg->metrics_address_file, addr, port) != 0) {
+        ddld_metrics_stop();
+        return -1;
+    }
+    ddld_log("metrics on http://%.*s:%d/metrics", (int)(strrchr(addr, ':') - addr), addr, port);
+    return 0;
+}
+
+void ddld_metrics_stop(void)
+{
+    if (m.mhd != NULL) {
+        MHD_stop_daemon(m.mhd); // joins the polling thread, closes the socket
+        m.mhd = NULL;
+    }
+    atomic_store(&m.svc, NULL);
+}

@@ -1,0 +1,59 @@
+// server/metrics.h: distdld's Prometheus endpoint (--metrics-listen HOST:PORT).
+//
+// Rank 0 serves `GET /metrics` in the Prometheus text format (version 0.0.4) from
+// libmicrohttpd's own polling thread; docs/METRICS.md lists every family. The numbers
+// come from three places:
+//   - hooks on rank 0 (RPC completions from service.c, steps and checkpoints from
+//     dispatch.c), under one mutex held for a few additions;
+//   - rank 0's snapshot ddld_g (step, loss, queues), read at scrape time;
+//   - every rank's primitive byte counters and resident memory, gathered onto rank 0 by
+//     one fixed-size MPI_Gather at the end of each command (ddld_metrics_collect), so
+//     they are current as of the last command that ended (a long Train: its start).
+// Without --metrics-listen every call here returns at once and nothing is gathered.
+#ifndef DDLD_METRICS_H
+#define DDLD_METRICS_H
+
+#include <mpi.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ddld.h"
+
+// Checks the metrics options: --metrics-listen is HOST:PORT with a numeric IPv4 address
+// or a bracketed IPv6 one and a port in 0..65535 (0: any free port), and
+// --metrics-address-file comes with it. Pure, so every rank reaches the same verdict.
+// Returns 0, or -1 with a message in err.
+int ddld_metrics_check_config(const ddld_config *cfg, char *err, size_t errlen);
+
+// Every rank, after MPI_Init: remembers cfg (borrowed) and, on rank 0, allocates the
+// gather buffers. Metrics are on when cfg->metrics_listen is set (the same on all ranks).
+void ddld_metrics_init(const ddld_config *cfg, int rank, int size);
+// Every rank, at exit (after ddld_metrics_stop on rank 0).
+void ddld_metrics_free(void);
+
+// Every rank, at the end of every command but QUIT, in the same order on all ranks:
+// gathers each rank's counters onto rank 0 over comm. Collective when metrics are on;
+// allocates nothing.
+void ddld_metrics_collect(MPI_Comm comm);
+
+// Rank 0: binds cfg->metrics_listen, starts the HTTP thread and writes
+// --metrics-address-file. Returns 0, or -1 after logging why (nothing left running).
+int ddld_metrics_start(void);
+// Rank 0: the service whose request queue depth is reported (NULL: none yet). The
+// service must outlive the HTTP thread: stop metrics before ddld_service_stop.
+void ddld_metrics_attach(ddld_service *svc);
+// Rank 0: stops the HTTP thread (waits for scrapes in progress). Idempotent.
+void ddld_metrics_stop(void);
+
+// ---- hooks (rank 0, any thread) ---------------------------------------------------------
+
+// A call ended with `code` after `seconds` since it arrived. method: a ddld_method, or
+// DDLD_M_COUNT for an unknown method.
+void ddld_metrics_rpc(int method, grpc_status_code code, double seconds);
+// Training advanced by `steps` optimizer steps over `images` samples; images_per_s is the
+// current throughput (<= 0: unknown, keep the previous value).
+void ddld_metrics_steps(int64_t steps, int64_t images, double images_per_s);
+// A durable checkpoint was written.
+void ddld_metrics_checkpoint(void);
+
+#endif // DDLD_METRICS_H

@@ -1,0 +1,59 @@
+// primitives/traffic.c: the bytes each primitive moved across ranks, per process.
+//
+// What is counted is the *logical payload*: for each execution of forward or adjoint,
+// the bytes of this rank's tensor that other ranks need (sent) and the bytes of other
+// ranks' tensors this rank needs (received), as if every transfer were a direct
+// point-to-point message. Copies a rank makes to itself are never counted. So, for a
+// tensor of B bytes and a group of g ranks:
+//
+//   Broadcast fan-out (Broadcast forward, SumReduce adjoint):
+//       root sends (g-1)·B, each other member receives B;
+//   SumReduce fan-in (SumReduce forward, Broadcast adjoint):
+//       each member other than the root sends B, the root receives (g-1)·B;
+//   AllSumReduce (forward and adjoint):
+//       each member sends (g-1)·B and receives (g-1)·B;
+//   Repartition: the exact bytes of the boxes this rank sends to and receives from other
+//       ranks (its self overlap excluded);
+//   HaloExchange: the exact bytes of the slabs it sends to and receives from its
+//       neighbours (global zero padding is never exchanged, so never counted).
+//
+// Summed over all ranks, sent equals received for every primitive and pass. The bytes
+// MPI's collective algorithms put on the wire (trees, rings) differ from this by a
+// factor that depends on the algorithm; the logical payload is what an analytic formula
+// of the model predicts. A group of one (g = 1) moves nothing.
+#include <string.h>
+
+#include "primitives/traffic.h"
+
+static ddl_traffic counters;
+
+void ddl__traffic_add(ddl_traffic_kind kind, ddl_traffic_pass pass, uint64_t sent,
+                      uint64_t received)
+{
+    ddl_traffic_count *c = &counters.c[kind][pass];
+    c->sent += sent;
+    c->received += received;
+    c->calls++;
+}
+
+void ddl_traffic_snapshot(ddl_traffic *out)
+{
+    *out = counters;
+}
+
+void ddl_traffic_reset(void)
+{
+    memset(&counters, 0, sizeof counters);
+}
+
+const char *ddl_traffic_kind_name(ddl_traffic_kind kind)
+{
+    static const char *const names[DDL_TRAFFIC_NKINDS] = {
+        [DDL_TRAFFIC_BROADCAST]      = "broadcast",
+        [DDL_TRAFFIC_SUM_REDUCE]     = "sum_reduce",
+        [DDL_TRAFFIC_ALL_SUM_REDUCE] = "all_sum_reduce",
+        [DDL_TRAFFIC_REPARTITION]    = "repartition",
+        [DDL_TRAFFIC_HALO_EXCHANGE]  = "halo_exchange",
+    };
+    return (unsigned)kind < DDL_TRAFFIC_NKINDS ? names[kind] : "unknown";
+}

@@ -1,0 +1,15 @@
+// primitives/traffic.h: internal: the per-process byte counters behind ddl_traffic_snapshot
+// (ddl/primitives.h). Each primitive adds what one execution of forward or adjoint moved
+// for this rank. Main thread only (MPI_THREAD_FUNNELED), so plain adds; allocates nothing.
+#ifndef DDL_PRIMITIVES_TRAFFIC_H
+#define DDL_PRIMITIVES_TRAFFIC_H
+
+#include <stdint.h>
+
+#include "ddl/primitives.h"
+
+// One execution of `kind`'s `pass` on this rank: `sent` and `received` payload bytes.
+void ddl__traffic_add(ddl_traffic_kind kind, ddl_traffic_pass pass, uint64_t sent,
+                      uint64_t received);
+
+#endif // DDL_PRIMITIVES_TRAFFIC_H

@@ -47,6 +47,12 @@ typedef struct ddld_config {
     int64_t     max_message_bytes;
     int         queue;   // --queue: pending requests and submitted batches
     double      grace_s; // shutdown grace for in-flight calls
+    // Authentication and TLS (auth.c): files read on rank 0 before serving.
+    const char *token_file;    // --token-file: "ROLE TOKEN" lines
+    const char *tls_cert;      // --tls-cert: server certificate chain (PEM)
+    const char *tls_key;       // --tls-key: its private key (PEM)
+    const char *tls_client_ca; // --tls-client-ca: require client certificates from this CA
+    bool        insecure;      // --insecure: plaintext, tokenless listen beyond loopback
 } ddld_config;
 
 // Logging: "distdld: ..." on stderr (rank 0 only unless noted).

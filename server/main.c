@@ -4,6 +4,7 @@
 //   mpirun -np P distdld [--model spec.json] [--listen 127.0.0.1:PORT|unix:PATH]
 //          [--address-file F] [--data-root D] [--checkpoint-dir D --checkpoint-every K]
 //          [--resume] [--max-message-bytes N] [--queue N]
+//          [--token-file F] [--tls-cert PEM --tls-key PEM [--tls-client-ca PEM]] [--insecure]
 //
 // Rank 0's main thread runs a libuv loop: an async handle wakes it when the gRPC thread
 // queued work, signal handles turn SIGTERM/SIGINT/SIGUSR2 into a graceful shutdown and
@@ -26,6 +27,7 @@
 #include "ddl/base.h"
 #include "ddl/blas.h"
 #include "ddl/model.h"
+#include "auth.h"
 #include "ddld.h"
 
 static int log_rank = -1;
@@ -61,6 +63,11 @@ static const char usage[] =
     "  --max-message-bytes N     largest request message accepted (default 67108864)\n"
     "  --queue N                 pending requests and submitted batches (default 64)\n"
     "  --grace SECONDS           shutdown grace for in-flight calls (default 5)\n"
+    "  --token-file FILE         bearer tokens, one \"ROLE TOKEN\" per line (roles admin,\n"
+    "                            train, infer; mode 600); calls then need a token\n"
+    "  --tls-cert PEM --tls-key PEM   serve TLS with this certificate chain and key\n"
+    "  --tls-client-ca PEM       mutual TLS: require client certificates from this CA\n"
+    "  --insecure                allow a non-loopback --listen without TLS or tokens\n"
     "Signals: SIGTERM/SIGINT to rank 0, or SIGUSR2 to mpirun, shut down gracefully;\n"
     "SIGUSR1 (to mpirun or rank 0) checkpoints now.\n";
 
@@ -108,6 +115,10 @@ static int parse_args(int argc, char **argv, ddld_config *cfg, bool print)
             cfg->resume = true;
             continue;
         }
+        if (strcmp(name, "--insecure") == 0) {
+            cfg->insecure = true;
+            continue;
+        }
         static const char *const with_value[] = {"--model",
                                                  "--listen",
                                                  "--address-file",
@@ -117,21 +128,18 @@ static int parse_args(int argc, char **argv, ddld_config *cfg, bool print)
                                                  "--checkpoint-interval",
                                                  "--max-message-bytes",
                                                  "--queue",
-                                                 "--grace"};
+                                                 "--grace",
+                                                 "--token-file",
+                                                 "--tls-cert",
+                                                 "--tls-key",
+                                                 "--tls-client-ca"};
         bool                     known        = false;
         for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) {
             known = known || strcmp(name, with_value[k]) == 0;
         }
         if (!known) {
             if (print) {
-                if (strncmp(name, "--tls", 5) == 0 || strcmp(name, "--token-file") == 0) {
-                    fprintf(stderr,
-                            DDLD_LOG_PREFIX ": %s: TLS and tokens are not supported by "
-                                            "this build yet\n",
-                            name);
-                } else {
-                    fprintf(stderr, DDLD_LOG_PREFIX ": unknown option %s (see --help)\n", a);
-                }
+                fprintf(stderr, DDLD_LOG_PREFIX ": unknown option %s (see --help)\n", a);
             }
             return 2;
         }
@@ -172,6 +180,14 @@ static int parse_args(int argc, char **argv, ddld_config *cfg, bool print)
         } else if (strcmp(name, "--grace") == 0) {
             ok           = parse_int(val, 0, 3600, &v);
             cfg->grace_s = (double)v;
+        } else if (strcmp(name, "--token-file") == 0) {
+            cfg->token_file = val;
+        } else if (strcmp(name, "--tls-cert") == 0) {
+            cfg->tls_cert = val;
+        } else if (strcmp(name, "--tls-key") == 0) {
+            cfg->tls_key = val;
+        } else if (strcmp(name, "--tls-client-ca") == 0) {
+            cfg->tls_client_ca = val;
         }
         if (!ok) {
             if (print) {
@@ -180,7 +196,9 @@ static int parse_args(int argc, char **argv, ddld_config *cfg, bool print)
             return 2;
         }
     }
-    const char *problem = NULL;
+    const char       *problem = NULL;
+    char              auth_problem[512];
+    ddld_auth_options ao = {cfg->token_file, cfg->tls_cert, cfg->tls_key, cfg->tls_client_ca};
     if (cfg->checkpoint_every > 0 && cfg->checkpoint_dir == NULL) {
         problem = "--checkpoint-every needs --checkpoint-dir";
     } else if (cfg->checkpoint_interval > 0 && cfg->checkpoint_dir == NULL) {
@@ -189,6 +207,10 @@ static int parse_args(int argc, char **argv, ddld_config *cfg, bool print)
         problem = "--resume needs --checkpoint-dir";
     } else if (cfg->resume && cfg->model_path == NULL) {
         problem = "--resume needs --model (a checkpoint restores onto a model)";
+    } else {
+        // argv only (no files yet), so every rank refuses a non-loopback plaintext listen.
+        problem = ddld_auth_config_problem(&ao, cfg->listen, cfg->insecure, auth_problem,
+                                           sizeof auth_problem);
     }
     if (problem != NULL) {
         if (print) {
@@ -321,7 +343,12 @@ static int run_rank0(const ddld_config *cfg, ddld_dispatch *d)
         uv_timer_start(&r0.ckpt_timer, on_ckpt_timer, ms, ms);
     }
 
-    int code = ddld_dispatch_startup(d);
+    // TLS and token files are read before any collective work: a bad file stops every rank
+    // at once (the workers leave with our code through ddld_dispatch_quit below).
+    int code = ddld_auth_startup(cfg);
+    if (code == 0) {
+        code = ddld_dispatch_startup(d);
+    }
     int port = 0;
     if (code == 0) {
         r0.svc = ddld_service_start(cfg, wake_from_grpc, NULL, &port);
@@ -365,6 +392,7 @@ static int run_rank0(const ddld_config *cfg, ddld_dispatch *d)
     uv_walk(&r0.loop, close_handle, NULL);
     uv_run(&r0.loop, UV_RUN_DEFAULT);
     uv_loop_close(&r0.loop);
+    ddld_auth_shutdown();
     ddld_dispatch_quit(d, code);
     return code;
 }

@@ -35,6 +35,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "auth.h"
 #include "ddld.h"
 #include "grpc/health/v1/health.pb-c.h"
 #include "inference/grpc_service.pb-c.h"
@@ -1301,6 +1302,21 @@ static void on_op(ddld_call *c, bool ok)
         if (grpc_call_start_batch(c->call, &op, 1, &c->close, NULL) != GRPC_CALL_OK) {
             atomic_fetch_sub(&c->refs, 1);
         }
+        // Tokens and roles are checked before anything else, from the request headers
+        // (auth.c; the request message is never read for a refused call).
+        char             why[256];
+        char            *gpath = c->method == M_GENERIC ? grpc_slice_to_c_string(c->details.method)
+                                                         : NULL;
+        grpc_status_code ac    = ddld_auth_check(ddld_auth_daemon(), c->method,
+                                                 gpath != NULL ? gpath : methods[c->method].path,
+                                                 &c->md, why, sizeof why);
+        if (gpath != NULL) {
+            gpr_free(gpath);
+        }
+        if (ac != GRPC_STATUS_OK) {
+            finish_code(c, ac, "%s", why);
+            return;
+        }
         if (c->method == M_GENERIC) {
             char *path = grpc_slice_to_c_string(c->details.method);
             finish_code(c, GRPC_STATUS_UNIMPLEMENTED, "unknown method %s", path);
@@ -1494,7 +1510,7 @@ ddld_service *ddld_service_start(const ddld_config *cfg, void (*wake)(void *), v
         svc->registered[m] = grpc_server_register_method(svc->server, methods[m].path, NULL,
                                                          GRPC_SRM_PAYLOAD_NONE, 0);
     }
-    grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
+    grpc_server_credentials *creds = ddld_auth_server_credentials(ddld_auth_daemon());
     *port                          = grpc_server_add_http2_port(svc->server, cfg->listen, creds);
     grpc_server_credentials_release(creds);
     if (*port == 0) {

@@ -452,7 +452,7 @@ int main(int argc, char **argv)
     }
     ddld_dispatch_destroy(&d);
     MPI_Finalize();
-    if (rank == 0) {
+    if (rank == 0 || code != 0) { // a failed start says so on every rank
         ddld_log("exit %d", code);
     }
     return code;

@@ -65,9 +65,13 @@ static ddl_status call(ddl_client_t *c, const char *what)
         return st;
     }
     if (strcmp(what, "infer") == 0) {
-        ddl_client_tensor x = images(2), y;
+        ddl_client_tensor      x = images(2), y;
+        ddl_client_status_info s;
         memset(&y, 0, sizeof y);
-        ddl_status st = ddl_client_model_infer(c, "lenet5-2", &x, &y);
+        ddl_status st = ddl_client_get_status(c, &s); // the model's name (needs infer too)
+        if (st == DDL_OK) {
+            st = ddl_client_model_infer(c, s.model_name, &x, &y);
+        }
         ddl_client_tensor_release(&y);
         return st;
     }

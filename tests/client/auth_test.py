@@ -138,9 +138,15 @@ class Harness(DaemonHarness):
             raise Failure("mpirun exited with %d, expected %d" % (r.returncode, code))
         if os.path.exists(addr):
             raise Failure("an address file was written: the daemon served")
-        # Every rank exited with the same code (mpirun reports the first nonzero one; ranks
-        # killed by mpirun would show as signals, not as this code).
-        if "killed" in out.lower() or "signal" in out.lower():
+        # Every rank exited with the same code (mpirun reports only the first nonzero one,
+        # so the workers say it themselves once MPI is up; a refusal from the command line
+        # alone happens on every rank before MPI_Init and rank 0 reports it once).
+        if "exit %d" % code in out:
+            for r in range(1, np):
+                if "distdld[%d]: exit %d" % (r, code) not in out:
+                    print(out)
+                    raise Failure("rank %d did not exit with %d" % (r, code))
+        if "signal" in out.lower():
             print(out)
             raise Failure("a rank was killed instead of exiting")
         return out

@@ -271,18 +271,22 @@ int ddld_auth_parse_tokens(ddld_auth *a, const char *text, const char *path, cha
         const char *eol  = strchr(p, '\n');
         const char *end  = eol != NULL ? eol : p + strlen(p);
         const char *next = eol != NULL ? eol + 1 : end;
-        // Fields: ROLE TOKEN, separated by spaces or tabs; '#' to the end of line is a comment.
+        // Fields: ROLE TOKEN, separated by spaces or tabs. A field that starts with '#'
+        // starts a comment to the end of the line ('#' inside a token is part of it).
         const char *f[3];
         size_t      fl[3];
         int         nf = 0;
         const char *q  = p;
-        while (q < end && *q != '#') {
+        while (q < end) {
             if (*q == ' ' || *q == '\t' || *q == '\r') {
                 q++;
                 continue;
             }
+            if (*q == '#') {
+                break;
+            }
             const char *s = q;
-            while (q < end && *q != ' ' && *q != '\t' && *q != '\r' && *q != '#') {
+            while (q < end && *q != ' ' && *q != '\t' && *q != '\r') {
                 q++;
             }
             if (nf < 3) {

@@ -2,9 +2,9 @@
 // read from --token-file, TLS (--tls-cert/--tls-key) and mutual TLS (--tls-client-ca),
 // and the rule that a daemon without either listens only on loopback unless --insecure.
 //
-// The token file (docs/SERVER.md): one `ROLE TOKEN` per line, `#` starts a comment, blank
-// lines are ignored. ROLE is admin, train or infer; TOKEN is 16 to 4096 visible ASCII
-// characters. The file must not be accessible to "others" (chmod 600 or 640).
+// The token file (docs/SERVER.md): one `ROLE TOKEN` per line; a field starting with `#`
+// starts a comment and blank lines are ignored. ROLE is admin, train or infer; TOKEN is 16
+// to 4096 visible ASCII characters. The file must not be accessible to "others" (chmod 600 or 640).
 //
 // Only SHA-256 digests of the tokens are kept in memory. A presented token is hashed and
 // its digest compared with every configured digest in constant time, without stopping at

@@ -87,6 +87,15 @@ static void test_lookup(void)
     longer[5] ^= 0x20;
     CHECK(ddld_auth_lookup(a, longer, strlen(longer)) == DDLD_ROLE_NONE, "one case flipped");
     CHECK(ddld_auth_lookup(NULL, T_ADMIN, strlen(T_ADMIN)) == DDLD_ROLE_NONE, "no auth");
+    // '#' inside a token belongs to it; only a field starting with '#' is a comment.
+    char err[256];
+    CHECK(ddld_auth_parse_tokens(a, "train abc#defghijklmnopq #c\n#admin x\n", "F", err,
+                                 sizeof err) == 0,
+          "%s", err);
+    CHECK(ddld_auth_token_count(a) == 1, "one token after a reparse");
+    CHECK(ddld_auth_lookup(a, "abc#defghijklmnopq", 18) == DDLD_ROLE_TRAIN, "token with #");
+    CHECK(ddld_auth_lookup(a, "abc", 3) == DDLD_ROLE_NONE, "not cut at #");
+    CHECK(ddld_auth_lookup(a, T_ADMIN, strlen(T_ADMIN)) == DDLD_ROLE_NONE, "old table replaced");
     ddld_auth_destroy(&a);
     CHECK(a == NULL, "destroy clears the handle");
 }

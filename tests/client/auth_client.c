@@ -2,7 +2,7 @@
 // taken from the environment, and checks the gRPC code of each call. Run by auth_test.py.
 //
 //   DDL_ADDRESS=host:port [DDL_TLS_CA=pem DDL_TLS_CERT=pem DDL_TLS_KEY=pem
-//   DDL_TLS_SERVER_NAME=name DDL_TOKEN=token] auth_client CALL=CODE ...
+//   DDL_TLS_SERVER_NAME=name DDL_TOKEN=token | DDL_TOKEN_FILE=file] auth_client CALL=CODE ...
 //   auth_client --bench N      (connect + Health N times; prints the connect latency)
 //
 // CALL is one of health live status predict infer step submit evaluate pull pushback push
@@ -10,7 +10,8 @@
 // UNAVAILABLE, ...). The model is the 1x28x28, 10-class LeNet-5 of deploy/specs; inputs are
 // synthetic pixels (the calls test admission, not learning). The connection does not wait
 // to be ready, so a failed handshake shows as the first call's UNAVAILABLE; every call has
-// a deadline, so nothing hangs. Exit 0 only if every call returned the code expected.
+// a deadline, so nothing hangs. Exit 0 only if every call returned the code expected, 3 if
+// ddl_client_read_token_file refused DDL_TOKEN_FILE (its message on stdout).
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -115,6 +116,8 @@ static ddl_status call(ddl_client_t *c, const char *what)
     exit(2);
 }
 
+static char *file_token; // DDL_TOKEN_FILE, read with ddl_client_read_token_file
+
 static ddl_client_options options(double connect_timeout)
 {
     ddl_client_options o = ddl_client_options_default();
@@ -124,7 +127,7 @@ static ddl_client_options options(double connect_timeout)
     o.tls_cert_file      = getenv("DDL_TLS_CERT");
     o.tls_key_file       = getenv("DDL_TLS_KEY");
     o.tls_server_name    = getenv("DDL_TLS_SERVER_NAME");
-    o.token              = getenv("DDL_TOKEN");
+    o.token              = file_token != NULL ? file_token : getenv("DDL_TOKEN");
     return o;
 }
 
@@ -181,6 +184,11 @@ int main(int argc, char **argv)
     for (int i = 0; i < N; i++) {
         lb[i] = i % 10;
     }
+    const char *tf = getenv("DDL_TOKEN_FILE");
+    if (tf != NULL && ddl_client_read_token_file(tf, &file_token) != DDL_OK) {
+        printf("token file refused: %s\n", ddl_last_error());
+        return 3;
+    }
     if (argc == 3 && strcmp(argv[1], "--bench") == 0) {
         return bench(addr, atoi(argv[2]));
     }
@@ -208,5 +216,6 @@ int main(int argc, char **argv)
         failures += !ok;
     }
     ddl_client_destroy(&c);
+    ddl_client_free_token(&file_token);
     return failures == 0 ? 0 : 1;
 }

@@ -319,10 +319,35 @@ def with_verbose(fn):
         del os.environ["DDLD_VERBOSE"]
 
 
+def client_token_files(h, d):
+    """ddl_client_read_token_file: the token alone, or a line of the daemon's file."""
+    T = TOKENS
+    ok = [("bare", "%s\n" % T["infer"], "step=PERMISSION_DENIED"),
+          ("commented", "# my token\n\n   %s   # infer\n" % T["infer"], "step=PERMISSION_DENIED"),
+          ("role line", "train %s\n" % T["train"], "step=OK")]
+    for name, text, call in ok:
+        path = h.token_file("client-" + name.replace(" ", "-"), text)
+        h.run(d, [h.auth_client, "status=OK", call], timeout=60,
+              env_extra={"DDL_TOKEN_FILE": path, "GRPC_VERBOSITY": "NONE"})
+    bad = [("world", "%s\n" % T["admin"], 0o644, "accessible to other users (mode 0644)"),
+           ("fields", "admin %s x\n" % T["admin"], 0o600, "found 3 fields"),
+           ("empty", "# none\n", 0o600, "no token in it")]
+    for name, text, mode, want in bad:
+        path = h.token_file("client-bad-" + name, text, mode)
+        out = h.run(d, [h.auth_client, "status=OK"], timeout=60, capture=True, check=False,
+                    env_extra={"DDL_TOKEN_FILE": path})
+        if h.last_returncode != 3 or want not in out:
+            raise Failure("client token file %s: exit %d, output %r (wanted %r)" %
+                          (name, h.last_returncode, out, want))
+        if T["admin"] in out:
+            raise Failure("the client's error message carries the token")
+
+
 def sc_tokens(h):
     tf = h.tokens()
     d = with_verbose(lambda: h.start(2, spec(h) + ["--token-file", tf], "tokens"))
     token_checks(h, d)
+    client_token_files(h, d)
     grpcio_headers(d)
     h.bench(d, token=TOKENS["infer"])
     h.expect(d, "shutdown=OK", token=TOKENS["admin"])

@@ -13,6 +13,7 @@
 #include <openssl/evp.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,8 +32,11 @@ struct token_entry {
 };
 
 struct ddld_auth {
+    pthread_rwlock_t    lock; // the token table: read per call, replaced by a reload
     struct token_entry *tokens;
     int                 ntokens;
+    bool                use_tokens; // tokens are required (fixed at create)
+    char               *token_path; // --token-file, for reloads
     char               *cert_pem, *key_pem, *client_ca_pem; // NULL without TLS
     bool                verbose;                             // DDLD_VERBOSE=1: log decisions
 };
@@ -58,11 +62,12 @@ static void digest(const char *token, size_t len, uint8_t out[DDLD_DIGEST_BYTES]
 
 ddld_role ddld_auth_lookup(const ddld_auth *a, const char *token, size_t len)
 {
-    if (a == NULL || a->ntokens == 0) {
+    if (a == NULL) {
         return DDLD_ROLE_NONE;
     }
     uint8_t h[DDLD_DIGEST_BYTES];
     digest(token, len, h);
+    pthread_rwlock_rdlock(&((ddld_auth *)a)->lock);
     // Every entry is compared and the role is selected with a mask, never a branch on the
     // comparison, so no entry is skipped or taken early. Tokens are unique (the loader
     // refuses duplicates), so at most one mask is set.
@@ -71,6 +76,7 @@ ddld_role ddld_auth_lookup(const ddld_auth *a, const char *token, size_t len)
         unsigned eq = (unsigned)ddld_ct_equal(h, a->tokens[i].digest, sizeof h);
         role |= (0u - eq) & (unsigned)a->tokens[i].role;
     }
+    pthread_rwlock_unlock(&((ddld_auth *)a)->lock);
     memset(h, 0, sizeof h);
     return (ddld_role)role;
 }
@@ -133,7 +139,7 @@ grpc_status_code ddld_auth_check(const ddld_auth *a, int method, const char *pat
 {
     msg[0]        = '\0';
     ddld_role need = ddld_auth_required_role(method);
-    if (a == NULL || a->ntokens == 0 || need == DDLD_ROLE_NONE) {
+    if (a == NULL || !a->use_tokens || need == DDLD_ROLE_NONE) {
         return GRPC_STATUS_OK;
     }
     const grpc_slice *value = NULL;
@@ -351,9 +357,17 @@ int ddld_auth_parse_tokens(ddld_auth *a, const char *text, const char *path, cha
         snprintf(err, errlen, "--token-file %s: no tokens (lines of \"ROLE TOKEN\")", path);
         goto fail;
     }
-    free(a->tokens);
-    a->tokens  = t;
-    a->ntokens = n;
+    pthread_rwlock_wrlock(&a->lock);
+    struct token_entry *old  = a->tokens;
+    int                 nold = a->ntokens;
+    a->tokens                = t;
+    a->ntokens               = n;
+    a->use_tokens            = true;
+    pthread_rwlock_unlock(&a->lock);
+    if (old != NULL) {
+        memset(old, 0, (size_t)nold * sizeof *old);
+        free(old);
+    }
     return 0;
 fail:
     free(t);
@@ -435,8 +449,10 @@ int ddld_auth_create(const ddld_auth_options *o, ddld_auth **out, char *err, siz
         snprintf(err, errlen, "auth: out of memory");
         return -1;
     }
+    pthread_rwlock_init(&a->lock, NULL);
     a->verbose = getenv("DDLD_VERBOSE") != NULL && getenv("DDLD_VERBOSE")[0] == '1';
     if (o->token_file != NULL) {
+        a->token_path = strdup(o->token_file);
         char *text = read_file(o->token_file, "--token-file", true, err, errlen);
         if (text == NULL) {
             goto fail;
@@ -491,13 +507,36 @@ void ddld_auth_destroy(ddld_auth **pa)
     free(a->cert_pem);
     free_secret(&a->key_pem);
     free(a->client_ca_pem);
+    free(a->token_path);
+    pthread_rwlock_destroy(&a->lock);
     free(a);
     *pa = NULL;
 }
 
 int ddld_auth_token_count(const ddld_auth *a)
 {
-    return a != NULL ? a->ntokens : 0;
+    if (a == NULL) {
+        return 0;
+    }
+    pthread_rwlock_rdlock(&((ddld_auth *)a)->lock);
+    int n = a->ntokens;
+    pthread_rwlock_unlock(&((ddld_auth *)a)->lock);
+    return n;
+}
+
+int ddld_auth_reload_tokens(ddld_auth *a, char *err, size_t errlen)
+{
+    if (a == NULL || a->token_path == NULL) {
+        snprintf(err, errlen, "no --token-file to reload");
+        return -1;
+    }
+    char *text = read_file(a->token_path, "--token-file", true, err, errlen);
+    if (text == NULL) {
+        return -1;
+    }
+    int rc = ddld_auth_parse_tokens(a, text, a->token_path, err, errlen);
+    free_secret(&text);
+    return rc;
 }
 
 bool ddld_auth_uses_tls(const ddld_auth *a)
@@ -594,17 +633,32 @@ int ddld_auth_startup(const struct ddld_config *cfg)
         ddld_log("%s", err);
         return 2;
     }
-    if (ddld_auth_uses_tls(daemon_auth) || daemon_auth->ntokens > 0) {
+    if (ddld_auth_uses_tls(daemon_auth) || daemon_auth->use_tokens) {
         ddld_log("auth: %s%s, %d token%s", ddld_auth_uses_tls(daemon_auth) ? "TLS" : "plaintext",
                  cfg->tls_client_ca != NULL ? " with client certificates required" : "",
                  daemon_auth->ntokens, daemon_auth->ntokens == 1 ? "" : "s");
     }
-    if (ddld_auth_uses_tls(daemon_auth) && daemon_auth->ntokens == 0 &&
+    if (ddld_auth_uses_tls(daemon_auth) && !daemon_auth->use_tokens &&
         cfg->tls_client_ca == NULL && !ddld_listen_is_loopback(cfg->listen)) {
         ddld_log("warning: TLS without --token-file or --tls-client-ca encrypts but does not "
                  "restrict: every client that trusts the certificate may call everything");
     }
     return 0;
+}
+
+void ddld_auth_reload(void)
+{
+    char err[1024];
+    if (daemon_auth == NULL || daemon_auth->token_path == NULL) {
+        ddld_log("SIGHUP: no --token-file to reload");
+    } else if (ddld_auth_reload_tokens(daemon_auth, err, sizeof err) != 0) {
+        ddld_log("SIGHUP: %s; the %d tokens loaded before stay in force", err,
+                 ddld_auth_token_count(daemon_auth));
+    } else {
+        int n = ddld_auth_token_count(daemon_auth);
+        ddld_log("SIGHUP: --token-file %s reloaded: %d token%s", daemon_auth->token_path, n,
+                 n == 1 ? "" : "s");
+    }
 }
 
 ddld_auth *ddld_auth_daemon(void)

@@ -11,8 +11,9 @@
 // a match, so the time taken says nothing about which token (if any) matched. Tokens are
 // never logged, not even with DDLD_VERBOSE=1.
 //
-// Threads: ddld_auth_startup runs once on rank 0's main thread before serving; after that
-// the table is read-only and ddld_auth_check may run on any thread.
+// Threads: ddld_auth_startup runs once on rank 0's main thread before serving. The token
+// table is then read under a read lock by ddld_auth_check (any thread) and replaced under
+// the write lock by a reload (SIGHUP); everything else is fixed.
 #ifndef DDLD_AUTH_H
 #define DDLD_AUTH_H
 
@@ -68,6 +69,11 @@ void ddld_auth_destroy(ddld_auth **a);
 int ddld_auth_parse_tokens(ddld_auth *a, const char *text, const char *path, char *err,
                            size_t errlen);
 
+// Reads --token-file again and replaces the table atomically (calls in flight finish with
+// the old one). On any problem the table loaded before stays and -1 comes back with the
+// reason in err. Any thread.
+int ddld_auth_reload_tokens(ddld_auth *a, char *err, size_t errlen);
+
 int  ddld_auth_token_count(const ddld_auth *a);
 bool ddld_auth_uses_tls(const ddld_auth *a);
 
@@ -103,7 +109,9 @@ struct ddld_config;
 // Loads the daemon's auth from the command line; logs the problem and returns 2 on failure
 // (the caller then releases the workers with that code), 0 otherwise.
 int ddld_auth_startup(const struct ddld_config *cfg);
-// The loaded auth (NULL before ddld_auth_startup or without TLS and tokens).
+// SIGHUP: reloads the daemon's --token-file and logs the outcome (main thread).
+void ddld_auth_reload(void);
+// The loaded auth (NULL before ddld_auth_startup).
 ddld_auth *ddld_auth_daemon(void);
 void       ddld_auth_shutdown(void);
 

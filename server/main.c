@@ -7,10 +7,11 @@
 //          [--token-file F] [--tls-cert PEM --tls-key PEM [--tls-client-ca PEM]] [--insecure]
 //
 // Rank 0's main thread runs a libuv loop: an async handle wakes it when the gRPC thread
-// queued work, signal handles turn SIGTERM/SIGINT/SIGUSR2 into a graceful shutdown and
-// SIGUSR1 into a checkpoint. Ranks > 0 ignore those signals (mpirun forwards SIGUSR1 and
-// SIGUSR2 to every rank at once, so `kill -USR2 <mpirun>` is the clean way to stop the
-// job from outside) and wait for commands (dispatch.c). SIGTERM to mpirun reaches the
+// queued work, signal handles turn SIGTERM/SIGINT/SIGUSR2 into a graceful shutdown,
+// SIGUSR1 into a checkpoint and SIGHUP into a reload of --token-file. Ranks > 0 ignore
+// those signals (mpirun forwards SIGUSR1 and SIGUSR2 to every rank at once, so
+// `kill -USR2 <mpirun>` is the clean way to stop the job from outside) and wait for
+// commands (dispatch.c). SIGTERM to mpirun reaches the
 // ranks only after `odls_base_sigkill_timeout` seconds and is followed by SIGKILL as long
 // again: launch with `--mca odls_base_sigkill_timeout 30` (more than the grace period
 // plus the final checkpoint) if you stop it that way.
@@ -69,7 +70,7 @@ static const char usage[] =
     "  --tls-client-ca PEM       mutual TLS: require client certificates from this CA\n"
     "  --insecure                allow a non-loopback --listen without TLS or tokens\n"
     "Signals: SIGTERM/SIGINT to rank 0, or SIGUSR2 to mpirun, shut down gracefully;\n"
-    "SIGUSR1 (to mpirun or rank 0) checkpoints now.\n";
+    "SIGUSR1 (to mpirun or rank 0) checkpoints now; SIGHUP to rank 0 reloads --token-file.\n";
 
 static bool parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out)
 {
@@ -226,7 +227,7 @@ static int parse_args(int argc, char **argv, ddld_config *cfg, bool print)
 static struct {
     uv_loop_t      loop;
     uv_async_t     wake;
-    uv_signal_t    sig_term, sig_int, sig_usr1, sig_usr2;
+    uv_signal_t    sig_term, sig_int, sig_usr1, sig_usr2, sig_hup;
     uv_timer_t     ckpt_timer;
     ddld_service  *svc;
     ddld_dispatch *d;
@@ -250,6 +251,8 @@ static void on_signal(uv_signal_t *h, int signum)
     if (signum == SIGUSR1) {
         ddld_log("SIGUSR1: checkpoint requested");
         ddld_dispatch_request_checkpoint(r0.d);
+    } else if (signum == SIGHUP) {
+        ddld_auth_reload(); // --token-file again (auth.c); a bad file keeps the old tokens
     } else if (!r0.shutdown) {
         ddld_log("%s: shutting down gracefully", signum == SIGTERM  ? "SIGTERM"
                                                  : signum == SIGINT ? "SIGINT"
@@ -337,6 +340,8 @@ static int run_rank0(const ddld_config *cfg, ddld_dispatch *d)
     uv_signal_start(&r0.sig_int, on_signal, SIGINT);
     uv_signal_start(&r0.sig_usr1, on_signal, SIGUSR1);
     uv_signal_start(&r0.sig_usr2, on_signal, SIGUSR2);
+    uv_signal_init(&r0.loop, &r0.sig_hup);
+    uv_signal_start(&r0.sig_hup, on_signal, SIGHUP);
     uv_timer_init(&r0.loop, &r0.ckpt_timer);
     if (cfg->checkpoint_interval > 0) {
         uint64_t ms = (uint64_t)cfg->checkpoint_interval * 1000;
@@ -448,6 +453,7 @@ int main(int argc, char **argv)
         signal(SIGINT, SIG_IGN);
         signal(SIGUSR1, SIG_IGN);
         signal(SIGUSR2, SIG_IGN);
+        signal(SIGHUP, SIG_IGN);
         code = ddld_dispatch_worker_loop(d);
     }
     ddld_dispatch_destroy(&d);

@@ -13,6 +13,7 @@ Scenarios: tls, mtls, tokens, tls_tokens, listen, badfiles. Exit 0 pass, 1 fail,
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -303,7 +304,7 @@ def check_log(d):
         log = f.read()
     if "auth: " not in log:
         raise Failure("DDLD_VERBOSE=1 logged no auth decisions (the token grep would prove nothing)")
-    for role, tok in list(TOKENS.items()) + [("wrong", WRONG)]:
+    for role, tok in list(TOKENS.items()) + [("wrong", WRONG), ("new admin", NEW_ADMIN)]:
         for piece in (tok, tok[4:20]):
             if piece in log:
                 raise Failure("the %s token appears in the daemon log" % role)
@@ -343,6 +344,52 @@ def client_token_files(h, d):
             raise Failure("the client's error message carries the token")
 
 
+NEW_ADMIN = "new-5e6f7a8b9c0d1e2f3a4b5c6d7e8f9a0b"
+
+
+def wait_log(d, text, timeout=20):
+    end = time.time() + timeout
+    while time.time() < end:
+        with open(d.log_path) as f:
+            if text in f.read():
+                return
+        time.sleep(0.05)
+    d.dump()
+    raise Failure("no %r in the daemon log after %d s" % (text, timeout))
+
+
+def replace_file(path, text, mode=0o600):
+    tmp = path + ".new"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def reload_checks(h, d, tf):
+    """SIGHUP to rank 0 reloads --token-file; a bad file keeps the tokens in force."""
+    with open(d.log_path) as f:
+        m = re.search(r"listening on \S+ \(pid (\d+)\)", f.read())
+    pid = int(m.group(1))
+    replace_file(tf, "admin %s\ninfer %s\n" % (NEW_ADMIN, TOKENS["infer"]))
+    os.kill(pid, signal.SIGHUP)
+    wait_log(d, "SIGHUP: --token-file %s reloaded: 2 tokens" % tf)
+    h.expect(d, "status=UNAUTHENTICATED", "step=UNAUTHENTICATED", token=TOKENS["train"])
+    h.expect(d, "status=UNAUTHENTICATED", token=TOKENS["admin"])
+    h.expect(d, "status=OK", "step=PERMISSION_DENIED", token=TOKENS["infer"])
+    h.expect(d, "status=OK", "step=OK", token=NEW_ADMIN)
+    replace_file(tf, "admin %s\nroot %s\n" % (TOKENS["admin"], TOKENS["train"]))
+    os.kill(pid, signal.SIGHUP)
+    wait_log(d, "line 2: unknown role \"root\" (admin, train or infer); the 2 tokens loaded "
+                "before stay in force")
+    replace_file(tf, "admin %s\n" % TOKENS["admin"], 0o644)
+    os.kill(pid, signal.SIGHUP)
+    wait_log(d, "accessible to other users (mode 0644); it holds secrets: chmod 600 it; the 2 "
+                "tokens loaded before stay in force")
+    h.expect(d, "status=OK", "step=OK", token=NEW_ADMIN)
+    h.expect(d, "status=UNAUTHENTICATED", token=TOKENS["admin"])
+
+
 def sc_tokens(h):
     tf = h.tokens()
     d = with_verbose(lambda: h.start(2, spec(h) + ["--token-file", tf], "tokens"))
@@ -350,7 +397,8 @@ def sc_tokens(h):
     client_token_files(h, d)
     grpcio_headers(d)
     h.bench(d, token=TOKENS["infer"])
-    h.expect(d, "shutdown=OK", token=TOKENS["admin"])
+    reload_checks(h, d, tf)
+    h.expect(d, "shutdown=OK", token=NEW_ADMIN)
     d.wait_exit()
     check_log(d)
 

@@ -35,10 +35,10 @@ struct ddld_auth {
     pthread_rwlock_t    lock; // the token table: read per call, replaced by a reload
     struct token_entry *tokens;
     int                 ntokens;
-    bool                use_tokens; // tokens are required (fixed at create)
-    char               *token_path; // --token-file, for reloads
+    bool                use_tokens;                         // tokens are required (fixed at create)
+    char               *token_path;                         // --token-file, for reloads
     char               *cert_pem, *key_pem, *client_ca_pem; // NULL without TLS
-    bool                verbose;                             // DDLD_VERBOSE=1: log decisions
+    bool                verbose;                            // DDLD_VERBOSE=1: log decisions
 };
 
 // ---- constant-time helpers ----------------------------------------------------------------
@@ -137,7 +137,7 @@ static const char *short_name(const char *path)
 grpc_status_code ddld_auth_check(const ddld_auth *a, int method, const char *path,
                                  const grpc_metadata_array *md, char *msg, size_t len)
 {
-    msg[0]        = '\0';
+    msg[0]         = '\0';
     ddld_role need = ddld_auth_required_role(method);
     if (a == NULL || !a->use_tokens || need == DDLD_ROLE_NONE) {
         return GRPC_STATUS_OK;
@@ -270,8 +270,8 @@ int ddld_auth_parse_tokens(ddld_auth *a, const char *text, const char *path, cha
                            size_t errlen)
 {
     int                 line = 0, cap = 0, n = 0;
-    struct token_entry *t    = NULL;
-    const char         *p    = text;
+    struct token_entry *t = NULL;
+    const char         *p = text;
     while (*p != '\0') {
         line++;
         const char *eol  = strchr(p, '\n');
@@ -307,8 +307,9 @@ int ddld_auth_parse_tokens(ddld_auth *a, const char *text, const char *path, cha
         }
         ddld_role role;
         if (nf != 2) {
-            snprintf(err, errlen, "--token-file %s line %d: expected \"ROLE TOKEN\", found %d field%s",
-                     path, line, nf, nf == 1 ? "" : "s");
+            snprintf(err, errlen,
+                     "--token-file %s line %d: expected \"ROLE TOKEN\", found %d field%s", path,
+                     line, nf, nf == 1 ? "" : "s");
             goto fail;
         }
         if (!parse_role(f[0], fl[0], &role)) {
@@ -334,7 +335,7 @@ int ddld_auth_parse_tokens(ddld_auth *a, const char *text, const char *path, cha
             }
         }
         if (n == cap) {
-            cap                     = cap != 0 ? 2 * cap : 8;
+            cap                      = cap != 0 ? 2 * cap : 8;
             struct token_entry *grow = realloc(t, (size_t)cap * sizeof *t);
             if (grow == NULL) {
                 snprintf(err, errlen, "--token-file %s: out of memory", path);
@@ -346,8 +347,8 @@ int ddld_auth_parse_tokens(ddld_auth *a, const char *text, const char *path, cha
         t[n].role = role;
         for (int i = 0; i < n; i++) {
             if (memcmp(t[i].digest, t[n].digest, DDLD_DIGEST_BYTES) == 0) {
-                snprintf(err, errlen, "--token-file %s line %d: the same token appears twice",
-                         path, line);
+                snprintf(err, errlen, "--token-file %s line %d: the same token appears twice", path,
+                         line);
                 goto fail;
             }
         }
@@ -394,9 +395,9 @@ static int check_tls(const ddld_auth_options *o, ddld_auth *a, char *err, size_t
     char      why[256];
     int       rc   = -1;
     X509     *cert = NULL, *ca = NULL;
-    EVP_PKEY *key  = NULL;
-    BIO      *bio  = BIO_new_mem_buf(a->cert_pem, -1);
-    cert           = bio != NULL ? PEM_read_bio_X509(bio, NULL, NULL, NULL) : NULL;
+    EVP_PKEY *key = NULL;
+    BIO      *bio = BIO_new_mem_buf(a->cert_pem, -1);
+    cert          = bio != NULL ? PEM_read_bio_X509(bio, NULL, NULL, NULL) : NULL;
     BIO_free(bio);
     if (cert == NULL) {
         snprintf(err, errlen, "--tls-cert %s: no PEM certificate in it (%s)", o->tls_cert,
@@ -407,8 +408,7 @@ static int check_tls(const ddld_auth_options *o, ddld_auth *a, char *err, size_t
     key = bio != NULL ? PEM_read_bio_PrivateKey(bio, NULL, NULL, NULL) : NULL;
     BIO_free(bio);
     if (key == NULL) {
-        snprintf(err, errlen,
-                 "--tls-key %s: no unencrypted PEM private key in it (%s)", o->tls_key,
+        snprintf(err, errlen, "--tls-key %s: no unencrypted PEM private key in it (%s)", o->tls_key,
                  ssl_reason(why, sizeof why));
         goto out;
     }
@@ -442,8 +442,8 @@ out:
 
 int ddld_auth_create(const ddld_auth_options *o, ddld_auth **out, char *err, size_t errlen)
 {
-    *out        = NULL;
-    err[0]      = '\0';
+    *out         = NULL;
+    err[0]       = '\0';
     ddld_auth *a = calloc(1, sizeof *a);
     if (a == NULL) {
         snprintf(err, errlen, "auth: out of memory");
@@ -453,7 +453,7 @@ int ddld_auth_create(const ddld_auth_options *o, ddld_auth **out, char *err, siz
     a->verbose = getenv("DDLD_VERBOSE") != NULL && getenv("DDLD_VERBOSE")[0] == '1';
     if (o->token_file != NULL) {
         a->token_path = strdup(o->token_file);
-        char *text = read_file(o->token_file, "--token-file", true, err, errlen);
+        char *text    = read_file(o->token_file, "--token-file", true, err, errlen);
         if (text == NULL) {
             goto fail;
         }
@@ -469,8 +469,8 @@ int ddld_auth_create(const ddld_auth_options *o, ddld_auth **out, char *err, siz
     }
     if (o->tls_cert != NULL) {
         a->cert_pem = read_file(o->tls_cert, "--tls-cert", false, err, errlen);
-        a->key_pem  = a->cert_pem != NULL ? read_file(o->tls_key, "--tls-key", true, err, errlen)
-                                          : NULL;
+        a->key_pem =
+            a->cert_pem != NULL ? read_file(o->tls_key, "--tls-key", true, err, errlen) : NULL;
         if (a->key_pem == NULL) {
             goto fail;
         }
@@ -554,10 +554,11 @@ grpc_server_credentials *ddld_auth_server_credentials(ddld_auth *a)
     // client CA when one is given and then requires one.
     grpc_ssl_server_certificate_config *conf =
         grpc_ssl_server_certificate_config_create(a->client_ca_pem, &pair, 1);
-    grpc_ssl_server_credentials_options *opts = grpc_ssl_server_credentials_create_options_using_config(
-        a->client_ca_pem != NULL ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
-                                 : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
-        conf);
+    grpc_ssl_server_credentials_options *opts =
+        grpc_ssl_server_credentials_create_options_using_config(
+            a->client_ca_pem != NULL ? GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY
+                                     : GRPC_SSL_DONT_REQUEST_CLIENT_CERTIFICATE,
+            conf);
     grpc_server_credentials *cr = grpc_ssl_server_credentials_create_with_options(opts);
     free_secret(&a->key_pem);
     return cr;
@@ -638,8 +639,8 @@ int ddld_auth_startup(const struct ddld_config *cfg)
                  cfg->tls_client_ca != NULL ? " with client certificates required" : "",
                  daemon_auth->ntokens, daemon_auth->ntokens == 1 ? "" : "s");
     }
-    if (ddld_auth_uses_tls(daemon_auth) && !daemon_auth->use_tokens &&
-        cfg->tls_client_ca == NULL && !ddld_listen_is_loopback(cfg->listen)) {
+    if (ddld_auth_uses_tls(daemon_auth) && !daemon_auth->use_tokens && cfg->tls_client_ca == NULL &&
+        !ddld_listen_is_loopback(cfg->listen)) {
         ddld_log("warning: TLS without --token-file or --tls-client-ca encrypts but does not "
                  "restrict: every client that trusts the certificate may call everything");
     }

@@ -90,7 +90,7 @@ ddld_role ddld_auth_lookup(const ddld_auth *a, const char *token, size_t len);
 
 // The least role a method (ddld_method; DDLD_M_COUNT for unknown methods) needs.
 // DDLD_ROLE_NONE: callable without a token (health).
-ddld_role ddld_auth_required_role(int method);
+ddld_role   ddld_auth_required_role(int method);
 const char *ddld_role_name(ddld_role r);
 
 // Admits or refuses one call from its request metadata: GRPC_STATUS_OK, UNAUTHENTICATED

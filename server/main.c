@@ -25,10 +25,10 @@
 #include <unistd.h>
 #include <uv.h>
 
+#include "auth.h"
 #include "ddl/base.h"
 #include "ddl/blas.h"
 #include "ddl/model.h"
-#include "auth.h"
 #include "ddld.h"
 
 static int log_rank = -1;

@@ -1283,6 +1283,23 @@ static void call_unref(ddld_call *c)
     }
 }
 
+// Tokens and roles, from the request headers, before anything else (auth.c): a refused
+// call is finished at once and its message is never read.
+static bool admit(ddld_call *c)
+{
+    char *generic = c->method == M_GENERIC ? grpc_slice_to_c_string(c->details.method) : NULL;
+    char  why[256];
+    grpc_status_code code = ddld_auth_check(ddld_auth_daemon(), c->method,
+                                            generic != NULL ? generic : methods[c->method].path,
+                                            &c->md, why, sizeof why);
+    gpr_free(generic);
+    if (code != GRPC_STATUS_OK) {
+        finish_code(c, code, "%s", why);
+        return false;
+    }
+    return true;
+}
+
 // An op batch completed.
 static void on_op(ddld_call *c, bool ok)
 {
@@ -1302,19 +1319,7 @@ static void on_op(ddld_call *c, bool ok)
         if (grpc_call_start_batch(c->call, &op, 1, &c->close, NULL) != GRPC_CALL_OK) {
             atomic_fetch_sub(&c->refs, 1);
         }
-        // Tokens and roles are checked before anything else, from the request headers
-        // (auth.c; the request message is never read for a refused call).
-        char             why[256];
-        char            *gpath = c->method == M_GENERIC ? grpc_slice_to_c_string(c->details.method)
-                                                         : NULL;
-        grpc_status_code ac    = ddld_auth_check(ddld_auth_daemon(), c->method,
-                                                 gpath != NULL ? gpath : methods[c->method].path,
-                                                 &c->md, why, sizeof why);
-        if (gpath != NULL) {
-            gpr_free(gpath);
-        }
-        if (ac != GRPC_STATUS_OK) {
-            finish_code(c, ac, "%s", why);
+        if (!admit(c)) {
             return;
         }
         if (c->method == M_GENERIC) {

@@ -20,9 +20,9 @@ static ddl_status parse(const char *text, const char *path, char **out)
 {
     const char *p = text;
     while (*p != '\0') {
-        const char *eol  = strchr(p, '\n');
-        const char *end  = eol ? eol : p + strlen(p);
-        const char *f[3] = {0};
+        const char *eol   = strchr(p, '\n');
+        const char *end   = eol ? eol : p + strlen(p);
+        const char *f[3]  = {0};
         size_t      fl[3] = {0};
         int         nf    = 0;
         for (const char *q = p; q < end;) {

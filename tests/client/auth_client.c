@@ -38,8 +38,12 @@ static ddl_client_tensor images(int64_t n)
 static ddl_client_batch batch(void)
 {
     ddl_client_batch b = {.x = images(N)};
-    b.labels           = (ddl_client_tensor){
-                  .name = "labels", .dtype = DDL_WIRE_INT64, .ndim = 1, .shape = {N}, .data = lb, .bytes = sizeof lb};
+    b.labels           = (ddl_client_tensor){.name  = "labels",
+                                             .dtype = DDL_WIRE_INT64,
+                                             .ndim  = 1,
+                                             .shape = {N},
+                                             .data  = lb,
+                                             .bytes = sizeof lb};
     return b;
 }
 
@@ -163,7 +167,7 @@ static int bench(const char *addr, int n)
     }
     qsort(t, (size_t)n, sizeof *t, cmp_double);
     printf("connect+health (%s): median %.2f ms, p90 %.2f ms over %d connections\n",
-           getenv("DDL_TLS_CA") == NULL       ? "plaintext"
+           getenv("DDL_TLS_CA") == NULL     ? "plaintext"
            : getenv("DDL_TLS_CERT") == NULL ? "TLS"
                                             : "mutual TLS",
            t[n / 2] * 1e3, t[(n * 9) / 10] * 1e3, n);

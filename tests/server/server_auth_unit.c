@@ -65,9 +65,8 @@ static ddld_auth *make_auth(void)
     char              err[512];
     CHECK(ddld_auth_create(&o, &a, err, sizeof err) == 0, "empty options: %s", err);
     char text[512];
-    snprintf(text, sizeof text,
-             "# roles\n\nadmin %s\n  train\t%s   # trailing comment\r\ninfer %s", T_ADMIN,
-             T_TRAIN, T_INFER);
+    snprintf(text, sizeof text, "# roles\n\nadmin %s\n  train\t%s   # trailing comment\r\ninfer %s",
+             T_ADMIN, T_TRAIN, T_INFER);
     CHECK(ddld_auth_parse_tokens(a, text, "tokens", err, sizeof err) == 0, "parse: %s", err);
     CHECK(ddld_auth_token_count(a) == 3, "3 tokens, got %d", ddld_auth_token_count(a));
     return a;
@@ -142,12 +141,12 @@ static void test_token_files(void)
     free(big);
 }
 
-static grpc_status_code check_with(const ddld_auth *a, int method, const char *header,
-                                   int copies, char *msg)
+static grpc_status_code check_with(const ddld_auth *a, int method, const char *header, int copies,
+                                   char *msg)
 {
     grpc_metadata md[3];
     memset(md, 0, sizeof md);
-    size_t n = 0;
+    size_t n      = 0;
     md[n].key     = grpc_slice_from_static_string("user-agent");
     md[n++].value = grpc_slice_from_static_string("test");
     for (int i = 0; header != NULL && i < copies; i++) {
@@ -190,16 +189,16 @@ static void test_check(void)
         int       method;
         ddld_role need;
     } table[] = {
-        {DDLD_M_HEALTH_CHECK, DDLD_ROLE_NONE},    {DDLD_M_HEALTH_WATCH, DDLD_ROLE_NONE},
-        {DDLD_M_GET_STATUS, DDLD_ROLE_INFER},     {DDLD_M_PREDICT, DDLD_ROLE_INFER},
-        {DDLD_M_SERVER_LIVE, DDLD_ROLE_INFER},    {DDLD_M_SERVER_READY, DDLD_ROLE_INFER},
-        {DDLD_M_MODEL_READY, DDLD_ROLE_INFER},    {DDLD_M_MODEL_METADATA, DDLD_ROLE_INFER},
-        {DDLD_M_MODEL_INFER, DDLD_ROLE_INFER},    {DDLD_M_SUBMIT_BATCH, DDLD_ROLE_TRAIN},
-        {DDLD_M_STEP, DDLD_ROLE_TRAIN},           {DDLD_M_TRAIN, DDLD_ROLE_TRAIN},
-        {DDLD_M_EVALUATE, DDLD_ROLE_TRAIN},       {DDLD_M_PULL_WEIGHTS, DDLD_ROLE_TRAIN},
-        {DDLD_M_CHECKPOINT, DDLD_ROLE_TRAIN},     {DDLD_M_CREATE_MODEL, DDLD_ROLE_ADMIN},
-        {DDLD_M_PUSH_WEIGHTS, DDLD_ROLE_ADMIN},   {DDLD_M_RESTORE, DDLD_ROLE_ADMIN},
-        {DDLD_M_SHUTDOWN, DDLD_ROLE_ADMIN},       {DDLD_M_COUNT, DDLD_ROLE_INFER},
+        {DDLD_M_HEALTH_CHECK, DDLD_ROLE_NONE},  {DDLD_M_HEALTH_WATCH, DDLD_ROLE_NONE},
+        {DDLD_M_GET_STATUS, DDLD_ROLE_INFER},   {DDLD_M_PREDICT, DDLD_ROLE_INFER},
+        {DDLD_M_SERVER_LIVE, DDLD_ROLE_INFER},  {DDLD_M_SERVER_READY, DDLD_ROLE_INFER},
+        {DDLD_M_MODEL_READY, DDLD_ROLE_INFER},  {DDLD_M_MODEL_METADATA, DDLD_ROLE_INFER},
+        {DDLD_M_MODEL_INFER, DDLD_ROLE_INFER},  {DDLD_M_SUBMIT_BATCH, DDLD_ROLE_TRAIN},
+        {DDLD_M_STEP, DDLD_ROLE_TRAIN},         {DDLD_M_TRAIN, DDLD_ROLE_TRAIN},
+        {DDLD_M_EVALUATE, DDLD_ROLE_TRAIN},     {DDLD_M_PULL_WEIGHTS, DDLD_ROLE_TRAIN},
+        {DDLD_M_CHECKPOINT, DDLD_ROLE_TRAIN},   {DDLD_M_CREATE_MODEL, DDLD_ROLE_ADMIN},
+        {DDLD_M_PUSH_WEIGHTS, DDLD_ROLE_ADMIN}, {DDLD_M_RESTORE, DDLD_ROLE_ADMIN},
+        {DDLD_M_SHUTDOWN, DDLD_ROLE_ADMIN},     {DDLD_M_COUNT, DDLD_ROLE_INFER},
     };
     CHECK(sizeof table / sizeof table[0] == DDLD_M_COUNT + 1, "every method is in the table");
     const char *tok[] = {T_INFER, T_TRAIN, T_ADMIN};
@@ -232,13 +231,12 @@ static void test_check(void)
 
 static void test_loopback(void)
 {
-    static const char *const local[]  = {"127.0.0.1:50051", "127.0.0.1:0", "127.1.2.3:9",
-                                         "localhost:50051", "[::1]:0",      "unix:/tmp/x.sock",
+    static const char *const local[]  = {"127.0.0.1:50051",   "127.0.0.1:0",      "127.1.2.3:9",
+                                         "localhost:50051",   "[::1]:0",          "unix:/tmp/x.sock",
                                          "unix-abstract:ddl", "ipv4:127.0.0.1:80"};
-    static const char *const remote[] = {"0.0.0.0:50051", "[::]:0",       ":50051",
-                                         "10.0.0.1:1",    "128.0.0.1:1",  "127.0.0.1.example:1",
-                                         "example.com:1", "[::2]:1",      "127.0.0.256:1",
-                                         "localhost.example:1"};
+    static const char *const remote[] = {
+        "0.0.0.0:50051",       "[::]:0",        ":50051",  "10.0.0.1:1",    "128.0.0.1:1",
+        "127.0.0.1.example:1", "example.com:1", "[::2]:1", "127.0.0.256:1", "localhost.example:1"};
     for (size_t i = 0; i < sizeof local / sizeof local[0]; i++) {
         CHECK(ddld_listen_is_loopback(local[i]), "%s is loopback", local[i]);
     }

@@ -8,7 +8,7 @@ own client certificate, and a key that matches nothing.
 
   auth_test.py --build BUILD --source SRC --mpiexec MPIEXEC [--mpi-flags "..."] SCENARIO
 
-Scenarios: tls, mtls, tokens, tls_tokens, listen, badfiles. Exit 0 pass, 1 fail, 7 skip.
+Scenarios: tls, mtls, tokens, tls_tokens, listen, badfiles, lifecycle_secure. Exit 0 pass, 1 fail, 7 skip.
 """
 import os
 import re
@@ -485,7 +485,23 @@ def sc_badfiles(h):
     d.wait_exit()
 
 
-SCENARIOS = {"tls": sc_tls, "mtls": sc_mtls, "tokens": sc_tokens, "tls_tokens": sc_tls_tokens,
+def sc_lifecycle_secure(h):
+    """client_test's lifecycle scenario (every RPC, streams both ways, threads, deadlines)
+    over mutual TLS with an admin token: the whole client API through the secure path."""
+    p = h.make_certs()
+    tf = h.tokens()
+    d = h.start(2, ["--queue", "4", "--max-message-bytes", str(8 << 20), "--token-file", tf,
+                    "--tls-cert", p("server.crt"), "--tls-key", p("server.key"),
+                    "--tls-client-ca", p("ca.crt")], "lifecycle_secure")
+    env = {"DDL_TLS_CA": p("ca.crt"), "DDL_TLS_CERT": p("client.crt"),
+           "DDL_TLS_KEY": p("client.key"), "DDL_TOKEN": TOKENS["admin"]}
+    client_test = os.path.join(h.build, "tests", "client_test")
+    for sc in ("health", "lifecycle", "health", "shutdown"):
+        h.run(d, [client_test, sc], timeout=150, env_extra=env)
+    d.wait_exit()
+
+
+SCENARIOS = {"lifecycle_secure": sc_lifecycle_secure, "tls": sc_tls, "mtls": sc_mtls, "tokens": sc_tokens, "tls_tokens": sc_tls_tokens,
              "listen": sc_listen, "badfiles": sc_badfiles}
 
 if __name__ == "__main__":

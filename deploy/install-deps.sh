@@ -13,7 +13,7 @@ $SUDO apt-get install -y -q --no-install-recommends \
     libopenmpi-dev openmpi-bin \
     libopenblas-dev \
     libgrpc-dev protobuf-c-compiler libprotobuf-c-dev \
-    libuv1-dev libjansson-dev zlib1g-dev libssl-dev libmicrohttpd-dev \
+    libuv1-dev libjansson-dev zlib1g-dev libssl-dev openssl libmicrohttpd-dev \
     iproute2 \
     dataset-fashion-mnist \
     python3 python3-numpy python3-torch \

@@ -49,6 +49,12 @@ typedef struct ddld_config {
     double      grace_s; // shutdown grace for in-flight calls
     const char *metrics_listen;       // --metrics-listen: Prometheus endpoint (NULL: off)
     const char *metrics_address_file; // --metrics-address-file: its host:port once serving
+    // Authentication and TLS (auth.c): files read on rank 0 before serving.
+    const char *token_file;    // --token-file: "ROLE TOKEN" lines
+    const char *tls_cert;      // --tls-cert: server certificate chain (PEM)
+    const char *tls_key;       // --tls-key: its private key (PEM)
+    const char *tls_client_ca; // --tls-client-ca: require client certificates from this CA
+    bool        insecure;      // --insecure: plaintext, tokenless listen beyond loopback
 } ddld_config;
 
 // Logging: "distdld: ..." on stderr (rank 0 only unless noted).

@@ -5,12 +5,14 @@
 //          [--address-file F] [--data-root D] [--checkpoint-dir D --checkpoint-every K]
 //          [--resume] [--max-message-bytes N] [--queue N]
 //          [--metrics-listen 127.0.0.1:PORT [--metrics-address-file F]]
+//          [--token-file F] [--tls-cert PEM --tls-key PEM [--tls-client-ca PEM]] [--insecure]
 //
 // Rank 0's main thread runs a libuv loop: an async handle wakes it when the gRPC thread
-// queued work, signal handles turn SIGTERM/SIGINT/SIGUSR2 into a graceful shutdown and
-// SIGUSR1 into a checkpoint. Ranks > 0 ignore those signals (mpirun forwards SIGUSR1 and
-// SIGUSR2 to every rank at once, so `kill -USR2 <mpirun>` is the clean way to stop the
-// job from outside) and wait for commands (dispatch.c). SIGTERM to mpirun reaches the
+// queued work, signal handles turn SIGTERM/SIGINT/SIGUSR2 into a graceful shutdown,
+// SIGUSR1 into a checkpoint and SIGHUP into a reload of --token-file. Ranks > 0 ignore
+// those signals (mpirun forwards SIGUSR1 and SIGUSR2 to every rank at once, so
+// `kill -USR2 <mpirun>` is the clean way to stop the job from outside) and wait for
+// commands (dispatch.c). SIGTERM to mpirun reaches the
 // ranks only after `odls_base_sigkill_timeout` seconds and is followed by SIGKILL as long
 // again: launch with `--mca odls_base_sigkill_timeout 30` (more than the grace period
 // plus the final checkpoint) if you stop it that way.
@@ -24,6 +26,7 @@
 #include <unistd.h>
 #include <uv.h>
 
+#include "auth.h"
 #include "ddl/base.h"
 #include "ddl/blas.h"
 #include "ddl/model.h"
@@ -66,8 +69,13 @@ static const char usage[] =
     "  --metrics-listen H:PORT   serve Prometheus metrics at http://H:PORT/metrics (numeric\n"
     "                            address; port 0 picks a free one; off by default)\n"
     "  --metrics-address-file F  write the metrics host:port here once serving\n"
+    "  --token-file FILE         bearer tokens, one \"ROLE TOKEN\" per line (roles admin,\n"
+    "                            train, infer; mode 600); calls then need a token\n"
+    "  --tls-cert PEM --tls-key PEM   serve TLS with this certificate chain and key\n"
+    "  --tls-client-ca PEM       mutual TLS: require client certificates from this CA\n"
+    "  --insecure                allow a non-loopback --listen without TLS or tokens\n"
     "Signals: SIGTERM/SIGINT to rank 0, or SIGUSR2 to mpirun, shut down gracefully;\n"
-    "SIGUSR1 (to mpirun or rank 0) checkpoints now.\n";
+    "SIGUSR1 (to mpirun or rank 0) checkpoints now; SIGHUP to rank 0 reloads --token-file.\n";
 
 static bool parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out)
 {
@@ -113,6 +121,10 @@ static int parse_args(int argc, char **argv, ddld_config *cfg, bool print)
             cfg->resume = true;
             continue;
         }
+        if (strcmp(name, "--insecure") == 0) {
+            cfg->insecure = true;
+            continue;
+        }
         static const char *const with_value[] = {"--model",
                                                  "--listen",
                                                  "--address-file",
@@ -124,21 +136,18 @@ static int parse_args(int argc, char **argv, ddld_config *cfg, bool print)
                                                  "--queue",
                                                  "--grace",
                                                  "--metrics-listen",
-                                                 "--metrics-address-file"};
+                                                 "--metrics-address-file",
+                                                 "--token-file",
+                                                 "--tls-cert",
+                                                 "--tls-key",
+                                                 "--tls-client-ca"};
         bool                     known        = false;
         for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) {
             known = known || strcmp(name, with_value[k]) == 0;
         }
         if (!known) {
             if (print) {
-                if (strncmp(name, "--tls", 5) == 0 || strcmp(name, "--token-file") == 0) {
-                    fprintf(stderr,
-                            DDLD_LOG_PREFIX ": %s: TLS and tokens are not supported by "
-                                            "this build yet\n",
-                            name);
-                } else {
-                    fprintf(stderr, DDLD_LOG_PREFIX ": unknown option %s (see --help)\n", a);
-                }
+                fprintf(stderr, DDLD_LOG_PREFIX ": unknown option %s (see --help)\n", a);
             }
             return 2;
         }
@@ -183,6 +192,14 @@ static int parse_args(int argc, char **argv, ddld_config *cfg, bool print)
             cfg->metrics_listen = val; // checked after MPI_Init (ddld_metrics_check_config)
         } else if (strcmp(name, "--metrics-address-file") == 0) {
             cfg->metrics_address_file = val;
+        } else if (strcmp(name, "--token-file") == 0) {
+            cfg->token_file = val;
+        } else if (strcmp(name, "--tls-cert") == 0) {
+            cfg->tls_cert = val;
+        } else if (strcmp(name, "--tls-key") == 0) {
+            cfg->tls_key = val;
+        } else if (strcmp(name, "--tls-client-ca") == 0) {
+            cfg->tls_client_ca = val;
         }
         if (!ok) {
             if (print) {
@@ -191,7 +208,9 @@ static int parse_args(int argc, char **argv, ddld_config *cfg, bool print)
             return 2;
         }
     }
-    const char *problem = NULL;
+    const char       *problem = NULL;
+    char              auth_problem[512];
+    ddld_auth_options ao = {cfg->token_file, cfg->tls_cert, cfg->tls_key, cfg->tls_client_ca};
     if (cfg->checkpoint_every > 0 && cfg->checkpoint_dir == NULL) {
         problem = "--checkpoint-every needs --checkpoint-dir";
     } else if (cfg->checkpoint_interval > 0 && cfg->checkpoint_dir == NULL) {
@@ -200,6 +219,10 @@ static int parse_args(int argc, char **argv, ddld_config *cfg, bool print)
         problem = "--resume needs --checkpoint-dir";
     } else if (cfg->resume && cfg->model_path == NULL) {
         problem = "--resume needs --model (a checkpoint restores onto a model)";
+    } else {
+        // argv only (no files yet), so every rank refuses a non-loopback plaintext listen.
+        problem = ddld_auth_config_problem(&ao, cfg->listen, cfg->insecure, auth_problem,
+                                           sizeof auth_problem);
     }
     if (problem != NULL) {
         if (print) {
@@ -215,7 +238,7 @@ static int parse_args(int argc, char **argv, ddld_config *cfg, bool print)
 static struct {
     uv_loop_t      loop;
     uv_async_t     wake;
-    uv_signal_t    sig_term, sig_int, sig_usr1, sig_usr2;
+    uv_signal_t    sig_term, sig_int, sig_usr1, sig_usr2, sig_hup;
     uv_timer_t     ckpt_timer;
     ddld_service  *svc;
     ddld_dispatch *d;
@@ -239,6 +262,8 @@ static void on_signal(uv_signal_t *h, int signum)
     if (signum == SIGUSR1) {
         ddld_log("SIGUSR1: checkpoint requested");
         ddld_dispatch_request_checkpoint(r0.d);
+    } else if (signum == SIGHUP) {
+        ddld_auth_reload(); // --token-file again (auth.c); a bad file keeps the old tokens
     } else if (!r0.shutdown) {
         ddld_log("%s: shutting down gracefully", signum == SIGTERM  ? "SIGTERM"
                                                  : signum == SIGINT ? "SIGINT"
@@ -326,13 +351,20 @@ static int run_rank0(const ddld_config *cfg, ddld_dispatch *d)
     uv_signal_start(&r0.sig_int, on_signal, SIGINT);
     uv_signal_start(&r0.sig_usr1, on_signal, SIGUSR1);
     uv_signal_start(&r0.sig_usr2, on_signal, SIGUSR2);
+    uv_signal_init(&r0.loop, &r0.sig_hup);
+    uv_signal_start(&r0.sig_hup, on_signal, SIGHUP);
     uv_timer_init(&r0.loop, &r0.ckpt_timer);
     if (cfg->checkpoint_interval > 0) {
         uint64_t ms = (uint64_t)cfg->checkpoint_interval * 1000;
         uv_timer_start(&r0.ckpt_timer, on_ckpt_timer, ms, ms);
     }
 
-    int code = ddld_dispatch_startup(d);
+    // TLS and token files are read before any collective work: a bad file stops every rank
+    // at once (the workers leave with our code through ddld_dispatch_quit below).
+    int code = ddld_auth_startup(cfg);
+    if (code == 0) {
+        code = ddld_dispatch_startup(d);
+    }
     int port = 0;
     if (code == 0 && ddld_metrics_start() != 0) {
         code = 2; // a bad or busy --metrics-listen: before gRPC serves anything
@@ -383,6 +415,7 @@ static int run_rank0(const ddld_config *cfg, ddld_dispatch *d)
     uv_walk(&r0.loop, close_handle, NULL);
     uv_run(&r0.loop, UV_RUN_DEFAULT);
     uv_loop_close(&r0.loop);
+    ddld_auth_shutdown();
     ddld_dispatch_quit(d, code);
     return code;
 }
@@ -452,12 +485,13 @@ int main(int argc, char **argv)
         signal(SIGINT, SIG_IGN);
         signal(SIGUSR1, SIG_IGN);
         signal(SIGUSR2, SIG_IGN);
+        signal(SIGHUP, SIG_IGN);
         code = ddld_dispatch_worker_loop(d);
     }
     ddld_dispatch_destroy(&d);
     ddld_metrics_free();
     MPI_Finalize();
-    if (rank == 0) {
+    if (rank == 0 || code != 0) { // a failed start says so on every rank
         ddld_log("exit %d", code);
     }
     return code;

@@ -35,6 +35,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "auth.h"
 #include "ddld.h"
 #include "grpc/health/v1/health.pb-c.h"
 #include "inference/grpc_service.pb-c.h"
@@ -1293,6 +1294,23 @@ static void call_unref(ddld_call *c)
     }
 }
 
+// Tokens and roles, from the request headers, before anything else (auth.c): a refused
+// call is finished at once and its message is never read.
+static bool admit(ddld_call *c)
+{
+    char *generic = c->method == M_GENERIC ? grpc_slice_to_c_string(c->details.method) : NULL;
+    char  why[256];
+    grpc_status_code code = ddld_auth_check(ddld_auth_daemon(), c->method,
+                                            generic != NULL ? generic : methods[c->method].path,
+                                            &c->md, why, sizeof why);
+    gpr_free(generic);
+    if (code != GRPC_STATUS_OK) {
+        finish_code(c, code, "%s", why);
+        return false;
+    }
+    return true;
+}
+
 // An op batch completed.
 static void on_op(ddld_call *c, bool ok)
 {
@@ -1312,6 +1330,9 @@ static void on_op(ddld_call *c, bool ok)
         op.data.recv_close_on_server.cancelled = &c->close_cancelled;
         if (grpc_call_start_batch(c->call, &op, 1, &c->close, NULL) != GRPC_CALL_OK) {
             atomic_fetch_sub(&c->refs, 1);
+        }
+        if (!admit(c)) {
+            return;
         }
         if (c->method == M_GENERIC) {
             char *path = grpc_slice_to_c_string(c->details.method);
@@ -1506,7 +1527,7 @@ ddld_service *ddld_service_start(const ddld_config *cfg, void (*wake)(void *), v
         svc->registered[m] = grpc_server_register_method(svc->server, methods[m].path, NULL,
                                                          GRPC_SRM_PAYLOAD_NONE, 0);
     }
-    grpc_server_credentials *creds = grpc_insecure_server_credentials_create();
+    grpc_server_credentials *creds = ddld_auth_server_credentials(ddld_auth_daemon());
     *port                          = grpc_server_add_http2_port(svc->server, cfg->listen, creds);
     grpc_server_credentials_release(creds);
     if (*port == 0) {

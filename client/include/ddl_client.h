@@ -103,6 +103,13 @@ DDL_EXTERN ddl_status ddl_client_connect(const char *address, const ddl_client_o
 // Closes the channel. No call may be in progress on it. NULL-safe; sets *c = NULL.
 DDL_EXTERN void ddl_client_destroy(ddl_client_t **c);
 
+// Reads a bearer token from a file for ddl_client_options.token: the first line that is not
+// blank or a comment (a field starting with '#') holds the token alone or "ROLE TOKEN" (a
+// line of the daemon's --token-file). The file must not be accessible to other users (chmod
+// 600). The caller frees *token with ddl_client_free_token (which also wipes it).
+DDL_EXTERN ddl_status ddl_client_read_token_file(const char *path, char **token);
+DDL_EXTERN void       ddl_client_free_token(char **token);
+
 // ---- tensors -------------------------------------------------------------------------
 
 typedef enum {

@@ -207,6 +207,17 @@ static int64_t argmax(const float *z, int64_t k)
     return best;
 }
 
+// Connection options from the environment (TLS files and token, as auth_test.py sets them).
+static ddl_client_options env_options(void)
+{
+    ddl_client_options o = ddl_client_options_default();
+    o.token              = getenv("DDL_TOKEN");
+    o.tls_ca_file        = getenv("DDL_TLS_CA");
+    o.tls_cert_file      = getenv("DDL_TLS_CERT");
+    o.tls_key_file       = getenv("DDL_TLS_KEY");
+    return o;
+}
+
 static ddl_client_t *connect_env(void)
 {
     const char *addr = getenv("DDL_ADDRESS");
@@ -214,12 +225,8 @@ static ddl_client_t *connect_env(void)
         fprintf(stderr, "DDL_ADDRESS is not set (run under daemon_harness.py)\n");
         return NULL;
     }
-    ddl_client_options o = ddl_client_options_default();
+    ddl_client_options o = env_options();
     o.tune_malloc        = 1;
-    o.token              = getenv("DDL_TOKEN");
-    o.tls_ca_file        = getenv("DDL_TLS_CA");
-    o.tls_cert_file      = getenv("DDL_TLS_CERT");
-    o.tls_key_file       = getenv("DDL_TLS_KEY");
     ddl_client_t *c;
     if (ddl_client_connect(addr, &o, &c) != DDL_OK) {
         fprintf(stderr, "connect %s: %s\n", addr, ddl_last_error());
@@ -1144,7 +1151,7 @@ static int scenario_lifecycle(ddl_client_t *c)
 
     // A deadline shorter than the call: DEADLINE_EXCEEDED, and the daemon serves on.
     {
-        ddl_client_options o = ddl_client_options_default();
+        ddl_client_options o = env_options();
         o.call_timeout_s     = 0.002;
         ddl_client_t *cd;
         MUST(ddl_client_connect(getenv("DDL_ADDRESS"), &o, &cd));

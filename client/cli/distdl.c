@@ -514,6 +514,28 @@ static int on_progress(const ddl_client_progress *p, void *ud)
     return g_interrupted ? 1 : 0;
 }
 
+// Where the daemon really stopped after a cancelled Train. The call ends as soon as the
+// client cancels it, while the daemon finishes the step in progress and only then goes idle
+// and publishes its step; so wait (up to 30 s) until it is idle and its step has stayed the
+// same over two reads 50 ms apart.
+static int64_t stopped_step(ddl_client_t *c, int64_t fallback)
+{
+    int64_t seen = -1;
+    double  end  = ddl_cli_now() + 30.0;
+    while (ddl_cli_now() < end) {
+        ddl_client_status_info s;
+        if (ddl_client_get_status(c, &s) != DDL_OK)
+            return fallback;
+        if (strcmp(s.state, "training") != 0) {
+            if (s.step == seen)
+                return seen;
+            seen = s.step;
+        }
+        usleep(50000);
+    }
+    return seen >= 0 ? seen : fallback;
+}
+
 static int cmd_train(cli *a, ddl_client_t *c)
 {
     train_state t = {.every = a->every ? a->every : 50, .show = !g_json};
@@ -546,11 +568,7 @@ static int cmd_train(cli *a, ddl_client_t *c)
         ddl_cli_progress_end(&t.bar);
 
     if (st == DDL_ECANCELED && g_interrupted) {
-        // Where the daemon really stopped: it finishes the step in progress first.
-        ddl_client_status_info s;
-        int64_t                step = last.step;
-        if (ddl_client_get_status(c, &s) == DDL_OK)
-            step = s.step;
+        int64_t step = stopped_step(c, last.step);
         if (g_json) {
             json_t *o = progress_json("cancelled", &last);
             json_object_set_new(o, "step", json_integer(step));
@@ -749,13 +767,20 @@ static int cmd_restore(cli *a, ddl_client_t *c)
 
 static int cmd_shutdown(cli *a, ddl_client_t *c)
 {
-    int64_t    durable = -1;
-    ddl_status st      = ddl_client_shutdown(c, !a->no_checkpoint, &durable);
+    int64_t    durable    = -1;
+    int        checkpoint = !a->no_checkpoint;
+    ddl_status st         = ddl_client_shutdown(c, checkpoint, &durable);
+    if (st != DDL_OK && checkpoint && ddl_client_last_code() == DDL_RPC_FAILED_PRECONDITION) {
+        // The daemon refuses a final checkpoint it cannot write (no --checkpoint-dir, no
+        // model) and changes nothing: stop it without one, as SIGTERM would.
+        checkpoint = 0;
+        st         = ddl_client_shutdown(c, 0, &durable);
+    }
     if (st != DDL_OK)
         return fail_call(st);
     if (g_json) {
         json_t *o = event("shutdown");
-        json_object_set_new(o, "checkpoint", json_boolean(!a->no_checkpoint));
+        json_object_set_new(o, "checkpoint", json_boolean(checkpoint));
         json_object_set_new(o, "durable_step", json_integer(durable));
         emit(o);
     } else if (durable >= 0) {

@@ -188,23 +188,20 @@ ddl_status ddl_client_npy_read(const char *path, ddl_client_tensor *out)
     // allocating anything of that size.
     uint64_t data  = (uint64_t)sb.st_size - pre - hlen;
     uint64_t bytes = ddl_wire_dtype_size(t.dtype);
-    for (int i = 0; i < t.ndim; i++) {
-        if (t.shape[i] > 0 && bytes > data / (uint64_t)t.shape[i] + 1) {
-            bytes = UINT64_MAX;
-            break;
-        }
-        bytes *= (uint64_t)t.shape[i];
-    }
-    if (bytes != data) {
+    int      over  = 0;
+    for (int i = 0; i < t.ndim; i++)
+        over |= __builtin_mul_overflow(bytes, (uint64_t)t.shape[i], &bytes);
+    if (over || bytes != data) {
         char shape[160];
         int  k = snprintf(shape, sizeof shape, "[");
         for (int i = 0; i < t.ndim && k < (int)sizeof shape - 24; i++)
             k += snprintf(shape + k, sizeof shape - (size_t)k, "%s%lld", i ? ", " : "",
                           (long long)t.shape[i]);
         snprintf(shape + k, sizeof shape - (size_t)k, "]");
+        char need[32];
+        snprintf(need, sizeof need, over ? "more than 2^64" : "%llu", (unsigned long long)bytes);
         st = ddl__local_error(DDL_EPROTO, "npy: %s: shape %s of %s needs %s bytes of data, the "
-                              "file has %llu", path, shape, ddl_wire_dtype_name(t.dtype),
-                              bytes == UINT64_MAX ? "too many" : "a different number of",
+                              "file has %llu", path, shape, ddl_wire_dtype_name(t.dtype), need,
                               (unsigned long long)data);
         goto out;
     }

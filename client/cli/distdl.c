@@ -139,10 +139,28 @@ static void emit(json_t *o)
     json_decref(o);
 }
 
+// A JSON string. jansson takes only UTF-8; a path or message with other bytes is shown with
+// each byte >= 0x80 as '?' rather than dropped.
+static json_t *jstr(const char *s)
+{
+    json_t *j = json_string(s);
+    if (j)
+        return j;
+    char *copy = strdup(s);
+    if (!copy)
+        return json_null();
+    for (char *p = copy; *p; p++)
+        if ((unsigned char)*p >= 0x80)
+            *p = '?';
+    j = json_string(copy);
+    free(copy);
+    return j ? j : json_null();
+}
+
 static json_t *event(const char *name)
 {
     json_t *o = json_object();
-    json_object_set_new(o, "event", json_string(name));
+    json_object_set_new(o, "event", jstr(name));
     return o;
 }
 
@@ -182,9 +200,9 @@ __attribute__((format(printf, 3, 4))) static int fail(int exit_code, const char 
     va_end(ap);
     if (g_json) {
         json_t *o = event("error");
-        json_object_set_new(o, "command", json_string(g_command));
-        json_object_set_new(o, "code", json_string(code));
-        json_object_set_new(o, "message", json_string(msg));
+        json_object_set_new(o, "command", jstr(g_command));
+        json_object_set_new(o, "code", jstr(code));
+        json_object_set_new(o, "message", jstr(msg));
         json_object_set_new(o, "exit", json_integer(exit_code));
         emit(o);
     } else {
@@ -332,9 +350,9 @@ static int cmd_status(cli *a, ddl_client_t *c)
     if (g_json) {
         json_t *o = event("status");
         json_object_set_new(o, "has_model", json_boolean(s.has_model));
-        json_object_set_new(o, "model_name", json_string(s.model_name));
+        json_object_set_new(o, "model_name", jstr(s.model_name));
         json_object_set_new(o, "world_size", json_integer(s.world_size));
-        json_object_set_new(o, "state", json_string(s.state));
+        json_object_set_new(o, "state", jstr(s.state));
         json_object_set_new(o, "step", json_integer(s.step));
         json_object_set_new(o, "epoch", json_integer(s.epoch));
         json_object_set_new(o, "batch", json_integer(s.batch));
@@ -345,9 +363,9 @@ static int cmd_status(cli *a, ddl_client_t *c)
         json_object_set_new(o, "batch_size", json_integer(s.batch_size));
         json_object_set_new(o, "input_shape", jshape(s.input_ndim, s.input_shape));
         json_object_set_new(o, "num_classes", json_integer(s.num_classes));
-        json_object_set_new(o, "datatype", json_string(s.datatype));
+        json_object_set_new(o, "datatype", jstr(s.datatype));
         json_object_set_new(o, "num_partitions", json_integer(s.num_partitions));
-        json_object_set_new(o, "data_dir", json_string(s.data_dir));
+        json_object_set_new(o, "data_dir", jstr(s.data_dir));
         emit(o);
         return 0;
     }
@@ -383,7 +401,7 @@ static int cmd_health(cli *a, ddl_client_t *c)
     const char *name = (unsigned)h < 4 ? names[h] : "UNKNOWN";
     if (g_json) {
         json_t *o = event("health");
-        json_object_set_new(o, "status", json_string(name));
+        json_object_set_new(o, "status", jstr(name));
         json_object_set_new(o, "serving", json_boolean(h == DDL_HEALTH_SERVING));
         emit(o);
     } else {
@@ -439,13 +457,13 @@ static int cmd_create(cli *a, ddl_client_t *c)
         return fail_call(st);
     if (g_json) {
         json_t *o = event("create");
-        json_object_set_new(o, "name", json_string(info.name));
+        json_object_set_new(o, "name", jstr(info.name));
         json_object_set_new(o, "world_size", json_integer(info.world_size));
         json_object_set_new(o, "num_parameters", json_integer(info.num_parameters));
         json_object_set_new(o, "batch_size", json_integer(info.batch_size));
         json_object_set_new(o, "input_shape", jshape(info.input_ndim, info.input_shape));
         json_object_set_new(o, "num_classes", json_integer(info.num_classes));
-        json_object_set_new(o, "datatype", json_string(info.datatype));
+        json_object_set_new(o, "datatype", jstr(info.datatype));
         emit(o);
     } else {
         char shape[128];
@@ -609,7 +627,7 @@ static int cmd_eval(cli *a, ddl_client_t *c)
         return fail_call(st);
     if (g_json) {
         json_t *o = event("eval");
-        json_object_set_new(o, "split", json_string(split));
+        json_object_set_new(o, "split", jstr(split));
         json_object_set_new(o, "count", json_integer(r.count));
         json_object_set_new(o, "loss", jreal(r.loss));
         json_object_set_new(o, "accuracy", jreal(r.accuracy));
@@ -655,11 +673,11 @@ static int cmd_predict(cli *a, ddl_client_t *c)
     int64_t n = z.ndim == 2 ? z.shape[0] : 0, k = z.ndim == 2 ? z.shape[1] : 0;
     if (g_json) {
         json_t *o = event("predict");
-        json_object_set_new(o, "input", json_string(a->input));
-        json_object_set_new(o, "output", json_string(a->output));
+        json_object_set_new(o, "input", jstr(a->input));
+        json_object_set_new(o, "output", jstr(a->output));
         json_object_set_new(o, "count", json_integer(n));
         json_object_set_new(o, "shape", jshape(z.ndim, z.shape));
-        json_object_set_new(o, "dtype", json_string(ddl_wire_dtype_name(z.dtype)));
+        json_object_set_new(o, "dtype", jstr(ddl_wire_dtype_name(z.dtype)));
         json_t *cls = json_array();
         for (int64_t i = 0; i < n && k > 0; i++)
             json_array_append_new(cls, json_integer(argmax_row(&z, i, k)));
@@ -696,7 +714,7 @@ static int cmd_pull(cli *a, ddl_client_t *c)
         rc = fail(EXIT_FILE, "FILE", "%s", ddl_last_error());
     } else if (g_json) {
         json_t *o = event("pull");
-        json_object_set_new(o, "output", json_string(a->output));
+        json_object_set_new(o, "output", jstr(a->output));
         json_object_set_new(o, "tensors", json_integer(w->count));
         json_object_set_new(o, "bytes", json_integer((json_int_t)bytes));
         emit(o);
@@ -718,7 +736,7 @@ static int cmd_push(cli *a, ddl_client_t *c)
         return fail_call(st);
     if (g_json) {
         json_t *o = event("push");
-        json_object_set_new(o, "input", json_string(a->input));
+        json_object_set_new(o, "input", jstr(a->input));
         json_object_set_new(o, "tensors", json_integer(tensors));
         json_object_set_new(o, "bytes", json_integer(bytes));
         emit(o);
@@ -740,7 +758,7 @@ static int cmd_checkpoint(cli *a, ddl_client_t *c)
         json_t *o = event("checkpoint");
         json_object_set_new(o, "step", json_integer(r.step));
         json_object_set_new(o, "durable", json_boolean(r.durable));
-        json_object_set_new(o, "path", json_string(r.path));
+        json_object_set_new(o, "path", jstr(r.path));
         emit(o);
     } else {
         printf("checkpoint of step %lld in %s%s\n", (long long)r.step, r.path,

@@ -373,6 +373,27 @@ def sc_exit(h):
     expect(5, ["--tls-ca", missing + ".pem", "status"], missing + ".pem")
     check(not os.path.exists(out_z), "a failed predict left an output file")
 
+    # Token and TLS options reach the client library. This daemon has no token check, so a
+    # token (file, trimmed, or $DDL_TOKEN) is sent and ignored; an empty token file is a file
+    # error; TLS towards this plaintext daemon fails to connect.
+    tok = os.path.join(h.work, "token")
+    with open(tok, "w") as f:
+        f.write("  s3cret-token-value \nsecond line\n")
+    out, err = h.cli(d, "--token-file", tok, "status")
+    check("s3cret" not in out + err, "the token was printed")
+    h.cli(d, "status", env_extra={"DDL_TOKEN": "s3cret-token-value"})
+    empty = os.path.join(h.work, "empty-token")
+    open(empty, "w").close()
+    expect(5, ["--token-file", empty, "status"], empty)
+    if shutil.which("openssl"):
+        key, crt = os.path.join(h.work, "k.pem"), os.path.join(h.work, "c.pem")
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-subj",
+                        "/CN=localhost", "-keyout", key, "-out", crt, "-days", "1"],
+                       check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        expect(3, ["--tls-ca", crt, "--tls-server-name", "localhost", "--timeout", "1",
+                   "status"])
+        expect(2, ["--tls-cert", crt, "--tls-key", key, "status"], "--tls-ca")
+
     # Still serving, and a good command works.
     check(h.one(d, "health")["serving"] is True, "not serving after the bad commands")
     h.js(d, "train", "--steps", 5)

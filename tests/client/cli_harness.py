@@ -13,6 +13,7 @@ Scenarios:
            plain lines under a pipe; Ctrl-C typed in the terminal cancels the Train
   sigint   SIGINT mid-train (--json): exit 130, the daemon stopped where the CLI says,
            still serving, and trains on
+  unix     a daemon on a unix socket, by --address-file and by --address unix:PATH
   help     --help for the tool and every command exits 0 without contacting anything
 
 Exit status: 0 pass, 1 fail, 7 skip (distdld is not built, or tmux is missing for tty).
@@ -579,6 +580,21 @@ def sc_sigint(h):
     d.wait_exit()
 
 
+# ---- unix socket ------------------------------------------------------------------------
+
+def sc_unix(h):
+    """A daemon on --listen unix:PATH: --address-file names it, --address unix:PATH dials it."""
+    sock = os.path.join(h.work, "distdld.sock")
+    d = h.start(2, ["--model", h.spec("lenet5-2.json")], "unix", listen="unix:" + sock)
+    check(d.address == "unix:" + sock, "address file says %r" % d.address)
+    s = h.one(None, "--address-file", d.addr_file, "status", event="status")
+    check(s["step"] == 0 and s["has_model"], "status over the socket %r" % s)
+    done = h.js(None, "--address", "unix:" + sock, "train", "--steps", 20)[-1]
+    check(done["event"] == "done" and done["step"] == 20, "train over the socket %r" % done)
+    h.cli(None, "--address", "unix:" + sock, "shutdown")
+    d.wait_exit()
+
+
 # ---- help -------------------------------------------------------------------------------
 
 def sc_help(h):
@@ -600,6 +616,7 @@ SCENARIOS = {
     "exit": sc_exit,
     "tty": sc_tty,
     "sigint": sc_sigint,
+    "unix": sc_unix,
     "help": sc_help,
 }
 

@@ -138,7 +138,8 @@ void ddl_cli_progress_update(ddl_cli_progress *p, const ddl_client_progress *r)
         if (p->drawn)
             fputs("\r\033[K", p->out);
         p->drawn = 0;
-        fprintf(p->out, "epoch %lld done at step %lld: mean loss %.4f, loss %.4f, acc %.3f, %.0f img/s\n",
+        fprintf(p->out,
+                "epoch %lld done at step %lld: mean loss %.4f, loss %.4f, acc %.3f, %.0f img/s\n",
                 (long long)r->epoch, (long long)r->step, r->mean_loss, r->loss, r->accuracy,
                 r->images_per_second);
         fflush(p->out);

@@ -36,11 +36,11 @@ double ddl_cli_now(void);
 // Otherwise (a pipe, a file) each record is one plain line. The ETA comes from the client's
 // own clock: the rate of steps since ddl_cli_progress_init.
 typedef struct ddl_cli_progress {
-    FILE   *out;
-    int     tty;
-    int     drawn;     // a bar is on the screen (the cursor is at its end)
-    double  t0;        // when the Train began (ddl_cli_progress_init)
-    double  last_draw; // time of the last redraw
+    FILE  *out;
+    int    tty;
+    int    drawn;     // a bar is on the screen (the cursor is at its end)
+    double t0;        // when the Train began (ddl_cli_progress_init)
+    double last_draw; // time of the last redraw
 } ddl_cli_progress;
 
 // Call just before the Train starts: its ETA counts from here.

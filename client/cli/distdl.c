@@ -115,15 +115,15 @@ typedef struct command {
     command_fn  run;
     int         options[6]; // the command's own options (0-terminated)
     int         min_pos, max_pos;
-    const char *usage;      // "create SPEC.json [--name N] [--replace]"
-    const char *help;       // what it does, its options
+    const char *usage; // "create SPEC.json [--name N] [--replace]"
+    const char *help;  // what it does, its options
 } command;
 
 static const command *find_command(const char *name);
 
 // ---- output --------------------------------------------------------------------------
 
-static int g_json;
+static int         g_json;
 static const char *g_command = "";
 
 // Prints one JSON object as one line on stdout and frees it.
@@ -234,8 +234,8 @@ static int fail_call(ddl_status st)
 // A whole number >= min, or -1 after reporting a usage error naming the flag.
 static int parse_count(const char *flag, const char *text, long long min, long long *out)
 {
-    char *end = NULL;
-    errno     = 0;
+    char *end   = NULL;
+    errno       = 0;
     long long v = strtoll(text, &end, 10);
     if (end == text || *end != '\0' || errno == ERANGE || v < min) {
         fail(EXIT_USAGE, "USAGE", "%s needs a whole number >= %lld, got '%s'", flag, min, text);
@@ -265,8 +265,7 @@ static int read_token(const char *path, char *buf, size_t cap)
 {
     FILE *f = fopen(path, "r");
     if (!f)
-        return fail(EXIT_FILE, "FILE", "cannot read the token file %s: %s", path,
-                    strerror(errno));
+        return fail(EXIT_FILE, "FILE", "cannot read the token file %s: %s", path, strerror(errno));
     char *line = fgets(buf, (int)cap, f);
     fclose(f);
     char *s = line ? line : buf;
@@ -291,8 +290,8 @@ static int connect_daemon(const cli *a, ddl_client_t **c)
     const char *addr = a->address;
     double      wait = a->timeout_s > 0 ? a->timeout_s : 10.0;
     // Files named on the command line are checked before anything is sent.
-    const char *files[][2] = {{a->tls_ca, "--tls-ca"}, {a->tls_cert, "--tls-cert"},
-                              {a->tls_key, "--tls-key"}};
+    const char *files[][2] = {
+        {a->tls_ca, "--tls-ca"}, {a->tls_cert, "--tls-cert"}, {a->tls_key, "--tls-key"}};
     for (int i = 0; i < 3; i++)
         if (files[i][0] && access(files[i][0], R_OK) != 0)
             return fail(EXIT_FILE, "FILE", "cannot read %s %s: %s", files[i][1], files[i][0],
@@ -304,8 +303,8 @@ static int connect_daemon(const cli *a, ddl_client_t **c)
                             "no daemon address in %s after %g s (is distdld running with "
                             "--address-file %s?)",
                             a->address_file, wait, a->address_file);
-            return fail(EXIT_FILE, "FILE", "cannot read the address file %s: %s",
-                        a->address_file, strerror(errno));
+            return fail(EXIT_FILE, "FILE", "cannot read the address file %s: %s", a->address_file,
+                        strerror(errno));
         }
         addr = address;
     }
@@ -452,7 +451,7 @@ static char *read_text_file(const char *path, int *rc)
 static int cmd_create(cli *a, ddl_client_t *c)
 {
     ddl_client_model_info info;
-    ddl_status st = ddl_client_create_model(c, a->spec, a->name, a->replace, &info);
+    ddl_status            st = ddl_client_create_model(c, a->spec, a->name, a->replace, &info);
     if (st != DDL_OK)
         return fail_call(st);
     if (g_json) {
@@ -558,11 +557,11 @@ static int cmd_train(cli *a, ddl_client_t *c)
 {
     train_state t = {.every = a->every ? a->every : 50, .show = !g_json};
     ddl_cli_progress_init(&t.bar, stderr, !g_json && isatty(STDERR_FILENO));
-    ddl_client_train_request req = {.steps          = a->steps,
-                                    .epochs         = a->epochs,
-                                    .dataset        = a->dataset,
-                                    .progress_every = (int32_t)(t.every > 1 << 30 ? 1 << 30
-                                                                                  : t.every)};
+    ddl_client_train_request req = {.steps   = a->steps,
+                                    .epochs  = a->epochs,
+                                    .dataset = a->dataset,
+                                    .progress_every =
+                                        (int32_t)(t.every > 1 << 30 ? 1 << 30 : t.every)};
     if (t.bar.tty && req.progress_every > 5)
         req.progress_every = 5;
 
@@ -578,7 +577,7 @@ static int cmd_train(cli *a, ddl_client_t *c)
     double              t0 = ddl_cli_now();
     ddl_client_progress last;
     memset(&last, 0, sizeof last);
-    ddl_status st = ddl_client_train(c, &req, on_progress, &t, &last);
+    ddl_status st      = ddl_client_train(c, &req, on_progress, &t, &last);
     double     seconds = ddl_cli_now() - t0;
     sigaction(SIGINT, &old_int, NULL);
     sigaction(SIGTERM, &old_term, NULL);
@@ -719,8 +718,7 @@ static int cmd_pull(cli *a, ddl_client_t *c)
         json_object_set_new(o, "bytes", json_integer((json_int_t)bytes));
         emit(o);
     } else {
-        printf("pulled %lld tensors (%zu bytes) into %s\n", (long long)w->count, bytes,
-               a->output);
+        printf("pulled %lld tensors (%zu bytes) into %s\n", (long long)w->count, bytes, a->output);
     }
     ddl_client_weights_destroy(&w);
     return rc;
@@ -728,9 +726,9 @@ static int cmd_pull(cli *a, ddl_client_t *c)
 
 static int cmd_push(cli *a, ddl_client_t *c)
 {
-    int32_t             tensors = 0;
-    int64_t             bytes   = 0;
-    const ddl_client_weights *w = a->weights;
+    int32_t                   tensors = 0;
+    int64_t                   bytes   = 0;
+    const ddl_client_weights *w       = a->weights;
     ddl_status st = ddl_client_push_weights(c, w->tensors, w->count, &tensors, &bytes);
     if (st != DDL_OK)
         return fail_call(st);
@@ -812,15 +810,34 @@ static int cmd_shutdown(cli *a, ddl_client_t *c)
 // ---- the command table ---------------------------------------------------------------
 
 static const command commands[] = {
-    {"status", cmd_status, {0}, 0, 0, "status",
+    {"status",
+     cmd_status,
+     {0},
+     0,
+     0,
+     "status",
      "The daemon's state: model, step, durable checkpoint, queue.\n"},
-    {"health", cmd_health, {0}, 0, 0, "health",
+    {"health",
+     cmd_health,
+     {0},
+     0,
+     0,
+     "health",
      "grpc.health.v1 Check: prints SERVING (exit 0) or NOT_SERVING (exit 4).\n"},
-    {"create", cmd_create, {O_NAME, O_REPLACE, 0}, 1, 1, "create SPEC.json [--name N] [--replace]",
+    {"create",
+     cmd_create,
+     {O_NAME, O_REPLACE, 0},
+     1,
+     1,
+     "create SPEC.json [--name N] [--replace]",
      "Create the daemon's model from a model spec (docs/MODEL_SPEC.md).\n"
      "  --name N     the model's name (default: the spec's)\n"
      "  --replace    replace an existing model (without it that is an error)\n"},
-    {"train", cmd_train, {O_EPOCHS, O_STEPS, O_DATASET, O_EVERY, 0}, 0, 0,
+    {"train",
+     cmd_train,
+     {O_EPOCHS, O_STEPS, O_DATASET, O_EVERY, 0},
+     0,
+     0,
      "train (--epochs N | --steps N) [--dataset D] [--progress-every K]",
      "Train over the daemon's dataset. On a terminal a progress bar on stderr (step, loss,\n"
      "accuracy, images/s, ETA); otherwise a line per K steps and per epoch end. Ctrl-C\n"
@@ -829,25 +846,59 @@ static const command commands[] = {
      "  --steps N           train N optimizer steps\n"
      "  --dataset D         an IDX directory relative to the daemon's --data-root\n"
      "  --progress-every K  a progress record every K steps (default 50)\n"},
-    {"eval", cmd_eval, {O_SPLIT, O_DATASET, 0}, 0, 0, "eval [--split test|train] [--dataset D]",
+    {"eval",
+     cmd_eval,
+     {O_SPLIT, O_DATASET, 0},
+     0,
+     0,
+     "eval [--split test|train] [--dataset D]",
      "Evaluate the model on a split of the daemon's dataset: accuracy, loss, count.\n"
      "  --split S    test (default) or train\n"
      "  --dataset D  an IDX directory relative to the daemon's --data-root\n"},
-    {"predict", cmd_predict, {O_INPUT, O_OUTPUT, 0}, 0, 0,
+    {"predict",
+     cmd_predict,
+     {O_INPUT, O_OUTPUT, 0},
+     0,
+     0,
      "predict --input X.npy --output LOGITS.npy",
      "Logits for the samples of a .npy file ([n, sample...], C order, float32, float64 or\n"
      "uint8 pixels), written as a .npy file [n, classes].\n"},
-    {"pull", cmd_pull, {O_OUTPUT, 0}, 0, 0, "pull --output W.safetensors",
+    {"pull",
+     cmd_pull,
+     {O_OUTPUT, 0},
+     0,
+     0,
+     "pull --output W.safetensors",
      "Pull the global (unsharded) weights into a safetensors file.\n"},
-    {"push", cmd_push, {O_INPUT, 0}, 0, 0, "push --input W.safetensors",
+    {"push",
+     cmd_push,
+     {O_INPUT, 0},
+     0,
+     0,
+     "push --input W.safetensors",
      "Push weights from a safetensors file: every weight of the model, each once (the\n"
      "daemon applies all or nothing).\n"},
-    {"checkpoint", cmd_checkpoint, {O_DIR, 0}, 0, 0, "checkpoint [--dir D]",
+    {"checkpoint",
+     cmd_checkpoint,
+     {O_DIR, 0},
+     0,
+     0,
+     "checkpoint [--dir D]",
      "Write a durable checkpoint (default: the daemon's --checkpoint-dir).\n"},
-    {"restore", cmd_restore, {O_DIR, 0}, 1, 1, "restore (STEP|latest) [--dir D]",
+    {"restore",
+     cmd_restore,
+     {O_DIR, 0},
+     1,
+     1,
+     "restore (STEP|latest) [--dir D]",
      "Restore the checkpoint of STEP, or the newest durable one.\n"
      "  --dir D      the checkpoint directory (default: the daemon's --checkpoint-dir)\n"},
-    {"shutdown", cmd_shutdown, {O_NO_CHECKPOINT, 0}, 0, 0, "shutdown [--no-checkpoint]",
+    {"shutdown",
+     cmd_shutdown,
+     {O_NO_CHECKPOINT, 0},
+     0,
+     0,
+     "shutdown [--no-checkpoint]",
      "Stop the daemon, after a final checkpoint when it has a checkpoint directory.\n"
      "  --no-checkpoint   skip the final checkpoint\n"},
 };
@@ -915,9 +966,9 @@ static int parse(int argc, char **argv, cli *a)
     struct option all[N_GLOBAL + sizeof command_options / sizeof command_options[0] + 1];
     memcpy(all, global_options, sizeof global_options);
     memset(&all[N_GLOBAL], 0, sizeof all[0]);
-    int help = 0, ch;
-    opterr   = 0;
-    optind   = 1;
+    int help           = 0, ch;
+    opterr             = 0;
+    optind             = 1;
     const command *cmd = NULL;
     for (int pass = 0; pass < 2; pass++) {
         if (pass == 1) {
@@ -934,25 +985,46 @@ static int parse(int argc, char **argv, cli *a)
         while ((ch = getopt_long(argc, argv, pass == 0 ? "+:" : ":", all, NULL)) != -1) {
             // The offending option: a short one by its letter, a long one as written.
             char        letter[3] = {'-', (char)optopt, '\0'};
-            const char *bad = optopt > 0 && optopt < 128 && optopt != ':' && argv[optind - 1][1] != '-'
-                                  ? letter
-                                  : argv[optind - 1];
+            int         is_short  = optopt > 0 && optopt < 128 && argv[optind - 1][1] != '-';
+            const char *bad       = is_short ? letter : argv[optind - 1];
             switch (ch) {
-            case O_ADDRESS: a->address = optarg; break;
-            case O_ADDRESS_FILE: a->address_file = optarg; break;
-            case O_JSON: a->json = 1; break;
+            case O_ADDRESS:
+                a->address = optarg;
+                break;
+            case O_ADDRESS_FILE:
+                a->address_file = optarg;
+                break;
+            case O_JSON:
+                a->json = 1;
+                break;
             case O_TIMEOUT:
                 if (parse_seconds("--timeout", optarg, &a->timeout_s) != 0)
                     return EXIT_USAGE;
                 break;
-            case O_TLS_CA: a->tls_ca = optarg; break;
-            case O_TLS_CERT: a->tls_cert = optarg; break;
-            case O_TLS_KEY: a->tls_key = optarg; break;
-            case O_TLS_NAME: a->tls_name = optarg; break;
-            case O_TOKEN_FILE: a->token_file = optarg; break;
-            case O_HELP: help = 1; break;
-            case O_NAME: a->name = optarg; break;
-            case O_REPLACE: a->replace = 1; break;
+            case O_TLS_CA:
+                a->tls_ca = optarg;
+                break;
+            case O_TLS_CERT:
+                a->tls_cert = optarg;
+                break;
+            case O_TLS_KEY:
+                a->tls_key = optarg;
+                break;
+            case O_TLS_NAME:
+                a->tls_name = optarg;
+                break;
+            case O_TOKEN_FILE:
+                a->token_file = optarg;
+                break;
+            case O_HELP:
+                help = 1;
+                break;
+            case O_NAME:
+                a->name = optarg;
+                break;
+            case O_REPLACE:
+                a->replace = 1;
+                break;
             case O_EPOCHS:
                 if (parse_count("--epochs", optarg, 1, &a->epochs) != 0)
                     return EXIT_USAGE;
@@ -965,20 +1037,31 @@ static int parse(int argc, char **argv, cli *a)
                 if (parse_count("--progress-every", optarg, 1, &a->every) != 0)
                     return EXIT_USAGE;
                 break;
-            case O_DATASET: a->dataset = optarg; break;
-            case O_SPLIT: a->split = optarg; break;
-            case O_INPUT: a->input = optarg; break;
-            case O_OUTPUT: a->output = optarg; break;
-            case O_DIR: a->dir = optarg; break;
-            case O_NO_CHECKPOINT: a->no_checkpoint = 1; break;
+            case O_DATASET:
+                a->dataset = optarg;
+                break;
+            case O_SPLIT:
+                a->split = optarg;
+                break;
+            case O_INPUT:
+                a->input = optarg;
+                break;
+            case O_OUTPUT:
+                a->output = optarg;
+                break;
+            case O_DIR:
+                a->dir = optarg;
+                break;
+            case O_NO_CHECKPOINT:
+                a->no_checkpoint = 1;
+                break;
             case ':':
                 return fail(EXIT_USAGE, "USAGE", "option %s needs an argument", bad);
             default:
                 if (help)
                     break; // "distdl train --help --bogus" still shows the help
                 if (pass == 1)
-                    return fail(EXIT_USAGE, "USAGE", "unknown option %s for '%s'", bad,
-                                cmd->name);
+                    return fail(EXIT_USAGE, "USAGE", "unknown option %s for '%s'", bad, cmd->name);
                 return fail(EXIT_USAGE, "USAGE", "unknown option %s", bad);
             }
         }
@@ -990,9 +1073,10 @@ static int parse(int argc, char **argv, cli *a)
                 }
                 if (!g_json)
                     fputs(global_usage, stderr);
-                return fail(EXIT_USAGE, "USAGE", "no command given (status, health, create, "
-                                                 "train, eval, predict, pull, push, checkpoint, "
-                                                 "restore, shutdown)");
+                return fail(EXIT_USAGE, "USAGE",
+                            "no command given (status, health, create, "
+                            "train, eval, predict, pull, push, checkpoint, "
+                            "restore, shutdown)");
             }
             a->command = argv[optind];
             // "distdl help [COMMAND]" is "distdl [COMMAND] --help".
@@ -1009,19 +1093,17 @@ static int parse(int argc, char **argv, cli *a)
                     print_usage(stdout, NULL);
                     return 0;
                 }
-                return fail(EXIT_USAGE, "USAGE", "unknown command '%s' (status, health, create, "
+                return fail(EXIT_USAGE, "USAGE",
+                            "unknown command '%s' (status, health, create, "
                             "train, eval, predict, pull, push, checkpoint, restore, shutdown)",
                             a->command);
             }
             g_command = cmd->name;
             optind++;
-            // Reparse what follows the command word from there on (optind is kept).
+            // Parse what follows the command word as a command line of its own.
             argc -= optind - 1;
             argv += optind - 1;
-            optind = 1;
-#if defined(__GLIBC__)
-            optind = 0; // glibc: reinitialise getopt's scanning state for the new argv
-#endif
+            optind = 0; // glibc: 0 reinitialises getopt's scanning state for the new argv
         }
     }
     if (help) {
@@ -1030,8 +1112,8 @@ static int parse(int argc, char **argv, cli *a)
     }
     for (int i = optind; i < argc; i++) {
         if (a->npositional == cmd->max_pos)
-            return fail(EXIT_USAGE, "USAGE", "unexpected argument '%s' (usage: distdl %s)",
-                        argv[i], cmd->usage);
+            return fail(EXIT_USAGE, "USAGE", "unexpected argument '%s' (usage: distdl %s)", argv[i],
+                        cmd->usage);
         a->positional[a->npositional++] = argv[i];
     }
     if (a->npositional < cmd->min_pos)
@@ -1041,8 +1123,9 @@ static int parse(int argc, char **argv, cli *a)
     if (!a->tls_cert != !a->tls_key)
         return fail(EXIT_USAGE, "USAGE", "mutual TLS needs both --tls-cert and --tls-key");
     if ((a->tls_cert || a->tls_name) && !a->tls_ca)
-        return fail(EXIT_USAGE, "USAGE", "--tls-cert, --tls-key and --tls-server-name need "
-                                         "--tls-ca");
+        return fail(EXIT_USAGE, "USAGE",
+                    "--tls-cert, --tls-key and --tls-server-name need "
+                    "--tls-ca");
     a->command = cmd->name;
     return -1;
 }
@@ -1081,13 +1164,16 @@ static int prepare(cli *a)
         json_decref(parsed);
     } else if (strcmp(cmd, "predict") == 0) {
         if (!a->input || !a->output)
-            return fail(EXIT_USAGE, "USAGE", "predict needs --input X.npy and --output "
-                                             "LOGITS.npy");
+            return fail(EXIT_USAGE, "USAGE",
+                        "predict needs --input X.npy and --output "
+                        "LOGITS.npy");
         if (ddl_client_npy_read(a->input, &a->x) != DDL_OK)
             return fail(EXIT_FILE, "FILE", "%s", ddl_last_error());
         if (a->x.dtype == DDL_WIRE_INT64)
-            return fail(EXIT_FILE, "FILE", "%s holds int64; predict takes float32, float64 or "
-                                           "uint8 pixels", a->input);
+            return fail(EXIT_FILE, "FILE",
+                        "%s holds int64; predict takes float32, float64 or "
+                        "uint8 pixels",
+                        a->input);
         if (a->x.ndim < 2 || a->x.shape[0] < 1)
             return fail(EXIT_FILE, "FILE", "%s: predict needs [n, sample...] with n >= 1",
                         a->input);
@@ -1105,7 +1191,7 @@ static int prepare(cli *a)
 
 int main(int argc, char **argv)
 {
-    cli a = {0};
+    cli a  = {0};
     int rc = parse(argc, argv, &a);
     if (rc >= 0)
         return rc; // --help, or a usage error

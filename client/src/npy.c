@@ -158,17 +158,19 @@ ddl_status ddl_client_npy_read(const char *path, ddl_client_tensor *out)
             st = ddl__local_error(DDL_EPROTO, "npy: %s: truncated header", path);
             goto out;
         }
-        hlen = head[8] | ((size_t)head[9] << 8) | ((size_t)head[10] << 16) |
-               ((size_t)head[11] << 24);
-        pre  = 12;
+        hlen =
+            head[8] | ((size_t)head[9] << 8) | ((size_t)head[10] << 16) | ((size_t)head[11] << 24);
+        pre = 12;
     } else {
         st = ddl__local_error(DDL_EPROTO, "npy: %s: format version %d.%d is not supported", path,
                               head[6], head[7]);
         goto out;
     }
     if (hlen == 0 || hlen > NPY_MAX_HEADER || (off_t)(pre + hlen) > sb.st_size) {
-        st = ddl__local_error(DDL_EPROTO, "npy: %s: header length %zu does not fit the file (%lld "
-                              "bytes)", path, hlen, (long long)sb.st_size);
+        st = ddl__local_error(DDL_EPROTO,
+                              "npy: %s: header length %zu does not fit the file (%lld "
+                              "bytes)",
+                              path, hlen, (long long)sb.st_size);
         goto out;
     }
     dict = malloc(hlen + 1);
@@ -200,8 +202,10 @@ ddl_status ddl_client_npy_read(const char *path, ddl_client_tensor *out)
         snprintf(shape + k, sizeof shape - (size_t)k, "]");
         char need[32];
         snprintf(need, sizeof need, over ? "more than 2^64" : "%llu", (unsigned long long)bytes);
-        st = ddl__local_error(DDL_EPROTO, "npy: %s: shape %s of %s needs %s bytes of data, the "
-                              "file has %llu", path, shape, ddl_wire_dtype_name(t.dtype), need,
+        st = ddl__local_error(DDL_EPROTO,
+                              "npy: %s: shape %s of %s needs %s bytes of data, the "
+                              "file has %llu",
+                              path, shape, ddl_wire_dtype_name(t.dtype), need,
                               (unsigned long long)data);
         goto out;
     }
@@ -233,8 +237,8 @@ ddl_status ddl_client_npy_write(const char *path, const ddl_client_tensor *t)
         return ddl__local_error(DDL_EINVAL, "npy: path and tensor are required");
     const char *descr = npy_descr(t->dtype);
     if (!descr || t->ndim < 0 || t->ndim > DDL_CLIENT_MAX_DIMS)
-        return ddl__local_error(DDL_EINVAL, "npy: %s: tensor has an unknown dtype or ndim %d",
-                                path, t->ndim);
+        return ddl__local_error(DDL_EINVAL, "npy: %s: tensor has an unknown dtype or ndim %d", path,
+                                t->ndim);
     uint64_t bytes = ddl_wire_dtype_size(t->dtype);
     for (int i = 0; i < t->ndim; i++)
         bytes *= (uint64_t)(t->shape[i] < 0 ? 0 : t->shape[i]);
@@ -251,9 +255,17 @@ ddl_status ddl_client_npy_write(const char *path, const ddl_client_tensor *t)
     int n = snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': (%s), }",
                      descr, shape);
     // magic(6) + version(2) + length(2) + dict, padded with spaces and '\n' to 64 bytes.
-    size_t pad = (64 - (10 + (size_t)n + 1) % 64) % 64;
-    size_t hlen = (size_t)n + pad + 1;
-    unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)(hlen & 0xff),
+    size_t        pad     = (64 - (10 + (size_t)n + 1) % 64) % 64;
+    size_t        hlen    = (size_t)n + pad + 1;
+    unsigned char pre[10] = {0x93,
+                             'N',
+                             'U',
+                             'M',
+                             'P',
+                             'Y',
+                             1,
+                             0,
+                             (unsigned char)(hlen & 0xff),
                              (unsigned char)(hlen >> 8)};
     memset(dict + n, ' ', pad);
     dict[n + (int)pad] = '\n';

@@ -488,8 +488,8 @@ def sc_tty(h):
     with open(raw, "rb") as f:
         raw_bytes = f.read().decode("utf-8", "replace")
     frames = [f for f in raw_bytes.split("\r") if "img/s" in f]
-    print("%d bar frames redrawn with \\r; last: %r" % (len(frames), frames[-1] if frames else None),
-          flush=True)
+    print("%d bar frames redrawn with \\r; last: %r" %
+          (len(frames), frames[-1] if frames else None), flush=True)
     check(len(frames) >= 3, "the bar was not redrawn in place (%d frames)" % len(frames))
     for f in frames:
         for w in ("step ", "loss ", "acc ", "img/s", "ETA "):

@@ -99,26 +99,38 @@ static int terminal_columns(FILE *out)
     return 80;
 }
 
+// The bar fits the terminal: a line longer than the terminal wraps, and '\r' would then
+// redraw only its last row. On a narrow one the epoch and done/total go first, then the
+// bar shrinks; step, loss, accuracy, images/s and ETA stay while they fit.
 static void draw_bar(ddl_cli_progress *p, const ddl_client_progress *r, double now)
 {
-    char line[512], left[16];
-    int  width = 20;
-    int  fill  = r->total > 0 ? (int)(width * r->done / r->total) : 0;
-    char bar[32];
-    for (int i = 0; i < width; i++)
-        bar[i] = i < fill ? '#' : '.';
-    bar[width] = '\0';
+    char left[16], full[256], brief[192], line[320];
+    int  pct = r->total > 0 ? (int)(100 * r->done / r->total) : 0;
     ddl_cli_format_duration(eta(p, r, now), left, sizeof left);
-    int n = snprintf(line, sizeof line,
-                     "[%s] %3d%% %lld/%lld  step %lld  epoch %lld  loss %.4f  acc %.3f  "
-                     "%.0f img/s  ETA %s",
-                     bar, r->total > 0 ? (int)(100 * r->done / r->total) : 0, (long long)r->done,
-                     (long long)r->total, (long long)r->step, (long long)r->epoch, r->loss,
-                     r->accuracy, r->images_per_second, left);
-    // A line longer than the terminal wraps, and '\r' would then redraw only its last row.
-    int cols = terminal_columns(p->out);
-    if (n > cols - 1)
-        line[cols - 1] = '\0';
+    int nfull = snprintf(full, sizeof full,
+                         " %3d%% %lld/%lld  step %lld  epoch %lld  loss %.4f  acc %.3f  %.0f img/s"
+                         "  ETA %s",
+                         pct, (long long)r->done, (long long)r->total, (long long)r->step,
+                         (long long)r->epoch, r->loss, r->accuracy, r->images_per_second, left);
+    int nbrief =
+        snprintf(brief, sizeof brief, " %3d%% step %lld  loss %.4f  acc %.3f  %.0f img/s  ETA %s",
+                 pct, (long long)r->step, r->loss, r->accuracy, r->images_per_second, left);
+    int         room  = terminal_columns(p->out) - 1;
+    const char *stats = nfull + 22 <= room ? full : brief;
+    int         width = room - 2 - (stats == full ? nfull : nbrief);
+    width             = width > 20 ? 20 : width;
+    char bar[32]      = "";
+    if (width >= 5) {
+        int fill = r->total > 0 ? (int)(width * r->done / r->total) : 0;
+        bar[0]   = '[';
+        for (int i = 0; i < width; i++)
+            bar[1 + i] = i < fill ? '#' : '.';
+        bar[width + 1] = ']';
+        bar[width + 2] = '\0';
+    }
+    int n = snprintf(line, sizeof line, "%s%s", bar, bar[0] ? stats : stats + 1);
+    if (n > room)
+        line[room] = '\0';
     fprintf(p->out, "\r%s\033[K", line);
     fflush(p->out);
     p->drawn     = 1;

@@ -440,13 +440,13 @@ class Tmux:
             raise Failure("tmux %s: %s" % (args[0], r.stderr.strip()))
         return r.stdout
 
-    def start(self, h, script):
+    def start(self, h, script, width=200):
         """Runs a bash script in the window. bash, not sh: when the foreground command
         handles Ctrl-C and exits, bash goes on with the script (dash would die with it)."""
         path = os.path.join(h.work, "%s.sh" % self.name)
         with open(path, "w") as f:
             f.write("export GRPC_VERBOSITY=ERROR\n" + script + "\nsleep 600\n")
-        self.tmux("new-session", "-d", "-s", self.name, "-x", "200", "-y", "50",
+        self.tmux("new-session", "-d", "-s", self.name, "-x", str(width), "-y", "50",
                   "bash %s" % path)
 
     def capture(self):
@@ -506,6 +506,25 @@ def sc_tty(h):
     check([l.split()[1] for l in lines] == ["500", "600", "700", "800"],
           "plain progress lines %r" % lines)
     check(all("loss " in l and "img/s" in l and "ETA " in l for l in lines), "line %r" % lines)
+
+    # A narrow terminal: the bar shrinks to fit (a wrapped line could not be redrawn with
+    # '\r') and keeps step, loss, acc, img/s and ETA.
+    rc3 = os.path.join(h.work, "rc3")
+    t = Tmux(h, "narrow")
+    try:
+        t.start(h, "%s --address %s train --steps 200\necho $? > %s" % (h.distdl, d.address, rc3),
+                width=72)
+        code = wait_file(rc3, 60, "train in a narrow tmux")
+        time.sleep(0.3)
+        screen = t.capture()
+    finally:
+        t.kill()
+    print("---- tmux pane (72 columns) ----\n%s\n---- end of pane ----" % screen.rstrip(),
+          flush=True)
+    bars = [l for l in screen.splitlines() if "img/s  ETA" in l]
+    check(code == "0" and len(bars) == 1, "narrow terminal: %d bar lines" % len(bars))
+    check(len(bars[0].rstrip()) <= 71 and all(w in bars[0] for w in ("step 1000", "loss ",
+          "acc ", "img/s", "ETA ", "[")), "narrow bar %r" % bars[0])
 
     # Ctrl-C typed in the terminal (SIGINT to the foreground process group) cancels.
     rc2 = os.path.join(h.work, "rc2")

@@ -103,6 +103,7 @@ typedef struct cli {
     int         npositional;
     // Read before connecting (prepare()): what the command sends.
     char               *spec;         // create
+    char               *spec_name;    // create: the spec's "name" when --name is not given
     ddl_client_tensor   x;            // predict
     ddl_client_weights *weights;      // push
     long long           restore_step; // restore: -1 latest
@@ -1161,6 +1162,13 @@ static int prepare(cli *a)
         if (!parsed)
             return fail(EXIT_FILE, "FILE", "%s is not JSON (line %d: %s)", a->positional[0],
                         jerr.line, jerr.text);
+        // The model is named after the spec unless --name says otherwise (the daemon's own
+        // default is "model").
+        json_t *name = json_object_get(parsed, "name");
+        if (!a->name && json_is_string(name) && json_string_length(name) > 0) {
+            a->spec_name = strdup(json_string_value(name));
+            a->name      = a->spec_name;
+        }
         json_decref(parsed);
     } else if (strcmp(cmd, "predict") == 0) {
         if (!a->input || !a->output)
@@ -1204,6 +1212,7 @@ int main(int argc, char **argv)
     }
     ddl_client_destroy(&c);
     free(a.spec);
+    free(a.spec_name);
     ddl_client_tensor_release(&a.x);
     ddl_client_weights_destroy(&a.weights);
     return rc;

@@ -13,7 +13,7 @@ Scenarios:
            plain lines under a pipe; Ctrl-C typed in the terminal cancels the Train
   sigint   SIGINT mid-train (--json): exit 130, the daemon stopped where the CLI says,
            still serving, and trains on
-  unix     a daemon on a unix socket, by --address-file and by --address unix:PATH
+  unix     a daemon on a unix socket without a model: status, train refused, create, train
   help     --help for the tool and every command exits 0 without contacting anything
 
 Exit status: 0 pass, 1 fail, 7 skip (distdld is not built, or tmux is missing for tty).
@@ -602,12 +602,21 @@ def sc_sigint(h):
 # ---- unix socket ------------------------------------------------------------------------
 
 def sc_unix(h):
-    """A daemon on --listen unix:PATH: --address-file names it, --address unix:PATH dials it."""
+    """A daemon on --listen unix:PATH started without a model: --address-file names the
+    socket, --address unix:PATH dials it; status says there is no model, train is refused
+    (exit 4), create makes one, then it trains."""
     sock = os.path.join(h.work, "distdld.sock")
-    d = h.start(2, ["--model", h.spec("lenet5-2.json")], "unix", listen="unix:" + sock)
+    d = h.start(2, [], "unix", listen="unix:" + sock)
     check(d.address == "unix:" + sock, "address file says %r" % d.address)
     s = h.one(None, "--address-file", d.addr_file, "status", event="status")
-    check(s["step"] == 0 and s["has_model"], "status over the socket %r" % s)
+    check(s["has_model"] is False and s["world_size"] == 2, "status without a model %r" % s)
+    out, _ = h.cli(None, "--address", "unix:" + sock, "status")
+    check("model      none" in out, "status text without a model %r" % out)
+    e = h.js(None, "--address", "unix:" + sock, "train", "--steps", 5, expect=4)[-1]
+    check(e["code"] == "FAILED_PRECONDITION", "train without a model: %r" % e)
+    out, _ = h.cli(None, "--address", "unix:" + sock, "create", h.spec("lenet5-2.json"))
+    check(out.startswith("created model 'lenet5-2': 61706 parameters on 2 ranks"),
+          "create prints %r" % out)
     done = h.js(None, "--address", "unix:" + sock, "train", "--steps", 20)[-1]
     check(done["event"] == "done" and done["step"] == 20, "train over the socket %r" % done)
     h.cli(None, "--address", "unix:" + sock, "shutdown")

@@ -953,6 +953,9 @@ static void print_usage(FILE *f, const command *cmd)
     fputs(global_help, f);
 }
 
+#define COMMAND_LIST                                                                               \
+    "status, health, create, train, eval, predict, pull, push, checkpoint, restore, shutdown"
+
 // ---- parsing the command line ---------------------------------------------------------
 
 // Parses argv into *a. Returns -1 to go on, else the exit code (0 after --help).
@@ -1074,10 +1077,7 @@ static int parse(int argc, char **argv, cli *a)
                 }
                 if (!g_json)
                     fputs(global_usage, stderr);
-                return fail(EXIT_USAGE, "USAGE",
-                            "no command given (status, health, create, "
-                            "train, eval, predict, pull, push, checkpoint, "
-                            "restore, shutdown)");
+                return fail(EXIT_USAGE, "USAGE", "no command given (%s)", COMMAND_LIST);
             }
             a->command = argv[optind];
             // "distdl help [COMMAND]" is "distdl [COMMAND] --help".
@@ -1094,10 +1094,8 @@ static int parse(int argc, char **argv, cli *a)
                     print_usage(stdout, NULL);
                     return 0;
                 }
-                return fail(EXIT_USAGE, "USAGE",
-                            "unknown command '%s' (status, health, create, "
-                            "train, eval, predict, pull, push, checkpoint, restore, shutdown)",
-                            a->command);
+                return fail(EXIT_USAGE, "USAGE", "unknown command '%s' (%s)", a->command,
+                            COMMAND_LIST);
             }
             g_command = cmd->name;
             optind++;
@@ -1125,8 +1123,7 @@ static int parse(int argc, char **argv, cli *a)
         return fail(EXIT_USAGE, "USAGE", "mutual TLS needs both --tls-cert and --tls-key");
     if ((a->tls_cert || a->tls_name) && !a->tls_ca)
         return fail(EXIT_USAGE, "USAGE",
-                    "--tls-cert, --tls-key and --tls-server-name need "
-                    "--tls-ca");
+                    "--tls-cert, --tls-key and --tls-server-name need --tls-ca");
     a->command = cmd->name;
     return -1;
 }
@@ -1172,16 +1169,12 @@ static int prepare(cli *a)
         json_decref(parsed);
     } else if (strcmp(cmd, "predict") == 0) {
         if (!a->input || !a->output)
-            return fail(EXIT_USAGE, "USAGE",
-                        "predict needs --input X.npy and --output "
-                        "LOGITS.npy");
+            return fail(EXIT_USAGE, "USAGE", "predict needs --input X.npy and --output LOGITS.npy");
         if (ddl_client_npy_read(a->input, &a->x) != DDL_OK)
             return fail(EXIT_FILE, "FILE", "%s", ddl_last_error());
         if (a->x.dtype == DDL_WIRE_INT64)
             return fail(EXIT_FILE, "FILE",
-                        "%s holds int64; predict takes float32, float64 or "
-                        "uint8 pixels",
-                        a->input);
+                        "%s holds int64; predict takes float32, float64 or uint8", a->input);
         if (a->x.ndim < 2 || a->x.shape[0] < 1)
             return fail(EXIT_FILE, "FILE", "%s: predict needs [n, sample...] with n >= 1",
                         a->input);

@@ -12,6 +12,7 @@ $SUDO apt-get install -y -q --no-install-recommends \
     build-essential cmake pkg-config git ca-certificates \
     libopenmpi-dev openmpi-bin \
     libopenblas-dev \
+    tmux openssl \
     libgrpc-dev protobuf-c-compiler libprotobuf-c-dev \
     libuv1-dev libjansson-dev zlib1g-dev libssl-dev openssl libmicrohttpd-dev \
     iproute2 \

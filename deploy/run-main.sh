@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The main job: the distdld daemon on its built-in default (distributed LeNet-5 on 2 ranks,
-# deploy/specs/lenet5-2.json, serving Debian's Fashion-MNIST), driven through the C client:
-# ddl_example_train trains for EPOCHS epochs (default 5) with a progress bar, reports the
-# test accuracy, predicts a few test images, pulls the global weights into
-# $OUT_DIR/weights.safetensors and shuts the daemon down (final checkpoint in
-# $OUT_DIR/checkpoints). Expects a build in ./build (tests/run.sh -N makes one).
+# deploy/specs/lenet5-2.json, serving Debian's Fashion-MNIST), driven through the distdl
+# command-line tool (docs/CLI.md): train for EPOCHS epochs (default 5) with a progress bar,
+# report the test accuracy, predict a few test images (when python3-numpy is there to write
+# them as .npy), pull the global weights into $OUT_DIR/weights.safetensors and shut the
+# daemon down (final checkpoint in $OUT_DIR/checkpoints). Expects a build in ./build
+# (tests/run.sh -N makes one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT_DIR:-run}"
@@ -23,8 +24,23 @@ daemon=$!
 # If the client fails, stop the daemon too (USR2 to mpirun is the daemon's clean stop).
 trap 'kill -USR2 $daemon 2>/dev/null || true; wait $daemon 2>/dev/null || true' EXIT
 echo "distdld: mpirun pid $daemon, log $out/distdld.log"
-build/bin/ddl_example_train --address-file "$out/distdld.addr" --epochs "$epochs" \
-    --predict 8 --pull "$out/weights.safetensors" --shutdown
+distdl=(build/bin/distdl --address-file "$out/distdld.addr")
+# The daemon writes its address file once it serves; give it up to two minutes to start.
+"${distdl[@]}" --timeout 120 health >/dev/null
+"${distdl[@]}" status
+"${distdl[@]}" train --epochs "$epochs"
+"${distdl[@]}" eval
+if /usr/bin/python3 -c 'import numpy' 2>/dev/null; then
+    /usr/bin/python3 - "$out/test-images.npy" <<'PY'
+import gzip, sys, numpy as np
+with gzip.open("/usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz") as f:
+    x = np.frombuffer(f.read(), np.uint8, offset=16).reshape(-1, 1, 28, 28)[:8]
+np.save(sys.argv[1], x)
+PY
+    "${distdl[@]}" predict --input "$out/test-images.npy" --output "$out/logits.npy"
+fi
+"${distdl[@]}" pull --output "$out/weights.safetensors"
+"${distdl[@]}" shutdown
 trap - EXIT
 wait $daemon
 echo "distdld exited 0 on every rank; weights in $out/weights.safetensors"

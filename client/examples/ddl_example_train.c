@@ -18,6 +18,7 @@
 
 #include <zlib.h>
 
+#include "cli_support.h"
 #include "ddl_client.h"
 
 static const char *const class_names[10] = {"T-shirt", "Trouser", "Pullover", "Dress", "Coat",
@@ -28,20 +29,6 @@ static int die(const char *what)
     fprintf(stderr, "ddl_example_train: %s failed: %s (gRPC %s)\n", what, ddl_last_error(),
             ddl_client_code_name(ddl_client_last_code()));
     return 1;
-}
-
-// Reads "host:port" from the daemon's --address-file.
-static int read_address(const char *path, char *buf, size_t cap)
-{
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return -1;
-    int ok = fgets(buf, (int)cap, f) != NULL;
-    fclose(f);
-    if (!ok)
-        return -1;
-    buf[strcspn(buf, "\r\n")] = '\0';
-    return buf[0] ? 0 : -1;
 }
 
 // Reads `count` items of an IDX .gz file after its header; returns the malloc'd bytes.
@@ -62,32 +49,11 @@ static uint8_t *read_idx(const char *path, size_t header, size_t count)
     return buf;
 }
 
-// On a terminal: one progress bar redrawn in place; otherwise a line per record.
+// On a terminal one progress bar redrawn in place, otherwise a line per record: the display
+// the distdl tool uses (client/cli/cli_support.c).
 static int on_progress(const ddl_client_progress *p, void *ud)
 {
-    int tty = *(const int *)ud;
-    if (p->epoch_end || p->finished) {
-        if (tty)
-            printf("\n");
-        if (p->epoch_end)
-            printf("  epoch %lld done: mean loss %.4f, %.0f images/s\n", (long long)p->epoch,
-                   p->mean_loss, p->images_per_second);
-        else
-            printf("  finished at step %lld: loss %.4f, %.0f images/s\n", (long long)p->step,
-                   p->loss, p->images_per_second);
-    } else if (tty) {
-        int  width = 30, fill = p->total > 0 ? (int)(width * p->done / p->total) : 0;
-        char bar[64];
-        for (int i = 0; i < width; i++)
-            bar[i] = i < fill ? '#' : '.';
-        bar[width] = '\0';
-        printf("\r  [%s] %lld/%lld  loss %.4f  acc %.3f  %.0f img/s ", bar, (long long)p->done,
-               (long long)p->total, p->loss, p->accuracy, p->images_per_second);
-    } else {
-        printf("  step %6lld  [%lld/%lld]  loss %.4f  acc %.3f  %.0f img/s\n", (long long)p->step,
-               (long long)p->done, (long long)p->total, p->loss, p->accuracy, p->images_per_second);
-    }
-    fflush(stdout);
+    ddl_cli_progress_update(ud, p);
     return 0;
 }
 
@@ -168,13 +134,7 @@ int main(int argc, char **argv)
     char buf[512];
     if (!address && address_file) {
         // The daemon writes the file once it listens; give a fresh one a minute to start.
-        int waited = 0;
-        while (read_address(address_file, buf, sizeof buf) != 0 && waited < 600) {
-            if (waited++ == 0)
-                fprintf(stderr, "waiting for %s ...\n", address_file);
-            usleep(100000);
-        }
-        if (read_address(address_file, buf, sizeof buf) != 0) {
+        if (ddl_cli_read_address(address_file, 60.0, buf, sizeof buf) != 0) {
             fprintf(stderr, "ddl_example_train: cannot read an address from %s\n", address_file);
             return 1;
         }
@@ -204,11 +164,14 @@ int main(int argc, char **argv)
         .epochs = epochs, .steps = steps, .dataset = dataset, .progress_every = (int32_t)every};
     ddl_client_progress last;
     printf("training %lld %s ...\n", epochs ? epochs : steps, epochs ? "epoch(s)" : "step(s)");
-    int tty = isatty(STDOUT_FILENO);
-    if (tty && every > 10)
+    ddl_cli_progress bar;
+    ddl_cli_progress_init(&bar, stdout, isatty(STDOUT_FILENO));
+    if (bar.tty && every > 10)
         tr.progress_every = 10; // the bar moves smoothly; lines stay sparse otherwise
-    if (ddl_client_train(c, &tr, on_progress, &tty, &last) != DDL_OK)
+    if (ddl_client_train(c, &tr, on_progress, &bar, &last) != DDL_OK)
         return die("Train");
+    printf("  finished at step %lld: loss %.4f, %.0f images/s\n", (long long)last.step, last.loss,
+           last.images_per_second);
 
     ddl_client_eval_result ev;
     if (ddl_client_evaluate(c, dataset, "test", NULL, &ev) != DDL_OK)

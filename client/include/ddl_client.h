@@ -312,6 +312,20 @@ DDL_EXTERN ddl_status ddl_safetensors_read(const char *path, ddl_client_weights 
 // Writes a weight set as a safetensors file (temp file, fsync, rename).
 DDL_EXTERN ddl_status ddl_safetensors_write(const char *path, const ddl_client_weights *w);
 
+// ---- .npy files -----------------------------------------------------------------------
+
+// Reads a NumPy .npy file (format 1.0-3.0, C order, little-endian float32 '<f4', float64
+// '<f8', int64 '<i8' or uint8 '|u1') into *out, e.g. the input of ddl_client_predict. The
+// header, shape and data size are validated against the file before anything is allocated;
+// errors are DDL_EIO (cannot open or read) or DDL_EPROTO (not a supported .npy), naming the
+// file and the problem. The caller releases *out (ddl_client_tensor_release). This is the
+// client's own small reader: the engine's (ddl/npy.h) builds engine tensors, knows only
+// f32/f64 and would pull the engine's tensor module into this library.
+DDL_EXTERN ddl_status ddl_client_npy_read(const char *path, ddl_client_tensor *out);
+// Writes t as a .npy file (format 1.0), e.g. the logits of ddl_client_predict: to path.tmp,
+// fsync, then renamed over path, so a reader never sees a partial file.
+DDL_EXTERN ddl_status ddl_client_npy_write(const char *path, const ddl_client_tensor *t);
+
 typedef struct ddl_client_checkpoint_result {
     int64_t step;
     int     durable;

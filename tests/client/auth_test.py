@@ -403,6 +403,55 @@ def sc_tokens(h):
     check_log(d)
 
 
+def tools_over_tls(h, d, p):
+    """The distdl CLI and the Python binding take the same TLS and token options as the C
+    library: each reaches a TLS daemon with a token file / token, and the roles hold."""
+    cli = os.path.join(h.build, "bin", "distdl")
+    base = [cli, "--address", d.address, "--tls-ca", p("ca.crt"), "--json"]
+    files = {r: h.token_file("cli-%s.token" % r, "%s %s\n" % (r, t)) for r, t in TOKENS.items()}
+
+    def run(role, args, want):
+        r = subprocess.run(base + ["--token-file", files[role]] + args, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, timeout=120)
+        print("$ distdl (%s token) %s -> exit %d" % (role, " ".join(args), r.returncode), flush=True)
+        if r.returncode != want:
+            raise Failure("distdl %s with a %s token: exit %d, expected %d\n%s" %
+                          (" ".join(args), role, r.returncode, want, r.stdout))
+        if any(t in r.stdout for t in TOKENS.values()):
+            raise Failure("distdl printed a token")
+        return r.stdout
+
+    run("infer", ["status"], 0)
+    out = run("infer", ["train", "--steps", "1"], 4)
+    if "PERMISSION_DENIED" not in out:
+        raise Failure("infer token Train: expected PERMISSION_DENIED, got %s" % out)
+    run("train", ["train", "--steps", "2"], 0)
+    r = subprocess.run(base + ["status"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, timeout=120, env=dict(os.environ, DDL_TOKEN=WRONG))
+    if r.returncode != 4 or "UNAUTHENTICATED" not in r.stdout:
+        raise Failure("distdl with a wrong $DDL_TOKEN: exit %d\n%s" % (r.returncode, r.stdout))
+    sys.path.insert(0, os.path.join(h.source, "client", "python"))
+    os.environ["DDL_CLIENT_LIB"] = os.path.join(h.build, "lib", "libdistdl-client.so")
+    import distdl_client
+    with distdl_client.Client(d.address, tls_ca=p("ca.crt"), token=TOKENS["infer"]) as c:
+        st = c.status()
+        try:
+            c.checkpoint()
+            raise Failure("Python: an infer token could checkpoint")
+        except distdl_client.DistdlError as e:
+            if e.code_name != "PERMISSION_DENIED":
+                raise Failure("Python: infer token Checkpoint gave %s" % e.code_name)
+    with distdl_client.Client(d.address, tls_ca=p("ca.crt"), token=WRONG) as c:
+        try:
+            c.status()
+            raise Failure("Python: a wrong token was admitted")
+        except distdl_client.DistdlError as e:
+            if e.code_name != "UNAUTHENTICATED":
+                raise Failure("Python: wrong token gave %s" % e.code_name)
+    print("CLI and Python over TLS with tokens: roles enforced (status at step %d)" % st.step,
+          flush=True)
+
+
 def sc_tls_tokens(h):
     # TLS and tokens together, on all interfaces (allowed: neither is missing).
     p = h.make_certs()
@@ -414,6 +463,7 @@ def sc_tls_tokens(h):
     d.address = "127.0.0.1:" + port
     h.expect(d, "health=UNAVAILABLE", token=TOKENS["admin"])  # plaintext with a valid token
     token_checks(h, d, ca=p("ca.crt"))
+    tools_over_tls(h, d, p)
     h.expect(d, "shutdown=OK", token=TOKENS["admin"], ca=p("ca.crt"))
     d.wait_exit()
     check_log(d)

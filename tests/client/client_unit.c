@@ -1,4 +1,4 @@
-// client_unit: libdistdl-client without a daemon -- safetensors round trips and rejects,
+// client_unit: libdistdl-client without a daemon -- safetensors and .npy round trips and rejects,
 // status names, and the errors of a connection to nothing.
 #include <math.h>
 #include <stdio.h>
@@ -178,10 +178,97 @@ static void test_no_daemon(void)
     ddl_client_destroy(&c); // NULL-safe
 }
 
+// Writes a .npy 1.0 file with header dict `dict` and `data_bytes` zero bytes of data.
+static void write_raw_npy(const char *path, const char *dict, size_t data_bytes)
+{
+    char   hdr[256];
+    size_t n = (size_t)snprintf(hdr, sizeof hdr, "%s", dict);
+    while ((10 + n + 1) % 64)
+        hdr[n++] = ' ';
+    hdr[n++]                 = '\n';
+    unsigned char pre[10]    = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, (unsigned char)(n & 0xff),
+                                (unsigned char)(n >> 8)};
+    FILE         *f          = fopen(path, "wb");
+    fwrite(pre, 1, 10, f);
+    fwrite(hdr, 1, n, f);
+    for (size_t i = 0; i < data_bytes; i++)
+        fputc(0, f);
+    fclose(f);
+}
+
+static void test_npy(void)
+{
+    char dir[] = "/tmp/client-unit-npy-XXXXXX", path[128];
+    CHECK(mkdtemp(dir) != NULL, "mkdtemp");
+    snprintf(path, sizeof path, "%s/t.npy", dir);
+    float             a[6] = {1, -2, 3.5f, 0, 1e-30f, -0.0f};
+    double            b[2] = {M_PI, -1e300};
+    int64_t           c[3] = {-1, 0, INT64_MAX};
+    uint8_t           d[5] = {0, 1, 2, 254, 255};
+    float             e    = 42.0f;
+    ddl_client_tensor t[5] = {
+        {.dtype = DDL_WIRE_FP32, .ndim = 2, .shape = {2, 3}, .data = a, .bytes = sizeof a},
+        {.dtype = DDL_WIRE_FP64, .ndim = 1, .shape = {2}, .data = b, .bytes = sizeof b},
+        {.dtype = DDL_WIRE_INT64, .ndim = 3, .shape = {1, 3, 1}, .data = c, .bytes = sizeof c},
+        {.dtype = DDL_WIRE_UINT8, .ndim = 1, .shape = {5}, .data = d, .bytes = sizeof d},
+        {.dtype = DDL_WIRE_FP32, .ndim = 0, .data = &e, .bytes = sizeof e},
+    };
+    for (int i = 0; i < 5; i++) {
+        ddl_client_tensor r;
+        CHECK(ddl_client_npy_write(path, &t[i]) == DDL_OK, "write %d", i);
+        CHECK(ddl_client_npy_read(path, &r) == DDL_OK, "read %d", i);
+        CHECK(r.dtype == t[i].dtype && r.ndim == t[i].ndim && r.bytes == t[i].bytes &&
+                  memcmp(r.shape, t[i].shape, sizeof r.shape) == 0 &&
+                  memcmp(r.data, t[i].data, r.bytes) == 0,
+              "round trip %d", i);
+        ddl_client_tensor_release(&r);
+    }
+    // Rejects, each naming the problem; *out untouched.
+    static const struct {
+        const char *dict;
+        size_t      data;
+        const char *why;
+    } bad[] = {
+        {"{'descr': '>f4', 'fortran_order': False, 'shape': (2,), }", 8, "not supported"},
+        {"{'descr': '<f4', 'fortran_order': True, 'shape': (2, 2), }", 16, "C order"},
+        {"{'descr': '<f4', 'fortran_order': False, 'shape': (2, 2), }", 15, "needs 16 bytes"},
+        {"{'descr': '<f4', 'fortran_order': False, 'shape': (2, 2), }", 17, "needs 16 bytes"},
+        {"{'descr': '<f4', 'fortran_order': False, 'shape': (1099511627776, 1099511627776), }",
+         8, "more than 2^64"},
+        {"{'descr': '<f4', 'fortran_order': False, 'shape': (2, -1), }", 8, "bad dimension"},
+        {"{'descr': '<f4', 'fortran_order': False, 'shape': (1, 1, 1, 1, 1, 1, 1, 1, 1), }", 4,
+         "dimensions"},
+        {"{'descr': '<c8', 'fortran_order': False, 'shape': (1,), }", 8, "not supported"},
+        {"{'fortran_order': False, 'shape': (1,), }", 4, "no 'descr'"},
+        {"['descr', '<f4']", 4, "not a dict"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        write_raw_npy(path, bad[i].dict, bad[i].data);
+        ddl_client_tensor r = {.ndim = -7};
+        CHECK(ddl_client_npy_read(path, &r) == DDL_EPROTO, "reject %zu", i);
+        CHECK(strstr(ddl_last_error(), bad[i].why) != NULL, "reject %zu names '%s'", i,
+              bad[i].why);
+        CHECK(r.ndim == -7 && r.data == NULL, "reject %zu wrote *out", i);
+    }
+    FILE *f = fopen(path, "wb");
+    fputs("not an array\n", f);
+    fclose(f);
+    ddl_client_tensor r;
+    CHECK(ddl_client_npy_read(path, &r) == DDL_EPROTO && strstr(ddl_last_error(), "magic"),
+          "text file");
+    CHECK(ddl_client_npy_read(dir, &r) == DDL_EIO, "a directory");
+    unlink(path);
+    CHECK(ddl_client_npy_read(path, &r) == DDL_EIO, "a missing file");
+    snprintf(path, sizeof path, "%s/no-such-dir/t.npy", dir);
+    CHECK(ddl_client_npy_write(path, &t[0]) == DDL_EIO, "write into a missing directory");
+    rmdir(dir);
+}
+
 int main(void)
 {
     test_names();
     test_safetensors();
+    test_npy();
     test_no_daemon();
     if (failures)
         fprintf(stderr, "client_unit: %d failures\n", failures);

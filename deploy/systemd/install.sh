@@ -18,7 +18,8 @@ install -Dm755 "$build/bin/distdld" "$root$prefix/bin/distdld"
 install -Dm755 "$src/deploy/distdld-run" "$root$prefix/bin/distdld-run"
 install -d "$root$prefix/share/distdl/specs" "$root$prefix/share/doc/distdl"
 install -m644 "$src"/deploy/specs/*.json "$root$prefix/share/distdl/specs/"
-install -m644 "$src/README.md" "$src/deploy/README.md" "$src/docs/SERVER.md" "$root$prefix/share/doc/distdl/"
+install -m644 "$src/README.md" "$src/docs/SERVER.md" "$root$prefix/share/doc/distdl/"
+install -m644 "$src/deploy/README.md" "$root$prefix/share/doc/distdl/DEPLOY.md"
 install -Dm644 "$src/deploy/systemd/distdld.service" "$root/etc/systemd/system/distdld.service"
 # Keep a site's settings on reinstall.
 if [ ! -e "$root/etc/distdl/distdld.env" ]; then

@@ -5,6 +5,8 @@
             SIGTERM to the wrapper: final checkpoint, exit 0, no distdld process left
   exhaust   --max-restarts 1 and two rank kills: the wrapper gives up, exit 1, says why
   shutdown  the Shutdown RPC ends the job with 0: the wrapper exits 0 without a restart
+  orphan    kill -9 of the wrapper itself: mpirun gets SIGUSR2 (parent-death signal) and the
+            job stops gracefully with a final checkpoint; nothing is left running
   flags     bad command lines exit 2 with a message; the mpirun flags chosen for the host
             (--dry-run); a distdld usage error (its exit 2) is not restarted
 
@@ -12,6 +14,7 @@ Every client call goes through deploy_client.run_client (the one switch to the C
 """
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -171,6 +174,8 @@ class H(DaemonHarness):
             except ProcessLookupError:
                 pass
         super().cleanup()
+        if not os.environ.get("DDL_KEEP_TMP"):  # the logs were printed; DDL_KEEP_TMP=1 keeps them
+            shutil.rmtree(self.work, ignore_errors=True)
 
 
 def expect(cond, what):
@@ -245,6 +250,22 @@ def scenario_shutdown(h):
     expect("clean shutdown" in w.text() and "restart 1 of" not in w.text(), "and does not restart")
 
 
+def scenario_orphan(h):
+    w = Wrapper(h, "orphan", max_restarts=3)
+    w.wait_address()
+    w.train(3)
+    mpirun = w.mpirun_pid()
+    os.kill(w.proc.pid, signal.SIGKILL)
+    w.proc.wait()
+    print("kill -9 distdld-run (pid %d); its mpirun %d must stop by itself" % (w.proc.pid, mpirun), flush=True)
+    end = time.time() + 60
+    while time.time() < end and our_distdld_pids(h.work):
+        time.sleep(0.2)
+    left = our_distdld_pids(h.work)
+    expect(not left, "the parent-death SIGUSR2 stopped mpirun and both ranks (left: %s)" % left)
+    expect(w.latest() == "step-%09d" % 3, "and the graceful stop wrote the final checkpoint %s" % w.latest())
+
+
 def run_wrapper(h, args, env_extra=None):
     env = dict(os.environ)
     env.pop("DISTDLD_HOSTFILE", None)
@@ -306,7 +327,7 @@ def scenario_flags(h):
 
 
 SCENARIOS = {"restart": scenario_restart, "exhaust": scenario_exhaust,
-             "shutdown": scenario_shutdown, "flags": scenario_flags}
+             "shutdown": scenario_shutdown, "orphan": scenario_orphan, "flags": scenario_flags}
 
 if __name__ == "__main__":
     sys.exit(run_scenarios(H, SCENARIOS))

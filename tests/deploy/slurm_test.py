@@ -205,6 +205,8 @@ class H(DaemonHarness):
             except ProcessLookupError:
                 pass
         super().cleanup()
+        if not os.environ.get("DDL_KEEP_TMP"):  # the logs were printed; DDL_KEEP_TMP=1 keeps them
+            shutil.rmtree(self.work, ignore_errors=True)
 
 
 def scenario_batch(h):

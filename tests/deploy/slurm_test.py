@@ -6,7 +6,10 @@ for this host (free ports, linuxproc proctrack, no task plugin: no cgroups neede
 directory, train through the client, `scancel --batch --signal=USR1` (what --signal=B:USR1@120
 does before the time limit: the signal reaches the batch shell only) -> a durable checkpoint,
 train more, `scancel` -> the final checkpoint at the last step, the job CANCELLED, no distdld
-process left. Skips (7) only when the Slurm or munge daemons cannot run here, with the reason.
+process left (scenario batch). Scenario timelimit: `--time=1 --signal=B:USR1@45`, so Slurm
+itself signals the batch shell before the limit (a checkpoint), and the limit's SIGTERM
+leaves the final checkpoint; the job ends TIMEOUT. Skips (7) only when the Slurm or munge
+daemons cannot run here, with the reason.
 
 Every client call goes through deploy_client.run_client (the one switch to the CLI).
 """
@@ -209,82 +212,134 @@ class H(DaemonHarness):
             shutil.rmtree(self.work, ignore_errors=True)
 
 
-def scenario_batch(h):
+def start_slurm(h):
     missing = [n for n in NEEDED if shutil.which(n) is None]
     if missing:
         raise Skip("not installed: %s (apt-get install slurm-wlm munge)" % " ".join(missing))
     if os.geteuid() != 0:
         raise Skip("needs root: slurmd runs as root here and munged as the munge user")
+    h.slurm = s = Slurm(os.path.join(h.work, "slurm"))
+    os.makedirs(s.root)
+    s.start()
+    return s
+
+
+class Job:
+    """deploy/slurm/distdld.sbatch submitted from a fresh submit directory."""
+
+    def __init__(self, h, s, extra=()):
+        self.h, self.s = h, s
+        self.script = os.path.join(h.source, "deploy", "slurm", "distdld.sbatch")
+        self.submit = os.path.join(h.work, "submit")
+        os.makedirs(self.submit)
+        self.addr = os.path.join(self.submit, "distdld.addr")
+        self.ck = os.path.join(self.submit, "checkpoints")
+        # Submitted from `submit`: that is $SLURM_SUBMIT_DIR, where the address file appears.
+        argv = ["sbatch", "--parsable", "--time=10",
+                "--export=ALL,DISTDL_PREFIX=%s,DISTDLD_BIN=%s" % (h.source, h.distdld)] + list(extra)
+        if (os.cpu_count() or 1) < 2:
+            argv.append("--overcommit")
+        print("$ " + " ".join(argv + [self.script]), flush=True)
+        self.id = s.cmd(argv + [self.script], cwd=self.submit).strip().split(";")[0]
+        self.t0 = time.time()
+        print("submitted job %s" % self.id, flush=True)
+        self.log = os.path.join(self.submit, "distdld-%s.log" % self.id)
+
+    def wait_serving(self):
+        end = time.time() + 120
+        while time.time() < end and not os.path.exists(self.addr):
+            st = self.s.job_state(self.id)
+            if st not in ("PENDING", "RUNNING", "CONFIGURING"):
+                raise Failure("job %s is %s before serving; its log:\n%s" % (self.id, st, tail(self.log)))
+            time.sleep(0.5)
+        if not os.path.exists(self.addr):
+            raise Failure("no %s after 120 s; job log:\n%s" % (self.addr, tail(self.log)))
+        with open(self.addr) as f:
+            served = f.read().strip()
+        expect(not served.startswith("0.0.0.0") and ":" in served,
+               "rank 0's address %s is in the submit directory, naming this node" % served)
+        expect(self.s.job_state(self.id) == "RUNNING", "job %s is RUNNING" % self.id)
+
+    def status(self):
+        rc, st = run_client(self.h.build, self.addr, "status")
+        if rc != 0 or st is None:
+            raise Failure("status failed (exit %d); job log:\n%s" % (rc, tail(self.log)))
+        return st
+
+    def train(self, steps):
+        rc, _ = run_client(self.h.build, self.addr, "train", steps=steps)
+        expect(rc == 0, "trained %d steps through the client" % steps)
+
+    def wait_durable(self, step, timeout):
+        end = time.time() + timeout
+        while time.time() < end and self.status()["durable_step"] != step:
+            time.sleep(0.5)
+        return self.status()["durable_step"] == step
+
+    def wait_gone(self, timeout):
+        end = time.time() + timeout
+        while time.time() < end and self.s.cmd(["squeue", "-h", "-j", self.id], check=False).strip():
+            time.sleep(0.5)
+        text = tail(self.log, 100000)
+        print("---- job log ----\n%s---- end ----" % text, flush=True)
+        return text
+
+    def latest(self):
+        with open(os.path.join(self.ck, "latest")) as f:
+            return f.read().strip()
+
+    def nothing_left(self):
+        expect(not os.path.exists(self.addr), "the address file is gone with the job")
+        time.sleep(1)
+        left = our_distdld_pids(self.h.work)
+        expect(not left, "no distdld or mpirun process left (%s)" % left)
+
+
+def scenario_batch(h):
     script = os.path.join(h.source, "deploy", "slurm", "distdld.sbatch")
     with open(script) as f:
         directives = [l.split(None, 1)[1].strip() for l in f if l.startswith("#SBATCH")]
     expect("--signal=B:USR1@120" in directives and "--requeue" in directives,
            "the script asks for USR1 to the batch shell 120 s before the limit, and --requeue")
-    h.slurm = s = Slurm(os.path.join(h.work, "slurm"))
-    os.makedirs(s.root)
-    s.start()
-
-    submit = os.path.join(h.work, "submit")
-    os.makedirs(submit)
-    addr = os.path.join(submit, "distdld.addr")
-    ck = os.path.join(submit, "checkpoints")
-    # Submitted from `submit`: that is $SLURM_SUBMIT_DIR, where the address file appears.
-    argv = ["sbatch", "--parsable", "--time=10",
-            "--export=ALL,DISTDL_PREFIX=%s,DISTDLD_BIN=%s" % (h.source, h.distdld)]
-    if (os.cpu_count() or 1) < 2:
-        argv.append("--overcommit")
-    job = s.cmd(argv + [script], cwd=submit).strip().split(";")[0]
-    print("submitted job %s" % job, flush=True)
-    log = os.path.join(submit, "distdld-%s.log" % job)
-    end = time.time() + 120
-    while time.time() < end and not os.path.exists(addr):
-        st = s.job_state(job)
-        if st not in ("PENDING", "RUNNING", "CONFIGURING"):
-            raise Failure("job %s is %s before serving; its log:\n%s" % (job, st, tail(log)))
-        time.sleep(0.5)
-    if not os.path.exists(addr):
-        raise Failure("no %s after 120 s; job log:\n%s" % (addr, tail(log)))
-    with open(addr) as f:
-        served = f.read().strip()
-    expect(not served.startswith("0.0.0.0") and ":" in served,
-           "rank 0's address %s is in the submit directory, naming this node" % served)
-    expect(s.job_state(job) == "RUNNING", "job %s is RUNNING" % job)
-
-    def status():
-        rc, st = run_client(h.build, addr, "status")
-        if rc != 0 or st is None:
-            raise Failure("status failed (exit %d); job log:\n%s" % (rc, tail(log)))
-        return st
-
-    rc, _ = run_client(h.build, addr, "train", steps=6)
-    expect(rc == 0, "trained 6 steps through the client")
-    s.cmd(["scancel", "--batch", "--signal=USR1", job])
-    end = time.time() + 30
-    while time.time() < end and status()["durable_step"] != 6:
-        time.sleep(0.5)
-    expect(status()["durable_step"] == 6, "USR1 to the batch shell: step 6 is durable")
-    rc, _ = run_client(h.build, addr, "train", steps=4)
-    expect(rc == 0 and status()["step"] == 10, "trained to step 10")
-
+    s = start_slurm(h)
+    j = Job(h, s)
+    j.wait_serving()
+    j.train(6)
+    s.cmd(["scancel", "--batch", "--signal=USR1", j.id])
+    expect(j.wait_durable(6, 30), "USR1 to the batch shell: step 6 is durable")
+    j.train(4)
+    expect(j.status()["step"] == 10, "at step 10")
     t0 = time.time()
-    s.cmd(["scancel", job])
-    end = time.time() + 90
-    while time.time() < end and s.cmd(["squeue", "-h", "-j", job], check=False).strip():
-        time.sleep(0.5)
-    print("job %s left the queue %.1f s after scancel" % (job, time.time() - t0), flush=True)
-    text = tail(log, 100000)
-    print("---- job log ----\n%s---- end ----" % text, flush=True)
-    expect(s.job_state(job) == "CANCELLED", "job %s is CANCELLED" % job)
-    with open(os.path.join(ck, "latest")) as f:
-        latest = f.read().strip()
-    expect(latest == "step-000000010", "the final checkpoint %s is latest" % latest)
+    s.cmd(["scancel", j.id])
+    text = j.wait_gone(90)
+    print("job %s left the queue %.1f s after scancel" % (j.id, time.time() - t0), flush=True)
+    expect(s.job_state(j.id) == "CANCELLED", "job %s is CANCELLED" % j.id)
+    expect(j.latest() == "step-000000010", "the final checkpoint %s is latest" % j.latest())
     expect("SIGUSR1: checkpoint now" in text and "SIGTERM: graceful stop" in text,
            "the batch shell trapped USR1 and TERM and forwarded them")
-    expect(not os.path.exists(addr), "the address file is gone with the job")
-    time.sleep(1)
-    left = our_distdld_pids(h.work)
-    expect(not left, "no distdld or mpirun process left (%s)" % left)
+    j.nothing_left()
+
+
+def scenario_timelimit(h):
+    """The real time-limit path: --time=1 with --signal=B:USR1@45 (the script's @120 needs a
+    limit of more than 2 minutes): Slurm itself signals the batch shell before the limit,
+    the daemon checkpoints, then the limit's SIGTERM brings the final checkpoint."""
+    s = start_slurm(h)
+    j = Job(h, s, extra=["--time=1", "--signal=B:USR1@45"])
+    j.wait_serving()
+    j.train(5)
+    # Slurm sends the signal from its periodic time-limit check: 15-45 s after the start.
+    expect(j.wait_durable(5, 75 - (time.time() - j.t0)),
+           "Slurm's USR1 before the time limit made step 5 durable (%.0f s after submit)" % (time.time() - j.t0))
+    j.train(2)
+    text = j.wait_gone(150)
+    print("job %s ended %.1f s after submit" % (j.id, time.time() - j.t0), flush=True)
+    expect(s.job_state(j.id) == "TIMEOUT", "job %s ended by its time limit (TIMEOUT)" % j.id)
+    expect("SIGUSR1: checkpoint now" in text and "SIGTERM: graceful stop" in text,
+           "the batch shell got USR1 before the limit and SIGTERM at it")
+    expect(j.latest() == "step-000000007", "the final checkpoint %s is latest" % j.latest())
+    j.nothing_left()
 
 
 if __name__ == "__main__":
-    sys.exit(run_scenarios(H, {"batch": scenario_batch}))
+    sys.exit(run_scenarios(H, {"batch": scenario_batch, "timelimit": scenario_timelimit}))

@@ -8,7 +8,8 @@ does before the time limit: the signal reaches the batch shell only) -> a durabl
 train more, `scancel` -> the final checkpoint at the last step, the job CANCELLED, no distdld
 process left (scenario batch). Scenario timelimit: `--time=1 --signal=B:USR1@45`, so Slurm
 itself signals the batch shell before the limit (a checkpoint), and the limit's SIGTERM
-leaves the final checkpoint; the job ends TIMEOUT. Skips (7) only when the Slurm or munge
+leaves the final checkpoint; the job ends TIMEOUT. Scenario requeue: `scontrol requeue`
+leaves a final checkpoint and the job's next run resumes from it. Skips (7) only when the Slurm or munge
 daemons cannot run here, with the reason.
 
 Every client call goes through deploy_client.run_client (the one switch to the CLI).
@@ -341,5 +342,31 @@ def scenario_timelimit(h):
     j.nothing_left()
 
 
+def scenario_requeue(h):
+    """--requeue: `scontrol requeue` stops the job (final checkpoint), Slurm queues it again,
+    and the next run resumes from latest. Slurm holds a requeued job back (BeginTime, about
+    2 minutes here); the test releases it at once with `scontrol update StartTime=now`."""
+    s = start_slurm(h)
+    j = Job(h, s)
+    j.wait_serving()
+    j.train(4)
+    s.cmd(["scontrol", "requeue", j.id])
+    end = time.time() + 90
+    while time.time() < end and s.job_state(j.id) != "PENDING":
+        time.sleep(0.5)
+    expect(s.job_state(j.id) == "PENDING", "requeued: job %s is PENDING again" % j.id)
+    expect(j.latest() == "step-000000004", "the requeue's SIGTERM left the final checkpoint %s" % j.latest())
+    s.cmd(["scontrol", "update", "JobId=%s" % j.id, "StartTime=now"])
+    j.wait_serving()
+    st = j.status()
+    expect(st["step"] == 4 and st["durable_step"] == 4, "the second run resumed at step %d" % st["step"])
+    s.cmd(["scancel", j.id])
+    text = j.wait_gone(90)
+    expect("restart count 1" in text and "resumed from" in text,
+           "the log shows the second run (SLURM_RESTART_COUNT=1) resuming")
+    j.nothing_left()
+
+
 if __name__ == "__main__":
-    sys.exit(run_scenarios(H, {"batch": scenario_batch, "timelimit": scenario_timelimit}))
+    sys.exit(run_scenarios(H, {"batch": scenario_batch, "timelimit": scenario_timelimit,
+                               "requeue": scenario_requeue}))

@@ -12,11 +12,15 @@ $SUDO apt-get install -y -q --no-install-recommends \
     build-essential cmake pkg-config git ca-certificates \
     libopenmpi-dev openmpi-bin \
     libopenblas-dev \
-    tmux openssl \
     libgrpc-dev protobuf-c-compiler libprotobuf-c-dev \
     libuv1-dev libjansson-dev zlib1g-dev libssl-dev openssl libmicrohttpd-dev \
-    iproute2 \
     dataset-fashion-mnist \
     python3 python3-numpy python3-torch \
+    python3-grpcio python3-protobuf protobuf-compiler \
     python3-matplotlib python3-nbconvert python3-ipykernel jupyter-nbconvert \
-    python3-grpcio python3-protobuf protobuf-compiler
+    tmux iproute2 python3-yaml slurm-wlm munge systemd
+# What each group is for: the build (compiler, MPI, OpenBLAS, gRPC core + protobuf-c, libuv,
+# jansson, zlib, OpenSSL's libcrypto for TLS checks, libmicrohttpd for /metrics); the data;
+# the PyTorch and grpcio cross-checks; the notebook (Jupyter, matplotlib); and the tests of
+# the CLI's progress bar (tmux), two simulated hosts (iproute2), the Kubernetes manifest
+# (python3-yaml), Slurm (slurm-wlm, munge) and the systemd unit (systemd-analyze).

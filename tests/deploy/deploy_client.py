@@ -1,8 +1,8 @@
 """The one place the deploy tests talk to a running distdld through a client program.
 
-Today: build/bin/ddl_example_train and build/bin/ddl_example_status. When the `distdl` CLI
-lands (contract: `distdl --address-file F train --steps N | status --json | shutdown`), set
-CLIENT = "cli" below: every deploy test (distdld-run, Slurm) goes through run_client().
+The `distdl` CLI (`distdl --address-file F [--token-file T] train --steps N | status --json |
+shutdown`); CLIENT = "examples" runs build/bin/ddl_example_train and ddl_example_status
+instead. Every deploy test (distdld-run, Slurm) goes through run_client().
 """
 import json
 import os
@@ -10,7 +10,7 @@ import re
 import subprocess
 import time
 
-CLIENT = "examples"  # "examples" (ddl_example_*) or "cli" (build/bin/distdl)
+CLIENT = "cli"  # "cli" (build/bin/distdl) or "examples" (ddl_example_*)
 
 
 def _argv(build, address_file, verb, steps):
@@ -18,7 +18,10 @@ def _argv(build, address_file, verb, steps):
     if CLIENT == "cli":
         extra = {"train": ["train", "--steps", str(steps)], "status": ["status", "--json"],
                  "shutdown": ["shutdown"]}[verb]
-        return [os.path.join(b, "distdl"), "--address-file", address_file] + extra
+        # A Slurm job publishes its token beside its address (distdld.sbatch).
+        tok = os.path.join(os.path.dirname(address_file), "distdld.token")
+        auth = ["--token-file", tok] if os.path.exists(tok) else []
+        return [os.path.join(b, "distdl"), "--address-file", address_file] + auth + extra
     if verb == "train":
         return [os.path.join(b, "ddl_example_train"), "--address-file", address_file, "--steps",
                 str(steps), "--predict", "0", "--pull", "", "--progress-every", str(steps)]

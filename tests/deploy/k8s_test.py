@@ -104,6 +104,24 @@ def check(docs, source):
         bad.append("--listen %r does not listen on every interface of the pod with a fixed port" % listen)
     else:
         port = int(listen.rsplit(":", 1)[1])
+    # distdld refuses a non-loopback --listen without tokens or TLS (unless --insecure): the
+    # token file must come from a Secret mounted into the launcher, not readable by others.
+    token_file = opt("--token-file")
+    if token_file is None and opt("--tls-cert") is None:
+        bad.append("--listen %s without --token-file or --tls-cert: distdld refuses to start" % listen)
+    elif token_file is not None:
+        mounted = False
+        for c in lcs:
+            for m in c.get("volumeMounts") or []:
+                v = lvols.get(m.get("name")) or {}
+                sec = v.get("secret")
+                if sec and token_file.startswith(m.get("mountPath", "").rstrip("/") + "/"):
+                    mounted = True
+                    if sec.get("defaultMode", 0o644) & 0o007:
+                        bad.append("the token secret's defaultMode %o lets others read it "
+                                   "(distdld refuses it)" % sec.get("defaultMode", 0o644))
+        if not mounted:
+            bad.append("--token-file %s is not inside a mounted Secret volume" % token_file)
     if spec.get("runLauncherAsWorker") is not True:
         bad.append("rank 0 serves gRPC: without runLauncherAsWorker it is not in the launcher pod")
     if "/etc/mpi/hostfile" not in text or "--hostfile" not in text:

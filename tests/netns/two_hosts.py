@@ -149,37 +149,34 @@ class Topology:
 # ---- the client: every call of this test goes through client() -------------------------
 
 def client(h, d, ns, verb, steps=0, pull=None):
-    """Runs one client call against daemon d, inside namespace ns (None: this namespace).
-
-    This is the only place the test starts a client. Today it uses the example programs
-    (ddl_example_train trains, evaluates the test set and pulls the weights in one call;
-    client_test shutdown sends the Shutdown RPC). With the `distdl` CLI the argv become
-    [cli, "--address", d.address, "train", "--steps", N] then
-    [cli, "--address", d.address, "--json", "eval"] for "train",
-    [cli, "--address", d.address, "status"] and [cli, "--address", d.address, "shutdown"],
-    and the parsing below reads the CLI's output. Returns {"losses": [(step, text)...],
-    "accuracy": float} for "train", the status text for "status", None for "shutdown"."""
+    """Runs one `distdl` CLI call against daemon d, inside namespace ns (None: this
+    namespace), with the run's bearer token (h.token_file; the two-host daemon listens on a
+    non-loopback address, so it requires one). "train" trains `steps` steps (--json, a
+    record every step), then evaluates the test set and pulls the weights to `pull`; returns
+    {"losses": [(step, loss as printed)...], "accuracy": float}. "status" returns the status
+    object, "shutdown" None."""
     pre = ["ip", "netns", "exec", ns] if ns else []
-    b = os.path.join(h.build, "bin")
-    if verb == "train":
-        argv = [os.path.join(b, "ddl_example_train"), "--address", d.address, "--steps",
-                str(steps), "--progress-every", "1", "--predict", "0", "--pull", pull]
-    elif verb == "status":
-        argv = [os.path.join(b, "ddl_example_status"), d.address]
-    elif verb == "shutdown":  # the client library's Shutdown RPC (no checkpoint)
-        argv = [os.path.join(h.build, "tests", "client_test"), "shutdown"]
-    else:
-        raise ValueError(verb)
-    out = h.run(d, pre + argv, timeout=60, capture=True)
+    cli = [os.path.join(h.build, "bin", "distdl"), "--address", d.address, "--token-file",
+           h.token_file, "--json"]
+
+    def call(*args):
+        out = h.run(d, pre + cli + list(args), timeout=120, capture=True)
+        return [json.loads(line) for line in out.splitlines() if line.strip()]
+
     if verb == "status":
-        return out
+        return call("status")[-1]
     if verb == "shutdown":
+        call("shutdown", "--no-checkpoint")
         return None
-    losses = re.findall(r"^\s+step\s+(\d+)\s+\[\d+/\d+\]\s+loss (\S+)", out, re.M)
-    acc = re.search(r"^test: \d+ images, loss \S+, accuracy (\S+)%$", out, re.M)
-    if len(losses) != steps or not acc:
-        raise Failure("train: expected %d step lines and a test accuracy in the output" % steps)
-    return {"losses": [(int(s), l) for s, l in losses], "accuracy": float(acc.group(1)) / 100}
+    if verb != "train":
+        raise ValueError(verb)
+    recs = call("train", "--steps", str(steps), "--progress-every", "1")
+    losses = [(r["step"], repr(r["loss"])) for r in recs if r.get("event") == "progress"]
+    ev = call("eval")[-1]
+    call("pull", "--output", pull)
+    if len(losses) != steps or ev.get("event") != "eval":
+        raise Failure("train: expected %d progress records and an eval result" % steps)
+    return {"losses": losses, "accuracy": float(ev["accuracy"])}
 
 
 # ---- checks on the ranks ----------------------------------------------------------------
@@ -322,7 +319,12 @@ def two_hosts(h, np):
              "-x", "DDL_NETNS_RUN", "-x", "OPENBLAS_NUM_THREADS"]
     model = ["--model", h.spec(spec + ".json")]
     job0 = topo.bytes(topo.h1, MPI_IF)
-    d = h.start(np, model, "two-hosts", listen=CLI_NET + ".1:0",
+    # A non-loopback address: distdld requires tokens (or TLS); the client sends the admin one.
+    h.token_file = os.path.join(h.work, "tokens")
+    with open(h.token_file, "w") as f:
+        f.write("admin two-hosts-%s\n" % os.urandom(16).hex())
+    os.chmod(h.token_file, 0o600)
+    d = h.start(np, model + ["--token-file", h.token_file], "two-hosts", listen=CLI_NET + ".1:0",
                 prefix=["ip", "netns", "exec", topo.h1], mpi_flags=flags, env=env)
     if not d.address.startswith(CLI_NET + ".1:"):
         raise Failure("daemon bound %s, expected h1's client-network address" % d.address)
@@ -336,8 +338,8 @@ def two_hosts(h, np):
         raise Failure("the client namespace has interfaces %s, expected lo and %s only" %
                       (topo.interfaces(topo.c), CLI_IF))
     status = client(h, d, topo.c, "status")
-    if "world size %d" % np not in status:
-        raise Failure("status does not report world size %d" % np)
+    if status.get("world_size") != np:
+        raise Failure("status reports world size %s, expected %d" % (status.get("world_size"), np))
 
     # Two training calls: the difference of their MPI-network bytes is per-step traffic
     # only (each call also evaluates the test set and pulls the weights).

@@ -38,7 +38,10 @@ class Daemon:
         self.addr_file = os.path.join(self.dir, "addr")
         self.log_path = os.path.join(self.dir, "daemon.log")
         flags = h.mpi_flags if mpi_flags is None else list(mpi_flags)
-        cmd = list(prefix) + [h.mpiexec, "-np", str(np)] + flags + [
+        # DDL_DAEMON_WRAPPER runs every rank under a tool (tests/sanitize/valgrind_daemon.sh:
+        # valgrind memcheck).
+        wrapper = shlex.split(os.environ.get("DDL_DAEMON_WRAPPER", ""))
+        cmd = list(prefix) + [h.mpiexec, "-np", str(np)] + flags + wrapper + [
             h.distdld, "--listen", listen, "--address-file", self.addr_file,
             "--data-root", FMNIST] + args
         self.cmd = cmd

@@ -16,4 +16,5 @@ $SUDO apt-get install -y -q --no-install-recommends \
     libuv1-dev libjansson-dev zlib1g-dev libssl-dev \
     dataset-fashion-mnist \
     python3 python3-numpy python3-torch \
-    python3-grpcio python3-protobuf protobuf-compiler
+    python3-grpcio python3-protobuf protobuf-compiler \
+    clang libfuzzer-14-dev libclang-rt-14-dev

@@ -217,45 +217,6 @@ static void clear_batches(void)
     pthread_mutex_unlock(&ddld_g.mu);
 }
 
-// A dataset name relative to --data-root: no absolute paths, nothing that climbs out of
-// the root (lexically, and after resolving symbolic links). Rank 0.
-static grpc_status_code resolve_dataset(ddld_dispatch *d, const char *rel, char *abs, char *err,
-                                        size_t errlen)
-{
-    if (rel[0] == '/') {
-        snprintf(err, errlen, "dataset \"%.200s\": expected a path relative to --data-root", rel);
-        return GRPC_STATUS_INVALID_ARGUMENT;
-    }
-    int depth = 0;
-    for (const char *p = rel; *p != '\0';) {
-        const char *e = strchr(p, '/');
-        size_t      n = e != NULL ? (size_t)(e - p) : strlen(p);
-        if (n == 2 && p[0] == '.' && p[1] == '.') {
-            depth--;
-        } else if (n > 0 && !(n == 1 && p[0] == '.')) {
-            depth++;
-        }
-        if (depth < 0) {
-            snprintf(err, errlen, "dataset \"%.200s\" leaves the data root", rel);
-            return GRPC_STATUS_INVALID_ARGUMENT;
-        }
-        p += n + (e != NULL);
-    }
-    char joined[PATH_MAX * 2];
-    snprintf(joined, sizeof joined, "%s/%s", d->root_real, rel);
-    if (realpath(joined, abs) == NULL) {
-        snprintf(err, errlen, "dataset \"%.200s\": %s under %s", rel, strerror(errno),
-                 d->root_real);
-        return errno == ENOENT ? GRPC_STATUS_NOT_FOUND : GRPC_STATUS_INVALID_ARGUMENT;
-    }
-    size_t rn = strlen(d->root_real);
-    if (strncmp(abs, d->root_real, rn) != 0 || (abs[rn] != '\0' && abs[rn] != '/' && rn > 1)) {
-        snprintf(err, errlen, "dataset \"%.200s\" leaves the data root", rel);
-        return GRPC_STATUS_INVALID_ARGUMENT;
-    }
-    return GRPC_STATUS_OK;
-}
-
 // ---- the collective part (every rank) -------------------------------------------------------
 
 static bool progress_cb(const ddl_progress *p, void *ud);
@@ -544,7 +505,7 @@ static bool need_model(ddld_dispatch *d, ddld_job *job, const char *what)
 static bool ensure_data(ddld_dispatch *d, ddld_job *job, const char *rel, const char *what)
 {
     char             abs[PATH_MAX], err[768];
-    grpc_status_code code = resolve_dataset(d, rel, abs, err, sizeof err);
+    grpc_status_code code = ddld_resolve_dataset(d->root_real, rel, abs, err, sizeof err);
     if (code != GRPC_STATUS_OK) {
         fail(job, code, "%s: %s", what, err);
         return false;

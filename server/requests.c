@@ -1,7 +1,9 @@
 // server/requests.c: the pure half of the request path (see requests.h): decoding,
 // PushWeights chunk parsing and the request validators. Moved here unchanged from
 // service.c and dispatch.c so that the daemon and the fuzz targets run the same code.
+#include <errno.h>
 #include <grpc/byte_buffer_reader.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -354,6 +356,49 @@ grpc_status_code ddld_batch_check(const ddld_model_info *mi, const Distdl__V1__B
     return GRPC_STATUS_OK;
 }
 
+
+// ---- datasets -------------------------------------------------------------------------------
+
+// A dataset name relative to --data-root: no absolute paths, nothing that climbs out of
+// the root (lexically, and after resolving symbolic links). Any thread.
+grpc_status_code ddld_resolve_dataset(const char *root_real, const char *rel, char *abs, char *err,
+                                      size_t errlen)
+{
+    if (rel[0] == '/') {
+        snprintf(err, errlen, "dataset \"%.200s\": expected a path relative to --data-root", rel);
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    int depth = 0;
+    for (const char *p = rel; *p != '\0';) {
+        const char *e = strchr(p, '/');
+        size_t      n = e != NULL ? (size_t)(e - p) : strlen(p);
+        if (n == 2 && p[0] == '.' && p[1] == '.') {
+            depth--;
+        } else if (n > 0 && !(n == 1 && p[0] == '.')) {
+            depth++;
+        }
+        if (depth < 0) {
+            snprintf(err, errlen, "dataset \"%.200s\" leaves the data root", rel);
+            return GRPC_STATUS_INVALID_ARGUMENT;
+        }
+        p += n + (e != NULL);
+    }
+    char joined[PATH_MAX * 2];
+    snprintf(joined, sizeof joined, "%s/%s", root_real, rel);
+    if (realpath(joined, abs) == NULL) {
+        snprintf(err, errlen, "dataset \"%.200s\": %s under %s", rel, strerror(errno),
+                 root_real);
+        return errno == ENOENT ? GRPC_STATUS_NOT_FOUND : GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    size_t rn = strlen(root_real);
+    if (strncmp(abs, root_real, rn) != 0 || (abs[rn] != '\0' && abs[rn] != '/' && rn > 1)) {
+        snprintf(err, errlen, "dataset \"%.200s\" leaves the data root", rel);
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    return GRPC_STATUS_OK;
+}
+
+// ---- ModelInfer ------------------------------------------------------------------------------
 
 // ModelInfer's input (see requests.h). Any thread.
 grpc_status_code ddld_infer_input(const ddld_model_info *mi, const Inference__ModelInferRequest *q,

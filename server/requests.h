@@ -56,4 +56,10 @@ grpc_status_code ddld_infer_input(const ddld_model_info *mi, const Inference__Mo
                                   const uint8_t **raw, void **typed, int64_t *count, char *err,
                                   size_t errlen);
 
+// A dataset name relative to the data root root_real (itself already resolved): no absolute
+// paths, nothing that climbs out of the root, lexically or through symbolic links. abs
+// (PATH_MAX) receives the resolved path. NOT_FOUND when it does not exist.
+grpc_status_code ddld_resolve_dataset(const char *root_real, const char *rel, char *abs, char *err,
+                                      size_t errlen);
+
 #endif // DDLD_REQUESTS_H

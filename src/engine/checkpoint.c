@@ -775,6 +775,14 @@ static ddl_status manifest_parse(const char *file, const char *text, size_t len,
     return DDL_OK;
 }
 
+ddl_status ddl__checkpoint_manifest_check(const char *file, const char *text, size_t len)
+{
+    ckpt_manifest m;
+    ddl_status    st = manifest_parse(file, text, len, &m);
+    manifest_free(&m);
+    return st;
+}
+
 // ---- load ------------------------------------------------------------------------
 
 // Opens a regular file for reading without ever blocking (a FIFO put in place of a

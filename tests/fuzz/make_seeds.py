@@ -15,7 +15,8 @@ formats' magic and headers:
   fuzz_manifest      manifests in the checkpoint format (plus real-manifest.json, written
                      by distdl-train, kept as committed)
 
-Usage: /usr/bin/python3 tests/fuzz/make_seeds.py   (rewrites the generated seeds, keeps real-*)
+Usage: /usr/bin/python3 tests/fuzz/make_seeds.py
+  (rewrites the generated seeds; keeps real-* and regress-*, the inputs of fixed bugs)
 """
 import gzip
 import io
@@ -254,7 +255,7 @@ def main():
         d = os.path.join(CORPUS, t)
         if os.path.isdir(d):
             for n in os.listdir(d):
-                if not n.startswith("real-") and not n.startswith("crash-"):
+                if not n.startswith(("real-", "regress-")):
                     os.remove(os.path.join(d, n))
     specs()
     safetensors_seeds()

@@ -433,18 +433,30 @@ grpc_status_code ddld_infer_input(const ddld_model_info *mi, const Inference__Mo
         raw_len = q->raw_input_contents[0].len;
     } else if (in->contents != NULL) {
         // Typed contents: repack as little-endian raw bytes of the declared datatype.
+        // An empty repeated field is a NULL array in protobuf-c: memcpy only what is there
+        // (memcpy from NULL, even of 0 bytes, is undefined; found by fuzz_requests).
         const Inference__InferTensorContents *c = in->contents;
         if (strcmp(in->datatype, "FP32") == 0) {
             raw_len = c->n_fp32_contents * 4;
             typed   = malloc(raw_len + 1);
-            memcpy(typed, c->fp32_contents, raw_len);
+            if (typed != NULL && raw_len > 0) {
+                memcpy(typed, c->fp32_contents, raw_len);
+            }
         } else if (strcmp(in->datatype, "FP64") == 0) {
             raw_len = c->n_fp64_contents * 8;
             typed   = malloc(raw_len + 1);
-            memcpy(typed, c->fp64_contents, raw_len);
+            if (typed != NULL && raw_len > 0) {
+                memcpy(typed, c->fp64_contents, raw_len);
+            }
         } else if (strcmp(in->datatype, "UINT8") == 0) {
             raw_len = c->n_uint_contents;
             typed   = malloc(raw_len + 1);
+        }
+        if (raw_len > 0 && typed == NULL) {
+            snprintf(err, errlen, "ModelInfer: out of memory for %zu input bytes", raw_len);
+            return GRPC_STATUS_RESOURCE_EXHAUSTED;
+        }
+        if (strcmp(in->datatype, "UINT8") == 0) {
             for (size_t i = 0; i < raw_len; i++) {
                 if (c->uint_contents[i] > 255) {
                     free(typed);

@@ -108,7 +108,11 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     lenet5_weights();
 
     // A data root with a dataset, a nested one, and symbolic links that leave it.
-    char tmpl[] = "/tmp/ddl-fuzz-root-XXXXXX";
+    // Under $TMPDIR (run.sh points it into its work directory, removed at the end, also
+    // after a crash, when atexit handlers do not run).
+    char        tmpl[PATH_MAX];
+    const char *tmp = getenv("TMPDIR");
+    snprintf(tmpl, sizeof tmpl, "%s/ddl-fuzz-root-XXXXXX", tmp != NULL && tmp[0] ? tmp : "/tmp");
     if (mkdtemp(tmpl) == NULL || realpath(tmpl, root) == NULL) {
         fatal("cannot make the data root");
     }

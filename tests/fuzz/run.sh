@@ -69,7 +69,7 @@ run_one() {
         dict=("-dict=$here/dict/$t.dict")
     fi
     # shellcheck disable=SC2086
-    "$build/fuzz/$t" "$dir/corpus" "${dict[@]}" -max_total_time="$seconds" -timeout=10 \
+    TMPDIR="$dir" "$build/fuzz/$t" "$dir/corpus" "${dict[@]}" -max_total_time="$seconds" -timeout=10 \
         -rss_limit_mb=2048 -malloc_limit_mb=512 -print_final_stats=1 -artifact_prefix="$dir/artifacts/" \
         ${DDL_FUZZ_ARGS:-} >"$dir/log" 2>&1
     echo $? >"$dir/rc"

@@ -1,4 +1,4 @@
-// server/ddld.h: the daemon's internal interfaces, shared by its four files.
+// server/ddld.h: the daemon's internal interfaces, shared by its files.
 //
 //   main.c        command line, MPI start-up, the rank-0 libuv loop, the worker loop,
 //                 graceful shutdown in the order gRPC needs (REPORT.md §10).
@@ -9,6 +9,9 @@
 //   dispatch.c    the main thread's side: validates a queued request completely,
 //                 broadcasts one command header to every rank, and every rank runs the
 //                 same ddl_session_* call; rank 0 then completes the gRPC call.
+//   requests.c    the pure request path (requests.h): protobuf-c decoding, the in-place
+//                 WeightChunk parser and the validators; no MPI, no call state (fuzzed by
+//                 tests/fuzz/fuzz_requests).
 //   status_map.c  the one table from ddl_status to gRPC status codes.
 //
 // Threads: only main threads call MPI (MPI_THREAD_FUNNELED) and the engine; the cq

@@ -26,6 +26,7 @@
 
 #include "ddl/base.h"
 #include "ddld.h"
+#include "requests.h"
 #include "inference/grpc_service.pb-c.h"
 #include "metrics.h"
 
@@ -85,11 +86,6 @@ struct ddld_dispatch {
 };
 
 // ---- model info (rank 0) ------------------------------------------------------------------
-
-const char *ddld_dtype_wire(ddl_dtype dt)
-{
-    return dt == DDL_F64 ? "FP64" : "FP32";
-}
 
 void ddld_model_info_free(ddld_model_info *mi)
 {
@@ -220,153 +216,6 @@ static void clear_batches(void)
         ddld_g.batch_count--;
     }
     pthread_mutex_unlock(&ddld_g.mu);
-}
-
-// ---- validation (any thread; no MPI) -------------------------------------------------------
-
-static void shape_text(const int64_t *d, size_t n, char *buf, size_t len)
-{
-    size_t o = (size_t)snprintf(buf, len, "[");
-    for (size_t i = 0; i < n && o < len; i++) {
-        o += (size_t)snprintf(buf + o, len - o, i ? ", %lld" : "%lld", (long long)d[i]);
-    }
-    if (o < len) {
-        snprintf(buf + o, len - o, "]");
-    }
-}
-
-grpc_status_code ddld_input_check(const ddld_model_info *mi, const char *what, const char *datatype,
-                                  const int64_t *shape, size_t ndim, size_t raw_len, int64_t *count,
-                                  char *err, size_t errlen)
-{
-    const char *want = ddld_dtype_wire(mi->dtype);
-    size_t      item;
-    if (strcmp(datatype, want) == 0) {
-        item = ddl_dtype_size(mi->dtype);
-    } else if (strcmp(datatype, "UINT8") == 0) {
-        item = 1;
-    } else {
-        snprintf(err, errlen, "%s: expected datatype %s or UINT8, got \"%.32s\"", what, want,
-                 datatype);
-        return GRPC_STATUS_INVALID_ARGUMENT;
-    }
-    int64_t exp[DDL_MAX_DIMS + 1];
-    exp[0] = ndim > 0 ? shape[0] : 0;
-    for (int k = 0; k < mi->input.ndim; k++) {
-        exp[k + 1] = mi->input.d[k];
-    }
-    bool ok = ndim == (size_t)mi->input.ndim + 1 && shape[0] >= 1;
-    for (size_t k = 1; ok && k < ndim; k++) {
-        ok = shape[k] == exp[k];
-    }
-    if (!ok) {
-        char e[200], g[200];
-        shape_text(exp, (size_t)mi->input.ndim + 1, e, sizeof e);
-        shape_text(shape, ndim < 16 ? ndim : 16, g, sizeof g);
-        snprintf(err, errlen, "%s: expected shape %s with n >= 1, got %s", what, e, g);
-        return GRPC_STATUS_INVALID_ARGUMENT;
-    }
-    // numel = n * sample, checked against the element cap before multiplying bytes.
-    if (shape[0] > DDLD_MAX_ELEMENTS / (mi->sample_numel > 0 ? mi->sample_numel : 1)) {
-        snprintf(err, errlen, "%s: %lld samples exceed the tensor size limit", what,
-                 (long long)shape[0]);
-        return GRPC_STATUS_INVALID_ARGUMENT;
-    }
-    uint64_t bytes = (uint64_t)shape[0] * (uint64_t)mi->sample_numel * item;
-    if (bytes != raw_len) {
-        snprintf(err, errlen, "%s: expected %llu bytes (%lld x %lld x %zu-byte %s), got %zu", what,
-                 (unsigned long long)bytes, (long long)shape[0], (long long)mi->sample_numel, item,
-                 datatype, raw_len);
-        return GRPC_STATUS_INVALID_ARGUMENT;
-    }
-    *count = shape[0];
-    return GRPC_STATUS_OK;
-}
-
-grpc_status_code ddld_batch_check(const ddld_model_info *mi, const Distdl__V1__Batch *b, bool exact,
-                                  int64_t *count, char *err, size_t errlen)
-{
-    if (b->x == NULL || b->labels == NULL) {
-        snprintf(err, errlen, "batch: both x and labels are required");
-        return GRPC_STATUS_INVALID_ARGUMENT;
-    }
-    int64_t          n;
-    grpc_status_code code = ddld_input_check(mi, "batch.x", b->x->datatype, b->x->shape,
-                                             b->x->n_shape, b->x->raw.len, &n, err, errlen);
-    if (code != GRPC_STATUS_OK) {
-        return code;
-    }
-    if (exact && n != mi->batch_size) {
-        snprintf(err, errlen, "batch.x: expected %lld samples (the spec's batch_size), got %lld",
-                 (long long)mi->batch_size, (long long)n);
-        return GRPC_STATUS_INVALID_ARGUMENT;
-    }
-    const Distdl__V1__Tensor *l = b->labels;
-    if (strcmp(l->datatype, "INT64") != 0) {
-        snprintf(err, errlen, "batch.labels: expected datatype INT64, got \"%.32s\"", l->datatype);
-        return GRPC_STATUS_INVALID_ARGUMENT;
-    }
-    if (l->n_shape != 1 || l->shape[0] != n) {
-        char g[200];
-        shape_text(l->shape, l->n_shape < 16 ? l->n_shape : 16, g, sizeof g);
-        snprintf(err, errlen, "batch.labels: expected shape [%lld], got %s", (long long)n, g);
-        return GRPC_STATUS_INVALID_ARGUMENT;
-    }
-    if (l->raw.len != (size_t)n * 8) {
-        snprintf(err, errlen, "batch.labels: expected %lld bytes (%lld x 8), got %zu",
-                 (long long)n * 8, (long long)n, l->raw.len);
-        return GRPC_STATUS_INVALID_ARGUMENT;
-    }
-    for (int64_t i = 0; i < n; i++) {
-        int64_t v;
-        memcpy(&v, l->raw.data + i * 8, 8);
-        if (v < 0 || v >= mi->classes) {
-            snprintf(err, errlen, "batch.labels[%lld]: expected a class in [0, %d), got %lld",
-                     (long long)i, mi->classes, (long long)v);
-            return GRPC_STATUS_INVALID_ARGUMENT;
-        }
-    }
-    *count = n;
-    return GRPC_STATUS_OK;
-}
-
-// A dataset name relative to --data-root: no absolute paths, nothing that climbs out of
-// the root (lexically, and after resolving symbolic links). Rank 0.
-static grpc_status_code resolve_dataset(ddld_dispatch *d, const char *rel, char *abs, char *err,
-                                        size_t errlen)
-{
-    if (rel[0] == '/') {
-        snprintf(err, errlen, "dataset \"%.200s\": expected a path relative to --data-root", rel);
-        return GRPC_STATUS_INVALID_ARGUMENT;
-    }
-    int depth = 0;
-    for (const char *p = rel; *p != '\0';) {
-        const char *e = strchr(p, '/');
-        size_t      n = e != NULL ? (size_t)(e - p) : strlen(p);
-        if (n == 2 && p[0] == '.' && p[1] == '.') {
-            depth--;
-        } else if (n > 0 && !(n == 1 && p[0] == '.')) {
-            depth++;
-        }
-        if (depth < 0) {
-            snprintf(err, errlen, "dataset \"%.200s\" leaves the data root", rel);
-            return GRPC_STATUS_INVALID_ARGUMENT;
-        }
-        p += n + (e != NULL);
-    }
-    char joined[PATH_MAX * 2];
-    snprintf(joined, sizeof joined, "%s/%s", d->root_real, rel);
-    if (realpath(joined, abs) == NULL) {
-        snprintf(err, errlen, "dataset \"%.200s\": %s under %s", rel, strerror(errno),
-                 d->root_real);
-        return errno == ENOENT ? GRPC_STATUS_NOT_FOUND : GRPC_STATUS_INVALID_ARGUMENT;
-    }
-    size_t rn = strlen(d->root_real);
-    if (strncmp(abs, d->root_real, rn) != 0 || (abs[rn] != '\0' && abs[rn] != '/' && rn > 1)) {
-        snprintf(err, errlen, "dataset \"%.200s\" leaves the data root", rel);
-        return GRPC_STATUS_INVALID_ARGUMENT;
-    }
-    return GRPC_STATUS_OK;
 }
 
 // ---- the collective part (every rank) -------------------------------------------------------
@@ -662,7 +511,7 @@ static bool need_model(ddld_dispatch *d, ddld_job *job, const char *what)
 static bool ensure_data(ddld_dispatch *d, ddld_job *job, const char *rel, const char *what)
 {
     char             abs[PATH_MAX], err[768];
-    grpc_status_code code = resolve_dataset(d, rel, abs, err, sizeof err);
+    grpc_status_code code = ddld_resolve_dataset(d->root_real, rel, abs, err, sizeof err);
     if (code != GRPC_STATUS_OK) {
         fail(job, code, "%s: %s", what, err);
         return false;
@@ -1106,70 +955,16 @@ static void on_model_infer(ddld_dispatch *d, ddld_job *job)
              d->s == NULL ? " (no model loaded)" : "");
         return;
     }
-    for (size_t i = 0; i < q->n_outputs; i++) {
-        if (strcmp(q->outputs[i]->name, "logits") != 0) {
-            fail(job, GRPC_STATUS_INVALID_ARGUMENT,
-                 "ModelInfer: unknown output \"%.64s\" (the model's output is \"logits\")",
-                 q->outputs[i]->name);
-            return;
-        }
-    }
-    if (q->n_inputs != 1) {
-        fail(job, GRPC_STATUS_INVALID_ARGUMENT, "ModelInfer: expected 1 input, got %zu",
-             q->n_inputs);
-        return;
-    }
-    const Inference__ModelInferRequest__InferInputTensor *in      = q->inputs[0];
-    const uint8_t                                        *raw     = NULL;
-    size_t                                                raw_len = 0;
-    void                                                 *typed   = NULL;
-    if (q->n_raw_input_contents > 0) {
-        if (q->n_raw_input_contents != 1 || in->contents != NULL) {
-            fail(job, GRPC_STATUS_INVALID_ARGUMENT,
-                 "ModelInfer: expected one raw_input_contents entry and no typed contents");
-            return;
-        }
-        raw     = q->raw_input_contents[0].data;
-        raw_len = q->raw_input_contents[0].len;
-    } else if (in->contents != NULL) {
-        // Typed contents: repack as little-endian raw bytes of the declared datatype.
-        const Inference__InferTensorContents *c = in->contents;
-        if (strcmp(in->datatype, "FP32") == 0) {
-            raw_len = c->n_fp32_contents * 4;
-            typed   = malloc(raw_len + 1);
-            memcpy(typed, c->fp32_contents, raw_len);
-        } else if (strcmp(in->datatype, "FP64") == 0) {
-            raw_len = c->n_fp64_contents * 8;
-            typed   = malloc(raw_len + 1);
-            memcpy(typed, c->fp64_contents, raw_len);
-        } else if (strcmp(in->datatype, "UINT8") == 0) {
-            raw_len = c->n_uint_contents;
-            typed   = malloc(raw_len + 1);
-            for (size_t i = 0; i < raw_len; i++) {
-                if (c->uint_contents[i] > 255) {
-                    free(typed);
-                    fail(job, GRPC_STATUS_INVALID_ARGUMENT,
-                         "ModelInfer: uint_contents[%zu] = %u is not a UINT8", i,
-                         c->uint_contents[i]);
-                    return;
-                }
-                ((uint8_t *)typed)[i] = (uint8_t)c->uint_contents[i];
-            }
-        }
-        raw = typed;
-    } else {
-        fail(job, GRPC_STATUS_INVALID_ARGUMENT, "ModelInfer: the input has no data");
-        return;
-    }
-    char             err[768];
+    const uint8_t   *raw   = NULL;
+    void            *typed = NULL;
+    char             err[1024];
     int64_t          n;
-    grpc_status_code code = ddld_input_check(mi, in->name, in->datatype, in->shape, in->n_shape,
-                                             raw_len, &n, err, sizeof err);
+    grpc_status_code code = ddld_infer_input(mi, q, &raw, &typed, &n, err, sizeof err);
     if (code != GRPC_STATUS_OK) {
-        free(typed);
-        fail(job, code, "ModelInfer: %s", err);
+        fail(job, code, "%s", err);
         return;
     }
+    const Inference__ModelInferRequest__InferInputTensor *in = q->inputs[0];
     void      *logits;
     size_t     lb;
     ddl_status st = predict(d, in->datatype, raw, n, &logits, &lb);

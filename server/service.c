@@ -37,6 +37,7 @@
 
 #include "auth.h"
 #include "ddld.h"
+#include "requests.h"
 #include "grpc/health/v1/health.pb-c.h"
 #include "inference/grpc_service.pb-c.h"
 #include "metrics.h"
@@ -845,239 +846,21 @@ static bool push_begin(ddld_call *c)
     return true;
 }
 
-// A WeightChunk read in place: the small fields are parsed straight from gRPC's slices
-// and the data is copied once, from those slices into the staging buffer (unpacking with
-// protobuf-c would first gather the message into one buffer, then copy the data again).
-struct wcursor {
-    const grpc_slice *s;
-    size_t            n, i, pos; // slice index, position in it
-    size_t            off;       // bytes consumed
-};
-
-static bool wc_end(struct wcursor *c)
-{
-    while (c->i < c->n && c->pos >= GRPC_SLICE_LENGTH(c->s[c->i])) {
-        c->i++;
-        c->pos = 0;
-    }
-    return c->i >= c->n;
-}
-
-static bool wc_byte(struct wcursor *c, uint8_t *b)
-{
-    if (wc_end(c)) {
-        return false;
-    }
-    *b = GRPC_SLICE_START_PTR(c->s[c->i])[c->pos++];
-    c->off++;
-    return true;
-}
-
-static bool wc_varint(struct wcursor *c, uint64_t *v)
-{
-    *v = 0;
-    for (int sh = 0; sh < 64; sh += 7) {
-        uint8_t b;
-        if (!wc_byte(c, &b)) {
-            return false;
-        }
-        *v |= (uint64_t)(b & 0x7f) << sh;
-        if ((b & 0x80) == 0) {
-            return true;
-        }
-    }
-    return false;
-}
-
-// Copies len bytes into dst, or skips them when dst is NULL.
-static bool wc_take(struct wcursor *c, uint8_t *dst, size_t len)
-{
-    while (len > 0) {
-        if (wc_end(c)) {
-            return false;
-        }
-        size_t avail = GRPC_SLICE_LENGTH(c->s[c->i]) - c->pos;
-        size_t k     = avail < len ? avail : len;
-        if (dst != NULL) {
-            memcpy(dst, GRPC_SLICE_START_PTR(c->s[c->i]) + c->pos, k);
-            dst += k;
-        }
-        c->pos += k;
-        c->off += k;
-        len -= k;
-    }
-    return true;
-}
-
-struct wchunk {
-    char           name[256], datatype[16];
-    bool           name_long, datatype_long, shape_long, first;
-    int64_t        shape[DDL_MAX_DIMS];
-    size_t         nshape;
-    int64_t        offset;
-    struct wcursor data; // where the data bytes start
-    size_t         data_len;
-};
-
-static bool wc_string(struct wcursor *c, char *dst, size_t cap, bool *too_long)
-{
-    uint64_t len;
-    if (!wc_varint(c, &len)) {
-        return false;
-    }
-    *too_long = len >= cap;
-    if (*too_long) {
-        dst[0] = '\0';
-        return wc_take(c, NULL, len);
-    }
-    if (!wc_take(c, (uint8_t *)dst, len)) {
-        return false;
-    }
-    dst[len] = '\0';
-    return true;
-}
-
-static void wchunk_shape_add(struct wchunk *w, uint64_t v)
-{
-    if (w->nshape < DDL_MAX_DIMS) {
-        w->shape[w->nshape++] = (int64_t)v;
-    } else {
-        w->shape_long = true;
-    }
-}
-
-// Parses a WeightChunk (distdl.v1, trainer.proto) from its wire bytes. False: malformed.
-static bool wchunk_parse(const grpc_slice *s, size_t n, struct wchunk *w)
-{
-    memset(w, 0, sizeof *w);
-    struct wcursor c = {.s = s, .n = n};
-    while (!wc_end(&c)) {
-        uint64_t key, v;
-        if (!wc_varint(&c, &key)) {
-            return false;
-        }
-        unsigned field = (unsigned)(key >> 3), wt = (unsigned)(key & 7);
-        bool     ok;
-        if (field == 1 && wt == 2) {
-            ok = wc_string(&c, w->name, sizeof w->name, &w->name_long);
-        } else if (field == 2 && wt == 2) {
-            ok = wc_string(&c, w->datatype, sizeof w->datatype, &w->datatype_long);
-        } else if (field == 3 && wt == 2) { // packed shape
-            ok          = wc_varint(&c, &v);
-            size_t stop = c.off + v;
-            while (ok && c.off < stop) {
-                ok = wc_varint(&c, &v);
-                wchunk_shape_add(w, v);
-            }
-            ok = ok && c.off == stop;
-        } else if (field == 3 && wt == 0) {
-            ok = wc_varint(&c, &v);
-            wchunk_shape_add(w, v);
-        } else if (field == 4 && wt == 0) {
-            ok        = wc_varint(&c, &v);
-            w->offset = (int64_t)v;
-        } else if (field == 5 && wt == 2) {
-            ok          = wc_varint(&c, &v);
-            w->data     = c;
-            w->data_len = v;
-            ok          = ok && wc_take(&c, NULL, v);
-        } else if (field == 6 && wt == 0) {
-            ok       = wc_varint(&c, &v);
-            w->first = v != 0;
-        } else if (field != 0 && wt == 0) { // unknown fields are skipped
-            ok = wc_varint(&c, &v);
-        } else if (field != 0 && wt == 1) {
-            ok = wc_take(&c, NULL, 8);
-        } else if (field != 0 && wt == 2) {
-            ok = wc_varint(&c, &v) && wc_take(&c, NULL, v);
-        } else if (field != 0 && wt == 5) {
-            ok = wc_take(&c, NULL, 4);
-        } else {
-            ok = false;
-        }
-        if (!ok) {
-            return false;
-        }
-    }
-    return true;
-}
-
 static void push_chunk(ddld_call *c, struct wchunk *ch)
 {
     char err[768];
     if (c->push_mi == NULL && !push_begin(c)) {
         return;
     }
-    const ddld_model_info *mi = c->push_mi;
-    if (ch->first) {
-        int i = 0;
-        while (!ch->name_long && i < mi->nweights && strcmp(mi->weights[i].name, ch->name) != 0) {
-            i++;
-        }
-        if (ch->name_long || i == mi->nweights) {
-            if (ch->name_long) {
-                snprintf(err, sizeof err, "PushWeights: unknown tensor (name over %zu bytes)",
-                         sizeof ch->name - 1);
-            } else {
-                snprintf(err, sizeof err, "PushWeights: unknown tensor \"%.200s\"", ch->name);
-            }
-            push_fail(c, GRPC_STATUS_INVALID_ARGUMENT, err);
-            return;
-        }
-        const ddld_weight_info *w = &mi->weights[i];
-        if (c->push_got[i] != 0 || (c->push_cur == i)) {
-            snprintf(err, sizeof err, "PushWeights: tensor \"%s\" sent twice", w->name);
-            push_fail(c, GRPC_STATUS_INVALID_ARGUMENT, err);
-            return;
-        }
-        if (ch->datatype_long || strcmp(ch->datatype, ddld_dtype_wire(w->dtype)) != 0) {
-            snprintf(err, sizeof err, "PushWeights: \"%s\": expected datatype %s, got \"%s%s\"",
-                     w->name, ddld_dtype_wire(w->dtype), ch->datatype,
-                     ch->datatype_long ? "..." : "");
-            push_fail(c, GRPC_STATUS_INVALID_ARGUMENT, err);
-            return;
-        }
-        bool same = !ch->shape_long && ch->nshape == (size_t)w->shape.ndim;
-        for (size_t d = 0; same && d < ch->nshape; d++) {
-            same = ch->shape[d] == w->shape.d[d];
-        }
-        if (!same) {
-            char exp[160], got[200];
-            ddl_shape_str(&w->shape, exp, sizeof exp);
-            size_t o = 0;
-            got[o++] = '[';
-            for (size_t d = 0; d < ch->nshape && o < 160; d++) {
-                o += (size_t)snprintf(got + o, sizeof got - o, d ? ", %lld" : "%lld",
-                                      (long long)ch->shape[d]);
-            }
-            snprintf(got + o, sizeof got - o, "%s]", ch->shape_long ? ", ..." : "");
-            snprintf(err, sizeof err, "PushWeights: \"%s\": expected shape %s, got %s", w->name,
-                     exp, got);
-            push_fail(c, GRPC_STATUS_INVALID_ARGUMENT, err);
-            return;
-        }
-        c->push_cur = i;
-    } else if (c->push_cur < 0) {
-        push_fail(c, GRPC_STATUS_INVALID_ARGUMENT,
-                  "PushWeights: the first chunk must have first=true with name, datatype, shape");
+    grpc_status_code code =
+        ddld_wchunk_check(c->push_mi, c->push_got, &c->push_cur, ch, err, sizeof err);
+    if (code != GRPC_STATUS_OK) {
+        push_fail(c, code, err);
         return;
     }
-    const ddld_weight_info *w   = &mi->weights[c->push_cur];
+    const ddld_weight_info *w   = &c->push_mi->weights[c->push_cur];
     size_t                  got = c->push_got[c->push_cur];
-    if (ch->offset < 0 || (uint64_t)ch->offset != got) {
-        snprintf(err, sizeof err, "PushWeights: \"%s\": expected offset %zu, got %lld", w->name,
-                 got, (long long)ch->offset);
-        push_fail(c, GRPC_STATUS_INVALID_ARGUMENT, err);
-        return;
-    }
-    if (ch->data_len > w->bytes - got) {
-        snprintf(err, sizeof err,
-                 "PushWeights: \"%s\": %zu bytes at offset %zu exceed its %zu bytes", w->name,
-                 ch->data_len, got, w->bytes);
-        push_fail(c, GRPC_STATUS_INVALID_ARGUMENT, err);
-        return;
-    }
-    wc_take(&ch->data, c->staging + w->offset + got, ch->data_len);
+    ddld_wc_take(&ch->data, c->staging + w->offset + got, ch->data_len);
     c->push_got[c->push_cur] = got + ch->data_len;
     recv_next(c);
 }
@@ -1090,7 +873,7 @@ static void push_message(ddld_call *c)
     struct wchunk ch;
     bool          ok;
     if (bb->type == GRPC_BB_RAW && bb->data.raw.compression == GRPC_COMPRESS_NONE) {
-        ok = wchunk_parse(bb->data.raw.slice_buffer.slices, bb->data.raw.slice_buffer.count, &ch);
+        ok = ddld_wchunk_parse(bb->data.raw.slice_buffer.slices, bb->data.raw.slice_buffer.count, &ch);
         if (ok) {
             push_chunk(c, &ch);
         }
@@ -1100,7 +883,7 @@ static void push_message(ddld_call *c)
         if (ok) {
             grpc_slice one = grpc_byte_buffer_reader_readall(&r);
             grpc_byte_buffer_reader_destroy(&r);
-            ok = wchunk_parse(&one, 1, &ch);
+            ok = ddld_wchunk_parse(&one, 1, &ch);
             if (ok) {
                 push_chunk(c, &ch);
             }
@@ -1158,26 +941,6 @@ static void push_end(ddld_call *c)
 
 // ---- the state machine (cq thread) ---------------------------------------------------------
 
-static ProtobufCMessage *decode(grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *d)
-{
-    ProtobufCMessage *m;
-    if (bb->type == GRPC_BB_RAW && bb->data.raw.compression == GRPC_COMPRESS_NONE &&
-        bb->data.raw.slice_buffer.count == 1) {
-        grpc_slice s = bb->data.raw.slice_buffer.slices[0];
-        m = protobuf_c_message_unpack(d, NULL, GRPC_SLICE_LENGTH(s), GRPC_SLICE_START_PTR(s));
-    } else {
-        grpc_byte_buffer_reader r;
-        if (!grpc_byte_buffer_reader_init(&r, bb)) {
-            return NULL;
-        }
-        grpc_slice s = grpc_byte_buffer_reader_readall(&r);
-        grpc_byte_buffer_reader_destroy(&r);
-        m = protobuf_c_message_unpack(d, NULL, GRPC_SLICE_LENGTH(s), GRPC_SLICE_START_PTR(s));
-        grpc_slice_unref(s);
-    }
-    return m;
-}
-
 static void on_message(ddld_call *c)
 {
     const struct method_desc *md = &methods[c->method];
@@ -1195,7 +958,7 @@ static void on_message(ddld_call *c)
         push_message(c);
         return;
     }
-    ProtobufCMessage *m = decode(c->recv_bb, md->req);
+    ProtobufCMessage *m = ddld_request_decode(c->recv_bb, md->req);
     grpc_byte_buffer_destroy(c->recv_bb);
     c->recv_bb = NULL;
     if (m == NULL) {

@@ -35,4 +35,14 @@ bool       ddl__boxes_tile(const ddl_shape *g, int nb, const ddl_box *boxes, siz
 int64_t    ddl__safe_numel(const ddl_shape *s);
 char      *ddl__box_str(const ddl_box *b, char *buf, size_t len);
 
+
+// The readers' parsers on their own, no MPI (the fuzz targets in tests/fuzz; the loaders
+// call the same static functions). ddl__safetensors_parse: the header of the open file f
+// (st_parse: validated entirely, then the n requested tensors checked against it, begin[i]
+// receiving each one's file offset). ddl__checkpoint_manifest_check: manifest.json's text
+// parsed and validated as every rank does it on load, then freed.
+ddl_status ddl__safetensors_parse(const char *path, FILE *f, int n, const ddl_named_tensor *t,
+                                  int64_t *begin);
+ddl_status ddl__checkpoint_manifest_check(const char *file, const char *text, size_t len);
+
 #endif // DDL_ENGINE_DURABLE_H

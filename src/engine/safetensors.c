@@ -440,6 +440,12 @@ static ddl_status st_parse(const char *path, FILE *f, int n, const ddl_named_ten
     return st;
 }
 
+ddl_status ddl__safetensors_parse(const char *path, FILE *f, int n, const ddl_named_tensor *t,
+                                  int64_t *begin)
+{
+    return st_parse(path, f, n, t, begin);
+}
+
 ddl_status ddl_import_safetensors(MPI_Comm comm, const char *path, int n,
                                   const ddl_named_tensor *tensors)
 {

@@ -42,6 +42,8 @@
 #define IDX_PATH_CAP 4096
 // How many trailing bytes we count before giving up and reporting "at least".
 #define IDX_TRAILING_CAP ((int64_t)1 << 20)
+// deflate's largest expansion (zlib's FAQ, "maximum compression ratio": 1032:1).
+#define IDX_GZ_MAX_RATIO 1032
 // Raw input buffer (zlib's 8 KiB default makes large reads slow).
 #define IDX_IN_CAP ((size_t)256 * 1024)
 
@@ -315,6 +317,18 @@ static ddl_status idx_open(idx_file *f, const char *path, const char *kind, cons
         bytes *= f->dims[i];
     }
     f->bytes = bytes;
+
+    // A gzip file cannot inflate to more than IDX_GZ_MAX_RATIO times its own size: a
+    // header claiming more is refused before the caller allocates for it (a 133-byte file
+    // claiming 4 GiB of pixels made the loader allocate them, found by tests/fuzz/fuzz_idx).
+    if (f->gzip && (int64_t)sb.st_size <= INT64_MAX / IDX_GZ_MAX_RATIO &&
+        4 + hlen + bytes > (int64_t)sb.st_size * IDX_GZ_MAX_RATIO) {
+        st = ddl_set_error(DDL_EPROTO,
+                           "idx: %s: header claims %lld %s bytes, more than a %lld-byte gzip "
+                           "file can hold (deflate inflates at most %d:1)",
+                           path, (long long)bytes, what, (long long)sb.st_size, IDX_GZ_MAX_RATIO);
+        goto fail;
+    }
 
     // A plain file (read transparently) has a known size: check it now, before the
     // caller allocates anything.

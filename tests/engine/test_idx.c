@@ -329,6 +329,12 @@ static void test_corrupt_headers(void)
     expect_refused(write_file(bad, sizeof bad, "big", &f, 0), lp, DDL_EPROTO, bad,
                    "truncated: expected 784000000 bytes of pixel data, got 5", 1);
 
+    // A gzip'd file cannot inflate beyond 1032:1: the same claim, gzip'd into a few dozen
+    // bytes, is refused before allocating (it allocated 784 MB, then found the stream
+    // short; tests/fuzz/fuzz_idx found the 4 GiB version).
+    expect_refused(write_file(bad, sizeof bad, "big.gz", &f, 1), lp, DDL_EPROTO, bad,
+                   "gzip file can hold", 1);
+
     // A missing file is an I/O error naming the path.
     path_in_tmp(bad, sizeof bad, "does-not-exist");
     expect_refused(bad, lp, DDL_EIO, bad, "cannot open", 1);
@@ -361,12 +367,14 @@ static void test_corrupt_data(void)
     expect_refused(ip, write_file(bad, sizeof bad, "long-lab.gz", &f, 1), DDL_EPROTO, bad,
                    "300 trailing byte(s) after the 5 bytes of label data", 0);
 
-    // A gzip stream claiming far more than it holds: allocated, then refused, nothing leaks.
-    uint32_t big[3] = {N, 4000, 4000};
+    // A gzip stream claiming more than it holds, but no more than its size could inflate
+    // to (1032:1; beyond that it is refused before allocating, test_corrupt_headers):
+    // allocated, then refused, nothing leaks.
+    uint32_t big[3] = {N, 40, 40};
     f               = idx_header(0x08, 3, big);
     put(&f, ref_labels, N);
     expect_refused(write_file(bad, sizeof bad, "big.gz", &f, 1), lp, DDL_EPROTO, bad,
-                   "truncated: expected 80000000 bytes of pixel data, got 5", 0);
+                   "truncated: expected 8000 bytes of pixel data, got 5", 0);
 
     // Damaged gzip files: the 8-byte trailer (CRC32, ISIZE) cut off, the stream cut in
     // half, and a flipped CRC byte.

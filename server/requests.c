@@ -1,0 +1,486 @@
+// server/requests.c: the pure half of the request path (see requests.h): decoding,
+// PushWeights chunk parsing and the request validators. Moved here unchanged from
+// service.c and dispatch.c so that the daemon and the fuzz targets run the same code.
+#include <errno.h>
+#include <grpc/byte_buffer_reader.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ddl/base.h"
+#include "requests.h"
+
+// ---- decoding ------------------------------------------------------------------------------
+
+ProtobufCMessage *ddld_request_decode(grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *d)
+{
+    ProtobufCMessage *m;
+    if (bb->type == GRPC_BB_RAW && bb->data.raw.compression == GRPC_COMPRESS_NONE &&
+        bb->data.raw.slice_buffer.count == 1) {
+        grpc_slice s = bb->data.raw.slice_buffer.slices[0];
+        m = protobuf_c_message_unpack(d, NULL, GRPC_SLICE_LENGTH(s), GRPC_SLICE_START_PTR(s));
+    } else {
+        grpc_byte_buffer_reader r;
+        if (!grpc_byte_buffer_reader_init(&r, bb)) {
+            return NULL;
+        }
+        grpc_slice s = grpc_byte_buffer_reader_readall(&r);
+        grpc_byte_buffer_reader_destroy(&r);
+        m = protobuf_c_message_unpack(d, NULL, GRPC_SLICE_LENGTH(s), GRPC_SLICE_START_PTR(s));
+        grpc_slice_unref(s);
+    }
+    return m;
+}
+
+// ---- PushWeights chunks ----------------------------------------------------------------------
+
+static bool wc_end(struct wcursor *c)
+{
+    while (c->i < c->n && c->pos >= GRPC_SLICE_LENGTH(c->s[c->i])) {
+        c->i++;
+        c->pos = 0;
+    }
+    return c->i >= c->n;
+}
+
+static bool wc_byte(struct wcursor *c, uint8_t *b)
+{
+    if (wc_end(c)) {
+        return false;
+    }
+    *b = GRPC_SLICE_START_PTR(c->s[c->i])[c->pos++];
+    c->off++;
+    return true;
+}
+
+static bool wc_varint(struct wcursor *c, uint64_t *v)
+{
+    *v = 0;
+    for (int sh = 0; sh < 64; sh += 7) {
+        uint8_t b;
+        if (!wc_byte(c, &b)) {
+            return false;
+        }
+        *v |= (uint64_t)(b & 0x7f) << sh;
+        if ((b & 0x80) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+// Copies len bytes into dst, or skips them when dst is NULL.
+bool ddld_wc_take(struct wcursor *c, uint8_t *dst, size_t len)
+{
+    while (len > 0) {
+        if (wc_end(c)) {
+            return false;
+        }
+        size_t avail = GRPC_SLICE_LENGTH(c->s[c->i]) - c->pos;
+        size_t k     = avail < len ? avail : len;
+        if (dst != NULL) {
+            memcpy(dst, GRPC_SLICE_START_PTR(c->s[c->i]) + c->pos, k);
+            dst += k;
+        }
+        c->pos += k;
+        c->off += k;
+        len -= k;
+    }
+    return true;
+}
+
+
+static bool wc_string(struct wcursor *c, char *dst, size_t cap, bool *too_long)
+{
+    uint64_t len;
+    if (!wc_varint(c, &len)) {
+        return false;
+    }
+    *too_long = len >= cap;
+    if (*too_long) {
+        dst[0] = '\0';
+        return ddld_wc_take(c, NULL, len);
+    }
+    if (!ddld_wc_take(c, (uint8_t *)dst, len)) {
+        return false;
+    }
+    dst[len] = '\0';
+    return true;
+}
+
+static void wchunk_shape_add(struct wchunk *w, uint64_t v)
+{
+    if (w->nshape < DDL_MAX_DIMS) {
+        w->shape[w->nshape++] = (int64_t)v;
+    } else {
+        w->shape_long = true;
+    }
+}
+
+// Parses a WeightChunk (distdl.v1, trainer.proto) from its wire bytes. False: malformed.
+bool ddld_wchunk_parse(const grpc_slice *s, size_t n, struct wchunk *w)
+{
+    memset(w, 0, sizeof *w);
+    struct wcursor c = {.s = s, .n = n};
+    while (!wc_end(&c)) {
+        uint64_t key, v;
+        if (!wc_varint(&c, &key)) {
+            return false;
+        }
+        unsigned field = (unsigned)(key >> 3), wt = (unsigned)(key & 7);
+        bool     ok;
+        if (field == 1 && wt == 2) {
+            ok = wc_string(&c, w->name, sizeof w->name, &w->name_long);
+        } else if (field == 2 && wt == 2) {
+            ok = wc_string(&c, w->datatype, sizeof w->datatype, &w->datatype_long);
+        } else if (field == 3 && wt == 2) { // packed shape
+            ok          = wc_varint(&c, &v);
+            size_t stop = c.off + v;
+            while (ok && c.off < stop) {
+                ok = wc_varint(&c, &v);
+                wchunk_shape_add(w, v);
+            }
+            ok = ok && c.off == stop;
+        } else if (field == 3 && wt == 0) {
+            ok = wc_varint(&c, &v);
+            wchunk_shape_add(w, v);
+        } else if (field == 4 && wt == 0) {
+            ok        = wc_varint(&c, &v);
+            w->offset = (int64_t)v;
+        } else if (field == 5 && wt == 2) {
+            ok          = wc_varint(&c, &v);
+            w->data     = c;
+            w->data_len = v;
+            ok          = ok && ddld_wc_take(&c, NULL, v);
+        } else if (field == 6 && wt == 0) {
+            ok       = wc_varint(&c, &v);
+            w->first = v != 0;
+        } else if (field != 0 && wt == 0) { // unknown fields are skipped
+            ok = wc_varint(&c, &v);
+        } else if (field != 0 && wt == 1) {
+            ok = ddld_wc_take(&c, NULL, 8);
+        } else if (field != 0 && wt == 2) {
+            ok = wc_varint(&c, &v) && ddld_wc_take(&c, NULL, v);
+        } else if (field != 0 && wt == 5) {
+            ok = ddld_wc_take(&c, NULL, 4);
+        } else {
+            ok = false;
+        }
+        if (!ok) {
+            return false;
+        }
+    }
+    return true;
+}
+
+// Checks one chunk of a PushWeights stream (see requests.h). Any thread.
+grpc_status_code ddld_wchunk_check(const ddld_model_info *mi, const size_t *received, int *cur,
+                                   const struct wchunk *ch, char *err, size_t errlen)
+{
+    if (ch->first) {
+        int i = 0;
+        while (!ch->name_long && i < mi->nweights && strcmp(mi->weights[i].name, ch->name) != 0) {
+            i++;
+        }
+        if (ch->name_long || i == mi->nweights) {
+            if (ch->name_long) {
+                snprintf(err, errlen, "PushWeights: unknown tensor (name over %zu bytes)",
+                         sizeof ch->name - 1);
+            } else {
+                snprintf(err, errlen, "PushWeights: unknown tensor \"%.200s\"", ch->name);
+            }
+            return GRPC_STATUS_INVALID_ARGUMENT;
+        }
+        const ddld_weight_info *w = &mi->weights[i];
+        if (received[i] != 0 || (*cur == i)) {
+            snprintf(err, errlen, "PushWeights: tensor \"%s\" sent twice", w->name);
+            return GRPC_STATUS_INVALID_ARGUMENT;
+        }
+        if (ch->datatype_long || strcmp(ch->datatype, ddld_dtype_wire(w->dtype)) != 0) {
+            snprintf(err, errlen, "PushWeights: \"%s\": expected datatype %s, got \"%s%s\"",
+                     w->name, ddld_dtype_wire(w->dtype), ch->datatype,
+                     ch->datatype_long ? "..." : "");
+            return GRPC_STATUS_INVALID_ARGUMENT;
+        }
+        bool same = !ch->shape_long && ch->nshape == (size_t)w->shape.ndim;
+        for (size_t d = 0; same && d < ch->nshape; d++) {
+            same = ch->shape[d] == w->shape.d[d];
+        }
+        if (!same) {
+            char exp[160], got[200];
+            ddl_shape_str(&w->shape, exp, sizeof exp);
+            size_t o = 0;
+            got[o++] = '[';
+            for (size_t d = 0; d < ch->nshape && o < 160; d++) {
+                o += (size_t)snprintf(got + o, sizeof got - o, d ? ", %lld" : "%lld",
+                                      (long long)ch->shape[d]);
+            }
+            snprintf(got + o, sizeof got - o, "%s]", ch->shape_long ? ", ..." : "");
+            snprintf(err, errlen, "PushWeights: \"%s\": expected shape %s, got %s", w->name,
+                     exp, got);
+            return GRPC_STATUS_INVALID_ARGUMENT;
+        }
+        *cur = i;
+    } else if (*cur < 0) {
+        snprintf(err, errlen,
+                 "PushWeights: the first chunk must have first=true with name, datatype, shape");
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    const ddld_weight_info *w   = &mi->weights[*cur];
+    size_t                  got = received[*cur];
+    if (ch->offset < 0 || (uint64_t)ch->offset != got) {
+        snprintf(err, errlen, "PushWeights: \"%s\": expected offset %zu, got %lld", w->name,
+                 got, (long long)ch->offset);
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    if (ch->data_len > w->bytes - got) {
+        snprintf(err, errlen,
+                 "PushWeights: \"%s\": %zu bytes at offset %zu exceed its %zu bytes", w->name,
+                 ch->data_len, got, w->bytes);
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    return GRPC_STATUS_OK;
+}
+
+// ---- tensors and batches ---------------------------------------------------------------------
+
+const char *ddld_dtype_wire(ddl_dtype dt)
+{
+    return dt == DDL_F64 ? "FP64" : "FP32";
+}
+
+static void shape_text(const int64_t *d, size_t n, char *buf, size_t len)
+{
+    size_t o = (size_t)snprintf(buf, len, "[");
+    for (size_t i = 0; i < n && o < len; i++) {
+        o += (size_t)snprintf(buf + o, len - o, i ? ", %lld" : "%lld", (long long)d[i]);
+    }
+    if (o < len) {
+        snprintf(buf + o, len - o, "]");
+    }
+}
+
+grpc_status_code ddld_input_check(const ddld_model_info *mi, const char *what, const char *datatype,
+                                  const int64_t *shape, size_t ndim, size_t raw_len, int64_t *count,
+                                  char *err, size_t errlen)
+{
+    const char *want = ddld_dtype_wire(mi->dtype);
+    size_t      item;
+    if (strcmp(datatype, want) == 0) {
+        item = ddl_dtype_size(mi->dtype);
+    } else if (strcmp(datatype, "UINT8") == 0) {
+        item = 1;
+    } else {
+        snprintf(err, errlen, "%s: expected datatype %s or UINT8, got \"%.32s\"", what, want,
+                 datatype);
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    int64_t exp[DDL_MAX_DIMS + 1];
+    exp[0] = ndim > 0 ? shape[0] : 0;
+    for (int k = 0; k < mi->input.ndim; k++) {
+        exp[k + 1] = mi->input.d[k];
+    }
+    bool ok = ndim == (size_t)mi->input.ndim + 1 && shape[0] >= 1;
+    for (size_t k = 1; ok && k < ndim; k++) {
+        ok = shape[k] == exp[k];
+    }
+    if (!ok) {
+        char e[200], g[200];
+        shape_text(exp, (size_t)mi->input.ndim + 1, e, sizeof e);
+        shape_text(shape, ndim < 16 ? ndim : 16, g, sizeof g);
+        snprintf(err, errlen, "%s: expected shape %s with n >= 1, got %s", what, e, g);
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    // numel = n * sample, checked against the element cap before multiplying bytes.
+    if (shape[0] > DDLD_MAX_ELEMENTS / (mi->sample_numel > 0 ? mi->sample_numel : 1)) {
+        snprintf(err, errlen, "%s: %lld samples exceed the tensor size limit", what,
+                 (long long)shape[0]);
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    uint64_t bytes = (uint64_t)shape[0] * (uint64_t)mi->sample_numel * item;
+    if (bytes != raw_len) {
+        snprintf(err, errlen, "%s: expected %llu bytes (%lld x %lld x %zu-byte %s), got %zu", what,
+                 (unsigned long long)bytes, (long long)shape[0], (long long)mi->sample_numel, item,
+                 datatype, raw_len);
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    *count = shape[0];
+    return GRPC_STATUS_OK;
+}
+
+grpc_status_code ddld_batch_check(const ddld_model_info *mi, const Distdl__V1__Batch *b, bool exact,
+                                  int64_t *count, char *err, size_t errlen)
+{
+    if (b->x == NULL || b->labels == NULL) {
+        snprintf(err, errlen, "batch: both x and labels are required");
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    int64_t          n;
+    grpc_status_code code = ddld_input_check(mi, "batch.x", b->x->datatype, b->x->shape,
+                                             b->x->n_shape, b->x->raw.len, &n, err, errlen);
+    if (code != GRPC_STATUS_OK) {
+        return code;
+    }
+    if (exact && n != mi->batch_size) {
+        snprintf(err, errlen, "batch.x: expected %lld samples (the spec's batch_size), got %lld",
+                 (long long)mi->batch_size, (long long)n);
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    const Distdl__V1__Tensor *l = b->labels;
+    if (strcmp(l->datatype, "INT64") != 0) {
+        snprintf(err, errlen, "batch.labels: expected datatype INT64, got \"%.32s\"", l->datatype);
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    if (l->n_shape != 1 || l->shape[0] != n) {
+        char g[200];
+        shape_text(l->shape, l->n_shape < 16 ? l->n_shape : 16, g, sizeof g);
+        snprintf(err, errlen, "batch.labels: expected shape [%lld], got %s", (long long)n, g);
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    if (l->raw.len != (size_t)n * 8) {
+        snprintf(err, errlen, "batch.labels: expected %lld bytes (%lld x 8), got %zu",
+                 (long long)n * 8, (long long)n, l->raw.len);
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        int64_t v;
+        memcpy(&v, l->raw.data + i * 8, 8);
+        if (v < 0 || v >= mi->classes) {
+            snprintf(err, errlen, "batch.labels[%lld]: expected a class in [0, %d), got %lld",
+                     (long long)i, mi->classes, (long long)v);
+            return GRPC_STATUS_INVALID_ARGUMENT;
+        }
+    }
+    *count = n;
+    return GRPC_STATUS_OK;
+}
+
+
+// ---- datasets -------------------------------------------------------------------------------
+
+// A dataset name relative to --data-root: no absolute paths, nothing that climbs out of
+// the root (lexically, and after resolving symbolic links). Any thread.
+grpc_status_code ddld_resolve_dataset(const char *root_real, const char *rel, char *abs, char *err,
+                                      size_t errlen)
+{
+    if (rel[0] == '/') {
+        snprintf(err, errlen, "dataset \"%.200s\": expected a path relative to --data-root", rel);
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    int depth = 0;
+    for (const char *p = rel; *p != '\0';) {
+        const char *e = strchr(p, '/');
+        size_t      n = e != NULL ? (size_t)(e - p) : strlen(p);
+        if (n == 2 && p[0] == '.' && p[1] == '.') {
+            depth--;
+        } else if (n > 0 && !(n == 1 && p[0] == '.')) {
+            depth++;
+        }
+        if (depth < 0) {
+            snprintf(err, errlen, "dataset \"%.200s\" leaves the data root", rel);
+            return GRPC_STATUS_INVALID_ARGUMENT;
+        }
+        p += n + (e != NULL);
+    }
+    char joined[PATH_MAX * 2];
+    snprintf(joined, sizeof joined, "%s/%s", root_real, rel);
+    if (realpath(joined, abs) == NULL) {
+        snprintf(err, errlen, "dataset \"%.200s\": %s under %s", rel, strerror(errno),
+                 root_real);
+        return errno == ENOENT ? GRPC_STATUS_NOT_FOUND : GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    size_t rn = strlen(root_real);
+    if (strncmp(abs, root_real, rn) != 0 || (abs[rn] != '\0' && abs[rn] != '/' && rn > 1)) {
+        snprintf(err, errlen, "dataset \"%.200s\" leaves the data root", rel);
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    return GRPC_STATUS_OK;
+}
+
+// ---- ModelInfer ------------------------------------------------------------------------------
+
+// ModelInfer's input (see requests.h). Any thread.
+grpc_status_code ddld_infer_input(const ddld_model_info *mi, const Inference__ModelInferRequest *q,
+                                  const uint8_t **raw_out, void **typed_out, int64_t *count,
+                                  char *err, size_t errlen)
+{
+    *raw_out   = NULL;
+    *typed_out = NULL;
+    for (size_t i = 0; i < q->n_outputs; i++) {
+        if (strcmp(q->outputs[i]->name, "logits") != 0) {
+            snprintf(err, errlen,
+                     "ModelInfer: unknown output \"%.64s\" (the model's output is \"logits\")",
+                     q->outputs[i]->name);
+            return GRPC_STATUS_INVALID_ARGUMENT;
+        }
+    }
+    if (q->n_inputs != 1) {
+        snprintf(err, errlen, "ModelInfer: expected 1 input, got %zu", q->n_inputs);
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    const Inference__ModelInferRequest__InferInputTensor *in      = q->inputs[0];
+    const uint8_t                                        *raw     = NULL;
+    size_t                                                raw_len = 0;
+    void                                                 *typed   = NULL;
+    if (q->n_raw_input_contents > 0) {
+        if (q->n_raw_input_contents != 1 || in->contents != NULL) {
+            snprintf(err, errlen,
+                     "ModelInfer: expected one raw_input_contents entry and no typed contents");
+            return GRPC_STATUS_INVALID_ARGUMENT;
+        }
+        raw     = q->raw_input_contents[0].data;
+        raw_len = q->raw_input_contents[0].len;
+    } else if (in->contents != NULL) {
+        // Typed contents: repack as little-endian raw bytes of the declared datatype.
+        // An empty repeated field is a NULL array in protobuf-c: memcpy only what is there
+        // (memcpy from NULL, even of 0 bytes, is undefined; found by fuzz_requests).
+        const Inference__InferTensorContents *c = in->contents;
+        if (strcmp(in->datatype, "FP32") == 0) {
+            raw_len = c->n_fp32_contents * 4;
+            typed   = malloc(raw_len + 1);
+            if (typed != NULL && raw_len > 0) {
+                memcpy(typed, c->fp32_contents, raw_len);
+            }
+        } else if (strcmp(in->datatype, "FP64") == 0) {
+            raw_len = c->n_fp64_contents * 8;
+            typed   = malloc(raw_len + 1);
+            if (typed != NULL && raw_len > 0) {
+                memcpy(typed, c->fp64_contents, raw_len);
+            }
+        } else if (strcmp(in->datatype, "UINT8") == 0) {
+            raw_len = c->n_uint_contents;
+            typed   = malloc(raw_len + 1);
+        }
+        if (raw_len > 0 && typed == NULL) {
+            snprintf(err, errlen, "ModelInfer: out of memory for %zu input bytes", raw_len);
+            return GRPC_STATUS_RESOURCE_EXHAUSTED;
+        }
+        if (strcmp(in->datatype, "UINT8") == 0) {
+            for (size_t i = 0; i < raw_len; i++) {
+                if (c->uint_contents[i] > 255) {
+                    free(typed);
+                    snprintf(err, errlen, "ModelInfer: uint_contents[%zu] = %u is not a UINT8", i,
+                             c->uint_contents[i]);
+                    return GRPC_STATUS_INVALID_ARGUMENT;
+                }
+                ((uint8_t *)typed)[i] = (uint8_t)c->uint_contents[i];
+            }
+        }
+        raw = typed;
+    } else {
+        snprintf(err, errlen, "ModelInfer: the input has no data");
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    char             e[768];
+    grpc_status_code code = ddld_input_check(mi, in->name, in->datatype, in->shape, in->n_shape,
+                                             raw_len, count, e, sizeof e);
+    if (code != GRPC_STATUS_OK) {
+        free(typed);
+        snprintf(err, errlen, "ModelInfer: %s", e);
+        return code;
+    }
+    *raw_out   = raw;
+    *typed_out = typed;
+    return GRPC_STATUS_OK;
+}

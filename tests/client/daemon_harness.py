@@ -46,6 +46,16 @@ def sc_lifecycle(h):
     h.shutdown(d)
 
 
+def sc_valgrind(h):
+    """What tests/sanitize/valgrind_daemon.sh runs with every rank under memcheck: the
+    hostile requests on a daemon without a model, then 100 training steps, an evaluation
+    and a shutdown on one with LeNet-5 (lighter than `lifecycle`: memcheck is ~50x slower)."""
+    sc_bad(h)
+    d = h.start(2, COMMON + ["--model", h.spec("lenet5-2.json")], "valgrind-train")
+    h.client(d, "train", 100)
+    h.shutdown(d)
+
+
 def sc_bad(h, np=2):
     d = h.start(np, COMMON, "bad")
     h.client(d, "bad")
@@ -166,6 +176,7 @@ SCENARIOS = {
     "sigterm": sc_sigterm,
     "interop": sc_interop,
     "unix": sc_unix,
+    "valgrind": sc_valgrind,
 }
 
 

@@ -17,6 +17,7 @@
 #include <errno.h>
 #include <jansson.h>
 #include <limits.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -282,6 +283,72 @@ grpc_status_code ddld_input_check(const ddld_model_info *mi, const char *what, c
     return GRPC_STATUS_OK;
 }
 
+// The index of the first element whose exponent bits are all ones (NaN or +-Inf), or -1.
+// A branch-free pass first (it vectorizes: ~10 us for a LeNet-5 batch of 64), the search
+// only when it found one; no allocation.
+static int64_t first_nonfinite(const uint8_t *raw, int64_t numel, size_t item)
+{
+    unsigned bad = 0;
+    if (item == 4) {
+        for (int64_t i = 0; i < numel; i++) {
+            uint32_t u;
+            memcpy(&u, raw + (size_t)i * 4, 4);
+            bad |= (u & 0x7f800000u) == 0x7f800000u;
+        }
+    } else {
+        for (int64_t i = 0; i < numel; i++) {
+            uint64_t u;
+            memcpy(&u, raw + (size_t)i * 8, 8);
+            bad |= (u & 0x7ff0000000000000u) == 0x7ff0000000000000u;
+        }
+    }
+    if (!bad) {
+        return -1;
+    }
+    for (int64_t i = 0; i < numel; i++) {
+        if (item == 4) {
+            float v;
+            memcpy(&v, raw + (size_t)i * 4, 4);
+            if (!isfinite(v)) {
+                return i;
+            }
+        } else {
+            double v;
+            memcpy(&v, raw + (size_t)i * 8, 8);
+            if (!isfinite(v)) {
+                return i;
+            }
+        }
+    }
+    return -1;
+}
+
+grpc_status_code ddld_finite_check(const ddld_model_info *mi, const char *what, const char *datatype,
+                                   const uint8_t *raw, int64_t n, char *err, size_t errlen)
+{
+    if (strcmp(datatype, "UINT8") == 0) {
+        return GRPC_STATUS_OK; // pixels are always finite
+    }
+    size_t  item = ddl_dtype_size(mi->dtype);
+    int64_t bad  = first_nonfinite(raw, n * mi->sample_numel, item);
+    if (bad < 0) {
+        return GRPC_STATUS_OK;
+    }
+    double v;
+    if (item == 4) {
+        float f;
+        memcpy(&f, raw + (size_t)bad * 4, 4);
+        v = f;
+    } else {
+        memcpy(&v, raw + (size_t)bad * 8, 8);
+    }
+    snprintf(err, errlen,
+             "%s: expected finite values, got %s at element %lld (sample %lld, offset %lld)", what,
+             isnan(v) ? "NaN" : v > 0 ? "+Inf" : "-Inf", (long long)bad,
+             (long long)(bad / mi->sample_numel), (long long)(bad % mi->sample_numel));
+    return GRPC_STATUS_INVALID_ARGUMENT;
+}
+
 grpc_status_code ddld_batch_check(const ddld_model_info *mi, const Distdl__V1__Batch *b, bool exact,
                                   int64_t *count, char *err, size_t errlen)
 {
@@ -324,6 +391,10 @@ grpc_status_code ddld_batch_check(const ddld_model_info *mi, const Distdl__V1__B
                      (long long)i, mi->classes, (long long)v);
             return GRPC_STATUS_INVALID_ARGUMENT;
         }
+    }
+    code = ddld_finite_check(mi, "batch.x", b->x->datatype, b->x->raw.data, n, err, errlen);
+    if (code != GRPC_STATUS_OK) {
+        return code;
     }
     *count = n;
     return GRPC_STATUS_OK;
@@ -1054,6 +1125,10 @@ static void on_predict(ddld_dispatch *d, ddld_job *job)
     int64_t          n;
     grpc_status_code code = ddld_input_check(&ddld_g.info, "x", q->x->datatype, q->x->shape,
                                              q->x->n_shape, q->x->raw.len, &n, err, sizeof err);
+    if (code == GRPC_STATUS_OK) {
+        code = ddld_finite_check(&ddld_g.info, "x", q->x->datatype, q->x->raw.data, n, err,
+                                 sizeof err);
+    }
     if (code != GRPC_STATUS_OK) {
         fail(job, code, "Predict: %s", err);
         return;
@@ -1147,6 +1222,9 @@ static void on_model_infer(ddld_dispatch *d, ddld_job *job)
     int64_t          n;
     grpc_status_code code = ddld_input_check(mi, in->name, in->datatype, in->shape, in->n_shape,
                                              raw_len, &n, err, sizeof err);
+    if (code == GRPC_STATUS_OK) {
+        code = ddld_finite_check(mi, in->name, in->datatype, raw, n, err, sizeof err);
+    }
     if (code != GRPC_STATUS_OK) {
         free(typed);
         fail(job, code, "ModelInfer: %s", err);
@@ -1432,6 +1510,9 @@ void ddld_dispatch_run(ddld_dispatch *d, ddld_job *job)
     // A call that was cancelled (or passed its deadline) while it waited in the queue is
     // not executed: its client has already been told it failed.
     if (job->call != NULL && ddld_call_cancelled(job->call)) {
+        pthread_mutex_lock(&ddld_g.mu);
+        ddld_g.dropped_calls++;
+        pthread_mutex_unlock(&ddld_g.mu);
         fail(job, GRPC_STATUS_CANCELLED, "cancelled while queued");
         ddld_job_free(job);
         return;

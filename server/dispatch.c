@@ -26,6 +26,7 @@
 #include <time.h>
 
 #include "ddl/base.h"
+#include "ddl/estimate.h"
 #include "ddld.h"
 #include "inference/grpc_service.pb-c.h"
 
@@ -778,6 +779,9 @@ static ddl_status create_model(ddld_dispatch *d, const char *what, const char *t
     // Complete validation on rank 0 first: a bad spec costs the other ranks nothing.
     ddl_spec_t *spec = NULL;
     ddl_status  st   = ddl_spec_parse(text, source, d->size, &spec);
+    if (st == DDL_OK) { // its memory, estimated before any rank allocates it
+        st = ddl_spec_check_memory(spec, 0);
+    }
     ddl_spec_destroy(&spec);
     if (st == DDL_OK) {
         struct payload p;

@@ -1531,7 +1531,19 @@ ddld_service *ddld_service_start(const ddld_config *cfg, void (*wake)(void *), v
     // truncated preface) is dropped after 5 s instead of gRPC's default 120 s; a connection
     // without calls for 15 min gets a GOAWAY (clients reconnect transparently); keepalive
     // pings every 2 min (20 s timeout) find peers that vanished while holding a stream.
-    grpc_arg args[7] = {
+    // gRPC core 1.51 assembles a whole message before it compares its size with
+    // max_receive_message_length (grpc/grpc#43012): a 4 GiB message sent against a 64 MiB
+    // limit would be buffered completely before its RESOURCE_EXHAUSTED. A memory quota on
+    // the server's transport bounds that: past it, gRPC drops the connection that is
+    // buffering. DDLD_GRPC_QUOTA_MB overrides the size (0: no quota).
+    const char *qenv     = getenv("DDLD_GRPC_QUOTA_MB");
+    int64_t     quota_mb = 2 * (max >> 20) + 64;
+    if (qenv != NULL && qenv[0] != '\0') {
+        quota_mb = strtoll(qenv, NULL, 10);
+    }
+    grpc_resource_quota *quota = grpc_resource_quota_create("distdld");
+    grpc_resource_quota_resize(quota, (size_t)(quota_mb > 0 ? quota_mb : 1) << 20);
+    grpc_arg args[8] = {
         {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_ALLOW_REUSEPORT, .value.integer = 0},
         {.type          = GRPC_ARG_INTEGER,
          .key           = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
@@ -1547,9 +1559,14 @@ ddld_service *ddld_service_start(const ddld_config *cfg, void (*wake)(void *), v
          .value.integer = 15 * 60 * 1000},
         {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_KEEPALIVE_TIME_MS, .value.integer = 120000},
         {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_KEEPALIVE_TIMEOUT_MS, .value.integer = 20000},
+        {.type                   = GRPC_ARG_POINTER,
+         .key                    = GRPC_ARG_RESOURCE_QUOTA,
+         .value.pointer.p        = quota,
+         .value.pointer.vtable   = grpc_resource_quota_arg_vtable()},
     };
-    grpc_channel_args ca = {.num_args = 7, .args = args};
+    grpc_channel_args ca = {.num_args = quota_mb > 0 ? 8 : 7, .args = args};
     svc->server          = grpc_server_create(&ca, NULL);
+    grpc_resource_quota_unref(quota); // the server holds its own reference
     svc->cq              = grpc_completion_queue_create_for_next(NULL);
     grpc_server_register_completion_queue(svc->server, svc->cq, NULL);
     for (int m = 0; m < DDLD_M_COUNT; m++) {

@@ -324,6 +324,17 @@ double ddl_mem_available(int ranks_on_host, char *how, size_t howlen)
     return avail / ranks_on_host;
 }
 
+// "12.50 GiB" or "3.1 MiB".
+static const char *human(double bytes, char *buf, size_t len)
+{
+    if (bytes >= 1073741824.0) {
+        snprintf(buf, len, "%.2f GiB", bytes / 1073741824.0);
+    } else {
+        snprintf(buf, len, "%.1f MiB", bytes / 1048576.0);
+    }
+    return buf;
+}
+
 ddl_status ddl_spec_check_memory(const ddl_spec_t *s, int ranks_on_host)
 {
     ddl_mem_estimate e;
@@ -337,11 +348,13 @@ ddl_status ddl_spec_check_memory(const ddl_spec_t *s, int ranks_on_host)
     if (avail < 0 || e.total <= avail) {
         return DDL_OK; // unknown availability: nothing to compare with
     }
-    const double G = 1073741824.0;
+    char t[32], p[32], g[32], o[32], a[32], w[32], v[32];
     return ddl_set_error(DDL_ENOMEM,
-                         "%s: spec needs an estimated %.2f GiB per rank (rank %d: parameters "
-                         "%.2f, gradients %.2f, optimizer state %.2f, activations %.2f, "
-                         "workspace %.2f GiB) but %.2f GiB is available (%s)",
-                         s->source, e.total / G, e.rank, e.params / G, e.grads / G, e.optim / G,
-                         e.activations / G, e.workspace / G, avail / G, how);
+                         "%s: spec needs an estimated %s per rank (rank %d: parameters %s, "
+                         "gradients %s, optimizer state %s, activations %s, workspace %s) but "
+                         "%s is available (%s)",
+                         s->source, human(e.total, t, sizeof t), e.rank,
+                         human(e.params, p, sizeof p), human(e.grads, g, sizeof g),
+                         human(e.optim, o, sizeof o), human(e.activations, a, sizeof a),
+                         human(e.workspace, w, sizeof w), human(avail, v, sizeof v), how);
 }

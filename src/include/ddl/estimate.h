@@ -40,7 +40,7 @@ DDL_EXTERN ddl_status ddl_spec_estimate(const ddl_spec_t *spec, ddl_mem_estimate
 // description of where the figure came from. Returns -1 when nothing could be read.
 DDL_EXTERN double ddl_mem_available(int ranks_on_host, char *how, size_t howlen);
 
-// Refuses a spec whose estimate does not fit: DDL_ENOMEM with "spec needs an estimated X GiB
+// Refuses a spec whose estimate does not fit: DDL_ENOMEM with "spec needs an estimated X GiB (or MiB)
 // per rank (parameters A, gradients B, optimizer state C, activations D, workspace E GiB)
 // but Y GiB is available (...)". ranks_on_host <= 0: OMPI_COMM_WORLD_LOCAL_SIZE, else the
 // spec's world size. Not collective.

@@ -203,6 +203,11 @@ def build_cases(h, spec_text):
     add("create/replace/huge-linear", TR + "CreateModel",
         tr.CreateModelRequest(spec_json=huge_linear, replace=True), SC.RESOURCE_EXHAUSTED,
         "estimated")
+    # A Linear 2^17 x 2^17 (2^34 weights, the most one tensor may have: 64 GiB in f32).
+    mlp = open(h.spec("mlp-big-2.json")).read().replace('"out_features": 4096', '"out_features": 131072')
+    add("create/replace/linear-2^17x2^17", TR + "CreateModel",
+        tr.CreateModelRequest(spec_json=mlp, replace=True), SC.RESOURCE_EXHAUSTED,
+        "spec needs an estimated")
     huge_conv = spec_text.replace('"out_channels": 16', '"out_channels": 100000')
     add("create/replace/huge-conv", TR + "CreateModel",
         tr.CreateModelRequest(spec_json=huge_conv, replace=True), SC.RESOURCE_EXHAUSTED, "estimated")

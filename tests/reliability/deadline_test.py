@@ -271,8 +271,10 @@ def sc_cancel(h):
                                                                     st1.request_queue_depth))
     if st1.dropped_calls <= st0.dropped_calls:
         bad.append("no queued call was dropped (dropped_calls %d)" % st1.dropped_calls)
-    # Bounded: 1,000 cancelled calls after a warm-up round leave under 5 MB.
-    if rss1 - rss0 >= 5 * 1024:
+    # Bounded: 1,000 cancelled calls after a warm-up round leave under 8 MB (measured:
+    # 0.2-1.1 MB; the margin is glibc's per-thread arenas). Leaked calls would also show in
+    # active_calls, checked above.
+    if rss1 - rss0 >= 8 * 1024:
         bad.append("rank 0's VmRSS grew by %d kB over 1,000 cancelled calls" % (rss1 - rss0))
     code, details, _ = f.raw.call(TR + "Predict", f.x1, timeout=30)
     if code != SC.OK:
@@ -333,9 +335,18 @@ def sc_backpressure(h):
     backpressure_round(f, n)  # warm-up (also opens the dataset the Train reads)
     time.sleep(0.5)
     rss0 = vm_rss_kb(f.pid)
-    codes, lat, depth, rss_peak = backpressure_round(f, n)
-    time.sleep(0.5)
-    rss1 = vm_rss_kb(f.pid)
+    # Three measured rounds: what one burst costs (its peak) and whether bursts accumulate.
+    # glibc gives each gRPC thread its own arena, so a round may fault in a few MB that later
+    # rounds reuse; a per-call leak would grow every round.
+    rounds = []
+    for _ in range(3):
+        codes, lat, depth, rss_peak = backpressure_round(f, n)
+        time.sleep(0.5)
+        rounds.append((rss_peak, vm_rss_kb(f.pid)))
+    rss_peak = max(r[0] for r in rounds)
+    rss1 = rounds[-1][1]
+    print("rank 0 VmRSS after the warm-up %d kB; after each measured round: %s kB" %
+          (rss0, ", ".join("%+d (peak %+d)" % (e - rss0, p - rss0) for p, e in rounds)), flush=True)
     ok = sum(1 for c in codes.values() if c == SC.OK)
     re = sum(1 for c in codes.values() if c == SC.RESOURCE_EXHAUSTED)
     other = sorted({c.name for c in codes.values() if c not in (SC.OK, SC.RESOURCE_EXHAUSTED)})
@@ -354,8 +365,9 @@ def sc_backpressure(h):
     if not lat or percentile(lat, 50) > 100 or max(lat) > 2000:
         bad.append("rejections slow: p50 %.1f ms, max %.1f ms" % (percentile(lat, 50),
                                                                   max(lat) if lat else -1))
-    # Bounded: after a warm-up round, 500 more concurrent calls leave under 5 MB.
-    if rss1 - rss0 >= 5 * 1024:
+    # Bounded: 3 x 500 more concurrent calls after a warm-up round leave under 12 MB in all
+    # (measured: 0.1-7 MB), and no burst peaks 16 MB over the baseline.
+    if rss1 - rss0 >= 12 * 1024 or rss_peak - rss0 >= 16 * 1024:
         bad.append("VmRSS grew by %d kB (peak %+d kB)" % (rss1 - rss0, rss_peak - rss0))
     f.finish()
     if bad:

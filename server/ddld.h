@@ -135,6 +135,7 @@ typedef struct ddld_shared {
     const char     *state; // "idle", "training", "shutting_down"
     char            data_dir[1024];
     bool            serving; // health: SERVING until shutdown begins
+    int64_t         dropped_calls; // queued calls dropped unrun (cancelled, past deadline)
     // Submitted batches (SubmitBatch), oldest first: a ring of unpacked messages.
     Distdl__V1__Batch **batches;
     int                 batch_cap, batch_head, batch_count;
@@ -155,6 +156,11 @@ grpc_status_code ddld_batch_check(const ddld_model_info *mi, const Distdl__V1__B
 grpc_status_code ddld_input_check(const ddld_model_info *mi, const char *what, const char *datatype,
                                   const int64_t *shape, size_t ndim, size_t raw_len, int64_t *count,
                                   char *err, size_t errlen);
+
+// Refuses NaN and +-Inf in a validated input of n samples (raw: the model dtype or UINT8)
+// with the first bad element's index. Allocates nothing.
+grpc_status_code ddld_finite_check(const ddld_model_info *mi, const char *what, const char *datatype,
+                                   const uint8_t *raw, int64_t n, char *err, size_t errlen);
 
 // Wire datatype strings.
 const char *ddld_dtype_wire(ddl_dtype dt);

@@ -17,6 +17,7 @@
 #include <errno.h>
 #include <jansson.h>
 #include <limits.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -25,6 +26,7 @@
 #include <time.h>
 
 #include "ddl/base.h"
+#include "ddl/estimate.h"
 #include "ddld.h"
 #include "requests.h"
 #include "inference/grpc_service.pb-c.h"
@@ -562,6 +564,9 @@ static ddl_status create_model(ddld_dispatch *d, const char *what, const char *t
     // Complete validation on rank 0 first: a bad spec costs the other ranks nothing.
     ddl_spec_t *spec = NULL;
     ddl_status  st   = ddl_spec_parse(text, source, d->size, &spec);
+    if (st == DDL_OK) { // its memory, estimated before any rank allocates it
+        st = ddl_spec_check_memory(spec, 0);
+    }
     ddl_spec_destroy(&spec);
     if (st == DDL_OK) {
         struct payload p;
@@ -921,6 +926,10 @@ static void on_predict(ddld_dispatch *d, ddld_job *job)
     int64_t          n;
     grpc_status_code code = ddld_input_check(&ddld_g.info, "x", q->x->datatype, q->x->shape,
                                              q->x->n_shape, q->x->raw.len, &n, err, sizeof err);
+    if (code == GRPC_STATUS_OK) {
+        code = ddld_finite_check(&ddld_g.info, "x", q->x->datatype, q->x->raw.data, n, err,
+                                 sizeof err);
+    }
     if (code != GRPC_STATUS_OK) {
         fail(job, code, "Predict: %s", err);
         return;
@@ -1246,6 +1255,9 @@ void ddld_dispatch_run(ddld_dispatch *d, ddld_job *job)
     // A call that was cancelled (or passed its deadline) while it waited in the queue is
     // not executed: its client has already been told it failed.
     if (job->call != NULL && ddld_call_cancelled(job->call)) {
+        pthread_mutex_lock(&ddld_g.mu);
+        ddld_g.dropped_calls++;
+        pthread_mutex_unlock(&ddld_g.mu);
         fail(job, GRPC_STATUS_CANCELLED, "cancelled while queued");
         ddld_job_free(job);
         return;

@@ -128,6 +128,7 @@ struct ddld_call {
     bool                has_details;
     int                 close_cancelled;
     atomic_bool         cancelled;
+    bool                live; // counted in active_calls (a client's call, not a request slot)
 
     pthread_mutex_t   mu; // the send side of streams
     bool              sent_md, send_busy, dead, end_pending;
@@ -182,6 +183,9 @@ struct ddld_service {
 
 static void request_new(ddld_service *svc, int method);
 static void call_unref(ddld_call *c);
+
+// Calls from clients that have arrived and are not freed yet (GetStatus active_calls).
+static atomic_int active_calls;
 
 static void start_batch(ddld_call *c, const grpc_op *ops, size_t n)
 {
@@ -559,6 +563,11 @@ static void answer_status(ddld_call *c)
     r.epoch          = ddld_g.epoch;
     r.batch          = ddld_g.batch;
     r.data_dir       = ddld_g.data_dir;
+    r.dropped_calls  = ddld_g.dropped_calls;
+    r.active_calls   = atomic_load(&active_calls) - 1; // this GetStatus excluded
+    pthread_mutex_lock(&c->svc->mu);
+    r.request_queue_depth = c->svc->count;
+    pthread_mutex_unlock(&c->svc->mu);
     if (mi->has_model) {
         r.batch_size = mi->batch_size;
         for (int d = 0; d < mi->input.ndim; d++) {
@@ -958,12 +967,15 @@ static void on_message(ddld_call *c)
         push_message(c);
         return;
     }
-    ProtobufCMessage *m = ddld_request_decode(c->recv_bb, md->req);
+    ProtobufCMessage *m   = ddld_request_decode(c->recv_bb, md->req);
+    size_t            len = grpc_byte_buffer_length(c->recv_bb);
     grpc_byte_buffer_destroy(c->recv_bb);
     c->recv_bb = NULL;
     if (m == NULL) {
-        finish_code(c, GRPC_STATUS_INVALID_ARGUMENT, "%s: malformed %s message", md->path,
-                    md->req->name);
+        finish_code(c, GRPC_STATUS_INVALID_ARGUMENT,
+                    "%s: malformed request: expected a %s message, got %zu bytes that do not "
+                    "decode as one",
+                    md->path, md->req->name, len);
         return;
     }
     switch (c->method) {
@@ -1013,6 +1025,9 @@ static void on_message(ddld_call *c)
 
 static void call_free(ddld_call *c)
 {
+    if (c->live) {
+        atomic_fetch_sub(&active_calls, 1);
+    }
     if (c->call != NULL) {
         grpc_call_unref(c->call);
     }
@@ -1087,6 +1102,8 @@ static void on_op(ddld_call *c, bool ok)
         c->t_arrived = ddld_now();
         request_new(svc, c->method);
         atomic_init(&c->refs, 2); // op side + close side
+        c->live = true;
+        atomic_fetch_add(&active_calls, 1);
         grpc_op op;
         memset(&op, 0, sizeof op);
         op.op                                  = GRPC_OP_RECV_CLOSE_ON_SERVER;
@@ -1164,9 +1181,41 @@ static void on_op(ddld_call *c, bool ok)
     }
 }
 
+// A call that ended before its job left the queue (the client cancelled it, or its
+// deadline passed): take the job out now, so it frees its queue slot at once and can never
+// run on the ranks. Returns the job (NULL: none queued).
+static ddld_job *unqueue(ddld_service *svc, ddld_call *c)
+{
+    ddld_job *found = NULL;
+    pthread_mutex_lock(&svc->mu);
+    for (int i = 0; i < svc->count; i++) {
+        ddld_job *j = svc->jobs[(svc->head + i) % svc->cap];
+        if (found == NULL && j->call == c) {
+            found = j;
+        } else if (found != NULL) { // close the gap
+            svc->jobs[(svc->head + i - 1) % svc->cap] = j;
+        }
+    }
+    if (found != NULL) {
+        svc->count--;
+    }
+    pthread_mutex_unlock(&svc->mu);
+    return found;
+}
+
 static void on_close(ddld_call *c)
 {
     atomic_store(&c->cancelled, c->close_cancelled != 0);
+    if (c->close_cancelled != 0 && c->method < DDLD_M_COUNT) {
+        ddld_job *job = unqueue(c->svc, c);
+        if (job != NULL) {
+            pthread_mutex_lock(&ddld_g.mu);
+            ddld_g.dropped_calls++;
+            pthread_mutex_unlock(&ddld_g.mu);
+            ddld_call_finish(c, GRPC_STATUS_CANCELLED, "cancelled while queued", NULL);
+            ddld_job_free(job);
+        }
+    }
     if (c->method == DDLD_M_HEALTH_WATCH) {
         // A watcher that went away: take it off the list and end its op side.
         ddld_service *svc   = c->svc;
@@ -1273,7 +1322,24 @@ ddld_service *ddld_service_start(const ddld_config *cfg, void (*wake)(void *), v
     // A stream's flow-control window starts at 64 KiB: an inline batch (800 KB for
     // LeNet-5 at batch 256) would wait for several window updates over loopback. Let each
     // stream run ahead by 8 MiB (the client does the same for pulled weights).
-    grpc_arg args[3] = {
+    // Connections are bounded in time as well as in number of bytes: a peer that connects
+    // and never completes the HTTP/2 handshake (a port scanner, a half-open socket, a
+    // truncated preface) is dropped after 5 s instead of gRPC's default 120 s; a connection
+    // without calls for 15 min gets a GOAWAY (clients reconnect transparently); keepalive
+    // pings every 2 min (20 s timeout) find peers that vanished while holding a stream.
+    // gRPC core 1.51 assembles a whole message before it compares its size with
+    // max_receive_message_length (grpc/grpc#43012): a 4 GiB message sent against a 64 MiB
+    // limit would be buffered completely before its RESOURCE_EXHAUSTED. A memory quota on
+    // the server's transport bounds that: past it, gRPC drops the connection that is
+    // buffering. DDLD_GRPC_QUOTA_MB overrides the size (0: no quota).
+    const char *qenv     = getenv("DDLD_GRPC_QUOTA_MB");
+    int64_t     quota_mb = 2 * (max >> 20) + 64;
+    if (qenv != NULL && qenv[0] != '\0') {
+        quota_mb = strtoll(qenv, NULL, 10);
+    }
+    grpc_resource_quota *quota = grpc_resource_quota_create("distdld");
+    grpc_resource_quota_resize(quota, (size_t)(quota_mb > 0 ? quota_mb : 1) << 20);
+    grpc_arg args[8] = {
         {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_ALLOW_REUSEPORT, .value.integer = 0},
         {.type          = GRPC_ARG_INTEGER,
          .key           = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH,
@@ -1281,9 +1347,22 @@ ddld_service *ddld_service_start(const ddld_config *cfg, void (*wake)(void *), v
         {.type          = GRPC_ARG_INTEGER,
          .key           = GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES,
          .value.integer = 8 << 20},
+        {.type          = GRPC_ARG_INTEGER,
+         .key           = GRPC_ARG_SERVER_HANDSHAKE_TIMEOUT_MS,
+         .value.integer = 5000},
+        {.type          = GRPC_ARG_INTEGER,
+         .key           = GRPC_ARG_MAX_CONNECTION_IDLE_MS,
+         .value.integer = 15 * 60 * 1000},
+        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_KEEPALIVE_TIME_MS, .value.integer = 120000},
+        {.type = GRPC_ARG_INTEGER, .key = GRPC_ARG_KEEPALIVE_TIMEOUT_MS, .value.integer = 20000},
+        {.type                   = GRPC_ARG_POINTER,
+         .key                    = GRPC_ARG_RESOURCE_QUOTA,
+         .value.pointer.p        = quota,
+         .value.pointer.vtable   = grpc_resource_quota_arg_vtable()},
     };
-    grpc_channel_args ca = {.num_args = 3, .args = args};
+    grpc_channel_args ca = {.num_args = quota_mb > 0 ? 8 : 7, .args = args};
     svc->server          = grpc_server_create(&ca, NULL);
+    grpc_resource_quota_unref(quota); // the server holds its own reference
     svc->cq              = grpc_completion_queue_create_for_next(NULL);
     grpc_server_register_completion_queue(svc->server, svc->cq, NULL);
     for (int m = 0; m < DDLD_M_COUNT; m++) {

@@ -32,6 +32,7 @@
 #include "ddl/base.h"
 #include "ddl/checkpoint.h"
 #include "ddl/collect.h"
+#include "ddl/estimate.h"
 #include "engine/model_internal.h"
 #include "engine/spec_internal.h"
 #include "partition/mpi_check.h"
@@ -363,6 +364,9 @@ ddl_status ddl_model_create(MPI_Comm comm, const ddl_spec_t *spec, ddl_model_t *
     }
     MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
     st = ddl_agree(m->comm, ddl_spec_parse(spec->text, spec->source, size, &m->spec));
+    if (st == DDL_OK) { // refuse what cannot fit before anything is allocated for it
+        st = ddl_agree(m->comm, ddl_spec_check_memory(m->spec, 0));
+    }
     if (st == DDL_OK) {
         st = build(m);
     }

@@ -1,0 +1,53 @@
+// ddl/estimate.h: a model spec's memory, estimated per rank before anything is allocated.
+//
+//   ddl_spec_t *spec;                    // from ddl_spec_parse
+//   ddl_mem_estimate e;
+//   ddl_spec_estimate(spec, &e);         // the rank that needs the most
+//   ddl_status st = ddl_spec_check_memory(spec, ranks_on_host); // RESOURCE_EXHAUSTED-able
+//
+// The estimate sums, for the rank that needs the most, the local blocks of the parameters,
+// their gradients, the optimizer state (Adam: 2 per parameter, SGD with momentum: 1), the
+// activations and their gradients for one batch, and the layers' workspaces (halo and
+// staging buffers, im2col columns, pooling indices, broadcast/reduce blocks of Linear).
+// Local blocks are the largest balanced piece (ceil(N / P) per dimension), so it is an
+// upper bound of the data and a close one: the shipped specs measure within 2x of
+// ddl_alloc_bytes_live() after ddl_model_create (tests/engine/test_estimate.c).
+#ifndef DDL_ESTIMATE_H
+#define DDL_ESTIMATE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "ddl/model.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ddl_mem_estimate {
+    double params, grads, optim, activations, workspace; // bytes
+    double total;
+    int    rank; // the rank that needs the most
+} ddl_mem_estimate;
+
+// The per-rank estimate of the rank that needs the most memory. Not collective; pure
+// arithmetic on the parsed spec (no allocation beyond a per-rank table).
+DDL_EXTERN ddl_status ddl_spec_estimate(const ddl_spec_t *spec, ddl_mem_estimate *out);
+
+// Bytes available to one rank: DDL_MEMORY_LIMIT (bytes per rank, suffixes K/M/G allowed)
+// when set; otherwise MemAvailable (/proc/meminfo), or the cgroup's memory.max minus
+// memory.current when lower, divided by ranks_on_host. `how` (may be NULL) receives a short
+// description of where the figure came from. Returns -1 when nothing could be read.
+DDL_EXTERN double ddl_mem_available(int ranks_on_host, char *how, size_t howlen);
+
+// Refuses a spec whose estimate does not fit: DDL_ENOMEM with "spec needs an estimated X GiB (or MiB)
+// per rank (parameters A, gradients B, optimizer state C, activations D, workspace E GiB)
+// but Y GiB is available (...)". ranks_on_host <= 0: OMPI_COMM_WORLD_LOCAL_SIZE, else the
+// spec's world size. Not collective.
+DDL_EXTERN ddl_status ddl_spec_check_memory(const ddl_spec_t *spec, int ranks_on_host);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif // DDL_ESTIMATE_H

@@ -1,0 +1,96 @@
+// tests/engine/test_estimate.c: a spec's memory estimate (ddl/estimate.h) against what
+// ddl_model_create really allocates. For every shipped spec (deploy/specs/*.json) written
+// for this world size: the estimate of the rank that needs the most lies within 2x of the
+// largest per-rank ddl_alloc_bytes_live() growth across the creation (the ratios are
+// printed); a memory limit below the estimate (DDL_MEMORY_LIMIT) makes ddl_spec_check_memory
+// and ddl_model_create refuse it with DDL_ENOMEM and the estimate in the message, on every
+// rank, having allocated nothing that survives.
+// Usage: test_estimate SPEC_DIR
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ddl/base.h"
+#include "ddl/estimate.h"
+#include "mpi_test.h"
+
+static int rank, size;
+
+static int check_spec(const char *path)
+{
+    ddl_spec_t *spec = NULL;
+    ASSERT_OK(ddl_spec_load(path, 0, &spec));
+    if (ddl_spec_world_size(spec) != size) {
+        ddl_spec_destroy(&spec);
+        return 0;
+    }
+    ddl_mem_estimate e;
+    ASSERT_OK(ddl_spec_estimate(spec, &e));
+    int64_t      before = ddl_alloc_bytes_live();
+    ddl_model_t *m      = NULL;
+    ASSERT_OK(ddl_model_create(MPI_COMM_WORLD, spec, &m));
+    int64_t grown = ddl_alloc_bytes_live() - before, most = 0;
+    MPI_Allreduce(&grown, &most, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
+    ddl_model_destroy(&m);
+    double ratio = e.total / (double)(most > 0 ? most : 1);
+    if (rank == 0) {
+        printf("%-22s estimate %10.0f B (rank %d: params %.0f grads %.0f optim %.0f act %.0f "
+               "work %.0f), allocated %10lld B at most per rank: ratio %.2f\n",
+               strrchr(path, '/') + 1, e.total, e.rank, e.params, e.grads, e.optim,
+               e.activations, e.workspace, (long long)most, ratio);
+        fflush(stdout);
+    }
+    ASSERT_TRUE(ratio >= 0.5 && ratio <= 2.0);
+
+    // A limit below the estimate: refused before anything is allocated, on every rank.
+    char lim[64];
+    snprintf(lim, sizeof lim, "%.0f", e.total / 2);
+    setenv("DDL_MEMORY_LIMIT", lim, 1);
+    ASSERT_STATUS(ddl_spec_check_memory(spec, 0), DDL_ENOMEM);
+    ASSERT_TRUE(strstr(ddl_last_error(), "spec needs an estimated") != NULL);
+    ASSERT_TRUE(strstr(ddl_last_error(), "is available (DDL_MEMORY_LIMIT=") != NULL);
+    before = ddl_alloc_bytes_live();
+    ASSERT_STATUS(ddl_model_create(MPI_COMM_WORLD, spec, &m), DDL_ENOMEM);
+    ASSERT_TRUE(m == NULL);
+    ASSERT_EQ(ddl_alloc_bytes_live(), before);
+    snprintf(lim, sizeof lim, "%.0f", e.total * 1.01 + 4096);
+    setenv("DDL_MEMORY_LIMIT", lim, 1);
+    ASSERT_OK(ddl_spec_check_memory(spec, 0));
+    unsetenv("DDL_MEMORY_LIMIT");
+    ddl_spec_destroy(&spec);
+    return 1;
+}
+
+int main(int argc, char **argv)
+{
+    ddl_test_mpi_init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    ASSERT_TRUE(argc == 2);
+    DIR *dir = opendir(argv[1]);
+    ASSERT_TRUE(dir != NULL);
+    char          names[64][256];
+    int           n = 0;
+    struct dirent *de;
+    while ((de = readdir(dir)) != NULL && n < 64) {
+        size_t len = strlen(de->d_name);
+        if (len > 5 && strcmp(de->d_name + len - 5, ".json") == 0) {
+            snprintf(names[n++], sizeof names[0], "%s/%s", argv[1], de->d_name);
+        }
+    }
+    closedir(dir);
+    qsort(names, (size_t)n, sizeof names[0], (int (*)(const void *, const void *))strcmp);
+    int ran = 0;
+    for (int i = 0; i < n; i++) {
+        ran += check_spec(names[i]);
+    }
+    if (ran == 0) {
+        if (rank == 0) {
+            printf("SKIP: no spec for %d ranks in %s\n", size, argv[1]);
+        }
+        MPI_Finalize();
+        return 7;
+    }
+    return ddl_test_mpi_finalize();
+}

@@ -1,0 +1,137 @@
+"""Shared helpers of the reliability tests: raw grpcio calls (bytes in, bytes out),
+hand-made protobuf encodings, and what /proc says about the daemon's rank 0.
+
+The calls go by method path with no serializer, so a test can send any bytes at all --
+including encodings no protobuf library would produce -- and still read the status.
+"""
+import os
+import struct
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "support"))
+sys.path.insert(0, os.path.join(HERE, "..", "server"))
+
+import grpc  # noqa: E402
+import ddld_rpc  # noqa: E402
+from ddl_daemon import DaemonHarness, Failure  # noqa: E402
+
+TR = "/distdl.v1.Trainer/"
+HE = "/grpc.health.v1.Health/"
+KS = "/inference.GRPCInferenceService/"
+
+# method path -> kind: u unary, cs client stream, ss server stream
+KINDS = {
+    TR + "CreateModel": "u", TR + "GetStatus": "u", TR + "SubmitBatch": "cs", TR + "Step": "u",
+    TR + "Train": "ss", TR + "Evaluate": "u", TR + "Predict": "u", TR + "PullWeights": "ss",
+    TR + "PushWeights": "cs", TR + "Checkpoint": "u", TR + "Restore": "u", TR + "Shutdown": "u",
+    HE + "Check": "u", HE + "Watch": "ss",
+    KS + "ServerLive": "u", KS + "ServerReady": "u", KS + "ModelReady": "u",
+    KS + "ModelMetadata": "u", KS + "ModelInfer": "u",
+}
+
+
+# ---- hand-made protobuf ---------------------------------------------------------------
+
+def varint(v):
+    v &= (1 << 64) - 1
+    out = bytearray()
+    while v >= 0x80:
+        out.append((v & 0x7F) | 0x80)
+        v >>= 7
+    out.append(v)
+    return bytes(out)
+
+
+def key(field, wt):
+    return varint((field << 3) | wt)
+
+
+def ld(field, payload):
+    """A length-delimited field."""
+    return key(field, 2) + varint(len(payload)) + payload
+
+
+def vi(field, v):
+    return key(field, 0) + varint(v)
+
+
+def f32(values):
+    return struct.pack("<%df" % len(values), *values)
+
+
+# ---- calls -----------------------------------------------------------------------------
+
+class Raw:
+    """A grpcio channel that sends and receives raw bytes."""
+
+    def __init__(self, target, max_bytes=256 << 20):
+        self.target = target
+        self.ch = grpc.insecure_channel(target, options=[
+            ("grpc.max_receive_message_length", max_bytes),
+            ("grpc.max_send_message_length", max_bytes),
+            ("grpc.enable_retries", 0)])
+
+    def call(self, path, payload, timeout=30):
+        """payload: bytes (unary / server stream) or a list of bytes (client stream).
+        Returns (code, details, responses) with code a grpc.StatusCode."""
+        kind = KINDS.get(path, "u")
+        try:
+            if kind == "u":
+                r = self.ch.unary_unary(path)(payload, timeout=timeout)
+                return grpc.StatusCode.OK, "", [r]
+            if kind == "cs":
+                r = self.ch.stream_unary(path)(iter(payload), timeout=timeout)
+                return grpc.StatusCode.OK, "", [r]
+            out = list(self.ch.unary_stream(path)(payload, timeout=timeout))
+            return grpc.StatusCode.OK, "", out
+        except grpc.RpcError as e:
+            return e.code(), e.details() or "", []
+
+    def close(self):
+        self.ch.close()
+
+
+# ---- /proc ------------------------------------------------------------------------------
+
+def rank0_pid(d):
+    for pid, rank in d.rank_pids().items():
+        if rank == 0:
+            return pid
+    raise Failure("no rank 0 process under mpirun %d" % d.proc.pid)
+
+
+def vm_rss_kb(pid):
+    with open("/proc/%d/status" % pid) as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise Failure("no VmRSS for %d" % pid)
+
+
+def fd_count(pid):
+    return len(os.listdir("/proc/%d/fd" % pid))
+
+
+def percentile(values, p):
+    v = sorted(values)
+    if not v:
+        return 0.0
+    k = min(len(v) - 1, max(0, int(round(p / 100.0 * (len(v) - 1)))))
+    return v[k]
+
+
+def wait_for(pred, timeout, step=0.1):
+    end = time.time() + timeout
+    while time.time() < end:
+        if pred():
+            return True
+        time.sleep(step)
+    return pred()
+
+
+class Harness(DaemonHarness):
+    def __init__(self, a):
+        super().__init__(a, prefix="ddl-reliability-")
+        self.tr, self.he, self.inf = ddld_rpc.load_protos()

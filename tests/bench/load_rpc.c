@@ -577,10 +577,12 @@ typedef struct soak_cfg {
     int         steps;
 } soak_cfg;
 
+#define SOAK_RANKS 16 // ranks sampled at most
+
 typedef struct soak_sample {
     double            t;
     int64_t           step;
-    bench_proc_sample rank[MAX_RANKS];
+    bench_proc_sample rank[SOAK_RANKS];
     bench_proc_sample self;
 } soak_sample;
 
@@ -687,8 +689,8 @@ static double rss_slope(const soak_sample *s, int a, int b, int r)
 
 static int run_soak(const soak_cfg *cfg)
 {
-    if (nranks == 0) {
-        fprintf(stderr, "bench-load: soak needs --rank-pids\n");
+    if (nranks == 0 || nranks > SOAK_RANKS) {
+        fprintf(stderr, "bench-load: soak needs --rank-pids (at most %d)\n", SOAK_RANKS);
         return 2;
     }
     if (load_images(SOAK_IMAGES) != 0) {
@@ -709,11 +711,14 @@ static int run_soak(const soak_cfg *cfg)
            cfg->seconds, cfg->steps, SOAK_IMAGES,
            cfg->checkpoint_dir ? ", a Checkpoint every 5th" : "", cfg->address, s0.model_name,
            nranks, 100 * cfg->warmup);
-    int          cap = 1024, n = 0;
-    soak_sample *smp  = malloc(sizeof *smp * (size_t)cap);
-    int64_t      step = s0.step;
-    double       t0 = bench_now(), next_print = 0;
-    int          rc = 0, k;
+    // The samples are allocated and touched up front (room for 10 cycles a second): a
+    // buffer growing during the run would show as the client's own RSS creeping.
+    int          cap = (int)(cfg->seconds * 10) + 256, n = 0;
+    soak_sample *smp = calloc((size_t)cap, sizeof *smp);
+    memset(smp, 0, sizeof *smp * (size_t)cap);
+    int64_t step = s0.step;
+    double  t0 = bench_now(), next_print = 0;
+    int     rc = 0, k;
     for (k = 0; bench_now() - t0 < cfg->seconds; k++) {
         if (soak_cycle(cfg, c, k, &step)) {
             rc = 1;

@@ -714,7 +714,7 @@ static int run_soak(const soak_cfg *cfg)
     // The samples are allocated and touched up front (room for 10 cycles a second): a
     // buffer growing during the run would show as the client's own RSS creeping.
     int          cap = (int)(cfg->seconds * 10) + 256, n = 0;
-    soak_sample *smp = calloc((size_t)cap, sizeof *smp);
+    soak_sample *smp = malloc(sizeof *smp * (size_t)cap);
     memset(smp, 0, sizeof *smp * (size_t)cap);
     int64_t step = s0.step;
     double  t0 = bench_now(), next_print = 0;

@@ -207,6 +207,7 @@ typedef struct worker {
     ddl_client_t *c;
     uint64_t      rng;
     tally         t;
+    atomic_ullong ok_now, refused_now; // running totals the main thread reads
 } worker;
 
 static const load_cfg *lcfg;
@@ -283,6 +284,10 @@ static int one_call(worker *w, int m, int img)
     double dt   = bench_now() - t0;
     int    code = code_of(st);
     t->codes[m][code]++;
+    if (code == 0)
+        atomic_fetch_add_explicit(&w->ok_now, 1, memory_order_relaxed);
+    else if (code == DDL_RPC_RESOURCE_EXHAUSTED)
+        atomic_fetch_add_explicit(&w->refused_now, 1, memory_order_relaxed);
     if (code == 0) {
         t->hist[m][bucket_of(dt)]++;
         t->sum_s[m] += dt;
@@ -442,13 +447,12 @@ static int run_load(const load_cfg *cfg)
         }
         if (bench_now() >= next_report) {
             uint64_t ok = 0, refused = 0;
-            for (int i = 0; i < cfg->clients; i++)
-                for (int m = 0; m < M_N; m++) {
-                    ok += w[i].t.codes[m][0];
-                    refused += w[i].t.codes[m][DDL_RPC_RESOURCE_EXHAUSTED];
-                }
-            printf("  %5.0f s: %llu OK, %llu RESOURCE_EXHAUSTED (counts read unlocked)\n",
-                   bench_now() - t0, (unsigned long long)ok, (unsigned long long)refused);
+            for (int i = 0; i < cfg->clients; i++) {
+                ok += atomic_load_explicit(&w[i].ok_now, memory_order_relaxed);
+                refused += atomic_load_explicit(&w[i].refused_now, memory_order_relaxed);
+            }
+            printf("  %5.0f s: %llu OK, %llu RESOURCE_EXHAUSTED\n", bench_now() - t0,
+                   (unsigned long long)ok, (unsigned long long)refused);
             fflush(stdout);
             next_report += 10;
         }

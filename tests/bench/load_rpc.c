@@ -13,7 +13,8 @@
 //   own TCP connection as separate users' processes would have (C < N: threads share, as
 //   in a multi-threaded front end). Every outcome is counted per method and gRPC code.
 //   Expected outcomes: OK, and RESOURCE_EXHAUSTED when the daemon's request queue is full
-//   (backpressure: counted apart, the client backs off 1..64 ms with jitter and goes on).
+//   (backpressure: counted apart; the client retries the call after a jittered backoff,
+//   and the latency from its first attempt is reported as "with retries").
 //   Anything else is a failure, as is a Predict whose logits differ in any bit from the
 //   reference Predict of the same image made before the load, a pull whose weights differ
 //   from the reference pull, a status without the model or a health that is not SERVING.

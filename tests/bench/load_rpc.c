@@ -26,10 +26,11 @@
 //   equal), PullWeights, GetStatus (step advanced by K); every third cycle a short-lived
 //   second connection (health + status, like a CLI call); every fifth a Checkpoint into
 //   DIR when given. After each cycle every rank's VmRSS, open fds and threads are sampled
-//   (fds/threads re-read until two reads 100 ms apart agree, so a socket being closed is
-//   not counted). After the warm-up (fraction F of the time, default 0.2) open fds and
-//   threads must be exactly constant on every rank, and the RSS drift (mean of the last
-//   fifth of the samples minus the first fifth after warm-up) at most X MB (default 2).
+//   (fds/threads re-read until two reads 100 ms apart agree, and for up to 3 s more while
+//   they differ from the previous cycle's, so a socket still being closed is not counted). After
+//   the warm-up (fraction F of the time, default 0.2) open fds and threads must be exactly constant
+//   on every rank, and the RSS drift (mean of the last fifth of the samples minus the first fifth
+//   after warm-up) at most X MB (default 2).
 //
 // Exit status: 0 pass, 1 failure, 2 usage, 7 skip (no Fashion-MNIST test set).
 #define _GNU_SOURCE
@@ -109,15 +110,24 @@ static int parse_pids(const char *s)
 }
 
 // fds and threads of pid once two reads 100 ms apart agree (at most ~3 s), RSS of the last.
-static bench_proc_sample settled_sample(pid_t pid)
+// With a previous sample `prev` (NULL: none), a count that differs from it is re-read for
+// up to 3 s more before it is believed: on a loaded machine the daemon may close the
+// socket of a client that just left a little later, and only a lasting change is a leak.
+static bench_proc_sample settled_sample(pid_t pid, const bench_proc_sample *prev)
 {
     bench_proc_sample a = bench_proc_read(pid);
     for (int i = 0; i < 30; i++) {
         usleep(100000);
         bench_proc_sample b = bench_proc_read(pid);
-        if (b.fds == a.fds && b.threads == a.threads)
-            return b;
+        if (b.fds == a.fds && b.threads == a.threads) {
+            a = b;
+            break;
+        }
         a = b;
+    }
+    for (int i = 0; prev && i < 30 && (a.fds != prev->fds || a.threads != prev->threads); i++) {
+        usleep(100000);
+        a = bench_proc_read(pid);
     }
     return a;
 }
@@ -412,7 +422,7 @@ static int run_load(const load_cfg *cfg)
     ddl_client_destroy(&c0);
     bench_proc_sample base = {-1, -1, -1};
     if (nranks > 0)
-        base = settled_sample(rank_pid[0]);
+        base = settled_sample(rank_pid[0], NULL);
     printf("bench-load: %d clients on %d connections for %.0f s against %s (model %s, %d "
            "ranks, request queue %d); mix Predict %.0f%% GetStatus %.0f%% Health %.0f%% "
            "PullWeights %.0f%%; %d test images\n",
@@ -550,7 +560,7 @@ static int run_load(const load_cfg *cfg)
         bench_proc_sample after = {-1, -1, -1};
         double            t1    = bench_now();
         while (bench_now() - t1 < 20) {
-            after = settled_sample(rank_pid[0]);
+            after = settled_sample(rank_pid[0], &base);
             if (after.fds == base.fds)
                 break;
         }
@@ -736,7 +746,7 @@ static int run_soak(const soak_cfg *cfg)
         smp[n].t    = bench_now() - t0;
         smp[n].step = step;
         for (int r = 0; r < nranks; r++)
-            smp[n].rank[r] = settled_sample(rank_pid[r]);
+            smp[n].rank[r] = settled_sample(rank_pid[r], n > 0 ? &smp[n - 1].rank[r] : NULL);
         smp[n].self = bench_proc_read(getpid());
         if (smp[n].t >= next_print) {
             printf("  %6.1f s  cycle %4d  step %6lld ", smp[n].t, k, (long long)step);

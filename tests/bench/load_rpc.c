@@ -19,8 +19,8 @@
 //   reference Predict of the same image made before the load, a pull whose weights differ
 //   from the reference pull, a status without the model or a health that is not SERVING.
 //   After the load every client disconnects; the daemon must answer health and the
-//   reference Predicts again, and rank 0's open files must come back to the count it had
-//   before the load (with --rank-pids).
+//   reference Predicts again, and rank 0's open files must come back to (at most) the count
+//   it had before the load (with --rank-pids).
 // soak: one client (a training notebook) repeats cycles for D seconds (default 600): Train
 //   K steps (default 20) over the daemon's dataset, Predict 8 test images twice (bitwise
 //   equal), PullWeights, GetStatus (step advanced by K); every third cycle a short-lived
@@ -561,14 +561,14 @@ static int run_load(const load_cfg *cfg)
         double            t1    = bench_now();
         while (bench_now() - t1 < 20) {
             after = settled_sample(rank_pid[0], &base);
-            if (after.fds == base.fds)
+            if (after.fds <= base.fds)
                 break;
         }
         printf("rank 0 after the clients left: %ld fds (before %ld), %ld threads (before %ld), "
                "RSS %.1f MB (before %.1f)\n",
                after.fds, base.fds, after.threads, base.threads, after.rss_kb / 1024.0,
                base.rss_kb / 1024.0);
-        if (after.fds != base.fds) {
+        if (after.fds > base.fds) {
             fprintf(stderr,
                     "bench-load: FAIL: rank 0 holds %ld fds after the clients left, %ld "
                     "before\n",

@@ -90,6 +90,9 @@ typedef struct ddl_client_options {
     int64_t     max_receive_bytes; // largest message accepted (0: 64 MiB, -1: unlimited)
     int         tune_malloc;       // 1: raise glibc's mmap/trim thresholds (process-wide) so
                                    // streaming weights does not page-fault per message
+    int         own_connection;    // 1: a TCP connection of its own. 0 (default): gRPC lets
+                                   // the connections of one process to the same address with
+                                   // the same options share one TCP connection
 } ddl_client_options;
 
 // Defaults: connect_timeout_s 10, call_timeout_s 0, plaintext, no token.

@@ -264,7 +264,7 @@ ddl_status ddl_client_connect(const char *address, const ddl_client_options *opt
     c->call_timeout_s = o.call_timeout_s;
 
     int64_t  max_recv = o.max_receive_bytes ? o.max_receive_bytes : (int64_t)64 << 20;
-    grpc_arg args[4];
+    grpc_arg args[5];
     size_t   na              = 0;
     args[na].type            = GRPC_ARG_INTEGER;
     args[na].key             = GRPC_ARG_MAX_RECEIVE_MESSAGE_LENGTH;
@@ -274,6 +274,12 @@ ddl_status ddl_client_connect(const char *address, const ddl_client_options *opt
     args[na].type            = GRPC_ARG_INTEGER;
     args[na].key             = GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES;
     args[na++].value.integer = 8 << 20;
+    if (o.own_connection) {
+        // A channel-local subchannel pool: this channel never reuses another's connection.
+        args[na].type            = GRPC_ARG_INTEGER;
+        args[na].key             = GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL;
+        args[na++].value.integer = 1;
+    }
     if (o.tls_server_name) {
         args[na].type           = GRPC_ARG_STRING;
         args[na].key            = GRPC_SSL_TARGET_NAME_OVERRIDE_ARG;

@@ -33,6 +33,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "bench_util.h"
 #include "ddl/blas.h"
 #include "ddl/session.h"
 #include "ddl_client.h"
@@ -41,59 +42,12 @@ extern char **environ;
 
 #define BATCH 256
 
-static double now(void)
-{
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-
-static double cpu_self(void)
-{
-    struct rusage u;
-    getrusage(RUSAGE_SELF, &u);
-    return (double)u.ru_utime.tv_sec + 1e-6 * (double)u.ru_utime.tv_usec +
-           (double)u.ru_stime.tv_sec + 1e-6 * (double)u.ru_stime.tv_usec;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double quantile(double *v, int n, double q)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    int i = (int)ceil(q * n) - 1;
-    return v[i < 0 ? 0 : i >= n ? n - 1 : i];
-}
-
-static char *read_file(const char *path)
-{
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    rewind(f);
-    char *s = malloc((size_t)n + 1);
-    if (fread(s, 1, (size_t)n, f) != (size_t)n) {
-        free(s);
-        fclose(f);
-        return NULL;
-    }
-    s[n] = '\0';
-    fclose(f);
-    return s;
-}
-
 // The LeNet-5 spec with batch_size 256 (the shipped one says 64).
 static char *lenet_b256(const char *specs)
 {
     char path[PATH_MAX];
     snprintf(path, sizeof path, "%s/lenet5-2.json", specs);
-    char *s = read_file(path);
+    char *s = bench_read_file(path);
     char *p = s ? strstr(s, "\"batch_size\": 64") : NULL;
     if (!p) {
         fprintf(stderr, "bench-rpc: no \"batch_size\": 64 in %s\n", path);
@@ -119,11 +73,11 @@ static int run_inproc(const char *spec_path, int steps)
     int provided, rank;
     MPI_Init_thread(NULL, NULL, MPI_THREAD_FUNNELED, &provided);
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    int            threads = ddl_runtime_divide_cores(MPI_COMM_WORLD);
+    int threads = ddl_runtime_divide_cores(MPI_COMM_WORLD);
     if (rank == 0) {
         ddl_blas_log("bench-rpc (in-process)", threads);
     }
-    char          *spec    = rank == 0 ? read_file(spec_path) : NULL;
+    char          *spec = rank == 0 ? bench_read_file(spec_path) : NULL;
     ddl_session_t *s;
     ddl_status     st = ddl_session_create(MPI_COMM_WORLD, spec, spec_path, NULL, &s);
     if (st != DDL_OK) {
@@ -139,7 +93,7 @@ static int run_inproc(const char *spec_path, int steps)
     double *t  = malloc(sizeof(double) * (size_t)steps);
     for (int i = -3; i < steps; i++) {
         ddl_step_result r;
-        double          t0 = now();
+        double          t0 = bench_now();
         st                 = ddl_session_step(s, x, xb, labels, rank == 0 ? BATCH : 0, &r);
         if (st != DDL_OK) {
             if (rank == 0)
@@ -147,10 +101,11 @@ static int run_inproc(const char *spec_path, int steps)
             MPI_Abort(MPI_COMM_WORLD, 1);
         }
         if (i >= 0)
-            t[i] = now() - t0;
+            t[i] = bench_now() - t0;
     }
     if (rank == 0)
-        printf("INPROC %.9f %.9f %d\n", quantile(t, steps, 0.5), quantile(t, steps, 0.9), threads);
+        printf("INPROC %.9f %.9f %d\n", bench_quantile(t, steps, 0.5),
+               bench_quantile(t, steps, 0.9), threads);
     ddl_session_destroy(&s);
     free(t);
     free(x);
@@ -391,7 +346,7 @@ int main(int argc, char **argv)
     fclose(f);
     snprintf(lenet4, sizeof lenet4, "%s/lenet5-4.json", specs);
     snprintf(big, sizeof big, "%s/mlp-big-2.json", specs);
-    char *big_text = read_file(big);
+    char *big_text = bench_read_file(big);
     if (!big_text)
         return fprintf(stderr, "bench-rpc: cannot read %s\n", big), 1;
 
@@ -457,13 +412,13 @@ int main(int argc, char **argv)
             goto out;
         }
         for (int i = -3; i < steps; i++) {
-            double t0 = now();
+            double t0 = bench_now();
             if (ddl_client_step(c, &b, NULL) != DDL_OK)
                 DIE("Step");
             if (i >= 0)
-                t[k * steps + i] = rt[i] = now() - t0;
+                t[k * steps + i] = rt[i] = bench_now() - t0;
         }
-        double rpc_med = quantile(rt, steps, 0.5);
+        double rpc_med = bench_quantile(rt, steps, 0.5);
         printf("  block %d: in-process median %8.3f ms (p90 %8.3f), RPC median %8.3f ms: %.3f\n", k,
                1e3 * in_med, 1e3 * in_p90, 1e3 * rpc_med, rpc_med / in_med);
         in_sum += in_med;
@@ -472,20 +427,20 @@ int main(int argc, char **argv)
     printf("step in-process : mean of block medians %8.3f ms  (%d BLAS thread(s) per rank)\n",
            1e3 * in_sum / blocks, in_threads);
     printf("step via RPC    : mean of block medians %8.3f ms  (p90 of all %.3f ms)\n",
-           1e3 * rpc_sum / blocks, 1e3 * quantile(t, nt, 0.9));
+           1e3 * rpc_sum / blocks, 1e3 * bench_quantile(t, nt, 0.9));
     printf("RPC overhead ratio (RPC / in-process): %.3f  (target <= 1.05)\n", rpc_sum / in_sum);
     free(rt);
 
     // 2. Unary latency.
     for (int i = 0; i < unary; i++) {
         ddl_client_status_info s;
-        double                 t0 = now();
+        double                 t0 = bench_now();
         if (ddl_client_get_status(c, &s) != DDL_OK)
             DIE("GetStatus");
-        t[i] = now() - t0;
+        t[i] = bench_now() - t0;
     }
-    printf("GetStatus x %d : median %.1f us  p99 %.1f us\n", unary, 1e6 * quantile(t, unary, 0.5),
-           1e6 * quantile(t, unary, 0.99));
+    printf("GetStatus x %d : median %.1f us  p99 %.1f us\n", unary,
+           1e6 * bench_quantile(t, unary, 0.5), 1e6 * bench_quantile(t, unary, 0.99));
 
     // 3. Weight streaming on the big MLP.
     ddl_client_model_info mi;
@@ -494,32 +449,34 @@ int main(int argc, char **argv)
     double *tp = malloc(sizeof(double) * (size_t)reps), *tq = malloc(sizeof(double) * (size_t)reps);
     size_t  bytes            = 0;
     ddl_client_weights *w    = NULL;
-    double              cpu0 = cpu_self();
+    double              cpu0 = bench_cpu_self();
     for (int i = 0; i < reps; i++) {
         ddl_client_weights_destroy(&w);
-        double t0 = now();
+        double t0 = bench_now();
         if (ddl_client_pull_weights(c, &w) != DDL_OK)
             DIE("PullWeights");
-        tp[i] = now() - t0;
+        tp[i] = bench_now() - t0;
     }
-    double cpu_pull = cpu_self() - cpu0;
+    double cpu_pull = bench_cpu_self() - cpu0;
     for (int64_t i = 0; i < w->count; i++)
         bytes += w->tensors[i].bytes;
-    cpu0 = cpu_self();
+    cpu0 = bench_cpu_self();
     for (int i = 0; i < reps; i++) {
-        double t0 = now();
+        double t0 = bench_now();
         if (ddl_client_push_weights(c, w->tensors, w->count, NULL, NULL) != DDL_OK)
             DIE("PushWeights");
-        tq[i] = now() - t0;
+        tq[i] = bench_now() - t0;
     }
-    double cpu_push = cpu_self() - cpu0;
+    double cpu_push = bench_cpu_self() - cpu0;
     double gib      = (double)bytes / (1u << 30);
     printf("weights: %lld tensors, %.1f MiB (%lld parameters)\n", (long long)w->count,
            (double)bytes / (1 << 20), (long long)mi.num_parameters);
     printf("PullWeights: median %.3f s = %.2f GiB/s  (best %.2f GiB/s; target >= 1)\n",
-           quantile(tp, reps, 0.5), gib / quantile(tp, reps, 0.5), gib / quantile(tp, reps, 0.0));
+           bench_quantile(tp, reps, 0.5), gib / bench_quantile(tp, reps, 0.5),
+           gib / bench_quantile(tp, reps, 0.0));
     printf("PushWeights: median %.3f s = %.2f GiB/s  (best %.2f GiB/s; target >= 1)\n",
-           quantile(tq, reps, 0.5), gib / quantile(tq, reps, 0.5), gib / quantile(tq, reps, 0.0));
+           bench_quantile(tq, reps, 0.5), gib / bench_quantile(tq, reps, 0.5),
+           gib / bench_quantile(tq, reps, 0.0));
     printf("client CPU per GiB: pull %.2f s, push %.2f s\n", cpu_pull / (reps * gib),
            cpu_push / (reps * gib));
     ddl_client_weights_destroy(&w);
@@ -536,10 +493,10 @@ int main(int argc, char **argv)
         ddl_client_destroy(&c4);
         long long hz = sysconf(_SC_CLK_TCK);
         long long t0 = tree_ticks(d4.pid);
-        double    w0 = now();
+        double    w0 = bench_now();
         sleep((unsigned)idle);
         long long t1  = tree_ticks(d4.pid);
-        double    cpu = (double)(t1 - t0) / (double)hz, wall = now() - w0;
+        double    cpu = (double)(t1 - t0) / (double)hz, wall = bench_now() - w0;
         printf(
             "idle 4-rank daemon over %.0f s: %.2f CPU-s = %.2f%% of one core (mpirun + 4 ranks)\n",
             wall, cpu, 100.0 * cpu / wall);

@@ -19,7 +19,7 @@
 
 #define OPTIONS_FIELDS(F)                                                                     \
     F(connect_timeout_s) F(call_timeout_s) F(tls_ca_file) F(tls_cert_file) F(tls_key_file)    \
-    F(tls_server_name) F(token) F(max_receive_bytes) F(tune_malloc)
+    F(tls_server_name) F(token) F(max_receive_bytes) F(tune_malloc) F(own_connection)
 #define TENSOR_FIELDS(F) F(name) F(dtype) F(ndim) F(shape) F(data) F(bytes)
 #define WEIGHTS_FIELDS(F) F(count) F(tensors)
 #define MODEL_INFO_FIELDS(F)                                                                  \

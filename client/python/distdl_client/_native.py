@@ -39,6 +39,7 @@ class Options(ctypes.Structure):  # ddl_client_options
         ("token", c_char_p),
         ("max_receive_bytes", c_int64),
         ("tune_malloc", c_int),
+        ("own_connection", c_int),
     ]
 
 

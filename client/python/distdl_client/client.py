@@ -273,7 +273,7 @@ class Client:
 
     def __init__(self, address=None, *, address_file=None, timeout=10.0, call_timeout=0.0,
                  tls_ca=None, tls_cert=None, tls_key=None, tls_server_name=None, token=None,
-                 max_receive_bytes=0, tune_malloc=False):
+                 max_receive_bytes=0, tune_malloc=False, own_connection=False):
         if address is None and address_file is None:
             address = os.environ.get("DDL_ADDRESS") or None
             address_file = os.environ.get("DDL_ADDRESS_FILE") or None
@@ -302,6 +302,7 @@ class Client:
          o.token) = self._keep
         o.max_receive_bytes = int(max_receive_bytes)
         o.tune_malloc = 1 if tune_malloc else 0
+        o.own_connection = 1 if own_connection else 0
         self._cv = threading.Condition()
         self._calls = 0
         self._closing = False

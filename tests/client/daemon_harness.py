@@ -48,11 +48,17 @@ def sc_lifecycle(h):
 
 def sc_valgrind(h):
     """What tests/sanitize/valgrind_daemon.sh runs with every rank under memcheck: the
-    hostile requests on a daemon without a model, then 100 training steps, an evaluation
-    and a shutdown on one with LeNet-5 (lighter than `lifecycle`: memcheck is ~50x slower)."""
+    hostile requests on a daemon without a model, then on one with LeNet-5 a short Train,
+    a checkpoint, a weight pull, a restore compared with the pulled weights, and a shutdown
+    (lighter than `lifecycle`: memcheck is some 50x slower)."""
     sc_bad(h)
-    d = h.start(2, COMMON + ["--model", h.spec("lenet5-2.json")], "valgrind-train")
-    h.client(d, "train", 100)
+    ck = os.path.join(h.work, "ckpt-valgrind")
+    os.makedirs(ck)
+    saved = os.path.join(h.work, "valgrind.safetensors")
+    d = h.start(2, COMMON + ["--model", h.spec("lenet5-2.json"), "--checkpoint-dir", ck],
+                "valgrind-train")
+    h.client(d, "save", ck, saved)
+    h.client(d, "restore", ck, saved)
     h.shutdown(d)
 
 

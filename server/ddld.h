@@ -47,6 +47,7 @@ typedef struct ddld_config {
     int64_t     max_message_bytes;
     int         queue;   // --queue: pending requests and submitted batches
     double      grace_s; // shutdown grace for in-flight calls
+    double      watchdog_s; // --watchdog: a rank silent this long ends the job (0: off)
 } ddld_config;
 
 // Logging: "distdld: ..." on stderr (rank 0 only unless noted).

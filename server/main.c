@@ -27,6 +27,7 @@
 #include "ddl/blas.h"
 #include "ddl/model.h"
 #include "ddld.h"
+#include "watchdog.h"
 
 static int log_rank = -1;
 
@@ -61,6 +62,8 @@ static const char usage[] =
     "  --max-message-bytes N     largest request message accepted (default 67108864)\n"
     "  --queue N                 pending requests and submitted batches (default 64)\n"
     "  --grace SECONDS           shutdown grace for in-flight calls (default 5)\n"
+    "  --watchdog SECONDS        end the job when a rank has not answered for this long\n"
+    "                            (stopped or hung; default 60, 0 = off)\n"
     "Signals: SIGTERM/SIGINT to rank 0, or SIGUSR2 to mpirun, shut down gracefully;\n"
     "SIGUSR1 (to mpirun or rank 0) checkpoints now.\n";
 
@@ -86,6 +89,7 @@ static int parse_args(int argc, char **argv, ddld_config *cfg, bool print)
     cfg->max_message_bytes = 64 << 20;
     cfg->queue             = 64;
     cfg->grace_s           = 5;
+    cfg->watchdog_s        = 60;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         char        name[64];
@@ -117,7 +121,8 @@ static int parse_args(int argc, char **argv, ddld_config *cfg, bool print)
                                                  "--checkpoint-interval",
                                                  "--max-message-bytes",
                                                  "--queue",
-                                                 "--grace"};
+                                                 "--grace",
+                                                 "--watchdog"};
         bool                     known        = false;
         for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) {
             known = known || strcmp(name, with_value[k]) == 0;
@@ -172,6 +177,9 @@ static int parse_args(int argc, char **argv, ddld_config *cfg, bool print)
         } else if (strcmp(name, "--grace") == 0) {
             ok           = parse_int(val, 0, 3600, &v);
             cfg->grace_s = (double)v;
+        } else if (strcmp(name, "--watchdog") == 0) {
+            ok              = parse_int(val, 0, 86400, &v);
+            cfg->watchdog_s = (double)v;
         }
         if (!ok) {
             if (print) {
@@ -390,15 +398,20 @@ int main(int argc, char **argv)
     ddl_malloc_tune_for_streaming();
     signal(SIGPIPE, SIG_IGN);
 
+    // The watchdog's heartbeat thread calls MPI beside the main thread.
+    int required = cfg.watchdog_s > 0 ? MPI_THREAD_MULTIPLE : MPI_THREAD_FUNNELED;
     int provided;
-    MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+    MPI_Init_thread(&argc, &argv, required, &provided);
     int rank, size;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     log_rank = rank;
-    if (provided < MPI_THREAD_FUNNELED) {
+    if (provided < required) {
         if (rank == 0) {
-            ddld_log("MPI provides thread level %d, FUNNELED needed", provided);
+            ddld_log("MPI provides thread level %d, %s needed%s", provided,
+                     required == MPI_THREAD_MULTIPLE ? "MULTIPLE" : "FUNNELED",
+                     required == MPI_THREAD_MULTIPLE ? " by the watchdog (--watchdog 0 turns it off)"
+                                                     : "");
         }
         MPI_Finalize();
         return 2;
@@ -410,7 +423,8 @@ int main(int argc, char **argv)
         ddld_log("%d ranks, BLAS %s, %d thread%s per rank", size, ddl_blas_summary(), threads,
                  threads == 1 ? "" : "s");
     }
-    ddld_dispatch *d = ddld_dispatch_create(&cfg, MPI_COMM_WORLD);
+    ddld_dispatch *d  = ddld_dispatch_create(&cfg, MPI_COMM_WORLD);
+    ddld_watchdog *wd = ddld_watchdog_start(MPI_COMM_WORLD, cfg.watchdog_s);
     int            code;
     if (rank == 0) {
         code = run_rank0(&cfg, d);
@@ -422,6 +436,7 @@ int main(int argc, char **argv)
         signal(SIGUSR2, SIG_IGN);
         code = ddld_dispatch_worker_loop(d);
     }
+    ddld_watchdog_stop(&wd);
     ddld_dispatch_destroy(&d);
     MPI_Finalize();
     if (rank == 0) {

@@ -27,21 +27,26 @@ FMNIST = "/usr/share/datasets/fashion-mnist"
 
 
 class Daemon:
-    def __init__(self, h, np, args, name, listen="127.0.0.1:0"):
+    def __init__(self, h, np, args, name, listen="127.0.0.1:0", env=None, mpi_flags=()):
         self.h = h
         self.np = np
         self.dir = tempfile.mkdtemp(prefix="ddl-daemon-%s-" % name, dir=h.work)
         self.addr_file = os.path.join(self.dir, "addr")
         self.log_path = os.path.join(self.dir, "daemon.log")
-        cmd = [h.mpiexec, "-np", str(np)] + h.mpi_flags + [
+        cmd = [h.mpiexec, "-np", str(np)] + h.mpi_flags + list(mpi_flags) + [
             h.distdld, "--listen", listen, "--address-file", self.addr_file,
             "--data-root", FMNIST] + args
         self.cmd = cmd
         self.log = open(self.log_path, "w")
         print("$ " + " ".join(shlex.quote(c) for c in cmd), flush=True)
         self.t0 = time.time()
+        penv = None
+        if env:
+            penv = dict(os.environ)
+            penv.update(env)
+            print("  with %s" % " ".join("%s=%s" % kv for kv in sorted(env.items())), flush=True)
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
-                                     start_new_session=True)
+                                     start_new_session=True, env=penv)
         self.address = None
 
     def wait_address(self, timeout=90):
@@ -86,6 +91,11 @@ class Daemon:
                 continue
         return out
 
+    def log_text(self):
+        self.log.flush()
+        with open(self.log_path) as f:
+            return f.read()
+
     def wait_exit(self, timeout=60):
         try:
             rc = self.proc.wait(timeout=timeout)
@@ -115,6 +125,39 @@ class Daemon:
                   (self.log_path, text[-6000:]), flush=True)
         except OSError:
             pass
+
+
+def job_pids(d):
+    """mpirun and every rank of daemon d: the live processes whose command line holds its
+    address file (found through /proc, so ranks re-parented after mpirun died count; a
+    zombie has an empty command line and does not)."""
+    out = []
+    key = d.addr_file.encode()
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open("/proc/%s/cmdline" % pid, "rb") as f:
+                    if key in f.read():
+                        out.append(int(pid))
+            except OSError:
+                pass
+    return out
+
+
+def kill_job(d):
+    """SIGKILL to mpirun and every rank at the same moment, like a node losing power."""
+    for pid in job_pids(d):
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+    d.proc.wait()
+    d.log.close()
+    end = time.time() + 10
+    while job_pids(d):
+        if time.time() > end:
+            raise Failure("processes %s outlived the SIGKILL of their job" % job_pids(d))
+        time.sleep(0.05)
 
 
 class DaemonHarness:

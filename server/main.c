@@ -11,8 +11,9 @@
 // SIGUSR2 to every rank at once, so `kill -USR2 <mpirun>` is the clean way to stop the
 // job from outside) and wait for commands (dispatch.c). SIGTERM to mpirun reaches the
 // ranks only after `odls_base_sigkill_timeout` seconds and is followed by SIGKILL as long
-// again: launch with `--mca odls_base_sigkill_timeout 30` (more than the grace period
-// plus the final checkpoint) if you stop it that way.
+// again: launch with `--mca odls_base_sigkill_timeout 10` (more than the grace period
+// plus the final checkpoint, and no more: after a rank fault mpirun takes twice it to end
+// the job) if you stop it that way. --watchdog (watchdog.c) ends a job whose rank stopped.
 #include <errno.h>
 #include <limits.h>
 #include <signal.h>

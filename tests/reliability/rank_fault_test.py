@@ -353,6 +353,17 @@ def worldsize(h):
         print("FIGURE worldsize np %d vs 2-rank spec: mpirun exit %d after %.2f s: %s" %
               (np_, rc, dt, lines[0]), flush=True)
 
+    # A bad --watchdog value is refused like any bad option: one line, exit 2.
+    for bad in ("-1", "3s", "86401"):
+        cmd = [h.mpiexec, "-np", "2"] + h.mpi_flags + [h.distdld, "--watchdog", bad]
+        r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                           timeout=30)
+        lines = [ln for ln in r.stdout.splitlines() if "--watchdog" in ln]
+        if r.returncode != 2 or len(lines) != 1 or "bad value" not in lines[0]:
+            print(r.stdout)
+            raise Failure("--watchdog %s: exit %d, %d lines about it" %
+                          (bad, r.returncode, len(lines)))
+
     d = h.start(2, [], "ws-rpc")
     c = ddld_rpc.Client(d.address)
     spec4 = open(h.spec(SPECS[4])).read()

@@ -43,7 +43,6 @@ struct ddld_watchdog {
     int             rank, size;
     double          timeout_s, period_s;
     pthread_t       thread;
-    bool            running;
     pthread_mutex_t mu;
     pthread_cond_t  cv;
     bool            stop; // under mu: the worker's command loop ended
@@ -183,7 +182,9 @@ static void *watch_main(void *arg)
                 end_job(w, r, now - w->peers[r].last);
             }
         }
-        nap_until(w, now + ROOT_POLL_S); // rank 0 ends on the BYEs, not on the stop flag
+        // Rank 0 ends on the BYEs, not on the stop flag (which would cut its naps short).
+        struct timespec ts = {0, (long)(ROOT_POLL_S * 1e9)};
+        nanosleep(&ts, NULL);
     }
 }
 
@@ -233,7 +234,6 @@ ddld_watchdog *ddld_watchdog_start(MPI_Comm world, double timeout_s)
         ddld_log("watchdog: cannot start its thread: %s", strerror(err));
         MPI_Abort(world, 2);
     }
-    w->running = true;
     return w;
 }
 
@@ -247,9 +247,7 @@ void ddld_watchdog_stop(ddld_watchdog **pw)
     w->stop = true;
     pthread_cond_signal(&w->cv);
     pthread_mutex_unlock(&w->mu);
-    if (w->running) {
-        pthread_join(w->thread, NULL);
-    }
+    pthread_join(w->thread, NULL);
     MPI_Comm_free(&w->comm);
     pthread_cond_destroy(&w->cv);
     pthread_mutex_destroy(&w->mu);

@@ -11,8 +11,10 @@
 //                 same ddl_session_* call; rank 0 then completes the gRPC call.
 //   status_map.c  the one table from ddl_status to gRPC status codes.
 //
-// Threads: only main threads call MPI (MPI_THREAD_FUNNELED) and the engine; the cq
-// thread touches gRPC, protobuf-c and the shared snapshot (ddld_shared, under its mutex).
+// Threads: only main threads run the engine and the command channel; the cq thread
+// touches gRPC, protobuf-c and the shared snapshot (ddld_shared, under its mutex); the
+// watchdog's heartbeat thread (watchdog.h) uses MPI on its own communicator, so MPI runs
+// MPI_THREAD_MULTIPLE unless --watchdog 0 (then FUNNELED).
 // Internal names carry the `ddld_` prefix (the daemon's private namespace).
 #ifndef DDLD_H
 #define DDLD_H

@@ -12,6 +12,8 @@ stop_npP    (P = 2, 4) --watchdog 3; SIGSTOP to the last rank while a Train runs
             logs that rank's number, host and pid, the job ends within watchdog + 30 s, the
             Train ends UNAVAILABLE, nothing of the job is left.
 stop_idle   the same with the daemon idle (no call in flight).
+stop_root_np4  SIGSTOP to rank 0 during a Train on 4 ranks: rank 1 names it, the job ends
+            within watchdog + 30 s, the Train ends UNAVAILABLE, nothing is left.
 healthy     --watchdog 3 on 4 ranks: a Train of many times the watchdog period, a single
             step longer than the watchdog (a 20000-sample batch), an Evaluate of the whole
             test split and idle time; the watchdog never fires and every rank exits 0.
@@ -219,7 +221,7 @@ def kill9(h, np_):
 
 # ---- SIGSTOP -------------------------------------------------------------------------------
 
-def stop(h, np_, busy):
+def stop(h, np_, busy, target=None):
     d = h.daemon(np_, ["--watchdog", str(WATCHDOG)], "stop")
     c = ddld_rpc.Client(d.address)
     train = None
@@ -229,12 +231,14 @@ def stop(h, np_, busy):
     else:
         time.sleep(2 * WATCHDOG)  # idle for longer than the watchdog: no false alarm
     pid, ranks = victim(d)
+    if target is not None:
+        pid = [p for p, rk in ranks.items() if rk == target][0]
     r = ranks[pid]
     print("ranks %s; SIGSTOP to rank %d (pid %d)%s" %
           (ranks, r, pid, " during Train" if busy else " while idle"), flush=True)
     t0 = time.time()
     os.kill(pid, signal.SIGSTOP)
-    pat = re.compile(r"distdld: rank (\d+) \(host (\S+), pid (\d+)\) has not answered for "
+    pat = re.compile(r"distdld(?:\[1\])?: rank (\d+) \(host (\S+), pid (\d+)\) has not answered for "
                      r"([0-9.]+) s \(stopped or hung\); ending the job")
     t_named = None
     end = t0 + WATCHDOG + END_BUDGET
@@ -405,6 +409,7 @@ SCENARIOS = {
     "stop_np2": lambda h: stop(h, 2, busy=True),
     "stop_np4": lambda h: stop(h, 4, busy=True),
     "stop_idle": lambda h: stop(h, 2, busy=False),
+    "stop_root_np4": lambda h: stop(h, 4, busy=True, target=0),
     "healthy": healthy,
     "worldsize": worldsize,
 }

@@ -118,7 +118,8 @@ class Daemon:
 
     def dump(self):
         try:
-            self.log.flush()
+            if not self.log.closed:
+                self.log.flush()
             with open(self.log_path) as f:
                 text = f.read()
             print("---- daemon log (%s) ----\n%s---- end of daemon log ----" %

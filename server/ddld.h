@@ -47,8 +47,8 @@ typedef struct ddld_config {
     int64_t     checkpoint_interval; // seconds between timed checkpoints (0: none)
     bool        resume;
     int64_t     max_message_bytes;
-    int         queue;   // --queue: pending requests and submitted batches
-    double      grace_s; // shutdown grace for in-flight calls
+    int         queue;      // --queue: pending requests and submitted batches
+    double      grace_s;    // shutdown grace for in-flight calls
     double      watchdog_s; // --watchdog: a rank silent this long ends the job (0: off)
 } ddld_config;
 

@@ -411,8 +411,9 @@ int main(int argc, char **argv)
         if (rank == 0) {
             ddld_log("MPI provides thread level %d, %s needed%s", provided,
                      required == MPI_THREAD_MULTIPLE ? "MULTIPLE" : "FUNNELED",
-                     required == MPI_THREAD_MULTIPLE ? " by the watchdog (--watchdog 0 turns it off)"
-                                                     : "");
+                     required == MPI_THREAD_MULTIPLE
+                         ? " by the watchdog (--watchdog 0 turns it off)"
+                         : "");
         }
         MPI_Finalize();
         return 2;

@@ -5,7 +5,7 @@
 //   BEAT  rank r -> 0 and 0 -> rank r, every period while the threads run
 //   BYE   rank r -> 0 once, when r's command loop ended (r sends nothing after it);
 //         0 -> rank r in answer, after its last BEAT to r (0 sends r nothing after it)
-//   ABORT 0 -> rank r: the job ends; the value names the silent rank
+//   ABORT a judge -> every other rank: the job ends; the value names the silent rank
 // Messages between two ranks arrive in order, so after both BYEs nothing is in flight.
 // Rank 0 judges every other rank; rank 1 judges rank 0 (one judge, one message). Worker
 // threads wait on a condition variable between beats (a stop is immediate) and take rank
@@ -27,7 +27,7 @@
 
 enum { TAG_BEAT = 1, TAG_BYE = 2, TAG_ABORT = 3 };
 
-#define WORKER_POLL_S 0.25 // a worker notices rank 0's ABORT within this
+#define WORKER_POLL_S 0.25 // a worker takes rank 0's messages (and an ABORT) this often
 #define ROOT_POLL_S 0.1    // rank 0 checks the silences this often
 
 struct hello {
@@ -51,7 +51,7 @@ struct ddld_watchdog {
     bool            stop; // under mu: the worker's command loop ended
     // the message buffers (never reallocated)
     int32_t beat, rx, fault_rank;
-    // rank 0: one entry per rank (who: each rank's host and pid); others: rank 0's
+    // one entry per rank; rank 0 also has `who` (each rank's host and pid), all have `root`
     struct peer  *peers;
     struct hello *who;
     struct hello  root;
@@ -132,7 +132,7 @@ static void aborted(ddld_watchdog *w, int from)
 // apart) cannot tell silence from its own absence: it restarts the clocks instead.
 static bool judge_was_away(ddld_watchdog *w, double now)
 {
-    bool away   = w->last_check > 0 && now - w->last_check > w->timeout_s / 2;
+    bool away     = w->last_check > 0 && now - w->last_check > w->timeout_s / 2;
     w->last_check = now;
     return away;
 }

@@ -9,8 +9,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${OUT_DIR:-run}"
 mkdir -p "$out"
+# odls_base_sigkill_timeout: mpirun's kill sequence after a dead or aborting rank takes about
+# twice this (docs/SERVER.md, rank faults), so 10 ends a faulty job in ~20 s; a SIGTERM to
+# mpirun still leaves the graceful shutdown 10 s (grace 5 s + the final checkpoint).
 flags=(--oversubscribe --mca btl self,vader --mca pml ob1 --mca btl_vader_single_copy_mechanism none
-       --mca mpi_yield_when_idle 1 --mca odls_base_sigkill_timeout 30)
+       --mca mpi_yield_when_idle 1 --mca odls_base_sigkill_timeout 10)
 if [ "$(id -u)" = 0 ]; then
     flags+=(--allow-run-as-root)
 fi

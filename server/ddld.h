@@ -14,8 +14,10 @@
 //                 tests/fuzz/fuzz_requests).
 //   status_map.c  the one table from ddl_status to gRPC status codes.
 //
-// Threads: only main threads call MPI (MPI_THREAD_FUNNELED) and the engine; the cq
-// thread touches gRPC, protobuf-c and the shared snapshot (ddld_shared, under its mutex).
+// Threads: only main threads run the engine and the command channel; the cq thread
+// touches gRPC, protobuf-c and the shared snapshot (ddld_shared, under its mutex); the
+// watchdog's heartbeat thread (watchdog.h) uses MPI on its own communicator, so MPI runs
+// MPI_THREAD_MULTIPLE unless --watchdog 0 (then FUNNELED).
 // Internal names carry the `ddld_` prefix (the daemon's private namespace).
 #ifndef DDLD_H
 #define DDLD_H
@@ -50,6 +52,7 @@ typedef struct ddld_config {
     int64_t     max_message_bytes;
     int         queue;   // --queue: pending requests and submitted batches
     double      grace_s; // shutdown grace for in-flight calls
+    double      watchdog_s; // --watchdog: a rank silent this long ends the job (0: off)
     const char *metrics_listen;       // --metrics-listen: Prometheus endpoint (NULL: off)
     const char *metrics_address_file; // --metrics-address-file: its host:port once serving
     // Authentication and TLS (auth.c): files read on rank 0 before serving.

@@ -14,8 +14,9 @@
 // `kill -USR2 <mpirun>` is the clean way to stop the job from outside) and wait for
 // commands (dispatch.c). SIGTERM to mpirun reaches the
 // ranks only after `odls_base_sigkill_timeout` seconds and is followed by SIGKILL as long
-// again: launch with `--mca odls_base_sigkill_timeout 30` (more than the grace period
-// plus the final checkpoint) if you stop it that way.
+// again: launch with `--mca odls_base_sigkill_timeout 10` (more than the grace period
+// plus the final checkpoint, and no more: after a rank fault mpirun takes twice it to end
+// the job) if you stop it that way. --watchdog (watchdog.c) ends a job whose rank stopped.
 #include <errno.h>
 #include <limits.h>
 #include <signal.h>
@@ -32,6 +33,7 @@
 #include "ddl/model.h"
 #include "ddld.h"
 #include "metrics.h"
+#include "watchdog.h"
 
 static int log_rank = -1;
 
@@ -74,6 +76,8 @@ static const char usage[] =
     "  --tls-cert PEM --tls-key PEM   serve TLS with this certificate chain and key\n"
     "  --tls-client-ca PEM       mutual TLS: require client certificates from this CA\n"
     "  --insecure                allow a non-loopback --listen without TLS or tokens\n"
+    "  --watchdog SECONDS        end the job when a rank has not answered for this long\n"
+    "                            (stopped or hung; default 60, 0 = off)\n"
     "Signals: SIGTERM/SIGINT to rank 0, or SIGUSR2 to mpirun, shut down gracefully;\n"
     "SIGUSR1 (to mpirun or rank 0) checkpoints now; SIGHUP to rank 0 reloads --token-file.\n";
 
@@ -99,6 +103,7 @@ static int parse_args(int argc, char **argv, ddld_config *cfg, bool print)
     cfg->max_message_bytes = 64 << 20;
     cfg->queue             = 64;
     cfg->grace_s           = 5;
+    cfg->watchdog_s        = 60;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         char        name[64];
@@ -140,7 +145,8 @@ static int parse_args(int argc, char **argv, ddld_config *cfg, bool print)
                                                  "--token-file",
                                                  "--tls-cert",
                                                  "--tls-key",
-                                                 "--tls-client-ca"};
+                                                 "--tls-client-ca",
+                                                 "--watchdog"};
         bool                     known        = false;
         for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) {
             known = known || strcmp(name, with_value[k]) == 0;
@@ -200,6 +206,9 @@ static int parse_args(int argc, char **argv, ddld_config *cfg, bool print)
             cfg->tls_key = val;
         } else if (strcmp(name, "--tls-client-ca") == 0) {
             cfg->tls_client_ca = val;
+        } else if (strcmp(name, "--watchdog") == 0) {
+            ok              = parse_int(val, 0, 86400, &v);
+            cfg->watchdog_s = (double)v;
         }
         if (!ok) {
             if (print) {
@@ -444,15 +453,21 @@ int main(int argc, char **argv)
     // the caller, instead of killing the rank with SIGXFSZ.
     signal(SIGXFSZ, SIG_IGN);
 
+    // The watchdog's heartbeat thread calls MPI beside the main thread.
+    int required = cfg.watchdog_s > 0 ? MPI_THREAD_MULTIPLE : MPI_THREAD_FUNNELED;
     int provided;
-    MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+    MPI_Init_thread(&argc, &argv, required, &provided);
     int rank, size;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     log_rank = rank;
-    if (provided < MPI_THREAD_FUNNELED) {
+    if (provided < required) {
         if (rank == 0) {
-            ddld_log("MPI provides thread level %d, FUNNELED needed", provided);
+            ddld_log("MPI provides thread level %d, %s needed%s", provided,
+                     required == MPI_THREAD_MULTIPLE ? "MULTIPLE" : "FUNNELED",
+                     required == MPI_THREAD_MULTIPLE
+                         ? " by the watchdog (--watchdog 0 turns it off)"
+                         : "");
         }
         MPI_Finalize();
         return 2;
@@ -475,7 +490,8 @@ int main(int argc, char **argv)
                  threads == 1 ? "" : "s");
     }
     ddld_metrics_init(&cfg, rank, size);
-    ddld_dispatch *d = ddld_dispatch_create(&cfg, MPI_COMM_WORLD);
+    ddld_dispatch *d  = ddld_dispatch_create(&cfg, MPI_COMM_WORLD);
+    ddld_watchdog *wd = ddld_watchdog_start(MPI_COMM_WORLD, cfg.watchdog_s);
     int            code;
     if (rank == 0) {
         code = run_rank0(&cfg, d);
@@ -488,6 +504,7 @@ int main(int argc, char **argv)
         signal(SIGHUP, SIG_IGN);
         code = ddld_dispatch_worker_loop(d);
     }
+    ddld_watchdog_stop(&wd);
     ddld_dispatch_destroy(&d);
     ddld_metrics_free();
     MPI_Finalize();

@@ -37,7 +37,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "support"))
 sys.path.insert(0, os.path.join(HERE, "..", "server"))
-from ddl_daemon import DaemonHarness, Failure, Skip, run_scenarios  # noqa: E402
+from ddl_daemon import DaemonHarness, Failure, Skip, kill_job, run_scenarios  # noqa: E402
 
 import grpc  # noqa: E402
 import ddld_rpc  # noqa: E402
@@ -117,38 +117,6 @@ class Trainer(threading.Thread):
                 self.recs.append(r)
         except grpc.RpcError as e:
             self.error = e.code()
-
-
-def job_pids(d):
-    """mpirun and every rank of daemon d: the processes whose command line holds its
-    address file (found through /proc, so ranks re-parented after mpirun died count)."""
-    out = []
-    key = d.addr_file.encode()
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                with open("/proc/%s/cmdline" % pid, "rb") as f:
-                    if key in f.read():
-                        out.append(int(pid))
-            except OSError:
-                pass
-    return out
-
-
-def kill_job(d):
-    """SIGKILL to mpirun and every rank at the same moment, like a node losing power."""
-    for pid in job_pids(d):
-        try:
-            os.kill(pid, 9)
-        except ProcessLookupError:
-            pass
-    d.proc.wait()
-    d.log.close()
-    end = time.time() + 10
-    while job_pids(d):
-        if time.time() > end:
-            raise Failure("processes %s outlived the SIGKILL of their job" % job_pids(d))
-        time.sleep(0.05)
 
 
 # ---- checkpoint verification, independent of the engine ---------------------------------

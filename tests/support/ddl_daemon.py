@@ -28,16 +28,16 @@ FMNIST = "/usr/share/datasets/fashion-mnist"
 
 class Daemon:
     def __init__(self, h, np, args, name, listen="127.0.0.1:0", prefix=(), mpi_flags=None,
-                 env=None):
+                 extra_mpi_flags=(), env=None):
         """prefix: argv put before mpirun (e.g. ip netns exec NS); mpi_flags replace the
-        harness's flags; env: variables added to (or overriding) this process's
-        environment for mpirun and the ranks."""
+        harness's flags, extra_mpi_flags are added after them; env: variables added to (or
+        overriding) this process's environment for mpirun and the ranks."""
         self.h = h
         self.np = np
         self.dir = tempfile.mkdtemp(prefix="ddl-daemon-%s-" % name, dir=h.work)
         self.addr_file = os.path.join(self.dir, "addr")
         self.log_path = os.path.join(self.dir, "daemon.log")
-        flags = h.mpi_flags if mpi_flags is None else list(mpi_flags)
+        flags = (h.mpi_flags if mpi_flags is None else list(mpi_flags)) + list(extra_mpi_flags)
         # DDL_DAEMON_WRAPPER runs every rank under a tool (tests/sanitize/valgrind_daemon.sh:
         # valgrind memcheck).
         wrapper = shlex.split(os.environ.get("DDL_DAEMON_WRAPPER", ""))
@@ -100,6 +100,12 @@ class Daemon:
                 continue
         return out
 
+    def log_text(self):
+        if not self.log.closed:
+            self.log.flush()
+        with open(self.log_path) as f:
+            return f.read()
+
     def wait_exit(self, timeout=60):
         try:
             rc = self.proc.wait(timeout=timeout)
@@ -130,6 +136,39 @@ class Daemon:
                   (self.log_path, text[-6000:]), flush=True)
         except OSError:
             pass
+
+
+def job_pids(d):
+    """mpirun and every rank of daemon d: the live processes whose command line holds its
+    address file (found through /proc, so ranks re-parented after mpirun died count; a
+    zombie has an empty command line and does not)."""
+    out = []
+    key = d.addr_file.encode()
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                with open("/proc/%s/cmdline" % pid, "rb") as f:
+                    if key in f.read():
+                        out.append(int(pid))
+            except OSError:
+                pass
+    return out
+
+
+def kill_job(d):
+    """SIGKILL to mpirun and every rank at the same moment, like a node losing power."""
+    for pid in job_pids(d):
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+    d.proc.wait()
+    d.log.close()
+    end = time.time() + 10
+    while job_pids(d):
+        if time.time() > end:
+            raise Failure("processes %s outlived the SIGKILL of their job" % job_pids(d))
+        time.sleep(0.05)
 
 
 class DaemonHarness:

@@ -27,10 +27,17 @@ def records(text):
     return out
 
 
+# C library functions that only allocate on their caller's behalf: the caller is the owner.
+LIBC_ALLOCATORS = ("strdup ", "strndup ", "__strdup ", "__vasprintf_internal ", "vasprintf ",
+                   "asprintf ", "__asprintf_chk ", "__vasprintf_chk ", "open_memstream ")
+
+
 def innermost(rec):
+    """The innermost frame that is neither valgrind's allocator nor a C library function
+    allocating for its caller (strdup, asprintf, ...)."""
     for l in rec:
         m = re.match(r"\s+(?:at|by) 0x[0-9A-F]+: (.*)$", l)
-        if m and "vgpreload_" not in m.group(1):
+        if m and "vgpreload_" not in m.group(1) and not m.group(1).startswith(LIBC_ALLOCATORS):
             return m.group(1)
     return None
 

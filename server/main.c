@@ -444,8 +444,17 @@ int main(int argc, char **argv)
 
     ddld_config cfg;
     int         pa = parse_args(argc, argv, &cfg, first);
+    if (pa == 1) {
+        return 0; // --help
+    }
     if (pa != 0) {
-        return pa == 1 ? 0 : 2;
+        // Rank 0 has printed the problem. Every rank leaves through one barrier, so no rank's
+        // exit makes mpirun tear the job down before rank 0's message is out.
+        fflush(stderr);
+        MPI_Init(&argc, &argv);
+        MPI_Barrier(MPI_COMM_WORLD);
+        MPI_Finalize();
+        return 2;
     }
     ddl_malloc_tune_for_streaming();
     signal(SIGPIPE, SIG_IGN);

@@ -430,25 +430,40 @@ def tools_over_tls(h, d, p):
                        text=True, timeout=120, env=dict(os.environ, DDL_TOKEN=WRONG))
     if r.returncode != 4 or "UNAUTHENTICATED" not in r.stdout:
         raise Failure("distdl with a wrong $DDL_TOKEN: exit %d\n%s" % (r.returncode, r.stdout))
-    sys.path.insert(0, os.path.join(h.source, "client", "python"))
-    os.environ["DDL_CLIENT_LIB"] = os.path.join(h.build, "lib", "libdistdl-client.so")
-    import distdl_client
-    with distdl_client.Client(d.address, tls_ca=p("ca.crt"), token=TOKENS["infer"]) as c:
-        st = c.status()
-        try:
-            c.checkpoint()
-            raise Failure("Python: an infer token could checkpoint")
-        except distdl_client.DistdlError as e:
-            if e.code_name != "PERMISSION_DENIED":
-                raise Failure("Python: infer token Checkpoint gave %s" % e.code_name)
-    with distdl_client.Client(d.address, tls_ca=p("ca.crt"), token=WRONG) as c:
-        try:
-            c.status()
-            raise Failure("Python: a wrong token was admitted")
-        except distdl_client.DistdlError as e:
-            if e.code_name != "UNAUTHENTICATED":
-                raise Failure("Python: wrong token gave %s" % e.code_name)
-    print("CLI and Python over TLS with tokens: roles enforced (status at step %d)" % st.step,
+    # The Python binding, in its own interpreter (a sanitizer build preloads the ASan
+    # runtime there: DDL_ASAN_PRELOAD).
+    env = dict(os.environ, DDL_CLIENT_LIB=os.path.join(h.build, "lib", "libdistdl-client.so"),
+               PYTHONPATH=os.path.join(h.source, "client", "python"))
+    if os.environ.get("DDL_ASAN_PRELOAD"):
+        env.update(LD_PRELOAD=os.environ["DDL_ASAN_PRELOAD"], ASAN_OPTIONS="detect_leaks=0")
+    script = """
+import sys
+import distdl_client
+addr, ca, infer, wrong = sys.argv[1:5]
+with distdl_client.Client(addr, tls_ca=ca, token=infer) as c:
+    st = c.status()
+    try:
+        c.checkpoint()
+        sys.exit("Python: an infer token could checkpoint")
+    except distdl_client.DistdlError as e:
+        if e.code_name != "PERMISSION_DENIED":
+            sys.exit("Python: infer token Checkpoint gave %s" % e.code_name)
+with distdl_client.Client(addr, tls_ca=ca, token=wrong) as c:
+    try:
+        c.status()
+        sys.exit("Python: a wrong token was admitted")
+    except distdl_client.DistdlError as e:
+        if e.code_name != "UNAUTHENTICATED":
+            sys.exit("Python: wrong token gave %s" % e.code_name)
+print(st.step)
+"""
+    r = subprocess.run(["/usr/bin/python3", "-c", script, d.address, p("ca.crt"),
+                        TOKENS["infer"], WRONG], stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=120, env=env)
+    if r.returncode != 0:
+        raise Failure("Python binding over TLS with tokens:\n%s" % r.stdout)
+    step = int(r.stdout.split()[-1])
+    print("CLI and Python over TLS with tokens: roles enforced (status at step %d)" % step,
           flush=True)
 
 

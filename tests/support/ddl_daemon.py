@@ -25,6 +25,11 @@ class Skip(Exception):
 
 FMNIST = "/usr/share/datasets/fashion-mnist"
 
+# A sanitizer build (CMake sets DDL_SANITIZER_BUILD for every test): ASan holds freed
+# memory in its quarantine and runs some 2-5x slower, so tests report resident-memory
+# growth and flood latencies there instead of judging them.
+SANITIZER = bool(os.environ.get("DDL_SANITIZER_BUILD"))
+
 
 class Daemon:
     def __init__(self, h, np, args, name, listen="127.0.0.1:0", prefix=(), mpi_flags=None,

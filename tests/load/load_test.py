@@ -72,10 +72,10 @@ def main():
         else:
             seconds = a.seconds or 45
             cmd += ["--seconds", str(seconds)]
-            if a.rss_slack_mb is not None:
-                cmd += ["--rss-slack-mb", str(a.rss_slack_mb)]
-            elif SANITIZER:  # ASan's quarantine grows RSS: reported, not judged
+            if SANITIZER:  # ASan's quarantine grows RSS: reported, not judged
                 cmd += ["--rss-slack-mb", "1e9"]
+            elif a.rss_slack_mb is not None:
+                cmd += ["--rss-slack-mb", str(a.rss_slack_mb)]
             if a.checkpoint:
                 ckpt = os.path.join(d.dir, "ckpt")
                 os.makedirs(ckpt)

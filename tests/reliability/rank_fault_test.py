@@ -288,8 +288,10 @@ def healthy(h):
             break
     print("Train: %d steps in %.1f s" % (last.step, time.time() - t0), flush=True)
     raise_if_fired(d)
-    # One step longer than the watchdog: a 20000-sample batch.
-    big = spec.replace('"batch_size": 64', '"batch_size": 20000')
+    # One step longer than the watchdog: a batch of 2.5 watchdog periods of this machine's
+    # training rate (20000 to 60000 samples).
+    n_big = int(min(60000, max(20000, 2.5 * WATCHDOG * (last.images_per_second or 0))))
+    big = spec.replace('"batch_size": 64', '"batch_size": %d' % n_big)
     if big == spec:
         raise Failure("could not set the batch size in %s" % SPECS[np_])
     c.trainer("CreateModel", c.tr.CreateModelRequest(spec_json=big, replace=True),
@@ -298,7 +300,7 @@ def healthy(h):
     list(c.server_stream("/distdl.v1.Trainer/Train", c.tr.TrainRequest(steps=1),
                          c.tr.TrainProgress, timeout=300))
     t_step = time.time() - t1
-    print("one step of 20000 samples: %.1f s (--watchdog %d)" % (t_step, WATCHDOG), flush=True)
+    print("one step of %d samples: %.1f s (--watchdog %d)" % (n_big, t_step, WATCHDOG), flush=True)
     raise_if_fired(d)
     t2 = time.time()
     ev = c.trainer("Evaluate", c.tr.EvaluateRequest(split="test"), "EvaluateResponse",

@@ -72,4 +72,11 @@ void ddl_test_fail(void) __attribute__((noreturn));
         }                                                                                     \
     } while (0)
 
+// The files of `dir` whose names end in `suffix`, sorted: up to `max` names of at most
+// 255 characters each, written into names[] (name only, no directory). Returns the count;
+// fails the test when dir cannot be read.
+#define DDL_TEST_NAME_MAX 256
+int ddl_test_list_dir(const char *dir, const char *suffix, char (*names)[DDL_TEST_NAME_MAX],
+                      int max);
+
 #endif // DDL_TEST_H

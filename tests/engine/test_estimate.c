@@ -6,7 +6,6 @@
 // and ddl_model_create refuse it with DDL_ENOMEM and the estimate in the message, on every
 // rank, having allocated nothing that survives.
 // Usage: test_estimate SPEC_DIR
-#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -68,22 +67,12 @@ int main(int argc, char **argv)
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     ASSERT_TRUE(argc == 2);
-    DIR *dir = opendir(argv[1]);
-    ASSERT_TRUE(dir != NULL);
-    char          names[64][256];
-    int           n = 0;
-    struct dirent *de;
-    while ((de = readdir(dir)) != NULL && n < 64) {
-        size_t len = strlen(de->d_name);
-        if (len > 5 && strcmp(de->d_name + len - 5, ".json") == 0) {
-            snprintf(names[n++], sizeof names[0], "%s/%s", argv[1], de->d_name);
-        }
-    }
-    closedir(dir);
-    qsort(names, (size_t)n, sizeof names[0], (int (*)(const void *, const void *))strcmp);
+    char names[64][DDL_TEST_NAME_MAX], path[4400];
+    int  n = ddl_test_list_dir(argv[1], ".json", names, 64);
     int ran = 0;
     for (int i = 0; i < n; i++) {
-        ran += check_spec(names[i]);
+        snprintf(path, sizeof path, "%.4000s/%.255s", argv[1], names[i]);
+        ran += check_spec(path);
     }
     if (ran == 0) {
         if (rank == 0) {

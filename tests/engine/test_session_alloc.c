@@ -5,7 +5,6 @@
 // unchanged once warmed up. Batches and labels move through buffers and Repartition
 // plans allocated when the model is built.
 // Usage: test_session_alloc SPEC_DIR
-#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -94,19 +93,8 @@ int main(int argc, char **argv)
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     ASSERT_TRUE(argc == 2);
-    DIR *d = opendir(argv[1]);
-    ASSERT_TRUE(d != NULL);
-    char           names[64][256];
-    int            n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) != NULL && n < 64) {
-        size_t len = strlen(e->d_name);
-        if (len > 5 && strcmp(e->d_name + len - 5, ".json") == 0) {
-            snprintf(names[n++], sizeof names[0], "%s", e->d_name);
-        }
-    }
-    closedir(d);
-    qsort(names, (size_t)n, sizeof names[0], (int (*)(const void *, const void *))strcmp);
+    char names[64][DDL_TEST_NAME_MAX];
+    int  n = ddl_test_list_dir(argv[1], ".json", names, 64);
     int ran = 0, split = 0;
     for (int i = 0; i < n; i++) {
         char path[4096 + 300];

@@ -1,5 +1,8 @@
-// tests/support/test_kit.c: the failure path shared by unit and MPI tests.
+// tests/support/test_kit.c: the failure path and small helpers shared by unit and MPI tests.
+#include <dirent.h>
 #include <mpi.h>
+#include <stdio.h>
+#include <string.h>
 
 #include "test.h"
 
@@ -14,4 +17,31 @@ void ddl_test_fail(void)
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
     exit(1);
+}
+
+static int by_name(const void *a, const void *b)
+{
+    return strcmp((const char *)a, (const char *)b);
+}
+
+int ddl_test_list_dir(const char *dir, const char *suffix, char (*names)[DDL_TEST_NAME_MAX],
+                      int max)
+{
+    DIR *d = opendir(dir);
+    if (d == NULL) {
+        fprintf(stderr, "cannot read the directory %s\n", dir);
+        ddl_test_fail();
+    }
+    size_t         sl = strlen(suffix);
+    int            n  = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL && n < max) {
+        size_t len = strlen(e->d_name);
+        if (len > sl && len < DDL_TEST_NAME_MAX && strcmp(e->d_name + len - sl, suffix) == 0) {
+            snprintf(names[n++], DDL_TEST_NAME_MAX, "%s", e->d_name);
+        }
+    }
+    closedir(d);
+    qsort(names, (size_t)n, sizeof names[0], by_name);
+    return n;
 }

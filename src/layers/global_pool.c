@@ -26,7 +26,7 @@
 #include "base/check.h"
 #include "ddl/agree.h"
 #include "ddl/base.h"
-#include "ddl/layers.h"
+#include "layers/layer_impl.h"
 
 typedef struct gap_impl {
     ddl_partition_t  *P_root; // [P_n, P_c, 1..1]: the spatial-coordinate-0 ranks of P_x

@@ -20,7 +20,7 @@
 
 #include "base/check.h"
 #include "ddl/base.h"
-#include "ddl/layers.h"
+#include "layers/layer_impl.h"
 
 // Pure checks shared by both constructors: the same verdict on every rank.
 static ddl_status check_common(const char *kind, const ddl_partition_t *P_x, ddl_dtype dt, int n,

@@ -7,7 +7,7 @@
 #include "base/check.h"
 #include "ddl/agree.h"
 #include "ddl/base.h"
-#include "ddl/layers.h"
+#include "layers/layer_impl.h"
 
 // ---- lifecycle ---------------------------------------------------------------
 
@@ -214,6 +214,61 @@ ddl_shape ddl_layer_input_shape(const ddl_layer_t *L, int k)
         return no_shape();
     }
     return L->in_shape != NULL ? L->in_shape[k] : L->x_shape;
+}
+
+const char *ddl_layer_kind(const ddl_layer_t *L)
+{
+    return L->kind;
+}
+
+ddl_dtype ddl_layer_dtype(const ddl_layer_t *L)
+{
+    return L->dt;
+}
+
+const ddl_shape *ddl_layer_x_shape(const ddl_layer_t *L)
+{
+    return &L->x_shape;
+}
+
+const ddl_shape *ddl_layer_y_shape(const ddl_layer_t *L)
+{
+    return &L->y_shape;
+}
+
+const ddl_shape *ddl_layer_x_global(const ddl_layer_t *L)
+{
+    return &L->x_global;
+}
+
+const ddl_shape *ddl_layer_y_global(const ddl_layer_t *L)
+{
+    return &L->y_global;
+}
+
+const ddl_partition_t *ddl_layer_P_in(const ddl_layer_t *L)
+{
+    return L->P_in;
+}
+
+const ddl_partition_t *ddl_layer_P_out(const ddl_layer_t *L)
+{
+    return L->P_out;
+}
+
+bool ddl_layer_training(const ddl_layer_t *L)
+{
+    return L->training;
+}
+
+int ddl_layer_nparams(const ddl_layer_t *L)
+{
+    return L->nparams;
+}
+
+ddl_param *ddl_layer_param(ddl_layer_t *L, int i)
+{
+    return i >= 0 && i < L->nparams ? &L->params[i] : NULL;
 }
 
 ddl_shape ddl_layer_input_global(const ddl_layer_t *L, int k)

@@ -79,7 +79,7 @@ static void make_inputs(ddl_layer_t *L, ddl_tensor_t **x, ddl_tensor_t **dx, uin
 {
     for (int k = 0; k < ddl_layer_num_inputs(L); k++) {
         ddl_shape s = ddl_layer_input_shape(L, k), g = ddl_layer_input_global(L, k);
-        ddl_box   b = ddl_partition_local_box(L->P_in, &g);
+        ddl_box   b = ddl_partition_local_box(ddl_layer_P_in(L), &g);
         ASSERT_OK(ddl_tensor_create(DDL_F64, &s, &x[k]));
         ASSERT_OK(ddl_tensor_create(DDL_F64, &s, &dx[k]));
         ddl_fill_global_uniform(x[k], &b, &g, 5, stream + (uint64_t)k);
@@ -109,9 +109,9 @@ static void run_fb(ddl_layer_t *L, ddl_tensor_t **x, ddl_tensor_t *y, const ddl_
 static ddl_tensor_t *random_output(const ddl_layer_t *L, uint64_t stream)
 {
     ddl_tensor_t *t = NULL;
-    ASSERT_OK(ddl_tensor_create(DDL_F64, &L->y_shape, &t));
-    ddl_box b = ddl_partition_local_box(L->P_out, &L->y_global);
-    ddl_fill_global_uniform(t, &b, &L->y_global, 5, stream);
+    ASSERT_OK(ddl_tensor_create(DDL_F64, ddl_layer_y_shape(L), &t));
+    ddl_box b = ddl_partition_local_box(ddl_layer_P_out(L), ddl_layer_y_global(L));
+    ddl_fill_global_uniform(t, &b, ddl_layer_y_global(L), 5, stream);
     return t;
 }
 
@@ -140,8 +140,8 @@ static void check_steady(const char *name, gctx *t)
         ASSERT_OK(ddl_tensor_create(DDL_F64, &s, &dx2[k]));
     }
     ddl_tensor_t *dy = random_output(L, 20);
-    ASSERT_OK(ddl_tensor_create(DDL_F64, &L->y_shape, &y));
-    ASSERT_OK(ddl_tensor_create(DDL_F64, &L->y_shape, &y2));
+    ASSERT_OK(ddl_tensor_create(DDL_F64, ddl_layer_y_shape(L), &y));
+    ASSERT_OK(ddl_tensor_create(DDL_F64, ddl_layer_y_shape(L), &y2));
     run_fb(L, x, y, dy, dx);
     // dx2 starts filled with garbage: backward must overwrite it.
     for (int k = 0; k < n; k++) {
@@ -179,7 +179,7 @@ static void check_values(const char *name, gctx *t)
     ddl_tensor_t *x[4] = {0}, *dx[4] = {0}, *y = NULL;
     make_inputs(L, x, dx, 30);
     ddl_tensor_t *dy = random_output(L, 40);
-    ASSERT_OK(ddl_tensor_create(DDL_F64, &L->y_shape, &y));
+    ASSERT_OK(ddl_tensor_create(DDL_F64, ddl_layer_y_shape(L), &y));
     run_fb(L, x, y, dy, dx);
     ASSERT_EQ(n, gc->kind == G_GAP ? 1 : gc->n);
     if (ddl_test_rank == 0) {
@@ -199,7 +199,7 @@ static void check_values(const char *name, gctx *t)
                 e = fmax(e, fabs(ddl_tensor_get(y, i) - want));
             }
         } else if (gc->kind == G_CONCAT) {
-            int64_t C = L->y_global.d[1], o = 0;
+            int64_t C = ddl_layer_y_global(L)->d[1], o = 0;
             for (int k = 0; k < n; k++) {
                 int64_t Ck = gc->ch[k];
                 for (int64_t a = 0; a < N; a++) {
@@ -338,13 +338,13 @@ static void check_errors(void)
     ASSERT_EQ(ddl_layer_num_inputs(A), 2);
     ASSERT_EQ(ddl_layer_num_inputs(R), 1);
     ddl_shape s0 = ddl_layer_input_shape(R, 0), s9 = ddl_layer_input_shape(A, 9);
-    ASSERT_TRUE(ddl_shape_equal(&s0, &R->x_shape));
+    ASSERT_TRUE(ddl_shape_equal(&s0, ddl_layer_x_shape(R)));
     ASSERT_EQ(ddl_shape_numel(&s9), 0);
     ddl_tensor_t *x[3] = {0}, *y = NULL;
     for (int k = 0; k < 3; k++) {
-        ASSERT_OK(ddl_tensor_create(DDL_F64, &A->x_shape, &x[k]));
+        ASSERT_OK(ddl_tensor_create(DDL_F64, ddl_layer_x_shape(A), &x[k]));
     }
-    ASSERT_OK(ddl_tensor_create(DDL_F64, &A->y_shape, &y));
+    ASSERT_OK(ddl_tensor_create(DDL_F64, ddl_layer_y_shape(A), &y));
     expect_error(ddl_layer_forward(A, x[0], y), DDL_EINVAL, "ddl_layer_forward_n");
     expect_error(ddl_layer_backward(A, y, x[0]), DDL_EINVAL, "ddl_layer_backward_n");
     expect_error(ddl_layer_forward_n(R, 1, (const ddl_tensor_t *const *)x, y), DDL_EINVAL,
@@ -366,11 +366,11 @@ static void check_errors(void)
     ddl_partition_t *PW    = ddl_test_partition_range(0, 4, ws);
     ddl_shape        xw    = ddl_shape_make(4, (int64_t[]){2, 3, 4, 4 * W});
     ASSERT_OK(ddl_add_create(PW, DDL_F64, &xw, 2, &A));
-    ddl_shape bad = A->x_shape;
+    ddl_shape bad = *ddl_layer_x_shape(A);
     bad.d[3] += ddl_test_rank == W - 1 ? 1 : 0;
-    ASSERT_OK(ddl_tensor_create(DDL_F64, &A->x_shape, &x[0]));
+    ASSERT_OK(ddl_tensor_create(DDL_F64, ddl_layer_x_shape(A), &x[0]));
     ASSERT_OK(ddl_tensor_create(DDL_F64, &bad, &x[1]));
-    ASSERT_OK(ddl_tensor_create(DDL_F64, &A->y_shape, &y));
+    ASSERT_OK(ddl_tensor_create(DDL_F64, ddl_layer_y_shape(A), &y));
     expect_error(ddl_layer_forward_n(A, 2, (const ddl_tensor_t *const *)x, y), DDL_ESHAPE,
                  "input 1");
     expect_error(ddl_layer_backward_n(A, y, 2, x), DDL_ESHAPE, "input gradient 1");

@@ -50,39 +50,9 @@ typedef struct ddl_param {
     int64_t       fan_in;
 } ddl_param;
 
+// A layer (opaque: read it through the accessors below; the struct and the helpers
+// that build layers are internal, src/layers/layer_impl.h).
 typedef struct ddl_layer ddl_layer_t;
-
-// A layer has one input (forward/backward) or several (forward_n/backward_n, set by the
-// multi-input layers instead): the framework checks the arguments before calling either.
-typedef struct ddl_layer_ops {
-    ddl_status (*forward)(ddl_layer_t *L, const ddl_tensor_t *x, ddl_tensor_t *y);
-    ddl_status (*backward)(ddl_layer_t *L, const ddl_tensor_t *dy, ddl_tensor_t *dx);
-    void (*destroy)(ddl_layer_t *L);  // frees impl (params are freed by the framework)
-    ddl_status (*forward_n)(ddl_layer_t *L, int n, const ddl_tensor_t *const *xs,
-                            ddl_tensor_t *y);
-    ddl_status (*backward_n)(ddl_layer_t *L, const ddl_tensor_t *dy, int n,
-                             ddl_tensor_t *const *dxs);
-} ddl_layer_ops;
-
-struct ddl_layer {
-    const ddl_layer_ops   *ops;
-    char                   kind[32];
-    ddl_dtype              dt;
-    ddl_shape              x_global, y_global;
-    ddl_shape              x_shape, y_shape;  // local shapes on this rank
-    // Multi-input layers (ninputs > 1): input k has global shape in_global[k] and local
-    // shape in_shape[k], all balanced over P_in; x_global / x_shape repeat input 0's.
-    // One-input layers: ninputs 1, the arrays NULL. Set by ddl_layer_set_inputs.
-    int                    ninputs;
-    ddl_shape             *in_global, *in_shape;
-    const ddl_partition_t *P_in, *P_out;      // borrowed: must outlive the layer
-    bool                   training;
-    bool                   rng_step_set;  // rng_step is driven by the caller
-    uint64_t               rng_step;      // the step a random layer (dropout) draws for
-    int                    nparams;
-    ddl_param              params[DDL_LAYER_MAX_PARAMS];
-    void                  *impl;
-};
 
 // ---- framework ---------------------------------------------------------------
 // y = L(x). x and y must have the layer's local shapes on this rank. As with autograd's
@@ -115,6 +85,27 @@ DDL_EXTERN int        ddl_layer_num_inputs(const ddl_layer_t *L);
 DDL_EXTERN ddl_shape  ddl_layer_input_shape(const ddl_layer_t *L, int k);
 // Global shape of input k (the same conventions).
 DDL_EXTERN ddl_shape  ddl_layer_input_global(const ddl_layer_t *L, int k);
+
+// Accessors (not collective). Local shapes are this rank's blocks (zero-volume outside
+// the layer's partitions); a multi-input layer's x shapes are those of input 0. The
+// shapes are the layer's own (valid while it lives), so they pass straight to
+// ddl_tensor_create and friends.
+DDL_EXTERN const char      *ddl_layer_kind(const ddl_layer_t *L);  // "conv", "add", ...
+DDL_EXTERN ddl_dtype        ddl_layer_dtype(const ddl_layer_t *L);
+DDL_EXTERN const ddl_shape *ddl_layer_x_shape(const ddl_layer_t *L);
+DDL_EXTERN const ddl_shape *ddl_layer_y_shape(const ddl_layer_t *L);
+DDL_EXTERN const ddl_shape *ddl_layer_x_global(const ddl_layer_t *L);
+DDL_EXTERN const ddl_shape *ddl_layer_y_global(const ddl_layer_t *L);
+// The partitions x (every input) and y are balanced over (borrowed from the creator).
+DDL_EXTERN const ddl_partition_t *ddl_layer_P_in(const ddl_layer_t *L);
+DDL_EXTERN const ddl_partition_t *ddl_layer_P_out(const ddl_layer_t *L);
+DDL_EXTERN bool                   ddl_layer_training(const ddl_layer_t *L);
+// Parameters in the layer's order ("weight" before "bias"); ddl_layer_param gives NULL
+// for i outside [0, ddl_layer_nparams). The ddl_param is owned by the layer (its value
+// may be written, e.g. to load a checkpoint).
+DDL_EXTERN int                    ddl_layer_nparams(const ddl_layer_t *L);
+DDL_EXTERN ddl_param             *ddl_layer_param(ddl_layer_t *L, int i);
+
 // NULL-safe; sets *L to NULL.
 DDL_EXTERN void       ddl_layer_destroy(ddl_layer_t **L);
 DDL_EXTERN void       ddl_layer_zero_grad(ddl_layer_t *L);
@@ -126,23 +117,6 @@ DDL_EXTERN void       ddl_layer_set_rng_step(ddl_layer_t *L, uint64_t step);
 // Initializes every parameter from (seed, stream_base + parameter index) by global index.
 DDL_EXTERN void       ddl_layer_init_params(ddl_layer_t *L, uint64_t seed, uint64_t stream_base);
 
-// Framework helpers for layer implementations.
-// Allocates a layer with zeroed fields and the given ops/kind.
-DDL_EXTERN ddl_status ddl_layer_alloc(const ddl_layer_ops *ops, const char *kind, ddl_dtype dt,
-                                      ddl_layer_t **out);
-// Adds a parameter of global shape `global` of which this rank holds `box` (empty box:
-// not an owner). Allocates value and grad (zero).
-DDL_EXTERN ddl_status ddl_layer_add_param(ddl_layer_t *L, const char *name, const ddl_shape *global,
-                                          const ddl_box *box, ddl_init_kind init, int64_t fan_in);
-// Makes L a layer of n >= 2 inputs of global shapes globals[k], each balanced over P
-// (which becomes P_in): fills ninputs, in_global, in_shape, x_global and x_shape.
-DDL_EXTERN ddl_status ddl_layer_set_inputs(ddl_layer_t *L, int n, const ddl_shape *globals,
-                                           const ddl_partition_t *P);
-
-// Fills t, the piece `box` of a tensor of global shape `global`, with the values the
-// global tensor has under init (seeded by (seed, stream), by global flat index).
-DDL_EXTERN void ddl_init_fill(ddl_tensor_t *t, const ddl_box *box, const ddl_shape *global,
-                              ddl_init_kind init, int64_t fan_in, uint64_t seed, uint64_t stream);
 // Fills t with uniform [-1, 1) values by global flat index (a partition-invariant
 // random tensor: the same global values whatever the decomposition).
 DDL_EXTERN void ddl_fill_global_uniform(ddl_tensor_t *t, const ddl_box *box,
@@ -152,7 +126,7 @@ DDL_EXTERN void ddl_fill_global_uniform(ddl_tensor_t *t, const ddl_box *box,
 // Each constructor validates everything before any communication (same verdict on
 // every rank, DDL_EINVAL with a message naming the value) and is collective over the
 // union of the partitions it is given. Partitions are borrowed and must outlive the
-// layer. Local shapes: L->x_shape / L->y_shape.
+// layer. Local shapes: ddl_layer_x_shape / ddl_layer_y_shape.
 
 // Linear (DistDL DistributedLinear): x [batch, in] over P_x = [1, P_fi], weight [out, in]
 // over P_w = [P_fo, P_fi] (block (r, c) on P_w rank (r, c); bias [out] on column 0),

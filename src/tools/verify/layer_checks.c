@@ -44,12 +44,12 @@ static int nin(const ddl_layer_t *L)
 static ddl_box in_box(const ddl_layer_t *L, int k)
 {
     ddl_shape g = ddl_layer_input_global(L, k);
-    return ddl_partition_local_box(L->P_in, &g);
+    return ddl_partition_local_box(ddl_layer_P_in(L), &g);
 }
 
 static ddl_box out_box(const ddl_layer_t *L)
 {
-    return ddl_partition_local_box(L->P_out, &L->y_global);
+    return ddl_partition_local_box(ddl_layer_P_out(L), ddl_layer_y_global(L));
 }
 
 // A local tensor holding this rank's piece of a partition-invariant random global tensor.
@@ -165,12 +165,12 @@ static void sub_inplace(ddl_tensor_t *a, const ddl_tensor_t *b)
     }
 }
 
-static void finish(ddl_check_result *r, const ddl_layer_t *L)
+static void finish(ddl_check_result *r, ddl_layer_t *L)
 {
-    r->nparams = L->nparams;
+    r->nparams = ddl_layer_nparams(L);
     r->max     = r->err_input;
-    for (int i = 0; i < L->nparams; i++) {
-        snprintf(r->param_names[i], sizeof r->param_names[i], "%s", L->params[i].name);
+    for (int i = 0; i < r->nparams; i++) {
+        snprintf(r->param_names[i], sizeof r->param_names[i], "%s", ddl_layer_param(L, i)->name);
         r->max = fmax(r->max, r->err_param[i]);
     }
 }
@@ -192,9 +192,10 @@ ddl_status ddl_check_adjoint(const ddl_layer_builder *b, ddl_dtype dt, ddl_check
     CK(make_inputs(L, dt, b->seed, true, x));
     CK(make_inputs(L, dt, b->seed, false, zero_x));
     CK(make_inputs(L, dt, b->seed, false, dx));
-    CK(global_random(dt, &L->y_shape, &yb, &L->y_global, b->seed, S_DY, &dy));
-    CK(ddl_tensor_create(dt, &L->y_shape, &y1));
-    CK(ddl_tensor_create(dt, &L->y_shape, &y0));
+    const ddl_shape *ys = ddl_layer_y_shape(L);
+    CK(global_random(dt, ys, &yb, ddl_layer_y_global(L), b->seed, S_DY, &dy));
+    CK(ddl_tensor_create(dt, ys, &y1));
+    CK(ddl_tensor_create(dt, ys, &y0));
     // Inputs: J x = F(x) - F(0) with the parameters as they are (all inputs at once).
     CK(fwd(L, x, y1));
     CK(fwd(L, zero_x, y0));
@@ -204,8 +205,8 @@ ddl_status ddl_check_adjoint(const ddl_layer_builder *b, ddl_dtype dt, ddl_check
     CK(bwd(L, dy, dx));
     out->err_input = adjoint_ratio_n(y1, dy, n, x, dx);
     // Each parameter p: J_p p = F(p) - F(p = 0) at the same x; gradient from backward.
-    for (int i = 0; i < L->nparams; i++) {
-        ddl_param *p = &L->params[i];
+    for (int i = 0; i < ddl_layer_nparams(L); i++) {
+        ddl_param *p = ddl_layer_param(L, i);
         ddl_tensor_destroy(&keep);
         CK(ddl_tensor_create(dt, &p->value->shape, &keep));
         CK(ddl_tensor_copy(p->value, keep));
@@ -261,8 +262,9 @@ static ddl_status run_layer(const ddl_layer_builder *b, bool seq, ddl_dtype dt, 
     CK(alloc_inputs(L, &r->dx));
     CK(make_inputs(L, dt, b->seed, true, r->x));
     CK(make_inputs(L, dt, b->seed, false, r->dx));
-    CK(global_random(dt, &L->y_shape, &yb, &L->y_global, b->seed, S_DY, &r->dy));
-    CK(ddl_tensor_create(dt, &L->y_shape, &r->y));
+    CK(global_random(dt, ddl_layer_y_shape(L), &yb, ddl_layer_y_global(L), b->seed, S_DY,
+                     &r->dy));
+    CK(ddl_tensor_create(dt, ddl_layer_y_shape(L), &r->y));
     ddl_layer_zero_grad(L);
     CK(fwd(L, r->x, r->y));
     CK(bwd(L, r->dy, r->dx));
@@ -314,7 +316,7 @@ ddl_status ddl_check_sequential(const ddl_layer_builder *b, ddl_dtype dt, ddl_ch
     CK(run_layer(b, false, dt, &d));
     CK(run_layer(b, true, dt, &s));
     ddl_box yb = out_box(d.L);
-    CK(gather(d.y, &yb, &d.L->y_global, &g));
+    CK(gather(d.y, &yb, ddl_layer_y_global(d.L), &g));
     out->err_input = compare(g, s.y);
     ddl_tensor_destroy(&g);
     for (int k = 0; k < d.n; k++) {
@@ -324,10 +326,10 @@ ddl_status ddl_check_sequential(const ddl_layer_builder *b, ddl_dtype dt, ddl_ch
         out->err_input = fmax(out->err_input, compare(g, s.dx[k]));
         ddl_tensor_destroy(&g);
     }
-    for (int i = 0; i < d.L->nparams; i++) {
-        ddl_param *p = &d.L->params[i];
+    for (int i = 0; i < ddl_layer_nparams(d.L); i++) {
+        ddl_param *p = ddl_layer_param(d.L, i);
         CK(gather(p->grad, &p->box, &p->global, &g));
-        out->err_param[i] = compare(g, s.L->params[i].grad);
+        out->err_param[i] = compare(g, ddl_layer_param(s.L, i)->grad);
         ddl_tensor_destroy(&g);
     }
     finish(out, d.L);
@@ -415,8 +417,8 @@ ddl_status ddl_check_gradcheck(const ddl_layer_builder *b, int points, ddl_check
         CK(fd_tensor(&r, r.x[k], r.dx[k], &xb, &xg, points, &e));
         out->err_input = fmax(out->err_input, e);
     }
-    for (int i = 0; i < r.L->nparams; i++) {
-        ddl_param *p = &r.L->params[i];
+    for (int i = 0; i < ddl_layer_nparams(r.L); i++) {
+        ddl_param *p = ddl_layer_param(r.L, i);
         CK(fd_tensor(&r, p->value, p->grad, &p->box, &p->global, points, &out->err_param[i]));
     }
     finish(out, r.L);
@@ -462,10 +464,10 @@ ddl_status ddl_check_dump(const ddl_layer_builder *b, ddl_dtype dt, const char *
         CK(dump_one(dir, xn, r.x[k], &xb, &xg));
         CK(dump_one(dir, dxn, r.dx[k], &xb, &xg));
     }
-    CK(dump_one(dir, "dy", r.dy, &yb, &r.L->y_global));
-    CK(dump_one(dir, "y", r.y, &yb, &r.L->y_global));
-    for (int i = 0; i < r.L->nparams; i++) {
-        ddl_param *p = &r.L->params[i];
+    CK(dump_one(dir, "dy", r.dy, &yb, ddl_layer_y_global(r.L)));
+    CK(dump_one(dir, "y", r.y, &yb, ddl_layer_y_global(r.L)));
+    for (int i = 0; i < ddl_layer_nparams(r.L); i++) {
+        ddl_param *p = ddl_layer_param(r.L, i);
         char       dname[40];
         snprintf(dname, sizeof dname, "d%s", p->name);
         CK(dump_one(dir, p->name, p->value, &p->box, &p->global));

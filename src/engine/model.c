@@ -35,6 +35,7 @@
 #include "ddl/estimate.h"
 #include "engine/model_internal.h"
 #include "engine/spec_internal.h"
+#include "layers/layer_impl.h"
 #include "partition/mpi_check.h"
 
 struct ddl_model {

@@ -28,7 +28,7 @@
 
 #include "base/check.h"
 #include "ddl/base.h"
-#include "ddl/layers.h"
+#include "layers/layer_impl.h"
 
 typedef struct activation_impl {
     ddl_act_kind  kind;

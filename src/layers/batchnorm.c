@@ -51,7 +51,7 @@
 #include "ddl/agree.h"
 #include "ddl/base.h"
 #include "ddl/decomp.h"
-#include "ddl/layers.h"
+#include "layers/layer_impl.h"
 
 typedef struct bn_impl {
     ddl_partition_t  *P_sum;       // [1, P_c, 1, ...]: the [0, c, 0, ...] ranks of P_x

@@ -63,7 +63,7 @@
 #include "base/check.h"
 #include "ddl/agree.h"
 #include "ddl/base.h"
-#include "ddl/layers.h"
+#include "layers/layer_impl.h"
 
 typedef enum { CONV_FEATURE = 0, CONV_CHANNEL, CONV_GENERAL } conv_kind;
 

@@ -48,7 +48,7 @@
 #include "ddl/agree.h"
 #include "ddl/base.h"
 #include "ddl/decomp.h"
-#include "ddl/layers.h"
+#include "layers/layer_impl.h"
 
 typedef struct linear_impl {
     int64_t           batch;

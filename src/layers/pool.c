@@ -35,7 +35,7 @@
 
 #include "base/check.h"
 #include "ddl/base.h"
-#include "ddl/layers.h"
+#include "layers/layer_impl.h"
 
 typedef struct pool_impl {
     bool                 in_x;

@@ -26,7 +26,7 @@
 #include "base/check.h"
 #include "ddl/base.h"
 #include "ddl/decomp.h"
-#include "ddl/layers.h"
+#include "layers/layer_impl.h"
 
 // ---- Repartition ------------------------------------------------------------------
 

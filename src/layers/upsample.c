@@ -46,7 +46,7 @@
 #include "ddl/agree.h"
 #include "ddl/base.h"
 #include "ddl/decomp.h"
-#include "ddl/layers.h"
+#include "layers/layer_impl.h"
 #include "partition/mpi_check.h"
 
 #define TAG_FORWARD 211

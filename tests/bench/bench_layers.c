@@ -245,13 +245,13 @@ static void bench_linear(int64_t B, int64_t IN, int64_t OUT, int P_fo, int P_fi)
     ddl_layer_t     *L;
     CHECK(ddl_linear_create(P_x, P_y, P_w, DDL_F32, B, IN, OUT, true, &L));
     ddl_layer_init_params(L, 1, 0);
-    ddl_shape     xg = L->x_global, yg = L->y_global;
+    ddl_shape     xg = *ddl_layer_x_global(L), yg = *ddl_layer_y_global(L);
     ddl_tensor_t *x = random_piece(P_x, &xg, 1), *dy = random_piece(P_y, &yg, 2);
-    ddl_tensor_t *y = tensor(&L->y_shape), *dx = tensor(&L->x_shape);
+    ddl_tensor_t *y = tensor(ddl_layer_y_shape(L)), *dx = tensor(ddl_layer_x_shape(L));
     layer_times   lt = bench_layer(L, x, y, dy, dx);
 
     // This rank's block of W (empty outside P_w) sizes the references.
-    const ddl_box *wb = &L->params[0].box;
+    const ddl_box *wb = &ddl_layer_param(L, 0)->box;
     int64_t        fo = wb->stop[0] - wb->start[0], fi = wb->stop[1] - wb->start[1];
     linear_ref     r  = {.B = (int)B, .fi = (int)fi, .fo = (int)fo};
     r.x = filled(B * fi, 1), r.w = filled(fo * fi, 2), r.b = filled(fo, 3);
@@ -356,13 +356,13 @@ static void bench_conv(int64_t N, int64_t C, int64_t H, int64_t W)
     ddl_layer_t     *L;
     CHECK(ddl_conv_create(P_x, NULL, NULL, DDL_F32, &xg, &cp, &L));
     ddl_layer_init_params(L, 1, 0);
-    ddl_shape     yg = L->y_global;
+    ddl_shape     yg = *ddl_layer_y_global(L);
     ddl_tensor_t *x = random_piece(P_x, &xg, 1), *dy = random_piece(P_x, &yg, 2);
-    ddl_tensor_t *y = tensor(&L->y_shape), *dx = tensor(&L->x_shape);
+    ddl_tensor_t *y = tensor(ddl_layer_y_shape(L)), *dx = tensor(ddl_layer_x_shape(L));
     layer_times   lt = bench_layer(L, x, y, dy, dx);
 
     // This rank's share: its output block [N, C, oh, ow].
-    const int64_t *ys = L->y_shape.d;
+    const int64_t *ys = ddl_layer_y_shape(L)->d;
     int64_t        oh = ys[2], ow = ys[3], Kc = C * K * K;
     double         share = 3.0 * 2.0 * (double)N * (double)C * (double)(oh * ow) * (double)Kc;
     conv_ref       r     = {.N = (int)N, .Co = (int)C, .Kc = (int)Kc, .ov = (int)(oh * ow)};

@@ -108,8 +108,8 @@ static double gather_err(const ddl_tensor_t *local, const ddl_box *box, const dd
 // gamma = 1 + u/2 and beta = u' by global index, the same on every decomposition.
 static void set_params(ddl_layer_t *L)
 {
-    for (int i = 0; i < L->nparams; i++) {
-        ddl_param *p = &L->params[i];
+    for (int i = 0; i < ddl_layer_nparams(L); i++) {
+        ddl_param *p = ddl_layer_param(L, i);
         ddl_fill_global_uniform(p->value, &p->box, &p->global, 99, 300 + (uint64_t)i);
         if (i == 0) {
             for (int64_t k = 0; k < ddl_tensor_numel(p->value); k++) {
@@ -136,7 +136,7 @@ static double running_err(ddl_layer_t *Ld, ddl_layer_t *Ls, int64_t C)
     MPI_Bcast(ref, (int)(2 * C), MPI_DOUBLE, 0, MPI_COMM_WORLD);
     ddl_tensor_t *m, *v;
     ASSERT_OK(ddl_batchnorm_running_stats(Ld, &m, &v));
-    ddl_box b   = ddl_partition_local_box(Ld->P_in, &Ld->x_global);
+    ddl_box b   = ddl_partition_local_box(ddl_layer_P_in(Ld), ddl_layer_x_global(Ld));
     double  err = 0.0;
     ASSERT_EQ(ddl_tensor_numel(m), b.stop[1] - b.start[1]);
     for (int64_t c = 0; c < ddl_tensor_numel(m); c++) {
@@ -157,10 +157,10 @@ typedef struct step_io {
 
 static void io_make(const ddl_layer_t *L, ddl_dtype dt, uint64_t stream, step_io *io)
 {
-    io->x  = global_random(L->P_in, dt, &L->x_global, stream);
-    io->dy = global_random(L->P_out, dt, &L->y_global, stream + 1000);
-    ASSERT_OK(ddl_tensor_create(dt, &L->y_shape, &io->y));
-    ASSERT_OK(ddl_tensor_create(dt, &L->x_shape, &io->dx));
+    io->x  = global_random(ddl_layer_P_in(L), dt, ddl_layer_x_global(L), stream);
+    io->dy = global_random(ddl_layer_P_out(L), dt, ddl_layer_y_global(L), stream + 1000);
+    ASSERT_OK(ddl_tensor_create(dt, ddl_layer_y_shape(L), &io->y));
+    ASSERT_OK(ddl_tensor_create(dt, ddl_layer_x_shape(L), &io->dx));
 }
 
 static void io_free(step_io *io)
@@ -174,15 +174,15 @@ static void io_free(step_io *io)
 static void compare_step(const char *what, ddl_layer_t *Ld, ddl_layer_t *Ls, step_io *d,
                          step_io *s, double tol)
 {
-    ddl_box xb = ddl_partition_local_box(Ld->P_in, &Ld->x_global);
-    double  ey = gather_err(d->y, &xb, &Ld->y_global, s->y);
-    double  ex = gather_err(d->dx, &xb, &Ld->x_global, s->dx);
+    ddl_box xb = ddl_partition_local_box(ddl_layer_P_in(Ld), ddl_layer_x_global(Ld));
+    double  ey = gather_err(d->y, &xb, ddl_layer_y_global(Ld), s->y);
+    double  ex = gather_err(d->dx, &xb, ddl_layer_x_global(Ld), s->dx);
     if (ey > tol || ex > tol) {
         TEST_FAIL_("%s: y error %.3e, dx error %.3e (tol %.1e)", what, ey, ex, tol);
     }
-    for (int i = 0; i < Ld->nparams; i++) {
-        ddl_param *p = &Ld->params[i];
-        double     e = gather_err(p->grad, &p->box, &p->global, Ls->params[i].grad);
+    for (int i = 0; i < ddl_layer_nparams(Ld); i++) {
+        ddl_param *p = ddl_layer_param(Ld, i);
+        double     e = gather_err(p->grad, &p->box, &p->global, ddl_layer_param(Ls, i)->grad);
         if (e > tol) {
             TEST_FAIL_("%s: d%s error %.3e (tol %.1e)", what, p->name, e, tol);
         }
@@ -205,7 +205,7 @@ static void check_steps(bn_case *c, ddl_dtype dt)
     ddl_layer_t *Ld = NULL, *Ls = NULL;
     ASSERT_OK(build(c, false, dt, &Ld));
     ASSERT_OK(build(c, true, dt, &Ls));
-    ASSERT_EQ(Ld->nparams, c->affine ? 2 : 0);
+    ASSERT_EQ(ddl_layer_nparams(Ld), c->affine ? 2 : 0);
     set_params(Ld);
     set_params(Ls);
     char what[160];
@@ -269,10 +269,10 @@ static void check_running_by_hand(double momentum, const double want_mean[2],
     ASSERT_OK(ddl_batchnorm_create(P, DDL_F64, &g, 1e-5, momentum, true, &L));
     ddl_box       b = ddl_partition_local_box(P, &g);
     ddl_tensor_t *x = NULL, *y = NULL, *dy = NULL, *dx = NULL;
-    ASSERT_OK(ddl_tensor_create(DDL_F64, &L->x_shape, &x));
-    ASSERT_OK(ddl_tensor_create(DDL_F64, &L->y_shape, &y));
-    ASSERT_OK(ddl_tensor_create(DDL_F64, &L->y_shape, &dy));
-    ASSERT_OK(ddl_tensor_create(DDL_F64, &L->x_shape, &dx));
+    ASSERT_OK(ddl_tensor_create(DDL_F64, ddl_layer_x_shape(L), &x));
+    ASSERT_OK(ddl_tensor_create(DDL_F64, ddl_layer_y_shape(L), &y));
+    ASSERT_OK(ddl_tensor_create(DDL_F64, ddl_layer_y_shape(L), &dy));
+    ASSERT_OK(ddl_tensor_create(DDL_F64, ddl_layer_x_shape(L), &dx));
     for (int step = 0; step < 2; step++) {
         // The cumulative case doubles x in step 2 so the two batches differ.
         hand_fill(x, &b, momentum < 0 && step == 1 ? 2.0 : 1.0);
@@ -347,8 +347,8 @@ static void test_validation(void)
     ddl_shape g1 = ddl_shape_make(3, (int64_t[]){1, 3, 1});
     ASSERT_OK(ddl_batchnorm_create(P, DDL_F64, &g1, 1e-5, 0.1, true, &L));
     ddl_tensor_t *x = NULL, *y = NULL;
-    ASSERT_OK(ddl_tensor_create(DDL_F64, &L->x_shape, &x));
-    ASSERT_OK(ddl_tensor_create(DDL_F64, &L->y_shape, &y));
+    ASSERT_OK(ddl_tensor_create(DDL_F64, ddl_layer_x_shape(L), &x));
+    ASSERT_OK(ddl_tensor_create(DDL_F64, ddl_layer_y_shape(L), &y));
     ASSERT_STATUS(ddl_layer_forward(L, x, y), DDL_EINVAL);
     ddl_layer_set_training(L, false);
     ASSERT_OK(ddl_layer_forward(L, x, y));

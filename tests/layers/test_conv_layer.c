@@ -104,12 +104,12 @@ static void check_repeat(const char *name, ddl_layer_builder *b)
         ddl_layer_init_params(L[i], b->seed, 200);
     }
     for (int i = 0; i < 2; i++) {
-        ASSERT_OK(ddl_tensor_create(DDL_F64, &L[0]->x_shape, &x[i]));
-        ASSERT_OK(ddl_tensor_create(DDL_F64, &L[0]->y_shape, &dy[i]));
-        ASSERT_OK(ddl_tensor_create(DDL_F64, &L[0]->y_shape, &y[i]));
-        ASSERT_OK(ddl_tensor_create(DDL_F64, &L[0]->x_shape, &dx[i]));
-        fill_random(x[i], L[0]->P_in, &L[0]->x_global, 10 + (uint64_t)i);
-        fill_random(dy[i], L[0]->P_out, &L[0]->y_global, 20 + (uint64_t)i);
+        ASSERT_OK(ddl_tensor_create(DDL_F64, ddl_layer_x_shape(L[0]), &x[i]));
+        ASSERT_OK(ddl_tensor_create(DDL_F64, ddl_layer_y_shape(L[0]), &dy[i]));
+        ASSERT_OK(ddl_tensor_create(DDL_F64, ddl_layer_y_shape(L[0]), &y[i]));
+        ASSERT_OK(ddl_tensor_create(DDL_F64, ddl_layer_x_shape(L[0]), &dx[i]));
+        fill_random(x[i], ddl_layer_P_in(L[0]), ddl_layer_x_global(L[0]), 10 + (uint64_t)i);
+        fill_random(dy[i], ddl_layer_P_out(L[0]), ddl_layer_y_global(L[0]), 20 + (uint64_t)i);
     }
     // L[0]: (x0, dy0) then (x1, dy1); L[1]: (x1, dy1) only.
     ASSERT_OK(ddl_layer_forward(L[0], x[0], y[0]));
@@ -123,8 +123,8 @@ static void check_repeat(const char *name, ddl_layer_builder *b)
     ASSERT_OK(ddl_layer_forward(L[1], x[1], y[1]));
     ASSERT_OK(ddl_layer_backward(L[1], dy[1], dx[1]));
     double e = fmax(max_diff(y[0], y[1]), max_diff(dx[0], dx[1]));
-    for (int k = 0; k < L[0]->nparams; k++) {
-        e = fmax(e, max_diff(L[0]->params[k].grad, L[1]->params[k].grad));
+    for (int k = 0; k < ddl_layer_nparams(L[0]); k++) {
+        e = fmax(e, max_diff(ddl_layer_param(L[0], k)->grad, ddl_layer_param(L[1], k)->grad));
     }
     if (e > 1e-12) {
         TEST_FAIL_("%s: a second forward/backward differs from a fresh layer's by %.3e", name, e);
@@ -374,11 +374,11 @@ static void check_placement(void)
                               .bias = true};
     ddl_layer_t     *L     = NULL;
     ASSERT_OK(ddl_conv_create(Pf, NULL, NULL, DDL_F64, &xg, &p, &L));
-    ASSERT_EQ(L->nparams, 2);
+    ASSERT_EQ(ddl_layer_nparams(L), 2);
     int64_t expect_w = ddl_test_rank == 0 ? 4 * 3 * 3 * 3 : 0;
     int64_t expect_b = ddl_test_rank == 0 ? 4 : 0;
-    ASSERT_EQ(ddl_box_numel(&L->params[0].box), expect_w);
-    ASSERT_EQ(ddl_box_numel(&L->params[1].box), expect_b);
+    ASSERT_EQ(ddl_box_numel(&ddl_layer_param(L, 0)->box), expect_w);
+    ASSERT_EQ(ddl_box_numel(&ddl_layer_param(L, 1)->box), expect_b);
     ddl_layer_destroy(&L);
 
     int              gx[4] = {1, 1, 1, 2}, gy[4] = {1, 2, 1, 2}, gw[4] = {2, 1, 1, 2};
@@ -388,8 +388,8 @@ static void check_placement(void)
     ASSERT_OK(ddl_conv_create(Gx, Gy, Gw, DDL_F64, &xg, &p, &L));
     // P_w rank r has coordinate (r / 2, 0, 0, r % 2): owners are ranks 0 and 2.
     bool owner = ddl_test_rank == 0 || ddl_test_rank == 2;
-    ASSERT_EQ(ddl_box_numel(&L->params[0].box), owner ? 2 * 3 * 3 * 3 : 0);
-    ASSERT_EQ(ddl_box_numel(&L->params[1].box), owner ? 2 : 0);
+    ASSERT_EQ(ddl_box_numel(&ddl_layer_param(L, 0)->box), owner ? 2 * 3 * 3 * 3 : 0);
+    ASSERT_EQ(ddl_box_numel(&ddl_layer_param(L, 1)->box), owner ? 2 : 0);
     ddl_layer_destroy(&L);
     ddl_partition_destroy(&Gx);
     ddl_partition_destroy(&Gy);

@@ -77,16 +77,16 @@ static void exact_case(lin_case *c, ddl_dtype dt, const char *name)
 {
     ddl_layer_t *L = NULL;
     ASSERT_OK(build_linear(c, false, dt, &L));
-    ddl_box xb = ddl_partition_local_box(L->P_in, &L->x_global);
-    ddl_box yb = ddl_partition_local_box(L->P_out, &L->y_global);
-    ddl_param *w = &L->params[0];
+    ddl_box xb = ddl_partition_local_box(ddl_layer_P_in(L), ddl_layer_x_global(L));
+    ddl_box yb = ddl_partition_local_box(ddl_layer_P_out(L), ddl_layer_y_global(L));
+    ddl_param *w = ddl_layer_param(L, 0);
     for (int64_t k = 0; k < ddl_tensor_numel(w->value); k++) {
         int64_t o, i;
         coords(&w->box, k, &o, &i);
         ddl_tensor_set(w->value, k, w_at(o, i));
     }
     if (c->bias) {
-        ddl_param *b = &L->params[1];
+        ddl_param *b = ddl_layer_param(L, 1);
         for (int64_t k = 0; k < ddl_tensor_numel(b->value); k++) {
             int64_t o, unused;
             coords(&b->box, k, &o, &unused);
@@ -94,10 +94,10 @@ static void exact_case(lin_case *c, ddl_dtype dt, const char *name)
         }
     }
     ddl_tensor_t *x, *y, *dy, *dx;
-    ASSERT_OK(ddl_tensor_create(dt, &L->x_shape, &x));
-    ASSERT_OK(ddl_tensor_create(dt, &L->y_shape, &y));
-    ASSERT_OK(ddl_tensor_create(dt, &L->y_shape, &dy));
-    ASSERT_OK(ddl_tensor_create(dt, &L->x_shape, &dx));
+    ASSERT_OK(ddl_tensor_create(dt, ddl_layer_x_shape(L), &x));
+    ASSERT_OK(ddl_tensor_create(dt, ddl_layer_y_shape(L), &y));
+    ASSERT_OK(ddl_tensor_create(dt, ddl_layer_y_shape(L), &dy));
+    ASSERT_OK(ddl_tensor_create(dt, ddl_layer_x_shape(L), &dx));
     for (int64_t k = 0; k < ddl_tensor_numel(x); k++) {
         int64_t n, i;
         coords(&xb, k, &n, &i);
@@ -141,7 +141,7 @@ static void exact_case(lin_case *c, ddl_dtype dt, const char *name)
         ASSERT_NEAR(ddl_tensor_get(w->grad, k), 2.0 * want, 0.0);
     }
     if (c->bias) {
-        ddl_param *b = &L->params[1];
+        ddl_param *b = ddl_layer_param(L, 1);
         for (int64_t k = 0; k < ddl_tensor_numel(b->grad); k++) {
             int64_t o, unused;
             coords(&b->box, k, &o, &unused);
@@ -153,10 +153,10 @@ static void exact_case(lin_case *c, ddl_dtype dt, const char *name)
         }
     }
     // Every element of every parameter is owned exactly once.
-    for (int p = 0; p < L->nparams; p++) {
-        int64_t mine = ddl_box_numel(&L->params[p].box), total;
+    for (int p = 0; p < ddl_layer_nparams(L); p++) {
+        int64_t mine = ddl_box_numel(&ddl_layer_param(L, p)->box), total;
         MPI_Allreduce(&mine, &total, 1, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
-        ASSERT_EQ(total, ddl_shape_numel(&L->params[p].global));
+        ASSERT_EQ(total, ddl_shape_numel(&ddl_layer_param(L, p)->global));
     }
     // The steady state allocates nothing.
     uint64_t before = ddl_alloc_count();
@@ -231,12 +231,13 @@ static void refusals(ddl_partition_t *P0)
     ASSERT_TRUE(L == NULL);
     // The local shapes and the parameter placement of the sequential layer.
     ASSERT_OK(ddl_linear_create(P0, P0, P0, DDL_F64, 2, 4, 3, true, &L));
-    ASSERT_EQ(L->nparams, 2);
-    ASSERT_TRUE(strcmp(L->params[0].name, "weight") == 0 && strcmp(L->params[1].name, "bias") == 0);
-    ASSERT_EQ(L->params[0].global.d[0], 3);
-    ASSERT_EQ(L->params[0].global.d[1], 4);
-    ASSERT_EQ(ddl_box_numel(&L->params[0].box), ddl_test_rank == 0 ? 12 : 0);
-    ASSERT_EQ(ddl_shape_numel(&L->x_shape), ddl_test_rank == 0 ? 8 : 0);
+    ASSERT_EQ(ddl_layer_nparams(L), 2);
+    ASSERT_TRUE(strcmp(ddl_layer_param(L, 0)->name, "weight") == 0 &&
+                strcmp(ddl_layer_param(L, 1)->name, "bias") == 0);
+    ASSERT_EQ(ddl_layer_param(L, 0)->global.d[0], 3);
+    ASSERT_EQ(ddl_layer_param(L, 0)->global.d[1], 4);
+    ASSERT_EQ(ddl_box_numel(&ddl_layer_param(L, 0)->box), ddl_test_rank == 0 ? 12 : 0);
+    ASSERT_EQ(ddl_shape_numel(ddl_layer_x_shape(L)), ddl_test_rank == 0 ? 8 : 0);
     ddl_layer_destroy(&L);
     if (ddl_test_rank == 0) {
         printf("ok refusals\n");
@@ -254,9 +255,9 @@ static void one_rank_bad_shape(void)
     ddl_layer_t     *L  = NULL;
     ddl_tensor_t    *x = NULL, *y = NULL, *dx = NULL, *wrong = NULL;
     ASSERT_OK(ddl_linear_create(Px, Py, Pw, DDL_F64, 3, 7, 5, true, &L));
-    ASSERT_OK(ddl_tensor_create(DDL_F64, &L->x_shape, &x));
-    ASSERT_OK(ddl_tensor_create(DDL_F64, &L->y_shape, &y));
-    ASSERT_OK(ddl_tensor_create(DDL_F64, &L->x_shape, &dx));
+    ASSERT_OK(ddl_tensor_create(DDL_F64, ddl_layer_x_shape(L), &x));
+    ASSERT_OK(ddl_tensor_create(DDL_F64, ddl_layer_y_shape(L), &y));
+    ASSERT_OK(ddl_tensor_create(DDL_F64, ddl_layer_x_shape(L), &dx));
     ASSERT_OK(ddl_tensor_create(DDL_F64, &(ddl_shape){.ndim = 2, .d = {2, 2}}, &wrong));
     ASSERT_STATUS(ddl_layer_forward(L, ddl_test_rank == 3 ? wrong : x, y), DDL_ESHAPE);
     ASSERT_TRUE(strstr(ddl_last_error(), "input has local shape [2, 2]") != NULL);

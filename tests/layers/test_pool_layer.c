@@ -88,12 +88,12 @@ static void check_repeat(const char *name, ddl_layer_builder *b)
         ddl_layer_init_params(L[i], b->seed, 200);
     }
     for (int i = 0; i < 2; i++) {
-        ASSERT_OK(ddl_tensor_create(DDL_F64, &L[0]->x_shape, &x[i]));
-        ASSERT_OK(ddl_tensor_create(DDL_F64, &L[0]->y_shape, &dy[i]));
-        ASSERT_OK(ddl_tensor_create(DDL_F64, &L[0]->y_shape, &y[i]));
-        ASSERT_OK(ddl_tensor_create(DDL_F64, &L[0]->x_shape, &dx[i]));
-        fill_random(x[i], L[0]->P_in, &L[0]->x_global, 10 + (uint64_t)i);
-        fill_random(dy[i], L[0]->P_out, &L[0]->y_global, 20 + (uint64_t)i);
+        ASSERT_OK(ddl_tensor_create(DDL_F64, ddl_layer_x_shape(L[0]), &x[i]));
+        ASSERT_OK(ddl_tensor_create(DDL_F64, ddl_layer_y_shape(L[0]), &dy[i]));
+        ASSERT_OK(ddl_tensor_create(DDL_F64, ddl_layer_y_shape(L[0]), &y[i]));
+        ASSERT_OK(ddl_tensor_create(DDL_F64, ddl_layer_x_shape(L[0]), &dx[i]));
+        fill_random(x[i], ddl_layer_P_in(L[0]), ddl_layer_x_global(L[0]), 10 + (uint64_t)i);
+        fill_random(dy[i], ddl_layer_P_out(L[0]), ddl_layer_y_global(L[0]), 20 + (uint64_t)i);
     }
     // L[0]: (x0, dy0) then (x1, dy1); L[1]: (x1, dy1) only.
     ASSERT_OK(ddl_layer_forward(L[0], x[0], y[0]));
@@ -107,8 +107,8 @@ static void check_repeat(const char *name, ddl_layer_builder *b)
     ASSERT_OK(ddl_layer_forward(L[1], x[1], y[1]));
     ASSERT_OK(ddl_layer_backward(L[1], dy[1], dx[1]));
     double e = fmax(max_diff(y[0], y[1]), max_diff(dx[0], dx[1]));
-    for (int k = 0; k < L[0]->nparams; k++) {
-        e = fmax(e, max_diff(L[0]->params[k].grad, L[1]->params[k].grad));
+    for (int k = 0; k < ddl_layer_nparams(L[0]); k++) {
+        e = fmax(e, max_diff(ddl_layer_param(L[0], k)->grad, ddl_layer_param(L[1], k)->grad));
     }
     if (e > 1e-12) {
         TEST_FAIL_("%s: a second forward/backward differs from a fresh layer's by %.3e", name, e);
@@ -251,9 +251,10 @@ static void check_padding_values(void)
         ddl_layer_t    *L = NULL;
         ASSERT_OK(ddl_pool_create(P, DDL_F64, &xg, &p, &L));
         ddl_tensor_t *x = NULL, *y = NULL;
-        ASSERT_OK(ddl_tensor_create(DDL_F64, &L->x_shape, &x));
-        ASSERT_OK(ddl_tensor_create(DDL_F64, &L->y_shape, &y));
-        ddl_box xb = ddl_partition_local_box(P, &xg), yb = ddl_partition_local_box(P, &L->y_global);
+        ASSERT_OK(ddl_tensor_create(DDL_F64, ddl_layer_x_shape(L), &x));
+        ASSERT_OK(ddl_tensor_create(DDL_F64, ddl_layer_y_shape(L), &y));
+        ddl_box xb = ddl_partition_local_box(P, &xg);
+        ddl_box yb = ddl_partition_local_box(P, ddl_layer_y_global(L));
         for (int64_t i = 0; i < ddl_tensor_numel(x); i++) {
             ddl_tensor_set(x, i, -1.0 - (double)(xb.start[2] + i));  // x[g] = -1 - g
         }

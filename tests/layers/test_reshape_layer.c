@@ -57,30 +57,30 @@ static void exact_indices(ddl_layer_builder *b, ddl_dtype dt, const char *name)
 {
     ddl_layer_t *L = NULL;
     ASSERT_OK(b->build(b->ctx, false, dt, &L));
-    ddl_box       xb = ddl_partition_local_box(L->P_in, &L->x_global);
-    ddl_box       yb = ddl_partition_local_box(L->P_out, &L->y_global);
+    ddl_box       xb = ddl_partition_local_box(ddl_layer_P_in(L), ddl_layer_x_global(L));
+    ddl_box       yb = ddl_partition_local_box(ddl_layer_P_out(L), ddl_layer_y_global(L));
     ddl_tensor_t *x, *y, *dy, *dx;
-    ASSERT_OK(ddl_tensor_create(dt, &L->x_shape, &x));
-    ASSERT_OK(ddl_tensor_create(dt, &L->y_shape, &y));
-    ASSERT_OK(ddl_tensor_create(dt, &L->y_shape, &dy));
-    ASSERT_OK(ddl_tensor_create(dt, &L->x_shape, &dx));
+    ASSERT_OK(ddl_tensor_create(dt, ddl_layer_x_shape(L), &x));
+    ASSERT_OK(ddl_tensor_create(dt, ddl_layer_y_shape(L), &y));
+    ASSERT_OK(ddl_tensor_create(dt, ddl_layer_y_shape(L), &dy));
+    ASSERT_OK(ddl_tensor_create(dt, ddl_layer_x_shape(L), &dx));
     ASSERT_EQ(ddl_box_numel(&xb), ddl_tensor_numel(x));
     ASSERT_EQ(ddl_box_numel(&yb), ddl_tensor_numel(y));
     for (int64_t k = 0; k < ddl_tensor_numel(x); k++) {
-        ddl_tensor_set(x, k, (double)global_flat(&xb, &L->x_global, k));
+        ddl_tensor_set(x, k, (double)global_flat(&xb, ddl_layer_x_global(L), k));
     }
     for (int64_t k = 0; k < ddl_tensor_numel(dy); k++) {
-        ddl_tensor_set(dy, k, (double)global_flat(&yb, &L->y_global, k));
+        ddl_tensor_set(dy, k, (double)global_flat(&yb, ddl_layer_y_global(L), k));
     }
     uint64_t before = ddl_alloc_count();
     ASSERT_OK(ddl_layer_forward(L, x, y));
     ASSERT_OK(ddl_layer_backward(L, dy, dx));
     ASSERT_EQ(ddl_alloc_count(), before);
     for (int64_t k = 0; k < ddl_tensor_numel(y); k++) {
-        ASSERT_EQ(ddl_tensor_get(y, k), global_flat(&yb, &L->y_global, k));
+        ASSERT_EQ(ddl_tensor_get(y, k), global_flat(&yb, ddl_layer_y_global(L), k));
     }
     for (int64_t k = 0; k < ddl_tensor_numel(dx); k++) {
-        ASSERT_EQ(ddl_tensor_get(dx, k), global_flat(&xb, &L->x_global, k));
+        ASSERT_EQ(ddl_tensor_get(dx, k), global_flat(&xb, ddl_layer_x_global(L), k));
     }
     ddl_tensor_destroy(&x);
     ddl_tensor_destroy(&y);
@@ -263,14 +263,14 @@ static void dropout_exact(act_case *c, ddl_dtype dt)
 {
     ddl_layer_t *L = NULL;
     ASSERT_OK(build_act(c, false, dt, &L));
-    ddl_box       b = ddl_partition_local_box(L->P_in, &L->x_global);
+    ddl_box       b = ddl_partition_local_box(ddl_layer_P_in(L), ddl_layer_x_global(L));
     ddl_tensor_t *x, *y, *dy, *dx;
-    ASSERT_OK(ddl_tensor_create(dt, &L->x_shape, &x));
-    ASSERT_OK(ddl_tensor_create(dt, &L->x_shape, &y));
-    ASSERT_OK(ddl_tensor_create(dt, &L->x_shape, &dy));
-    ASSERT_OK(ddl_tensor_create(dt, &L->x_shape, &dx));
-    ddl_fill_global_uniform(x, &b, &L->x_global, 11, 1);
-    ddl_fill_global_uniform(dy, &b, &L->x_global, 11, 2);
+    ASSERT_OK(ddl_tensor_create(dt, ddl_layer_x_shape(L), &x));
+    ASSERT_OK(ddl_tensor_create(dt, ddl_layer_x_shape(L), &y));
+    ASSERT_OK(ddl_tensor_create(dt, ddl_layer_x_shape(L), &dy));
+    ASSERT_OK(ddl_tensor_create(dt, ddl_layer_x_shape(L), &dx));
+    ddl_fill_global_uniform(x, &b, ddl_layer_x_global(L), 11, 1);
+    ddl_fill_global_uniform(dy, &b, ddl_layer_x_global(L), 11, 2);
     int64_t n     = ddl_tensor_numel(x);
     double  p     = c->alpha, scale = 1.0 / (1.0 - p);
     double  tol   = dt == DDL_F64 ? 1e-15 : 1e-6;
@@ -282,7 +282,7 @@ static void dropout_exact(act_case *c, ddl_dtype dt)
         ASSERT_OK(ddl_layer_backward(L, dy, dx));
         ASSERT_EQ(ddl_alloc_count(), before);
         for (int64_t i = 0; i < n; i++) {
-            uint64_t gi    = (uint64_t)global_flat(&b, &L->x_global, i);
+            uint64_t gi    = (uint64_t)global_flat(&b, ddl_layer_x_global(L), i);
             bool     keep  = ddl_rng_uniform(c->seed, k, gi) >= p;
             bool     keep0 = ddl_rng_uniform(c->seed, 0, gi) >= p;
             ASSERT_NEAR(ddl_tensor_get(y, i), keep ? ddl_tensor_get(x, i) * scale : 0.0, tol);
@@ -304,7 +304,7 @@ static void dropout_exact(act_case *c, ddl_dtype dt)
     MPI_Allreduce(loc, glob, 3, MPI_INT64_T, MPI_SUM, MPI_COMM_WORLD);
     ASSERT_TRUE(glob[0] > 0 && glob[0] < glob[1]);
     ASSERT_TRUE(glob[2] > 0);
-    ASSERT_EQ(glob[1], ddl_shape_numel(&L->x_global));
+    ASSERT_EQ(glob[1], ddl_shape_numel(ddl_layer_x_global(L)));
     ddl_tensor_destroy(&x);
     ddl_tensor_destroy(&y);
     ddl_tensor_destroy(&dy);

@@ -105,12 +105,12 @@ static void check_by_hand(ddl_upsample_mode mode, bool align, const double *scal
     ddl_shape        g  = ddl_shape_make(3, (int64_t[]){1, 1, 4});
     ddl_layer_t     *L  = NULL;
     ASSERT_OK(ddl_upsample_create(P, DDL_F64, &g, mode, align, scale, size, &L));
-    ASSERT_EQ(L->y_global.d[2], out_n);
-    ddl_box       xb = ddl_partition_local_box(P, &L->x_global);
-    ddl_box       yb = ddl_partition_local_box(P, &L->y_global);
+    ASSERT_EQ(ddl_layer_y_global(L)->d[2], out_n);
+    ddl_box       xb = ddl_partition_local_box(P, ddl_layer_x_global(L));
+    ddl_box       yb = ddl_partition_local_box(P, ddl_layer_y_global(L));
     ddl_tensor_t *x = NULL, *y = NULL, *all = NULL;
-    ASSERT_OK(ddl_tensor_create(DDL_F64, &L->x_shape, &x));
-    ASSERT_OK(ddl_tensor_create(DDL_F64, &L->y_shape, &y));
+    ASSERT_OK(ddl_tensor_create(DDL_F64, ddl_layer_x_shape(L), &x));
+    ASSERT_OK(ddl_tensor_create(DDL_F64, ddl_layer_y_shape(L), &y));
     for (int64_t i = 0; i < ddl_tensor_numel(x); i++) {
         ddl_tensor_set(x, i, (double)(xb.start[2] + i));
     }
@@ -118,9 +118,9 @@ static void check_by_hand(ddl_upsample_mode mode, bool align, const double *scal
     ASSERT_OK(ddl_layer_forward(L, x, y));
     ASSERT_EQ(ddl_alloc_count(), before);
     if (ddl_test_rank == 0) {
-        ASSERT_OK(ddl_tensor_create(DDL_F64, &L->y_global, &all));
+        ASSERT_OK(ddl_tensor_create(DDL_F64, ddl_layer_y_global(L), &all));
     }
-    ASSERT_OK(ddl_gather_boxes(MPI_COMM_WORLD, 0, y, &yb, &L->y_global, all));
+    ASSERT_OK(ddl_gather_boxes(MPI_COMM_WORLD, 0, y, &yb, ddl_layer_y_global(L), all));
     if (ddl_test_rank == 0) {
         for (int64_t j = 0; j < out_n; j++) {
             ASSERT_NEAR(ddl_tensor_get(all, j), want[j], 1e-14);
@@ -172,8 +172,8 @@ static void test_no_alloc(void)
     ddl_layer_t *L = NULL;
     ASSERT_OK(build(c, false, DDL_F32, &L));
     ddl_tensor_t *x = NULL, *y = NULL;
-    ASSERT_OK(ddl_tensor_create(DDL_F32, &L->x_shape, &x));
-    ASSERT_OK(ddl_tensor_create(DDL_F32, &L->y_shape, &y));
+    ASSERT_OK(ddl_tensor_create(DDL_F32, ddl_layer_x_shape(L), &x));
+    ASSERT_OK(ddl_tensor_create(DDL_F32, ddl_layer_y_shape(L), &y));
     uint64_t before = ddl_alloc_count();
     for (int k = 0; k < 3; k++) {
         ASSERT_OK(ddl_layer_forward(L, x, y));
@@ -230,8 +230,8 @@ static void test_validation(void)
     ASSERT_TRUE(strstr(ddl_last_error(), "2^34") != NULL);
     ASSERT_TRUE(L == NULL);
     ASSERT_OK(ddl_upsample_create(P, DDL_F64, &g, lin, false, NULL, f, &L));
-    ASSERT_EQ(L->y_global.d[2], 4);
-    ASSERT_EQ(L->nparams, 0);
+    ASSERT_EQ(ddl_layer_y_global(L)->d[2], 4);
+    ASSERT_EQ(ddl_layer_nparams(L), 0);
     ddl_layer_destroy(&L);
     ddl_partition_destroy(&P);
     if (ddl_test_rank == 0) {

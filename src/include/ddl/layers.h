@@ -50,28 +50,9 @@ typedef struct ddl_param {
     int64_t       fan_in;
 } ddl_param;
 
+// A layer (opaque: read it through the accessors below; the struct and the helpers
+// that build layers are internal, src/layers/layer_impl.h).
 typedef struct ddl_layer ddl_layer_t;
-
-typedef struct ddl_layer_ops {
-    ddl_status (*forward)(ddl_layer_t *L, const ddl_tensor_t *x, ddl_tensor_t *y);
-    ddl_status (*backward)(ddl_layer_t *L, const ddl_tensor_t *dy, ddl_tensor_t *dx);
-    void (*destroy)(ddl_layer_t *L);  // frees impl (params are freed by the framework)
-} ddl_layer_ops;
-
-struct ddl_layer {
-    const ddl_layer_ops   *ops;
-    char                   kind[32];
-    ddl_dtype              dt;
-    ddl_shape              x_global, y_global;
-    ddl_shape              x_shape, y_shape;  // local shapes on this rank
-    const ddl_partition_t *P_in, *P_out;      // borrowed: must outlive the layer
-    bool                   training;
-    bool                   rng_step_set;  // rng_step is driven by the caller
-    uint64_t               rng_step;      // the step a random layer (dropout) draws for
-    int                    nparams;
-    ddl_param              params[DDL_LAYER_MAX_PARAMS];
-    void                  *impl;
-};
 
 // ---- framework ---------------------------------------------------------------
 // y = L(x). x and y must have the layer's local shapes on this rank. As with autograd's
@@ -86,6 +67,45 @@ DDL_EXTERN ddl_status ddl_layer_forward(ddl_layer_t *L, const ddl_tensor_t *x, d
 // dx = (dL/dx)^T dy (overwrites dx); parameter gradients += (dL/dp)^T dy. Needs the
 // state saved by the most recent forward. Collective and agreed like forward.
 DDL_EXTERN ddl_status ddl_layer_backward(ddl_layer_t *L, const ddl_tensor_t *dy, ddl_tensor_t *dx);
+
+// Multi-input layers (add, concat): the same contract with n input tensors, xs[k] of
+// local shape ddl_layer_input_shape(L, k) (dxs[k] likewise; backward_n OVERWRITES every
+// dxs[k]). n must be the layer's ddl_layer_num_inputs. The local checks of every
+// tensor are agreed on before the layer communicates, as above. Calling
+// ddl_layer_forward/backward on a multi-input layer, or these on a one-input layer, is
+// refused (DDL_EINVAL, on every rank alike).
+DDL_EXTERN ddl_status ddl_layer_forward_n(ddl_layer_t *L, int n, const ddl_tensor_t *const *xs,
+                                          ddl_tensor_t *y);
+DDL_EXTERN ddl_status ddl_layer_backward_n(ddl_layer_t *L, const ddl_tensor_t *dy, int n,
+                                           ddl_tensor_t *const *dxs);
+// The number of inputs: 1 for every one-input layer.
+DDL_EXTERN int        ddl_layer_num_inputs(const ddl_layer_t *L);
+// Local shape of input k on this rank (k = 0 of a one-input layer: its x shape); the
+// zero-volume shape [0] for k outside [0, ddl_layer_num_inputs).
+DDL_EXTERN ddl_shape  ddl_layer_input_shape(const ddl_layer_t *L, int k);
+// Global shape of input k (the same conventions).
+DDL_EXTERN ddl_shape  ddl_layer_input_global(const ddl_layer_t *L, int k);
+
+// Accessors (not collective). Local shapes are this rank's blocks (zero-volume outside
+// the layer's partitions); a multi-input layer's x shapes are those of input 0. The
+// shapes are the layer's own (valid while it lives), so they pass straight to
+// ddl_tensor_create and friends.
+DDL_EXTERN const char      *ddl_layer_kind(const ddl_layer_t *L);  // "conv", "add", ...
+DDL_EXTERN ddl_dtype        ddl_layer_dtype(const ddl_layer_t *L);
+DDL_EXTERN const ddl_shape *ddl_layer_x_shape(const ddl_layer_t *L);
+DDL_EXTERN const ddl_shape *ddl_layer_y_shape(const ddl_layer_t *L);
+DDL_EXTERN const ddl_shape *ddl_layer_x_global(const ddl_layer_t *L);
+DDL_EXTERN const ddl_shape *ddl_layer_y_global(const ddl_layer_t *L);
+// The partitions x (every input) and y are balanced over (borrowed from the creator).
+DDL_EXTERN const ddl_partition_t *ddl_layer_P_in(const ddl_layer_t *L);
+DDL_EXTERN const ddl_partition_t *ddl_layer_P_out(const ddl_layer_t *L);
+DDL_EXTERN bool                   ddl_layer_training(const ddl_layer_t *L);
+// Parameters in the layer's order ("weight" before "bias"); ddl_layer_param gives NULL
+// for i outside [0, ddl_layer_nparams). The ddl_param is owned by the layer (its value
+// may be written, e.g. to load a checkpoint).
+DDL_EXTERN int                    ddl_layer_nparams(const ddl_layer_t *L);
+DDL_EXTERN ddl_param             *ddl_layer_param(ddl_layer_t *L, int i);
+
 // NULL-safe; sets *L to NULL.
 DDL_EXTERN void       ddl_layer_destroy(ddl_layer_t **L);
 DDL_EXTERN void       ddl_layer_zero_grad(ddl_layer_t *L);
@@ -97,19 +117,6 @@ DDL_EXTERN void       ddl_layer_set_rng_step(ddl_layer_t *L, uint64_t step);
 // Initializes every parameter from (seed, stream_base + parameter index) by global index.
 DDL_EXTERN void       ddl_layer_init_params(ddl_layer_t *L, uint64_t seed, uint64_t stream_base);
 
-// Framework helpers for layer implementations.
-// Allocates a layer with zeroed fields and the given ops/kind.
-DDL_EXTERN ddl_status ddl_layer_alloc(const ddl_layer_ops *ops, const char *kind, ddl_dtype dt,
-                                      ddl_layer_t **out);
-// Adds a parameter of global shape `global` of which this rank holds `box` (empty box:
-// not an owner). Allocates value and grad (zero).
-DDL_EXTERN ddl_status ddl_layer_add_param(ddl_layer_t *L, const char *name, const ddl_shape *global,
-                                          const ddl_box *box, ddl_init_kind init, int64_t fan_in);
-
-// Fills t, the piece `box` of a tensor of global shape `global`, with the values the
-// global tensor has under init (seeded by (seed, stream), by global flat index).
-DDL_EXTERN void ddl_init_fill(ddl_tensor_t *t, const ddl_box *box, const ddl_shape *global,
-                              ddl_init_kind init, int64_t fan_in, uint64_t seed, uint64_t stream);
 // Fills t with uniform [-1, 1) values by global flat index (a partition-invariant
 // random tensor: the same global values whatever the decomposition).
 DDL_EXTERN void ddl_fill_global_uniform(ddl_tensor_t *t, const ddl_box *box,
@@ -119,7 +126,7 @@ DDL_EXTERN void ddl_fill_global_uniform(ddl_tensor_t *t, const ddl_box *box,
 // Each constructor validates everything before any communication (same verdict on
 // every rank, DDL_EINVAL with a message naming the value) and is collective over the
 // union of the partitions it is given. Partitions are borrowed and must outlive the
-// layer. Local shapes: L->x_shape / L->y_shape.
+// layer. Local shapes: ddl_layer_x_shape / ddl_layer_y_shape.
 
 // Linear (DistDL DistributedLinear): x [batch, in] over P_x = [1, P_fi], weight [out, in]
 // over P_w = [P_fo, P_fi] (block (r, c) on P_w rank (r, c); bias [out] on column 0),
@@ -226,6 +233,31 @@ typedef enum {
 DDL_EXTERN ddl_status ddl_activation_create(const ddl_partition_t *P_x, ddl_dtype dt,
                                             const ddl_shape *x_global, ddl_act_kind kind,
                                             double alpha, uint64_t seed, ddl_layer_t **out);
+
+// ---- joins and global pooling (graph models) ---------------------------------
+// Add (residual connections): y = x_0 + ... + x_{n-1} for n >= 2 operands of one global
+// shape x_global, all balanced over P_x like y; backward: every dx_k = dy. Local (no
+// communication); no parameters; linear. A multi-input layer (ddl_layer_forward_n).
+DDL_EXTERN ddl_status ddl_add_create(const ddl_partition_t *P_x, ddl_dtype dt,
+                                     const ddl_shape *x_global, int n, ddl_layer_t **out);
+
+// Concatenation along dim 1 (channels; U-Net skips): n >= 2 operands x_k of global
+// shapes x_globals[k], equal except in dim 1, all balanced over P_x, to y (channels in
+// operand order) balanced over P_x. P_x must not split dim 1 (its shape[1] is 1), so
+// every rank holds all channels of its block and the layer is a local copy; backward
+// slices dy back into the dx_k. No parameters; linear. A multi-input layer.
+DDL_EXTERN ddl_status ddl_concat_create(const ddl_partition_t *P_x, ddl_dtype dt, int n,
+                                        const ddl_shape *x_globals, ddl_layer_t **out);
+
+// Global average pooling over the spatial dims (adaptive_avg_pool to output size 1):
+// x [N, C, S_1..S_k] (k >= 1) balanced over P_x = [P_n, P_c, s_1..s_k] (any split), y
+// [N, C, 1..1] balanced over the same P_x, i.e. held by the ranks at spatial coordinate
+// 0. Each rank sums its spatial box and divides by S_1 ... S_k; a SumReduce over the
+// spatial dims of P_x adds the partial means onto the spatial-coordinate-0 ranks. The
+// adjoint broadcasts dy back and spreads dy / (S_1 ... S_k) over each rank's box.
+// Collective over P_x; no parameters; linear.
+DDL_EXTERN ddl_status ddl_global_avgpool_create(const ddl_partition_t *P_x, ddl_dtype dt,
+                                                const ddl_shape *x_global, ddl_layer_t **out);
 
 // ---- losses ------------------------------------------------------------------
 // A loss of x (over P_x) against a target of the same layout (or integer class labels

@@ -1,0 +1,73 @@
+// layers/layer_impl.h: internal: the layer struct and the helpers that build layers
+// (not installed; the public API is ddl/layers.h).
+//
+// Included by the layer implementations (src/layers) and by the few library modules
+// that drive layers from the inside: the optimizer and the model (parameters), the
+// estimator, distdl-verify's generic checks. Everything else uses the accessors of
+// ddl/layers.h, so the struct can change without touching them.
+#ifndef DDL_LAYERS_LAYER_IMPL_H
+#define DDL_LAYERS_LAYER_IMPL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "ddl/layers.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// A layer has one input (forward/backward) or several (forward_n/backward_n, set by the
+// multi-input layers instead): the framework checks the arguments before calling either.
+typedef struct ddl_layer_ops {
+    ddl_status (*forward)(ddl_layer_t *L, const ddl_tensor_t *x, ddl_tensor_t *y);
+    ddl_status (*backward)(ddl_layer_t *L, const ddl_tensor_t *dy, ddl_tensor_t *dx);
+    void (*destroy)(ddl_layer_t *L);  // frees impl (params are freed by the framework)
+    ddl_status (*forward_n)(ddl_layer_t *L, int n, const ddl_tensor_t *const *xs,
+                            ddl_tensor_t *y);
+    ddl_status (*backward_n)(ddl_layer_t *L, const ddl_tensor_t *dy, int n,
+                             ddl_tensor_t *const *dxs);
+} ddl_layer_ops;
+
+struct ddl_layer {
+    const ddl_layer_ops   *ops;
+    char                   kind[32];
+    ddl_dtype              dt;
+    ddl_shape              x_global, y_global;
+    ddl_shape              x_shape, y_shape;  // local shapes on this rank
+    // Multi-input layers (ninputs > 1): input k has global shape in_global[k] and local
+    // shape in_shape[k], all balanced over P_in; x_global / x_shape repeat input 0's.
+    // One-input layers: ninputs 1, the arrays NULL. Set by ddl_layer_set_inputs.
+    int                    ninputs;
+    ddl_shape             *in_global, *in_shape;
+    const ddl_partition_t *P_in, *P_out;      // borrowed: must outlive the layer
+    bool                   training;
+    bool                   rng_step_set;  // rng_step is driven by the caller
+    uint64_t               rng_step;      // the step a random layer (dropout) draws for
+    int                    nparams;
+    ddl_param              params[DDL_LAYER_MAX_PARAMS];
+    void                  *impl;
+};
+
+// Framework helpers for layer implementations.
+// Allocates a layer with zeroed fields and the given ops/kind.
+ddl_status ddl_layer_alloc(const ddl_layer_ops *ops, const char *kind, ddl_dtype dt,
+                           ddl_layer_t **out);
+// Adds a parameter of global shape `global` of which this rank holds `box` (empty box:
+// not an owner). Allocates value and grad (zero).
+ddl_status ddl_layer_add_param(ddl_layer_t *L, const char *name, const ddl_shape *global,
+                               const ddl_box *box, ddl_init_kind init, int64_t fan_in);
+// Makes L a layer of n >= 2 inputs of global shapes globals[k], each balanced over P
+// (which becomes P_in): fills ninputs, in_global, in_shape, x_global and x_shape.
+ddl_status ddl_layer_set_inputs(ddl_layer_t *L, int n, const ddl_shape *globals,
+                                const ddl_partition_t *P);
+
+// Fills t, the piece `box` of a tensor of global shape `global`, with the values the
+// global tensor has under init (seeded by (seed, stream), by global flat index).
+void ddl_init_fill(ddl_tensor_t *t, const ddl_box *box, const ddl_shape *global,
+                   ddl_init_kind init, int64_t fan_in, uint64_t seed, uint64_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif // DDL_LAYERS_LAYER_IMPL_H

@@ -665,25 +665,31 @@ static ddl_status order_layers(spec_pctx *c)
             }
             v = next;
         }
-        // The cycle: the layers visited from walk[v] on, listed in data-flow order
-        // (consumers were visited before their producers).
-        char cyc[640] = "";
-        int  first    = v, lowest = v;
-        for (int u = 0; u < n; u++) {
-            if (walk[u] >= walk[first] && u < lowest) {
-                lowest = u;
-            }
-        }
-        for (int at = step; at >= walk[first]; at--) {
+        // The cycle: the layers visited from walk[v] on; in data-flow order (consumers were
+        // visited before their producers), from the lowest index round to it again.
+        int  len = step - walk[v] + 1, lowest = 0;
+        int  cycle[64];
+        bool cut = len > 64; // listed in part
+        len      = cut ? 64 : len;
+        for (int at = 0; at < len; at++) {
             for (int u = 0; u < n; u++) {
-                if (walk[u] == at) {
-                    size_t used = strlen(cyc);
-                    snprintf(cyc + used, sizeof cyc - used, "\"%s\" -> ", s->layers[u].name);
+                if (walk[u] == step - at) {
+                    cycle[at] = u;
                 }
             }
+            lowest = cycle[at] < cycle[lowest] ? at : lowest;
         }
-        size_t used = strlen(cyc);
-        snprintf(cyc + used, sizeof cyc - used, "\"%s\"", s->layers[first].name);
+        char cyc[640] = "";
+        for (int at = 0; at <= (cut ? len - 1 : len); at++) {
+            size_t used = strlen(cyc);
+            snprintf(cyc + used, sizeof cyc - used, "%s\"%s\"", at ? " -> " : "",
+                     s->layers[cycle[(lowest + at) % len]].name);
+        }
+        if (cut) {
+            size_t used = strlen(cyc);
+            snprintf(cyc + used, sizeof cyc - used, " -> ...");
+        }
+        lowest = cycle[lowest];
         char p[64];
         snprintf(p, sizeof p, "layers[%d].from", lowest);
         st = spec_fail(c, p, "the layers form a cycle: %s", cyc);

@@ -69,6 +69,21 @@ static ddl_status reshape_parse(spec_pctx *c, json_t *o, const char *path, spec_
                          s->parts[to].name, s->parts[to].ndim,
                          spec_shape_str(&L->y_global, sbuf, sizeof sbuf), L->y_global.ndim);
     }
+    if (L->type[0] == 'r') {
+        // DistDL's rule (the Repartition primitive's): a dimension of global size 1 is not
+        // split, e.g. global pooling's output on a spatially split partition.
+        for (int d = 0; d < cur->ndim; d++) {
+            int P = s->parts[L->P_in].shape[d] > 1 ? L->P_in : to;
+            if (cur->d[d] == 1 && s->parts[P].shape[d] > 1) {
+                return spec_fail(c, path, "the tensor %s has size 1 in dim %d, which partition "
+                                          "\"%s\" splits %d ways; a repartition cannot move a "
+                                          "dimension of size 1 that is split (repartition "
+                                          "before the layer that made it size 1)",
+                                 spec_shape_str(cur, sbuf, sizeof sbuf), d, s->parts[P].name,
+                                 s->parts[P].shape[d]);
+            }
+        }
+    }
     L->P_out = to;
     return DDL_OK;
 }
@@ -349,12 +364,7 @@ static ddl_status adaptive_build(const spec_build_ctx *b, const spec_layer *L, d
     if (!L->global_pool) {
         return pool_build(b, L, out);
     }
-#if DDL_HAVE_MULTI_INPUT_LAYERS
     return ddl_global_avgpool_create(b->parts[L->P_in], b->s->dt, &L->x_global, out);
-#else
-    (void)out;
-    return ddl_set_error(DDL_EINVAL, "global average pooling is not built in");
-#endif
 }
 
 static void adaptive_estimate(spec_est *e, const spec_layer *L)
@@ -639,26 +649,16 @@ static ddl_status join_parse(spec_pctx *c, json_t *o, const char *path, spec_lay
 
 static ddl_status add_build(const spec_build_ctx *b, const spec_layer *L, ddl_layer_t **out)
 {
-#if DDL_HAVE_MULTI_INPUT_LAYERS
     return ddl_add_create(b->parts[L->P_in], b->s->dt, &L->x_global, L->nin, out);
-#else
-    (void)b, (void)L, (void)out;
-    return ddl_set_error(DDL_EINVAL, "the add layer is not built in");
-#endif
 }
 
 static ddl_status concat_build(const spec_build_ctx *b, const spec_layer *L, ddl_layer_t **out)
 {
-#if DDL_HAVE_MULTI_INPUT_LAYERS
     ddl_shape xs[SPEC_MAX_INPUTS];
     for (int k = 0; k < L->nin; k++) {
         xs[k] = *spec_node_shape(b->s, L->in[k]);
     }
     return ddl_concat_create(b->parts[L->P_in], b->s->dt, L->nin, xs, out);
-#else
-    (void)b, (void)L, (void)out;
-    return ddl_set_error(DDL_EINVAL, "the concat layer is not built in");
-#endif
 }
 
 static void none_estimate(spec_est *e, const spec_layer *L)

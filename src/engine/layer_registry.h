@@ -15,12 +15,6 @@
 #include "ddl/layers.h"
 #include "engine/spec_internal.h"
 
-// The multi-input layers (add, concat, global average pooling, ddl_layer_forward_n) come
-// from src/layers; without them the model refuses specs that use them (DDL_EINVAL).
-#ifndef DDL_HAVE_MULTI_INPUT_LAYERS
-#define DDL_HAVE_MULTI_INPUT_LAYERS 0
-#endif
-
 // ---- the parser's helpers (spec.c) --------------------------------------------------
 
 typedef struct spec_jline spec_jline;

@@ -99,32 +99,6 @@ static ddl_status build_partitions(ddl_model_t *m)
     return st;
 }
 
-#if !DDL_HAVE_MULTI_INPUT_LAYERS
-// Until src/layers has multi-input layers every layer the registry builds takes one input.
-static int ddl_layer_num_inputs(const ddl_layer_t *L)
-{
-    (void)L;
-    return 1;
-}
-static ddl_shape ddl_layer_input_shape(const ddl_layer_t *L, int k)
-{
-    (void)k;
-    return L->x_shape;
-}
-static ddl_status ddl_layer_forward_n(ddl_layer_t *L, int n, const ddl_tensor_t *const *xs,
-                                      ddl_tensor_t *y)
-{
-    (void)L, (void)n, (void)xs, (void)y;
-    return ddl_set_error(DDL_EINVAL, "model: multi-input layers are not built in");
-}
-static ddl_status ddl_layer_backward_n(ddl_layer_t *L, const ddl_tensor_t *dy, int n,
-                                       ddl_tensor_t *const *dxs)
-{
-    (void)L, (void)dy, (void)n, (void)dxs;
-    return ddl_set_error(DDL_EINVAL, "model: multi-input layers are not built in");
-}
-#endif
-
 // One layer: the layer (its type's registry entry builds it), its output activation and
 // gradient, its parameters' initial values, and the check that its operands are its
 // producers' outputs. Local failures are reported to the caller, which agrees on them.
@@ -145,7 +119,7 @@ static ddl_status build_one_layer(ddl_model_t *m, int i, int *nparams)
                 "%s: layers[%d] (%s): the layer takes %d inputs, the spec gives %d", s->source,
                 i, SL->name, ddl_layer_num_inputs(L), SL->nin);
     for (int k = 0; k < SL->nin; k++) {
-        ddl_shape           xs = SL->nin == 1 ? L->x_shape : ddl_layer_input_shape(L, k);
+        ddl_shape           xs = ddl_layer_input_shape(L, k);
         const ddl_tensor_t *x  = m->act[SL->in[k] + 1];
         DDL_REQUIRE(ddl_shape_equal(&x->shape, &xs), DDL_EINTERNAL,
                     "%s: layers[%d] (%s): local input shape %s differs from its producer's "

@@ -7,8 +7,10 @@
 //     stem from the input, stemB, given stem's weights) has the same loss, and
 //     stem.grad == stemB.grad + stem'.grad: the gradient of a tensor consumed twice is the
 //     sum of its consumers' gradients.
-//  3. Distributed == single rank: on 2 and 4 ranks (feature partition [1, 1, 2, 1] and
-//     [1, 1, 2, 2]) the loss and a checksum of every gradient equal the 1-rank model's.
+//  3. Distributed == single rank: on 2 and 4 ranks (the convolutions, the add and the
+//     concat on feature partitions [1, 1, 2, 1] and [1, 1, 2, 2]; the global pooling over
+//     channels split [1, P, 1, 1], the linear layer over [1, P] input features) the loss
+//     and a checksum of every gradient equal the 1-rank model's.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,8 +39,9 @@ static char *spec_text(int world, bool split)
              "{\"world_size\": %d, \"seed\": 5, \"dtype\": \"f64\", \"batch_size\": %d,\n"
              " \"input\": {\"shape\": [%d, %d, %d], \"partition\": \"p\"},\n"
              " \"partitions\": {\"p\": {\"ranks\": [%s], \"shape\": [1, 1, %d, %d]},\n"
-             "   \"one\": {\"ranks\": [0], \"shape\": [1, 1, 1, 1]},\n"
-             "   \"flat\": {\"ranks\": [0], \"shape\": [1, 1]}},\n"
+             "   \"chs\": {\"ranks\": [%s], \"shape\": [1, %d, 1, 1]},\n"
+             "   \"flat\": {\"ranks\": [%s], \"shape\": [1, %d]},\n"
+             "   \"out\": {\"ranks\": [0], \"shape\": [1, 1]}},\n"
              " \"layers\": [\n"
              "  {%s, \"name\": \"stem\"},\n"
              "  {\"type\": \"relu\", \"name\": \"r0\"},\n"
@@ -50,14 +53,14 @@ static char *spec_text(int world, bool split)
              "  {\"type\": \"relu\", \"name\": \"r2\"},\n"
              "  {%s, \"name\": \"c3\"},\n"
              "  {\"type\": \"concat\", \"name\": \"cat\", \"from\": [\"c3\", \"r2\"]},\n"
+             "  {\"type\": \"repartition\", \"to\": \"chs\"},\n"
              "  {\"type\": \"adaptive_avgpool2d\", \"output_size\": 1},\n"
-             "  {\"type\": \"repartition\", \"to\": \"one\"},\n"
              "  {\"type\": \"flatten\", \"to\": \"flat\"},\n"
-             "  {\"type\": \"linear\", \"name\": \"fc\", \"out_features\": %d, \"P_y\": \"flat\", "
+             "  {\"type\": \"linear\", \"name\": \"fc\", \"out_features\": %d, \"P_y\": \"out\", "
              "\"P_w\": \"flat\"}],\n"
              " \"loss\": {\"type\": \"cross_entropy\"},\n"
              " \"optimizer\": {\"type\": \"sgd\", \"lr\": 0}}\n",
-             world, B, C_IN, H, W, ranks, s[0], s[1], conv, conv, conv,
+             world, B, C_IN, H, W, ranks, s[0], s[1], ranks, world, ranks, world, conv, conv, conv,
              split ? "  {\"type\": \"conv2d\", \"out_channels\": 4, \"kernel\": [3, 3], "
                      "\"padding\": [1, 1], \"name\": \"stemB\", \"from\": \"input\"},\n"
                      "  {\"type\": \"relu\", \"name\": \"r0B\"},\n"

@@ -90,8 +90,8 @@ static const char graph_spec[] =
     "    {\"type\": \"conv2d\", \"name\": \"c2\", \"out_channels\": 4, \"kernel\": [3, 3], \"padding\": [1, 1]},\n"
     "    {\"type\": \"add\", \"name\": \"sum\", \"from\": [\"c2\", \"r0\"]},\n"
     "    {\"type\": \"relu\"},\n"
-    "    {\"type\": \"adaptive_avgpool2d\", \"output_size\": 1},\n"
     "    {\"type\": \"repartition\", \"to\": \"one\"},\n"
+    "    {\"type\": \"adaptive_avgpool2d\", \"output_size\": 1},\n"
     "    {\"type\": \"flatten\", \"to\": \"flat\"},\n"
     "    {\"type\": \"linear\", \"out_features\": 3, \"P_y\": \"flat\", \"P_w\": \"flat\"}\n"
     "  ],\n"
@@ -168,7 +168,15 @@ static void graph_tests(void)
                  "layers[3]", "the output of \"r1\" is used by no layer");
     // Adaptive pooling: output sizes that do not divide the input are refused.
     refuse_graph("\"output_size\": 1", "\"output_size\": [4, 4]", "\"output_size\"",
-                 "layers[7].output_size", "output size 4 does not divide the input size 6");
+                 "layers[8].output_size", "output size 4 does not divide the input size 6");
+    // Global pooling on the spatially split partition leaves dims of size 1 split, which
+    // no repartition can move (DistDL's rule): refused at the repartition.
+    refuse_graph("{\"type\": \"repartition\", \"to\": \"one\"},\n    {\"type\": \"adaptive_avgpool2d\", "
+                 "\"output_size\": 1},",
+                 "{\"type\": \"adaptive_avgpool2d\", \"output_size\": 1},\n    {\"type\": \"repartition\", "
+                 "\"to\": \"one\"},",
+                 "\"output_size\": 1", "layers[8]",
+                 "the tensor [4, 4, 1, 1] has size 1 in dim 2, which partition \"p\" splits 2 ways");
     refuse_graph("\"name\": \"r0\"", "\"name\": \"input\"", "\"name\": \"r0\"", "layers[1].name",
                  "\"input\" is reserved");
     refuse_graph("[\"c2\", \"r0\"]", "[\"c2\", 7]", "\"name\": \"sum\"", "layers[5].from[1]",

@@ -94,18 +94,16 @@ static bool inside(const ddl_synth_object *o, const double q[3])
     return true;
 }
 
-// One sample into v (values before noise and normalization) and lab, [D, H, W] each.
-// Only each object's bounding box is visited.
-static void paint(const ddl_synth_params *p, int split, int64_t index, double *v, int64_t *lab)
+// One sample's objects into lab [D, H, W]: 0 outside every object, k + 1 where object k
+// was painted last (the caller turns that into a value and a class). Only each object's
+// bounding box is visited.
+static void paint(const ddl_synth_params *p, const ddl_synth_object *objs, int no, int64_t *lab)
 {
     const int64_t D = p->dims[0], H = p->dims[1], W = p->dims[2];
     int64_t       n = D * H * W;
     for (int64_t i = 0; i < n; i++) {
-        v[i]   = 0.0;
-        lab[i] = DDL_SYNTH_BACKGROUND;
+        lab[i] = 0;
     }
-    ddl_synth_object objs[DDL_SYNTH_MAX_OBJECTS];
-    int              no = ddl_synth_objects(p, split, index, objs);
     for (int k = 0; k < no; k++) {
         const ddl_synth_object *o = &objs[k];
         int64_t                 lo[3], hi[3];
@@ -120,9 +118,7 @@ static void paint(const ddl_synth_params *p, int split, int64_t index, double *v
                 for (int64_t c = lo[2]; c <= hi[2]; c++) {
                     double q[3] = {(double)a, (double)b, (double)c};
                     if (inside(o, q)) {
-                        int64_t i = (a * H + b) * W + c;
-                        v[i]      = o->intensity;
-                        lab[i]    = o->label;
+                        lab[(a * H + b) * W + c] = k + 1;
                     }
                 }
             }
@@ -137,9 +133,9 @@ ddl_status ddl_synth_batch(const ddl_synth_params *p, int split, const int64_t *
     DDL_CHECK(ddl_synth_validate(p));
     DDL_REQUIRE(split == 0 || split == 1, DDL_EINVAL, "synthetic data: split %d is not 0 or 1",
                 split);
-    DDL_REQUIRE(count >= 0 && (count == 0 || (idx != NULL && x != NULL)), DDL_EINVAL,
-                "synthetic data: bad batch (count %lld, idx %p, x %p)", (long long)count,
-                (const void *)idx, x);
+    DDL_REQUIRE(count >= 0 && (count == 0 || (idx != NULL && x != NULL && labels != NULL)),
+                DDL_EINVAL, "synthetic data: bad batch (count %lld, idx %p, x %p, labels %p)",
+                (long long)count, (const void *)idx, x, (const void *)labels);
     DDL_REQUIRE(dt == DDL_F32 || dt == DDL_F64, DDL_EINVAL, "synthetic data: unknown dtype %d",
                 (int)dt);
     DDL_REQUIRE(isfinite(mean) && isfinite(std) && std > 0, DDL_EINVAL,
@@ -148,23 +144,19 @@ ddl_status ddl_synth_batch(const ddl_synth_params *p, int split, const int64_t *
         DDL_REQUIRE(idx[b] >= 0, DDL_EINVAL, "synthetic data: sample index %lld < 0",
                     (long long)idx[b]);
     }
-    int64_t n = p->dims[0] * p->dims[1] * p->dims[2];
-    // One sample's values and labels at a time; labels go straight to the caller's.
-    double  *v   = ddl_malloc(sizeof(double) * (size_t)n);
-    int64_t *lab = labels != NULL ? NULL : ddl_malloc(sizeof(int64_t) * (size_t)n);
-    if (v == NULL || (labels == NULL && lab == NULL)) {
-        ddl_free(v);
-        ddl_free(lab);
-        return ddl_set_error(DDL_ENOMEM, "synthetic data: out of memory for a %lld-voxel volume",
-                             (long long)n);
-    }
+    int64_t  n    = p->dims[0] * p->dims[1] * p->dims[2];
     uint64_t seed = data_seed(p);
+    // Nothing is allocated: the labels array first records which object painted each
+    // voxel, then the value and the class follow from that object.
     for (int64_t b = 0; b < count; b++) {
-        int64_t *lb = labels != NULL ? labels + b * n : lab;
-        paint(p, split, idx[b], v, lb);
+        int64_t         *lb = labels + b * n;
+        ddl_synth_object objs[DDL_SYNTH_MAX_OBJECTS];
+        int              no = ddl_synth_objects(p, split, idx[b], objs);
+        paint(p, objs, no, lb);
         uint64_t stream = 4 * (uint64_t)idx[b] + 2 * (uint64_t)split + 1;
         for (int64_t i = 0; i < n; i++) {
-            double val = v[i];
+            double val = lb[i] > 0 ? objs[lb[i] - 1].intensity : 0.0;
+            lb[i]      = lb[i] > 0 ? objs[lb[i] - 1].label : DDL_SYNTH_BACKGROUND;
             if (p->noise > 0) {
                 val += p->noise * ddl_rng_normal(seed, stream, (uint64_t)i);
             }
@@ -176,7 +168,5 @@ ddl_status ddl_synth_batch(const ddl_synth_params *p, int split, const int64_t *
             }
         }
     }
-    ddl_free(v);
-    ddl_free(lab);
     return DDL_OK;
 }

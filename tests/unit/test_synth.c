@@ -41,9 +41,8 @@ static void test_determinism(void)
     ASSERT_OK(ddl_synth_batch(&q, 0, (int64_t[]){5}, 1, 0, 1, DDL_F32, c, lc));
     ASSERT_TRUE(memcmp(lc, lb, sizeof lb) != 0);
     ASSERT_TRUE(memcmp(a, b, sizeof b) != 0);
-    // Labels may be left out; the values stay the same.
-    ASSERT_OK(ddl_synth_batch(&p, 0, (int64_t[]){5}, 1, 0, 1, DDL_F32, c, NULL));
-    ASSERT_TRUE(memcmp(c, b, sizeof b) == 0);
+    // Labels are required.
+    ASSERT_STATUS(ddl_synth_batch(&p, 0, (int64_t[]){5}, 1, 0, 1, DDL_F32, c, NULL), DDL_EINVAL);
 }
 
 // The label of voxel (a, b, c), from the objects alone.
@@ -128,8 +127,8 @@ static void test_noise_and_dtypes(void)
     ASSERT_TRUE(nb > N / 2);
     ASSERT_TRUE(fabs(mean) < 0.02);
     ASSERT_TRUE(fabs(sd - 0.3) < 0.015);
-    ASSERT_OK(ddl_synth_batch(&p, 0, &idx, 1, 0, 1, DDL_F32, xf, NULL));
-    ASSERT_OK(ddl_synth_batch(&p, 0, &idx, 1, 0.25, 2.0, DDL_F64, xn, NULL));
+    ASSERT_OK(ddl_synth_batch(&p, 0, &idx, 1, 0, 1, DDL_F32, xf, lab));
+    ASSERT_OK(ddl_synth_batch(&p, 0, &idx, 1, 0.25, 2.0, DDL_F64, xn, lab));
     for (int64_t i = 0; i < N; i++) {
         ASSERT_TRUE(xf[i] == (float)x[i]);
         ASSERT_NEAR(xn[i], (x[i] - 0.25) / 2.0, 1e-15);
@@ -168,21 +167,22 @@ static void test_balance(void)
 static void test_errors(void)
 {
     float            x[4] = {7, 7, 7, 7};
+    static int64_t   lab[D * H * W];
     int64_t          idx  = 0, neg = -1;
     ddl_synth_params p    = params(1, 0.3);
     p.dims[1]             = 0;
-    ASSERT_STATUS(ddl_synth_batch(&p, 0, &idx, 1, 0, 1, DDL_F32, x, NULL), DDL_EINVAL);
+    ASSERT_STATUS(ddl_synth_batch(&p, 0, &idx, 1, 0, 1, DDL_F32, x, lab), DDL_EINVAL);
     p = params(1, -0.1);
-    ASSERT_STATUS(ddl_synth_batch(&p, 0, &idx, 1, 0, 1, DDL_F32, x, NULL), DDL_EINVAL);
+    ASSERT_STATUS(ddl_synth_batch(&p, 0, &idx, 1, 0, 1, DDL_F32, x, lab), DDL_EINVAL);
     p = params(1, NAN);
-    ASSERT_STATUS(ddl_synth_batch(&p, 0, &idx, 1, 0, 1, DDL_F32, x, NULL), DDL_EINVAL);
+    ASSERT_STATUS(ddl_synth_batch(&p, 0, &idx, 1, 0, 1, DDL_F32, x, lab), DDL_EINVAL);
     p = params(1, 0.3);
-    ASSERT_STATUS(ddl_synth_batch(&p, 2, &idx, 1, 0, 1, DDL_F32, x, NULL), DDL_EINVAL);
-    ASSERT_STATUS(ddl_synth_batch(&p, 0, &neg, 1, 0, 1, DDL_F32, x, NULL), DDL_EINVAL);
-    ASSERT_STATUS(ddl_synth_batch(&p, 0, &idx, 1, 0, 0, DDL_F32, x, NULL), DDL_EINVAL);
-    ASSERT_STATUS(ddl_synth_batch(&p, 0, &idx, 1, 0, 1, (ddl_dtype)9, x, NULL), DDL_EINVAL);
+    ASSERT_STATUS(ddl_synth_batch(&p, 2, &idx, 1, 0, 1, DDL_F32, x, lab), DDL_EINVAL);
+    ASSERT_STATUS(ddl_synth_batch(&p, 0, &neg, 1, 0, 1, DDL_F32, x, lab), DDL_EINVAL);
+    ASSERT_STATUS(ddl_synth_batch(&p, 0, &idx, 1, 0, 0, DDL_F32, x, lab), DDL_EINVAL);
+    ASSERT_STATUS(ddl_synth_batch(&p, 0, &idx, 1, 0, 1, (ddl_dtype)9, x, lab), DDL_EINVAL);
     p.kind = (ddl_synth_kind)5;
-    ASSERT_STATUS(ddl_synth_batch(&p, 0, &idx, 1, 0, 1, DDL_F32, x, NULL), DDL_EINVAL);
+    ASSERT_STATUS(ddl_synth_batch(&p, 0, &idx, 1, 0, 1, DDL_F32, x, lab), DDL_EINVAL);
     ASSERT_TRUE(x[0] == 7 && x[3] == 7);
     p = (ddl_synth_params){DDL_SYNTH_SHAPES3D, {2048, 2048, 2048}, 0.3, 1};
     ASSERT_STATUS(ddl_synth_validate(&p), DDL_EINVAL);

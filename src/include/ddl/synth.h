@@ -5,7 +5,7 @@
 // 0 background, 1 sphere, 2 cube. Every sample is a pure function of (seed, split,
 // index): no state, nothing stored, so every partitioning, every restart and every
 // rank that asks sees the same data, and a batch costs only its own generation (about
-// 50 ns per voxel). No MPI: the reading rank generates and the model scatters.
+// 100 ns per voxel). No MPI: the reading rank generates and the model scatters.
 //
 // Geometry (voxel centres at integer coordinates; S = min(D, H, W)):
 //   sphere   radius r in [max(1.5, S/6), that + S/6), voxels with |p - c|^2 <= r^2
@@ -57,8 +57,8 @@ DDL_EXTERN int ddl_synth_objects(const ddl_synth_params *p, int split, int64_t i
                                  ddl_synth_object *objs);
 
 // Generates samples idx[0..count) of a split: x [count, D, H, W] (dtype dt, values
-// (v - mean) / std) and, when labels is not NULL, labels [count, D, H, W]. Validates
-// everything (EINVAL naming the bad value) before writing anything.
+// (v - mean) / std) and labels [count, D, H, W]. Validates everything (EINVAL naming the
+// bad value) before writing anything; allocates nothing.
 DDL_EXTERN ddl_status ddl_synth_batch(const ddl_synth_params *p, int split, const int64_t *idx,
                                       int64_t count, double mean, double std, ddl_dtype dt,
                                       void *x, int64_t *labels);

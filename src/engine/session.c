@@ -79,6 +79,7 @@ struct ddl_session {
     void       *xbuf;       // rank 0: one batch of samples
     int64_t    *lbuf;       // rank 0: its labels (batch * label_elems)
     int64_t    *idx;        // rank 0: sample indices of an evaluation batch
+    int64_t    *iou;        // segmentation: per-class counts of an evaluation (4 * classes)
     ddl_cursor  cur;
     // The global weights (parameters and buffers), for gather/scatter.
     ddl_named_tensor *w;
@@ -244,6 +245,12 @@ static ddl_status create_body(ddl_session_t *s, const char *spec_text, const cha
             }
         }
     }
+    if (st == DDL_OK && ddl_spec_output_shape(ddl_model_spec(s->model)).ndim > 1) {
+        s->iou = ddl_calloc(4 * (size_t)s->classes, sizeof(int64_t));
+        if (s->iou == NULL) {
+            st = ddl_set_error(DDL_ENOMEM, "session: out of memory");
+        }
+    }
     if (st == DDL_OK) {
         st = ddl__model_named_state(s->model, false, &s->w, &s->nw, &s->wnames);
     }
@@ -293,6 +300,7 @@ void ddl_session_destroy(ddl_session_t **sp)
     ddl_free(s->xbuf);
     ddl_free(s->lbuf);
     ddl_free(s->idx);
+    ddl_free(s->iou);
     ddl_free(s->ckpt_dir);
     ddl_free(s->w);
     ddl_free(s->wnames);
@@ -848,61 +856,36 @@ ddl_status ddl_session_step(ddl_session_t *s, const void *x, size_t x_bytes, con
 // ---- evaluation and prediction ---------------------------------------------------
 
 // Segmentation: per-class intersection and union voxel counts summed over the batches of
-// an evaluation, for the mean IoU of the foreground classes (1..classes-1).
-typedef struct seg_iou {
-    int64_t *inter, *uni, *bi, *bu; // totals, and one batch's counts
-} seg_iou;
-
-static ddl_status seg_iou_begin(const ddl_session_t *s, seg_iou *u)
+// an evaluation (s->iou, allocated with the session: [4 * classes], totals then one
+// batch's), for the mean IoU of the foreground classes (1..classes-1).
+static void seg_iou_add(ddl_session_t *s)
 {
-    memset(u, 0, sizeof *u);
-    if (ddl_spec_output_shape(ddl_model_spec(s->model)).ndim == 1) {
-        return DDL_OK; // a classifier (every rank knows): nothing to count, no message
-    }
-    size_t C = (size_t)s->classes;
-    u->inter = ddl_calloc(4 * C, sizeof(int64_t));
-    ddl_status st =
-        u->inter != NULL ? DDL_OK : ddl_set_error(DDL_ENOMEM, "evaluate: out of memory");
-    if (u->inter != NULL) {
-        u->uni = u->inter + C;
-        u->bi  = u->uni + C;
-        u->bu  = u->bi + C;
-    }
-    return ddl_agree(s->comm, st);
-}
-
-static void seg_iou_add(const ddl_session_t *s, seg_iou *u)
-{
-    if (u->inter != NULL && ddl_model_class_counts(s->model, u->bi, u->bu)) {
-        for (int k = 0; k < s->classes; k++) {
-            u->inter[k] += u->bi[k];
-            u->uni[k] += u->bu[k];
+    int64_t C = s->classes, *tot_i = s->iou, *tot_u = s->iou + C, *bi = tot_u + C, *bu = bi + C;
+    if (s->iou != NULL && ddl_model_class_counts(s->model, bi, bu)) {
+        for (int64_t k = 0; k < C; k++) {
+            tot_i[k] += bi[k];
+            tot_u[k] += bu[k];
         }
     }
 }
 
 // The mean over the foreground classes that occur (in labels or predictions) of
 // intersection / union; -1 for a classifier, or when no foreground voxel occurs.
-static double seg_iou_mean(const ddl_session_t *s, const seg_iou *u)
+static double seg_iou_mean(const ddl_session_t *s)
 {
-    if (u->inter == NULL) {
+    if (s->iou == NULL) {
         return -1.0;
     }
     double sum = 0;
     int    n   = 0;
     for (int k = 1; k < s->classes; k++) {
-        if (u->uni[k] > 0) {
-            sum += (double)u->inter[k] / (double)u->uni[k];
+        int64_t in = s->iou[k], un = s->iou[s->classes + k];
+        if (un > 0) {
+            sum += (double)in / (double)un;
             n++;
         }
     }
     return n > 0 ? sum / n : -1.0;
-}
-
-static void seg_iou_end(seg_iou *u)
-{
-    ddl_free(u->inter);
-    memset(u, 0, sizeof *u);
 }
 
 ddl_status ddl_session_evaluate(ddl_session_t *s, ddl_split split, ddl_eval_result *out)
@@ -920,8 +903,9 @@ ddl_status ddl_session_evaluate(ddl_session_t *s, ddl_split split, ddl_eval_resu
     DDL_CHECK_MPI(MPI_Bcast(&sp, 1, MPI_INT, 0, s->comm));
     int64_t total = s->n[sp], hits = 0, seen = 0;
     double  lsum = 0;
-    seg_iou iou;
-    st = seg_iou_begin(s, &iou);
+    if (s->iou != NULL) {
+        memset(s->iou, 0, sizeof(int64_t) * 2 * (size_t)s->classes);
+    }
     for (int64_t start = 0; start < total && st == DDL_OK; start += s->batch) {
         int64_t    count = total - start < s->batch ? total - start : s->batch;
         ddl_status fst   = DDL_OK;
@@ -942,16 +926,15 @@ ddl_status ddl_session_evaluate(ddl_session_t *s, ddl_split split, ddl_eval_resu
         lsum += l;
         hits += c;
         seen += count;
-        seg_iou_add(s, &iou);
+        seg_iou_add(s);
     }
     st = ddl_agree(s->comm, st);
     if (st == DDL_OK && out != NULL) {
         *out = (ddl_eval_result){seen, seen > 0 ? lsum / (double)seen : 0,
                                  seen > 0 ? (double)hits / ((double)seen * (double)s->label_elems)
                                           : 0,
-                                 seg_iou_mean(s, &iou)};
+                                 seg_iou_mean(s)};
     }
-    seg_iou_end(&iou);
     return st;
 }
 

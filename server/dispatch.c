@@ -564,6 +564,15 @@ static ddl_status create_model(ddld_dispatch *d, const char *what, const char *t
     // Complete validation on rank 0 first: a bad spec costs the other ranks nothing.
     ddl_spec_t *spec = NULL;
     ddl_status  st   = ddl_spec_parse(text, source, d->size, &spec);
+    if (st == DDL_OK && ddl_spec_output_shape(spec).ndim > 1) {
+        // The wire formats (labels per sample, logits [n, classes], KServe shapes) and the
+        // IDX datasets are a classifier's; segmentation trains with distdl-train.
+        st = ddl_set_error(DDL_EINVAL,
+                           "%s: the model segments (output [batch, classes, spatial...], one "
+                           "label per voxel); the daemon serves classifiers only for now: train "
+                           "it with distdl-train",
+                           source != NULL ? source : "spec");
+    }
     if (st == DDL_OK) { // its memory, estimated before any rank allocates it
         st = ddl_spec_check_memory(spec, 0);
     }

@@ -135,9 +135,23 @@ ddl_status ddl_spec_estimate(const ddl_spec_t *s, ddl_mem_estimate *out)
     }
     spec_est_add(&a, s->input_partition, SPEC_E_ACT,
                  2 * spec_est_local_numel(s, &in, s->input_partition) * a.item);
-    a.per[0][SPEC_E_WORK] += (double)s->batch * (sample + s->num_classes) * a.item +
-                        (double)s->batch * 16; // labels, padded
-    spec_est_add(&a, -1, SPEC_E_WORK, (double)s->batch * ((double)s->num_classes * a.item * 3 + 16));
+    if (s->label_elems > 1 || s->output.ndim > 1) {
+        // Segmentation: rank 0 stages the batch, gathers logits [batch, C, spatial...] and
+        // holds the labels three times (the session's int64, the label plan's f64, and the
+        // caller's); each output rank its voxels' losses, their gradient and labels.
+        const spec_layer *last = &s->layers[s->nlayers - 1];
+        double            L    = (double)s->label_elems;
+        a.per[0][SPEC_E_WORK] += (double)s->batch * (sample + s->num_classes * L) * a.item +
+                                 (double)s->batch * L * 24;
+        double voxels = spec_est_local_numel(s, &last->y_global, last->P_out) /
+                        (double)(s->num_classes > 0 ? s->num_classes : 1);
+        spec_est_add(&a, last->P_out, SPEC_E_WORK, voxels * (2 * a.item + 16));
+    } else {
+        a.per[0][SPEC_E_WORK] += (double)s->batch * (sample + s->num_classes) * a.item +
+                                 (double)s->batch * 16; // labels, padded
+        spec_est_add(&a, -1, SPEC_E_WORK,
+                     (double)s->batch * ((double)s->num_classes * a.item * 3 + 16));
+    }
     for (int i = 0; i < s->nlayers; i++) {
         add_layer(&a, i);
     }

@@ -20,6 +20,13 @@
 // The output moves to rank 0 through a second plan (output partition -> rank 0), so a
 // step, an evaluation and a prediction allocate nothing.
 //
+// Segmentation (an output [batch, classes, spatial...] on a partition that keeps the
+// classes whole): the labels are one per output voxel, [batch, spatial...]. They move
+// from rank 0 by a third Repartition plan, as f64 class indices (exact) in the layout
+// [batch, 1, spatial...] of the output partition, so each rank receives exactly its own
+// voxels' labels; accuracy and the per-class intersection / union counts are taken on
+// each rank's own voxels and summed, without gathering the output.
+//
 // Collective over the model's communicator, a duplicate of the caller's (MPI_Comm_dup),
 // so the caller's own traffic never mixes with the engine's. Every rank runs every layer.
 // Failures are agreed on (ddl_agree): model creation agrees after every collective stage
@@ -73,7 +80,15 @@ struct ddl_model {
     ddl_tensor_t      *loss_el, *dloss_el;
     int                loss_root; // world rank holding the reduced loss
     int64_t           *labels_all, *labels_local;
-    ddl_box            out_box; // this rank's box of the output [batch, classes]
+    ddl_box            out_box; // this rank's box of the output [batch, classes, ...]
+    // Segmentation (seg): labels [batch, 1, spatial...] as f64 from rank 0 (lab_root) to
+    // the output partition (lab_local), and the summed per-class counts of the last
+    // step or evaluation: [hits | intersections (classes) | unions (classes)].
+    bool               seg;
+    int64_t            label_elems;  // labels per sample (1 for a classifier)
+    ddl_repartition_t *lab_plan;
+    ddl_tensor_t      *lab_root, *lab_local;
+    int64_t           *counts;
     ddl_tensor_t      *logits;  // rank 0: the gathered output; elsewhere zero-volume
     int                nparams;
     ddl_param        **params;
@@ -207,9 +222,21 @@ static ddl_status build_tables(ddl_model_t *m, int nparams)
             m->nbuffers++;
         }
     }
+    // Labels: per sample (labels_all on every rank, this rank's rows in labels_local), or
+    // for segmentation one per voxel of this rank's output box (labels_local only).
+    const ddl_layer_t *last = m->layers[m->nlayers - 1];
+    m->label_elems          = s->label_elems;
+    m->seg                  = last->y_global.ndim > 2;
+    int64_t nl              = s->batch;
+    if (m->seg) {
+        ddl_box ob = ddl_partition_local_box(last->P_out, &last->y_global);
+        ddl_shape os = ddl_box_shape(&ob);
+        nl           = ddl_shape_numel(&os) / (os.d[1] > 0 ? os.d[1] : 1);
+    }
     m->labels_all   = ddl_calloc((size_t)s->batch, sizeof(int64_t));
-    m->labels_local = ddl_calloc((size_t)s->batch, sizeof(int64_t));
-    if (m->labels_all == NULL || m->labels_local == NULL) {
+    m->labels_local = ddl_calloc((size_t)(nl > 0 ? nl : 1), sizeof(int64_t));
+    m->counts       = ddl_calloc(1 + 2 * (size_t)s->num_classes, sizeof(int64_t));
+    if (m->labels_all == NULL || m->labels_local == NULL || m->counts == NULL) {
         return ddl_set_error(DDL_ENOMEM, "model: out of memory");
     }
     return DDL_OK;
@@ -230,7 +257,15 @@ static ddl_status build_loss(ddl_model_t *m)
     m->out_box    = ddl_partition_local_box(Po, &last->y_global);
     ddl_shape es  = ddl_shape_make(1, (int64_t[]){0});
     const int *ix = ddl_partition_index(Po);
-    if (ix != NULL && ix[1] == 0) {
+    if (last->y_global.ndim > 2) {
+        // Per-voxel losses: every rank its own voxels, the output box without dim 1.
+        ddl_shape os = ddl_box_shape(&m->out_box);
+        es.ndim      = os.ndim - 1;
+        es.d[0]      = os.d[0];
+        for (int d = 2; d < os.ndim; d++) {
+            es.d[d - 1] = os.d[d];
+        }
+    } else if (ix != NULL && ix[1] == 0) {
         es.d[0] = m->out_box.stop[0] - m->out_box.start[0];
     }
     DDL_CHECK(ddl_tensor_create(s->dt, &es, &m->loss_el));
@@ -278,6 +313,27 @@ static ddl_status build_output_plan(ddl_model_t *m)
                 ddl_shape_str(&xs, a, sizeof a),
                 ddl_shape_str(&m->act[m->nlayers]->shape, b, sizeof b));
     return ddl_tensor_create(s->dt, &ys, &m->logits);
+}
+
+// Segmentation: the plan that moves rank 0's labels [batch, 1, spatial...] (f64) onto the
+// output partition, whose dimension 1 is whole, so each rank gets its voxels' labels.
+static ddl_status build_label_plan(ddl_model_t *m)
+{
+    if (!m->seg) {
+        return DDL_OK;
+    }
+    const ddl_layer_t *last = m->layers[m->nlayers - 1];
+    ddl_shape          g    = last->y_global;
+    g.d[1]                  = 1;
+    DDL_CHECK(ddl_repartition_create(m->P_out_root, last->P_out, DDL_F64, &g, NULL, &m->lab_plan));
+    ddl_shape xs = ddl_repartition_x_shape(m->lab_plan);
+    ddl_shape ys = ddl_repartition_y_shape(m->lab_plan);
+    DDL_CHECK(ddl_tensor_create(DDL_F64, &xs, &m->lab_root));
+    DDL_CHECK(ddl_tensor_create(DDL_F64, &ys, &m->lab_local));
+    DDL_REQUIRE(ddl_tensor_numel(m->lab_local) == ddl_tensor_numel(m->loss_el), DDL_EINTERNAL,
+                "model: the label plan delivers %lld labels, the output box has %lld voxels",
+                (long long)ddl_tensor_numel(m->lab_local), (long long)ddl_tensor_numel(m->loss_el));
+    return DDL_OK;
 }
 
 // Every stage that communicates (or precedes communication) ends with an agreement over
@@ -409,6 +465,7 @@ static ddl_status build(ddl_model_t *m)
     STAGE(root_partition(m, last->y_global.ndim, &m->P_out_root));
     STAGE(build_input_plan(m));
     STAGE(build_output_plan(m));
+    STAGE(build_label_plan(m));
     return DDL_OK;
 }
 
@@ -462,6 +519,10 @@ void ddl_model_destroy(ddl_model_t **mp)
     ddl_tensor_destroy(&m->dloss_el);
     ddl_tensor_destroy(&m->logits);
     ddl_tensor_destroy(&m->xin);
+    ddl_repartition_destroy(&m->lab_plan);
+    ddl_tensor_destroy(&m->lab_root);
+    ddl_tensor_destroy(&m->lab_local);
+    ddl_free(m->counts);
     ddl_repartition_destroy(&m->in_plan);
     ddl_repartition_destroy(&m->out_plan);
     ddl_partition_destroy(&m->P_in_root);
@@ -544,11 +605,20 @@ static ddl_status check_batch(ddl_model_t *m, const char *what, const void *x, s
         } else if (want_labels && n > 0 && labels == NULL) {
             st = ddl_set_error(DDL_EINVAL, "%s: rank 0 must pass the labels", what);
         } else if (want_labels) {
-            for (int64_t i = 0; i < n; i++) {
+            int64_t L = m->label_elems; // one per output voxel for segmentation
+            for (int64_t i = 0; i < n * L; i++) {
                 if (labels[i] < 0 || labels[i] >= C) {
-                    st = ddl_set_error(DDL_EINVAL,
-                                       "%s: label %lld of sample %lld is outside [0, %lld)", what,
-                                       (long long)labels[i], (long long)i, (long long)C);
+                    if (L > 1) {
+                        st = ddl_set_error(DDL_EINVAL,
+                                           "%s: label %lld of sample %lld, voxel %lld is outside "
+                                           "[0, %lld)",
+                                           what, (long long)labels[i], (long long)(i / L),
+                                           (long long)(i % L), (long long)C);
+                    } else {
+                        st = ddl_set_error(DDL_EINVAL,
+                                           "%s: label %lld of sample %lld is outside [0, %lld)",
+                                           what, (long long)labels[i], (long long)i, (long long)C);
+                    }
                     break;
                 }
             }
@@ -575,7 +645,21 @@ static ddl_status stage_input(ddl_model_t *m, const void *x, const int64_t *labe
         memset((char *)m->xin->data + used, 0, ddl_tensor_bytes(m->xin) - used);
     }
     DDL_CHECK(ddl_repartition_forward(m->in_plan, m->xin, m->act[0]));
-    if (with_labels) {
+    if (with_labels && m->seg) {
+        // Class indices as f64 are exact; the padding samples get class 0.
+        if (m->rank == 0) {
+            double *lr = m->lab_root->data;
+            int64_t n  = count * m->label_elems, all = ddl_tensor_numel(m->lab_root);
+            for (int64_t i = 0; i < all; i++) {
+                lr[i] = i < n ? (double)labels[i] : 0.0;
+            }
+        }
+        DDL_CHECK(ddl_repartition_forward(m->lab_plan, m->lab_root, m->lab_local));
+        const double *ll = m->lab_local->data;
+        for (int64_t i = 0; i < ddl_tensor_numel(m->lab_local); i++) {
+            m->labels_local[i] = (int64_t)ll[i];
+        }
+    } else if (with_labels) {
         if (m->rank == 0) {
             for (int64_t i = 0; i < s->batch; i++) {
                 m->labels_all[i] = i < count ? labels[i] : 0;
@@ -632,10 +716,49 @@ static ddl_status backward(ddl_model_t *m)
     return DDL_OK;
 }
 
+// Segmentation: per-voxel argmax hits and per-class intersection / union counts over
+// this rank's voxels of the first `count` samples, summed over the ranks (m->counts).
+static ddl_status count_voxels(ddl_model_t *m, int64_t count, int64_t *correct)
+{
+    int64_t        C = m->spec->num_classes, *cnt = m->counts;
+    int64_t       *inter = cnt + 1, *uni = cnt + 1 + C;
+    const ddl_tensor_t *y = m->act[m->nlayers];
+    for (int64_t k = 0; k < 1 + 2 * C; k++) {
+        cnt[k] = 0;
+    }
+    int64_t rows = m->out_box.stop[0] - m->out_box.start[0];
+    int64_t V    = rows > 0 ? ddl_tensor_numel(m->lab_local) / rows : 0;
+    for (int64_t b = 0; b < rows && m->out_box.start[0] + b < count; b++) {
+        for (int64_t v = 0; v < V; v++) {
+            int64_t best = 0;
+            double  bv   = ddl_tensor_get(y, (b * C) * V + v);
+            for (int64_t c = 1; c < C; c++) {
+                double x = ddl_tensor_get(y, (b * C + c) * V + v);
+                if (x > bv) {
+                    bv   = x;
+                    best = c;
+                }
+            }
+            int64_t lab = m->labels_local[b * V + v];
+            cnt[0] += best == lab;
+            inter[lab] += best == lab;
+            uni[lab]++;
+            uni[best] += best != lab;
+        }
+    }
+    DDL_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, cnt, (int)(1 + 2 * C), MPI_INT64_T, MPI_SUM,
+                                m->comm));
+    *correct = cnt[0];
+    return DDL_OK;
+}
+
 // The output onto rank 0 (the output plan), then argmax hits among the first `count`
-// rows, on every rank.
+// rows, on every rank (segmentation: count_voxels, no gathering).
 static ddl_status count_correct(ddl_model_t *m, int64_t count, int64_t *correct)
 {
+    if (m->seg) {
+        return count_voxels(m, count, correct);
+    }
     DDL_CHECK(ddl_repartition_forward(m->out_plan, m->act[m->nlayers], m->logits));
     int64_t hits = 0;
     if (m->rank == 0) {
@@ -699,14 +822,18 @@ static ddl_status eval_batch(ddl_model_t *m, const void *x, const int64_t *label
     DDL_CHECK(forward(m, false));
     DDL_CHECK(ddl_loss_forward(m->loss_each, m->act[m->nlayers], NULL, m->labels_local, NULL,
                                m->loss_el));
-    // Per-row losses live on the column-0 ranks: sum the valid rows everywhere.
+    // Per-row losses live on the column-0 ranks: sum the valid rows everywhere. A
+    // segmentation sample's loss is the mean over its voxels (each rank holds its own).
     double  local = 0.0;
     int64_t r0    = m->out_box.start[0];
-    for (int64_t i = 0; i < ddl_tensor_numel(m->loss_el); i++) {
-        if (r0 + i < count) {
+    int64_t n     = ddl_tensor_numel(m->loss_el);
+    int64_t per   = m->seg && m->loss_el->shape.d[0] > 0 ? n / m->loss_el->shape.d[0] : 1;
+    for (int64_t i = 0; i < n; i++) {
+        if (r0 + i / per < count) {
             local += ddl_tensor_get(m->loss_el, i);
         }
     }
+    local /= (double)m->label_elems;
     DDL_CHECK_MPI(MPI_Allreduce(&local, loss_sum, 1, MPI_DOUBLE, MPI_SUM, m->comm));
     return count_correct(m, count, correct);
 }
@@ -729,10 +856,11 @@ ddl_status ddl_model_predict(ddl_model_t *m, const void *x, size_t x_bytes, int6
                              void *logits, size_t logits_bytes)
 {
     DDL_CHECK(check_batch(m, "predict", x, x_bytes, NULL, false, &count, 0, m->spec->batch));
-    size_t     need = (size_t)count * (size_t)m->spec->num_classes * ddl_dtype_size(m->spec->dt);
+    size_t     need = (size_t)count * (size_t)m->spec->num_classes * (size_t)m->label_elems *
+                  ddl_dtype_size(m->spec->dt);
     ddl_status st   = DDL_OK;
     if (m->rank == 0 && count > 0 && (logits == NULL || logits_bytes < need)) {
-        st = ddl_set_error(DDL_EINVAL, "predict: %lld rows of logits need %zu bytes, got %zu%s",
+        st = ddl_set_error(DDL_EINVAL, "predict: %lld samples of logits need %zu bytes, got %zu%s",
                            (long long)count, need, logits == NULL ? 0 : logits_bytes,
                            logits == NULL ? " (NULL)" : "");
     }
@@ -779,6 +907,16 @@ const ddl_spec_t *ddl_model_spec(const ddl_model_t *m)
 MPI_Comm ddl_model_comm(const ddl_model_t *m)
 {
     return m->comm;
+}
+bool ddl_model_class_counts(const ddl_model_t *m, int64_t *inter, int64_t *uni)
+{
+    if (!m->seg) {
+        return false;
+    }
+    int64_t C = m->spec->num_classes;
+    memcpy(inter, m->counts + 1, sizeof(int64_t) * (size_t)C);
+    memcpy(uni, m->counts + 1 + C, sizeof(int64_t) * (size_t)C);
+    return true;
 }
 
 // ---- state: checkpoints and exports ----------------------------------------------

@@ -19,6 +19,11 @@
 // up. Checkpoints and evaluation of a whole split allocate only what the checkpoint
 // writer and reader need.
 //
+// Data comes from an IDX directory (ddl_session_open_data) or is generated from the
+// spec's data.synthetic (ddl_session_open_synthetic): rank 0 makes each batch from the
+// sample indices either way, so shuffling, the cursor and resuming work alike. A
+// segmentation model takes label_elems labels per sample (one per output voxel).
+//
 // The data cursor in a checkpoint (the caller state of ddl_model_save) is
 //   {"epoch": E, "batch": b, "rng": {"seed": S, "shuffle_stream": E, "dropout_stream": T}}
 // where (E, b) is the next training batch, S the spec's seed and T the optimizer step:
@@ -38,6 +43,7 @@
 #include "ddl/collect.h"
 #include "ddl/data.h"
 #include "ddl/session.h"
+#include "ddl/synth.h"
 #include "engine/model_internal.h"
 #include "partition/mpi_check.h"
 
@@ -55,6 +61,7 @@ struct ddl_session {
     int64_t      sample_numel; // values in one sample
     size_t       sample_bytes; // one sample in the spec's dtype
     int          classes;
+    int64_t      label_elems;  // labels per sample (segmentation: one per output voxel)
     ddl_dtype    dt;
     double       mean, std; // input normalization
     // Checkpoint policy.
@@ -65,11 +72,14 @@ struct ddl_session {
     bool        has_data;
     int64_t     n[2];       // samples per split, every rank
     ddl_dataset data[2];    // rank 0
+    bool        synth;      // the data is generated (the spec's data.synthetic)
+    ddl_synth_params synth_params;
     int64_t    *perm;       // rank 0: the order of perm_epoch (n[TRAIN] entries)
     int64_t     perm_epoch; // -1: none yet
     void       *xbuf;       // rank 0: one batch of samples
-    int64_t    *lbuf;       // rank 0: its labels
+    int64_t    *lbuf;       // rank 0: its labels (batch * label_elems)
     int64_t    *idx;        // rank 0: sample indices of an evaluation batch
+    int64_t    *iou;        // segmentation: per-class counts of an evaluation (4 * classes)
     ddl_cursor  cur;
     // The global weights (parameters and buffers), for gather/scatter.
     ddl_named_tensor *w;
@@ -136,14 +146,28 @@ static int64_t steps_per_epoch(const ddl_session_t *s)
     return s->has_data ? s->n[DDL_SPLIT_TRAIN] / s->batch : 0;
 }
 
-// Fills rank 0's batch buffer with samples idx[0..count) of a split.
-static void fill_batch(ddl_session_t *s, const ddl_dataset *ds, const int64_t *idx, int64_t count)
+// Fills rank 0's batch buffer with samples idx[0..count) of a split. Generation is
+// validated when the data is opened and allocates nothing, so it does not fail; its
+// status is still agreed on by the caller.
+static ddl_status fill_batch(ddl_session_t *s, int split, const int64_t *idx, int64_t count)
 {
+    if (s->synth) {
+        return ddl_synth_batch(&s->synth_params, split, idx, count, s->mean, s->std, s->dt,
+                               s->xbuf, s->lbuf);
+    }
+    const ddl_dataset *ds = &s->data[split];
     if (s->dt == DDL_F32) {
         ddl_dataset_batch_f32(ds, idx, count, s->mean, s->std, s->xbuf, s->lbuf);
     } else {
         ddl_dataset_batch_f64(ds, idx, count, s->mean, s->std, s->xbuf, s->lbuf);
     }
+    return DDL_OK;
+}
+
+// Rank 0's batch, agreed when generated (an IDX batch cannot fail).
+static ddl_status agree_fill(ddl_session_t *s, ddl_status st)
+{
+    return s->synth ? ddl_agree(s->comm, st) : st;
 }
 
 // ---- create / destroy ------------------------------------------------------------
@@ -201,6 +225,7 @@ static ddl_status create_body(ddl_session_t *s, const char *spec_text, const cha
         s->dt           = ddl_spec_dtype(spec);
         s->sample_bytes = (size_t)s->sample_numel * ddl_dtype_size(s->dt);
         s->classes      = ddl_spec_num_classes(spec);
+        s->label_elems  = ddl_spec_label_elems(spec);
         ddl_spec_normalize(spec, &s->mean, &s->std);
     }
     ddl_spec_destroy(&spec);
@@ -208,7 +233,7 @@ static ddl_status create_body(ddl_session_t *s, const char *spec_text, const cha
     st = DDL_OK;
     if (s->rank == 0) {
         s->xbuf = ddl_malloc((size_t)s->batch * s->sample_bytes);
-        s->lbuf = ddl_malloc(sizeof(int64_t) * (size_t)s->batch);
+        s->lbuf = ddl_malloc(sizeof(int64_t) * (size_t)(s->batch * s->label_elems));
         s->idx  = ddl_malloc(sizeof(int64_t) * (size_t)s->batch);
         if (s->xbuf == NULL || s->lbuf == NULL || s->idx == NULL) {
             st = ddl_set_error(DDL_ENOMEM, "session: out of memory for the batch buffer");
@@ -218,6 +243,12 @@ static ddl_status create_body(ddl_session_t *s, const char *spec_text, const cha
             if (s->ckpt_dir == NULL) {
                 st = ddl_set_error(DDL_ENOMEM, "session: out of memory");
             }
+        }
+    }
+    if (st == DDL_OK && ddl_spec_output_shape(ddl_model_spec(s->model)).ndim > 1) {
+        s->iou = ddl_calloc(4 * (size_t)s->classes, sizeof(int64_t));
+        if (s->iou == NULL) {
+            st = ddl_set_error(DDL_ENOMEM, "session: out of memory");
         }
     }
     if (st == DDL_OK) {
@@ -269,6 +300,7 @@ void ddl_session_destroy(ddl_session_t **sp)
     ddl_free(s->xbuf);
     ddl_free(s->lbuf);
     ddl_free(s->idx);
+    ddl_free(s->iou);
     ddl_free(s->ckpt_dir);
     ddl_free(s->w);
     ddl_free(s->wnames);
@@ -323,6 +355,11 @@ static ddl_status load_data(const ddl_session_t *s, const char *dir, ddl_dataset
                             ddl_dataset *te, int64_t **perm)
 {
     DDL_REQUIRE(dir != NULL, DDL_EINVAL, "open_data: rank 0 must pass a directory");
+    DDL_REQUIRE(s->label_elems == 1, DDL_EINVAL,
+                "open_data: the model segments (one label per output voxel, %lld per sample) "
+                "but IDX data holds one label per sample; give the spec \"data\": "
+                "{\"synthetic\": ...} instead",
+                (long long)s->label_elems);
     DDL_CHECK(ddl_dataset_load_mnist_dir(dir, 1, tr));
     DDL_CHECK(ddl_dataset_load_mnist_dir(dir, 0, te));
     DDL_CHECK(check_split(s, dir, "training", tr));
@@ -360,6 +397,7 @@ ddl_status ddl_session_open_data(ddl_session_t *s, const char *dir)
         s->data[DDL_SPLIT_TEST]  = te;
         s->perm                  = perm;
     }
+    s->synth      = false;
     s->perm_epoch = -1;
     st            = MPI_Bcast(n, 2, MPI_INT64_T, 0, s->comm) == MPI_SUCCESS
                         ? DDL_OK
@@ -368,6 +406,46 @@ ddl_status ddl_session_open_data(ddl_session_t *s, const char *dir)
     s->n[1]       = n[1];
     s->has_data   = st == DDL_OK;
     return ddl_agree(s->comm, st);
+}
+
+ddl_status ddl_session_open_synthetic(ddl_session_t *s)
+{
+    // Every rank holds the same spec, so each reaches the same verdict without messages.
+    const ddl_spec_t *spec = ddl_model_spec(s->model);
+    ddl_synth_params  p;
+    int64_t           n[2] = {0, 0};
+    ddl_status        st   = DDL_OK;
+    if (!ddl_spec_synthetic(spec, &p, &n[0], &n[1])) {
+        st = ddl_set_error(DDL_EINVAL, "open_synthetic: the spec has no \"data\": "
+                                       "{\"synthetic\": ...} block (give a data directory)");
+    } else {
+        st = ddl_synth_validate(&p);
+    }
+    int64_t *perm = NULL;
+    if (st == DDL_OK && s->rank == 0) {
+        perm = ddl_malloc(sizeof(int64_t) * (size_t)n[0]);
+        if (perm == NULL) {
+            st = ddl_set_error(DDL_ENOMEM, "open_synthetic: out of memory for the shuffle");
+        }
+    }
+    st = ddl_agree(s->comm, st);
+    if (st != DDL_OK) {
+        ddl_free(perm);
+        return st;
+    }
+    if (s->rank == 0) {
+        ddl_dataset_free(&s->data[0]);
+        ddl_dataset_free(&s->data[1]);
+        ddl_free(s->perm);
+        s->perm = perm;
+    }
+    s->synth        = true;
+    s->synth_params = p;
+    s->perm_epoch   = -1;
+    s->n[0]         = n[0];
+    s->n[1]         = n[1];
+    s->has_data     = true;
+    return DDL_OK;
 }
 
 bool ddl_session_has_data(const ddl_session_t *s)
@@ -653,24 +731,29 @@ ddl_status ddl_session_train(ddl_session_t *s, const ddl_train_request *req, ddl
     DDL_CHECK_MPI(MPI_Bcast(&plan, 1, MPI_INT64_T, 0, s->comm));
     const int64_t      spe  = steps_per_epoch(s);
     const int64_t      B    = s->batch;
-    const ddl_dataset *tr   = &s->data[DDL_SPLIT_TRAIN];
+    const int64_t      ntr  = s->n[DDL_SPLIT_TRAIN];
     const bool         shuf = ddl_spec_shuffle(ddl_model_spec(s->model));
     double             t0 = now(), te = t0, lsum = 0, esum = 0;
     int64_t            hits = 0, esteps = 0;
     for (int64_t done = 0; done < plan && st == DDL_OK;) {
+        ddl_status fst = DDL_OK;
         if (s->rank == 0) {
             if (s->perm_epoch != s->cur.epoch) {
                 if (shuf) {
-                    ddl_dataset_shuffle(tr->n, ddl_spec_seed(ddl_model_spec(s->model)),
+                    ddl_dataset_shuffle(ntr, ddl_spec_seed(ddl_model_spec(s->model)),
                                         (uint64_t)s->cur.epoch, s->perm);
                 } else {
-                    for (int64_t i = 0; i < tr->n; i++) {
+                    for (int64_t i = 0; i < ntr; i++) {
                         s->perm[i] = i;
                     }
                 }
                 s->perm_epoch = s->cur.epoch;
             }
-            fill_batch(s, tr, s->perm + s->cur.batch * B, B);
+            fst = fill_batch(s, DDL_SPLIT_TRAIN, s->perm + s->cur.batch * B, B);
+        }
+        st = agree_fill(s, fst);
+        if (st != DDL_OK) {
+            break;
         }
         double  loss = 0;
         int64_t c    = 0;
@@ -687,7 +770,7 @@ ddl_status ddl_session_train(ddl_session_t *s, const ddl_train_request *req, ddl
                           .done            = done,
                           .total           = plan,
                           .loss            = loss,
-                          .accuracy        = (double)c / (double)B};
+                          .accuracy        = (double)c / (double)(B * s->label_elems)};
         s->cur.batch++;
         if (s->cur.batch == spe) {
             s->cur.batch = 0;
@@ -732,7 +815,9 @@ ddl_status ddl_session_train(ddl_session_t *s, const ddl_train_request *req, ddl
     double dt        = now() - t0;
     res.step         = ddl_model_step(s->model);
     res.mean_loss    = res.steps_done > 0 ? lsum / (double)res.steps_done : 0;
-    res.accuracy     = res.steps_done > 0 ? (double)hits / (double)(res.steps_done * B) : 0;
+    res.accuracy     = res.steps_done > 0
+                           ? (double)hits / ((double)(res.steps_done * B) * (double)s->label_elems)
+                           : 0;
     res.images_per_s = dt > 0 ? (double)(res.steps_done * B) / dt : 0;
     st               = ddl_agree(s->comm, st);
     if (out != NULL) {
@@ -762,13 +847,46 @@ ddl_status ddl_session_step(ddl_session_t *s, const void *x, size_t x_bytes, con
     }
     st = ddl_agree(s->comm, st);
     if (out != NULL) {
-        *out = (ddl_step_result){ddl_model_step(s->model), loss, (double)c / (double)s->batch,
-                                 durable};
+        *out = (ddl_step_result){ddl_model_step(s->model), loss,
+                                 (double)c / ((double)s->batch * (double)s->label_elems), durable};
     }
     return st;
 }
 
 // ---- evaluation and prediction ---------------------------------------------------
+
+// Segmentation: per-class intersection and union voxel counts summed over the batches of
+// an evaluation (s->iou, allocated with the session: [4 * classes], totals then one
+// batch's), for the mean IoU of the foreground classes (1..classes-1).
+static void seg_iou_add(ddl_session_t *s)
+{
+    int64_t C = s->classes, *tot_i = s->iou, *tot_u = s->iou + C, *bi = tot_u + C, *bu = bi + C;
+    if (s->iou != NULL && ddl_model_class_counts(s->model, bi, bu)) {
+        for (int64_t k = 0; k < C; k++) {
+            tot_i[k] += bi[k];
+            tot_u[k] += bu[k];
+        }
+    }
+}
+
+// The mean over the foreground classes that occur (in labels or predictions) of
+// intersection / union; -1 for a classifier, or when no foreground voxel occurs.
+static double seg_iou_mean(const ddl_session_t *s)
+{
+    if (s->iou == NULL) {
+        return -1.0;
+    }
+    double sum = 0;
+    int    n   = 0;
+    for (int k = 1; k < s->classes; k++) {
+        int64_t in = s->iou[k], un = s->iou[s->classes + k];
+        if (un > 0) {
+            sum += (double)in / (double)un;
+            n++;
+        }
+    }
+    return n > 0 ? sum / n : -1.0;
+}
 
 ddl_status ddl_session_evaluate(ddl_session_t *s, ddl_split split, ddl_eval_result *out)
 {
@@ -783,16 +901,23 @@ ddl_status ddl_session_evaluate(ddl_session_t *s, ddl_split split, ddl_eval_resu
     DDL_CHECK(ddl_agree(s->comm, st));
     int sp = (int)split;
     DDL_CHECK_MPI(MPI_Bcast(&sp, 1, MPI_INT, 0, s->comm));
-    const ddl_dataset *ds    = &s->data[sp];
-    int64_t            total = s->n[sp], hits = 0, seen = 0;
-    double             lsum = 0;
+    int64_t total = s->n[sp], hits = 0, seen = 0;
+    double  lsum = 0;
+    if (s->iou != NULL) {
+        memset(s->iou, 0, sizeof(int64_t) * 2 * (size_t)s->classes);
+    }
     for (int64_t start = 0; start < total && st == DDL_OK; start += s->batch) {
-        int64_t count = total - start < s->batch ? total - start : s->batch;
+        int64_t    count = total - start < s->batch ? total - start : s->batch;
+        ddl_status fst   = DDL_OK;
         if (s->rank == 0) {
             for (int64_t i = 0; i < count; i++) {
                 s->idx[i] = start + i;
             }
-            fill_batch(s, ds, s->idx, count);
+            fst = fill_batch(s, sp, s->idx, count);
+        }
+        st = agree_fill(s, fst);
+        if (st != DDL_OK) {
+            break;
         }
         double  l = 0;
         int64_t c = 0;
@@ -801,11 +926,14 @@ ddl_status ddl_session_evaluate(ddl_session_t *s, ddl_split split, ddl_eval_resu
         lsum += l;
         hits += c;
         seen += count;
+        seg_iou_add(s);
     }
     st = ddl_agree(s->comm, st);
     if (st == DDL_OK && out != NULL) {
         *out = (ddl_eval_result){seen, seen > 0 ? lsum / (double)seen : 0,
-                                 seen > 0 ? (double)hits / (double)seen : 0};
+                                 seen > 0 ? (double)hits / ((double)seen * (double)s->label_elems)
+                                          : 0,
+                                 seg_iou_mean(s)};
     }
     return st;
 }
@@ -833,7 +961,7 @@ ddl_status ddl_session_evaluate_batch(ddl_session_t *s, const void *x, size_t x_
         if (st == DDL_OK && labels == NULL) {
             st = ddl_set_error(DDL_EINVAL, "evaluate: rank 0 must pass the labels");
         }
-        for (int64_t i = 0; st == DDL_OK && i < count; i++) {
+        for (int64_t i = 0; st == DDL_OK && i < count * s->label_elems; i++) {
             if (labels[i] < 0 || labels[i] >= s->classes) {
                 st = ddl_set_error(DDL_EINVAL,
                                    "evaluate: label %lld of sample %lld is outside "
@@ -853,13 +981,14 @@ ddl_status ddl_session_evaluate_batch(ddl_session_t *s, const void *x, size_t x_
         double      l  = 0;
         int64_t     c  = 0;
         st = ddl_model_eval(s->model, xp, s->rank == 0 ? (size_t)n * s->sample_bytes : 0,
-                            s->rank == 0 ? labels + start : NULL, n, &l, &c);
+                            s->rank == 0 ? labels + start * s->label_elems : NULL, n, &l, &c);
         lsum += l;
         hits += c;
     }
     st = ddl_agree(s->comm, st);
     if (st == DDL_OK && out != NULL) {
-        *out = (ddl_eval_result){total, lsum / (double)total, (double)hits / (double)total};
+        *out = (ddl_eval_result){total, lsum / (double)total,
+                                 (double)hits / ((double)total * (double)s->label_elems), -1.0};
     }
     return st;
 }
@@ -868,7 +997,7 @@ ddl_status ddl_session_predict(ddl_session_t *s, const void *x, size_t x_bytes, 
                                void *logits, size_t logits_bytes)
 {
     ddl_status st  = DDL_OK;
-    size_t     row = (size_t)s->classes * ddl_dtype_size(s->dt);
+    size_t     row = (size_t)s->classes * (size_t)s->label_elems * ddl_dtype_size(s->dt);
     if (s->rank == 0) {
         st = check_inline(s, "predict", x, x_bytes, count);
         if (st == DDL_OK && (logits == NULL || (uint64_t)count > SIZE_MAX / row ||

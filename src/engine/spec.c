@@ -869,6 +869,69 @@ static ddl_status parse_optimizer(spec_pctx *c, json_t *root)
     return DDL_OK;
 }
 
+// data.synthetic: {"kind": "shapes3d", "train": n, "test": n, "noise": s, "seed": k},
+// generated volumes [1, D, H, W] sized by the input shape, one label per voxel, for a
+// model whose output `out` is [batch, classes >= 3, D, H, W].
+static ddl_status parse_synthetic(spec_pctx *c, json_t *da, const ddl_shape *out)
+{
+    ddl_spec_t *s  = c->s;
+    json_t     *sy = json_object_get(da, "synthetic");
+    if (sy == NULL) {
+        return DDL_OK;
+    }
+    if (!json_is_object(sy)) {
+        return spec_fail(c, "data.synthetic", "must be an object {\"kind\": \"shapes3d\", "
+                                         "\"train\": n, \"test\": n, \"noise\": s}");
+    }
+    static const char *const sk[] = {"kind", "train", "test", "noise", "seed", NULL};
+    DDL_CHECK(spec_check_keys(c, sy, "data.synthetic", sk));
+    const char *kind = NULL;
+    DDL_CHECK(spec_get_str(c, sy, "data.synthetic", "kind", true, &kind));
+    if (strcmp(kind, "shapes3d") != 0) {
+        return spec_fail(c, "data.synthetic.kind", "\"%s\" is not a known kind (shapes3d)", kind);
+    }
+    int64_t seed = (int64_t)(s->seed & ((1ull << 62) - 1));
+    s->synth_n[1] = 64;
+    s->synth.noise = 0.3;
+    DDL_CHECK(spec_get_int(c, sy, "data.synthetic", "train", true, 1, (1LL << 31), &s->synth_n[0]));
+    DDL_CHECK(spec_get_int(c, sy, "data.synthetic", "test", false, 0, (1LL << 31), &s->synth_n[1]));
+    DDL_CHECK(spec_get_num(c, sy, "data.synthetic", "noise", false, 0.0, 100.0, &s->synth.noise));
+    DDL_CHECK(spec_get_int(c, sy, "data.synthetic", "seed", false, 0, (1LL << 62), &seed));
+    char ib[128], ob[128];
+    spec_shape_str(&s->input, ib, sizeof ib);
+    spec_shape_str(out, ob, sizeof ob);
+    if (s->input.ndim != 4 || s->input.d[0] != 1) {
+        return spec_fail(c, "data.synthetic", "shapes3d makes single-channel volumes, so the input "
+                                         "shape must be [1, D, H, W]; it is %s",
+                    ib);
+    }
+    bool fits = out->ndim == 5 && out->d[1] >= DDL_SYNTH_CLASSES;
+    for (int d = 0; fits && d < 3; d++) {
+        fits = out->d[2 + d] == s->input.d[1 + d];
+    }
+    if (!fits) {
+        return spec_fail(c, "data.synthetic", "shapes3d labels every voxel of the input volume %s "
+                                         "with one of %d classes, so the last layer's output "
+                                         "must be [batch, >= %d classes, %lld, %lld, %lld]; it "
+                                         "is %s",
+                    ib, DDL_SYNTH_CLASSES, DDL_SYNTH_CLASSES, (long long)s->input.d[1],
+                    (long long)s->input.d[2], (long long)s->input.d[3], ob);
+    }
+    if (s->synth_n[0] < s->batch) {
+        return spec_fail(c, "data.synthetic.train", "%lld samples are fewer than one batch (%lld)",
+                    (long long)s->synth_n[0], (long long)s->batch);
+    }
+    s->synth.kind = DDL_SYNTH_SHAPES3D;
+    s->synth.seed = (uint64_t)seed;
+    for (int d = 0; d < 3; d++) {
+        s->synth.dims[d] = s->input.d[1 + d];
+    }
+    s->has_synth = true;
+    return ddl_synth_validate(&s->synth) == DDL_OK
+               ? DDL_OK
+               : spec_fail(c, "data.synthetic", "%s", ddl_last_error());
+}
+
 static ddl_status parse_root(spec_pctx *c, json_t *root)
 {
     ddl_spec_t *s = c->s;
@@ -967,11 +1030,20 @@ static ddl_status parse_root(spec_pctx *c, json_t *root)
     } else {
         return spec_fail(c, "loss.reduction", "\"%s\" is not mean or sum", red);
     }
-    if (cur.ndim != 2) {
+    if (cur.ndim < 2) {
         char sbuf[128];
         return spec_fail(c, "loss", "cross_entropy needs the last layer's output to be [batch, "
-                               "classes], it is %s",
+                               "classes] or [batch, classes, spatial...], it is %s",
                     spec_shape_str(&cur, sbuf, sizeof sbuf));
+    }
+    const spec_partition *po = &s->parts[s->layers[s->nlayers - 1].P_out];
+    if (cur.ndim > 2 && po->shape[1] != 1) {
+        // Segmentation: the log-softmax of a voxel needs all of its classes on one rank.
+        char sbuf[128];
+        return spec_fail(c, "loss", "cross_entropy on the segmentation output %s needs every class "
+                               "on each rank, but its partition \"%s\" splits dimension 1 "
+                               "(classes) over %d ranks; split the batch or spatial dims",
+                    spec_shape_str(&cur, sbuf, sizeof sbuf), po->name, po->shape[1]);
     }
     if (cur.d[1] > INT32_MAX) {
         char sbuf[128];
@@ -979,6 +1051,12 @@ static ddl_status parse_root(spec_pctx *c, json_t *root)
                     (long long)cur.d[1], spec_shape_str(&cur, sbuf, sizeof sbuf), INT32_MAX);
     }
     s->num_classes = (int)cur.d[1];
+    s->output      = (ddl_shape){.ndim = cur.ndim - 1};
+    s->label_elems = 1;
+    for (int d = 1; d < cur.ndim; d++) {
+        s->output.d[d - 1] = cur.d[d];
+        s->label_elems *= d >= 2 ? cur.d[d] : 1;
+    }
     DDL_CHECK(parse_optimizer(c, root));
     // data
     s->mean = 0.0, s->std = 1.0, s->shuffle = true;
@@ -987,8 +1065,9 @@ static ddl_status parse_root(spec_pctx *c, json_t *root)
         if (!json_is_object(da)) {
             return spec_fail(c, "data", "must be an object");
         }
-        static const char *const dk[] = {"normalize", "shuffle", NULL};
+        static const char *const dk[] = {"normalize", "shuffle", "synthetic", NULL};
         DDL_CHECK(spec_check_keys(c, da, "data", dk));
+        DDL_CHECK(parse_synthetic(c, da, &cur));
         DDL_CHECK(spec_get_bool(c, da, "data", "shuffle", &s->shuffle));
         json_t *no = json_object_get(da, "normalize");
         if (no != NULL) {
@@ -1129,4 +1208,28 @@ void ddl_spec_normalize(const ddl_spec_t *s, double *mean, double *std)
 bool ddl_spec_shuffle(const ddl_spec_t *s)
 {
     return s->shuffle;
+}
+int64_t ddl_spec_label_elems(const ddl_spec_t *s)
+{
+    return s->label_elems;
+}
+ddl_shape ddl_spec_output_shape(const ddl_spec_t *s)
+{
+    return s->output;
+}
+bool ddl_spec_synthetic(const ddl_spec_t *s, ddl_synth_params *p, int64_t *n_train,
+                        int64_t *n_test)
+{
+    if (s->has_synth) {
+        if (p != NULL) {
+            *p = s->synth;
+        }
+        if (n_train != NULL) {
+            *n_train = s->synth_n[0];
+        }
+        if (n_test != NULL) {
+            *n_test = s->synth_n[1];
+        }
+    }
+    return s->has_synth;
 }

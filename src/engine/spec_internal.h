@@ -4,6 +4,7 @@
 #define DDL_ENGINE_SPEC_INTERNAL_H
 
 #include "ddl/model.h"
+#include "ddl/synth.h"
 
 #define SPEC_MAX_RANKS 4096
 #define SPEC_NAME 64
@@ -76,6 +77,14 @@ struct ddl_spec {
     double            mean, std;
     bool              shuffle;
     int               num_classes;
+    // The model output per sample: [classes], or [classes, spatial...] for segmentation,
+    // whose labels are one per output voxel (label_elems = prod(spatial); else 1).
+    ddl_shape         output;
+    int64_t           label_elems;
+    // data.synthetic (has_synth): generated samples instead of a dataset directory.
+    bool              has_synth;
+    ddl_synth_params  synth;
+    int64_t           synth_n[2]; // training and test samples
 };
 
 // The global shape and partition of node `n`: a layer's output, or the batched input.

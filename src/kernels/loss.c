@@ -8,7 +8,8 @@
 // Cross-entropy: logits [B, C], labels [B] (int64). B = batch, C = classes. With the
 // class dimension split over ranks a rank holds [B, Cl], classes [c0, c0 + Cl), and
 // the log-sum-exp is assembled from a max all-reduce and a sum all-reduce of the
-// local pieces below.
+// local pieces below. On N-d input (segmentation) logits are [B, C, V] and labels
+// [B, V], V voxels per sample; the class dimension is then never split.
 //
 // The formulas follow PyTorch (docs of torch.nn.MSELoss, L1Loss, BCELoss,
 // BCEWithLogitsLoss, KLDivLoss, PoissonNLLLoss, CrossEntropyLoss; ATen's
@@ -324,6 +325,112 @@ ddl_status ddl_cross_entropy_backward(ddl_dtype dt, void *dlogits, const void *d
         ce_backward_kernel(DDL_F32, dlogits, dloss, scale, logits, labels, B, C);
     } else {
         ce_backward_kernel(DDL_F64, dlogits, dloss, scale, logits, labels, B, C);
+    }
+    return DDL_OK;
+}
+
+// ---- cross-entropy: N-d input (class dimension strided) --------------------------------
+// Voxel (b, v) of logits [B, C, V] has its C logits at b*C*V + c*V + v. The loops run v
+// innermost so each class's logits stream through memory in order.
+
+KERNEL double ce_nd_forward_kernel(ddl_dtype dt, void *loss, const void *logits,
+                                   const int64_t *labels, int64_t B, int64_t C, int64_t V)
+{
+    double sum = 0.0;
+    for (int64_t b = 0; b < B; b++) {
+        int64_t base = b * C * V;
+        for (int64_t v = 0; v < V; v++) {
+            double m = -INFINITY;
+            for (int64_t c = 0; c < C; c++) {
+                double x = ld(dt, logits, base + c * V + v);
+                m        = x > m ? x : m;
+            }
+            double s = 0.0;
+            for (int64_t c = 0; c < C; c++) {
+                s += exp(ld(dt, logits, base + c * V + v) - m);
+            }
+            // (m - x_label) first, as in the [B, C] kernel.
+            double l = (m - ld(dt, logits, base + labels[b * V + v] * V + v)) + log(s);
+            if (loss) {
+                st(dt, loss, b * V + v, l);
+            }
+            sum += l;
+        }
+    }
+    return sum;
+}
+
+KERNEL void ce_nd_backward_kernel(ddl_dtype dt, void *dlogits, const void *dloss, double scale,
+                                  const void *logits, const int64_t *labels, int64_t B,
+                                  int64_t C, int64_t V)
+{
+    for (int64_t b = 0; b < B; b++) {
+        int64_t base = b * C * V;
+        for (int64_t v = 0; v < V; v++) {
+            double m = -INFINITY;
+            for (int64_t c = 0; c < C; c++) {
+                double x = ld(dt, logits, base + c * V + v);
+                m        = x > m ? x : m;
+            }
+            double s = 0.0;
+            for (int64_t c = 0; c < C; c++) {
+                s += exp(ld(dt, logits, base + c * V + v) - m);
+            }
+            double  inv = 1.0 / s;
+            double  g   = dloss ? scale * ld(dt, dloss, b * V + v) : scale;
+            int64_t lab = labels[b * V + v];
+            for (int64_t c = 0; c < C; c++) {
+                double p = exp(ld(dt, logits, base + c * V + v) - m) * inv;
+                acc(dt, dlogits, base + c * V + v, g * (c == lab ? p - 1.0 : p));
+            }
+        }
+    }
+}
+
+static ddl_status check_nd(const char *who, ddl_dtype dt, const int64_t *labels, int64_t B,
+                           int64_t C, int64_t V)
+{
+    DDL_CHECK(check_dtype(who, dt));
+    DDL_REQUIRE(B >= 0 && C >= 1 && V >= 0, DDL_EINVAL,
+                "%s: sizes B = %lld, C = %lld, V = %lld (need B, V >= 0 and C >= 1)", who,
+                (long long)B, (long long)C, (long long)V);
+    for (int64_t i = 0; i < B * V; i++) {
+        DDL_REQUIRE(labels[i] >= 0 && labels[i] < C, DDL_EINVAL,
+                    "%s: label %lld of sample %lld, voxel %lld is outside [0, %lld) (the number "
+                    "of classes)",
+                    who, (long long)labels[i], (long long)(i / V), (long long)(i % V),
+                    (long long)C);
+    }
+    return DDL_OK;
+}
+
+ddl_status ddl_cross_entropy_nd_forward(ddl_dtype dt, void *loss, double *sum, const void *logits,
+                                        const int64_t *labels, int64_t B, int64_t C, int64_t V)
+{
+    DDL_REQUIRE(B * V == 0 || (logits && labels), DDL_EINVAL,
+                "cross_entropy_nd_forward: NULL logits or labels");
+    DDL_CHECK(check_nd("cross_entropy_nd_forward", dt, labels, B, C, V));
+    double s = dt == DDL_F32 ? ce_nd_forward_kernel(DDL_F32, loss, logits, labels, B, C, V)
+                             : ce_nd_forward_kernel(DDL_F64, loss, logits, labels, B, C, V);
+    if (sum) {
+        *sum = s;
+    }
+    return DDL_OK;
+}
+
+ddl_status ddl_cross_entropy_nd_backward(ddl_dtype dt, void *dlogits, const void *dloss,
+                                         double scale, const void *logits, const int64_t *labels,
+                                         int64_t B, int64_t C, int64_t V)
+{
+    if (dlogits == NULL || B * V == 0) {
+        return check_dtype("cross_entropy_nd_backward", dt);
+    }
+    DDL_REQUIRE(logits && labels, DDL_EINVAL, "cross_entropy_nd_backward: NULL logits or labels");
+    DDL_CHECK(check_nd("cross_entropy_nd_backward", dt, labels, B, C, V));
+    if (dt == DDL_F32) {
+        ce_nd_backward_kernel(DDL_F32, dlogits, dloss, scale, logits, labels, B, C, V);
+    } else {
+        ce_nd_backward_kernel(DDL_F64, dlogits, dloss, scale, logits, labels, B, C, V);
     }
     return DDL_OK;
 }

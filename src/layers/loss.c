@@ -30,6 +30,17 @@
 // column 0"). The row maxima are all-reduced over the whole of P_x as one vector of the
 // N global rows (-inf outside a rank's rows): a max is not a sum.
 //
+// Cross-entropy on N-d input (segmentation; PyTorch's F.cross_entropy on x [N, C, d1..dk],
+// k >= 1). P_x must not split dim 1 (the classes): every rank then holds whole voxels,
+// the log-softmax over C is local, and with labels [N, d1..dk] boxed like x minus dim 1:
+//
+//   e_nv = logsumexp_c x_ncv - x_n,label_nv,v    (local; every rank its own voxels)
+//   v    = R(sum of local e) / (N * d1 * ... * dk for mean, 1 for sum) on P_x rank 0
+//   dx_ncv = g_nv (softmax_c(x_nv)_c - [c == label_nv])
+//
+// with g_nv = R*(dv) / norm for reduced losses, de_nv for reduction none (elementwise
+// losses and their gradients have x's local shape minus dim 1 on every rank).
+//
 // Errors on data. Forward and backward check their arguments and data locally (shapes,
 // labels in [0, C)) and agree on the verdict (ddl_agree) over the base communicator of
 // P_x before any communication, so a bad label on one rank fails every rank, all with
@@ -49,6 +60,7 @@
 // leaves them unchanged until the matching backward); the loss keeps only what it
 // computes itself (row maxima and sums for cross-entropy).
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "base/check.h"
@@ -77,6 +89,9 @@ struct ddl_loss {
     ddl_tensor_t          *total;     // [2] on P_x rank 0
 
     // Cross-entropy.
+    bool                   nd;        // on N-d input [N, C, spatial...] (classes whole)
+    ddl_shape              el_shape;  // N-d: local elementwise shape (x's minus dim 1)
+    int64_t                voxels;    // N-d: local voxels per sample
     int64_t                rows, n0;  // local rows and the first global row
     int64_t                cl, c0;    // local classes and the first global class
     int64_t                classes;
@@ -117,9 +132,19 @@ static ddl_status loss_validate(const ddl_partition_t *P_x, ddl_dtype dt, const 
         DDL_REQUIRE(x_global->d[d] >= 1, DDL_EINVAL, "loss: x_global[%d] = %lld must be >= 1", d,
                     (long long)x_global->d[d]);
     }
-    if (kind == DDL_LOSS_CROSS_ENTROPY) {
+    if (kind == DDL_LOSS_CROSS_ENTROPY && nd > 2) {
+        // The log-softmax over the classes of a voxel stays local only when no rank
+        // splits them; a class split of N-d input would need the row statistics of
+        // every voxel all-reduced, which no model asks for.
+        DDL_REQUIRE(ddl_partition_shape(P_x)[1] == 1, DDL_EINVAL,
+                    "loss: cross-entropy on x [batch, classes, spatial...] needs every class on "
+                    "each rank, but P_x splits dimension 1 (classes) over %d ranks; use a "
+                    "partition [P_n, 1, ...] that splits the batch or the spatial dims",
+                    ddl_partition_shape(P_x)[1]);
+    } else if (kind == DDL_LOSS_CROSS_ENTROPY) {
         DDL_REQUIRE(nd == 2, DDL_EINVAL,
-                    "loss: cross-entropy takes x [batch, classes] over P_x [P_b, P_c], got %d dims",
+                    "loss: cross-entropy takes x [batch, classes] over P_x [P_b, P_c] or "
+                    "[batch, classes, spatial...] over [P_n, 1, S...], got %d dims",
                     nd);
         // The row maxima travel as one MPI message of N + 1 doubles.
         DDL_REQUIRE(x_global->d[0] < INT32_MAX, DDL_EINVAL,
@@ -208,7 +233,7 @@ static ddl_status loss_setup(ddl_loss_t *l)
         LOCAL(ddl_tensor_create(DDL_F64, &ps, &l->part));
         LOCAL(ddl_tensor_create(DDL_F64, &ts, &l->total));
     }
-    if (l->kind == DDL_LOSS_CROSS_ENTROPY) {
+    if (l->kind == DDL_LOSS_CROSS_ENTROPY && !l->nd) {
         DDL_CHECK(ce_setup(l, lst));
     }
     // The members of P_x agree on the outcome, so none keeps a loss its partners lack.
@@ -238,10 +263,26 @@ ddl_status ddl_loss_create(const ddl_partition_t *P_x, ddl_dtype dt, const ddl_s
     l->x_shape   = ddl_partition_local_shape(P_x, x_global);
     l->active    = ddl_partition_active(P_x);
     l->comm      = MPI_COMM_NULL;
+    l->nd        = kind == DDL_LOSS_CROSS_ENTROPY && x_global->ndim > 2;
+    if (l->nd) {
+        // Labels and per-voxel losses: x's local box without dim 1.
+        l->el_shape.ndim = x_global->ndim - 1;
+        l->el_shape.d[0] = l->x_shape.d[0];
+        l->voxels        = 1;
+        for (int d = 2; d < x_global->ndim; d++) {
+            l->el_shape.d[d - 1] = l->x_shape.d[d];
+            l->voxels *= l->x_shape.d[d];
+        }
+        l->classes = x_global->d[1];
+        l->rows    = l->x_shape.d[0];
+    }
     switch (reduction) {
     case DDL_REDUCTION_MEAN:
-        l->norm = kind == DDL_LOSS_CROSS_ENTROPY ? (double)x_global->d[0]
-                                                 : (double)ddl_shape_numel(x_global);
+        // Cross-entropy averages over the samples, and on N-d input over their voxels
+        // (numel / classes), as PyTorch does.
+        l->norm = !(kind == DDL_LOSS_CROSS_ENTROPY) ? (double)ddl_shape_numel(x_global)
+                  : l->nd ? (double)(ddl_shape_numel(x_global) / x_global->d[1])
+                          : (double)x_global->d[0];
         break;
     case DDL_REDUCTION_BATCHMEAN:
         l->norm = (double)x_global->d[0];
@@ -422,6 +463,65 @@ static ddl_status ce_forward(ddl_loss_t *l, const ddl_tensor_t *x, const int64_t
     return reduce_value(l, local, false, value);
 }
 
+// Local checks of N-d cross-entropy's labels (no MPI): a bad one is named by its global
+// batch index and voxel coordinates.
+static ddl_status ce_nd_check(const ddl_loss_t *l, const int64_t *labels,
+                              const ddl_tensor_t *elementwise)
+{
+    if (l->reduction == DDL_REDUCTION_NONE) {
+        DDL_CHECK(check_tensor(l, "elementwise", elementwise, &l->el_shape));
+    }
+    int64_t n = ddl_shape_numel(&l->el_shape);
+    DDL_REQUIRE(n == 0 || labels != NULL, DDL_EINVAL, "loss: cross-entropy labels are NULL");
+    for (int64_t i = 0; i < n; i++) {
+        if (labels[i] >= 0 && labels[i] < l->classes) {
+            continue;
+        }
+        ddl_box b = ddl_partition_local_box(l->P_x, &l->x_global);
+        char    at[160];
+        int     used = 0;
+        int64_t rem  = i;
+        int64_t c[DDL_MAX_DIMS];
+        for (int d = l->el_shape.ndim - 1; d >= 0; d--) {
+            c[d] = rem % l->el_shape.d[d];
+            rem /= l->el_shape.d[d];
+        }
+        for (int d = 1; d < l->el_shape.ndim && used < (int)sizeof at; d++) {
+            used += snprintf(at + used, sizeof at - (size_t)used, "%s%lld", d > 1 ? ", " : "",
+                             (long long)(b.start[d + 1] + c[d]));
+        }
+        return ddl_set_error(DDL_EINVAL,
+                             "loss: cross-entropy label %lld at batch index %lld, voxel (%s) is "
+                             "outside [0, %lld) (the model has %lld classes)",
+                             (long long)labels[i], (long long)(b.start[0] + c[0]), at,
+                             (long long)l->classes, (long long)l->classes);
+    }
+    return DDL_OK;
+}
+
+static ddl_status ce_nd_forward(ddl_loss_t *l, const ddl_tensor_t *x, const int64_t *labels,
+                                double *value, ddl_tensor_t *elementwise)
+{
+    l->xs     = x->data;  // references for backward, not copies
+    l->labels = labels;
+    void   *el = l->reduction == DDL_REDUCTION_NONE && ddl_shape_numel(&l->el_shape) > 0
+                     ? elementwise->data
+                     : NULL;
+    double  local = 0.0;
+    ddl_status st = DDL_OK;
+    if (l->active) {
+        st = ddl_cross_entropy_nd_forward(l->dt, el, &local, l->xs, labels, l->rows, l->classes,
+                                          l->voxels);
+    }
+    if (l->reduction == DDL_REDUCTION_NONE) {
+        return st;
+    }
+    // Labels were checked already: a failure here is internal, and the reduction still
+    // runs so that no partner waits.
+    DDL_CHECK(reduce_value(l, st == DDL_OK ? local : 0.0, st != DDL_OK, value));
+    return st;
+}
+
 ddl_status ddl_loss_forward(ddl_loss_t *l, const ddl_tensor_t *x, const ddl_tensor_t *target,
                             const int64_t *labels, double *value, ddl_tensor_t *elementwise)
 {
@@ -431,11 +531,15 @@ ddl_status ddl_loss_forward(ddl_loss_t *l, const ddl_tensor_t *x, const ddl_tens
     }
     ddl_status st = check_tensor(l, "x", x, &l->x_shape);
     if (st == DDL_OK) {
-        st = l->kind == DDL_LOSS_CROSS_ENTROPY ? ce_check(l, labels, elementwise)
-                                               : eloss_check(l, target, elementwise);
+        st = l->nd                                ? ce_nd_check(l, labels, elementwise)
+             : l->kind == DDL_LOSS_CROSS_ENTROPY ? ce_check(l, labels, elementwise)
+                                                  : eloss_check(l, target, elementwise);
     }
     DDL_CHECK(agree(l, st));
     l->have_forward = true;
+    if (l->nd) {
+        return agree(l, ce_nd_forward(l, x, labels, value, elementwise));
+    }
     if (l->kind == DDL_LOSS_CROSS_ENTROPY) {
         return ce_forward(l, x, labels, value, elementwise);
     }
@@ -471,7 +575,10 @@ ddl_status ddl_loss_backward(ddl_loss_t *l, double dvalue, const ddl_tensor_t *d
     if (st == DDL_OK && none && !ce) {
         st = check_tensor(l, "elementwise gradient", delementwise, &l->x_shape);
     }
-    if (st == DDL_OK && none && ce && l->col0) {
+    if (st == DDL_OK && none && l->nd) {
+        st = check_tensor(l, "elementwise gradient", delementwise, &l->el_shape);
+    }
+    if (st == DDL_OK && none && ce && !l->nd && l->col0) {
         ddl_shape es = ddl_shape_make(1, (int64_t[]){l->rows});
         st           = check_tensor(l, "elementwise gradient", delementwise, &es);
     }
@@ -483,6 +590,8 @@ ddl_status ddl_loss_backward(ddl_loss_t *l, double dvalue, const ddl_tensor_t *d
     const void *g     = NULL;
     if (!none) {
         DDL_CHECK(reduced_scale(l, dvalue, &scale));
+    } else if (l->nd) {
+        g = ddl_shape_numel(&l->el_shape) > 0 ? delementwise->data : NULL;
     } else if (ce) {
         // The per-row gradients live on column 0: broadcast them along each P_x row.
         // Other ranks send nothing: a zero-volume stand-in.
@@ -495,6 +604,10 @@ ddl_status ddl_loss_backward(ddl_loss_t *l, double dvalue, const ddl_tensor_t *d
     }
     if (!l->active) {
         return DDL_OK;
+    }
+    if (l->nd) {
+        return ddl_cross_entropy_nd_backward(l->dt, n > 0 ? dx->data : NULL, g, scale, l->xs,
+                                             l->labels, l->rows, l->classes, l->voxels);
     }
     if (ce) {
         return ddl_cross_entropy_local_backward(l->dt, n > 0 ? dx->data : NULL, g, scale,

@@ -25,7 +25,9 @@ static int check_spec(const char *path)
         ddl_spec_destroy(&spec);
         return 0;
     }
+    // L labels per sample (one per output voxel for a segmentation spec); C * L logits.
     int64_t        B = ddl_spec_batch_size(spec), C = ddl_spec_num_classes(spec);
+    int64_t        L = ddl_spec_label_elems(spec);
     ddl_shape      in = ddl_spec_input_shape(spec);
     int64_t        S  = ddl_shape_numel(&in);
     size_t         es = ddl_dtype_size(ddl_spec_dtype(spec));
@@ -38,10 +40,10 @@ static int check_spec(const char *path)
     size_t       xb = 0, lb = 0;
     if (rank == 0) {
         xb  = (size_t)(B * S) * es;
-        lb  = (size_t)(B * C) * es;
+        lb  = (size_t)(B * C * L) * es;
         x   = calloc(1, xb);
         lg  = calloc(1, lb);
-        lab = calloc((size_t)B, sizeof(int64_t));
+        lab = calloc((size_t)(B * L), sizeof(int64_t));
         for (int64_t i = 0; i < B * S; i++) {
             double v = 2.0 * ddl_rng_uniform(5, 0, (uint64_t)i) - 1.0;
             if (es == 4) {
@@ -50,11 +52,12 @@ static int check_spec(const char *path)
                 ((double *)x)[i] = v;
             }
         }
-        for (int64_t b = 0; b < B; b++) {
+        for (int64_t b = 0; b < B * L; b++) {
             lab[b] = (b * 7) % C;
         }
     }
     int64_t         shortn = B > 3 ? B - 3 : 1;
+    int64_t         np     = B < 5 ? B : 5; // samples predicted (x holds B)
     ddl_step_result sr;
     ddl_eval_result ev;
     double          loss;
@@ -64,8 +67,8 @@ static int check_spec(const char *path)
         ASSERT_OK(ddl_session_step(s, x, xb, lab, B, &sr));
         ASSERT_OK(ddl_session_evaluate_batch(s, x, rank == 0 ? (size_t)shortn * (size_t)S * es : 0,
                                              lab, shortn, &ev));
-        ASSERT_OK(ddl_session_predict(s, x, rank == 0 ? 5 * (size_t)S * es : 0, 5, lg,
-                                      rank == 0 ? 5 * (size_t)C * es : 0));
+        ASSERT_OK(ddl_session_predict(s, x, rank == 0 ? (size_t)(np * S) * es : 0, np, lg,
+                                      rank == 0 ? (size_t)(np * C * L) * es : 0));
         ASSERT_OK(ddl_model_train_step(m, x, xb, lab, B, &loss, &correct));
         ASSERT_OK(ddl_model_eval(m, x, xb, lab, shortn, &loss, &correct));
         ASSERT_OK(ddl_model_predict(m, x, xb, B, lg, lb));

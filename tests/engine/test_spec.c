@@ -58,6 +58,47 @@ static void refuse(const char *base, const char *from, const char *to, int world
     free(t);
 }
 
+// Segmentation specs (an output [batch, classes, D, H, W]) and their generated data.
+static void segmentation(void)
+{
+    const char *seg =
+        "{\"world_size\": 2, \"seed\": 9, \"batch_size\": 2,\n"
+        " \"input\": {\"shape\": [1, 8, 8, 6], \"partition\": \"vol\"},\n"
+        " \"partitions\": {\"vol\": {\"ranks\": [0, 1], \"shape\": [1, 1, 2, 1, 1]}},\n"
+        " \"layers\": [{\"type\": \"conv3d\", \"out_channels\": 3, \"kernel\": [3, 3, 3], "
+        "\"padding\": [1, 1, 1]}],\n"
+        " \"loss\": {\"type\": \"cross_entropy\"},\n"
+        " \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1},\n"
+        " \"data\": {\"synthetic\": {\"kind\": \"shapes3d\", \"train\": 8, \"test\": 4}}}\n";
+    ddl_spec_t *s = NULL;
+    ASSERT_OK(ddl_spec_parse(seg, "seg.json", 2, &s));
+    ASSERT_EQ(ddl_spec_label_elems(s), 8 * 8 * 6);
+    ddl_shape o = ddl_spec_output_shape(s);
+    ASSERT_TRUE(o.ndim == 4 && o.d[0] == 3 && o.d[1] == 8 && o.d[3] == 6);
+    ASSERT_EQ(ddl_spec_num_classes(s), 3);
+    ddl_synth_params p;
+    int64_t          ntr = 0, nte = 0;
+    ASSERT_TRUE(ddl_spec_synthetic(s, &p, &ntr, &nte));
+    ASSERT_TRUE(ntr == 8 && nte == 4 && p.seed == 9 && p.noise == 0.3 && p.dims[2] == 6);
+    ddl_spec_destroy(&s);
+    refuse(seg, "\"shape\": [1, 1, 2, 1, 1]", "\"shape\": [1, 2, 1, 1, 1]", 2, "spec.json:5: loss",
+           "splits dimension 1 (classes) over 2 ranks");
+    refuse(seg, "\"kind\": \"shapes3d\"", "\"kind\": \"cubes\"", 2, "data.synthetic.kind",
+           "not a known kind");
+    refuse(seg, "\"train\": 8", "\"train\": 1", 2, "data.synthetic.train",
+           "fewer than one batch (2)");
+    refuse(seg, "\"test\": 4", "\"test\": 4, \"noise\": -1", 2, "data.synthetic.noise",
+           "outside [0, 100]");
+    refuse(seg, "\"test\": 4", "\"test\": 4, \"size\": 4", 2, "data.synthetic.size",
+           "unknown key");
+    refuse(seg, "\"out_channels\": 3", "\"out_channels\": 2", 2, "data.synthetic",
+           "must be [batch, >= 3 classes, 8, 8, 6]");
+    refuse(seg, "\"shape\": [1, 8, 8, 6]", "\"shape\": [2, 8, 8, 6]", 2, "data.synthetic",
+           "the input shape must be [1, D, H, W]");
+    refuse(seg, "\"padding\": [1, 1, 1]", "\"padding\": [0, 1, 1]", 2, "data.synthetic",
+           "it is [2, 3, 6, 8, 6]");
+    printf("segmentation specs: ok\n");
+}
 
 // The line (1-based) of the first occurrence of needle in text.
 static int line_at(const char *text, const char *needle)
@@ -295,6 +336,7 @@ int main(int argc, char **argv)
         unlink(fifo);
         ASSERT_STATUS(ddl_spec_load("/", 4, &sp), DDL_EINVAL);
     }
+    segmentation();
     printf("test_spec: ok\n");
     return 0;
 }

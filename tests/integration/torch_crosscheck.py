@@ -50,6 +50,12 @@ CASES = [
      "x_global_shape": [2, 6, 7, 5]}),
     ("cross_entropy classes split", 4, {"op": "cross_entropy", "P_x": {"ranks": [0, 1, 2, 3], "shape": [2, 2]},
      "x_global_shape": [9, 10], "reduction": "mean"}),
+    ("cross_entropy 3-d volume [1,1,2,2,1]", 4, {"op": "cross_entropy",
+     "P_x": {"ranks": [0, 1, 2, 3], "shape": [1, 1, 2, 2, 1]}, "x_global_shape": [2, 3, 6, 5, 4],
+     "reduction": "mean"}),
+    ("cross_entropy 2-d image batch split", 2, {"op": "cross_entropy",
+     "P_x": {"ranks": [0, 1], "shape": [2, 1, 1, 1]}, "x_global_shape": [3, 4, 5, 7],
+     "reduction": "sum"}),
     ("bce_with_logits sum", 4, {"op": "loss", "kind": "bce_with_logits", "reduction": "sum",
      "P_x": {"ranks": [0, 1, 2, 3], "shape": [1, 4]}, "x_global_shape": [3, 10]}),
 ]

@@ -3,7 +3,8 @@
 // (f32 and f64), f64 finite-difference gradient checks of every backward (scalar scale
 // and per-element upstream gradients), accumulation; softmax cross-entropy by hand, at
 // extreme logits, against a direct reference, by finite differences, and split over
-// 2 and 3 simulated ranks equal to the sequential result; and argument errors.
+// 2 and 3 simulated ranks equal to the sequential result; on N-d input (one label per
+// voxel) against the [B, C] kernel on transposed logits; and argument errors.
 #include <math.h>
 #include <string.h>
 
@@ -367,6 +368,96 @@ static void test_ce_random(void)
     }
 }
 
+// N-d cross-entropy: logits [NB, NC, NV] (classes NV apart) against the [B, C] kernel
+// on the same logits transposed to [NB * NV, NC]: the same per-voxel losses and
+// gradients; and its own finite-difference check with per-voxel upstream gradients.
+enum { NB = 2, NC = 4, NV = 6 };
+
+typedef struct nd_ctx {
+    const double  *x;
+    const int64_t *lab;
+    const double  *g;
+} nd_ctx;
+
+static double nd_objective(void *p)
+{
+    nd_ctx *c = p;
+    double  l[NB * NV], s = 0.0;
+    ASSERT_OK(ddl_cross_entropy_nd_forward(DDL_F64, l, NULL, c->x, c->lab, NB, NC, NV));
+    for (int i = 0; i < NB * NV; i++) {
+        s += c->g[i] * l[i];
+    }
+    return s;
+}
+
+static void test_ce_nd(void)
+{
+    double  x[NB * NC * NV], xt[NB * NV * NC], l[NB * NV], lt[NB * NV], g[NB * NV];
+    double  dx[NB * NC * NV], dxt[NB * NV * NC], sum, sumt;
+    float   xf[NB * NC * NV], lf[NB * NV], dxf[NB * NC * NV];
+    int64_t lab[NB * NV];
+    fill_uniform(x, NB * NC * NV, 700, -5.0, 5.0);
+    fill_uniform(g, NB * NV, 701, -1.0, 1.0);
+    for (int i = 0; i < NB * NV; i++) {
+        lab[i] = (int64_t)(ddl_rng_u64(702, 0, (uint64_t)i) % NC);
+    }
+    for (int b = 0; b < NB; b++) {
+        for (int c = 0; c < NC; c++) {
+            for (int v = 0; v < NV; v++) {
+                xt[(b * NV + v) * NC + c] = x[(b * NC + c) * NV + v];
+            }
+        }
+    }
+    ASSERT_OK(ddl_cross_entropy_nd_forward(DDL_F64, l, &sum, x, lab, NB, NC, NV));
+    ASSERT_OK(ddl_cross_entropy_forward(DDL_F64, lt, &sumt, xt, lab, NB * NV, NC));
+    for (int i = 0; i < NB * NV; i++) {
+        ASSERT_NEAR(l[i], lt[i], 1e-15);
+    }
+    ASSERT_NEAR(sum, sumt, 1e-13);
+    memset(dx, 0, sizeof dx);
+    memset(dxt, 0, sizeof dxt);
+    ASSERT_OK(ddl_cross_entropy_nd_backward(DDL_F64, dx, g, 0.5, x, lab, NB, NC, NV));
+    ASSERT_OK(ddl_cross_entropy_backward(DDL_F64, dxt, g, 0.5, xt, lab, NB * NV, NC));
+    for (int b = 0; b < NB; b++) {
+        for (int c = 0; c < NC; c++) {
+            for (int v = 0; v < NV; v++) {
+                ASSERT_NEAR(dx[(b * NC + c) * NV + v], dxt[(b * NV + v) * NC + c], 1e-15);
+            }
+        }
+    }
+    // Finite differences (scale 1, per-voxel g), accumulating onto a known value.
+    nd_ctx c = {.x = x, .lab = lab, .g = g};
+    for (int i = 0; i < NB * NC * NV; i++) {
+        dx[i] = -0.25;
+    }
+    ASSERT_OK(ddl_cross_entropy_nd_backward(DDL_F64, dx, g, 1.0, x, lab, NB, NC, NV));
+    for (int i = 0; i < NB * NC * NV; i++) {
+        dx[i] += 0.25;
+    }
+    ASSERT_LE(ddl_test_gradcheck(NB * NC * NV, x, dx, nd_objective, &c, 1e-6, 0), 1e-8);
+    // f32 within single precision; V = 1 is the [B, C] kernel itself.
+    to_f32(xf, x, NB * NC * NV);
+    ASSERT_OK(ddl_cross_entropy_nd_forward(DDL_F32, lf, NULL, xf, lab, NB, NC, NV));
+    memset(dxf, 0, sizeof dxf);
+    ASSERT_OK(ddl_cross_entropy_nd_backward(DDL_F32, dxf, NULL, 1.0, xf, lab, NB, NC, NV));
+    for (int i = 0; i < NB * NV; i++) {
+        ASSERT_NEAR(lf[i], l[i], 1e-5);
+    }
+    double l1[NB * NV], l1t[NB * NV];
+    ASSERT_OK(ddl_cross_entropy_nd_forward(DDL_F64, l1, NULL, xt, lab, NB * NV, NC, 1));
+    ASSERT_OK(ddl_cross_entropy_forward(DDL_F64, l1t, NULL, xt, lab, NB * NV, NC));
+    ASSERT_TRUE(memcmp(l1, l1t, sizeof l1) == 0);
+    // A bad label is refused, naming the sample and voxel; nothing is written.
+    lab[7]   = NC;
+    l[7]     = 42.0;
+    ASSERT_STATUS(ddl_cross_entropy_nd_forward(DDL_F64, l, &sum, x, lab, NB, NC, NV), DDL_EINVAL);
+    ASSERT_TRUE(strstr(ddl_last_error(), "of sample 1, voxel 1") != NULL);
+    ASSERT_TRUE(l[7] == 42.0);
+    ASSERT_STATUS(ddl_cross_entropy_nd_backward(DDL_F64, dx, NULL, 1.0, x, lab, NB, NC, NV),
+                  DDL_EINVAL);
+    ASSERT_STATUS(ddl_cross_entropy_nd_forward(DDL_F64, l, &sum, x, lab, NB, 0, NV), DDL_EINVAL);
+}
+
 // The class dimension split over R simulated ranks with widths w[r] (summing to CC):
 // the local pieces, "all-reduced" here, give the sequential loss and gradient.
 static void check_split(ddl_dtype dt, int R, const int64_t *w)
@@ -517,6 +608,7 @@ int main(void)
     test_ce_hand();
     test_ce_random();
     test_ce_split();
+    test_ce_nd();
     test_errors();
     printf("test_loss_kernel: ok\n");
     return 0;

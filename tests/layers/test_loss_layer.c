@@ -1,6 +1,8 @@
 // Distributed loss tests. For every elementwise kind x valid reduction and for
-// cross-entropy (classes split over P_x dimension 1, rows over dimension 0), on 1 to 4
-// ranks, including a P_x that leaves ranks idle and does not contain world rank 0:
+// cross-entropy (classes split over P_x dimension 1, rows over dimension 0; and on N-d
+// input [N, C, spatial...] split over the batch and spatial dims, one label per voxel),
+// on 1, 2 and 4 ranks, including a P_x that leaves ranks idle and does not contain world
+// rank 0:
 //  - the value (on P_x rank 0), the elementwise losses (reduction none) and dx equal
 //    the sequential kernels applied on one rank to the global tensors (1e-12 in f64,
 //    1e-5 in f32); the upstream gradient is read on P_x rank 0 only;
@@ -61,9 +63,54 @@ static ddl_tensor_t *piece(ddl_dtype dt, const ddl_box *box, const ddl_shape *g,
     return t;
 }
 
+// The label of a row, or on N-d input of a voxel (its flat index in [N, spatial...]).
 static int64_t label_of(int64_t row, int64_t C)
 {
     return (int64_t)(ddl_rng_u64(SEED, LABEL_STREAM, (uint64_t)row) % (uint64_t)C);
+}
+
+// x's global shape or box without dimension 1 (the classes): the labels' layout.
+static ddl_shape drop_classes(const ddl_shape *g)
+{
+    ddl_shape s = {.ndim = g->ndim - 1};
+    s.d[0]      = g->d[0];
+    for (int d = 2; d < g->ndim; d++) {
+        s.d[d - 1] = g->d[d];
+    }
+    return s;
+}
+
+static ddl_box drop_classes_box(const ddl_box *b)
+{
+    ddl_box r = {.ndim = b->ndim - 1};
+    r.start[0] = b->start[0];
+    r.stop[0]  = b->stop[0];
+    for (int d = 2; d < b->ndim; d++) {
+        r.start[d - 1] = b->start[d];
+        r.stop[d - 1]  = b->stop[d];
+    }
+    return r;
+}
+
+// Labels of the voxels of box `lb` of the label shape `lg`, drawn by global flat index.
+static int64_t *nd_labels(const ddl_box *lb, const ddl_shape *lg, int64_t C)
+{
+    ddl_shape ls = ddl_box_shape(lb);
+    int64_t   n  = ddl_shape_numel(&ls);
+    int64_t  *l  = ddl_malloc(sizeof(int64_t) * (size_t)(n + 1));
+    for (int64_t i = 0; i < n; i++) {
+        int64_t rem = i, flat = 0, mul = 1, c[DDL_MAX_DIMS];
+        for (int d = ls.ndim - 1; d >= 0; d--) {
+            c[d] = rem % ls.d[d];
+            rem /= ls.d[d];
+        }
+        for (int d = ls.ndim - 1; d >= 0; d--) {
+            flat += (lb->start[d] + c[d]) * mul;
+            mul *= lg->d[d];
+        }
+        l[i] = label_of(flat, C);
+    }
+    return l;
 }
 
 // Gathers a piece to world rank 0 (NULL elsewhere).
@@ -126,7 +173,13 @@ static void eval_setup(const loss_case *c, ddl_dtype dt, eval *e)
     ASSERT_TRUE(ddl_shape_equal(&xs, &bs));
     e->x = piece(dt, &e->xbox, &c->g, S_X, c->kind, map_x);
     ASSERT_OK(ddl_tensor_create(dt, &xs, &e->dx));
-    if (ce) {
+    if (ce && c->g.ndim > 2) {
+        // N-d: one label per voxel; elementwise losses on every rank, boxed like x
+        // without the classes.
+        e->el_global = drop_classes(&c->g);
+        e->elbox     = drop_classes_box(&e->xbox);
+        e->labels    = nd_labels(&e->elbox, &e->el_global, c->g.d[1]);
+    } else if (ce) {
         int64_t rows = xs.d[0];
         e->labels    = ddl_malloc(sizeof(int64_t) * (size_t)(rows + 1));
         for (int64_t i = 0; i < rows; i++) {
@@ -179,11 +232,20 @@ static void reference(const loss_case *c, ddl_dtype dt, const eval *e, double dv
     ASSERT_OK(ddl_tensor_create(dt, &c->g, dx));
     bool    none = c->red == DDL_REDUCTION_NONE;
     int64_t n = ddl_shape_numel(&c->g), N = c->g.d[0];
-    double  norm = c->red == DDL_REDUCTION_MEAN ? (ce ? (double)N : (double)n)
+    int64_t V    = ce ? n / N / c->g.d[1] : 1;  // voxels per sample (1 for [N, C])
+    double  norm = c->red == DDL_REDUCTION_MEAN ? (ce ? (double)(N * V) : (double)n)
                    : c->red == DDL_REDUCTION_BATCHMEAN ? (double)N
                                                        : 1.0;
     double  sum = 0.0;
-    if (ce) {
+    if (ce && c->g.ndim > 2) {
+        int64_t *labels = nd_labels(&eb, &e->el_global, c->g.d[1]);
+        ASSERT_OK(ddl_cross_entropy_nd_forward(dt, (*el)->data, &sum, x->data, labels, N,
+                                               c->g.d[1], V));
+        ASSERT_OK(ddl_cross_entropy_nd_backward(dt, (*dx)->data, none ? del->data : NULL,
+                                                none ? 1.0 : dvalue / norm, x->data, labels, N,
+                                                c->g.d[1], V));
+        ddl_free(labels);
+    } else if (ce) {
         int64_t C       = c->g.d[1];
         int64_t *labels = ddl_malloc(sizeof(int64_t) * (size_t)N);
         for (int64_t i = 0; i < N; i++) {
@@ -337,8 +399,8 @@ static void run_cross_entropy(const ddl_partition_t *P, const char *pname, ddl_s
         gradcheck_case(&c);
     }
     if (ddl_test_rank == 0) {
-        printf("ok cross-entropy on %s, x [%lld, %lld]\n", pname, (long long)g.d[0],
-               (long long)g.d[1]);
+        char sb[96];
+        printf("ok cross-entropy on %s, x %s\n", pname, ddl_shape_str(&g, sb, sizeof sb));
     }
 }
 
@@ -349,13 +411,15 @@ static void run_cross_entropy(const ddl_partition_t *P, const char *pname, ddl_s
 // hangs in a later world collective (issue 7: a test-set label of 200 hung the job).
 static void bad_labels(const ddl_partition_t *P, ddl_shape g, int bad_rank, int64_t bad_value)
 {
+    bool nd = g.ndim > 2;
     char want[64];
     snprintf(want, sizeof want, "label %lld at batch index ", (long long)bad_value);
     for (int r = DDL_REDUCTION_NONE; r <= DDL_REDUCTION_MEAN; r++) {
         loss_case c = {.P = P, .g = g, .kind = DDL_LOSS_CROSS_ENTROPY, .red = (ddl_reduction)r};
         eval      e;
         eval_setup(&c, DDL_F64, &e);
-        if (ddl_test_rank == bad_rank && ddl_loss_x_shape(e.l).d[0] > 0) {
+        bool here = ddl_tensor_numel(e.x) > 0;  // N-d: this rank holds labels
+        if (ddl_test_rank == bad_rank && (nd ? here : ddl_loss_x_shape(e.l).d[0] > 0)) {
             e.labels[0] = bad_value;
         }
         ddl_status st = eval_forward(&c, &e);
@@ -366,7 +430,7 @@ static void bad_labels(const ddl_partition_t *P, ddl_shape g, int bad_rank, int6
         // A world collective right after: every rank must have left the loss.
         MPI_Barrier(MPI_COMM_WORLD);
         // The loss remains usable after a refusal.
-        if (ddl_test_rank == bad_rank && ddl_loss_x_shape(e.l).d[0] > 0) {
+        if (ddl_test_rank == bad_rank && (nd ? here : ddl_loss_x_shape(e.l).d[0] > 0)) {
             e.labels[0] = 0;
         }
         ASSERT_OK(eval_forward(&c, &e));
@@ -423,8 +487,9 @@ static void refusals(const ddl_partition_t *P2, const ddl_partition_t *P3)
     ASSERT_STATUS(ddl_loss_create(P2, DDL_F64, &g2, DDL_LOSS_CROSS_ENTROPY,
                                   DDL_REDUCTION_BATCHMEAN, &l),
                   DDL_EINVAL);
-    ASSERT_STATUS(ddl_loss_create(P3, DDL_F64, &g3, DDL_LOSS_CROSS_ENTROPY, DDL_REDUCTION_SUM, &l),
-                  DDL_EINVAL);
+    // N-d input (segmentation) is valid when P_x keeps the classes whole.
+    ASSERT_OK(ddl_loss_create(P3, DDL_F64, &g3, DDL_LOSS_CROSS_ENTROPY, DDL_REDUCTION_SUM, &l));
+    ddl_loss_destroy(&l);
     ASSERT_STATUS(ddl_loss_create(P2, DDL_F64, &g3, DDL_LOSS_MSE, DDL_REDUCTION_SUM, &l),
                   DDL_EINVAL);
     ASSERT_STATUS(ddl_loss_create(P2, DDL_F64, &g2, (ddl_loss_kind)42, DDL_REDUCTION_SUM, &l),
@@ -465,6 +530,38 @@ int main(int argc, char **argv)
         bad_labels(P1, h, 0, 9);
         bad_bce(P1, g, 0);
         bad_shape_one_rank(P1, h, 0);
+        ddl_partition_t *P5 = ddl_test_partition_range(0, 5, (int[]){1, 1, 1, 1, 1});
+        ddl_partition_t *P4 = ddl_test_partition_range(0, 4, (int[]){1, 1, 1, 1});
+        run_cross_entropy(P5, "[1,1,1,1,1]", ddl_shape_make(5, (int64_t[]){2, 3, 3, 4, 5}));
+        run_cross_entropy(P4, "[1,1,1,1]", ddl_shape_make(4, (int64_t[]){3, 4, 5, 2}));
+        run_cross_entropy(P3, "[1,1,1]", ddl_shape_make(3, (int64_t[]){2, 3, 7}));
+        bad_labels(P5, ddl_shape_make(5, (int64_t[]){2, 3, 3, 4, 5}), 0, 3);
+        ddl_partition_destroy(&P5);
+        ddl_partition_destroy(&P4);
+    }
+    if (world == 2) {
+        // Segmentation layouts: the volume split along depth, or along width, or the
+        // batch split; the classes never.
+        ddl_shape        v  = ddl_shape_make(5, (int64_t[]){2, 3, 5, 4, 3});
+        ddl_partition_t *D2 = ddl_test_partition_range(0, 5, (int[]){1, 1, 2, 1, 1});
+        ddl_partition_t *W2 = ddl_test_partition_range(0, 5, (int[]){1, 1, 1, 1, 2});
+        ddl_partition_t *N2 = ddl_test_partition_range(0, 5, (int[]){2, 1, 1, 1, 1});
+        ddl_partition_t *C2 = ddl_test_partition_range(0, 5, (int[]){1, 2, 1, 1, 1});
+        run_cross_entropy(D2, "[1,1,2,1,1]", v);
+        run_cross_entropy(W2, "[1,1,1,1,2]", v);
+        run_cross_entropy(N2, "[2,1,1,1,1]", v);
+        bad_labels(D2, v, 1, 7);
+        bad_labels(W2, v, 0, -2);
+        // A class split of N-d input is refused on every rank, naming the fix.
+        ddl_loss_t *l = NULL;
+        ASSERT_STATUS(ddl_loss_create(C2, DDL_F64, &v, DDL_LOSS_CROSS_ENTROPY,
+                                      DDL_REDUCTION_MEAN, &l),
+                      DDL_EINVAL);
+        ASSERT_TRUE(strstr(ddl_last_error(), "splits dimension 1 (classes)") != NULL);
+        ddl_partition_destroy(&D2);
+        ddl_partition_destroy(&W2);
+        ddl_partition_destroy(&N2);
+        ddl_partition_destroy(&C2);
     }
     if (world == 4) {
         ddl_partition_t *P22  = ddl_test_partition_range(0, 2, (int[]){2, 2});
@@ -491,6 +588,20 @@ int main(int argc, char **argv)
         bad_shape_one_rank(Q, h, 1);
         bad_bce(P22, g, 3);
         bad_bce(Q, g, 1);
+        // Segmentation: the volume over [1,1,2,2,1] (as the U-Net specs), over all four
+        // spatial-and-batch layouts mixed, and on a 3-rank P_x leaving rank 0 idle.
+        ddl_shape        v    = ddl_shape_make(5, (int64_t[]){2, 3, 5, 4, 3});
+        ddl_partition_t *S22  = ddl_test_partition_range(0, 5, (int[]){1, 1, 2, 2, 1});
+        ddl_partition_t *N2S2 = ddl_test_partition_range(0, 5, (int[]){2, 1, 1, 1, 2});
+        ddl_partition_t *S3   = ddl_test_partition_range(1, 4, (int[]){1, 1, 3, 1});
+        run_cross_entropy(S22, "[1,1,2,2,1]", v);
+        run_cross_entropy(N2S2, "[2,1,1,1,2]", v);
+        run_cross_entropy(S3, "{1,2,3} [1,1,3,1] (idle 0)", ddl_shape_make(4, (int64_t[]){2, 2, 7, 3}));
+        bad_labels(S22, v, 3, 3);
+        bad_labels(S3, ddl_shape_make(4, (int64_t[]){2, 2, 7, 3}), 2, 5);
+        ddl_partition_destroy(&S22);
+        ddl_partition_destroy(&N2S2);
+        ddl_partition_destroy(&S3);
         if (ddl_test_rank == 0) {
             printf("ok data errors\n");
         }

@@ -304,6 +304,21 @@ DDL_EXTERN ddl_status ddl_cross_entropy_backward(ddl_dtype dt, void *dlogits, co
                                                  double scale, const void *logits,
                                                  const int64_t *labels, int64_t B, int64_t C);
 
+// Cross-entropy over the class dimension of an N-d input (PyTorch's F.cross_entropy on
+// x [N, C, d1, ..., dk]): logits [B, C, V] with V = d1 * ... * dk voxels per sample, so
+// the C logits of voxel (b, v) lie V apart; labels [B, V] (int64, in [0, C)); loss [B, V]
+// (type dt, may be NULL). V = 1 is the [B, C] case above. Per voxel:
+//   loss_bv = logsumexp_c(x_bcv) - x_b,label,v
+//   dx_bcv += scale * g_bv * (softmax_c(x_bv)_c - [c == label_bv])
+// with g_bv = dloss[b, v] when dloss is non-NULL ("none"), 1 otherwise.
+DDL_EXTERN ddl_status ddl_cross_entropy_nd_forward(ddl_dtype dt, void *loss, double *sum,
+                                                   const void *logits, const int64_t *labels,
+                                                   int64_t B, int64_t C, int64_t V);
+DDL_EXTERN ddl_status ddl_cross_entropy_nd_backward(ddl_dtype dt, void *dlogits,
+                                                    const void *dloss, double scale,
+                                                    const void *logits, const int64_t *labels,
+                                                    int64_t B, int64_t C, int64_t V);
+
 // Local pieces for a class dimension split across ranks: this rank holds logits
 // [B, Cl] for the global classes [c0, c0 + Cl) of C. Per row b:
 //   1. ddl_cross_entropy_local_max      -> all-reduce MAX -> gmax[b]

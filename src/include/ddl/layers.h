@@ -264,7 +264,10 @@ DDL_EXTERN ddl_status ddl_global_avgpool_create(const ddl_partition_t *P_x, ddl_
 // for cross-entropy). With a reduction other than none the value is a scalar on P_x
 // rank 0 (local sums reduced by SumReduce; the adjoint broadcasts the upstream gradient
 // back to every rank). Cross-entropy takes x [batch, classes] with the class
-// dimension split over P_x's dimension 1 (max and sum of exponentials by all-sum-reduce).
+// dimension split over P_x's dimension 1 (max and sum of exponentials by all-sum-reduce),
+// or, as PyTorch's F.cross_entropy on N-d input, x [batch, classes, d1, ..., dk] on a P_x
+// that does not split dimension 1 (segmentation: one label per voxel; mean over all
+// batch * d1 * ... * dk voxels).
 typedef enum {
     DDL_REDUCTION_NONE = 0,
     DDL_REDUCTION_SUM,
@@ -278,13 +281,15 @@ DDL_EXTERN ddl_status ddl_loss_create(const ddl_partition_t *P_x, ddl_dtype dt,
                                       ddl_reduction reduction, ddl_loss_t **out);
 DDL_EXTERN void       ddl_loss_destroy(ddl_loss_t **l);
 // Local shape of x (and of target) on this rank; for cross-entropy the labels are
-// int64 [local batch rows].
+// int64 [local batch rows], or on N-d input x's local box without dimension 1
+// ([local batch, local d1, ..., local dk], row-major).
 DDL_EXTERN ddl_shape  ddl_loss_x_shape(const ddl_loss_t *l);
 // Forward. target: same local shape as x (NULL for cross-entropy); labels: int64 per
-// local batch row (cross-entropy only). Reduced losses: *value on P_x rank 0 (0 on
-// other ranks). Reduction none: per-element losses into `elementwise` (x's local shape;
-// for cross-entropy [local batch rows], held by the column-0 ranks of P_x: other ranks
-// pass NULL or a zero-volume tensor, which is ignored). Collective over the base
+// local batch row (cross-entropy only; per local voxel on N-d input). Reduced losses:
+// *value on P_x rank 0 (0 on other ranks). Reduction none: per-element losses into
+// `elementwise` (x's local shape; for cross-entropy [local batch rows], held by the
+// column-0 ranks of P_x: other ranks pass NULL or a zero-volume tensor, which is
+// ignored; on N-d input the labels' local shape, on every rank of P_x). Collective over the base
 // communicator of P_x: ranks outside P_x call it too (zero-volume x, value 0) and only
 // take part in the agreement on the status. Every rank returns the same status and
 // message (ddl_agree): a wrong shape, or a label outside [0, classes) on any rank

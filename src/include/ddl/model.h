@@ -28,6 +28,7 @@
 
 #include "ddl/layers.h"
 #include "ddl/optim.h"
+#include "ddl/synth.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -51,6 +52,15 @@ DDL_EXTERN ddl_shape  ddl_spec_input_shape(const ddl_spec_t *s);
 DDL_EXTERN int        ddl_spec_num_classes(const ddl_spec_t *s);
 DDL_EXTERN void       ddl_spec_normalize(const ddl_spec_t *s, double *mean, double *std);
 DDL_EXTERN bool       ddl_spec_shuffle(const ddl_spec_t *s);
+// The model's output per sample (without the batch dimension): [classes] for a
+// classifier, [classes, spatial...] for a segmentation model, whose labels are one per
+// output voxel. ddl_spec_label_elems: labels per sample, prod(spatial) (1 for a classifier).
+DDL_EXTERN ddl_shape  ddl_spec_output_shape(const ddl_spec_t *s);
+DDL_EXTERN int64_t    ddl_spec_label_elems(const ddl_spec_t *s);
+// The spec's generated data ("data": {"synthetic": {...}}), when it has some: true, with
+// its parameters and the training and test sample counts (each out may be NULL).
+DDL_EXTERN bool       ddl_spec_synthetic(const ddl_spec_t *s, ddl_synth_params *p,
+                                         int64_t *n_train, int64_t *n_test);
 
 typedef struct ddl_model ddl_model_t;
 
@@ -63,24 +73,28 @@ DDL_EXTERN void       ddl_model_destroy(ddl_model_t **m);
 // Entry points that take a batch read it on rank 0 only (other ranks pass NULL and 0) and
 // take its size explicitly: `count` samples of the spec's input shape and dtype in `x`,
 // which holds x_bytes (at least count * sample bytes; only that much is read), and
-// `count` labels in [0, classes). Rank 0 checks all of it before any data moves, and
+// count * ddl_spec_label_elems labels in [0, classes) (one per sample, or for a
+// segmentation model one per output voxel, [count, spatial...] row-major). Rank 0
+// checks all of it before any data moves, and
 // every rank returns the same status (ddl_agree). The model copies the samples into its
 // own batch buffer, padding a short batch itself.
 
 // One training step on a batch of exactly batch_size samples (count == batch_size).
 // Forward, loss, zero_grad, backward, optimizer step. *loss (the reduced loss) and
-// *correct (argmax hits) are valid on every rank. Collective.
+// *correct (argmax hits; per voxel for segmentation) are valid on every rank. Collective.
 DDL_EXTERN ddl_status ddl_model_train_step(ddl_model_t *m, const void *x, size_t x_bytes,
                                            const int64_t *labels, int64_t count, double *loss,
                                            int64_t *correct);
-// Evaluation of `count` <= batch_size samples: loss summed over the samples and argmax
-// hits. No parameter changes. Layers run in eval mode. Collective.
+// Evaluation of `count` <= batch_size samples: loss summed over the samples (for
+// segmentation each sample's loss is the mean over its voxels) and argmax hits (per
+// voxel for segmentation). No parameter changes. Layers run in eval mode. Collective.
 DDL_EXTERN ddl_status ddl_model_eval(ddl_model_t *m, const void *x, size_t x_bytes,
                                      const int64_t *labels, int64_t count, double *loss_sum,
                                      int64_t *correct);
-// Forward only on `count` <= batch_size samples; the output logits [count, classes]
-// (the spec's dtype) are written on rank 0 into `logits`, which holds logits_bytes
-// (at least count * classes * dtype size). Collective.
+// Forward only on `count` <= batch_size samples; the output logits [count, classes] or
+// [count, classes, spatial...] (the spec's dtype) are written on rank 0 into `logits`,
+// which holds logits_bytes (at least count * classes * label_elems * dtype size).
+// Collective.
 DDL_EXTERN ddl_status ddl_model_predict(ddl_model_t *m, const void *x, size_t x_bytes,
                                         int64_t count, void *logits, size_t logits_bytes);
 
@@ -93,6 +107,13 @@ DDL_EXTERN int64_t          ddl_model_step(const ddl_model_t *m);
 DDL_EXTERN const ddl_spec_t *ddl_model_spec(const ddl_model_t *m);
 // The model's own communicator (a duplicate of the one passed to ddl_model_create).
 DDL_EXTERN MPI_Comm         ddl_model_comm(const ddl_model_t *m);
+// Segmentation models: the voxel counts per class of the last train step or evaluation
+// (its first `count` samples), summed over every rank: inter[k] = |pred = k and label =
+// k|, uni[k] = |pred = k or label = k| (pred the argmax over the classes), for k in
+// [0, classes) (each array holds classes entries). IoU_k = inter[k] / uni[k]. Returns
+// false and writes nothing for a classifier. Valid on every rank; not collective.
+DDL_EXTERN bool             ddl_model_class_counts(const ddl_model_t *m, int64_t *inter,
+                                                   int64_t *uni);
 
 // Checkpoint the model, optimizer state, step and caller state (a JSON object text,
 // e.g. the data cursor) under dir; restore from a checkpoint root or step directory,

@@ -72,6 +72,11 @@ DDL_EXTERN ddl_model_t *ddl_session_model(const ddl_session_t *s);
 // [1, 28, 28]), label range [0, classes), and at least one batch of training samples.
 // Replaces the current data only on success; the cursor is kept. Collective.
 DDL_EXTERN ddl_status ddl_session_open_data(ddl_session_t *s, const char *dir);
+// Uses the data the spec generates ("data": {"synthetic": {...}}, ddl/synth.h): training
+// and test splits of the spec's sizes, made batch by batch on rank 0 from (seed, split,
+// sample index), shuffled per epoch like a dataset. EINVAL when the spec has none.
+// Replaces the current data only on success; the cursor is kept. Collective.
+DDL_EXTERN ddl_status ddl_session_open_synthetic(ddl_session_t *s);
 DDL_EXTERN bool       ddl_session_has_data(const ddl_session_t *s);
 
 typedef enum { DDL_SPLIT_TRAIN = 0, DDL_SPLIT_TEST = 1 } ddl_split;
@@ -141,7 +146,8 @@ typedef struct ddl_step_result {
 
 // One optimizer step on rank 0's inline batch: `count` samples (must equal the spec's
 // batch size) of the spec's input shape in `x` (x_bytes = count * sample * dtype size,
-// the spec's dtype) and labels in [0, classes). Every size is checked on rank 0 first.
+// the spec's dtype) and count * ddl_spec_label_elems labels in [0, classes) (one per
+// output voxel for a segmentation model). Every size is checked on rank 0 first.
 // Collective.
 DDL_EXTERN ddl_status ddl_session_step(ddl_session_t *s, const void *x, size_t x_bytes,
                                        const int64_t *labels, int64_t count,
@@ -150,7 +156,9 @@ DDL_EXTERN ddl_status ddl_session_step(ddl_session_t *s, const void *x, size_t x
 typedef struct ddl_eval_result {
     int64_t count;
     double  loss;     // mean over the samples
-    double  accuracy;
+    double  accuracy; // of the samples, or of the voxels for a segmentation model
+    double  fg_iou;   // segmentation (whole splits): mean intersection over union of the
+                      // foreground classes 1..classes-1 that occur; -1 otherwise
 } ddl_eval_result;
 
 // Loss and accuracy over a whole split (rank 0's choice; the last batch padded, padding
@@ -158,11 +166,13 @@ typedef struct ddl_eval_result {
 DDL_EXTERN ddl_status ddl_session_evaluate(ddl_session_t *s, ddl_split split,
                                            ddl_eval_result *out);
 // The same over rank 0's inline samples: count >= 1 samples in exactly x_bytes = count *
-// sample * dtype size, labels in [0, classes); processed batch by batch. Collective.
+// sample * dtype size, count * label_elems labels in [0, classes); processed batch by
+// batch (fg_iou is -1 here). Collective.
 DDL_EXTERN ddl_status ddl_session_evaluate_batch(ddl_session_t *s, const void *x,
                                                  size_t x_bytes, const int64_t *labels,
                                                  int64_t count, ddl_eval_result *out);
-// Logits [count, classes] (the spec's dtype) for rank 0's `count` >= 1 samples, written
+// Logits [count, classes] (or [count, classes, spatial...] for segmentation; the spec's
+// dtype) for rank 0's `count` >= 1 samples, written
 // on rank 0 into `logits` (logits_bytes must hold them). Any count: batch by batch,
 // never reading past x_bytes.
 DDL_EXTERN ddl_status ddl_session_predict(ddl_session_t *s, const void *x, size_t x_bytes,

@@ -554,7 +554,34 @@ static ddl_status loss_setup(const ddl_loss_builder *b, bool seq, ddl_dtype dt, 
     map_tensor(r->x, b->kind, false);
     CK(ddl_tensor_create(dt, &xs, &r->dx));
     bool ce = b->kind == DDL_LOSS_CROSS_ENTROPY;
-    if (ce) {
+    if (ce && b->x_global.ndim > 2) {
+        // N-d input: one label per voxel, drawn by its global flat index in [N, spatial...];
+        // labels and elementwise losses are boxed like x without dimension 1 (classes).
+        int nd       = b->x_global.ndim - 1;
+        r->el_global = (ddl_shape){.ndim = nd};
+        r->elbox     = (ddl_box){.ndim = nd};
+        for (int d = 0; d < nd; d++) {
+            int k              = d == 0 ? 0 : d + 1;
+            r->el_global.d[d]  = b->x_global.d[k];
+            r->elbox.start[d]  = r->xbox.start[k];
+            r->elbox.stop[d]   = r->xbox.stop[k];
+        }
+        ddl_shape ls = ddl_box_shape(&r->elbox);
+        int64_t   n  = ddl_shape_numel(&ls);
+        r->labels    = ddl_malloc(sizeof(int64_t) * (size_t)(n > 0 ? n : 1));
+        CK(r->labels != NULL ? DDL_OK
+                             : ddl_set_error(DDL_ENOMEM, "loss check: out of memory"));
+        for (int64_t i = 0; i < n; i++) {
+            int64_t rem = i, flat = 0, mul = 1;
+            for (int d = nd - 1; d >= 0; d--) {
+                flat += (r->elbox.start[d] + rem % ls.d[d]) * mul;
+                rem /= ls.d[d];
+                mul *= r->el_global.d[d];
+            }
+            r->labels[i] = (int64_t)(ddl_rng_u64(b->seed, 77, (uint64_t)flat) %
+                                     (uint64_t)b->x_global.d[1]);
+        }
+    } else if (ce) {
         // Labels of this rank's rows, drawn by global row index.
         int64_t rows = xs.d[0], C = b->x_global.d[1];
         r->labels    = ddl_malloc(sizeof(int64_t) * (size_t)(rows > 0 ? rows : 1));
@@ -681,10 +708,11 @@ ddl_status ddl_check_loss_dump(const ddl_loss_builder *b, ddl_dtype dt, const ch
     CK(dump_one(dir, "x", r.x, &r.xbox, &b->x_global));
     CK(dump_one(dir, "dx", r.dx, &r.xbox, &b->x_global));
     if (b->kind == DDL_LOSS_CROSS_ENTROPY) {
-        // Labels as a float tensor of the class indices (held by the column-0 ranks).
+        // Labels as a float tensor of the class indices (held by the column-0 ranks; on
+        // N-d input by every rank, boxed like x without the classes).
         ddl_shape ls = ddl_box_shape(&r.elbox);
         CK(ddl_tensor_create(dt, &ls, &lab));
-        for (int64_t i = 0; i < ls.d[0]; i++) {
+        for (int64_t i = 0; i < ddl_shape_numel(&ls); i++) {
             ddl_tensor_set(lab, i, (double)r.labels[i]);
         }
         CK(dump_one(dir, "target", lab, &r.elbox, &r.el_global));

@@ -339,8 +339,9 @@ static int parse_case(vcase *c, lcase *L, int nsp)
             return rc;
         }
         L->reduction = (ddl_reduction)r;
-        if (L->kind == K_CROSS_ENTROPY && L->x_global.ndim != 2) {
-            return vcase_invalid(c, "\"x_global_shape\" must be [batch, classes] for cross_entropy");
+        if (L->kind == K_CROSS_ENTROPY && L->x_global.ndim < 2) {
+            return vcase_invalid(c, "\"x_global_shape\" must be [batch, classes] or [batch, "
+                                    "classes, spatial...] for cross_entropy");
         }
         return VERIFY_PASS;
     }

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# The shipped 3-D U-Net specs (unet3d-{1,2,4}.json: the volume whole, split [1,1,2,1,1],
+# split [1,1,2,2,1]) trained by distdl-train on their generated data, resized to 16^3 by
+# editing the input shape (the volume size is a spec parameter), so this takes seconds:
+#  1. 1, 2 and 4 ranks give the same losses and global weights after 10 steps: in f64 to
+#     1e-8 (the printed 9 digits) and 1e-10 (weights); in f32 to 1e-4. f32 is looser
+#     because this ReLU network with max pooling amplifies rounding: on one rank the f32
+#     loss already differs from the f64 one by 6e-6 at step 7, and the 1-, 2- and 4-rank
+#     f32 runs by up to 1.3e-5 at step 9 while their f64 weights agree to 6e-13;
+#  2. resuming from a checkpoint continues the same trajectory, bitwise (the generated
+#     data is a function of the seed and the sample index, so nothing else is needed);
+#  3. a checkpoint of 4 ranks resumes on 1 rank with the weights bitwise equal;
+#  4. --data is refused for a spec that generates its data, and required otherwise.
+# Usage: train_segment.sh BIN_DIR SPEC_DIR MPIRUN [MPIRUN FLAGS...]
+set -euo pipefail
+bin=$1 specs=$2
+shift 2
+mpi=("$@")
+py=/usr/bin/python3
+tool="$(dirname "$0")/safetensors_tool.py"
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+for np in 1 2 4; do
+    sed 's/"shape": \[1, 32, 32, 32\]/"shape": [1, 16, 16, 16]/' "$specs/unet3d-$np.json" \
+        >"$tmp/unet16-$np.json"
+    grep -q '"shape": \[1, 16, 16, 16\]' "$tmp/unet16-$np.json"
+    sed 's/"dtype": "f32"/"dtype": "f64"/' "$tmp/unet16-$np.json" >"$tmp/unet16d-$np.json"
+    grep -q '"dtype": "f64"' "$tmp/unet16d-$np.json"
+done
+train() {
+    local np=$1
+    shift
+    "${mpi[@]}" -np "$np" "$bin/distdl-train" --no-eval "$@"
+}
+
+echo "== 1. the U-Net on 1, 2 and 4 ranks"
+for np in 1 2 4; do
+    train "$np" --model "$tmp/unet16d-$np.json" --max-steps 10 --print-steps \
+        --export "$tmp/d$np.safetensors" >"$tmp/dlog$np"
+    train "$np" --model "$tmp/unet16-$np.json" --max-steps 10 --print-steps >"$tmp/log$np"
+done
+$py "$tool" losses "$tmp/dlog1" "$tmp/dlog2" "$tmp/dlog4" --rtol 1e-8
+$py "$tool" compare "$tmp/d2.safetensors" "$tmp/d1.safetensors" --rtol 1e-10 | tail -1
+$py "$tool" compare "$tmp/d4.safetensors" "$tmp/d1.safetensors" --rtol 1e-10 | tail -1
+$py "$tool" losses "$tmp/log1" "$tmp/log2" "$tmp/log4" --rtol 1e-4
+
+echo "== 2. resume: the same trajectory, bitwise"
+train 2 --model "$tmp/unet16-2.json" --max-steps 8 --print-steps \
+    --export "$tmp/full.safetensors" >"$tmp/full.log"
+train 2 --model "$tmp/unet16-2.json" --max-steps 4 --print-steps \
+    --checkpoint-dir "$tmp/ck" --checkpoint-every 4 >"$tmp/part1.log"
+train 2 --model "$tmp/unet16-2.json" --max-steps 8 --print-steps \
+    --checkpoint-dir "$tmp/ck" --resume --export "$tmp/resumed.safetensors" >"$tmp/part2.log"
+grep '^step' "$tmp/full.log" >"$tmp/a"
+cat "$tmp/part1.log" "$tmp/part2.log" | grep '^step' >"$tmp/b"
+diff "$tmp/a" "$tmp/b"
+cmp "$tmp/full.safetensors" "$tmp/resumed.safetensors"
+echo "8 steps identical after resume; weights and batch-norm statistics bitwise equal"
+
+echo "== 3. a 4-rank checkpoint on 1 rank"
+train 4 --model "$tmp/unet16-4.json" --max-steps 3 --checkpoint-dir "$tmp/r4" \
+    --checkpoint-on-exit --export "$tmp/r4.safetensors" >/dev/null
+train 1 --model "$tmp/unet16-1.json" --max-steps 3 --resume-from "$tmp/r4" \
+    --export "$tmp/r1.safetensors" >/dev/null
+cmp "$tmp/r4.safetensors" "$tmp/r1.safetensors"
+echo "weights bitwise equal after 4 -> 1"
+
+echo "== 4. --data and generated data"
+if train 1 --model "$tmp/unet16-1.json" --data /nonexistent --max-steps 1 \
+    >"$tmp/o" 2>"$tmp/e"; then
+    echo "--data was accepted for a spec that generates its data"
+    exit 1
+fi
+grep -q 'leave out --data' "$tmp/e"
+if train 1 --model "$specs/lenet5-1.json" --max-steps 1 >"$tmp/o" 2>"$tmp/e"; then
+    echo "a spec without generated data ran without --data"
+    exit 1
+fi
+grep -q -- '--data DIR is required' "$tmp/e"
+echo "refused: $(head -1 "$tmp/e")"
+echo "4 passed, 0 failed"

@@ -11,10 +11,12 @@ src="@PROJECT_SOURCE_DIR@"
 steps=${1:-30}
 mpi=(@MPIEXEC_EXECUTABLE@ @DDL_MPIEXEC_FLAGS_STR@)
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-cores=$(nproc)
+# The CPUs this script may run on (its affinity mask, as taskset or a Slurm cgroup set
+# it), not nproc, which reports OMP_NUM_THREADS instead when that is set.
+cores=$(/usr/bin/python3 -c 'import os; print(len(os.sched_getaffinity(0)))')
 rate() { sed -n 's/.*images_per_s \([0-9.]*\).*/\1/p'; }
 div() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
-echo "bench-train: LeNet-5, batch 256, f32, $steps timed steps, $cores cores"
+echo "bench-train: LeNet-5, batch 256, f32, $steps timed steps, $cores cores (affinity mask)"
 t1=$(/usr/bin/python3 "$src/tests/bench/lenet_torch.py" 256 "$steps" 1 | tee -a "${BENCH_LOG:-/dev/null}" | rate)
 tn=$(/usr/bin/python3 "$src/tests/bench/lenet_torch.py" 256 "$steps" "$cores" | tee -a "${BENCH_LOG:-/dev/null}" | rate)
 for np in 1 2 4; do

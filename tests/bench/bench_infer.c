@@ -51,6 +51,7 @@
 #include "ddl/blas.h"
 #include "ddl/data.h"
 #include "ddl/model.h"
+#include "ddl/primitives.h"
 #include "ddl_client.h"
 
 extern char **environ;
@@ -109,15 +110,21 @@ static uint64_t fnv(const void *p, size_t n)
 // ---- in process (under mpirun) ---------------------------------------------------------
 
 // Times `reqs` predicts of `count` images (after WARM untimed ones) on rank 0 and prints
-// "INPROC count p50 p99 total_s".
+// "INPROC count p50 p99 total_s cpu_s msgs bytes hash": rank 0's CPU time over the timed
+// calls, and its primitive calls and bytes sent + received per predict (ddl_traffic).
 static int inproc_series(ddl_model_t *m, int rank, const float *x, int count, int reqs,
                          uint64_t *first_hash)
 {
-    size_t  xb = rank == 0 ? sizeof(float) * (size_t)count * SAMPLE : 0;
-    float   logits[BIG * 10];
-    double *t     = malloc(sizeof(double) * (size_t)reqs);
-    double  total = 0;
+    size_t      xb = rank == 0 ? sizeof(float) * (size_t)count * SAMPLE : 0;
+    float       logits[BIG * 10];
+    double     *t     = malloc(sizeof(double) * (size_t)reqs);
+    double      total = 0, cpu0 = 0;
+    ddl_traffic a, b;
     for (int i = -WARM; i < reqs; i++) {
+        if (i == 0) {
+            cpu0 = bench_cpu_self();
+            ddl_traffic_snapshot(&a);
+        }
         double     t0 = bench_now();
         ddl_status st = ddl_model_predict(m, rank == 0 ? x : NULL, xb, count,
                                           rank == 0 ? logits : NULL, rank == 0 ? sizeof logits : 0);
@@ -134,11 +141,21 @@ static int inproc_series(ddl_model_t *m, int rank, const float *x, int count, in
             total += dt;
         }
     }
+    double cpu = bench_cpu_self() - cpu0;
+    ddl_traffic_snapshot(&b);
     if (rank == 0) {
+        double calls = 0, bytes = 0;
+        for (int k = 0; k < DDL_TRAFFIC_NKINDS; k++) {
+            for (int p = 0; p < DDL_TRAFFIC_NPASSES; p++) {
+                calls += (double)(b.c[k][p].calls - a.c[k][p].calls);
+                bytes += (double)(b.c[k][p].sent - a.c[k][p].sent) +
+                         (double)(b.c[k][p].received - a.c[k][p].received);
+            }
+        }
         *first_hash = fnv(logits, sizeof(float) * 10);
         double p50 = bench_quantile(t, reqs, 0.5), p99 = bench_quantile(t, reqs, 0.99);
-        printf("INPROC %d %.9f %.9f %.9f %016llx\n", count, p50, p99, total,
-               (unsigned long long)*first_hash);
+        printf("INPROC %d %.9f %.9f %.9f %.9f %.1f %.0f %016llx\n", count, p50, p99, total, cpu,
+               calls / reqs, bytes / reqs, (unsigned long long)*first_hash);
         fflush(stdout);
     }
     free(t);
@@ -293,6 +310,8 @@ static void daemon_stop(daemon_proc *d)
 
 typedef struct series {
     double   p50, p99, total; // seconds
+    double   cpu;             // in process: rank 0's CPU seconds over the calls (else < 0)
+    double   msgs, bytes;     // in process: rank 0's primitive calls and bytes per predict
     int      reqs, count;
     uint64_t hash;            // logits of the first image
 } series;
@@ -308,7 +327,7 @@ static int daemon_series(ddl_client_t *c, const float *x, int count, int reqs, d
                             .data  = (void *)x,
                             .bytes = sizeof(float) * (size_t)count * SAMPLE};
     double           *t  = malloc(sizeof(double) * (size_t)reqs);
-    *out                 = (series){.reqs = reqs, .count = count};
+    *out                 = (series){.reqs = reqs, .count = count, .cpu = -1};
     for (int i = gap_s > 0 ? -1 : -WARM; i < reqs; i++) {
         if (gap_s > 0) {
             struct timespec ts = {(time_t)gap_s, (long)((gap_s - (double)(time_t)gap_s) * 1e9)};
@@ -339,12 +358,18 @@ static int daemon_series(ddl_client_t *c, const float *x, int count, int reqs, d
 }
 
 // Throughput two ways: of the closed loop (count / mean latency; outliers on a shared node
-// pull it down) and at the median latency (count / p50).
+// pull it down) and at the median latency (count / p50). In process also rank 0's CPU
+// time per call (below the latency: it waited for its share of a core or for the other
+// rank) and its primitive calls (messages exchanged) per predict.
 static void print_row(int np, const char *path, int bs, const series *s)
 {
     double per = s->total / s->reqs;
-    printf("%2d  %-10s %5d %6d  %9.3f %9.3f  %9.0f %9.0f %8.0f\n", np, path, bs, s->count,
+    printf("%2d  %-10s %5d %6d  %9.3f %9.3f  %9.0f %9.0f %8.0f", np, path, bs, s->count,
            s->p50 * 1e3, s->p99 * 1e3, s->count / per, s->count / s->p50, 1.0 / per);
+    if (s->cpu >= 0) {
+        printf("  %7.3f %5.0f %9.0f", s->cpu / s->reqs * 1e3, s->msgs, s->bytes);
+    }
+    printf("\n");
     fflush(stdout);
 }
 
@@ -362,8 +387,8 @@ static int inproc_rows(int np, const char *spec, int bs, int reqs, series *s, in
     while (p && fgets(line, sizeof line, p)) {
         series             r = {.reqs = reqs};
         unsigned long long h;
-        if (*ns < 2 && sscanf(line, "INPROC %d %lf %lf %lf %llx", &r.count, &r.p50, &r.p99,
-                              &r.total, &h) == 5) {
+        if (*ns < 2 && sscanf(line, "INPROC %d %lf %lf %lf %lf %lf %lf %llx", &r.count, &r.p50,
+                              &r.p99, &r.total, &r.cpu, &r.msgs, &r.bytes, &h) == 8) {
             r.hash     = h;
             s[(*ns)++] = r;
         } else if (strstr(line, "bench-infer") != NULL && strstr(line, "BLAS") == NULL) {
@@ -516,7 +541,8 @@ int main(int argc, char **argv)
            "row after %d warm-up (spaced: %d calls, %d ms apart); mpirun --bind-to %s; load "
            "average %s",
            cpu, reqs, WARM, spaced, gap_ms, bind_to ? bind_to : "(default)", load_average());
-    printf("np  path       bsize  batch     p50 ms    p99 ms      img/s img/s@p50  calls/s\n");
+    printf("np  path       bsize  batch     p50 ms    p99 ms      img/s img/s@p50  calls/s  "
+           "cpu ms  msgs     bytes\n");
     // Every daemon before the first gRPC call (one per rank count, with the shipped spec).
     daemon_proc d[MAX_NP] = {{0}};
     int         rc        = 0;

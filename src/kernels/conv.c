@@ -26,23 +26,25 @@
 // Threads: OpenBLAS parallelises each GEMM, but these GEMMs are mid-sized and many, so its
 // threads spend their time waiting between them while im2col/col2im run on one core. When
 // the BLAS may use T > 1 threads (ddl_blas_set_threads) and the batch has enough
-// independent blocks and work, the block loop is split instead: T threads (the caller and
-// T - 1 pthreads) each take a fixed contiguous range of blocks, with their own im2col
-// workspace and (backward) their own dW accumulator, while the BLAS runs single-threaded
-// (set to 1 for the region, restored after). The dW partials are added into dw in thread
-// order, so results are deterministic run to run for a given thread count. db and the
+// independent blocks and work, the block loop is split instead into T parts, each a fixed
+// contiguous range of blocks with its own im2col workspace and (backward) its own dW
+// accumulator, run on the process's persistent kernel thread pool (kernels/threadpool.h:
+// the caller and up to T - 1 sleeping workers, no thread created per call) while the
+// BLAS runs single-threaded (set to 1 for the region, restored after). The dW partials
+// are added into dw in part order, so results are deterministic run to run for a given
+// T, whichever threads ran the parts. db and the
 // direct (1x1) path stay sequential. ddl_conv_workspace_bytes reports room for the thread
 // count current when it is called; a smaller workspace than that (threads raised later)
 // just runs with as many threads as it has room for, down to the sequential loop.
-// Not collective; allocates nothing (apart from the threads themselves).
+// Not collective; allocates nothing (the pool creates its workers once per process).
 #include <limits.h>
-#include <pthread.h>
 #include <string.h>
 
 #include "base/check.h"
 #include "ddl/kernels.h"
 #include "kernels/window.h"
 #include "kernels/dtype.h"
+#include "kernels/threadpool.h"
 
 // Target size of one im2col block: half of a 1 MiB L2, leaving room for W and the output
 // block. Measured on the 64->64, 56x56, 3x3 case (see tests/bench/bench_kernels.c).
@@ -208,8 +210,9 @@ static ddl_status conv_plan_make(const char *who, ddl_dtype dt, const ddl_conv_g
 }
 
 // ---- threads ---------------------------------------------------------------------
-// Least multiply-adds per thread worth a thread of its own (thread start and join cost
-// tens of microseconds; 2^20 MACs take about 20 us on one core).
+// Least multiply-adds per part worth a thread of its own (2^20 MACs take about 20 us on
+// one core; waking a pool worker and waiting for it costs a few to tens of us). Kept at
+// the value of the per-call threads it replaced, so T, and the bits, are unchanged.
 #define DDL_CONV_PAR_MIN_MACS ((double)(1 << 20))
 
 static size_t align_up(size_t v)
@@ -994,8 +997,8 @@ typedef struct conv_part {
     ddl_status      st;
 } conv_part;
 
-// Thread t's share: blocks [U t / T, U (t+1) / T), its workspace slot and, for t > 0, its
-// own dW accumulator (zeroed here) after the T slots.
+// Part t's share: blocks [U t / T, U (t+1) / T), its workspace slot and, for t > 0, its
+// own dW accumulator (zeroed here) after the T slots. Which thread runs it does not matter.
 static ddl_status conv_part_run(const conv_par *c, int t)
 {
     const conv_plan *P     = c->P;
@@ -1015,15 +1018,15 @@ static ddl_status conv_part_run(const conv_par *c, int t)
     return conv_backward_range(c->dt, c->g, P, c->dx, dw, c->dy, c->x, c->w, ws, n0, n1);
 }
 
-static void *conv_part_main(void *arg)
+// One part for the pool: thread index t of T is part t of T.
+static ddl_status conv_part_fn(void *arg, int t, int T)
 {
-    conv_part *p = arg;
-    p->st        = conv_part_run(p->c, p->t);
-    return NULL;
+    (void)T;
+    return conv_part_run(arg, t);
 }
 
-// Runs the block loop of c (c->T unset) with as many threads as the BLAS thread count,
-// the batch and ws_bytes allow.
+// Runs the block loop of c (c->T unset) in as many parts as the BLAS thread count, the
+// batch and ws_bytes allow, on the kernel thread pool.
 static ddl_status conv_blocks(const char *who, conv_par *c, size_t ws_bytes)
 {
     int  T       = conv_threads_for(c->g, c->P, ddl_blas_set_threads(0));
@@ -1031,40 +1034,19 @@ static ddl_status conv_blocks(const char *who, conv_par *c, size_t ws_bytes)
     while (T > 1 && conv_need(c->dt, c->g, c->P, T, with_dw) > ws_bytes) {
         T--;
     }
+    if (T > DDL_POOL_MAX_PARTS) {
+        T = DDL_POOL_MAX_PARTS;
+    }
     c->T = T;
     if (T <= 1) {
         return conv_part_run(c, 0);
     }
-    enum { MAX_T = 64 }; // OpenBLAS's MAX_THREADS in Debian's build
-    if (T > MAX_T) {
-        T = c->T = MAX_T;
-    }
-    conv_part parts[MAX_T];
-    pthread_t tid[MAX_T];
-    bool      started[MAX_T];
-    int       prev = ddl_blas_set_threads(1);
-    for (int t = 1; t < T; t++) {
-        parts[t]   = (conv_part){c, t, DDL_OK};
-        started[t] = pthread_create(&tid[t], NULL, conv_part_main, &parts[t]) == 0;
-    }
-    parts[0] = (conv_part){c, 0, DDL_OK};
-    conv_part_main(&parts[0]);
-    ddl_status st = parts[0].st;
-    for (int t = 1; t < T; t++) {
-        if (started[t]) {
-            pthread_join(tid[t], NULL);
-        } else {
-            conv_part_main(&parts[t]); // no thread to be had: the same share, here
-        }
-        if (st == DDL_OK && parts[t].st != DDL_OK) {
-            st = ddl_set_error(parts[t].st, "%s: thread %d of %d failed (%s)", who, t, T,
-                               ddl_status_name(parts[t].st));
-        }
-    }
+    int        prev = ddl_blas_set_threads(1);
+    ddl_status st   = ddl_pool_run(who, T, conv_part_fn, c);
     ddl_blas_set_threads(prev);
     DDL_CHECK(st);
     if (with_dw) {
-        // dw += the partials of threads 1..T-1, in that order (deterministic).
+        // dw += the partials of parts 1..T-1, in that order (deterministic).
         size_t  dwb = conv_dwbuf_bytes(c->dt, c->g, c->P);
         int64_t nw  = c->g->C_out * c->P->Kc;
         for (int t = 1; t < T; t++) {

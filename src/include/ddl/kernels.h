@@ -107,13 +107,15 @@ DDL_EXTERN ddl_status ddl_conv_geom_init(ddl_conv_geom *g, int nsp, int64_t N, i
 // convolutions, and for an invalid g (the kernels then report the error). It never grows
 // when N shrinks, so a workspace sized for the largest batch serves smaller ones.
 // Threads: with T = ddl_blas_set_threads(0) > 1 BLAS threads, and a batch with at least T
-// blocks and enough work, the kernels split their block loop over T threads (the caller
-// plus T - 1 pthreads, the BLAS single-threaded meanwhile), each with its own im2col
-// block and dW accumulator; the size reported covers the thread count CURRENT AT THE
-// QUERY, so ask after setting it (layers ask at create). A workspace sized for fewer
-// threads still works: the kernels then use as many threads as it has room for (at
-// least one). Results are deterministic for a given thread count; across thread counts
-// they differ only by rounding (the dW partial sums are added in a different order).
+// blocks and enough work, the kernels split their block loop into T parts run on a
+// persistent thread pool (the caller plus up to T - 1 workers, created once per process,
+// no more than the CPUs of the affinity mask; the BLAS single-threaded meanwhile), each
+// part with its own im2col block and dW accumulator; the size reported covers the thread
+// count CURRENT AT THE QUERY, so ask after setting it (layers ask at create). A workspace
+// sized for fewer threads still works: the kernels then use as many parts as it has room
+// for (at least one). Results are deterministic for a given T (whichever threads run the
+// parts); across values of T they differ only by rounding (the dW partial sums are added
+// in a different order).
 DDL_EXTERN size_t ddl_conv_workspace_bytes(ddl_dtype dt, const ddl_conv_geom *g);
 // y = conv(x, w) + b (b may be NULL). im2col on blocks of output positions + one GEMM
 // per block. ws must hold at least the single-thread size (what ddl_conv_workspace_bytes

@@ -643,6 +643,71 @@ def sc_help(h):
                   "%r prints %r" % (args, out[:80]))
 
 
+# ---- a graph model served ---------------------------------------------------------------
+
+def sc_graph(h):
+    """The ResNet-style graph spec (residual adds, fan-out, global pooling) through the
+    daemon with the same commands as a chain: create, train, eval, predict, pull/push,
+    checkpoint/restore."""
+    ck = os.path.join(h.work, "ckpt")
+    d = h.start(2, ["--model", h.spec("lenet5-2.json"), "--checkpoint-dir", ck], "graph")
+    spec = h.spec("resnet-2.json")
+    with open(spec) as f:
+        nlayers = len(json.load(f)["layers"])
+    c = h.one(d, "create", spec, "--name", "resnet", "--replace", event="create")
+    check(c["name"] == "resnet" and c["world_size"] == 2 and c["num_classes"] == 10
+          and c["input_shape"] == [1, 28, 28], "create %r" % c)
+    objs = h.js(d, "train", "--steps", 40, "--progress-every", 20)
+    prog = [o for o in objs if o["event"] == "progress"]
+    check([o["done"] for o in prog] == [20, 40] and objs[-1]["event"] == "done",
+          "train records %r" % objs)
+    check(prog[-1]["loss"] < prog[0]["loss"] and prog[-1]["loss"] < 2.0,
+          "the ResNet's loss did not fall: %r" % [o["loss"] for o in prog])
+    e1 = h.one(d, "eval", event="eval")
+    check(e1["count"] == 10000 and e1["accuracy"] > 0.3, "eval after 40 steps %r" % e1)
+
+    n = 300
+    x, y = test_images(n)
+    xin, zout = os.path.join(h.work, "x.npy"), os.path.join(h.work, "logits.npy")
+    np.save(xin, x)
+    p = h.one(d, "predict", "--input", xin, "--output", zout, event="predict")
+    z = np.load(zout)
+    check(z.shape == (n, 10) and np.isfinite(z).all() and p["classes"] == z.argmax(1).tolist(),
+          "predict: logits %s, classes vs argmax" % (z.shape,))
+    acc = float((z.argmax(1) == y).mean())
+    print("resnet-2 through the daemon: eval %.4f on 10000, predict %.4f on %d" %
+          (e1["accuracy"], acc, n), flush=True)
+    check(abs(acc - e1["accuracy"]) < 0.12, "predict accuracy %.4f vs eval %.4f" %
+          (acc, e1["accuracy"]))
+
+    # Pull, train on, push back: the same evaluation to the last bit (every parameter and
+    # batch-norm statistic of the graph is in the named state).
+    w1 = os.path.join(h.work, "w1.safetensors")
+    pl = h.one(d, "pull", "--output", w1, event="pull")
+    # Every conv, batch norm (weight, bias, running statistics) and the classifier.
+    check(pl["tensors"] > nlayers // 2 and pl["bytes"] >= 4 * c["num_parameters"],
+          "pull %r of %d layers" % (pl, nlayers))
+    h.js(d, "train", "--steps", 10)
+    z2 = os.path.join(h.work, "logits2.npy")
+    h.one(d, "predict", "--input", xin, "--output", z2, event="predict")
+    check(not np.array_equal(np.load(z2), z), "training changed no prediction")
+    h.one(d, "push", "--input", w1, event="push")
+    e3 = h.one(d, "eval", event="eval")
+    check(e3["loss"] == e1["loss"] and e3["accuracy"] == e1["accuracy"],
+          "after pushing the pulled weights %r, before %r" % (e3, e1))
+    h.one(d, "predict", "--input", xin, "--output", z2, event="predict")
+    check(np.array_equal(np.load(z2), z), "predict after push differs")
+
+    k = h.one(d, "checkpoint", event="checkpoint")
+    h.js(d, "train", "--steps", 5)
+    r = h.one(d, "restore", "latest", event="restore")
+    check(r["step"] == k["step"], "restore %r after checkpoint %r" % (r, k))
+    h.one(d, "predict", "--input", xin, "--output", z2, event="predict")
+    check(np.array_equal(np.load(z2), z), "predict after restore differs")
+    h.one(d, "shutdown", event="shutdown")
+    d.wait_exit()
+
+
 SCENARIOS = {
     "session": sc_session,
     "exit": sc_exit,
@@ -650,6 +715,7 @@ SCENARIOS = {
     "sigint": sc_sigint,
     "unix": sc_unix,
     "help": sc_help,
+    "graph": sc_graph,
 }
 
 if __name__ == "__main__":

@@ -16,23 +16,32 @@
 #include "ddl/base.h"
 #include "ddl/estimate.h"
 #include "ddl/kernels.h"
+#include "engine/layer_registry.h"
 #include "engine/spec_internal.h"
 
-enum { E_PARAMS, E_GRADS, E_OPTIM, E_ACT, E_WORK, E_COUNT };
-
-struct acc {
+struct spec_est {
     const ddl_spec_t *s;
-    double (*per)[E_COUNT]; // per world rank
+    double (*per)[SPEC_E_COUNT]; // per world rank
     double item;
 };
 
-static double ceil_div(double n, double p)
+const ddl_spec_t *spec_est_spec(const spec_est *e)
+{
+    return e->s;
+}
+
+double spec_est_item(const spec_est *e)
+{
+    return e->item;
+}
+
+double spec_est_ceil_div(double n, double p)
 {
     return p > 1 ? ceil(n / p) : n;
 }
 
 // The largest block of global shape g on partition P (-1: not partitioned, whole).
-static double local_numel(const ddl_spec_t *s, const ddl_shape *g, int P)
+double spec_est_local_numel(const ddl_spec_t *s, const ddl_shape *g, int P)
 {
     double n = 1;
     if (P < 0 || P >= s->nparts || s->parts[P].ndim != g->ndim) {
@@ -43,16 +52,16 @@ static double local_numel(const ddl_spec_t *s, const ddl_shape *g, int P)
         for (int d = 0; d < g->ndim; d++) {
             n *= (double)g->d[d];
         }
-        return ceil_div(n, split);
+        return spec_est_ceil_div(n, split);
     }
     for (int d = 0; d < g->ndim; d++) {
-        n *= ceil_div((double)g->d[d], s->parts[P].shape[d]);
+        n *= spec_est_ceil_div((double)g->d[d], s->parts[P].shape[d]);
     }
     return n;
 }
 
 // Adds bytes to category cat of every rank of partition P (every rank when P < 0).
-static void add(struct acc *a, int P, int cat, double bytes)
+void spec_est_add(spec_est *a, int P, int cat, double bytes)
 {
     if (P < 0 || P >= a->s->nparts) {
         for (int r = 0; r < a->s->world_size; r++) {
@@ -70,16 +79,16 @@ static void add(struct acc *a, int P, int cat, double bytes)
 
 // A parameter block of `numel` elements on P: value, gradient and optimizer state;
 // `copies` more values and gradients where the layer keeps working blocks of it.
-static void add_param(struct acc *a, int P, double numel, double copies)
+void spec_est_add_param(spec_est *a, int P, double numel, double copies)
 {
     const ddl_optim_params *o     = &a->s->optim;
     double                  state = o->kind == DDL_OPTIM_SGD ? (o->momentum != 0 ? 1 : 0) : 2;
-    add(a, P, E_PARAMS, numel * a->item * (1 + copies));
-    add(a, P, E_GRADS, numel * a->item * (1 + copies));
-    add(a, P, E_OPTIM, numel * a->item * state);
+    spec_est_add(a, P, SPEC_E_PARAMS, numel * a->item * (1 + copies));
+    spec_est_add(a, P, SPEC_E_GRADS, numel * a->item * (1 + copies));
+    spec_est_add(a, P, SPEC_E_OPTIM, numel * a->item * state);
 }
 
-static int part_dim(const ddl_spec_t *s, int P, int d)
+int spec_est_part_dim(const ddl_spec_t *s, int P, int d)
 {
     if (P < 0 || P >= s->nparts || d >= s->parts[P].ndim) {
         return 1;
@@ -87,104 +96,28 @@ static int part_dim(const ddl_spec_t *s, int P, int d)
     return s->parts[P].shape[d] > 0 ? s->parts[P].shape[d] : 1;
 }
 
-// im2col columns (conv) or pooling indices, from the kernels' own workspace functions on
-// the largest local block (with its halo).
-static double kernel_workspace(const ddl_spec_t *s, const spec_layer *L)
+// The output and its gradient, what the layer's type needs (the registry), and, for an
+// output consumed more than once, the buffer its gradients are summed through.
+static void add_layer(spec_est *a, int li)
 {
-    const ddl_shape *x   = &L->x_global;
-    int              nsp = x->ndim - 2;
-    if (nsp < 1 || nsp > 3) {
-        return 0;
-    }
-    int64_t N = (int64_t)ceil_div((double)x->d[0], part_dim(s, L->P_in, 0));
-    int64_t C = (int64_t)ceil_div((double)x->d[1], part_dim(s, L->P_in, 1));
-    int64_t in[3], k[3], st[3], pad[3], dil[3];
-    for (int j = 0; j < nsp; j++) {
-        const int64_t *kk = L->type == SL_CONV ? L->conv.kernel : L->pool.kernel;
-        const int64_t *dd = L->type == SL_CONV ? L->conv.dilation : L->pool.dilation;
-        k[j]              = kk[j];
-        dil[j]            = dd[j] > 0 ? dd[j] : 1;
-        st[j]  = L->type == SL_CONV ? L->conv.stride[j] : L->pool.stride[j] ? L->pool.stride[j] : k[j];
-        pad[j] = L->type == SL_CONV ? L->conv.padding[j] : L->pool.padding[j];
-        in[j]  = (int64_t)ceil_div((double)x->d[2 + j], part_dim(s, L->P_in, 2 + j)) +
-                (k[j] - 1) * dil[j];
-        if (st[j] <= 0) {
-            st[j] = 1;
+    const ddl_spec_t *s    = a->s;
+    const spec_layer *L    = &s->layers[li];
+    double            yl   = spec_est_local_numel(s, &L->y_global, L->P_out);
+    int               uses = 0;
+    for (int i = 0; i < s->nlayers; i++) {
+        for (int k = 0; k < s->layers[i].nin; k++) {
+            uses += s->layers[i].in[k] == li;
         }
     }
-    if (L->type == SL_CONV) {
-        ddl_conv_geom g;
-        int64_t       co = (int64_t)ceil_div((double)L->conv.out_channels, part_dim(s, L->P_in, 1));
-        if (ddl_conv_geom_init(&g, nsp, N, C, co, in, k, st, pad, dil) != DDL_OK) {
-            ddl_clear_error();
-            return 0;
-        }
-        return (double)ddl_conv_workspace_bytes(s->dt, &g);
-    }
-    ddl_pool_geom g;
-    if (ddl_pool_geom_init(&g, L->pool.kind, nsp, N, C, in, k, st, pad, dil) != DDL_OK) {
-        ddl_clear_error();
-        return 0;
-    }
-    return (double)ddl_pool_workspace_bytes(&g);
-}
-
-static void add_layer(struct acc *a, const spec_layer *L)
-{
-    const ddl_spec_t *s  = a->s;
-    double            xl = local_numel(s, &L->x_global, L->P_in);
-    double            yl = local_numel(s, &L->y_global, L->P_out);
-    add(a, L->P_out, E_ACT, 2 * yl * a->item); // the output and its gradient
-    switch (L->type) {
-    case SL_LINEAR: {
-        // W [out, in] on P_w = [a, b]; x broadcast to [batch, in/b], y reduced from
-        // [batch, out/a] blocks.
-        double fo = ceil_div((double)L->out_features, part_dim(s, L->P_w, 0));
-        double fi = ceil_div((double)L->x_global.d[1], part_dim(s, L->P_w, 1));
-        add_param(a, L->P_w, fo * fi + (L->bias ? fo : 0), 0);
-        add(a, L->P_w, E_WORK, (double)L->x_global.d[0] * (2 * fi + fo) * a->item);
-        break;
-    }
-    case SL_CONV: {
-        double kp = 1;
-        for (int j = 0; j < L->x_global.ndim - 2; j++) {
-            kp *= (double)L->conv.kernel[j];
-        }
-        int    Pw = L->P_w >= 0 ? L->P_w : L->P_in;
-        double w  = (double)L->conv.out_channels * (double)L->x_global.d[1] * kp;
-        double b  = L->conv.bias ? (double)L->conv.out_channels : 0;
-        double sp = L->P_w >= 0 ? (double)part_dim(s, Pw, 0) * part_dim(s, Pw, 1) : 1;
-        add_param(a, Pw, ceil_div(w + b, sp), 2); // + the working block and the gathered grad
-        add(a, L->P_in, E_WORK, 2 * xl * a->item + kernel_workspace(s, L));
-        break;
-    }
-    case SL_POOL:
-        add(a, L->P_in, E_WORK, 2 * xl * a->item + kernel_workspace(s, L));
-        break;
-    case SL_ACTIVATION:
-        add(a, L->P_in, E_WORK, xl); // a byte mask per element
-        break;
-    case SL_BATCHNORM: {
-        double c = ceil_div((double)L->x_global.d[1], part_dim(s, L->P_in, 1));
-        if (L->affine) {
-            add_param(a, L->P_in, 2 * c, 0);
-        }
-        add(a, L->P_in, E_WORK, 2 * c * a->item + 2 * xl * a->item);
-        break;
-    }
-    case SL_REPARTITION:
-    case SL_FLATTEN:
-    case SL_UPSAMPLE:
-        add(a, L->P_out, E_WORK, yl * a->item);
-        break;
-    }
+    spec_est_add(a, L->P_out, SPEC_E_ACT, (uses > 1 ? 3 : 2) * yl * a->item);
+    L->kind->estimate(a, L);
 }
 
 ddl_status ddl_spec_estimate(const ddl_spec_t *s, ddl_mem_estimate *out)
 {
     DDL_REQUIRE(s != NULL && out != NULL && s->world_size > 0, DDL_EINVAL,
                 "estimate: a parsed spec and an output are required");
-    struct acc a = {.s = s, .item = (double)ddl_dtype_size(s->dt)};
+    spec_est a = {.s = s, .item = (double)ddl_dtype_size(s->dt)};
     a.per        = calloc((size_t)s->world_size, sizeof *a.per);
     if (a.per == NULL) {
         return ddl_set_error(DDL_ENOMEM, "estimate: out of memory");
@@ -200,28 +133,29 @@ ddl_status ddl_spec_estimate(const ddl_spec_t *s, ddl_mem_estimate *out)
     for (int d = 0; d < s->input.ndim; d++) {
         sample *= (double)s->input.d[d];
     }
-    add(&a, s->input_partition, E_ACT, 2 * local_numel(s, &in, s->input_partition) * a.item);
-    a.per[0][E_WORK] += (double)s->batch * (sample + s->num_classes) * a.item +
+    spec_est_add(&a, s->input_partition, SPEC_E_ACT,
+                 2 * spec_est_local_numel(s, &in, s->input_partition) * a.item);
+    a.per[0][SPEC_E_WORK] += (double)s->batch * (sample + s->num_classes) * a.item +
                         (double)s->batch * 16; // labels, padded
-    add(&a, -1, E_WORK, (double)s->batch * ((double)s->num_classes * a.item * 3 + 16));
+    spec_est_add(&a, -1, SPEC_E_WORK, (double)s->batch * ((double)s->num_classes * a.item * 3 + 16));
     for (int i = 0; i < s->nlayers; i++) {
-        add_layer(&a, &s->layers[i]);
+        add_layer(&a, i);
     }
     memset(out, 0, sizeof *out);
     out->total = -1;
     for (int r = 0; r < s->world_size; r++) {
         double t = 0;
-        for (int c = 0; c < E_COUNT; c++) {
+        for (int c = 0; c < SPEC_E_COUNT; c++) {
             t += a.per[r][c];
         }
         if (t > out->total) {
             out->total       = t;
             out->rank        = r;
-            out->params      = a.per[r][E_PARAMS];
-            out->grads       = a.per[r][E_GRADS];
-            out->optim       = a.per[r][E_OPTIM];
-            out->activations = a.per[r][E_ACT];
-            out->workspace   = a.per[r][E_WORK];
+            out->params      = a.per[r][SPEC_E_PARAMS];
+            out->grads       = a.per[r][SPEC_E_GRADS];
+            out->optim       = a.per[r][SPEC_E_OPTIM];
+            out->activations = a.per[r][SPEC_E_ACT];
+            out->workspace   = a.per[r][SPEC_E_WORK];
         }
     }
     free(a.per);

@@ -6,11 +6,16 @@
 //      rest of the batch with zeros, so a short batch never reads past the caller's
 //      buffer), and a Repartition plan built once moves it onto the input partition;
 //      the labels are broadcast (batch int64, padded) into buffers allocated once;
-//   2. forward through the layers: act[i + 1] = layer_i(act[i]);
-//   3. the distributed cross-entropy of act[n]; its value lands on the loss root;
-//   4. zero_grad, then the adjoint chain: dact[n] from the loss, dact[i] from layer_i's
-//      backward, down to the first layer that has parameters (earlier layers only move
-//      data and their input gradient is not needed);
+//   2. forward through the layers in the spec's topological order: act[i + 1] =
+//      layer_i(its operands), act[0] being the input;
+//   3. the distributed cross-entropy of the last layer's output; its value lands on the
+//      loss root;
+//   4. zero_grad, then the adjoints in reverse topological order: the loss's gradient, then
+//      each layer's backward from its output's gradient into its operands' gradients. An
+//      output consumed by k > 1 layers receives the sum of their k gradients (the adjoint of
+//      a copy is a sum): the first consumer's backward writes it, the others' go through a
+//      scratch buffer and are added. Layers whose operands' gradients nobody needs and that
+//      have no parameters (leading data movement) are skipped;
 //   5. the optimizer updates each parameter on its owner rank.
 // The output moves to rank 0 through a second plan (output partition -> rank 0), so a
 // step, an evaluation and a prediction allocate nothing.
@@ -33,6 +38,7 @@
 #include "ddl/checkpoint.h"
 #include "ddl/collect.h"
 #include "ddl/estimate.h"
+#include "engine/layer_registry.h"
 #include "engine/model_internal.h"
 #include "engine/spec_internal.h"
 #include "partition/mpi_check.h"
@@ -44,8 +50,17 @@ struct ddl_model {
     ddl_partition_t  **parts;
     int                nlayers;
     ddl_layer_t      **layers;
-    ddl_tensor_t     **act;          // nlayers + 1 activations (act[0]: the input)
+    ddl_tensor_t     **act;          // nlayers + 1 activations (act[0]: the input,
+                                     // act[i + 1]: layer i's output)
     ddl_tensor_t     **dact;         // their gradients
+    // Operand slots, layer i's at slot0[i] .. slot0[i] + nin - 1: the activation each
+    // reads (x_of), the tensor its backward writes the gradient to (dx_to), and, when that
+    // is a scratch view, the gradient it is then added into (dx_sum; NULL otherwise).
+    int                     *slot0;
+    const ddl_tensor_t     **x_of;
+    ddl_tensor_t           **dx_to, **dx_sum;
+    void                    *scratch[SPEC_MAX_INPUTS]; // slot k's scratch gradients
+    bool                    *run_back; // layer i's backward is needed
     ddl_shape          in_global;    // [batch, sample...]
     size_t             sample_bytes; // one sample in the spec's dtype
     ddl_partition_t   *P_in_root;    // rank 0 alone, with the input's dimension
@@ -59,7 +74,6 @@ struct ddl_model {
     int64_t           *labels_all, *labels_local;
     ddl_box            out_box; // this rank's box of the output [batch, classes]
     ddl_tensor_t      *logits;  // rank 0: the gathered output; elsewhere zero-volume
-    int                first_param_layer;
     int                nparams;
     ddl_param        **params;
     char (*pnames)[2 * SPEC_NAME];
@@ -85,59 +99,36 @@ static ddl_status build_partitions(ddl_model_t *m)
     return st;
 }
 
-static ddl_status build_layer(ddl_model_t *m, int i, ddl_layer_t **out)
-{
-    const spec_layer *L  = &m->spec->layers[i];
-    ddl_partition_t  *Pi = m->parts[L->P_in], *Po = m->parts[L->P_out];
-    ddl_dtype         dt = m->spec->dt;
-    switch (L->type) {
-    case SL_REPARTITION:
-        return ddl_repartition_layer_create(Pi, Po, dt, &L->x_global, out);
-    case SL_FLATTEN:
-        return ddl_flatten_create(Pi, Po, dt, &L->x_global, out);
-    case SL_CONV:
-        return ddl_conv_create(Pi, L->P_y_given >= 0 ? Po : NULL, L->P_w >= 0 ? m->parts[L->P_w] : NULL,
-                               dt, &L->x_global, &L->conv, out);
-    case SL_POOL:
-        return ddl_pool_create(Pi, dt, &L->x_global, &L->pool, out);
-    case SL_LINEAR:
-        return ddl_linear_create(Pi, Po, m->parts[L->P_w], dt, L->x_global.d[0], L->x_global.d[1],
-                                 L->out_features, L->bias, out);
-    case SL_ACTIVATION:
-        return ddl_activation_create(Pi, dt, &L->x_global, L->act, L->alpha,
-                                     m->spec->seed + 7919u * (uint64_t)(i + 1), out);
-    case SL_BATCHNORM:
-        return ddl_batchnorm_create(Pi, dt, &L->x_global, L->eps, L->momentum, L->affine, out);
-    case SL_UPSAMPLE:
-        return ddl_upsample_create(Pi, dt, &L->x_global, L->mode, L->align_corners,
-                                   L->has_scale ? L->scale : NULL, L->has_scale ? NULL : L->size, out);
-    }
-    return ddl_set_error(DDL_EINTERNAL, "model: unknown layer type");
-}
-
-// One layer: the layer, its output activation and gradient, its parameters' initial
-// values, and the check that its input is the previous layer's output. Local failures
-// are reported to the caller, which agrees on them.
+// One layer: the layer (its type's registry entry builds it), its output activation and
+// gradient, its parameters' initial values, and the check that its operands are its
+// producers' outputs. Local failures are reported to the caller, which agrees on them.
 static ddl_status build_one_layer(ddl_model_t *m, int i, int *nparams)
 {
-    const ddl_spec_t *s  = m->spec;
-    ddl_status        st = build_layer(m, i, &m->layers[i]);
+    const ddl_spec_t     *s  = m->spec;
+    const spec_layer     *SL = &s->layers[i];
+    const spec_build_ctx  b  = {s, m->parts, i};
+    ddl_status            st = SL->kind->build(&b, SL, &m->layers[i]);
     if (st != DDL_OK) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", ddl_last_error());
         return ddl_set_error(st, "%s: layers[%d] (%s): %s", s->source, i, s->layers[i].name, msg);
     }
     ddl_layer_t *L = m->layers[i];
-    char         a[128], b[128];
-    DDL_REQUIRE(ddl_shape_equal(&m->act[i]->shape, &L->x_shape), DDL_EINTERNAL,
-                "%s: layers[%d] (%s): local input shape %s differs from the previous output %s",
-                s->source, i, s->layers[i].name, ddl_shape_str(&L->x_shape, a, sizeof a),
-                ddl_shape_str(&m->act[i]->shape, b, sizeof b));
+    char         a[128], c[128];
+    DDL_REQUIRE(ddl_layer_num_inputs(L) == SL->nin, DDL_EINTERNAL,
+                "%s: layers[%d] (%s): the layer takes %d inputs, the spec gives %d", s->source,
+                i, SL->name, ddl_layer_num_inputs(L), SL->nin);
+    for (int k = 0; k < SL->nin; k++) {
+        ddl_shape           xs = ddl_layer_input_shape(L, k);
+        const ddl_tensor_t *x  = m->act[SL->in[k] + 1];
+        DDL_REQUIRE(ddl_shape_equal(&x->shape, &xs), DDL_EINTERNAL,
+                    "%s: layers[%d] (%s): local input shape %s differs from its producer's "
+                    "output %s",
+                    s->source, i, SL->name, ddl_shape_str(&xs, a, sizeof a),
+                    ddl_shape_str(&x->shape, c, sizeof c));
+    }
     DDL_CHECK(ddl_tensor_create(s->dt, &L->y_shape, &m->act[i + 1]));
     DDL_CHECK(ddl_tensor_create(s->dt, &L->y_shape, &m->dact[i + 1]));
-    if (L->nparams > 0 && m->first_param_layer == m->nlayers) {
-        m->first_param_layer = i;
-    }
     // Partition-invariant initialization: streams follow the index among the layers
     // with parameters, so specs that differ only in data movement agree.
     ddl_layer_init_params(L, s->seed, 1000u * (uint64_t)(s->layers[i].param_index + 1));
@@ -174,24 +165,27 @@ static ddl_status build_tables(ddl_model_t *m, int nparams)
         }
     }
     DDL_CHECK(ddl_optimizer_create(&s->optim, m->nparams, m->params, &m->opt));
-    // Buffers: batch norm's running statistics, boxed by each rank's channel range
-    // (ranks sharing channels hold replicas).
-    int nbn = 0;
+    // Buffers (batch norm's running statistics): per-channel vectors, boxed by each
+    // rank's channel range (ranks sharing channels hold replicas).
+    int nbuf = 0;
     for (int i = 0; i < m->nlayers; i++) {
-        nbn += s->layers[i].type == SL_BATCHNORM ? 2 : 0;
+        for (int k = 0; s->layers[i].kind->buffers != NULL && s->layers[i].kind->buffers[k]; k++) {
+            nbuf++;
+        }
     }
-    m->buffers = ddl_calloc((size_t)(nbn > 0 ? nbn : 1), sizeof *m->buffers);
-    m->bnames  = ddl_calloc((size_t)(nbn > 0 ? nbn : 1), sizeof *m->bnames);
+    m->buffers = ddl_calloc((size_t)(nbuf > 0 ? nbuf : 1), sizeof *m->buffers);
+    m->bnames  = ddl_calloc((size_t)(nbuf > 0 ? nbuf : 1), sizeof *m->bnames);
     if (m->buffers == NULL || m->bnames == NULL) {
         return ddl_set_error(DDL_ENOMEM, "model: out of memory");
     }
     for (int i = 0; i < m->nlayers; i++) {
-        if (s->layers[i].type != SL_BATCHNORM) {
+        const char *const *bn = s->layers[i].kind->buffers;
+        if (bn == NULL) {
             continue;
         }
         const ddl_layer_t *L = m->layers[i];
-        ddl_tensor_t      *rs[2];
-        DDL_CHECK(ddl_batchnorm_running_stats(L, &rs[0], &rs[1]));
+        ddl_tensor_t      *rs[DDL_LAYER_MAX_PARAMS] = {NULL};
+        DDL_CHECK(s->layers[i].kind->get_buffers(L, rs));
         ddl_box   xb = ddl_partition_local_box(L->P_in, &L->x_global);
         ddl_shape g  = ddl_shape_make(1, (int64_t[]){L->x_global.d[1]});
         ddl_box   b  = {.ndim = 1};
@@ -199,9 +193,9 @@ static ddl_status build_tables(ddl_model_t *m, int nparams)
             b.start[0] = xb.start[1];
             b.stop[0]  = xb.stop[1];
         }
-        for (int k = 0; k < 2; k++) {
+        for (int k = 0; bn[k] != NULL; k++) {
             snprintf(m->bnames[m->nbuffers], sizeof m->bnames[0], "%s.%s", s->layers[i].name,
-                     k == 0 ? "running_mean" : "running_var");
+                     bn[k]);
             m->buffers[m->nbuffers] = (ddl_named_tensor){m->bnames[m->nbuffers], g, b, rs[k]};
             for (int j = 0; j < m->nbuffers; j++) {
                 DDL_REQUIRE(strcmp(m->bnames[j], m->bnames[m->nbuffers]) != 0, DDL_EINVAL,
@@ -319,7 +313,81 @@ static ddl_status alloc_layer_tables(ddl_model_t *m)
     ddl_shape ls     = ddl_box_shape(&in_box);
     DDL_CHECK(ddl_tensor_create(s->dt, &ls, &m->act[0]));
     DDL_CHECK(ddl_tensor_create(s->dt, &ls, &m->dact[0]));
-    m->first_param_layer = m->nlayers;
+    return DDL_OK;
+}
+
+// The operand slots and the backward plan (see struct ddl_model), once every layer and
+// activation exists. Local: no communication.
+static ddl_status build_slots(ddl_model_t *m)
+{
+    const ddl_spec_t *s = m->spec;
+    int               n = m->nlayers, nslots = 0;
+    m->slot0            = ddl_calloc((size_t)n, sizeof *m->slot0);
+    m->run_back         = ddl_calloc((size_t)n, sizeof *m->run_back);
+    bool *seen          = ddl_calloc((size_t)n, sizeof *seen);
+    if (m->slot0 == NULL || m->run_back == NULL || seen == NULL) {
+        ddl_free(seen);
+        return ddl_set_error(DDL_ENOMEM, "model: out of memory");
+    }
+    for (int i = 0; i < n; i++) {
+        m->slot0[i] = nslots;
+        nslots += s->layers[i].nin;
+    }
+    m->x_of   = ddl_calloc((size_t)nslots, sizeof *m->x_of);
+    m->dx_to  = ddl_calloc((size_t)nslots, sizeof *m->dx_to);
+    m->dx_sum = ddl_calloc((size_t)nslots, sizeof *m->dx_sum);
+    if (m->x_of == NULL || m->dx_to == NULL || m->dx_sum == NULL) {
+        ddl_free(seen);
+        return ddl_set_error(DDL_ENOMEM, "model: out of memory");
+    }
+    // A layer's backward is needed when it has parameters or an operand's gradient leads
+    // to parameters (producers come first in the order). A chain skips exactly the data
+    // movement before its first layer with parameters.
+    for (int t = 0; t < n; t++) {
+        int i          = s->order[t];
+        m->run_back[i] = m->layers[i]->nparams > 0;
+        for (int k = 0; k < s->layers[i].nin; k++) {
+            int p = s->layers[i].in[k];
+            m->run_back[i] |= p != SPEC_INPUT && m->run_back[p];
+        }
+    }
+    // In reverse order, the first backward to reach a needed gradient writes it; every
+    // later one writes its slot's scratch, then adds it in. Unneeded gradients (the
+    // input's, those leading to no parameter) are overwritten and never read.
+    size_t need[SPEC_MAX_INPUTS] = {0};
+    for (int t = n - 1; t >= 0; t--) {
+        int i = s->order[t];
+        for (int k = 0; k < s->layers[i].nin; k++) {
+            int p = s->layers[i].in[k], j = m->slot0[i] + k;
+            m->x_of[j]  = m->act[p + 1];
+            m->dx_to[j] = m->dact[p + 1];
+            if (!m->run_back[i] || p == SPEC_INPUT || !m->run_back[p]) {
+                continue;
+            }
+            if (seen[p]) {
+                m->dx_sum[j] = m->dact[p + 1];
+                m->dx_to[j]  = NULL; // a scratch view, below
+                size_t bytes = ddl_tensor_bytes(m->dact[p + 1]);
+                need[k]      = bytes > need[k] ? bytes : need[k];
+            }
+            seen[p] = true;
+        }
+    }
+    ddl_free(seen);
+    for (int k = 0; k < SPEC_MAX_INPUTS; k++) {
+        if (need[k] > 0 && (m->scratch[k] = ddl_malloc(need[k])) == NULL) {
+            return ddl_set_error(DDL_ENOMEM, "model: out of memory");
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        for (int k = 0; k < s->layers[i].nin; k++) {
+            int j = m->slot0[i] + k;
+            if (m->dx_sum[j] != NULL) {
+                DDL_CHECK(ddl_tensor_view(s->dt, &m->dx_sum[j]->shape, m->scratch[k],
+                                          &m->dx_to[j]));
+            }
+        }
+    }
     return DDL_OK;
 }
 
@@ -328,9 +396,11 @@ static ddl_status build(ddl_model_t *m)
     DDL_CHECK(build_partitions(m)); // agreed inside, partition by partition
     STAGE(alloc_layer_tables(m));
     int nparams = 0;
-    for (int i = 0; i < m->nlayers; i++) {
-        STAGE(build_one_layer(m, i, &nparams));
+    // In topological order: a layer's operands exist before it is checked against them.
+    for (int t = 0; t < m->nlayers; t++) {
+        STAGE(build_one_layer(m, m->spec->order[t], &nparams));
     }
+    STAGE(build_slots(m));
     STAGE(build_tables(m, nparams));
     STAGE(build_loss(m));
     const ddl_layer_t *last = m->layers[m->nlayers - 1];
@@ -398,6 +468,23 @@ void ddl_model_destroy(ddl_model_t **mp)
     for (int i = 0; m->layers != NULL && i < m->nlayers; i++) {
         ddl_layer_destroy(&m->layers[i]);
     }
+    if (m->slot0 != NULL && m->dx_to != NULL && m->dx_sum != NULL) {
+        for (int i = 0; i < m->nlayers; i++) {
+            for (int k = 0; k < m->spec->layers[i].nin; k++) {
+                if (m->dx_sum[m->slot0[i] + k] != NULL) { // a scratch view
+                    ddl_tensor_destroy(&m->dx_to[m->slot0[i] + k]);
+                }
+            }
+        }
+    }
+    for (int k = 0; k < SPEC_MAX_INPUTS; k++) {
+        ddl_free(m->scratch[k]);
+    }
+    ddl_free(m->slot0);
+    ddl_free(m->run_back);
+    ddl_free(m->x_of);
+    ddl_free(m->dx_to);
+    ddl_free(m->dx_sum);
     // Any of the tables may be missing after a failed create.
     for (int i = 0; i <= m->nlayers; i++) {
         if (m->act != NULL) {
@@ -504,10 +591,42 @@ static ddl_status stage_input(ddl_model_t *m, const void *x, const int64_t *labe
 
 static ddl_status forward(ddl_model_t *m, bool training)
 {
-    for (int i = 0; i < m->nlayers; i++) {
-        ddl_layer_set_training(m->layers[i], training);
-        ddl_layer_set_rng_step(m->layers[i], (uint64_t)ddl_optimizer_steps(m->opt));
-        DDL_CHECK(ddl_layer_forward(m->layers[i], m->act[i], m->act[i + 1]));
+    const ddl_spec_t *s = m->spec;
+    for (int t = 0; t < m->nlayers; t++) {
+        int          i = s->order[t], n = s->layers[i].nin;
+        ddl_layer_t *L = m->layers[i];
+        ddl_layer_set_training(L, training);
+        ddl_layer_set_rng_step(L, (uint64_t)ddl_optimizer_steps(m->opt));
+        if (n == 1) {
+            DDL_CHECK(ddl_layer_forward(L, m->x_of[m->slot0[i]], m->act[i + 1]));
+        } else {
+            DDL_CHECK(ddl_layer_forward_n(L, n, &m->x_of[m->slot0[i]], m->act[i + 1]));
+        }
+    }
+    return DDL_OK;
+}
+
+// The adjoints in reverse order from the loss's gradient (already in the last output's
+// gradient), summing the gradients of outputs consumed more than once.
+static ddl_status backward(ddl_model_t *m)
+{
+    const ddl_spec_t *s = m->spec;
+    for (int t = m->nlayers - 1; t >= 0; t--) {
+        int i = s->order[t], n = s->layers[i].nin, j0 = m->slot0[i];
+        if (!m->run_back[i]) {
+            continue;
+        }
+        if (n == 1) {
+            DDL_CHECK(ddl_layer_backward(m->layers[i], m->dact[i + 1], m->dx_to[j0]));
+        } else {
+            DDL_CHECK(ddl_layer_backward_n(m->layers[i], m->dact[i + 1], n, &m->dx_to[j0]));
+        }
+        for (int j = j0; j < j0 + n; j++) {
+            if (m->dx_sum[j] != NULL) {
+                ddl_box all = ddl_box_full(&m->dx_sum[j]->shape);
+                ddl_tensor_add_box(m->dx_to[j], &all, m->dx_sum[j], &all);
+            }
+        }
     }
     return DDL_OK;
 }
@@ -549,9 +668,7 @@ static ddl_status train_step(ddl_model_t *m, const void *x, const int64_t *label
         ddl_layer_zero_grad(m->layers[i]);
     }
     DDL_CHECK(ddl_loss_backward(m->loss, 1.0, NULL, m->dact[m->nlayers]));
-    for (int i = m->nlayers - 1; i >= m->first_param_layer; i--) {
-        DDL_CHECK(ddl_layer_backward(m->layers[i], m->dact[i + 1], m->dact[i]));
-    }
+    DDL_CHECK(backward(m));
     ddl_optimizer_step(m->opt);
     DDL_CHECK_MPI(MPI_Bcast(&value, 1, MPI_DOUBLE, m->loss_root, m->comm));
     *loss = value;

@@ -1,4 +1,5 @@
-// engine/spec_internal.h: the parsed form of a model spec, shared by spec.c and model.c.
+// engine/spec_internal.h: the parsed form of a model spec, shared by spec.c, model.c,
+// estimate.c and the layer registry (layer_registry.h).
 #ifndef DDL_ENGINE_SPEC_INTERNAL_H
 #define DDL_ENGINE_SPEC_INTERNAL_H
 
@@ -22,37 +23,37 @@ typedef struct spec_partition {
     int  shape[DDL_MAX_DIMS];
 } spec_partition;
 
-typedef enum {
-    SL_REPARTITION,
-    SL_FLATTEN,
-    SL_CONV,
-    SL_POOL,
-    SL_LINEAR,
-    SL_ACTIVATION,
-    SL_BATCHNORM,
-    SL_UPSAMPLE,
-} spec_layer_type;
+typedef struct spec_layer_kind spec_layer_kind;
+
+// A layer's operands: up to SPEC_MAX_INPUTS tensors, each the output of another layer or
+// the model's input (SPEC_INPUT).
+#define SPEC_MAX_INPUTS 32
+#define SPEC_INPUT      (-1)
 
 typedef struct spec_layer {
-    spec_layer_type   type;
-    char              name[SPEC_NAME];  // for parameter names
-    int               P_in, P_out, P_w;  // partition indices (-1: none)
-    int               P_y_given;         // conv: P_y given explicitly (-1 none)
-    ddl_shape         x_global, y_global;
-    ddl_conv_params   conv;
-    ddl_pool_params   pool;
-    int64_t           out_features;
-    bool              bias;
-    ddl_act_kind      act;
-    double            alpha;
-    double            eps, momentum;
-    bool              affine;
-    ddl_upsample_mode mode;
-    bool              align_corners, has_scale;
-    double            scale[3];
-    int64_t           size[3];
-    bool              has_params;
-    int               param_index;       // index among layers with parameters
+    const spec_layer_kind *kind;         // the registry entry of its type
+    char                   type[32];     // the type as written ("conv2d", "relu")
+    char                   name[SPEC_NAME];  // for parameter names
+    int                    nin;          // operands (1 except for joins)
+    int                    in[SPEC_MAX_INPUTS];  // their producers (layer index or SPEC_INPUT)
+    int                    P_in, P_out, P_w;  // partition indices (-1: none)
+    int                    P_y_given;         // conv: P_y given explicitly (-1 none)
+    ddl_shape              x_global, y_global;  // x_global: operand 0's global shape
+    ddl_conv_params        conv;
+    ddl_pool_params        pool;
+    bool                   global_pool;  // adaptive_avgpool with output size 1
+    int64_t                out_features;
+    bool                   bias;
+    ddl_act_kind           act;
+    double                 alpha;
+    double                 eps, momentum;
+    bool                   affine;
+    ddl_upsample_mode      mode;
+    bool                   align_corners, has_scale;
+    double                 scale[3];
+    int64_t                size[3];
+    bool                   has_params;
+    int                    param_index;  // index among layers with parameters (file order)
 } spec_layer;
 
 struct ddl_spec {
@@ -68,11 +69,23 @@ struct ddl_spec {
     spec_partition   *parts;
     int               nlayers;
     spec_layer       *layers;
+    int              *order;      // a topological order of the layers (file order if possible)
+    ddl_shape         in_global;  // the batched input [batch, sample...]
     ddl_reduction     reduction;
     ddl_optim_params  optim;
     double            mean, std;
     bool              shuffle;
     int               num_classes;
 };
+
+// The global shape and partition of node `n`: a layer's output, or the batched input.
+static inline const ddl_shape *spec_node_shape(const ddl_spec_t *s, int n)
+{
+    return n == SPEC_INPUT ? &s->in_global : &s->layers[n].y_global;
+}
+static inline int spec_node_partition(const ddl_spec_t *s, int n)
+{
+    return n == SPEC_INPUT ? s->input_partition : s->layers[n].P_out;
+}
 
 #endif // DDL_ENGINE_SPEC_INTERNAL_H

@@ -23,7 +23,32 @@ ddl_status ddl_layer_alloc(const ddl_layer_ops *ops, const char *kind, ddl_dtype
     snprintf(L->kind, sizeof L->kind, "%s", kind);
     L->dt       = dt;
     L->training = true;
+    L->ninputs  = 1;
     *out        = L;
+    return DDL_OK;
+}
+
+ddl_status ddl_layer_set_inputs(ddl_layer_t *L, int n, const ddl_shape *globals,
+                                const ddl_partition_t *P)
+{
+    DDL_REQUIRE(n >= 2 && L->in_global == NULL, DDL_EINTERNAL,
+                "%s: set_inputs with %d inputs (or twice)", L->kind, n);
+    L->in_global = ddl_calloc((size_t)n, sizeof *L->in_global);
+    L->in_shape  = ddl_calloc((size_t)n, sizeof *L->in_shape);
+    if (L->in_global == NULL || L->in_shape == NULL) {
+        ddl_free(L->in_global);
+        ddl_free(L->in_shape);
+        L->in_global = L->in_shape = NULL;
+        return ddl_set_error(DDL_ENOMEM, "%s: out of memory for %d inputs", L->kind, n);
+    }
+    for (int k = 0; k < n; k++) {
+        L->in_global[k] = globals[k];
+        L->in_shape[k]  = ddl_partition_local_shape(P, &globals[k]);
+    }
+    L->ninputs  = n;
+    L->P_in     = P;
+    L->x_global = globals[0];
+    L->x_shape  = L->in_shape[0];
     return DDL_OK;
 }
 
@@ -75,10 +100,38 @@ static ddl_status agree_io(const ddl_layer_t *L, ddl_status st)
     return P != NULL ? ddl_agree(ddl_partition_base(P), st) : st;
 }
 
+static bool multi_input(const ddl_layer_t *L)
+{
+    return L->ops->forward_n != NULL;
+}
+
+// The one-input entry points on a multi-input layer (or the reverse) would read the
+// wrong number of tensors: refused, the same verdict on every rank.
+static ddl_status check_arity(const ddl_layer_t *L, bool multi, const char *call, int n)
+{
+    if (multi_input(L) != multi) {
+        return multi_input(L)
+                   ? ddl_set_error(DDL_EINVAL,
+                                   "%s: the layer takes %d inputs: call ddl_layer_%s_n, not "
+                                   "ddl_layer_%s",
+                                   L->kind, L->ninputs, call, call)
+                   : ddl_set_error(DDL_EINVAL,
+                                   "%s: the layer takes one input: call ddl_layer_%s, not "
+                                   "ddl_layer_%s_n",
+                                   L->kind, call, call);
+    }
+    DDL_REQUIRE(!multi || n == L->ninputs, DDL_EINVAL, "%s: %s given %d inputs, the layer takes %d",
+                L->kind, call, n, L->ninputs);
+    return DDL_OK;
+}
+
 ddl_status ddl_layer_forward(ddl_layer_t *L, const ddl_tensor_t *x, ddl_tensor_t *y)
 {
     DDL_REQUIRE(L != NULL, DDL_EINVAL, "layer forward: layer is NULL");
-    ddl_status st = check_io(L, "input", x, &L->x_shape);
+    ddl_status st = check_arity(L, false, "forward", 1);
+    if (st == DDL_OK) {
+        st = check_io(L, "input", x, &L->x_shape);
+    }
     if (st == DDL_OK) {
         st = check_io(L, "output", y, &L->y_shape);
     }
@@ -89,12 +142,86 @@ ddl_status ddl_layer_forward(ddl_layer_t *L, const ddl_tensor_t *x, ddl_tensor_t
 ddl_status ddl_layer_backward(ddl_layer_t *L, const ddl_tensor_t *dy, ddl_tensor_t *dx)
 {
     DDL_REQUIRE(L != NULL, DDL_EINVAL, "layer backward: layer is NULL");
-    ddl_status st = check_io(L, "output gradient", dy, &L->y_shape);
+    ddl_status st = check_arity(L, false, "backward", 1);
+    if (st == DDL_OK) {
+        st = check_io(L, "output gradient", dy, &L->y_shape);
+    }
     if (st == DDL_OK) {
         st = check_io(L, "input gradient", dx, &L->x_shape);
     }
     DDL_CHECK(agree_io(L, st));
     return L->ops->backward(L, dy, dx);
+}
+
+// Checks of the n inputs (or their gradients) of a multi-input layer; `what` is
+// "input" or "input gradient".
+static ddl_status check_inputs(const ddl_layer_t *L, const char *what, int n,
+                               const ddl_tensor_t *const *ts)
+{
+    DDL_REQUIRE(ts != NULL, DDL_EINVAL, "%s: the %s array is NULL", L->kind, what);
+    for (int k = 0; k < n; k++) {
+        char name[48];
+        snprintf(name, sizeof name, "%s %d", what, k);
+        DDL_CHECK(check_io(L, name, ts[k], &L->in_shape[k]));
+    }
+    return DDL_OK;
+}
+
+ddl_status ddl_layer_forward_n(ddl_layer_t *L, int n, const ddl_tensor_t *const *xs,
+                               ddl_tensor_t *y)
+{
+    DDL_REQUIRE(L != NULL, DDL_EINVAL, "layer forward_n: layer is NULL");
+    ddl_status st = check_arity(L, true, "forward", n);
+    if (st == DDL_OK) {
+        st = check_inputs(L, "input", n, xs);
+    }
+    if (st == DDL_OK) {
+        st = check_io(L, "output", y, &L->y_shape);
+    }
+    DDL_CHECK(agree_io(L, st));
+    return L->ops->forward_n(L, n, xs, y);
+}
+
+ddl_status ddl_layer_backward_n(ddl_layer_t *L, const ddl_tensor_t *dy, int n,
+                                ddl_tensor_t *const *dxs)
+{
+    DDL_REQUIRE(L != NULL, DDL_EINVAL, "layer backward_n: layer is NULL");
+    ddl_status st = check_arity(L, true, "backward", n);
+    if (st == DDL_OK) {
+        st = check_io(L, "output gradient", dy, &L->y_shape);
+    }
+    if (st == DDL_OK) {
+        st = check_inputs(L, "input gradient", n, (const ddl_tensor_t *const *)dxs);
+    }
+    DDL_CHECK(agree_io(L, st));
+    return L->ops->backward_n(L, dy, n, dxs);
+}
+
+int ddl_layer_num_inputs(const ddl_layer_t *L)
+{
+    return L->ninputs > 1 ? L->ninputs : 1;
+}
+
+// [0]: what a caller asking for a missing input gets (zero volume, never a real shape).
+static ddl_shape no_shape(void)
+{
+    return ddl_shape_make(1, (int64_t[]){0});
+}
+
+ddl_shape ddl_layer_input_shape(const ddl_layer_t *L, int k)
+{
+    if (k < 0 || k >= ddl_layer_num_inputs(L)) {
+        return no_shape();
+    }
+    return L->in_shape != NULL ? L->in_shape[k] : L->x_shape;
+}
+
+ddl_shape ddl_layer_input_global(const ddl_layer_t *L, int k)
+{
+    if (k < 0 || k >= ddl_layer_num_inputs(L)) {
+        return no_shape();
+    }
+    return L->in_global != NULL ? L->in_global[k] : L->x_global;
 }
 
 void ddl_layer_destroy(ddl_layer_t **L)
@@ -109,6 +236,8 @@ void ddl_layer_destroy(ddl_layer_t **L)
         ddl_tensor_destroy(&(*L)->params[i].value);
         ddl_tensor_destroy(&(*L)->params[i].grad);
     }
+    ddl_free((*L)->in_global);
+    ddl_free((*L)->in_shape);
     ddl_free(*L);
     *L = NULL;
 }

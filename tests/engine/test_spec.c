@@ -58,6 +58,138 @@ static void refuse(const char *base, const char *from, const char *to, int world
     free(t);
 }
 
+
+// The line (1-based) of the first occurrence of needle in text.
+static int line_at(const char *text, const char *needle)
+{
+    const char *at = strstr(text, needle);
+    ASSERT_TRUE(at != NULL);
+    int line = 1;
+    for (const char *p = text; p < at; p++) {
+        line += *p == '\n';
+    }
+    return line;
+}
+
+// A residual network on 4 ranks (feature partition [1, 1, 2, 2]): r0 feeds both c1 and
+// the add, one layer per line so the tests can name lines.
+static const char graph_spec[] =
+    "{\n"
+    "  \"world_size\": 4,\n"
+    "  \"batch_size\": 4,\n"
+    "  \"input\": {\"shape\": [2, 6, 6], \"partition\": \"p\"},\n"
+    "  \"partitions\": {\"p\": {\"ranks\": [0, 1, 2, 3], \"shape\": [1, 1, 2, 2]},\n"
+    "                 \"one\": {\"ranks\": [0], \"shape\": [1, 1, 1, 1]},\n"
+    "                 \"ch\": {\"ranks\": [0, 1], \"shape\": [1, 2, 1, 1]},\n"
+    "                 \"flat\": {\"ranks\": [0], \"shape\": [1, 1]}},\n"
+    "  \"layers\": [\n"
+    "    {\"type\": \"conv2d\", \"name\": \"stem\", \"out_channels\": 4, \"kernel\": [3, 3], \"padding\": [1, 1]},\n"
+    "    {\"type\": \"relu\", \"name\": \"r0\"},\n"
+    "    {\"type\": \"conv2d\", \"name\": \"c1\", \"out_channels\": 4, \"kernel\": [3, 3], \"padding\": [1, 1]},\n"
+    "    {\"type\": \"relu\", \"name\": \"r1\"},\n"
+    "    {\"type\": \"conv2d\", \"name\": \"c2\", \"out_channels\": 4, \"kernel\": [3, 3], \"padding\": [1, 1]},\n"
+    "    {\"type\": \"add\", \"name\": \"sum\", \"from\": [\"c2\", \"r0\"]},\n"
+    "    {\"type\": \"relu\"},\n"
+    "    {\"type\": \"repartition\", \"to\": \"one\"},\n"
+    "    {\"type\": \"adaptive_avgpool2d\", \"output_size\": 1},\n"
+    "    {\"type\": \"flatten\", \"to\": \"flat\"},\n"
+    "    {\"type\": \"linear\", \"out_features\": 3, \"P_y\": \"flat\", \"P_w\": \"flat\"}\n"
+    "  ],\n"
+    "  \"loss\": {\"type\": \"cross_entropy\"}\n"
+    "}\n";
+
+// Expects the edited graph spec refused at `key` on the line of `line_of` in the base, the
+// message containing want.
+static void refuse_graph(const char *from, const char *to, const char *line_of, const char *key,
+                         const char *want)
+{
+    char head[160];
+    snprintf(head, sizeof head, "spec.json:%d: %s: ", line_at(graph_spec, line_of), key);
+    refuse(graph_spec, from, to, 4, head, want);
+}
+
+static void graph_tests(void)
+{
+    ddl_spec_t *s = NULL;
+    ASSERT_OK(ddl_spec_parse(graph_spec, "spec.json", 4, &s));
+    ASSERT_EQ(ddl_spec_num_classes(s), 3);
+    ddl_spec_destroy(&s);
+    // Layers may name later layers: the model runs them in topological order.
+    {
+        char *t = edit(graph_spec, "\"name\": \"r0\"}", "\"name\": \"r0\", \"from\": \"stem\"}");
+        char *u = edit(t, "\"name\": \"stem\",", "\"name\": \"stem\", \"from\": \"input\",");
+        ASSERT_OK(ddl_spec_parse(u, "spec.json", 4, &s));
+        ddl_spec_destroy(&s);
+        free(t);
+        free(u);
+    }
+    // A cycle, named layer by layer from the lowest index.
+    refuse_graph("\"name\": \"c1\",", "\"name\": \"c1\", \"from\": \"sum\",", "\"name\": \"c1\"",
+                 "layers[2].from",
+                 "the layers form a cycle: \"c1\" -> \"r1\" -> \"c2\" -> \"sum\" -> \"c1\"");
+    refuse_graph("\"name\": \"c1\",", "\"name\": \"c1\", \"from\": \"c1\",", "\"name\": \"c1\"",
+                 "layers[2].from", "takes its own output (a cycle)");
+    // A dangling name.
+    refuse_graph("[\"c2\", \"r0\"]", "[\"c2\", \"r9\"]", "\"name\": \"sum\"", "layers[5].from[1]",
+                 "no layer is named \"r9\"");
+    // Several inputs to a one-input layer; a join with one.
+    refuse_graph("{\"type\": \"relu\"},", "{\"type\": \"relu\", \"from\": [\"sum\", \"r0\"]},",
+                 "{\"type\": \"relu\"},", "layers[6].from", "relu takes one input, \"from\" names 2");
+    refuse_graph("\"from\": [\"c2\", \"r0\"]", "\"from\": \"c2\"", "\"name\": \"sum\"",
+                 "layers[5].from", "add joins at least 2 operands");
+    // An add of different shapes names both operands, their shapes and partitions.
+    refuse_graph("\"name\": \"c2\", \"out_channels\": 4", "\"name\": \"c2\", \"out_channels\": 5",
+                 "\"name\": \"sum\"", "layers[5].from",
+                 "add operands must have the same shape: \"c2\" [4, 5, 6, 6] on \"p\" and \"r0\" "
+                 "[4, 4, 6, 6] on \"p\" differ");
+    // ... and of different partitions.
+    refuse_graph("{\"type\": \"add\", \"name\": \"sum\", \"from\": [\"c2\", \"r0\"]}",
+                 "{\"type\": \"repartition\", \"name\": \"r0one\", \"from\": \"r0\", \"to\": \"one\"}, "
+                 "{\"type\": \"add\", \"name\": \"sum\", \"from\": [\"c2\", \"r0\", \"r0one\"]}",
+                 "\"name\": \"sum\"", "layers[6].from",
+                 "add operands must be on one partition: \"c2\" [4, 4, 6, 6] on \"p\" and \"r0one\" "
+                 "[4, 4, 6, 6] on \"one\" differ");
+    // Concat along channels refuses a partition that splits them.
+    {
+        char *t = edit(graph_spec, "\"partition\": \"p\"}", "\"partition\": \"ch\"}");
+        char *u = edit(t, "    {\"type\": \"conv2d\", \"name\": \"stem\"",
+                       "    {\"type\": \"concat\", \"from\": [\"input\", \"input\"]}, "
+                       "{\"type\": \"conv2d\", \"name\": \"stem\"");
+        char head[96];
+        snprintf(head, sizeof head, "spec.json:%d: layers[0].from: ",
+                 line_at(graph_spec, "\"name\": \"stem\""));
+        refuse(u, "\"world_size\"", "\"world_size\"", 4, head,
+               "concat joins along dim 1 (channels), which partition \"ch\" splits 2 ways");
+        free(t);
+        free(u);
+    }
+    // An output no layer uses (r1's, once c2 reads r0).
+    refuse_graph("\"name\": \"c2\",", "\"name\": \"c2\", \"from\": \"r0\",", "\"name\": \"r1\"",
+                 "layers[3]", "the output of \"r1\" is used by no layer");
+    // Adaptive pooling: output sizes that do not divide the input are refused.
+    refuse_graph("\"output_size\": 1", "\"output_size\": [4, 4]", "\"output_size\"",
+                 "layers[8].output_size", "output size 4 does not divide the input size 6");
+    // Global pooling on the spatially split partition leaves dims of size 1 split, which
+    // no repartition can move (DistDL's rule): refused at the repartition.
+    refuse_graph("{\"type\": \"repartition\", \"to\": \"one\"},\n    {\"type\": \"adaptive_avgpool2d\", "
+                 "\"output_size\": 1},",
+                 "{\"type\": \"adaptive_avgpool2d\", \"output_size\": 1},\n    {\"type\": \"repartition\", "
+                 "\"to\": \"one\"},",
+                 "\"output_size\": 1", "layers[8]",
+                 "the tensor [4, 4, 1, 1] has size 1 in dim 2, which partition \"p\" splits 2 ways");
+    refuse_graph("\"name\": \"r0\"", "\"name\": \"input\"", "\"name\": \"r0\"", "layers[1].name",
+                 "\"input\" is reserved");
+    refuse_graph("[\"c2\", \"r0\"]", "[\"c2\", 7]", "\"name\": \"sum\"", "layers[5].from[1]",
+                 "must be a layer name");
+    // A divisible adaptive pool is an average pool (output 3x3 here).
+    {
+        char *t = edit(graph_spec, "\"output_size\": 1", "\"output_size\": 3");
+        ASSERT_OK(ddl_spec_parse(t, "spec.json", 4, &s));
+        ddl_spec_destroy(&s);
+        free(t);
+    }
+}
+
 int main(int argc, char **argv)
 {
     ASSERT_TRUE(argc == 2);  // the directory of the shipped specs
@@ -149,6 +281,7 @@ int main(int argc, char **argv)
     refuse(base, "{\"type\": \"maxpool2d\",", "{\"type\": \"maxpool4d\",", 4, "layers[3]",
            "only 1, 2 and 3 spatial dimensions");
     free(base);
+    graph_tests();
 
     // A FIFO as the spec path is refused at once instead of blocking in open/read.
     {

@@ -3,7 +3,7 @@
 
 Usage: torch_crosscheck.py MPIRUN_PREFIX... -- VERIFY_BIN
 Runs a set of distributed layer cases with "dump", recomputes each in PyTorch from the
-dumped x, parameters and dy, and compares y and every gradient (f64, tolerance 1e-10).
+dumped x (x0, x1, ... for add and concat), parameters and dy, and compares y and every gradient (f64, tolerance 1e-10).
 Exits 7 (skip) when torch is not installed.
 """
 import json
@@ -43,6 +43,11 @@ CASES = [
      "mode": "linear", "align_corners": True, "scale_factor": 2}),
     ("upsample nearest size", 4, {"op": "upsample", "P_x": P4, "x_global_shape": [1, 2, 5, 7],
      "mode": "nearest", "size": [8, 3]}),
+    ("add 3 operands", 4, {"op": "add", "n": 3, "P_x": P4, "x_global_shape": [2, 3, 6, 5]}),
+    ("concat channels", 4, {"op": "concat", "P_x": {"ranks": [0, 1, 2, 3], "shape": [2, 1, 1, 2]},
+     "x_global_shapes": [[2, 3, 6, 5], [2, 4, 6, 5], [2, 1, 6, 5]]}),
+    ("global_avgpool channels+space", 4, {"op": "global_avgpool", "P_x": {"ranks": [0, 1, 2, 3], "shape": [1, 2, 2, 1]},
+     "x_global_shape": [2, 6, 7, 5]}),
     ("cross_entropy classes split", 4, {"op": "cross_entropy", "P_x": {"ranks": [0, 1, 2, 3], "shape": [2, 2]},
      "x_global_shape": [9, 10], "reduction": "mean"}),
     ("bce_with_logits sum", 4, {"op": "loss", "kind": "bce_with_logits", "reduction": "sum",
@@ -55,8 +60,21 @@ def load(d, name):
     return torch.tensor(np.load(p)) if os.path.exists(p) else None
 
 
+def reference_join(case, d):
+    # Multi-input layers dump x0, x1, ... and dx0, dx1, ...
+    n = case.get("n", 2) if case["op"] == "add" else len(case["x_global_shapes"])
+    xs = [load(d, f"x{k}").requires_grad_(True) for k in range(n)]
+    y = sum(xs[1:], xs[0]) if case["op"] == "add" else torch.cat(xs, dim=1)
+    y.backward(load(d, "dy"))
+    out = {"y": y.detach()}
+    out.update({f"dx{k}": x.grad for k, x in enumerate(xs)})
+    return out
+
+
 def reference(case, d):
     op = case["op"]
+    if op in ("add", "concat"):
+        return reference_join(case, d)
     x = load(d, "x").requires_grad_(True)
     w, b = load(d, "weight"), load(d, "bias")
     params = [t.requires_grad_(True) for t in (w, b) if t is not None]
@@ -70,6 +88,8 @@ def reference(case, d):
         y = F.max_pool2d(x, case["kernel"], case.get("stride"), case.get("padding", 0))
     elif op == "avgpool2d":
         y = F.avg_pool2d(x, case["kernel"], case.get("stride"), case.get("padding", 0))
+    elif op == "global_avgpool":
+        y = F.adaptive_avg_pool2d(x, 1)
     elif op == "batchnorm":
         y = F.batch_norm(x, None, None, w, b, training=True, eps=1e-5)
     elif op == "upsample":

@@ -244,6 +244,18 @@ DDL_EXTERN ddl_status ddl_interpolate_backward(ddl_dtype dt, void *dx, const voi
                                                const ddl_interpolate_params *p,
                                                const ddl_interpolate_window *w, int64_t B);
 
+// ---- joins and row means (graph layers) ---------------------------------------
+// y[i] = sum over k < n of xs[k][i], for i < count (overwrites y; y may alias an operand).
+DDL_EXTERN ddl_status ddl_sum_forward(ddl_dtype dt, void *y, int n, const void *const *xs,
+                                      int64_t count);
+// x, dx [R, S]; y, dy [R]. Forward y[r] = scale * sum_s x[r, s] (overwrites y);
+// backward dx[r, s] += scale * dy[r]. Global average pooling: R = N*C, S = the spatial
+// size, scale = 1 / S (or 1 / the global spatial size for a piece of it).
+DDL_EXTERN ddl_status ddl_rowmean_forward(ddl_dtype dt, void *y, const void *x, int64_t R,
+                                          int64_t S, double scale);
+DDL_EXTERN ddl_status ddl_rowmean_backward(ddl_dtype dt, void *dx, const void *dy, int64_t R,
+                                           int64_t S, double scale);
+
 // ---- elementwise losses -----------------------------------------------------
 // Per element, input x and target t ([n] of type dt), as in the PyTorch docs:
 //   MSE              (x - t)^2                                 d/dx 2 (x - t)

@@ -52,10 +52,16 @@ typedef struct ddl_param {
 
 typedef struct ddl_layer ddl_layer_t;
 
+// A layer has one input (forward/backward) or several (forward_n/backward_n, set by the
+// multi-input layers instead): the framework checks the arguments before calling either.
 typedef struct ddl_layer_ops {
     ddl_status (*forward)(ddl_layer_t *L, const ddl_tensor_t *x, ddl_tensor_t *y);
     ddl_status (*backward)(ddl_layer_t *L, const ddl_tensor_t *dy, ddl_tensor_t *dx);
     void (*destroy)(ddl_layer_t *L);  // frees impl (params are freed by the framework)
+    ddl_status (*forward_n)(ddl_layer_t *L, int n, const ddl_tensor_t *const *xs,
+                            ddl_tensor_t *y);
+    ddl_status (*backward_n)(ddl_layer_t *L, const ddl_tensor_t *dy, int n,
+                             ddl_tensor_t *const *dxs);
 } ddl_layer_ops;
 
 struct ddl_layer {
@@ -64,6 +70,11 @@ struct ddl_layer {
     ddl_dtype              dt;
     ddl_shape              x_global, y_global;
     ddl_shape              x_shape, y_shape;  // local shapes on this rank
+    // Multi-input layers (ninputs > 1): input k has global shape in_global[k] and local
+    // shape in_shape[k], all balanced over P_in; x_global / x_shape repeat input 0's.
+    // One-input layers: ninputs 1, the arrays NULL. Set by ddl_layer_set_inputs.
+    int                    ninputs;
+    ddl_shape             *in_global, *in_shape;
     const ddl_partition_t *P_in, *P_out;      // borrowed: must outlive the layer
     bool                   training;
     bool                   rng_step_set;  // rng_step is driven by the caller
@@ -86,6 +97,24 @@ DDL_EXTERN ddl_status ddl_layer_forward(ddl_layer_t *L, const ddl_tensor_t *x, d
 // dx = (dL/dx)^T dy (overwrites dx); parameter gradients += (dL/dp)^T dy. Needs the
 // state saved by the most recent forward. Collective and agreed like forward.
 DDL_EXTERN ddl_status ddl_layer_backward(ddl_layer_t *L, const ddl_tensor_t *dy, ddl_tensor_t *dx);
+
+// Multi-input layers (add, concat): the same contract with n input tensors, xs[k] of
+// local shape ddl_layer_input_shape(L, k) (dxs[k] likewise; backward_n OVERWRITES every
+// dxs[k]). n must be the layer's ddl_layer_num_inputs. The local checks of every
+// tensor are agreed on before the layer communicates, as above. Calling
+// ddl_layer_forward/backward on a multi-input layer, or these on a one-input layer, is
+// refused (DDL_EINVAL, on every rank alike).
+DDL_EXTERN ddl_status ddl_layer_forward_n(ddl_layer_t *L, int n, const ddl_tensor_t *const *xs,
+                                          ddl_tensor_t *y);
+DDL_EXTERN ddl_status ddl_layer_backward_n(ddl_layer_t *L, const ddl_tensor_t *dy, int n,
+                                           ddl_tensor_t *const *dxs);
+// The number of inputs: 1 for every one-input layer.
+DDL_EXTERN int        ddl_layer_num_inputs(const ddl_layer_t *L);
+// Local shape of input k on this rank (k = 0 of a one-input layer: its x shape); the
+// zero-volume shape [0] for k outside [0, ddl_layer_num_inputs).
+DDL_EXTERN ddl_shape  ddl_layer_input_shape(const ddl_layer_t *L, int k);
+// Global shape of input k (the same conventions).
+DDL_EXTERN ddl_shape  ddl_layer_input_global(const ddl_layer_t *L, int k);
 // NULL-safe; sets *L to NULL.
 DDL_EXTERN void       ddl_layer_destroy(ddl_layer_t **L);
 DDL_EXTERN void       ddl_layer_zero_grad(ddl_layer_t *L);
@@ -105,6 +134,10 @@ DDL_EXTERN ddl_status ddl_layer_alloc(const ddl_layer_ops *ops, const char *kind
 // not an owner). Allocates value and grad (zero).
 DDL_EXTERN ddl_status ddl_layer_add_param(ddl_layer_t *L, const char *name, const ddl_shape *global,
                                           const ddl_box *box, ddl_init_kind init, int64_t fan_in);
+// Makes L a layer of n >= 2 inputs of global shapes globals[k], each balanced over P
+// (which becomes P_in): fills ninputs, in_global, in_shape, x_global and x_shape.
+DDL_EXTERN ddl_status ddl_layer_set_inputs(ddl_layer_t *L, int n, const ddl_shape *globals,
+                                           const ddl_partition_t *P);
 
 // Fills t, the piece `box` of a tensor of global shape `global`, with the values the
 // global tensor has under init (seeded by (seed, stream), by global flat index).
@@ -226,6 +259,31 @@ typedef enum {
 DDL_EXTERN ddl_status ddl_activation_create(const ddl_partition_t *P_x, ddl_dtype dt,
                                             const ddl_shape *x_global, ddl_act_kind kind,
                                             double alpha, uint64_t seed, ddl_layer_t **out);
+
+// ---- joins and global pooling (graph models) ---------------------------------
+// Add (residual connections): y = x_0 + ... + x_{n-1} for n >= 2 operands of one global
+// shape x_global, all balanced over P_x like y; backward: every dx_k = dy. Local (no
+// communication); no parameters; linear. A multi-input layer (ddl_layer_forward_n).
+DDL_EXTERN ddl_status ddl_add_create(const ddl_partition_t *P_x, ddl_dtype dt,
+                                     const ddl_shape *x_global, int n, ddl_layer_t **out);
+
+// Concatenation along dim 1 (channels; U-Net skips): n >= 2 operands x_k of global
+// shapes x_globals[k], equal except in dim 1, all balanced over P_x, to y (channels in
+// operand order) balanced over P_x. P_x must not split dim 1 (its shape[1] is 1), so
+// every rank holds all channels of its block and the layer is a local copy; backward
+// slices dy back into the dx_k. No parameters; linear. A multi-input layer.
+DDL_EXTERN ddl_status ddl_concat_create(const ddl_partition_t *P_x, ddl_dtype dt, int n,
+                                        const ddl_shape *x_globals, ddl_layer_t **out);
+
+// Global average pooling over the spatial dims (adaptive_avg_pool to output size 1):
+// x [N, C, S_1..S_k] (k >= 1) balanced over P_x = [P_n, P_c, s_1..s_k] (any split), y
+// [N, C, 1..1] balanced over the same P_x, i.e. held by the ranks at spatial coordinate
+// 0. Each rank sums its spatial box and divides by S_1 ... S_k; a SumReduce over the
+// spatial dims of P_x adds the partial means onto the spatial-coordinate-0 ranks. The
+// adjoint broadcasts dy back and spreads dy / (S_1 ... S_k) over each rank's box.
+// Collective over P_x; no parameters; linear.
+DDL_EXTERN ddl_status ddl_global_avgpool_create(const ddl_partition_t *P_x, ddl_dtype dt,
+                                                const ddl_shape *x_global, ddl_layer_t **out);
 
 // ---- losses ------------------------------------------------------------------
 // A loss of x (over P_x) against a target of the same layout (or integer class labels

@@ -31,9 +31,20 @@ static int world_rank(void)
     return r;
 }
 
-static ddl_box in_box(const ddl_layer_t *L)
+// Inputs: a one-input layer has input 0 = x; a multi-input layer (add, concat) has
+// ddl_layer_num_inputs(L) inputs, each balanced over P_in. Input 0 keeps stream S_X
+// (so the figures of one-input layers do not change); input k >= 1 draws S_XK + k.
+enum { S_XK = 300 };
+
+static int nin(const ddl_layer_t *L)
 {
-    return ddl_partition_local_box(L->P_in, &L->x_global);
+    return ddl_layer_num_inputs(L);
+}
+
+static ddl_box in_box(const ddl_layer_t *L, int k)
+{
+    ddl_shape g = ddl_layer_input_global(L, k);
+    return ddl_partition_local_box(L->P_in, &g);
 }
 
 static ddl_box out_box(const ddl_layer_t *L)
@@ -53,6 +64,58 @@ static ddl_status global_random(ddl_dtype dt, const ddl_shape *local, const ddl_
     return st;
 }
 
+// An array of one tensor per input of L (NULL-filled), freed by free_inputs.
+static ddl_status alloc_inputs(const ddl_layer_t *L, ddl_tensor_t ***out)
+{
+    *out = ddl_calloc((size_t)nin(L), sizeof **out);
+    return *out != NULL ? DDL_OK : ddl_set_error(DDL_ENOMEM, "layer check: out of memory");
+}
+
+static void free_inputs(int n, ddl_tensor_t ***ts)
+{
+    if (*ts == NULL) {
+        return;
+    }
+    for (int k = 0; k < n; k++) {
+        ddl_tensor_destroy(&(*ts)[k]);
+    }
+    ddl_free(*ts);
+    *ts = NULL;
+}
+
+// Fills ts with the inputs' local tensors: random (partition-invariant) or zero.
+static ddl_status make_inputs(const ddl_layer_t *L, ddl_dtype dt, uint64_t seed, bool random,
+                              ddl_tensor_t **ts)
+{
+    for (int k = 0; k < nin(L); k++) {
+        ddl_shape s = ddl_layer_input_shape(L, k), g = ddl_layer_input_global(L, k);
+        ddl_box   b = in_box(L, k);
+        ddl_status st = random ? global_random(dt, &s, &b, &g, seed,
+                                               k == 0 ? S_X : S_XK + (uint64_t)k, &ts[k])
+                               : ddl_tensor_create(dt, &s, &ts[k]);
+        if (st != DDL_OK) {
+            return st;
+        }
+    }
+    return DDL_OK;
+}
+
+static ddl_status fwd(ddl_layer_t *L, ddl_tensor_t *const *xs, ddl_tensor_t *y)
+{
+    if (nin(L) == 1) {
+        return ddl_layer_forward(L, xs[0], y);
+    }
+    return ddl_layer_forward_n(L, nin(L), (const ddl_tensor_t *const *)xs, y);
+}
+
+static ddl_status bwd(ddl_layer_t *L, const ddl_tensor_t *dy, ddl_tensor_t *const *dxs)
+{
+    if (nin(L) == 1) {
+        return ddl_layer_backward(L, dy, dxs[0]);
+    }
+    return ddl_layer_backward_n(L, dy, nin(L), dxs);
+}
+
 static ddl_status build(const ddl_layer_builder *b, bool seq, ddl_dtype dt, ddl_layer_t **L)
 {
     ddl_status st = b->build(b->ctx, seq, dt, L);
@@ -70,16 +133,28 @@ static double allsum(double v)
     return g;
 }
 
-// |<a, b> - <c, d>| / max(|a||b|, |c||d|) with global sums.
-static double adjoint_ratio(const ddl_tensor_t *Jv, const ddl_tensor_t *dy, const ddl_tensor_t *v,
-                            const ddl_tensor_t *Jtdy)
+// |<a, b> - <c, d>| / max(|a||b|, |c||d|) with global sums, where c and d may be n
+// tensors each (a multi-input layer's inputs and their gradients: the sum of the dots).
+static double adjoint_ratio_n(const ddl_tensor_t *Jv, const ddl_tensor_t *dy, int n,
+                              ddl_tensor_t *const *v, ddl_tensor_t *const *Jtdy)
 {
-    double loc[6] = {ddl_tensor_dot(Jv, dy), ddl_tensor_dot(v, Jtdy), ddl_tensor_dot(Jv, Jv),
-                     ddl_tensor_dot(dy, dy), ddl_tensor_dot(v, v),    ddl_tensor_dot(Jtdy, Jtdy)};
+    double loc[6] = {ddl_tensor_dot(Jv, dy), 0.0, ddl_tensor_dot(Jv, Jv), ddl_tensor_dot(dy, dy),
+                     0.0, 0.0};
+    for (int k = 0; k < n; k++) {
+        loc[1] += ddl_tensor_dot(v[k], Jtdy[k]);
+        loc[4] += ddl_tensor_dot(v[k], v[k]);
+        loc[5] += ddl_tensor_dot(Jtdy[k], Jtdy[k]);
+    }
     double g[6];
     MPI_Allreduce(loc, g, 6, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
     double d = fmax(sqrt(g[2] * g[3]), sqrt(g[4] * g[5]));
     return d == 0.0 ? fabs(g[0] - g[1]) : fabs(g[0] - g[1]) / d;
+}
+
+static double adjoint_ratio(const ddl_tensor_t *Jv, const ddl_tensor_t *dy, ddl_tensor_t *v,
+                            ddl_tensor_t *Jtdy)
+{
+    return adjoint_ratio_n(Jv, dy, 1, &v, &Jtdy);
 }
 
 static void sub_inplace(ddl_tensor_t *a, const ddl_tensor_t *b)
@@ -103,67 +178,74 @@ static void finish(ddl_check_result *r, const ddl_layer_t *L)
 ddl_status ddl_check_adjoint(const ddl_layer_builder *b, ddl_dtype dt, ddl_check_result *out)
 {
     memset(out, 0, sizeof *out);
-    ddl_layer_t  *L  = NULL;
-    ddl_tensor_t *x = NULL, *zero_x = NULL, *y1 = NULL, *y0 = NULL, *dy = NULL, *dx = NULL;
-    ddl_tensor_t *keep = NULL;
-    ddl_status    st;
+    ddl_layer_t   *L  = NULL;
+    ddl_tensor_t **x = NULL, **zero_x = NULL, **dx = NULL;
+    ddl_tensor_t  *y1 = NULL, *y0 = NULL, *dy = NULL, *keep = NULL;
+    int            n  = 0;
+    ddl_status     st;
     CK(build(b, false, dt, &L));
-    ddl_box xb = in_box(L), yb = out_box(L);
-    CK(global_random(dt, &L->x_shape, &xb, &L->x_global, b->seed, S_X, &x));
+    n          = nin(L);
+    ddl_box yb = out_box(L);
+    CK(alloc_inputs(L, &x));
+    CK(alloc_inputs(L, &zero_x));
+    CK(alloc_inputs(L, &dx));
+    CK(make_inputs(L, dt, b->seed, true, x));
+    CK(make_inputs(L, dt, b->seed, false, zero_x));
+    CK(make_inputs(L, dt, b->seed, false, dx));
     CK(global_random(dt, &L->y_shape, &yb, &L->y_global, b->seed, S_DY, &dy));
-    CK(ddl_tensor_create(dt, &L->x_shape, &zero_x));
     CK(ddl_tensor_create(dt, &L->y_shape, &y1));
     CK(ddl_tensor_create(dt, &L->y_shape, &y0));
-    CK(ddl_tensor_create(dt, &L->x_shape, &dx));
-    // Input: J x = F(x) - F(0) with the parameters as they are.
-    CK(ddl_layer_forward(L, x, y1));
-    CK(ddl_layer_forward(L, zero_x, y0));
+    // Inputs: J x = F(x) - F(0) with the parameters as they are (all inputs at once).
+    CK(fwd(L, x, y1));
+    CK(fwd(L, zero_x, y0));
     sub_inplace(y1, y0);
     ddl_layer_zero_grad(L);
-    CK(ddl_layer_forward(L, x, y0));
-    CK(ddl_layer_backward(L, dy, dx));
-    out->err_input = adjoint_ratio(y1, dy, x, dx);
+    CK(fwd(L, x, y0));
+    CK(bwd(L, dy, dx));
+    out->err_input = adjoint_ratio_n(y1, dy, n, x, dx);
     // Each parameter p: J_p p = F(p) - F(p = 0) at the same x; gradient from backward.
     for (int i = 0; i < L->nparams; i++) {
         ddl_param *p = &L->params[i];
         ddl_tensor_destroy(&keep);
         CK(ddl_tensor_create(dt, &p->value->shape, &keep));
         CK(ddl_tensor_copy(p->value, keep));
-        CK(ddl_layer_forward(L, x, y1));
+        CK(fwd(L, x, y1));
         ddl_tensor_zero(p->value);
-        CK(ddl_layer_forward(L, x, y0));
+        CK(fwd(L, x, y0));
         CK(ddl_tensor_copy(keep, p->value));
         sub_inplace(y1, y0);
         ddl_layer_zero_grad(L);
-        CK(ddl_layer_forward(L, x, y0));
-        CK(ddl_layer_backward(L, dy, dx));
+        CK(fwd(L, x, y0));
+        CK(bwd(L, dy, dx));
         out->err_param[i] = adjoint_ratio(y1, dy, p->value, p->grad);
     }
     finish(out, L);
 done:
     ddl_tensor_destroy(&keep);
-    ddl_tensor_destroy(&x);
-    ddl_tensor_destroy(&zero_x);
+    free_inputs(n, &x);
+    free_inputs(n, &zero_x);
+    free_inputs(n, &dx);
     ddl_tensor_destroy(&y1);
     ddl_tensor_destroy(&y0);
     ddl_tensor_destroy(&dy);
-    ddl_tensor_destroy(&dx);
     ddl_layer_destroy(&L);
     return st;
 }
 
-// One run of a layer: forward then backward on the global random x and dy.
+// One run of a layer: forward then backward on the global random inputs and dy.
 typedef struct run {
-    ddl_layer_t  *L;
-    ddl_tensor_t *x, *y, *dy, *dx;
+    ddl_layer_t   *L;
+    int            n;        // inputs
+    ddl_tensor_t **x, **dx;  // [n]
+    ddl_tensor_t  *y, *dy;
 } run;
 
 static void run_free(run *r)
 {
-    ddl_tensor_destroy(&r->x);
+    free_inputs(r->n, &r->x);
+    free_inputs(r->n, &r->dx);
     ddl_tensor_destroy(&r->y);
     ddl_tensor_destroy(&r->dy);
-    ddl_tensor_destroy(&r->dx);
     ddl_layer_destroy(&r->L);
 }
 
@@ -173,14 +255,17 @@ static ddl_status run_layer(const ddl_layer_builder *b, bool seq, ddl_dtype dt, 
     ddl_status st;
     CK(build(b, seq, dt, &r->L));
     ddl_layer_t *L  = r->L;
-    ddl_box      xb = in_box(L), yb = out_box(L);
-    CK(global_random(dt, &L->x_shape, &xb, &L->x_global, b->seed, S_X, &r->x));
+    ddl_box      yb = out_box(L);
+    r->n            = nin(L);
+    CK(alloc_inputs(L, &r->x));
+    CK(alloc_inputs(L, &r->dx));
+    CK(make_inputs(L, dt, b->seed, true, r->x));
+    CK(make_inputs(L, dt, b->seed, false, r->dx));
     CK(global_random(dt, &L->y_shape, &yb, &L->y_global, b->seed, S_DY, &r->dy));
     CK(ddl_tensor_create(dt, &L->y_shape, &r->y));
-    CK(ddl_tensor_create(dt, &L->x_shape, &r->dx));
     ddl_layer_zero_grad(L);
-    CK(ddl_layer_forward(L, r->x, r->y));
-    CK(ddl_layer_backward(L, r->dy, r->dx));
+    CK(fwd(L, r->x, r->y));
+    CK(bwd(L, r->dy, r->dx));
 done:
     return st;
 }
@@ -228,13 +313,17 @@ ddl_status ddl_check_sequential(const ddl_layer_builder *b, ddl_dtype dt, ddl_ch
     ddl_status    st;
     CK(run_layer(b, false, dt, &d));
     CK(run_layer(b, true, dt, &s));
-    ddl_box yb = out_box(d.L), xb = in_box(d.L);
+    ddl_box yb = out_box(d.L);
     CK(gather(d.y, &yb, &d.L->y_global, &g));
-    double ey = compare(g, s.y);
+    out->err_input = compare(g, s.y);
     ddl_tensor_destroy(&g);
-    CK(gather(d.dx, &xb, &d.L->x_global, &g));
-    out->err_input = fmax(ey, compare(g, s.dx));
-    ddl_tensor_destroy(&g);
+    for (int k = 0; k < d.n; k++) {
+        ddl_box   xb = in_box(d.L, k);
+        ddl_shape xg = ddl_layer_input_global(d.L, k);
+        CK(gather(d.dx[k], &xb, &xg, &g));
+        out->err_input = fmax(out->err_input, compare(g, s.dx[k]));
+        ddl_tensor_destroy(&g);
+    }
     for (int i = 0; i < d.L->nparams; i++) {
         ddl_param *p = &d.L->params[i];
         CK(gather(p->grad, &p->box, &p->global, &g));
@@ -252,7 +341,7 @@ done:
 // <F(x), r> summed over the world.
 static ddl_status objective(run *r, double *out)
 {
-    ddl_status st = ddl_layer_forward(r->L, r->x, r->y);
+    ddl_status st = fwd(r->L, r->x, r->y);
     if (st == DDL_OK) {
         *out = allsum(ddl_tensor_dot(r->y, r->dy));
     }
@@ -319,8 +408,13 @@ ddl_status ddl_check_gradcheck(const ddl_layer_builder *b, int points, ddl_check
     run        r = {0};
     ddl_status st;
     CK(run_layer(b, false, DDL_F64, &r));
-    ddl_box xb = in_box(r.L);
-    CK(fd_tensor(&r, r.x, r.dx, &xb, &r.L->x_global, points, &out->err_input));
+    for (int k = 0; k < r.n; k++) {
+        ddl_box   xb = in_box(r.L, k);
+        ddl_shape xg = ddl_layer_input_global(r.L, k);
+        double    e  = 0.0;
+        CK(fd_tensor(&r, r.x[k], r.dx[k], &xb, &xg, points, &e));
+        out->err_input = fmax(out->err_input, e);
+    }
     for (int i = 0; i < r.L->nparams; i++) {
         ddl_param *p = &r.L->params[i];
         CK(fd_tensor(&r, p->value, p->grad, &p->box, &p->global, points, &out->err_param[i]));
@@ -352,11 +446,24 @@ ddl_status ddl_check_dump(const ddl_layer_builder *b, ddl_dtype dt, const char *
     run        r = {0};
     ddl_status st;
     CK(run_layer(b, false, dt, &r));
-    ddl_box xb = in_box(r.L), yb = out_box(r.L);
-    CK(dump_one(dir, "x", r.x, &xb, &r.L->x_global));
+    ddl_box yb = out_box(r.L);
+    for (int k = 0; k < r.n; k++) {
+        // One input: x, dx; several: x0, x1, ... and dx0, dx1, ...
+        char      xn[24], dxn[24];
+        ddl_box   xb = in_box(r.L, k);
+        ddl_shape xg = ddl_layer_input_global(r.L, k);
+        if (r.n == 1) {
+            snprintf(xn, sizeof xn, "x");
+            snprintf(dxn, sizeof dxn, "dx");
+        } else {
+            snprintf(xn, sizeof xn, "x%d", k);
+            snprintf(dxn, sizeof dxn, "dx%d", k);
+        }
+        CK(dump_one(dir, xn, r.x[k], &xb, &xg));
+        CK(dump_one(dir, dxn, r.dx[k], &xb, &xg));
+    }
     CK(dump_one(dir, "dy", r.dy, &yb, &r.L->y_global));
     CK(dump_one(dir, "y", r.y, &yb, &r.L->y_global));
-    CK(dump_one(dir, "dx", r.dx, &xb, &r.L->x_global));
     for (int i = 0; i < r.L->nparams; i++) {
         ddl_param *p = &r.L->params[i];
         char       dname[40];

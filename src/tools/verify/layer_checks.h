@@ -11,6 +11,10 @@
 //   gradcheck   central finite differences of L = <F(x), r> at sampled global indices
 //               of the input and of every parameter (f64).
 //
+// A multi-input layer (ddl_layer_num_inputs > 1: add, concat) is checked on all its
+// inputs at once: J v with v = (x_0, .., x_{n-1}), the sequential error and the finite
+// differences over every input; err_input is the largest over the inputs.
+//
 // All are collective over MPI_COMM_WORLD.
 #ifndef DDL_LAYER_CHECKS_H
 #define DDL_LAYER_CHECKS_H
@@ -45,8 +49,8 @@ ddl_status ddl_check_sequential(const ddl_layer_builder *b, ddl_dtype dt, ddl_ch
 ddl_status ddl_check_gradcheck(const ddl_layer_builder *b, int points, ddl_check_result *out);
 
 // Runs the layer once on global random data and writes the gathered global tensors as
-// .npy files into dir on rank 0: x, dy, y, dx, and per parameter <name>.npy and
-// d<name>.npy.
+// .npy files into dir on rank 0: x, dy, y, dx (x0, x1, .. and dx0, dx1, .. for a
+// multi-input layer), and per parameter <name>.npy and d<name>.npy.
 ddl_status ddl_check_dump(const ddl_layer_builder *b, ddl_dtype dt, const char *dir);
 
 #endif // DDL_LAYER_CHECKS_H

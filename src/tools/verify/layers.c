@@ -3,6 +3,9 @@
 //   {"op":"conv2d","dtype":"f64","seed":3,"P_x":{...},"x_global_shape":[1,5,10,10],
 //    "out_channels":10,"kernel":[5,5],"stride":[2,2],"padding":[2,2],"dilation":[1,1],
 //    "bias":true,"checks":["adjoint","sequential","gradcheck"],"dump":"DIR"}
+//   {"op":"add","n":3,"P_x":{...},"x_global_shape":[2,3,6,5]}          (n operands, default 2)
+//   {"op":"concat","P_x":{...},"x_global_shapes":[[2,3,6,5],[2,4,6,5]]}  (along dim 1)
+//   {"op":"global_avgpool","P_x":{...},"x_global_shape":[2,6,7,5]}
 //
 // Each case is turned into a builder (the layer on its partitions, or on rank 0 alone)
 // and run through the generic checks of layer_checks.h.
@@ -14,12 +17,18 @@
 #include "layer_checks.h"
 #include "verify.h"
 
+// The most operands an add or concat case may have.
+#define VERIFY_MAX_OPERANDS 8
+
 typedef enum {
     K_LINEAR,
     K_CONV,
     K_POOL,
     K_BATCHNORM,
     K_UPSAMPLE,
+    K_ADD,
+    K_CONCAT,
+    K_GAP,
     K_LOSS,
     K_CROSS_ENTROPY,
 } layer_kind;
@@ -44,6 +53,8 @@ typedef struct lcase {
     int64_t          size[3];
     ddl_loss_kind    loss;
     ddl_reduction    reduction;
+    int              nops;                  // add, concat: operands
+    ddl_shape        ops[VERIFY_MAX_OPERANDS];  // concat: their global shapes
 } lcase;
 
 static ddl_status create_layer(lcase *c, bool seq, ddl_dtype dt, ddl_layer_t **out)
@@ -63,6 +74,12 @@ static ddl_status create_layer(lcase *c, bool seq, ddl_dtype dt, ddl_layer_t **o
         return ddl_upsample_create(P[0], dt, &c->x_global, c->mode, c->align_corners,
                                    c->has_scale ? c->scale : NULL, c->has_scale ? NULL : c->size,
                                    out);
+    case K_ADD:
+        return ddl_add_create(P[0], dt, &c->x_global, c->nops, out);
+    case K_CONCAT:
+        return ddl_concat_create(P[0], dt, c->nops, c->ops, out);
+    case K_GAP:
+        return ddl_global_avgpool_create(P[0], dt, &c->x_global, out);
     default:
         return ddl_set_error(DDL_EINTERNAL, "verify: not a layer");
     }
@@ -163,10 +180,48 @@ static int parse_enum(vcase *c, const char *key, bool required, const char *cons
     return vcase_invalid(c, "\"%s\" = \"%s\" is not one of %s", key, s, list);
 }
 
+// "x_global_shapes": 2 to VERIFY_MAX_OPERANDS shapes (concat's operands).
+static int get_shapes(vcase *c, const char *key, lcase *L)
+{
+    json_t *a = json_object_get(c->obj, key);
+    if (a == NULL) {
+        return vcase_invalid(c, "missing key \"%s\" (required by op \"%s\")", key, c->op);
+    }
+    size_t n = json_is_array(a) ? json_array_size(a) : 0;
+    if (n < 2 || n > VERIFY_MAX_OPERANDS) {
+        return vcase_invalid(c, "\"%s\" must be an array of 2 to %d shapes", key,
+                             VERIFY_MAX_OPERANDS);
+    }
+    for (size_t k = 0; k < n; k++) {
+        json_t *e = json_array_get(a, k);
+        size_t  nd = json_is_array(e) ? json_array_size(e) : 0;
+        if (nd < 1 || nd > DDL_MAX_DIMS) {
+            return vcase_invalid(c, "\"%s\"[%zu] must be an array of 1 to %d integers", key, k,
+                                 DDL_MAX_DIMS);
+        }
+        L->ops[k].ndim = (int)nd;
+        for (size_t d = 0; d < nd; d++) {
+            json_t *v = json_array_get(e, d);
+            if (!json_is_integer(v) || json_integer_value(v) < 0 ||
+                json_integer_value(v) > (1LL << 40)) {
+                return vcase_invalid(c, "\"%s\"[%zu][%zu] must be an integer in [0, 2^40]", key,
+                                     k, d);
+            }
+            L->ops[k].d[d] = json_integer_value(v);
+        }
+    }
+    L->nops     = (int)n;
+    L->x_global = L->ops[0];
+    return VERIFY_PASS;
+}
+
 // Parses the op-specific keys. nsp: spatial dims for conv/pool ops (else 0).
 static int parse_case(vcase *c, lcase *L, int nsp)
 {
     int rc;
+    if (L->kind == K_CONCAT) {
+        return get_shapes(c, "x_global_shapes", L);
+    }
     if ((rc = vcase_get_shape(c, "x_global_shape", true, &L->x_global)) != VERIFY_PASS) {
         return rc;
     }
@@ -257,6 +312,16 @@ static int parse_case(vcase *c, lcase *L, int nsp)
         }
         return get_spatial(c, "size", true, ns, 1, 1, L->size);
     }
+    case K_ADD:
+        v = 2;
+        if ((rc = vcase_get_int(c, "n", false, 2, VERIFY_MAX_OPERANDS, &v)) != VERIFY_PASS) {
+            return rc;
+        }
+        L->nops = (int)v;
+        return VERIFY_PASS;
+    case K_CONCAT:
+    case K_GAP:
+        return VERIFY_PASS;
     case K_LOSS: {
         static const char *const kinds[] = {"mse", "l1", "bce", "bce_with_logits", "kl_div",
                                             "poisson_nll"};
@@ -341,6 +406,8 @@ int verify_layer(vcase *vc)
         {"avgpool2d", K_POOL, 2, true},       {"avgpool3d", K_POOL, 3, true},
         {"batchnorm", K_BATCHNORM, 0, false}, {"upsample", K_UPSAMPLE, 0, true},
         {"loss", K_LOSS, 0, false},           {"cross_entropy", K_CROSS_ENTROPY, 0, false},
+        {"add", K_ADD, 0, true},              {"concat", K_CONCAT, 0, true},
+        {"global_avgpool", K_GAP, 0, true},
     };
     int which = -1;
     for (size_t i = 0; i < sizeof ops / sizeof ops[0]; i++) {
@@ -360,6 +427,9 @@ int verify_layer(vcase *vc)
         [K_BATCHNORM]     = {"P_x", "x_global_shape", "eps", "momentum", "affine", "training", NULL},
         [K_UPSAMPLE]      = {"P_x", "x_global_shape", "mode", "align_corners", "scale_factor",
                              "size", NULL},
+        [K_ADD]           = {"P_x", "x_global_shape", "n", NULL},
+        [K_CONCAT]        = {"P_x", "x_global_shapes", NULL},
+        [K_GAP]           = {"P_x", "x_global_shape", NULL},
         [K_LOSS]          = {"P_x", "x_global_shape", "kind", "reduction", NULL},
         [K_CROSS_ENTROPY] = {"P_x", "x_global_shape", "reduction", NULL},
     };

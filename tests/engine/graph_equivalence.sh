@@ -3,11 +3,15 @@
 # driving distdl-train on real Fashion-MNIST. For each network, with its -1, -2 and -4 specs:
 #  1. an f64 copy on 1, 2 and 4 ranks: the same loss at every one of 10 steps (1e-10
 #     relative) and the same global weights and running statistics after them (1e-9);
-#  2. the shipped f32 spec on 1, 2 and 4 ranks: the same loss for 5 steps (1e-5 relative,
-#     as train_equivalence.sh for LeNet-5). Only 5: a longer f32 run of these batch-norm
-#     networks parts from any other f32 computation of them (see
-#     tests/integration/torch_networks.py), which the f64 runs show is rounding, not a
-#     difference in what is computed;
+#  2. the shipped f32 spec on 1, 2 and 4 ranks, one step from the same initial weights: the
+#     same loss (1e-5 relative, as train_equivalence.sh for LeNet-5) and the same weights
+#     after it (||a - b|| / ||b|| over all tensors together, 1e-3). Only one step, and the
+#     weights only as a whole: in f32 a ReLU input can lie within rounding of zero on one
+#     partitioning and not on another, which routes a gradient differently (measured: resnet,
+#     one such input on 1 rank and not on 4 in the first step, 7.6e-6 over the weights, 4e-3
+#     in one tensor), and a few steps later the f32 runs of these batch-norm networks have
+#     parted (see tests/integration/torch_networks.py); the f64 runs above show that this is
+#     rounding, not a difference in what is computed;
 #  3. a checkpoint written on 4 ranks at step 5 resumes on 1 rank, and steps 6..10 there give
 #     the 4-rank run's losses (1e-10) and final weights (1e-9) (f64): weights, batch-norm
 #     statistics, optimizer moments and the data cursor all moved;
@@ -67,13 +71,18 @@ for net in ${GRAPH_NETS:-vgg resnet}; do
         [ "$np" = 1 ] || $py "$tool" compare "$d/w$np.safetensors" "$d/w1.safetensors" --rtol 1e-9 | tail -1
     done
 
-    echo "== $net: 2. the shipped f32 spec on ${nps[*]} ranks, 5 steps"
+    echo "== $net: 2. the shipped f32 spec on ${nps[*]} ranks, one step"
     logs=()
     for np in "${nps[@]}"; do
-        train "$np" --model "$specs/$net-$np.json" --max-steps 5 --print-steps >"$d/f32log$np"
+        train "$np" --model "$specs/$net-$np.json" --max-steps 1 --print-steps \
+            --export "$d/f32w$np.safetensors" >"$d/f32log$np"
         logs+=("$d/f32log$np")
     done
     $py "$tool" losses "${logs[@]}" --rtol 1e-5
+    for np in "${nps[@]}"; do
+        [ "$np" = 1 ] || $py "$tool" compare "$d/f32w$np.safetensors" "$d/f32w1.safetensors" \
+            --model-norm --rtol 1e-3 | tail -1
+    done
 
     echo "== $net: 3. a 4-rank checkpoint (step 5) resumes on 1 rank"
     train 1 --model "$d/f64-1.json" --max-steps 10 --print-steps \

@@ -93,9 +93,9 @@ class SpecNet(nn.Module):
         # Layer names may hold '.', which ModuleDict keys may not: a list and their names.
         self.mods = nn.ModuleList()
         self.mod_names = []
-        self.nodes = []   # (name, type, inputs, fn)
+        self.nodes = []   # (name, inputs, fn) in the order they run
         shapes = {"input": list(spec["input"]["shape"])}
-        prev, nparam = "input", 0
+        nparam = 0
         layers = spec["layers"]
         names = []
         for i, L in enumerate(layers):

@@ -2,6 +2,10 @@
 """Reads safetensors files with numpy alone and compares them.
 
   safetensors_tool.py compare A B [--rtol R]   max relative difference per tensor; exit 1 if > R
+  safetensors_tool.py compare A B --model-norm [--rtol R]
+                          judge ||A - B|| / ||B|| over all tensors together instead (a single
+                          element off, e.g. a ReLU input within f32 rounding of zero routing
+                          one gradient differently, does not fail it; a wrong tensor does)
   safetensors_tool.py losses LOG_A LOG_B ... --rtol R   compare 'step N loss L' lines
 """
 import json
@@ -27,12 +31,12 @@ def load(path):
     return out
 
 
-def compare(a, b, rtol):
+def compare(a, b, rtol, model_norm=False):
     ta, tb = load(a), load(b)
     if sorted(ta) != sorted(tb):
         print(f"tensor names differ: {sorted(ta)} vs {sorted(tb)}")
         return 1
-    worst = 0.0
+    worst = dd = yy = 0.0
     for name in sorted(ta):
         x, y = ta[name].astype(np.float64), tb[name].astype(np.float64)
         if x.shape != y.shape:
@@ -40,7 +44,14 @@ def compare(a, b, rtol):
             return 1
         d = float(np.max(np.abs(x - y)) / max(np.max(np.abs(y)), 1e-30))
         worst = max(worst, d)
+        dd += float(np.sum((x - y) ** 2))
+        yy += float(np.sum(y ** 2))
         print(f"{name:28s} {str(x.shape):18s} max rel diff {d:.3e}")
+    if model_norm:
+        d = (dd / max(yy, 1e-300)) ** 0.5
+        print(f"weights max rel diff {worst:.3e}; all tensors together ||a - b|| / ||b|| {d:.3e} "
+              f"(tolerance {rtol:g})")
+        return 0 if d <= rtol else 1
     print(f"weights max rel diff {worst:.3e} (tolerance {rtol:g})")
     return 0 if worst <= rtol else 1
 
@@ -70,8 +81,10 @@ def main(argv):
         i = argv.index("--rtol")
         rtol = float(argv[i + 1])
         argv = argv[:i] + argv[i + 2:]
+    model_norm = "--model-norm" in argv
+    argv = [a for a in argv if a != "--model-norm"]
     if len(argv) >= 4 and argv[1] == "compare":
-        return compare(argv[2], argv[3], rtol)
+        return compare(argv[2], argv[3], rtol, model_norm)
     if len(argv) >= 4 and argv[1] == "losses":
         return losses(argv[2:], rtol)
     print(__doc__)

@@ -1,0 +1,187 @@
+// kernels/conv_direct_t.h: internal: the body of the direct convolution kernels, included
+// by conv_direct.c once per element type with these defined:
+//   T (float, double), V (its __m256 type), L (lanes), SUF (name suffix),
+//   LOADU, STOREU, BCAST, FMA, ZERO, AND (the AVX2 intrinsics for V).
+// Every function carries the avx2/fma target, so it is only called after the CPU check.
+
+#define CDIR_CAT2(a, b) a##_##b
+#define CDIR_CAT(a, b)  CDIR_CAT2(a, b)
+#define CDIR_FN(name)   CDIR_CAT(name, SUF)
+
+// Forward tile: CB output channels x 2 vectors of positions, over all Kc taps.
+CDIR_TGT CDIR_INLINE void CDIR_FN(fwd_tile)(const int CB, int64_t Kc, const int64_t *toff,
+                                            const T *xj, const T *w, T *yj, int64_t ldy)
+{
+    V a0[CDIR_CB], a1[CDIR_CB];
+    for (int c = 0; c < CB; c++) {
+        a0[c] = ZERO();
+        a1[c] = ZERO();
+    }
+    for (int64_t t = 0; t < Kc; t++) {
+        const T *xt = xj + toff[t];
+        V        xa = LOADU(xt), xb = LOADU(xt + L);
+        for (int c = 0; c < CB; c++) {
+            V wv  = BCAST(w + c * Kc + t);
+            a0[c] = FMA(wv, xa, a0[c]);
+            a1[c] = FMA(wv, xb, a1[c]);
+        }
+    }
+    for (int c = 0; c < CB; c++) {
+        STOREU(yj + c * ldy, a0[c]);
+        STOREU(yj + c * ldy + L, a1[c]);
+    }
+}
+
+CDIR_TGT static void CDIR_FN(fwd)(const ddl_cdir *c, T *yw, const T *xp, const T *w)
+{
+    for (int64_t co0 = 0; co0 < c->Co; co0 += CDIR_CB) {
+        int64_t  cb = c->Co - co0 < CDIR_CB ? c->Co - co0 : CDIR_CB;
+        const T *wc = w + co0 * c->Kc;
+        T       *yc = yw + co0 * c->ldy;
+        for (int64_t j = 0; j < c->nj; j += 2 * L) {
+            switch (cb) {
+            case 6: CDIR_FN(fwd_tile)(6, c->Kc, c->toff, xp + j, wc, yc + j, c->ldy); break;
+            case 5: CDIR_FN(fwd_tile)(5, c->Kc, c->toff, xp + j, wc, yc + j, c->ldy); break;
+            case 4: CDIR_FN(fwd_tile)(4, c->Kc, c->toff, xp + j, wc, yc + j, c->ldy); break;
+            case 3: CDIR_FN(fwd_tile)(3, c->Kc, c->toff, xp + j, wc, yc + j, c->ldy); break;
+            case 2: CDIR_FN(fwd_tile)(2, c->Kc, c->toff, xp + j, wc, yc + j, c->ldy); break;
+            default: CDIR_FN(fwd_tile)(1, c->Kc, c->toff, xp + j, wc, yc + j, c->ldy); break;
+            }
+        }
+    }
+}
+
+// dW tile: CB channels x TB taps, summed over all nj positions one vector at a time, then
+// each lane sum reduced in a fixed order and added to dw.
+CDIR_TGT CDIR_INLINE void CDIR_FN(dw_tile)(const int CB, const int TB, const ddl_cdir *c,
+                                           T *dw, const T *dyw, const T *xp, const T *mask)
+{
+    V a[CDIR_DW_CB][CDIR_DW_TB];
+    for (int i = 0; i < CB; i++) {
+        for (int k = 0; k < TB; k++) {
+            a[i][k] = ZERO();
+        }
+    }
+    for (int64_t j = 0; j < c->nj; j += L) {
+        V m = LOADU(mask + j), xv[CDIR_DW_TB];
+        for (int k = 0; k < TB; k++) {
+            xv[k] = AND(LOADU(xp + c->toff[k] + j), m);
+        }
+        for (int i = 0; i < CB; i++) {
+            V d = LOADU(dyw + i * c->ldy + j);
+            for (int k = 0; k < TB; k++) {
+                a[i][k] = FMA(d, xv[k], a[i][k]);
+            }
+        }
+    }
+    for (int i = 0; i < CB; i++) {
+        for (int k = 0; k < TB; k++) {
+            T lane[L];
+            STOREU(lane, a[i][k]);
+            T s = 0;
+            for (int l = 0; l < L; l++) {
+                s += lane[l];
+            }
+            dw[i * c->Kc + k] += s;
+        }
+    }
+}
+
+#define CDIR_DW_CALL(CB_)                                                                    \
+    do {                                                                                     \
+        int64_t t = 0;                                                                       \
+        for (; t + CDIR_DW_TB <= c->Kc; t += CDIR_DW_TB) {                                   \
+            ddl_cdir local = *c;                                                             \
+            local.toff     = c->toff + t;                                                    \
+            CDIR_FN(dw_tile)(CB_, CDIR_DW_TB, &local, dwc + t, dyc, xp, mask);               \
+        }                                                                                    \
+        for (; t < c->Kc; t++) {                                                             \
+            ddl_cdir local = *c;                                                             \
+            local.toff     = c->toff + t;                                                    \
+            CDIR_FN(dw_tile)(CB_, 1, &local, dwc + t, dyc, xp, mask);                        \
+        }                                                                                    \
+    } while (0)
+
+CDIR_TGT static void CDIR_FN(dw)(const ddl_cdir *c, T *dw, const T *dyw, const T *xp,
+                                 const T *mask)
+{
+    for (int64_t co0 = 0; co0 < c->Co; co0 += CDIR_DW_CB) {
+        int64_t  cb  = c->Co - co0 < CDIR_DW_CB ? c->Co - co0 : CDIR_DW_CB;
+        T       *dwc = dw + co0 * c->Kc;
+        const T *dyc = dyw + co0 * c->ldy;
+        switch (cb) {
+        case 4: CDIR_DW_CALL(4); break;
+        case 3: CDIR_DW_CALL(3); break;
+        case 2: CDIR_DW_CALL(2); break;
+        default: CDIR_DW_CALL(1); break;
+        }
+    }
+}
+#undef CDIR_DW_CALL
+
+// dx tile: CIB input channels x QV vectors of positions, over all output channels and
+// taps: each load of dy serves CIB channels.
+CDIR_TGT CDIR_INLINE void CDIR_FN(dx_tile)(const int CIB, const int QV, const ddl_cdir *c,
+                                           int64_t ci0, T *dq, const T *dyq, const T *w)
+{
+    V a[CDIR_DX_ACC];
+    for (int i = 0; i < CIB * QV; i++) {
+        a[i] = ZERO();
+    }
+    for (int64_t co = 0; co < c->Co; co++) {
+        const T *wc = w + co * c->Kc + ci0 * c->kv;
+        const T *dc = dyq + co * c->ldy;
+        for (int64_t kk = 0; kk < c->kv; kk++) {
+            const T *d = dc - c->koff[kk];
+            V        dv[CDIR_DX_QV];
+            for (int i = 0; i < QV; i++) {
+                dv[i] = LOADU(d + i * L);
+            }
+            for (int b = 0; b < CIB; b++) {
+                V wv = BCAST(wc + b * c->kv + kk);
+                for (int i = 0; i < QV; i++) {
+                    a[b * QV + i] = FMA(wv, dv[i], a[b * QV + i]);
+                }
+            }
+        }
+    }
+    for (int b = 0; b < CIB; b++) {
+        for (int i = 0; i < QV; i++) {
+            STOREU(dq + b * c->Pp + i * L, a[b * QV + i]);
+        }
+    }
+}
+
+// Channels in blocks of 3 (4 vectors each: 12 accumulators), a last block of 2 or 1
+// (1: 8 vectors); positions past the last whole tile one vector at a time.
+#define CDIR_DX_RUN(CIB_, QV_)                                                               \
+    do {                                                                                     \
+        int64_t q = 0;                                                                       \
+        for (; q + (QV_) * L <= c->nq; q += (QV_) * L) {                                     \
+            CDIR_FN(dx_tile)(CIB_, QV_, c, ci, dc + q, dyw + q, w);                          \
+        }                                                                                    \
+        for (; q < c->nq; q += L) {                                                          \
+            CDIR_FN(dx_tile)(CIB_, 1, c, ci, dc + q, dyw + q, w);                            \
+        }                                                                                    \
+    } while (0)
+
+CDIR_TGT static void CDIR_FN(dx)(const ddl_cdir *c, T *dxp, const T *dyw, const T *w)
+{
+    for (int64_t ci = 0; ci < c->Ci;) {
+        int64_t cib = c->Ci - ci >= 3 ? 3 : c->Ci - ci;
+        T      *dc  = dxp + ci * c->Pp;
+        if (cib == 3) {
+            CDIR_DX_RUN(3, 4);
+        } else if (cib == 2) {
+            CDIR_DX_RUN(2, 4);
+        } else {
+            CDIR_DX_RUN(1, 8);
+        }
+        ci += cib;
+    }
+}
+#undef CDIR_DX_RUN
+
+#undef CDIR_FN
+#undef CDIR_CAT
+#undef CDIR_CAT2

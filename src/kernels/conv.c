@@ -199,7 +199,10 @@ static ddl_status conv_plan_make(const char *who, ddl_dtype dt, const ddl_conv_g
         P->Ws           = Ws;
         P->nb           = 1;
         P->cols         = Ws;
+        // The margin and the row stride are multiples of 16 elements, so that every row
+        // of dyw starts on a 64-byte boundary (the workspace is DDL_ALIGN-aligned).
         P->cd_M         = (sp->k[1] - 1) * sp->d[1] * I2p + (sp->k[2] - 1) * sp->d[2];
+        P->cd_M         = (P->cd_M + 15) / 16 * 16;
         P->cd_nj        = (Ws + A - 1) / A * A;
         P->cd_nq        = (I1p * I2p + A - 1) / A * A;
         int64_t Pp      = I1p * I2p + (sp->k[2] - 1) * sp->d[2];
@@ -211,7 +214,8 @@ static ddl_status conv_plan_make(const char *who, ddl_dtype dt, const ddl_conv_g
         size_t dyw      = ((size_t)g->C_out * (size_t)P->cd_ldy * es + a - 1) / a * a;
         size_t mask     = ((size_t)P->cd_nj * es + a - 1) / a * a;
         size_t offs     = ((size_t)(P->Kc + sp->kv) * sizeof(int64_t) + a - 1) / a * a;
-        P->col_bytes    = 2 * planes + dyw + mask + offs;
+        size_t lanes    = (size_t)g->C_out * (size_t)P->Kc * DDL_CDIR_LANE_BYTES;
+        P->col_bytes    = 2 * planes + dyw + mask + offs + lanes;
         // The direct dx gathers over every padded input position (nq) for every tap,
         // against ov per tap for the forward: with unpadded small planes (LeNet's conv2:
         // 196 against 100) that is twice the work, and a GEMM into wide columns and
@@ -921,7 +925,7 @@ static ddl_status conv_backward_wide(ddl_dtype dt, const ddl_conv_geom *g, const
 // pad each sample, lay dy out on the grid and move results back, like the wide layout.
 
 typedef struct cdir_ws {
-    char    *xp, *dyw, *dxp, *mask, *col; // col: only with cd_dx_gemm
+    char    *xp, *dyw, *dxp, *mask, *acc, *col; // col: only with cd_dx_gemm
     int64_t *toff, *koff;
     ddl_cdir c;
 } cdir_ws;
@@ -942,8 +946,9 @@ static void cdir_setup(ddl_dtype dt, const ddl_conv_geom *g, const conv_plan *P,
     d->mask       = d->dxp + planes;
     d->toff       = (int64_t *)(void *)(d->mask + mask);
     d->koff       = d->toff + P->Kc;
-    d->col        = (char *)d->mask + mask +
+    d->acc        = (char *)d->mask + mask +
              ((size_t)(P->Kc + sp->kv) * sizeof(int64_t) + a - 1) / a * a;
+    d->col        = d->acc + (size_t)(Co * P->Kc) * DDL_CDIR_LANE_BYTES;
     for (int64_t k1 = 0, kk = 0; k1 < sp->k[1]; k1++) {
         for (int64_t k2 = 0; k2 < sp->k[2]; k2++, kk++) {
             d->koff[kk] = k1 * sp->d[1] * P->I2p + k2 * sp->d[2];
@@ -1002,6 +1007,9 @@ static ddl_status conv_backward_cdir(ddl_dtype dt, const ddl_conv_geom *g, const
     cdir_setup(dt, g, P, ws, dw != NULL, &d);
     // Margins, garbage columns and tail of dyw stay zero; only the valid runs change.
     memset(d.dyw, 0, (size_t)(Co * P->cd_ldy) * es);
+    if (dw != NULL) {
+        memset(d.acc, 0, (size_t)(Co * P->Kc) * DDL_CDIR_LANE_BYTES);
+    }
     char *dyw = d.dyw + (size_t)P->cd_M * es;
     for (int64_t n = n_begin; n < n_end; n++) {
         const char *dyn = elem(dy, n * Co * ov, es);
@@ -1013,7 +1021,7 @@ static ddl_status conv_backward_cdir(ddl_dtype dt, const ddl_conv_geom *g, const
         }
         if (dw != NULL) {
             pad_sample(dt, P, Ci, d.xp, elem(x, n * Ci * iv, es));
-            ddl_cdir_dw(dt, &d.c, dw, dyw, d.xp, d.mask);
+            ddl_cdir_dw(dt, &d.c, d.acc, dyw, d.xp, d.mask);
         }
         if (dx != NULL && P->cd_dx_gemm) {
             DDL_CHECK(ddl_gemm(dt, true, false, P->Kc, P->Ws, Co, 1.0, w, P->Kc, dyw,
@@ -1030,6 +1038,9 @@ static ddl_status conv_backward_cdir(ddl_dtype dt, const ddl_conv_geom *g, const
                 }
             }
         }
+    }
+    if (dw != NULL) {
+        ddl_cdir_dw_finish(dt, &d.c, dw, d.acc);
     }
     return DDL_OK;
 }

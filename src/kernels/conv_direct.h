@@ -10,7 +10,8 @@
 // contiguous vector load, and a register tile of output channels x positions takes one
 // broadcast weight per (channel, tap):
 //   forward  yw [co, j]  = sum_t w[co, t] xp[toff[t] + j]            j in [0, nj)
-//   dW       dw [co, t] += sum_j dyw[co, j] (xp[toff[t] + j] & mask[j])
+//   dW       dw [co, t] += sum_j dyw[co, j] (xp[toff[t] + j] & mask[j])   (per lane in
+//            acc over a range of samples, then reduced into dw by ddl_cdir_dw_finish)
 //   dx       dxp[ci, q]  = sum_{co, kk} w[co, ci, kk] dyw[co, q - koff[kk]]   q in [0, nq)
 // where dyw is dy in the wide layout with zeros at the positions past each output row
 // and before (a margin of koff's largest value) and after the valid ones, and mask[j] is
@@ -19,8 +20,11 @@
 // run to run (and with any thread count, the caller adding the dW partials in order),
 // but not bit-identical to the GEMM path (FMA, another summation order).
 //
-// Runtime dispatch: used only when the CPU has AVX2 and FMA (ddl_cdir_enabled); the
-// im2col + GEMM path and the naive loops of conv.c remain the reference and the fallback.
+// Runtime dispatch on the vector width: AVX-512F where the CPU has it, else AVX2 + FMA,
+// else none (ddl_cdir_enabled false); the im2col + GEMM path and the naive loops of
+// conv.c remain the reference and the fallback. The environment can cap it:
+// DDL_CONV_DIRECT=0 (off) or =avx2. The two widths sum in different orders: results are
+// the same run to run on one machine, not across vector widths.
 #ifndef DDL_KERNELS_CONV_DIRECT_H
 #define DDL_KERNELS_CONV_DIRECT_H
 
@@ -32,9 +36,12 @@
 // Largest C_in the direct path is taken for (see conv_plan_make): beyond it the im2col
 // GEMM's K = C_in prod(k) is large enough for the BLAS to run near its peak.
 #define DDL_CDIR_MAX_CIN 8
-// Positions are processed in runs of DDL_CDIR_ALIGN elements (two 8-float or 4-double
-// vectors for the forward, one for dW and dx): nj and nq are multiples of it.
-#define DDL_CDIR_ALIGN 16
+// Positions are processed in runs of at most DDL_CDIR_ALIGN elements (the forward's two
+// vectors of 16 floats at AVX-512; dW and dx step by one vector): nj and nq are
+// multiples of it.
+#define DDL_CDIR_ALIGN 32
+// Bytes of one dW lane accumulator (a 512-bit vector).
+#define DDL_CDIR_LANE_BYTES 64
 
 typedef struct ddl_cdir {
     int64_t        Ci, Co, Kc, kv; // Kc = Ci * kv taps; w is [Co, Kc]
@@ -50,17 +57,20 @@ typedef struct ddl_cdir {
 // set DDL_CONV_DIRECT=0, and no override (below) says otherwise. Cached after the first
 // call.
 bool ddl_cdir_enabled(void);
-// For tests and benches: 1 forces the direct path on (where the CPU allows it), 0 off,
-// -1 back to the default. Returns the previous state (1 on, 0 off). Call it before
-// sizing workspaces (ddl_conv_workspace_bytes reports room for both paths, though).
-int ddl_cdir_set(int on);
+// For tests and benches: the vector width to use, capped by the CPU's: 0 off (the
+// im2col path), 1 AVX2, 2 AVX-512; -1 back to the default. Returns the previous level.
+// Workspaces need not be resized (ddl_conv_workspace_bytes covers both paths).
+int ddl_cdir_set(int level);
 
 // The three kernels (dt DDL_F32 or DDL_F64; pointers to element 0 of the wide grid:
 // dyw must be readable and zero from dyw - max(koff) on, see above).
 void ddl_cdir_forward(ddl_dtype dt, const ddl_cdir *c, void *yw, const void *xp,
                       const void *w);
-void ddl_cdir_dw(ddl_dtype dt, const ddl_cdir *c, void *dw, const void *dyw, const void *xp,
+// acc: [Co, Kc, lanes] with room for DDL_CDIR_LANE_BYTES per (co, t), zeroed before
+// the first sample; ddl_cdir_dw_finish adds each lane sum, in a fixed order, to dw.
+void ddl_cdir_dw(ddl_dtype dt, const ddl_cdir *c, void *acc, const void *dyw, const void *xp,
                  const void *mask);
+void ddl_cdir_dw_finish(ddl_dtype dt, const ddl_cdir *c, void *dw, const void *acc);
 void ddl_cdir_dx(ddl_dtype dt, const ddl_cdir *c, void *dxp, const void *dyw, const void *w);
 
 #endif // DDL_KERNELS_CONV_DIRECT_H

@@ -1,7 +1,8 @@
 // kernels/conv_direct_t.h: internal: the body of the direct convolution kernels, included
 // by conv_direct.c once per element type with these defined:
 //   T (float, double), V (its __m256 type), L (lanes), SUF (name suffix),
-//   LOADU, STOREU, BCAST, FMA, ZERO, AND (the AVX2 intrinsics for V).
+//   LOADU, STOREU, BCAST, FMA, ZERO, AND (the intrinsics for V), CDIR_WITH_DW (whether
+//   to define the dW kernels: only at AVX2 width, see ddl_cdir_dw).
 // Every function carries the avx2/fma target, so it is only called after the CPU check.
 
 #define CDIR_CAT2(a, b) a##_##b
@@ -51,15 +52,17 @@ CDIR_TGT static void CDIR_FN(fwd)(const ddl_cdir *c, T *yw, const T *xp, const T
     }
 }
 
-// dW tile: CB channels x TB taps, summed over all nj positions one vector at a time, then
-// each lane sum reduced in a fixed order and added to dw.
+#if CDIR_WITH_DW
+// dW tile: CB channels x TB taps, summed over all nj positions one vector at a time into
+// the per-lane accumulators acc[(co Kc + t) L + lane] (reduced once per batch range by
+// dw_finish: a reduction per tile and sample would cost more than the tile's FMAs).
 CDIR_TGT CDIR_INLINE void CDIR_FN(dw_tile)(const int CB, const int TB, const ddl_cdir *c,
-                                           T *dw, const T *dyw, const T *xp, const T *mask)
+                                           T *acc, const T *dyw, const T *xp, const T *mask)
 {
     V a[CDIR_DW_CB][CDIR_DW_TB];
     for (int i = 0; i < CB; i++) {
         for (int k = 0; k < TB; k++) {
-            a[i][k] = ZERO();
+            a[i][k] = LOADU(acc + (i * c->Kc + k) * L);
         }
     }
     for (int64_t j = 0; j < c->nj; j += L) {
@@ -76,14 +79,25 @@ CDIR_TGT CDIR_INLINE void CDIR_FN(dw_tile)(const int CB, const int TB, const ddl
     }
     for (int i = 0; i < CB; i++) {
         for (int k = 0; k < TB; k++) {
-            T lane[L];
-            STOREU(lane, a[i][k]);
-            T s = 0;
-            for (int l = 0; l < L; l++) {
-                s += lane[l];
-            }
-            dw[i * c->Kc + k] += s;
+            STOREU(acc + (i * c->Kc + k) * L, a[i][k]);
         }
+    }
+}
+
+// dw[i] += the lanes of acc[i L ..] summed in a fixed order (pairwise halves).
+CDIR_TGT static void CDIR_FN(dw_finish)(const ddl_cdir *c, T *dw, const T *acc)
+{
+    for (int64_t i = 0; i < c->Co * c->Kc; i++) {
+        T v[L];
+        for (int l = 0; l < L; l++) {
+            v[l] = acc[i * L + l];
+        }
+        for (int h = L / 2; h >= 1; h /= 2) {
+            for (int l = 0; l < h; l++) {
+                v[l] += v[l + h];
+            }
+        }
+        dw[i] += v[0];
     }
 }
 
@@ -93,21 +107,21 @@ CDIR_TGT CDIR_INLINE void CDIR_FN(dw_tile)(const int CB, const int TB, const ddl
         for (; t + CDIR_DW_TB <= c->Kc; t += CDIR_DW_TB) {                                   \
             ddl_cdir local = *c;                                                             \
             local.toff     = c->toff + t;                                                    \
-            CDIR_FN(dw_tile)(CB_, CDIR_DW_TB, &local, dwc + t, dyc, xp, mask);               \
+            CDIR_FN(dw_tile)(CB_, CDIR_DW_TB, &local, dwc + t * L, dyc, xp, mask);           \
         }                                                                                    \
         for (; t < c->Kc; t++) {                                                             \
             ddl_cdir local = *c;                                                             \
             local.toff     = c->toff + t;                                                    \
-            CDIR_FN(dw_tile)(CB_, 1, &local, dwc + t, dyc, xp, mask);                        \
+            CDIR_FN(dw_tile)(CB_, 1, &local, dwc + t * L, dyc, xp, mask);                    \
         }                                                                                    \
     } while (0)
 
-CDIR_TGT static void CDIR_FN(dw)(const ddl_cdir *c, T *dw, const T *dyw, const T *xp,
+CDIR_TGT static void CDIR_FN(dw)(const ddl_cdir *c, T *acc, const T *dyw, const T *xp,
                                  const T *mask)
 {
     for (int64_t co0 = 0; co0 < c->Co; co0 += CDIR_DW_CB) {
         int64_t  cb  = c->Co - co0 < CDIR_DW_CB ? c->Co - co0 : CDIR_DW_CB;
-        T       *dwc = dw + co0 * c->Kc;
+        T       *dwc = acc + co0 * c->Kc * L;
         const T *dyc = dyw + co0 * c->ldy;
         switch (cb) {
         case 4: CDIR_DW_CALL(4); break;
@@ -118,6 +132,7 @@ CDIR_TGT static void CDIR_FN(dw)(const ddl_cdir *c, T *dw, const T *dyw, const T
     }
 }
 #undef CDIR_DW_CALL
+#endif // CDIR_WITH_DW
 
 // dx tile: CIB input channels x QV vectors of positions, over all output channels and
 // taps: each load of dy serves CIB channels.

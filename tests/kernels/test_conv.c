@@ -496,12 +496,14 @@ static void test_threads(void)
     }
 }
 
-// The direct path for few input channels (kernels/conv_direct.h) against the im2col +
-// GEMM path on the same data: within rounding, and bit for bit from run to run; and a
+// The direct path for few input channels (kernels/conv_direct.h), at both vector widths,
+// against the im2col + GEMM path on the same data: within rounding, and bit for bit from
+// run to run; and a
 // workspace sized while it was off still serves when it is on (the query covers both).
 static void test_direct_vs_gemm(void)
 {
-    if (ddl_cdir_set(1) == 0 && !ddl_cdir_enabled()) {
+    ddl_cdir_set(1);
+    if (!ddl_cdir_enabled()) {
         printf("test_conv: CPU without AVX2/FMA, direct path not tested\n");
         ddl_cdir_set(-1);
         return;
@@ -526,9 +528,11 @@ static void test_direct_vs_gemm(void)
             ddl_cdir_set(0);
             size_t wsb = ddl_conv_workspace_bytes(dt, &g);
             void  *ws  = malloc(wsb);
-            void  *y[3], *dx[3], *dw[3];
-            for (int run = 0; run < 3; run++) { // 0: GEMM, 1 and 2: direct
-                ddl_cdir_set(run > 0);
+            // 0: GEMM; 1 and 2: the widest direct kernels; 3: AVX2 (capped by the CPU).
+            const int level[4] = {0, 2, 2, 1};
+            void     *y[4], *dx[4], *dw[4];
+            for (int run = 0; run < 4; run++) {
+                ddl_cdir_set(level[run]);
                 y[run] = zeros(dt, ny), dx[run] = zeros(dt, nx), dw[run] = zeros(dt, nw);
                 memset(ws, 0xff, wsb);
                 ASSERT_OK(ddl_conv_forward(dt, &g, y[run], xd, wd, NULL, ws, wsb));
@@ -538,16 +542,19 @@ static void test_direct_vs_gemm(void)
             ASSERT_TRUE(memcmp(dx[1], dx[2], (size_t)nx * es) == 0);
             ASSERT_TRUE(memcmp(dw[1], dw[2], (size_t)nw * es) == 0);
             double *ref = malloc((size_t)(nx + ny + nw) * sizeof(double));
-            void   *got[3] = {y[1], dx[1], dw[1]}, *want[3] = {y[0], dx[0], dw[0]};
-            int64_t cnt[3] = {ny, nx, nw};
-            for (int q = 0; q < 3; q++) {
-                for (int64_t i = 0; i < cnt[q]; i++) {
-                    ref[i] = ddl_test_at(dt, want[q], i);
+            void   *want[3] = {y[0], dx[0], dw[0]};
+            int64_t cnt[3]  = {ny, nx, nw};
+            for (int run = 1; run < 4; run += 2) {
+                void *got[3] = {y[run], dx[run], dw[run]};
+                for (int q = 0; q < 3; q++) {
+                    for (int64_t i = 0; i < cnt[q]; i++) {
+                        ref[i] = ddl_test_at(dt, want[q], i);
+                    }
+                    ASSERT_LE(ddl_test_rel_err(ref, dt, got[q], cnt[q]), tol);
                 }
-                ASSERT_LE(ddl_test_rel_err(ref, dt, got[q], cnt[q]), tol);
             }
             free(ref);
-            for (int run = 0; run < 3; run++) {
+            for (int run = 0; run < 4; run++) {
                 free(y[run]), free(dx[run]), free(dw[run]);
             }
             free(ws), free(xd), free(wd), free(rd);
@@ -561,10 +568,10 @@ int main(void)
 {
     test_hand();
     test_errors();
-    // Every case with the direct path for few input channels where the CPU has it (the
-    // default), then with the im2col + GEMM path alone.
-    for (int direct = 1; direct >= 0; direct--) {
-        ddl_cdir_set(direct);
+    // Every case with the direct path for few input channels at each vector width the CPU
+    // has (AVX-512, AVX2), then with the im2col + GEMM path alone.
+    for (int level = 2; level >= 0; level--) {
+        ddl_cdir_set(level);
         test_cases();
         test_wide_nonfinite();
         test_threads();

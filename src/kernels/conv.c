@@ -78,7 +78,7 @@ typedef struct conv_plan {
     int64_t cd_M;        // largest tap offset within a plane: dyw's zero margin
     int64_t cd_ldy;      // row stride of dyw: margin + max(nj, nq)
     int64_t cd_nj, cd_nq;
-    bool    cd_dx_gemm;  // dx by GEMM + col2im on the wide grid (see conv_plan_make)
+    bool    cd_dx_scatter; // dx by ddl_cdir_dx_scatter, not the gather (conv_plan_make)
 } conv_plan;
 
 ddl_status ddl_conv_geom_init(ddl_conv_geom *g, int nsp, int64_t N, int64_t C_in,
@@ -218,12 +218,9 @@ static ddl_status conv_plan_make(const char *who, ddl_dtype dt, const ddl_conv_g
         P->col_bytes    = 2 * planes + dyw + mask + offs + lanes;
         // The direct dx gathers over every padded input position (nq) for every tap,
         // against ov per tap for the forward: with unpadded small planes (LeNet's conv2:
-        // 196 against 100) that is twice the work, and a GEMM into wide columns and
-        // col2im (Ws = 140 per tap) wins; measured on AMD EPYC: 4.5 against 2.5 ms.
-        if (2 * P->cd_nq > 3 * sp->ov) {
-            P->cd_dx_gemm = true;
-            P->col_bytes += ((size_t)P->Kc * (size_t)Ws * es + a - 1) / a * a;
-        }
+        // 224 against 100) that is over twice the work, and the scatter over the wide
+        // grid (nj = 160 per tap) wins.
+        P->cd_dx_scatter = 2 * P->cd_nq > 3 * sp->ov;
         return DDL_OK;
     }
     if (sp->out[0] == 1 && sp->k[0] == 1 && sp->p[0] == 0 && sp->s[1] == 1 &&
@@ -925,7 +922,7 @@ static ddl_status conv_backward_wide(ddl_dtype dt, const ddl_conv_geom *g, const
 // pad each sample, lay dy out on the grid and move results back, like the wide layout.
 
 typedef struct cdir_ws {
-    char    *xp, *dyw, *dxp, *mask, *acc, *col; // col: only with cd_dx_gemm
+    char    *xp, *dyw, *dxp, *mask, *acc;
     int64_t *toff, *koff;
     ddl_cdir c;
 } cdir_ws;
@@ -948,7 +945,6 @@ static void cdir_setup(ddl_dtype dt, const ddl_conv_geom *g, const conv_plan *P,
     d->koff       = d->toff + P->Kc;
     d->acc        = (char *)d->mask + mask +
              ((size_t)(P->Kc + sp->kv) * sizeof(int64_t) + a - 1) / a * a;
-    d->col        = d->acc + (size_t)(Co * P->Kc) * DDL_CDIR_LANE_BYTES;
     for (int64_t k1 = 0, kk = 0; k1 < sp->k[1]; k1++) {
         for (int64_t k2 = 0; k2 < sp->k[2]; k2++, kk++) {
             d->koff[kk] = k1 * sp->d[1] * P->I2p + k2 * sp->d[2];
@@ -1023,12 +1019,13 @@ static ddl_status conv_backward_cdir(ddl_dtype dt, const ddl_conv_geom *g, const
             pad_sample(dt, P, Ci, d.xp, elem(x, n * Ci * iv, es));
             ddl_cdir_dw(dt, &d.c, d.acc, dyw, d.xp, d.mask);
         }
-        if (dx != NULL && P->cd_dx_gemm) {
-            DDL_CHECK(ddl_gemm(dt, true, false, P->Kc, P->Ws, Co, 1.0, w, P->Kc, dyw,
-                               P->cd_ldy, 0.0, d.col, P->Ws));
-            col2im_wide_add(dt, P, Ci, d.col, P->Ws, d.dxp, elem(dx, n * Ci * iv, es));
-        } else if (dx != NULL) {
-            ddl_cdir_dx(dt, &d.c, d.dxp, dyw, w);
+        if (dx != NULL) {
+            if (P->cd_dx_scatter) {
+                memset(d.dxp, 0, (size_t)(Ci * P->Pp) * es);
+                ddl_cdir_dx_scatter(dt, &d.c, d.dxp, dyw, w);
+            } else {
+                ddl_cdir_dx(dt, &d.c, d.dxp, dyw, w);
+            }
             char *dxn = elem(dx, n * Ci * iv, es);
             for (int64_t ci = 0; ci < Ci; ci++) {
                 for (int64_t i1 = 0; i1 < sp->in[1]; i1++) {

@@ -17,6 +17,8 @@
 #define CDIR_DW_TB 3
 #define CDIR_DX_QV 8
 #define CDIR_DX_ACC 12
+#define CDIR_DXS_TB 3
+#define CDIR_DXS_JV 4
 
 #define CDIR_INLINE static inline __attribute__((always_inline))
 
@@ -33,6 +35,7 @@
 #define FMA      _mm256_fmadd_ps
 #define ZERO     _mm256_setzero_ps
 #define AND      _mm256_and_ps
+#define ADD      _mm256_add_ps
 #include "kernels/conv_direct_t.h"
 #undef T
 #undef V
@@ -44,6 +47,7 @@
 #undef FMA
 #undef ZERO
 #undef AND
+#undef ADD
 
 #define T      double
 #define V      __m256d
@@ -55,6 +59,7 @@
 #define FMA    _mm256_fmadd_pd
 #define ZERO   _mm256_setzero_pd
 #define AND    _mm256_and_pd
+#define ADD    _mm256_add_pd
 #include "kernels/conv_direct_t.h"
 #undef T
 #undef V
@@ -66,6 +71,7 @@
 #undef FMA
 #undef ZERO
 #undef AND
+#undef ADD
 #undef CDIR_TGT
 
 // ---- AVX-512F: 16 floats / 8 doubles per vector (the same tiles) ----
@@ -81,6 +87,7 @@
 #define BCAST(p) _mm512_set1_ps(*(p))
 #define FMA      _mm512_fmadd_ps
 #define ZERO     _mm512_setzero_ps
+#define ADD _mm512_add_ps
 #define AND(a, m)                                                                            \
     _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(a), _mm512_castps_si512(m)))
 #include "kernels/conv_direct_t.h"
@@ -94,6 +101,7 @@
 #undef FMA
 #undef ZERO
 #undef AND
+#undef ADD
 
 #define T        double
 #define V        __m512d
@@ -104,6 +112,7 @@
 #define BCAST(p) _mm512_set1_pd(*(p))
 #define FMA      _mm512_fmadd_pd
 #define ZERO     _mm512_setzero_pd
+#define ADD _mm512_add_pd
 #define AND(a, m)                                                                            \
     _mm512_castsi512_pd(_mm512_and_si512(_mm512_castpd_si512(a), _mm512_castpd_si512(m)))
 #include "kernels/conv_direct_t.h"
@@ -117,6 +126,7 @@
 #undef FMA
 #undef ZERO
 #undef AND
+#undef ADD
 #undef CDIR_TGT
 
 // The vector width in use: 0 none (the im2col path), 1 AVX2 + FMA, 2 AVX-512F; decided
@@ -202,5 +212,16 @@ void ddl_cdir_dx(ddl_dtype dt, const ddl_cdir *c, void *dxp, const void *dyw, co
         (l == 2 ? dx_f32_512 : dx_f32)(c, dxp, dyw, w);
     } else {
         (l == 2 ? dx_f64_512 : dx_f64)(c, dxp, dyw, w);
+    }
+}
+
+void ddl_cdir_dx_scatter(ddl_dtype dt, const ddl_cdir *c, void *dxp, const void *dyw,
+                         const void *w)
+{
+    int l = cdir_level();
+    if (dt == DDL_F32) {
+        (l == 2 ? dxs_f32_512 : dxs_f32)(c, dxp, dyw, w);
+    } else {
+        (l == 2 ? dxs_f64_512 : dxs_f64)(c, dxp, dyw, w);
     }
 }

@@ -72,5 +72,11 @@ void ddl_cdir_dw(ddl_dtype dt, const ddl_cdir *c, void *acc, const void *dyw, co
                  const void *mask);
 void ddl_cdir_dw_finish(ddl_dtype dt, const ddl_cdir *c, void *dw, const void *acc);
 void ddl_cdir_dx(ddl_dtype dt, const ddl_cdir *c, void *dxp, const void *dyw, const void *w);
+// dx as a scatter: dxp[toff[t] + j] += sum_co w[co, t] dyw[co, j] over j in [0, nj) (the
+// caller zeroes dxp): Kc nj Co multiply-adds against the gather's Ci nq kv Co, so the
+// better choice when nq is well above the number of output positions (small unpadded
+// planes: LeNet's conv2, 224 against 100).
+void ddl_cdir_dx_scatter(ddl_dtype dt, const ddl_cdir *c, void *dxp, const void *dyw,
+                         const void *w);
 
 #endif // DDL_KERNELS_CONV_DIRECT_H

@@ -197,6 +197,72 @@ CDIR_TGT static void CDIR_FN(dx)(const ddl_cdir *c, T *dxp, const T *dyw, const 
 }
 #undef CDIR_DX_RUN
 
+// dx by scatter, for small unpadded planes where the gather above would multiply mostly
+// the zero margins: dxp[toff[t] + j] += sum_co w[co, t] dyw[co, j] for j in [0, nj), a
+// tile of TB taps x JV vectors of positions at a time (the caller zeroes dxp first).
+// The taps are added in a fixed order: the same bits run to run.
+CDIR_TGT CDIR_INLINE void CDIR_FN(dxs_tile)(const int TB, const int JV, const ddl_cdir *c,
+                                            int64_t t0, int64_t ts, int64_t j, T *dxp,
+                                            const T *dyw, const T *w)
+{
+    V a[CDIR_DX_ACC];
+    for (int i = 0; i < TB * JV; i++) {
+        a[i] = ZERO();
+    }
+    for (int64_t co = 0; co < c->Co; co++) {
+        const T *d = dyw + co * c->ldy + j;
+        V        dv[CDIR_DXS_JV];
+        for (int i = 0; i < JV; i++) {
+            dv[i] = LOADU(d + i * L);
+        }
+        for (int k = 0; k < TB; k++) {
+            V wv = BCAST(w + co * c->Kc + t0 + k * ts);
+            for (int i = 0; i < JV; i++) {
+                a[k * JV + i] = FMA(wv, dv[i], a[k * JV + i]);
+            }
+        }
+    }
+    for (int k = 0; k < TB; k++) {
+        T *o = dxp + c->toff[t0 + k * ts] + j;
+        for (int i = 0; i < JV; i++) {
+            STOREU(o + i * L, ADD(LOADU(o + i * L), a[k * JV + i]));
+        }
+    }
+}
+
+// A tile's taps are the same kernel position of CDIR_DXS_TB consecutive input channels
+// (t = ci kv + kk, stride kv), whose targets lie a plane apart: the taps of one channel
+// would read back, one element off, the vectors the tile has just stored (a failed
+// store-to-load forward each).
+#define CDIR_DXS_TAPS(JV_)                                                                   \
+    do {                                                                                     \
+        for (int64_t kk = 0; kk < c->kv; kk++) {                                             \
+            int64_t ci = 0;                                                                  \
+            for (; ci + CDIR_DXS_TB <= c->Ci; ci += CDIR_DXS_TB) {                           \
+                CDIR_FN(dxs_tile)(CDIR_DXS_TB, JV_, c, ci * c->kv + kk, c->kv, j, dxp, dyw,  \
+                                  w);                                                        \
+            }                                                                                \
+            for (; ci < c->Ci; ci++) {                                                       \
+                CDIR_FN(dxs_tile)(1, JV_, c, ci * c->kv + kk, c->kv, j, dxp, dyw, w);        \
+            }                                                                                \
+        }                                                                                    \
+    } while (0)
+
+CDIR_TGT static void CDIR_FN(dxs)(const ddl_cdir *c, T *dxp, const T *dyw, const T *w)
+{
+    int64_t j = 0;
+    for (; j + CDIR_DXS_JV * L <= c->nj; j += CDIR_DXS_JV * L) {
+        CDIR_DXS_TAPS(CDIR_DXS_JV);
+    }
+    for (; j + 2 * L <= c->nj; j += 2 * L) {
+        CDIR_DXS_TAPS(2);
+    }
+    for (; j < c->nj; j += L) {
+        CDIR_DXS_TAPS(1);
+    }
+}
+#undef CDIR_DXS_TAPS
+
 #undef CDIR_FN
 #undef CDIR_CAT
 #undef CDIR_CAT2

@@ -976,16 +976,13 @@ static ddl_status conv_forward_cdir(ddl_dtype dt, const ddl_conv_geom *g, const 
     char *yw = d.dyw + (size_t)P->cd_M * es;
     for (int64_t n = n_begin; n < n_end; n++) {
         pad_sample(dt, P, Ci, d.xp, elem(x, n * Ci * iv, es));
-        ddl_cdir_forward(dt, &d.c, yw, d.xp, w);
+        ddl_cdir_forward(dt, &d.c, yw, d.xp, w, b); // the bias starts each sum
         char *yn = elem(y, n * Co * ov, es);
         for (int64_t co = 0; co < Co; co++) {
             for (int64_t o1 = 0; o1 < O1; o1++) {
                 copy_bytes(elem(yn, co * ov + o1 * O2, es),
                            elem(yw, co * P->cd_ldy + o1 * P->I2p, es), (size_t)O2 * es);
             }
-        }
-        if (b != NULL) {
-            add_bias(dt, yn, ov, Co, ov, b);
         }
     }
     return DDL_OK;

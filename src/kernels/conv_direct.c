@@ -173,13 +173,14 @@ int ddl_cdir_set(int level)
     return prev;
 }
 
-void ddl_cdir_forward(ddl_dtype dt, const ddl_cdir *c, void *yw, const void *xp, const void *w)
+void ddl_cdir_forward(ddl_dtype dt, const ddl_cdir *c, void *yw, const void *xp, const void *w,
+                      const void *b)
 {
     int l = cdir_level();
     if (dt == DDL_F32) {
-        (l == 2 ? fwd_f32_512 : fwd_f32)(c, yw, xp, w);
+        (l == 2 ? fwd_f32_512 : fwd_f32)(c, yw, xp, w, b);
     } else {
-        (l == 2 ? fwd_f64_512 : fwd_f64)(c, yw, xp, w);
+        (l == 2 ? fwd_f64_512 : fwd_f64)(c, yw, xp, w, b);
     }
 }
 

@@ -9,7 +9,7 @@
 // toff[t] = ci Pp + k1 d1 I2p + k2 d2, so for a run of positions every tap is one
 // contiguous vector load, and a register tile of output channels x positions takes one
 // broadcast weight per (channel, tap):
-//   forward  yw [co, j]  = sum_t w[co, t] xp[toff[t] + j]            j in [0, nj)
+//   forward  yw [co, j]  = b[co] + sum_t w[co, t] xp[toff[t] + j]    j in [0, nj)
 //   dW       dw [co, t] += sum_j dyw[co, j] (xp[toff[t] + j] & mask[j])   (per lane in
 //            acc over a range of samples, then reduced into dw by ddl_cdir_dw_finish)
 //   dx       dxp[ci, q]  = sum_{co, kk} w[co, ci, kk] dyw[co, q - koff[kk]]   q in [0, nq)
@@ -65,7 +65,7 @@ int ddl_cdir_set(int level);
 // The three kernels (dt DDL_F32 or DDL_F64; pointers to element 0 of the wide grid:
 // dyw must be readable and zero from dyw - max(koff) on, see above).
 void ddl_cdir_forward(ddl_dtype dt, const ddl_cdir *c, void *yw, const void *xp,
-                      const void *w);
+                      const void *w, const void *b /* may be NULL */);
 // acc: [Co, Kc, lanes] with room for DDL_CDIR_LANE_BYTES per (co, t), zeroed before
 // the first sample; ddl_cdir_dw_finish adds each lane sum, in a fixed order, to dw.
 void ddl_cdir_dw(ddl_dtype dt, const ddl_cdir *c, void *acc, const void *dyw, const void *xp,

@@ -11,12 +11,13 @@
 
 // Forward tile: CB output channels x 2 vectors of positions, over all Kc taps.
 CDIR_TGT CDIR_INLINE void CDIR_FN(fwd_tile)(const int CB, int64_t Kc, const int64_t *toff,
-                                            const T *xj, const T *w, T *yj, int64_t ldy)
+                                            const T *xj, const T *w, const T *b, T *yj,
+                                            int64_t ldy)
 {
     V a0[CDIR_CB], a1[CDIR_CB];
     for (int c = 0; c < CB; c++) {
-        a0[c] = ZERO();
-        a1[c] = ZERO();
+        a0[c] = b != NULL ? BCAST(b + c) : ZERO();
+        a1[c] = a0[c];
     }
     for (int64_t t = 0; t < Kc; t++) {
         const T *xt = xj + toff[t];
@@ -33,20 +34,21 @@ CDIR_TGT CDIR_INLINE void CDIR_FN(fwd_tile)(const int CB, int64_t Kc, const int6
     }
 }
 
-CDIR_TGT static void CDIR_FN(fwd)(const ddl_cdir *c, T *yw, const T *xp, const T *w)
+CDIR_TGT static void CDIR_FN(fwd)(const ddl_cdir *c, T *yw, const T *xp, const T *w,
+                                  const T *b)
 {
     for (int64_t co0 = 0; co0 < c->Co; co0 += CDIR_CB) {
         int64_t  cb = c->Co - co0 < CDIR_CB ? c->Co - co0 : CDIR_CB;
-        const T *wc = w + co0 * c->Kc;
+        const T *wc = w + co0 * c->Kc, *bc = b != NULL ? b + co0 : NULL;
         T       *yc = yw + co0 * c->ldy;
         for (int64_t j = 0; j < c->nj; j += 2 * L) {
             switch (cb) {
-            case 6: CDIR_FN(fwd_tile)(6, c->Kc, c->toff, xp + j, wc, yc + j, c->ldy); break;
-            case 5: CDIR_FN(fwd_tile)(5, c->Kc, c->toff, xp + j, wc, yc + j, c->ldy); break;
-            case 4: CDIR_FN(fwd_tile)(4, c->Kc, c->toff, xp + j, wc, yc + j, c->ldy); break;
-            case 3: CDIR_FN(fwd_tile)(3, c->Kc, c->toff, xp + j, wc, yc + j, c->ldy); break;
-            case 2: CDIR_FN(fwd_tile)(2, c->Kc, c->toff, xp + j, wc, yc + j, c->ldy); break;
-            default: CDIR_FN(fwd_tile)(1, c->Kc, c->toff, xp + j, wc, yc + j, c->ldy); break;
+            case 6: CDIR_FN(fwd_tile)(6, c->Kc, c->toff, xp + j, wc, bc, yc + j, c->ldy); break;
+            case 5: CDIR_FN(fwd_tile)(5, c->Kc, c->toff, xp + j, wc, bc, yc + j, c->ldy); break;
+            case 4: CDIR_FN(fwd_tile)(4, c->Kc, c->toff, xp + j, wc, bc, yc + j, c->ldy); break;
+            case 3: CDIR_FN(fwd_tile)(3, c->Kc, c->toff, xp + j, wc, bc, yc + j, c->ldy); break;
+            case 2: CDIR_FN(fwd_tile)(2, c->Kc, c->toff, xp + j, wc, bc, yc + j, c->ldy); break;
+            default: CDIR_FN(fwd_tile)(1, c->Kc, c->toff, xp + j, wc, bc, yc + j, c->ldy); break;
             }
         }
     }

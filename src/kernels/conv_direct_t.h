@@ -1,74 +1,91 @@
 // kernels/conv_direct_t.h: internal: the body of the direct convolution kernels, included
 // by conv_direct.c once per element type with these defined:
 //   T (float, double), V (its __m256 type), L (lanes), SUF (name suffix),
-//   LOADU, STOREU, BCAST, FMA, ZERO, AND (the intrinsics for V), CDIR_WITH_DW (whether
-//   to define the dW kernels: only at AVX2 width, see ddl_cdir_dw).
+//   LOADU, STOREU, BCAST, FMA, ZERO, AND, ADD (the intrinsics for V), and the register
+//   tiles: 6 channels x FWD_JV vectors (forward), DW_CB x DW_TB (dW, at most 6 x 4),
+//   DXS_TB channels x 4 vectors (dx scatter, at most 6).
 // Every function carries the avx2/fma target, so it is only called after the CPU check.
 
 #define CDIR_CAT2(a, b) a##_##b
 #define CDIR_CAT(a, b)  CDIR_CAT2(a, b)
 #define CDIR_FN(name)   CDIR_CAT(name, SUF)
 
-// Forward tile: CB output channels x 2 vectors of positions, over all Kc taps.
-CDIR_TGT CDIR_INLINE void CDIR_FN(fwd_tile)(const int CB, int64_t Kc, const int64_t *toff,
-                                            const T *xj, const T *w, const T *b, T *yj,
-                                            int64_t ldy)
+// Forward tile: CB output channels x JV vectors of positions, over all Kc taps.
+CDIR_TGT CDIR_INLINE void CDIR_FN(fwd_tile)(const int CB, const int JV, int64_t Kc,
+                                            const int64_t *toff, const T *xj, const T *w,
+                                            const T *b, T *yj, int64_t ldy)
 {
-    V a0[CDIR_CB], a1[CDIR_CB];
+    V a[6][4];
     for (int c = 0; c < CB; c++) {
-        a0[c] = b != NULL ? BCAST(b + c) : ZERO();
-        a1[c] = a0[c];
+        for (int i = 0; i < JV; i++) {
+            a[c][i] = b != NULL ? BCAST(b + c) : ZERO();
+        }
     }
     for (int64_t t = 0; t < Kc; t++) {
         const T *xt = xj + toff[t];
-        V        xa = LOADU(xt), xb = LOADU(xt + L);
-        for (int c = 0; c < CB; c++) {
-            V wv  = BCAST(w + c * Kc + t);
-            a0[c] = FMA(wv, xa, a0[c]);
-            a1[c] = FMA(wv, xb, a1[c]);
+        V        xv[4];
+        for (int i = 0; i < JV; i++) {
+            xv[i] = LOADU(xt + i * L);
         }
-    }
-    for (int c = 0; c < CB; c++) {
-        STOREU(yj + c * ldy, a0[c]);
-        STOREU(yj + c * ldy + L, a1[c]);
-    }
-}
-
-CDIR_TGT static void CDIR_FN(fwd)(const ddl_cdir *c, T *yw, const T *xp, const T *w,
-                                  const T *b)
-{
-    for (int64_t co0 = 0; co0 < c->Co; co0 += CDIR_CB) {
-        int64_t  cb = c->Co - co0 < CDIR_CB ? c->Co - co0 : CDIR_CB;
-        const T *wc = w + co0 * c->Kc, *bc = b != NULL ? b + co0 : NULL;
-        T       *yc = yw + co0 * c->ldy;
-        for (int64_t j = 0; j < c->nj; j += 2 * L) {
-            switch (cb) {
-            case 6: CDIR_FN(fwd_tile)(6, c->Kc, c->toff, xp + j, wc, bc, yc + j, c->ldy); break;
-            case 5: CDIR_FN(fwd_tile)(5, c->Kc, c->toff, xp + j, wc, bc, yc + j, c->ldy); break;
-            case 4: CDIR_FN(fwd_tile)(4, c->Kc, c->toff, xp + j, wc, bc, yc + j, c->ldy); break;
-            case 3: CDIR_FN(fwd_tile)(3, c->Kc, c->toff, xp + j, wc, bc, yc + j, c->ldy); break;
-            case 2: CDIR_FN(fwd_tile)(2, c->Kc, c->toff, xp + j, wc, bc, yc + j, c->ldy); break;
-            default: CDIR_FN(fwd_tile)(1, c->Kc, c->toff, xp + j, wc, bc, yc + j, c->ldy); break;
+        for (int c = 0; c < CB; c++) {
+            V wv = BCAST(w + c * Kc + t);
+            for (int i = 0; i < JV; i++) {
+                a[c][i] = FMA(wv, xv[i], a[c][i]);
             }
         }
     }
+    for (int c = 0; c < CB; c++) {
+        for (int i = 0; i < JV; i++) {
+            STOREU(yj + c * ldy + i * L, a[c][i]);
+        }
+    }
 }
 
-#if CDIR_WITH_DW
+#define CDIR_FWD_CO(JV_)                                                                     \
+    do {                                                                                     \
+        switch (cb) {                                                                        \
+        case 6: CDIR_FN(fwd_tile)(6, JV_, c->Kc, c->toff, xp + j, wc, bc, yc + j, c->ldy); break; \
+        case 5: CDIR_FN(fwd_tile)(5, JV_, c->Kc, c->toff, xp + j, wc, bc, yc + j, c->ldy); break; \
+        case 4: CDIR_FN(fwd_tile)(4, JV_, c->Kc, c->toff, xp + j, wc, bc, yc + j, c->ldy); break; \
+        case 3: CDIR_FN(fwd_tile)(3, JV_, c->Kc, c->toff, xp + j, wc, bc, yc + j, c->ldy); break; \
+        case 2: CDIR_FN(fwd_tile)(2, JV_, c->Kc, c->toff, xp + j, wc, bc, yc + j, c->ldy); break; \
+        default: CDIR_FN(fwd_tile)(1, JV_, c->Kc, c->toff, xp + j, wc, bc, yc + j, c->ldy); break; \
+        }                                                                                    \
+    } while (0)
+
+// Channels in blocks of 6, positions in tiles of FWD_JV vectors, the rest in pairs.
+CDIR_TGT static void CDIR_FN(fwd)(const ddl_cdir *c, T *yw, const T *xp, const T *w,
+                                  const T *b)
+{
+    for (int64_t co0 = 0; co0 < c->Co; co0 += 6) {
+        int64_t  cb = c->Co - co0 < 6 ? c->Co - co0 : 6;
+        const T *wc = w + co0 * c->Kc, *bc = b != NULL ? b + co0 : NULL;
+        T       *yc = yw + co0 * c->ldy;
+        int64_t  j  = 0;
+        for (; j + FWD_JV * L <= c->nj; j += FWD_JV * L) {
+            CDIR_FWD_CO(FWD_JV);
+        }
+        for (; j < c->nj; j += 2 * L) {
+            CDIR_FWD_CO(2);
+        }
+    }
+}
+#undef CDIR_FWD_CO
+
 // dW tile: CB channels x TB taps, summed over all nj positions one vector at a time into
 // the per-lane accumulators acc[(co Kc + t) L + lane] (reduced once per batch range by
 // dw_finish: a reduction per tile and sample would cost more than the tile's FMAs).
 CDIR_TGT CDIR_INLINE void CDIR_FN(dw_tile)(const int CB, const int TB, const ddl_cdir *c,
                                            T *acc, const T *dyw, const T *xp, const T *mask)
 {
-    V a[CDIR_DW_CB][CDIR_DW_TB];
+    V a[6][4];
     for (int i = 0; i < CB; i++) {
         for (int k = 0; k < TB; k++) {
             a[i][k] = LOADU(acc + (i * c->Kc + k) * L);
         }
     }
     for (int64_t j = 0; j < c->nj; j += L) {
-        V m = LOADU(mask + j), xv[CDIR_DW_TB];
+        V m = LOADU(mask + j), xv[4];
         for (int k = 0; k < TB; k++) {
             xv[k] = AND(LOADU(xp + c->toff[k] + j), m);
         }
@@ -106,10 +123,10 @@ CDIR_TGT static void CDIR_FN(dw_finish)(const ddl_cdir *c, T *dw, const T *acc)
 #define CDIR_DW_CALL(CB_)                                                                    \
     do {                                                                                     \
         int64_t t = 0;                                                                       \
-        for (; t + CDIR_DW_TB <= c->Kc; t += CDIR_DW_TB) {                                   \
+        for (; t + DW_TB <= c->Kc; t += DW_TB) {                                             \
             ddl_cdir local = *c;                                                             \
             local.toff     = c->toff + t;                                                    \
-            CDIR_FN(dw_tile)(CB_, CDIR_DW_TB, &local, dwc + t * L, dyc, xp, mask);           \
+            CDIR_FN(dw_tile)(CB_, DW_TB, &local, dwc + t * L, dyc, xp, mask);                \
         }                                                                                    \
         for (; t < c->Kc; t++) {                                                             \
             ddl_cdir local = *c;                                                             \
@@ -121,11 +138,13 @@ CDIR_TGT static void CDIR_FN(dw_finish)(const ddl_cdir *c, T *dw, const T *acc)
 CDIR_TGT static void CDIR_FN(dw)(const ddl_cdir *c, T *acc, const T *dyw, const T *xp,
                                  const T *mask)
 {
-    for (int64_t co0 = 0; co0 < c->Co; co0 += CDIR_DW_CB) {
-        int64_t  cb  = c->Co - co0 < CDIR_DW_CB ? c->Co - co0 : CDIR_DW_CB;
+    for (int64_t co0 = 0; co0 < c->Co; co0 += DW_CB) {
+        int64_t  cb  = c->Co - co0 < DW_CB ? c->Co - co0 : DW_CB;
         T       *dwc = acc + co0 * c->Kc * L;
         const T *dyc = dyw + co0 * c->ldy;
         switch (cb) {
+        case 6: CDIR_DW_CALL(6); break;
+        case 5: CDIR_DW_CALL(5); break;
         case 4: CDIR_DW_CALL(4); break;
         case 3: CDIR_DW_CALL(3); break;
         case 2: CDIR_DW_CALL(2); break;
@@ -134,7 +153,6 @@ CDIR_TGT static void CDIR_FN(dw)(const ddl_cdir *c, T *acc, const T *dyw, const 
     }
 }
 #undef CDIR_DW_CALL
-#endif // CDIR_WITH_DW
 
 // dx tile: CIB input channels x QV vectors of positions, over all output channels and
 // taps: each load of dy serves CIB channels.
@@ -207,7 +225,7 @@ CDIR_TGT CDIR_INLINE void CDIR_FN(dxs_tile)(const int TB, const int JV, const dd
                                             int64_t t0, int64_t ts, int64_t j, T *dxp,
                                             const T *dyw, const T *w)
 {
-    V a[CDIR_DX_ACC];
+    V a[24];
     for (int i = 0; i < TB * JV; i++) {
         a[i] = ZERO();
     }
@@ -240,9 +258,8 @@ CDIR_TGT CDIR_INLINE void CDIR_FN(dxs_tile)(const int TB, const int JV, const dd
     do {                                                                                     \
         for (int64_t kk = 0; kk < c->kv; kk++) {                                             \
             int64_t ci = 0;                                                                  \
-            for (; ci + CDIR_DXS_TB <= c->Ci; ci += CDIR_DXS_TB) {                           \
-                CDIR_FN(dxs_tile)(CDIR_DXS_TB, JV_, c, ci * c->kv + kk, c->kv, j, dxp, dyw,  \
-                                  w);                                                        \
+            for (; ci + DXS_TB <= c->Ci; ci += DXS_TB) {                                     \
+                CDIR_FN(dxs_tile)(DXS_TB, JV_, c, ci * c->kv + kk, c->kv, j, dxp, dyw, w);   \
             }                                                                                \
             for (; ci < c->Ci; ci++) {                                                       \
                 CDIR_FN(dxs_tile)(1, JV_, c, ci * c->kv + kk, c->kv, j, dxp, dyw, w);        \

@@ -27,6 +27,7 @@
 #define DW_CB        CDIR_DW_CB
 #define DW_TB        CDIR_DW_TB
 #define FWD_JV       2
+#define DX_QV1       8
 #define DXS_TB       CDIR_DXS_TB
 #define T        float
 #define V        __m256
@@ -82,6 +83,8 @@
 #undef DW_CB
 #undef DW_TB
 #undef FWD_JV
+#undef DX_QV1
+#define DX_QV1 16
 #undef DXS_TB
 #define DW_CB  6
 #define DW_TB  4

@@ -159,7 +159,7 @@ CDIR_TGT static void CDIR_FN(dw)(const ddl_cdir *c, T *acc, const T *dyw, const 
 CDIR_TGT CDIR_INLINE void CDIR_FN(dx_tile)(const int CIB, const int QV, const ddl_cdir *c,
                                            int64_t ci0, T *dq, const T *dyq, const T *w)
 {
-    V a[CDIR_DX_ACC];
+    V a[24];
     for (int i = 0; i < CIB * QV; i++) {
         a[i] = ZERO();
     }
@@ -168,7 +168,7 @@ CDIR_TGT CDIR_INLINE void CDIR_FN(dx_tile)(const int CIB, const int QV, const dd
         const T *dc = dyq + co * c->ldy;
         for (int64_t kk = 0; kk < c->kv; kk++) {
             const T *d = dc - c->koff[kk];
-            V        dv[CDIR_DX_QV];
+            V        dv[24];
             for (int i = 0; i < QV; i++) {
                 dv[i] = LOADU(d + i * L);
             }
@@ -210,7 +210,7 @@ CDIR_TGT static void CDIR_FN(dx)(const ddl_cdir *c, T *dxp, const T *dyw, const 
         } else if (cib == 2) {
             CDIR_DX_RUN(2, 4);
         } else {
-            CDIR_DX_RUN(1, 8);
+            CDIR_DX_RUN(1, DX_QV1);
         }
         ci += cib;
     }

@@ -187,7 +187,13 @@ static ddl_status conv_plan_make(const char *who, ddl_dtype dt, const ddl_conv_g
     // half of each wide row wasted on the (k2 - 1) d2 columns past the output row.
     const sp3 *sp  = &P->sp;
     int64_t    I2p = sp->in[2] + 2 * sp->p[2], I1p = sp->in[1] + 2 * sp->p[1];
-    if (allow_cdir && g->C_in <= DDL_CDIR_MAX_CIN && sp->out[0] == 1 && sp->k[0] == 1 &&
+    // The direct path: for few input channels at either width; for any at AVX-512, where
+    // it outruns the BLAS's AVX2 GEMM (see conv_direct.h), while its dW lane
+    // accumulators (C_out Kc x 64 bytes) stay within DDL_CDIR_MAX_ACC.
+    bool cdir_ok = g->C_in <= DDL_CDIR_MAX_CIN ||
+                   (ddl_cdir_level() == 2 &&
+                    (size_t)g->C_out * (size_t)P->Kc <= DDL_CDIR_MAX_ACC / DDL_CDIR_LANE_BYTES);
+    if (allow_cdir && cdir_ok && sp->out[0] == 1 && sp->k[0] == 1 &&
         sp->p[0] == 0 && sp->s[1] == 1 && sp->s[2] == 1 &&
         2 * (sp->k[2] - 1) * sp->d[2] <= I2p && ddl_cdir_enabled()) {
         // Direct path: per sample, the padded planes xp and dxp [C_in, Pp], dy (or y) on

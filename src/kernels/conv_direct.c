@@ -173,6 +173,11 @@ static int cdir_level(void)
     return cdir_default;
 }
 
+int ddl_cdir_level(void)
+{
+    return cdir_level();
+}
+
 bool ddl_cdir_enabled(void)
 {
     return cdir_level() > 0;

@@ -265,6 +265,10 @@ static void test_cases(void)
         {2, 9, 2, 3, {9, 12},    {3, 4},    {1, 1},    {1, 2},    {2, 1},    false},
         {2, 5, 3, 2, {6, 7},     {2, 3},    {1, 1},    {0, 1},    {1, 2},    true},
         {1, 70, 2, 3, {17},      {5},       {1},       {3},       {1},       true},
+        // Many input channels: the direct path at AVX-512 only (dx by gather, padded, and
+        // by scatter, unpadded), the GEMM path otherwise.
+        {2, 3, 19, 7, {9, 11},   {3, 3},    {1, 1},    {1, 1},    {1, 1},    true},
+        {2, 2, 13, 9, {8, 8},    {3, 2},    {1, 1},    {0, 0},    {2, 1},    false},
     };
     // clang-format on
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -489,6 +493,7 @@ static void test_threads(void)
         {2, 8, 8, 16, {32, 32},     {3, 3},    {2, 2},    {1, 1},    {1, 1},    true},  // nb > 1
         {3, 3, 4, 4, {16, 16, 16},  {3, 3, 3}, {1, 1, 1}, {1, 1, 1}, {1, 1, 1}, true},  // pieces
         {2, 16, 6, 16, {14, 14},    {5, 5},    {1, 1},    {0, 0},    {1, 1},    true},  // wide
+        {2, 8, 16, 16, {16, 16},    {3, 3},    {1, 1},    {1, 1},    {1, 1},    true},  // C_in 16
     };
     // clang-format on
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

@@ -28,7 +28,6 @@
 #define DW_TB        CDIR_DW_TB
 #define FWD_JV       2
 #define DX_QV1       8
-#define DX_CIB       3
 #define DXS_TB       CDIR_DXS_TB
 #define T        float
 #define V        __m256
@@ -85,9 +84,7 @@
 #undef DW_TB
 #undef FWD_JV
 #undef DX_QV1
-#undef DX_CIB
 #define DX_QV1 16
-#define DX_CIB 6
 #undef DXS_TB
 #define DW_CB  6
 #define DW_TB  4

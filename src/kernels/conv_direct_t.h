@@ -203,11 +203,9 @@ CDIR_TGT CDIR_INLINE void CDIR_FN(dx_tile)(const int CIB, const int QV, const dd
 CDIR_TGT static void CDIR_FN(dx)(const ddl_cdir *c, T *dxp, const T *dyw, const T *w)
 {
     for (int64_t ci = 0; ci < c->Ci;) {
-        int64_t cib = c->Ci - ci >= DX_CIB ? DX_CIB : (c->Ci - ci >= 3 ? 3 : c->Ci - ci);
+        int64_t cib = c->Ci - ci >= 3 ? 3 : c->Ci - ci;
         T      *dc  = dxp + ci * c->Pp;
-        if (cib == 6) {
-            CDIR_DX_RUN(6, 4);
-        } else if (cib == 3) {
+        if (cib == 3) {
             CDIR_DX_RUN(3, 4);
         } else if (cib == 2) {
             CDIR_DX_RUN(2, 4);

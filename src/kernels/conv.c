@@ -19,6 +19,11 @@
 // staging block. Along the innermost spatial dimension im2col copies contiguous runs
 // (memcpy when the stride is 1) and zero-fills the padding; col2im adds runs back.
 // 1x1 convolutions with stride 1 and no padding skip im2col (x is its own column matrix).
+// Direct path (kernels/conv_direct.h): 1-D/2-D convolutions with stride 1 run without
+// a column matrix or GEMM, in AVX2 or AVX-512 register tiles over the padded sample,
+// where the CPU has them: for C_in <= 8 at either width (LeNet: the im2col GEMMs there
+// have K = 25 or M = 6), for any C_in at AVX-512; see conv_plan_make and the figures in
+// docs/PERFORMANCE.md. The im2col path below stays the fallback (DDL_CONV_DIRECT=0).
 // Small 1-D/2-D samples with stride 1 use the "wide" layout instead of runs (see
 // conv_forward_wide): one padded copy of the sample, then one contiguous slice per column
 // row; the workspace then also holds that padded sample.

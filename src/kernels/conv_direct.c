@@ -1,22 +1,21 @@
-// kernels/conv_direct.c: direct convolution kernels for few input channels (see
-// kernels/conv_direct.h) for f32 and f64, in AVX2 + FMA (8 / 4 lanes) and AVX-512F
-// (16 / 8 lanes), selected at run time by the CPU's flags.
+// kernels/conv_direct.c: direct convolution kernels (see kernels/conv_direct.h) for f32
+// and f64, in AVX2 + FMA (8 / 4 lanes) and AVX-512F (16 / 8 lanes), selected at run time
+// by the CPU's flags.
 #include "kernels/conv_direct.h"
 
 #include <immintrin.h>
 #include <stdlib.h>
 #include <string.h>
 
-// Register tiles (sized for AVX2's 16 vector registers; AVX-512 uses the same but for dW): forward 6 channels x 2 vectors = 12
-// accumulators (2 loads of x and 6 broadcasts per 12 FMAs); dW 4 channels x 3 taps = 12
-// accumulators (4 loads of dy, 3 of x per 12 FMAs); dx 3 input channels x 4 vectors
-// (4 loads of dy, 3 broadcasts per 12 FMAs), or 8 vectors of a lone channel (8
-// independent FMA chains cover the FMA latency).
-#define CDIR_CB    6
-#define CDIR_DW_CB 4
-#define CDIR_DW_TB 3
-#define CDIR_DX_QV 8
-#define CDIR_DX_ACC 12
+// Register tiles. AVX2 (16 registers), 12 accumulators each: forward 6 channels x 2
+// vectors (2 loads of x and 6 broadcasts per 12 FMAs); dW 4 channels x 3 taps (4 loads
+// of dy, 3 of x); dx gather 3 input channels x 4 vectors (4 loads of dy, 3 broadcasts)
+// or 8 vectors of a lone channel (8 independent FMA chains cover the FMA latency); dx
+// scatter 3 channels x 4 vectors. AVX-512 (32 registers), 24 accumulators: forward 6 x 4
+// vectors, dW 6 x 4 taps, scatter 6 x 4, lone-channel gather 16 vectors. Each larger
+// tile was measured faster on AMD EPYC (Zen 5): see docs/PERFORMANCE.md.
+#define CDIR_DW_CB  4
+#define CDIR_DW_TB  3
 #define CDIR_DXS_TB 3
 #define CDIR_DXS_JV 4
 

@@ -19,6 +19,11 @@
 // staging block. Along the innermost spatial dimension im2col copies contiguous runs
 // (memcpy when the stride is 1) and zero-fills the padding; col2im adds runs back.
 // 1x1 convolutions with stride 1 and no padding skip im2col (x is its own column matrix).
+// Direct path (kernels/conv_direct.h): 1-D/2-D convolutions with stride 1 run without
+// a column matrix or GEMM, in AVX2 or AVX-512 register tiles over the padded sample,
+// where the CPU has them: for C_in <= 8 at either width (LeNet: the im2col GEMMs there
+// have K = 25 or M = 6), for any C_in at AVX-512; see conv_plan_make and the figures in
+// docs/PERFORMANCE.md. The im2col path below stays the fallback (DDL_CONV_DIRECT=0).
 // Small 1-D/2-D samples with stride 1 use the "wide" layout instead of runs (see
 // conv_forward_wide): one padded copy of the sample, then one contiguous slice per column
 // row; the workspace then also holds that padded sample.
@@ -45,6 +50,7 @@
 #include "kernels/window.h"
 #include "kernels/dtype.h"
 #include "kernels/threadpool.h"
+#include "kernels/conv_direct.h"
 
 // Target size of one im2col block: half of a 1 MiB L2, leaving room for W and the output
 // block. Measured on the 64->64, 56x56, 3x3 case (see tests/bench/bench_kernels.c).
@@ -71,6 +77,13 @@ typedef struct conv_plan {
     int64_t Ws;          // columns per sample: out[1] * I2p
     int64_t Pp;          // elements per padded channel plane, with its zero tail
     size_t  pad_bytes;   // one padded sample [C_in, Pp]
+    // The direct path for few input channels (kernels/conv_direct.h), on the wide grid:
+    // no column matrix; the workspace slot (col_bytes) holds xp, dyw, dxp, mask, offsets.
+    bool    cdir;
+    int64_t cd_M;        // largest tap offset within a plane: dyw's zero margin
+    int64_t cd_ldy;      // row stride of dyw: margin + max(nj, nq)
+    int64_t cd_nj, cd_nq;
+    bool    cd_dx_scatter; // dx by ddl_cdir_dx_scatter, not the gather (conv_plan_make)
 } conv_plan;
 
 ddl_status ddl_conv_geom_init(ddl_conv_geom *g, int nsp, int64_t N, int64_t C_in,
@@ -140,7 +153,7 @@ static sp3 sp3_from(const ddl_conv_geom *g)
 // Re-validates g (it is a public struct the caller may have edited) and derives the plan:
 // how many columns an im2col block has and how much workspace that takes.
 static ddl_status conv_plan_make(const char *who, ddl_dtype dt, const ddl_conv_geom *g,
-                                 conv_plan *P)
+                                 conv_plan *P, bool allow_cdir)
 {
     DDL_REQUIRE(dt == DDL_F32 || dt == DDL_F64, DDL_EINVAL, "%s: unknown dtype %d", who,
                 (int)dt);
@@ -179,6 +192,51 @@ static ddl_status conv_plan_make(const char *who, ddl_dtype dt, const ddl_conv_g
     // half of each wide row wasted on the (k2 - 1) d2 columns past the output row.
     const sp3 *sp  = &P->sp;
     int64_t    I2p = sp->in[2] + 2 * sp->p[2], I1p = sp->in[1] + 2 * sp->p[1];
+    // The direct path: for few input channels at either width; for any at AVX-512, where
+    // it outruns the BLAS's AVX2 GEMM (see conv_direct.h), while its dW lane
+    // accumulators (C_out Kc x 64 bytes) stay within DDL_CDIR_MAX_ACC.
+    bool cdir_ok = g->C_in <= DDL_CDIR_MAX_CIN ||
+                   (ddl_cdir_level() == 2 &&
+                    (size_t)g->C_out * (size_t)P->Kc <= DDL_CDIR_MAX_ACC / DDL_CDIR_LANE_BYTES);
+    if (allow_cdir && cdir_ok && sp->out[0] == 1 && sp->k[0] == 1 &&
+        sp->p[0] == 0 && sp->s[1] == 1 && sp->s[2] == 1 &&
+        2 * (sp->k[2] - 1) * sp->d[2] <= I2p && ddl_cdir_enabled()) {
+        // Direct path: per sample, the padded planes xp and dxp [C_in, Pp], dy (or y) on
+        // the wide grid with a zero margin in front [C_out, ldy], the dW mask [nj] and the
+        // tap offsets. Pp leaves room for the last run of every tap and for dx's runs.
+        const int64_t A = DDL_CDIR_ALIGN, Ws = sp->out[1] * I2p;
+        P->cdir         = true;
+        P->I2p          = I2p;
+        P->Ws           = Ws;
+        P->nb           = 1;
+        P->cols         = Ws;
+        // The margin and the row stride are multiples of 16 elements, so that every row
+        // of dyw starts on a 64-byte boundary (the workspace is DDL_ALIGN-aligned).
+        P->cd_M         = (sp->k[1] - 1) * sp->d[1] * I2p + (sp->k[2] - 1) * sp->d[2];
+        P->cd_M         = (P->cd_M + 15) / 16 * 16;
+        P->cd_nj        = (Ws + A - 1) / A * A;
+        P->cd_nq        = (I1p * I2p + A - 1) / A * A;
+        int64_t Pp      = I1p * I2p + (sp->k[2] - 1) * sp->d[2];
+        Pp              = Pp > P->cd_M + P->cd_nj ? Pp : P->cd_M + P->cd_nj;
+        Pp              = Pp > P->cd_nq ? Pp : P->cd_nq;
+        P->Pp           = Pp;
+        P->cd_ldy       = P->cd_M + (P->cd_nj > P->cd_nq ? P->cd_nj : P->cd_nq);
+        size_t planes   = ((size_t)g->C_in * (size_t)Pp * es + a - 1) / a * a;
+        size_t dyw      = ((size_t)g->C_out * (size_t)P->cd_ldy * es + a - 1) / a * a;
+        size_t mask     = ((size_t)P->cd_nj * es + a - 1) / a * a;
+        size_t offs     = ((size_t)(P->Kc + sp->kv) * sizeof(int64_t) + a - 1) / a * a;
+        size_t lanes    = (size_t)g->C_out * (size_t)P->Kc * DDL_CDIR_LANE_BYTES;
+        P->col_bytes    = 2 * planes + dyw + mask + offs + lanes;
+        // The direct dx gathers over every padded input position (nq) for every tap,
+        // against ov per tap for the forward: with unpadded small planes (LeNet's conv2:
+        // 224 against 100) that is over twice the work, and the scatter over the wide
+        // grid (nj = 160 per tap) wins (0.93 against 2.1 ms at AVX-512).
+        // With many input channels the scatter's tile (6 channels x 4 vectors, 24 FMAs per
+        // 4 loads and 6 broadcasts) also beats the gather's: 64->64 56x56 at AVX-512,
+        // 41 against 44 ms.
+        P->cd_dx_scatter = 2 * P->cd_nq > 3 * sp->ov || g->C_in >= 6;
+        return DDL_OK;
+    }
     if (sp->out[0] == 1 && sp->k[0] == 1 && sp->p[0] == 0 && sp->s[1] == 1 &&
         sp->s[2] == 1 && 2 * (sp->k[2] - 1) * sp->d[2] <= I2p && sp->out[1] * I2p <= target) {
         P->wide        = true;
@@ -270,12 +328,17 @@ static size_t conv_need(ddl_dtype dt, const ddl_conv_geom *g, const conv_plan *P
 
 size_t ddl_conv_workspace_bytes(ddl_dtype dt, const ddl_conv_geom *g)
 {
-    conv_plan P;
-    if (conv_plan_make("conv_workspace_bytes", dt, g, &P) != DDL_OK) {
+    // Room for both the direct and the im2col plan, so that a workspace sized now still
+    // serves if the direct path is switched off later (ddl_cdir_set, tests and benches).
+    conv_plan P, Q;
+    if (conv_plan_make("conv_workspace_bytes", dt, g, &P, true) != DDL_OK ||
+        conv_plan_make("conv_workspace_bytes", dt, g, &Q, false) != DDL_OK) {
         return 0;
     }
-    int T = conv_threads_for(g, &P, ddl_blas_set_threads(0));
-    return conv_need(dt, g, &P, T, true);
+    int    T = ddl_blas_set_threads(0);
+    size_t a = conv_need(dt, g, &P, conv_threads_for(g, &P, T), true);
+    size_t b = conv_need(dt, g, &Q, conv_threads_for(g, &Q, T), true);
+    return a > b ? a : b;
 }
 
 // ---- element helpers -----------------------------------------------------------
@@ -685,8 +748,13 @@ static void add_bias(ddl_dtype dt, void *y, int64_t ld, int64_t Co, int64_t nc, 
 static ddl_status conv_args(const char *who, ddl_dtype dt, const ddl_conv_geom *g,
                             const void *ws, size_t ws_bytes, conv_plan *P)
 {
-    DDL_CHECK(conv_plan_make(who, dt, g, P));
+    DDL_CHECK(conv_plan_make(who, dt, g, P, true));
     size_t need = P->col_bytes + P->stage_bytes + P->pad_bytes;
+    if (P->cdir && ws_bytes < need) {
+        // A workspace sized for the im2col path only: take that path.
+        DDL_CHECK(conv_plan_make(who, dt, g, P, false));
+        need = P->col_bytes + P->stage_bytes + P->pad_bytes;
+    }
     DDL_REQUIRE(ws_bytes >= need && (need == 0 || ws != NULL), DDL_EINVAL,
                 "%s: workspace of %zu bytes%s, need %zu (ddl_conv_workspace_bytes)", who,
                 ws_bytes, ws == NULL ? " (NULL)" : "", need);
@@ -863,6 +931,128 @@ static ddl_status conv_backward_wide(ddl_dtype dt, const ddl_conv_geom *g, const
     return DDL_OK;
 }
 
+// ---- the direct path for few input channels ------------------------------------------
+// kernels/conv_direct.h computes on the wide grid without a column matrix; these loops
+// pad each sample, lay dy out on the grid and move results back, like the wide layout.
+
+typedef struct cdir_ws {
+    char    *xp, *dyw, *dxp, *mask, *acc;
+    int64_t *toff, *koff;
+    ddl_cdir c;
+} cdir_ws;
+
+// Carves one thread's slot and fills the tap offsets (and the dW mask when asked).
+static void cdir_setup(ddl_dtype dt, const ddl_conv_geom *g, const conv_plan *P, char *ws,
+                       bool with_mask, cdir_ws *d)
+{
+    const sp3    *sp = &P->sp;
+    const size_t  es = dt_size(dt), a = DDL_ALIGN;
+    const int64_t Ci = g->C_in, Co = g->C_out;
+    size_t planes = ((size_t)Ci * (size_t)P->Pp * es + a - 1) / a * a;
+    size_t dyw    = ((size_t)Co * (size_t)P->cd_ldy * es + a - 1) / a * a;
+    size_t mask   = ((size_t)P->cd_nj * es + a - 1) / a * a;
+    d->xp         = ws;
+    d->dyw        = ws + planes;
+    d->dxp        = d->dyw + dyw;
+    d->mask       = d->dxp + planes;
+    d->toff       = (int64_t *)(void *)(d->mask + mask);
+    d->koff       = d->toff + P->Kc;
+    d->acc        = (char *)d->mask + mask +
+             ((size_t)(P->Kc + sp->kv) * sizeof(int64_t) + a - 1) / a * a;
+    for (int64_t k1 = 0, kk = 0; k1 < sp->k[1]; k1++) {
+        for (int64_t k2 = 0; k2 < sp->k[2]; k2++, kk++) {
+            d->koff[kk] = k1 * sp->d[1] * P->I2p + k2 * sp->d[2];
+        }
+    }
+    for (int64_t ci = 0; ci < Ci; ci++) {
+        for (int64_t kk = 0; kk < sp->kv; kk++) {
+            d->toff[ci * sp->kv + kk] = ci * P->Pp + d->koff[kk];
+        }
+    }
+    for (int64_t j = 0; with_mask && j < P->cd_nj; j++) {
+        bool valid = j < P->Ws && j % P->I2p < sp->out[2];
+        memset(d->mask + (size_t)j * es, valid ? 0xff : 0, es);
+    }
+    d->c = (ddl_cdir){.Ci = Ci, .Co = Co, .Kc = P->Kc, .kv = sp->kv, .toff = d->toff,
+                      .koff = d->koff, .Pp = P->Pp, .ldy = P->cd_ldy, .nj = P->cd_nj,
+                      .nq = P->cd_nq};
+}
+
+static ddl_status conv_forward_cdir(ddl_dtype dt, const ddl_conv_geom *g, const conv_plan *P,
+                                    void *y, const void *x, const void *w, const void *b,
+                                    char *ws, int64_t n_begin, int64_t n_end)
+{
+    const int64_t Ci = g->C_in, Co = g->C_out, iv = P->sp.iv, ov = P->sp.ov;
+    const int64_t O1 = P->sp.out[1], O2 = P->sp.out[2];
+    const size_t  es = dt_size(dt);
+    cdir_ws       d;
+    cdir_setup(dt, g, P, ws, false, &d);
+    char *yw = d.dyw + (size_t)P->cd_M * es;
+    for (int64_t n = n_begin; n < n_end; n++) {
+        pad_sample(dt, P, Ci, d.xp, elem(x, n * Ci * iv, es));
+        ddl_cdir_forward(dt, &d.c, yw, d.xp, w, b); // the bias starts each sum
+        char *yn = elem(y, n * Co * ov, es);
+        for (int64_t co = 0; co < Co; co++) {
+            for (int64_t o1 = 0; o1 < O1; o1++) {
+                copy_bytes(elem(yn, co * ov + o1 * O2, es),
+                           elem(yw, co * P->cd_ldy + o1 * P->I2p, es), (size_t)O2 * es);
+            }
+        }
+    }
+    return DDL_OK;
+}
+
+static ddl_status conv_backward_cdir(ddl_dtype dt, const ddl_conv_geom *g, const conv_plan *P,
+                                     void *dx, void *dw, const void *dy, const void *x,
+                                     const void *w, char *ws, int64_t n_begin, int64_t n_end)
+{
+    const sp3    *sp = &P->sp;
+    const int64_t Ci = g->C_in, Co = g->C_out, iv = sp->iv, ov = sp->ov;
+    const int64_t O1 = sp->out[1], O2 = sp->out[2];
+    const size_t  es = dt_size(dt);
+    cdir_ws       d;
+    cdir_setup(dt, g, P, ws, dw != NULL, &d);
+    // Margins, garbage columns and tail of dyw stay zero; only the valid runs change.
+    memset(d.dyw, 0, (size_t)(Co * P->cd_ldy) * es);
+    if (dw != NULL) {
+        memset(d.acc, 0, (size_t)(Co * P->Kc) * DDL_CDIR_LANE_BYTES);
+    }
+    char *dyw = d.dyw + (size_t)P->cd_M * es;
+    for (int64_t n = n_begin; n < n_end; n++) {
+        const char *dyn = elem(dy, n * Co * ov, es);
+        for (int64_t co = 0; co < Co; co++) {
+            for (int64_t o1 = 0; o1 < O1; o1++) {
+                copy_bytes(elem(dyw, co * P->cd_ldy + o1 * P->I2p, es),
+                           elem(dyn, co * ov + o1 * O2, es), (size_t)O2 * es);
+            }
+        }
+        if (dw != NULL) {
+            pad_sample(dt, P, Ci, d.xp, elem(x, n * Ci * iv, es));
+            ddl_cdir_dw(dt, &d.c, d.acc, dyw, d.xp, d.mask);
+        }
+        if (dx != NULL) {
+            if (P->cd_dx_scatter) {
+                memset(d.dxp, 0, (size_t)(Ci * P->Pp) * es);
+                ddl_cdir_dx_scatter(dt, &d.c, d.dxp, dyw, w);
+            } else {
+                ddl_cdir_dx(dt, &d.c, d.dxp, dyw, w);
+            }
+            char *dxn = elem(dx, n * Ci * iv, es);
+            for (int64_t ci = 0; ci < Ci; ci++) {
+                for (int64_t i1 = 0; i1 < sp->in[1]; i1++) {
+                    add_run(dt, elem(dxn, ci * iv + i1 * sp->in[2], es),
+                            elem(d.dxp, ci * P->Pp + (i1 + sp->p[1]) * P->I2p + sp->p[2], es),
+                            sp->in[2], 1);
+                }
+            }
+        }
+    }
+    if (dw != NULL) {
+        ddl_cdir_dw_finish(dt, &d.c, dw, d.acc);
+    }
+    return DDL_OK;
+}
+
 // y for samples [n_begin, n_end) (n_begin a multiple of P->nb) through the im2col
 // workspace ws (one thread's slot).
 static ddl_status conv_forward_range(ddl_dtype dt, const ddl_conv_geom *g, const conv_plan *P,
@@ -872,6 +1062,9 @@ static ddl_status conv_forward_range(ddl_dtype dt, const ddl_conv_geom *g, const
     const int64_t Ci = g->C_in, Co = g->C_out, Kc = P->Kc;
     const int64_t iv = P->sp.iv, ov = P->sp.ov;
     const size_t  es = dt_size(dt);
+    if (P->cdir) {
+        return conv_forward_cdir(dt, g, P, y, x, w, b, ws, n_begin, n_end);
+    }
     if (P->wide) {
         return conv_forward_wide(dt, g, P, y, x, w, b, ws, n_begin, n_end);
     }
@@ -923,6 +1116,9 @@ static ddl_status conv_backward_range(ddl_dtype dt, const ddl_conv_geom *g, cons
     const int64_t Ci = g->C_in, Co = g->C_out, Kc = P->Kc;
     const int64_t iv = P->sp.iv, ov = P->sp.ov;
     const size_t  es = dt_size(dt);
+    if (P->cdir) {
+        return conv_backward_cdir(dt, g, P, dx, dw, dy, x, w, ws, n_begin, n_end);
+    }
     if (P->wide) {
         return conv_backward_wide(dt, g, P, dx, dw, dy, x, w, ws, n_begin, n_end);
     }
@@ -1168,7 +1364,7 @@ ddl_status ddl_conv_forward_naive(ddl_dtype dt, const ddl_conv_geom *g, void *y,
                                   const void *w, const void *b)
 {
     conv_plan P;
-    DDL_CHECK(conv_plan_make("conv_forward_naive", dt, g, &P));
+    DDL_CHECK(conv_plan_make("conv_forward_naive", dt, g, &P, false));
     const sp3    *sp = &P.sp;
     const int64_t Ci = g->C_in, Co = g->C_out;
     if (g->N == 0 || Co == 0) {
@@ -1210,7 +1406,7 @@ ddl_status ddl_conv_backward_naive(ddl_dtype dt, const ddl_conv_geom *g, void *d
                                    void *db, const void *dy, const void *x, const void *w)
 {
     conv_plan P;
-    DDL_CHECK(conv_plan_make("conv_backward_naive", dt, g, &P));
+    DDL_CHECK(conv_plan_make("conv_backward_naive", dt, g, &P, false));
     const sp3    *sp = &P.sp;
     const int64_t Ci = g->C_in, Co = g->C_out;
     if (g->N == 0 || Co == 0) {

@@ -10,6 +10,7 @@
 #include "ddl/kernels.h"
 #include "gradcheck.h"
 #include "kernel_util.h"
+#include "kernels/conv_direct.h"
 #include "test.h"
 
 // ---- helpers -----------------------------------------------------------------
@@ -264,6 +265,10 @@ static void test_cases(void)
         {2, 9, 2, 3, {9, 12},    {3, 4},    {1, 1},    {1, 2},    {2, 1},    false},
         {2, 5, 3, 2, {6, 7},     {2, 3},    {1, 1},    {0, 1},    {1, 2},    true},
         {1, 70, 2, 3, {17},      {5},       {1},       {3},       {1},       true},
+        // Many input channels: the direct path at AVX-512 only (dx by gather, padded, and
+        // by scatter, unpadded), the GEMM path otherwise.
+        {2, 3, 19, 7, {9, 11},   {3, 3},    {1, 1},    {1, 1},    {1, 1},    true},
+        {2, 2, 13, 9, {8, 8},    {3, 2},    {1, 1},    {0, 0},    {2, 1},    false},
     };
     // clang-format on
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -488,6 +493,7 @@ static void test_threads(void)
         {2, 8, 8, 16, {32, 32},     {3, 3},    {2, 2},    {1, 1},    {1, 1},    true},  // nb > 1
         {3, 3, 4, 4, {16, 16, 16},  {3, 3, 3}, {1, 1, 1}, {1, 1, 1}, {1, 1, 1}, true},  // pieces
         {2, 16, 6, 16, {14, 14},    {5, 5},    {1, 1},    {0, 0},    {1, 1},    true},  // wide
+        {2, 8, 16, 16, {16, 16},    {3, 3},    {1, 1},    {1, 1},    {1, 1},    true},  // C_in 16
     };
     // clang-format on
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -495,13 +501,88 @@ static void test_threads(void)
     }
 }
 
+// The direct path for few input channels (kernels/conv_direct.h), at both vector widths,
+// against the im2col + GEMM path on the same data: within rounding, and bit for bit from
+// run to run; and a
+// workspace sized while it was off still serves when it is on (the query covers both).
+static void test_direct_vs_gemm(void)
+{
+    ddl_cdir_set(1);
+    if (!ddl_cdir_enabled()) {
+        printf("test_conv: CPU without AVX2/FMA, direct path not tested\n");
+        ddl_cdir_set(-1);
+        return;
+    }
+    ddl_conv_geom g; // LeNet's conv1 shape, N = 5, and a 1-D case with dilation
+    const int64_t shapes[2][6] = {{2, 5, 1, 6, 28, 5}, {1, 7, 3, 4, 23, 4}};
+    for (int s = 0; s < 2; s++) {
+        const int64_t *c = shapes[s];
+        int64_t        in[2] = {c[4], c[4]}, k[2] = {c[5], c[5]}, p[2] = {2, 2}, d[2] = {1, 2};
+        ASSERT_OK(ddl_conv_geom_init(&g, (int)c[0], c[1], c[2], c[3], in, k, NULL, p,
+                                     s == 1 ? d : NULL));
+        int64_t ov = g.out[0] * g.out[1] * g.out[2], iv = g.in[0] * g.in[1] * g.in[2];
+        int64_t nx = g.N * g.C_in * iv, ny = g.N * g.C_out * ov;
+        int64_t nw = g.C_out * g.C_in * g.k[0] * g.k[1] * g.k[2];
+        double *x = rand_vec(nx, 91), *w = rand_vec(nw, 92), *r = rand_vec(ny, 93);
+        for (int dd = 0; dd < 2; dd++) {
+            ddl_dtype dt  = dd ? DDL_F64 : DDL_F32;
+            double    tol = dd ? 1e-12 : 1e-5;
+            size_t    es  = ddl_dtype_size(dt);
+            void *xd = ddl_test_as_dtype(dt, x, nx), *wd = ddl_test_as_dtype(dt, w, nw);
+            void *rd = ddl_test_as_dtype(dt, r, ny);
+            ddl_cdir_set(0);
+            size_t wsb = ddl_conv_workspace_bytes(dt, &g);
+            void  *ws  = malloc(wsb);
+            // 0: GEMM; 1 and 2: the widest direct kernels; 3: AVX2 (capped by the CPU).
+            const int level[4] = {0, 2, 2, 1};
+            void     *y[4], *dx[4], *dw[4];
+            for (int run = 0; run < 4; run++) {
+                ddl_cdir_set(level[run]);
+                y[run] = zeros(dt, ny), dx[run] = zeros(dt, nx), dw[run] = zeros(dt, nw);
+                memset(ws, 0xff, wsb);
+                ASSERT_OK(ddl_conv_forward(dt, &g, y[run], xd, wd, NULL, ws, wsb));
+                ASSERT_OK(ddl_conv_backward(dt, &g, dx[run], dw[run], NULL, rd, xd, wd, ws, wsb));
+            }
+            ASSERT_TRUE(memcmp(y[1], y[2], (size_t)ny * es) == 0);
+            ASSERT_TRUE(memcmp(dx[1], dx[2], (size_t)nx * es) == 0);
+            ASSERT_TRUE(memcmp(dw[1], dw[2], (size_t)nw * es) == 0);
+            double *ref = malloc((size_t)(nx + ny + nw) * sizeof(double));
+            void   *want[3] = {y[0], dx[0], dw[0]};
+            int64_t cnt[3]  = {ny, nx, nw};
+            for (int run = 1; run < 4; run += 2) {
+                void *got[3] = {y[run], dx[run], dw[run]};
+                for (int q = 0; q < 3; q++) {
+                    for (int64_t i = 0; i < cnt[q]; i++) {
+                        ref[i] = ddl_test_at(dt, want[q], i);
+                    }
+                    ASSERT_LE(ddl_test_rel_err(ref, dt, got[q], cnt[q]), tol);
+                }
+            }
+            free(ref);
+            for (int run = 0; run < 4; run++) {
+                free(y[run]), free(dx[run]), free(dw[run]);
+            }
+            free(ws), free(xd), free(wd), free(rd);
+        }
+        free(x), free(w), free(r);
+    }
+    ddl_cdir_set(-1);
+}
+
 int main(void)
 {
     test_hand();
     test_errors();
-    test_cases();
-    test_wide_nonfinite();
-    test_threads();
+    // Every case with the direct path for few input channels at each vector width the CPU
+    // has (AVX-512, AVX2), then with the im2col + GEMM path alone.
+    for (int level = 2; level >= 0; level--) {
+        ddl_cdir_set(level);
+        test_cases();
+        test_wide_nonfinite();
+        test_threads();
+    }
+    ddl_cdir_set(-1);
+    test_direct_vs_gemm();
     printf("test_conv: ok\n");
     return 0;
 }

@@ -118,7 +118,10 @@ DDL_EXTERN ddl_status ddl_conv_geom_init(ddl_conv_geom *g, int nsp, int64_t N, i
 // in a different order).
 DDL_EXTERN size_t ddl_conv_workspace_bytes(ddl_dtype dt, const ddl_conv_geom *g);
 // y = conv(x, w) + b (b may be NULL). im2col on blocks of output positions + one GEMM
-// per block. ws must hold at least the single-thread size (what ddl_conv_workspace_bytes
+// per block, or, for 1-D/2-D stride-1 convolutions on a CPU with AVX2 (few input
+// channels) or AVX-512 (any), direct vector kernels chosen at run time
+// (DDL_CONV_DIRECT=0 in the environment turns them off, =avx2 caps the width; results
+// differ from the GEMM path's by rounding only, and are the same run to run). ws must hold at least the single-thread size (what ddl_conv_workspace_bytes
 // reports with one BLAS thread; ws_bytes says how many it holds); its contents on entry
 // and exit are scratch. It sets the BLAS thread count to 1 and back while its threads
 // run, so do not call it from several threads at once.

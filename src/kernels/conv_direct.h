@@ -1,0 +1,90 @@
+// kernels/conv_direct.h: internal: direct (no im2col, no GEMM) convolution kernels on
+// the "wide" padded layout of kernels/conv.c, in AVX2 + FMA and AVX-512F: for few input
+// channels at either width, for any number at AVX-512.
+//
+// With C_in * prod(k) small (LeNet's first layer: 1 x 5 x 5 = 25) the im2col GEMM has a
+// tiny K or M: its packing and the column matrix (25x the input) cost more than the
+// multiply-adds, and the backward dx GEMM has K = C_out = 6. These kernels read the
+// zero-padded sample xp [C_in, Pp] directly. Output position j = o1 * I2p + o2 of the
+// wide grid (I2p the padded row length) reads xp at j + toff[t] for tap t = (ci, k1, k2),
+// toff[t] = ci Pp + k1 d1 I2p + k2 d2, so for a run of positions every tap is one
+// contiguous vector load, and a register tile of output channels x positions takes one
+// broadcast weight per (channel, tap):
+//   forward  yw [co, j]  = b[co] + sum_t w[co, t] xp[toff[t] + j]    j in [0, nj)
+//   dW       dw [co, t] += sum_j dyw[co, j] (xp[toff[t] + j] & mask[j])   (per lane in
+//            acc over a range of samples, then reduced into dw by ddl_cdir_dw_finish)
+//   dx       dxp[ci, q]  = sum_{co, kk} w[co, ci, kk] dyw[co, q - koff[kk]]   q in [0, nq)
+// where dyw is dy in the wide layout with zeros at the positions past each output row
+// and before (a margin of koff's largest value) and after the valid ones, and mask[j] is
+// all-ones exactly at the valid positions (so an inf or NaN of x at a garbage position
+// never meets a zero of dy: 0 * inf). Each sum runs in a fixed order: results are the same
+// run to run (and with any thread count, the caller adding the dW partials in order),
+// but not bit-identical to the GEMM path (FMA, another summation order).
+//
+// Runtime dispatch on the vector width: AVX-512F where the CPU has it, else AVX2 + FMA,
+// else none (ddl_cdir_enabled false); the im2col + GEMM path and the naive loops of
+// conv.c remain the reference and the fallback. The environment can cap it:
+// DDL_CONV_DIRECT=0 (off) or =avx2. The two widths sum in different orders: results are
+// the same run to run on one machine, not across vector widths.
+#ifndef DDL_KERNELS_CONV_DIRECT_H
+#define DDL_KERNELS_CONV_DIRECT_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "ddl/tensor.h"
+
+// Largest C_in the direct path is taken for at AVX2 width (see conv_plan_make): beyond
+// it the im2col GEMM's K = C_in prod(k) is large enough for the BLAS to run near its
+// peak. At AVX-512 the direct path is taken for any C_in (measured on AMD EPYC Zen 5,
+// 64->64 channels 56x56 3x3, batch 32, one thread, CPU time: forward 32, dW + db 41,
+// dx 50 ms against 72, 78, 70 ms for im2col + OpenBLAS's Haswell sgemm), as long as its
+// dW accumulators fit in DDL_CDIR_MAX_ACC bytes.
+#define DDL_CDIR_MAX_CIN 8
+#define DDL_CDIR_MAX_ACC ((size_t)8 << 20)
+// Positions are processed in runs of at most DDL_CDIR_ALIGN elements (the forward's two
+// vectors of 16 floats at AVX-512; dW and dx step by one vector): nj and nq are
+// multiples of it.
+#define DDL_CDIR_ALIGN 32
+// Bytes of one dW lane accumulator (a 512-bit vector).
+#define DDL_CDIR_LANE_BYTES 64
+
+typedef struct ddl_cdir {
+    int64_t        Ci, Co, Kc, kv; // Kc = Ci * kv taps; w is [Co, Kc]
+    const int64_t *toff;           // [Kc]: offset of tap t in xp
+    const int64_t *koff;           // [kv]: offset of tap kk within one channel plane
+    int64_t        Pp;             // channel plane stride of xp and dxp
+    int64_t        ldy;            // row stride of yw / dyw (channel co at co * ldy)
+    int64_t        nj;             // positions of the forward and dW (multiple of ALIGN)
+    int64_t        nq;             // positions of dx (multiple of ALIGN)
+} ddl_cdir;
+
+// Whether the direct path is used: the CPU has AVX2 and FMA, the environment does not
+// set DDL_CONV_DIRECT=0, and no override (below) says otherwise. Cached after the first
+// call.
+bool ddl_cdir_enabled(void);
+// The vector width in use: 0 (off), 1 (AVX2 + FMA) or 2 (AVX-512F).
+int ddl_cdir_level(void);
+// For tests and benches: the vector width to use, capped by the CPU's: 0 off (the
+// im2col path), 1 AVX2, 2 AVX-512; -1 back to the default. Returns the previous level.
+// Workspaces need not be resized (ddl_conv_workspace_bytes covers both paths).
+int ddl_cdir_set(int level);
+
+// The three kernels (dt DDL_F32 or DDL_F64; pointers to element 0 of the wide grid:
+// dyw must be readable and zero from dyw - max(koff) on, see above).
+void ddl_cdir_forward(ddl_dtype dt, const ddl_cdir *c, void *yw, const void *xp,
+                      const void *w, const void *b /* may be NULL */);
+// acc: [Co, Kc, lanes] with room for DDL_CDIR_LANE_BYTES per (co, t), zeroed before
+// the first sample; ddl_cdir_dw_finish adds each lane sum, in a fixed order, to dw.
+void ddl_cdir_dw(ddl_dtype dt, const ddl_cdir *c, void *acc, const void *dyw, const void *xp,
+                 const void *mask);
+void ddl_cdir_dw_finish(ddl_dtype dt, const ddl_cdir *c, void *dw, const void *acc);
+void ddl_cdir_dx(ddl_dtype dt, const ddl_cdir *c, void *dxp, const void *dyw, const void *w);
+// dx as a scatter: dxp[toff[t] + j] += sum_co w[co, t] dyw[co, j] over j in [0, nj) (the
+// caller zeroes dxp): Kc nj Co multiply-adds against the gather's Ci nq kv Co, so the
+// better choice when nq is well above the number of output positions (small unpadded
+// planes: LeNet's conv2, 224 against 100).
+void ddl_cdir_dx_scatter(ddl_dtype dt, const ddl_cdir *c, void *dxp, const void *dyw,
+                         const void *w);
+
+#endif // DDL_KERNELS_CONV_DIRECT_H

@@ -1,0 +1,287 @@
+// kernels/conv_direct_t.h: internal: the body of the direct convolution kernels, included
+// by conv_direct.c once per element type with these defined:
+//   T (float, double), V (its __m256 type), L (lanes), SUF (name suffix),
+//   LOADU, STOREU, BCAST, FMA, ZERO, AND, ADD (the intrinsics for V), and the register
+//   tiles: 6 channels x FWD_JV vectors (forward), DW_CB x DW_TB (dW, at most 6 x 4),
+//   DXS_TB channels x 4 vectors (dx scatter, at most 6).
+// Every function carries the avx2/fma target, so it is only called after the CPU check.
+
+#define CDIR_CAT2(a, b) a##_##b
+#define CDIR_CAT(a, b)  CDIR_CAT2(a, b)
+#define CDIR_FN(name)   CDIR_CAT(name, SUF)
+
+// Forward tile: CB output channels x JV vectors of positions, over all Kc taps.
+CDIR_TGT CDIR_INLINE void CDIR_FN(fwd_tile)(const int CB, const int JV, int64_t Kc,
+                                            const int64_t *toff, const T *xj, const T *w,
+                                            const T *b, T *yj, int64_t ldy)
+{
+    V a[6][4];
+    for (int c = 0; c < CB; c++) {
+        for (int i = 0; i < JV; i++) {
+            a[c][i] = b != NULL ? BCAST(b + c) : ZERO();
+        }
+    }
+    for (int64_t t = 0; t < Kc; t++) {
+        const T *xt = xj + toff[t];
+        V        xv[4];
+        for (int i = 0; i < JV; i++) {
+            xv[i] = LOADU(xt + i * L);
+        }
+        for (int c = 0; c < CB; c++) {
+            V wv = BCAST(w + c * Kc + t);
+            for (int i = 0; i < JV; i++) {
+                a[c][i] = FMA(wv, xv[i], a[c][i]);
+            }
+        }
+    }
+    for (int c = 0; c < CB; c++) {
+        for (int i = 0; i < JV; i++) {
+            STOREU(yj + c * ldy + i * L, a[c][i]);
+        }
+    }
+}
+
+#define CDIR_FWD_CO(JV_)                                                                     \
+    do {                                                                                     \
+        switch (cb) {                                                                        \
+        case 6: CDIR_FN(fwd_tile)(6, JV_, c->Kc, c->toff, xp + j, wc, bc, yc + j, c->ldy); break; \
+        case 5: CDIR_FN(fwd_tile)(5, JV_, c->Kc, c->toff, xp + j, wc, bc, yc + j, c->ldy); break; \
+        case 4: CDIR_FN(fwd_tile)(4, JV_, c->Kc, c->toff, xp + j, wc, bc, yc + j, c->ldy); break; \
+        case 3: CDIR_FN(fwd_tile)(3, JV_, c->Kc, c->toff, xp + j, wc, bc, yc + j, c->ldy); break; \
+        case 2: CDIR_FN(fwd_tile)(2, JV_, c->Kc, c->toff, xp + j, wc, bc, yc + j, c->ldy); break; \
+        default: CDIR_FN(fwd_tile)(1, JV_, c->Kc, c->toff, xp + j, wc, bc, yc + j, c->ldy); break; \
+        }                                                                                    \
+    } while (0)
+
+// Channels in blocks of 6, positions in tiles of FWD_JV vectors, the rest in pairs.
+CDIR_TGT static void CDIR_FN(fwd)(const ddl_cdir *c, T *yw, const T *xp, const T *w,
+                                  const T *b)
+{
+    for (int64_t co0 = 0; co0 < c->Co; co0 += 6) {
+        int64_t  cb = c->Co - co0 < 6 ? c->Co - co0 : 6;
+        const T *wc = w + co0 * c->Kc, *bc = b != NULL ? b + co0 : NULL;
+        T       *yc = yw + co0 * c->ldy;
+        int64_t  j  = 0;
+        for (; j + FWD_JV * L <= c->nj; j += FWD_JV * L) {
+            CDIR_FWD_CO(FWD_JV);
+        }
+        for (; j < c->nj; j += 2 * L) {
+            CDIR_FWD_CO(2);
+        }
+    }
+}
+#undef CDIR_FWD_CO
+
+// dW tile: CB channels x TB taps, summed over all nj positions one vector at a time into
+// the per-lane accumulators acc[(co Kc + t) L + lane] (reduced once per batch range by
+// dw_finish: a reduction per tile and sample would cost more than the tile's FMAs).
+CDIR_TGT CDIR_INLINE void CDIR_FN(dw_tile)(const int CB, const int TB, const ddl_cdir *c,
+                                           T *acc, const T *dyw, const T *xp, const T *mask)
+{
+    V a[6][4];
+    for (int i = 0; i < CB; i++) {
+        for (int k = 0; k < TB; k++) {
+            a[i][k] = LOADU(acc + (i * c->Kc + k) * L);
+        }
+    }
+    for (int64_t j = 0; j < c->nj; j += L) {
+        V m = LOADU(mask + j), xv[4];
+        for (int k = 0; k < TB; k++) {
+            xv[k] = AND(LOADU(xp + c->toff[k] + j), m);
+        }
+        for (int i = 0; i < CB; i++) {
+            V d = LOADU(dyw + i * c->ldy + j);
+            for (int k = 0; k < TB; k++) {
+                a[i][k] = FMA(d, xv[k], a[i][k]);
+            }
+        }
+    }
+    for (int i = 0; i < CB; i++) {
+        for (int k = 0; k < TB; k++) {
+            STOREU(acc + (i * c->Kc + k) * L, a[i][k]);
+        }
+    }
+}
+
+// dw[i] += the lanes of acc[i L ..] summed in a fixed order (pairwise halves).
+CDIR_TGT static void CDIR_FN(dw_finish)(const ddl_cdir *c, T *dw, const T *acc)
+{
+    for (int64_t i = 0; i < c->Co * c->Kc; i++) {
+        T v[L];
+        for (int l = 0; l < L; l++) {
+            v[l] = acc[i * L + l];
+        }
+        for (int h = L / 2; h >= 1; h /= 2) {
+            for (int l = 0; l < h; l++) {
+                v[l] += v[l + h];
+            }
+        }
+        dw[i] += v[0];
+    }
+}
+
+#define CDIR_DW_CALL(CB_)                                                                    \
+    do {                                                                                     \
+        int64_t t = 0;                                                                       \
+        for (; t + DW_TB <= c->Kc; t += DW_TB) {                                             \
+            ddl_cdir local = *c;                                                             \
+            local.toff     = c->toff + t;                                                    \
+            CDIR_FN(dw_tile)(CB_, DW_TB, &local, dwc + t * L, dyc, xp, mask);                \
+        }                                                                                    \
+        for (; t < c->Kc; t++) {                                                             \
+            ddl_cdir local = *c;                                                             \
+            local.toff     = c->toff + t;                                                    \
+            CDIR_FN(dw_tile)(CB_, 1, &local, dwc + t * L, dyc, xp, mask);                    \
+        }                                                                                    \
+    } while (0)
+
+CDIR_TGT static void CDIR_FN(dw)(const ddl_cdir *c, T *acc, const T *dyw, const T *xp,
+                                 const T *mask)
+{
+    for (int64_t co0 = 0; co0 < c->Co; co0 += DW_CB) {
+        int64_t  cb  = c->Co - co0 < DW_CB ? c->Co - co0 : DW_CB;
+        T       *dwc = acc + co0 * c->Kc * L;
+        const T *dyc = dyw + co0 * c->ldy;
+        switch (cb) {
+        case 6: CDIR_DW_CALL(6); break;
+        case 5: CDIR_DW_CALL(5); break;
+        case 4: CDIR_DW_CALL(4); break;
+        case 3: CDIR_DW_CALL(3); break;
+        case 2: CDIR_DW_CALL(2); break;
+        default: CDIR_DW_CALL(1); break;
+        }
+    }
+}
+#undef CDIR_DW_CALL
+
+// dx tile: CIB input channels x QV vectors of positions, over all output channels and
+// taps: each load of dy serves CIB channels.
+CDIR_TGT CDIR_INLINE void CDIR_FN(dx_tile)(const int CIB, const int QV, const ddl_cdir *c,
+                                           int64_t ci0, T *dq, const T *dyq, const T *w)
+{
+    V a[24];
+    for (int i = 0; i < CIB * QV; i++) {
+        a[i] = ZERO();
+    }
+    for (int64_t co = 0; co < c->Co; co++) {
+        const T *wc = w + co * c->Kc + ci0 * c->kv;
+        const T *dc = dyq + co * c->ldy;
+        for (int64_t kk = 0; kk < c->kv; kk++) {
+            const T *d = dc - c->koff[kk];
+            V        dv[24];
+            for (int i = 0; i < QV; i++) {
+                dv[i] = LOADU(d + i * L);
+            }
+            for (int b = 0; b < CIB; b++) {
+                V wv = BCAST(wc + b * c->kv + kk);
+                for (int i = 0; i < QV; i++) {
+                    a[b * QV + i] = FMA(wv, dv[i], a[b * QV + i]);
+                }
+            }
+        }
+    }
+    for (int b = 0; b < CIB; b++) {
+        for (int i = 0; i < QV; i++) {
+            STOREU(dq + b * c->Pp + i * L, a[b * QV + i]);
+        }
+    }
+}
+
+// Channels in blocks of 3 (4 vectors each: 12 accumulators), a last block of 2 or 1
+// (1: 8 vectors); positions past the last whole tile one vector at a time.
+#define CDIR_DX_RUN(CIB_, QV_)                                                               \
+    do {                                                                                     \
+        int64_t q = 0;                                                                       \
+        for (; q + (QV_) * L <= c->nq; q += (QV_) * L) {                                     \
+            CDIR_FN(dx_tile)(CIB_, QV_, c, ci, dc + q, dyw + q, w);                          \
+        }                                                                                    \
+        for (; q < c->nq; q += L) {                                                          \
+            CDIR_FN(dx_tile)(CIB_, 1, c, ci, dc + q, dyw + q, w);                            \
+        }                                                                                    \
+    } while (0)
+
+CDIR_TGT static void CDIR_FN(dx)(const ddl_cdir *c, T *dxp, const T *dyw, const T *w)
+{
+    for (int64_t ci = 0; ci < c->Ci;) {
+        int64_t cib = c->Ci - ci >= 3 ? 3 : c->Ci - ci;
+        T      *dc  = dxp + ci * c->Pp;
+        if (cib == 3) {
+            CDIR_DX_RUN(3, 4);
+        } else if (cib == 2) {
+            CDIR_DX_RUN(2, 4);
+        } else {
+            CDIR_DX_RUN(1, DX_QV1);
+        }
+        ci += cib;
+    }
+}
+#undef CDIR_DX_RUN
+
+// dx by scatter, for small unpadded planes where the gather above would multiply mostly
+// the zero margins: dxp[toff[t] + j] += sum_co w[co, t] dyw[co, j] for j in [0, nj), a
+// tile of TB taps x JV vectors of positions at a time (the caller zeroes dxp first).
+// The taps are added in a fixed order: the same bits run to run.
+CDIR_TGT CDIR_INLINE void CDIR_FN(dxs_tile)(const int TB, const int JV, const ddl_cdir *c,
+                                            int64_t t0, int64_t ts, int64_t j, T *dxp,
+                                            const T *dyw, const T *w)
+{
+    V a[24];
+    for (int i = 0; i < TB * JV; i++) {
+        a[i] = ZERO();
+    }
+    for (int64_t co = 0; co < c->Co; co++) {
+        const T *d = dyw + co * c->ldy + j;
+        V        dv[CDIR_DXS_JV];
+        for (int i = 0; i < JV; i++) {
+            dv[i] = LOADU(d + i * L);
+        }
+        for (int k = 0; k < TB; k++) {
+            V wv = BCAST(w + co * c->Kc + t0 + k * ts);
+            for (int i = 0; i < JV; i++) {
+                a[k * JV + i] = FMA(wv, dv[i], a[k * JV + i]);
+            }
+        }
+    }
+    for (int k = 0; k < TB; k++) {
+        T *o = dxp + c->toff[t0 + k * ts] + j;
+        for (int i = 0; i < JV; i++) {
+            STOREU(o + i * L, ADD(LOADU(o + i * L), a[k * JV + i]));
+        }
+    }
+}
+
+// A tile's taps are the same kernel position of CDIR_DXS_TB consecutive input channels
+// (t = ci kv + kk, stride kv), whose targets lie a plane apart: the taps of one channel
+// would read back, one element off, the vectors the tile has just stored (a failed
+// store-to-load forward each).
+#define CDIR_DXS_TAPS(JV_)                                                                   \
+    do {                                                                                     \
+        for (int64_t kk = 0; kk < c->kv; kk++) {                                             \
+            int64_t ci = 0;                                                                  \
+            for (; ci + DXS_TB <= c->Ci; ci += DXS_TB) {                                     \
+                CDIR_FN(dxs_tile)(DXS_TB, JV_, c, ci * c->kv + kk, c->kv, j, dxp, dyw, w);   \
+            }                                                                                \
+            for (; ci < c->Ci; ci++) {                                                       \
+                CDIR_FN(dxs_tile)(1, JV_, c, ci * c->kv + kk, c->kv, j, dxp, dyw, w);        \
+            }                                                                                \
+        }                                                                                    \
+    } while (0)
+
+CDIR_TGT static void CDIR_FN(dxs)(const ddl_cdir *c, T *dxp, const T *dyw, const T *w)
+{
+    int64_t j = 0;
+    for (; j + CDIR_DXS_JV * L <= c->nj; j += CDIR_DXS_JV * L) {
+        CDIR_DXS_TAPS(CDIR_DXS_JV);
+    }
+    for (; j + 2 * L <= c->nj; j += 2 * L) {
+        CDIR_DXS_TAPS(2);
+    }
+    for (; j < c->nj; j += L) {
+        CDIR_DXS_TAPS(1);
+    }
+}
+#undef CDIR_DXS_TAPS
+
+#undef CDIR_FN
+#undef CDIR_CAT
+#undef CDIR_CAT2

@@ -176,10 +176,9 @@ ddl_status ddl_spec_estimate(const ddl_spec_t *s, ddl_mem_estimate *out)
     return DDL_OK;
 }
 
-// "123456 kB" lines of /proc/meminfo; -1 when absent.
-static double meminfo(const char *key)
+double ddl_proc_kb_bytes(const char *path, const char *key)
 {
-    FILE *f = fopen("/proc/meminfo", "r");
+    FILE *f = fopen(path, "r");
     if (f == NULL) {
         return -1;
     }
@@ -255,7 +254,7 @@ double ddl_mem_available(int ranks_on_host, char *how, size_t howlen)
     if (ranks_on_host < 1) {
         ranks_on_host = 1;
     }
-    double avail = meminfo("MemAvailable");
+    double avail = ddl_proc_kb_bytes("/proc/meminfo", "MemAvailable");
     double cmax  = read_number("/sys/fs/cgroup/memory.max");
     double ccur  = read_number("/sys/fs/cgroup/memory.current");
     if (cmax > 0 && ccur >= 0 && (avail < 0 || cmax - ccur < avail)) {

@@ -23,6 +23,22 @@ static bool always(json_t *o)
     return true;
 }
 
+// The optional KEY (in_channels, in_features) restates dimension 1 of the tensor coming in,
+// `what` in the message: it may be left out, and must match when given (up to max).
+static ddl_status spec_check_dim1(spec_pctx *c, json_t *o, const char *path, const char *key,
+                                  int64_t max, const ddl_shape *cur, const char *what)
+{
+    int64_t v = cur->d[1];
+    DDL_CHECK(spec_get_int(c, o, path, key, false, 1, max, &v));
+    if (v != cur->d[1]) {
+        char p[96], sbuf[128];
+        key_path(p, sizeof p, path, key);
+        return spec_fail(c, p, "%lld does not match the %lld %s of the tensor %s", (long long)v,
+                         (long long)cur->d[1], what, spec_shape_str(cur, sbuf, sizeof sbuf));
+    }
+    return DDL_OK;
+}
+
 // ---- repartition, flatten -------------------------------------------------------------
 
 static ddl_status reshape_parse(spec_pctx *c, json_t *o, const char *path, spec_layer *L)
@@ -136,22 +152,14 @@ static ddl_status conv_parse(spec_pctx *c, json_t *o, const char *path, spec_lay
     cp->nsp             = nsp;
     cp->in_channels     = cur->d[1];
     cp->bias            = true;
-    int64_t inc         = cur->d[1];
-    DDL_CHECK(spec_get_int(c, o, path, "in_channels", false, 1, 1LL << 30, &inc));
-    if (inc != cur->d[1]) {
-        char p[96];
-        key_path(p, sizeof p, path, "in_channels");
-        return spec_fail(c, p, "%lld does not match the %lld channels of the tensor %s",
-                         (long long)inc, (long long)cur->d[1],
-                         spec_shape_str(cur, sbuf, sizeof sbuf));
-    }
+    DDL_CHECK(spec_check_dim1(c, o, path, "in_channels", 1LL << 30, cur, "channels"));
     DDL_CHECK(spec_get_int(c, o, path, "out_channels", true, 1, 1LL << 30, &cp->out_channels));
     DDL_CHECK(spec_parse_spatial(c, o, path, "kernel", true, nsp, 1, 1, cp->kernel));
     DDL_CHECK(spec_parse_spatial(c, o, path, "stride", false, nsp, 1, 1, cp->stride));
     DDL_CHECK(spec_parse_spatial(c, o, path, "padding", false, nsp, 0, 0, cp->padding));
     DDL_CHECK(spec_parse_spatial(c, o, path, "dilation", false, nsp, 1, 1, cp->dilation));
     DDL_CHECK(spec_get_bool(c, o, path, "bias", &cp->bias));
-    ddl_shape wshape = {.ndim = 2 + nsp, .d = {cp->out_channels, inc}};
+    ddl_shape wshape = {.ndim = 2 + nsp, .d = {cp->out_channels, cp->in_channels}};
     for (int d = 0; d < nsp; d++) {
         wshape.d[2 + d] = cp->kernel[d];
     }
@@ -389,15 +397,7 @@ static ddl_status linear_parse(spec_pctx *c, json_t *o, const char *path, spec_l
                                   "%s (flatten it first)",
                          spec_shape_str(cur, sbuf, sizeof sbuf));
     }
-    int64_t inf = cur->d[1];
-    DDL_CHECK(spec_get_int(c, o, path, "in_features", false, 1, DDL_MAX_TENSOR_ELEMENTS, &inf));
-    if (inf != cur->d[1]) {
-        char p[96];
-        key_path(p, sizeof p, path, "in_features");
-        return spec_fail(c, p, "%lld does not match the %lld features of the tensor %s",
-                         (long long)inf, (long long)cur->d[1],
-                         spec_shape_str(cur, sbuf, sizeof sbuf));
-    }
+    DDL_CHECK(spec_check_dim1(c, o, path, "in_features", DDL_MAX_TENSOR_ELEMENTS, cur, "features"));
     DDL_CHECK(spec_get_int(c, o, path, "out_features", true, 1, DDL_MAX_TENSOR_ELEMENTS,
                            &L->out_features));
     DDL_CHECK(spec_check_size(c, path, "the weight",

@@ -30,19 +30,13 @@
 // The daemons start before the first gRPC call of this process; the in-process runs go
 // through popen (posix_spawn in glibc, no fork of gRPC's threads).
 #define _GNU_SOURCE
-#include <errno.h>
-#include <fcntl.h>
 #include <getopt.h>
 #include <jansson.h>
-#include <libgen.h>
 #include <limits.h>
 #include <mpi.h>
-#include <signal.h>
-#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -53,8 +47,6 @@
 #include "ddl/model.h"
 #include "ddl/primitives.h"
 #include "ddl_client.h"
-
-extern char **environ;
 
 #define BIG 64            // the large batch (the shipped specs' batch_size)
 #define SAMPLE (28 * 28)  // LeNet-5's input, one channel
@@ -201,112 +193,7 @@ static int run_inproc(const char *spec_path, int bs, int reqs)
     return rc;
 }
 
-// ---- the daemon ------------------------------------------------------------------------
-
-typedef struct daemon_proc {
-    pid_t pid;
-    char  addr_file[PATH_MAX];
-    char  address[256];
-} daemon_proc;
-
-static char        self_dir[PATH_MAX];
 static const char *bind_to; // --bind-to, or NULL: mpirun's default
-
-// mpirun -np P distdld --listen 127.0.0.1:0 --address-file F --model SPEC, output to a log.
-static int daemon_start(daemon_proc *d, int np, const char *spec_path, const char *tmp)
-{
-    static char exe[PATH_MAX + 16], npbuf[16], flags[] = DDL_MPIEXEC_FLAGS;
-    static char copy[MAX_NP][sizeof flags];
-    snprintf(exe, sizeof exe, "%s/distdld", self_dir);
-    snprintf(npbuf, sizeof npbuf, "%d", np);
-    snprintf(d->addr_file, sizeof d->addr_file, "%s/addr-np%d", tmp, np);
-    const char *argv[64];
-    int         n = 0;
-    argv[n++]     = DDL_MPIEXEC;
-    argv[n++]     = "-np";
-    argv[n++]     = npbuf;
-    if (bind_to != NULL) {
-        argv[n++] = "--bind-to";
-        argv[n++] = bind_to;
-    }
-    memcpy(copy[np % MAX_NP], flags, sizeof flags);
-    for (char *tok = strtok(copy[np % MAX_NP], " "); tok && n < 50; tok = strtok(NULL, " ")) {
-        argv[n++] = tok;
-    }
-    argv[n++] = exe;
-    argv[n++] = "--listen";
-    argv[n++] = "127.0.0.1:0";
-    argv[n++] = "--address-file";
-    argv[n++] = d->addr_file;
-    argv[n++] = "--model";
-    argv[n++] = spec_path;
-    argv[n]   = NULL;
-    char log[PATH_MAX];
-    snprintf(log, sizeof log, "%s/daemon-np%d.log", tmp, np);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    int rc = posix_spawn(&d->pid, argv[0], &fa, NULL, (char *const *)argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    if (rc != 0) {
-        fprintf(stderr, "bench-infer: cannot start %s: %s\n", argv[0], strerror(rc));
-        d->pid = 0;
-        return -1;
-    }
-    return 0;
-}
-
-static int daemon_wait(daemon_proc *d)
-{
-    for (int i = 0; i < 1200; i++) {
-        FILE *f = fopen(d->addr_file, "r");
-        if (f) {
-            int ok = fgets(d->address, sizeof d->address, f) != NULL;
-            fclose(f);
-            d->address[strcspn(d->address, "\r\n")] = '\0';
-            if (ok && d->address[0]) {
-                return 0;
-            }
-        }
-        int status;
-        if (waitpid(d->pid, &status, WNOHANG) == d->pid) {
-            fprintf(stderr, "bench-infer: the daemon exited before listening (see its log)\n");
-            d->pid = 0;
-            return -1;
-        }
-        usleep(100000);
-    }
-    fprintf(stderr, "bench-infer: no address in %s\n", d->addr_file);
-    return -1;
-}
-
-static void daemon_stop(daemon_proc *d)
-{
-    if (d->pid <= 0) {
-        return;
-    }
-    if (d->address[0]) {
-        ddl_client_t      *c;
-        ddl_client_options o = ddl_client_options_default();
-        o.connect_timeout_s  = 5;
-        if (ddl_client_connect(d->address, &o, &c) == DDL_OK) {
-            ddl_client_shutdown(c, 0, NULL);
-            ddl_client_destroy(&c);
-        }
-    }
-    for (int i = 0; i < 300; i++) {
-        int status;
-        if (waitpid(d->pid, &status, WNOHANG) == d->pid) {
-            d->pid = 0;
-            return;
-        }
-        usleep(100000);
-    }
-    kill(d->pid, SIGKILL); // our own child, after 30 s of a shutdown not taking
-    waitpid(d->pid, NULL, 0);
-    d->pid = 0;
-}
 
 typedef struct series {
     double   p50, p99, total; // seconds
@@ -376,8 +263,11 @@ static void print_row(int np, const char *path, int bs, const series *s)
 // The in-process rows for np ranks and batch_size bs; INPROC lines into s[0..2).
 static int inproc_rows(int np, const char *spec, int bs, int reqs, series *s, int *ns)
 {
-    char cmd[3 * PATH_MAX + 512], exe[PATH_MAX + 32];
-    snprintf(exe, sizeof exe, "%s/bench-infer", self_dir);
+    char        cmd[3 * PATH_MAX + 512];
+    const char *exe = bench_self_exe();
+    if (exe == NULL) {
+        return -1;
+    }
     snprintf(cmd, sizeof cmd, "%s -np %d %s%s %s %s --inproc %s %d %d --data %s 2>&1", DDL_MPIEXEC,
              np, bind_to ? "--bind-to " : "", bind_to ? bind_to : "", DDL_MPIEXEC_FLAGS, exe,
              spec, bs, reqs, data_dir);
@@ -498,13 +388,6 @@ int main(int argc, char **argv)
     if (reqs < 1 || spaced < 0 || gap_ms < 0) {
         return fprintf(stderr, "bench-infer: counts must be positive\n"), 2;
     }
-    char    exe[PATH_MAX];
-    ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (k <= 0) {
-        return 1;
-    }
-    exe[k] = '\0';
-    snprintf(self_dir, sizeof self_dir, "%s", dirname(exe));
     setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
     setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
     setenv("OMPI_MCA_plm_rsh_agent", "false", 0);
@@ -544,13 +427,14 @@ int main(int argc, char **argv)
     printf("np  path       bsize  batch     p50 ms    p99 ms      img/s img/s@p50  calls/s  "
            "cpu ms  msgs     bytes\n");
     // Every daemon before the first gRPC call (one per rank count, with the shipped spec).
-    daemon_proc d[MAX_NP] = {{0}};
-    int         rc        = 0;
+    bench_daemon d[MAX_NP] = {{0}};
+    int          rc        = 0;
     for (int i = 0; i < nnp && rc == 0; i++) {
-        rc = daemon_start(&d[i], nps[i], spec[i][0], tmp);
+        const char *args[] = {"--model", spec[i][0], NULL};
+        rc                 = bench_daemon_start(&d[i], nps[i], bind_to, tmp, args);
     }
     for (int i = 0; i < nnp && rc == 0; i++) {
-        rc = daemon_wait(&d[i]);
+        rc = bench_daemon_wait(&d[i]);
     }
     for (int i = 0; i < nnp && rc == 0; i++) {
         int    np = nps[i];
@@ -609,7 +493,7 @@ int main(int argc, char **argv)
         ddl_client_destroy(&c);
     }
     for (int i = 0; i < nnp; i++) {
-        daemon_stop(&d[i]);
+        bench_daemon_stop(&d[i]);
     }
     free(x);
     if (rc == 0) {

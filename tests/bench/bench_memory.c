@@ -22,26 +22,6 @@
 #include "ddl/estimate.h"
 #include "ddl/session.h"
 
-// kB of a "Key:   123 kB" line of /proc/self/status, in bytes; -1 when absent.
-static double status_bytes(const char *key)
-{
-    FILE *f = fopen("/proc/self/status", "r");
-    if (f == NULL) {
-        return -1;
-    }
-    char   line[256];
-    double v = -1;
-    size_t n = strlen(key);
-    while (fgets(line, sizeof line, f) != NULL) {
-        if (strncmp(line, key, n) == 0 && line[n] == ':') {
-            v = strtod(line + n + 1, NULL) * 1024.0;
-            break;
-        }
-    }
-    fclose(f);
-    return v;
-}
-
 // The spec file with input.shape = [1, S, S, S] and batch_size = B, as text (malloc'd).
 static char *resized_spec(const char *path, long S, long B)
 {
@@ -90,7 +70,8 @@ int main(int argc, char **argv)
         MPI_Finalize();
         return 2;
     }
-    double base_hwm = status_bytes("VmHWM"), base_rss = status_bytes("VmRSS");
+    double base_hwm = ddl_proc_kb_bytes("/proc/self/status", "VmHWM");
+    double base_rss = ddl_proc_kb_bytes("/proc/self/status", "VmRSS");
     char  *text     = rank == 0 ? resized_spec(model, S, B) : NULL;
     int    ok       = rank != 0 || text != NULL;
     MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
@@ -128,7 +109,7 @@ int main(int argc, char **argv)
     st                   = ddl_session_train(s, &req, NULL, NULL, &res);
     double dt            = now() - t0;
     double peak          = (double)(ddl_alloc_bytes_peak_reset() - live0);
-    double hwm           = status_bytes("VmHWM");
+    double hwm           = ddl_proc_kb_bytes("/proc/self/status", "VmHWM");
     double mine[5]       = {created, peak, hwm, base_hwm, base_rss};
     double all[5 * 64]   = {0};
     MPI_Gather(mine, 5, MPI_DOUBLE, rank == 0 ? all : NULL, 5, MPI_DOUBLE, 0, MPI_COMM_WORLD);

@@ -15,21 +15,15 @@
 // grpc_init); the in-process runs later go through popen, which glibc implements with
 // posix_spawn.
 #define _GNU_SOURCE
-#include <errno.h>
-#include <fcntl.h>
 #include <getopt.h>
-#include <libgen.h>
 #include <limits.h>
 #include <math.h>
 #include <mpi.h>
-#include <signal.h>
-#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -37,8 +31,6 @@
 #include "ddl/blas.h"
 #include "ddl/session.h"
 #include "ddl_client.h"
-
-extern char **environ;
 
 #define BATCH 256
 
@@ -115,88 +107,6 @@ static int run_inproc(const char *spec_path, int steps)
     return 0;
 }
 
-// ---- daemons --------------------------------------------------------------------------
-
-typedef struct daemon {
-    pid_t pid;
-    char  addr_file[PATH_MAX];
-    char  address[256];
-} child_daemon;
-
-static char self_dir[PATH_MAX];
-
-static void mpi_argv(const char **argv, int *n, int np)
-{
-    static char npbuf[16];
-    snprintf(npbuf, sizeof npbuf, "%d", np);
-    argv[(*n)++]        = DDL_MPIEXEC;
-    argv[(*n)++]        = "-np";
-    argv[(*n)++]        = npbuf;
-    static char flags[] = DDL_MPIEXEC_FLAGS; // space separated
-    static char copy[sizeof flags];
-    memcpy(copy, flags, sizeof flags);
-    for (char *tok = strtok(copy, " "); tok; tok = strtok(NULL, " "))
-        argv[(*n)++] = tok;
-}
-
-static int start_daemon(child_daemon *d, int np, const char *model, const char *tmp)
-{
-    static char exe[PATH_MAX + 16];
-    snprintf(exe, sizeof exe, "%s/distdld", self_dir);
-    snprintf(d->addr_file, sizeof d->addr_file, "%s/addr-np%d", tmp, np);
-    const char *argv[64];
-    int         n = 0;
-    mpi_argv(argv, &n, np);
-    argv[n++] = exe;
-    argv[n++] = "--listen";
-    argv[n++] = "127.0.0.1:0";
-    argv[n++] = "--address-file";
-    argv[n++] = d->addr_file;
-    argv[n++] = "--max-message-bytes";
-    argv[n++] = "16777216";
-    if (model) {
-        argv[n++] = "--model";
-        argv[n++] = model;
-    }
-    argv[n] = NULL;
-    char log[PATH_MAX];
-    snprintf(log, sizeof log, "%s/daemon-np%d.log", tmp, np);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 1, log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_adddup2(&fa, 1, 2);
-    int rc = posix_spawn(&d->pid, argv[0], &fa, NULL, (char *const *)argv, environ);
-    posix_spawn_file_actions_destroy(&fa);
-    if (rc != 0) {
-        fprintf(stderr, "bench-rpc: cannot start %s: %s\n", argv[0], strerror(rc));
-        return -1;
-    }
-    return 0;
-}
-
-static int wait_address(child_daemon *d)
-{
-    for (int i = 0; i < 600; i++) {
-        FILE *f = fopen(d->addr_file, "r");
-        if (f) {
-            int ok = fgets(d->address, sizeof d->address, f) != NULL;
-            fclose(f);
-            d->address[strcspn(d->address, "\r\n")] = '\0';
-            if (ok && d->address[0])
-                return 0;
-        }
-        int status;
-        if (waitpid(d->pid, &status, WNOHANG) == d->pid) {
-            fprintf(stderr, "bench-rpc: daemon exited before listening (see its log)\n");
-            d->pid = 0;
-            return -1;
-        }
-        usleep(100000);
-    }
-    fprintf(stderr, "bench-rpc: no address in %s\n", d->addr_file);
-    return -1;
-}
-
 // CPU ticks (user + system) of pid and its direct children.
 static long long tree_ticks(pid_t root)
 {
@@ -244,32 +154,6 @@ static long long tree_ticks(pid_t root)
         }
     }
     return total;
-}
-
-static void stop_daemon(child_daemon *d)
-{
-    if (d->pid <= 0)
-        return;
-    if (d->address[0]) {
-        ddl_client_t      *c;
-        ddl_client_options o = ddl_client_options_default();
-        o.connect_timeout_s  = 5;
-        if (ddl_client_connect(d->address, &o, &c) == DDL_OK) {
-            ddl_client_shutdown(c, 0, NULL);
-            ddl_client_destroy(&c);
-        }
-    }
-    for (int i = 0; i < 300; i++) {
-        int status;
-        if (waitpid(d->pid, &status, WNOHANG) == d->pid) {
-            d->pid = 0;
-            return;
-        }
-        usleep(100000);
-    }
-    kill(d->pid, SIGKILL);
-    waitpid(d->pid, NULL, 0);
-    d->pid = 0;
 }
 
 #define DIE(...)                                                                                   \
@@ -322,12 +206,9 @@ int main(int argc, char **argv)
     }
     if (steps < 1 || unary < 1 || reps < 1 || idle < 0 || blocks < 1)
         return fprintf(stderr, "bench-rpc: counts must be positive\n"), 2;
-    char    exe[PATH_MAX];
-    ssize_t k = readlink("/proc/self/exe", exe, sizeof exe - 1);
-    if (k <= 0)
+    const char *exe = bench_self_exe();
+    if (exe == NULL)
         return 1;
-    exe[k] = '\0';
-    snprintf(self_dir, sizeof self_dir, "%s", dirname(strdup(exe)));
     if (!specs)
         specs = DDL_SOURCE_DIR "/deploy/specs";
     setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
@@ -358,11 +239,14 @@ int main(int argc, char **argv)
              spec256_path, steps);
 
     // Both daemons start now, before any gRPC call in this process.
-    child_daemon  d2 = {0}, d4 = {0};
+    const char   *args2[] = {"--max-message-bytes", "16777216", NULL};
+    const char   *args4[] = {"--max-message-bytes", "16777216", "--model", lenet4, NULL};
+    bench_daemon  d2 = {0}, d4 = {0};
     int           rc = 0;
     ddl_client_t *c  = NULL;
-    if (start_daemon(&d2, 2, NULL, tmp) || start_daemon(&d4, 4, lenet4, tmp) || wait_address(&d2) ||
-        wait_address(&d4)) {
+    if (bench_daemon_start(&d2, 2, NULL, tmp, args2) ||
+        bench_daemon_start(&d4, 4, NULL, tmp, args4) || bench_daemon_wait(&d2) ||
+        bench_daemon_wait(&d4)) {
         rc = 1;
         goto out;
     }
@@ -509,8 +393,8 @@ int main(int argc, char **argv)
 out:
     if (c)
         ddl_client_destroy(&c);
-    stop_daemon(&d2);
-    stop_daemon(&d4);
+    bench_daemon_stop(&d2);
+    bench_daemon_stop(&d4);
     free(spec256);
     free(big_text);
     return rc;

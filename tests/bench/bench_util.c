@@ -3,12 +3,21 @@
 #include "bench_util.h"
 
 #include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
 #include <math.h>
+#include <signal.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
+
+#include "ddl_client.h"
 
 double bench_now(void)
 {
@@ -84,4 +93,119 @@ bench_proc_sample bench_proc_read(pid_t pid)
         s.fds = n;
     }
     return s;
+}
+
+const char *bench_self_exe(void)
+{
+    static char exe[PATH_MAX];
+    ssize_t     k = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (k <= 0) {
+        fprintf(stderr, "%s: /proc/self/exe: %s\n", program_invocation_short_name, strerror(errno));
+        return NULL;
+    }
+    exe[k] = '\0';
+    return exe;
+}
+
+int bench_daemon_start(bench_daemon *d, int np, const char *bind_to, const char *tmp,
+                       const char *const *args)
+{
+    // posix_spawn copies argv into the child before it returns, so these may be local.
+    char        exe[PATH_MAX + 16], self[PATH_MAX], npbuf[16], flags[] = DDL_MPIEXEC_FLAGS;
+    const char *me = bench_self_exe();
+    if (me == NULL) {
+        return -1;
+    }
+    snprintf(self, sizeof self, "%s", me);
+    snprintf(exe, sizeof exe, "%s/distdld", dirname(self));
+    snprintf(npbuf, sizeof npbuf, "%d", np);
+    snprintf(d->addr_file, sizeof d->addr_file, "%s/addr-np%d", tmp, np);
+    const char *argv[64];
+    int         n = 0;
+    argv[n++]     = DDL_MPIEXEC;
+    argv[n++]     = "-np";
+    argv[n++]     = npbuf;
+    if (bind_to != NULL) {
+        argv[n++] = "--bind-to";
+        argv[n++] = bind_to;
+    }
+    for (char *tok = strtok(flags, " "); tok && n < 40; tok = strtok(NULL, " ")) {
+        argv[n++] = tok;
+    }
+    argv[n++] = exe;
+    argv[n++] = "--listen";
+    argv[n++] = "127.0.0.1:0";
+    argv[n++] = "--address-file";
+    argv[n++] = d->addr_file;
+    for (int i = 0; args != NULL && args[i] != NULL && n < 63; i++) {
+        argv[n++] = args[i];
+    }
+    argv[n] = NULL;
+    char log[PATH_MAX + 32];
+    snprintf(log, sizeof log, "%s/daemon-np%d.log", tmp, np);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, log, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    int rc = posix_spawn(&d->pid, argv[0], &fa, NULL, (char *const *)argv, environ);
+    posix_spawn_file_actions_destroy(&fa);
+    if (rc != 0) {
+        fprintf(stderr, "%s: cannot start %s: %s\n", program_invocation_short_name, argv[0],
+                strerror(rc));
+        d->pid = 0;
+        return -1;
+    }
+    return 0;
+}
+
+int bench_daemon_wait(bench_daemon *d)
+{
+    for (int i = 0; i < 1200; i++) {
+        FILE *f = fopen(d->addr_file, "r");
+        if (f) {
+            int ok = fgets(d->address, sizeof d->address, f) != NULL;
+            fclose(f);
+            d->address[strcspn(d->address, "\r\n")] = '\0';
+            if (ok && d->address[0]) {
+                return 0;
+            }
+        }
+        int status;
+        if (waitpid(d->pid, &status, WNOHANG) == d->pid) {
+            fprintf(stderr, "%s: the daemon exited before listening (see its log)\n",
+                    program_invocation_short_name);
+            d->pid = 0;
+            return -1;
+        }
+        usleep(100000);
+    }
+    fprintf(stderr, "%s: no address in %s\n", program_invocation_short_name, d->addr_file);
+    return -1;
+}
+
+void bench_daemon_stop(bench_daemon *d)
+{
+    if (d->pid <= 0) {
+        return;
+    }
+    if (d->address[0]) {
+        ddl_client_t      *c;
+        ddl_client_options o = ddl_client_options_default();
+        o.connect_timeout_s  = 5;
+        if (ddl_client_connect(d->address, &o, &c) == DDL_OK) {
+            ddl_client_shutdown(c, 0, NULL);
+            ddl_client_destroy(&c);
+        }
+    }
+    for (int i = 0; i < 300; i++) {
+        int status;
+        if (waitpid(d->pid, &status, WNOHANG) == d->pid) {
+            d->pid = 0;
+            return;
+        }
+        usleep(100000);
+    }
+    kill(d->pid, SIGKILL); // our own child, after 30 s of a shutdown not taking
+    waitpid(d->pid, NULL, 0);
+    d->pid = 0;
 }

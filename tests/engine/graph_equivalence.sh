@@ -20,22 +20,8 @@
 # Usage: graph_equivalence.sh BIN_DIR SPEC_DIR DATA_DIR MPIRUN [MPIRUN FLAGS...]
 #        (GRAPH_NETS="vgg" limits the networks run)
 set -euo pipefail
-bin=$1 specs=$2 data=$3
-shift 3
-mpi=("$@")
-py=/usr/bin/python3
-tool="$(dirname "$0")/safetensors_tool.py"
-if [ ! -d "$data" ]; then
-    echo "skipped: no dataset at $data (apt-get install dataset-fashion-mnist)"
-    exit 7
-fi
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-train() {
-    local np=$1
-    shift
-    "${mpi[@]}" -np "$np" "$bin/distdl-train" --data "$data" --no-eval "$@"
-}
+# shellcheck source=train_lib.sh
+. "$(dirname "$0")/train_lib.sh" dataset "$@"
 # as_f64 SPEC OUT: the spec with dtype f64, nothing else changed.
 as_f64() {
     $py -c 'import json, sys; s = json.load(open(sys.argv[1])); s["dtype"] = "f64"; json.dump(s, open(sys.argv[2], "w"))' "$1" "$2"

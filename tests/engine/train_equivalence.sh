@@ -8,22 +8,8 @@
 #  4. a corrupted checkpoint is refused with a message naming the file.
 # Usage: train_equivalence.sh BIN_DIR SPEC_DIR DATA_DIR MPIRUN [MPIRUN FLAGS...]
 set -euo pipefail
-bin=$1 specs=$2 data=$3
-shift 3
-mpi=("$@")
-py=/usr/bin/python3
-tool="$(dirname "$0")/safetensors_tool.py"
-if [ ! -d "$data" ]; then
-    echo "skipped: no dataset at $data (apt-get install dataset-fashion-mnist)"
-    exit 7
-fi
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-train() {
-    local np=$1
-    shift
-    "${mpi[@]}" -np "$np" "$bin/distdl-train" --data "$data" --no-eval "$@"
-}
+# shellcheck source=train_lib.sh
+. "$(dirname "$0")/train_lib.sh" dataset "$@"
 
 echo "== 1. the same spec on 1, 2 and 4 ranks"
 for np in 1 2 4; do
@@ -35,28 +21,10 @@ $py "$tool" compare "$tmp/w2.safetensors" "$tmp/w1.safetensors" --rtol 1e-4
 $py "$tool" compare "$tmp/w4.safetensors" "$tmp/w1.safetensors" --rtol 1e-4
 
 echo "== 2. resume from a checkpoint: the same trajectory, bitwise"
-train 4 --model "$specs/lenet5-4.json" --max-steps 30 --print-steps \
-    --export "$tmp/full.safetensors" >"$tmp/full.log"
-train 4 --model "$specs/lenet5-4.json" --max-steps 20 --print-steps \
-    --checkpoint-dir "$tmp/ck" --checkpoint-every 10 >"$tmp/part1.log"
-train 4 --model "$specs/lenet5-4.json" --max-steps 30 --print-steps \
-    --checkpoint-dir "$tmp/ck" --resume --export "$tmp/resumed.safetensors" >"$tmp/part2.log"
-grep '^step' "$tmp/full.log" >"$tmp/a"
-cat "$tmp/part1.log" "$tmp/part2.log" | grep '^step' >"$tmp/b"
-diff "$tmp/a" "$tmp/b"
-cmp "$tmp/full.safetensors" "$tmp/resumed.safetensors"
+check_resume lenet 4 "$specs/lenet5-4.json" 30 20 10
 echo "30 steps identical; final weights bitwise equal"
 # The same with batch norm (running statistics are checkpointed), dropout and SGD momentum.
-train 2 --model "$specs/cnn-bn-2.json" --max-steps 30 --print-steps \
-    --export "$tmp/bnfull.safetensors" >"$tmp/bnfull.log"
-train 2 --model "$specs/cnn-bn-2.json" --max-steps 15 --print-steps \
-    --checkpoint-dir "$tmp/bnck" --checkpoint-every 15 >"$tmp/bn1.log"
-train 2 --model "$specs/cnn-bn-2.json" --max-steps 30 --print-steps \
-    --checkpoint-dir "$tmp/bnck" --resume --export "$tmp/bnres.safetensors" >"$tmp/bn2.log"
-grep '^step' "$tmp/bnfull.log" >"$tmp/a"
-cat "$tmp/bn1.log" "$tmp/bn2.log" | grep '^step' >"$tmp/b"
-diff "$tmp/a" "$tmp/b"
-cmp "$tmp/bnfull.safetensors" "$tmp/bnres.safetensors"
+check_resume bn 2 "$specs/cnn-bn-2.json" 30 15 15
 echo "batch norm + dropout model: 30 steps identical after resume; weights and running statistics bitwise equal"
 
 echo "== 3. reshard 4 -> 2 -> 1 keeps the weights bitwise"

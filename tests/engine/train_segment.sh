@@ -13,13 +13,8 @@
 #  4. --data is refused for a spec that generates its data, and required otherwise.
 # Usage: train_segment.sh BIN_DIR SPEC_DIR MPIRUN [MPIRUN FLAGS...]
 set -euo pipefail
-bin=$1 specs=$2
-shift 2
-mpi=("$@")
-py=/usr/bin/python3
-tool="$(dirname "$0")/safetensors_tool.py"
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
+# shellcheck source=train_lib.sh
+. "$(dirname "$0")/train_lib.sh" generated "$@"
 for np in 1 2 4; do
     sed 's/"shape": \[1, 32, 32, 32\]/"shape": [1, 16, 16, 16]/' "$specs/unet3d-$np.json" \
         >"$tmp/unet16-$np.json"
@@ -27,11 +22,6 @@ for np in 1 2 4; do
     sed 's/"dtype": "f32"/"dtype": "f64"/' "$tmp/unet16-$np.json" >"$tmp/unet16d-$np.json"
     grep -q '"dtype": "f64"' "$tmp/unet16d-$np.json"
 done
-train() {
-    local np=$1
-    shift
-    "${mpi[@]}" -np "$np" "$bin/distdl-train" --no-eval "$@"
-}
 
 echo "== 1. the U-Net on 1, 2 and 4 ranks"
 for np in 1 2 4; do
@@ -45,16 +35,7 @@ $py "$tool" compare "$tmp/d4.safetensors" "$tmp/d1.safetensors" --rtol 1e-10 | t
 $py "$tool" losses "$tmp/log1" "$tmp/log2" "$tmp/log4" --rtol 1e-4
 
 echo "== 2. resume: the same trajectory, bitwise"
-train 2 --model "$tmp/unet16-2.json" --max-steps 8 --print-steps \
-    --export "$tmp/full.safetensors" >"$tmp/full.log"
-train 2 --model "$tmp/unet16-2.json" --max-steps 4 --print-steps \
-    --checkpoint-dir "$tmp/ck" --checkpoint-every 4 >"$tmp/part1.log"
-train 2 --model "$tmp/unet16-2.json" --max-steps 8 --print-steps \
-    --checkpoint-dir "$tmp/ck" --resume --export "$tmp/resumed.safetensors" >"$tmp/part2.log"
-grep '^step' "$tmp/full.log" >"$tmp/a"
-cat "$tmp/part1.log" "$tmp/part2.log" | grep '^step' >"$tmp/b"
-diff "$tmp/a" "$tmp/b"
-cmp "$tmp/full.safetensors" "$tmp/resumed.safetensors"
+check_resume unet 2 "$tmp/unet16-2.json" 8 4 4
 echo "8 steps identical after resume; weights and batch-norm statistics bitwise equal"
 
 echo "== 3. a 4-rank checkpoint on 1 rank"

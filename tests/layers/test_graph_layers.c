@@ -115,17 +115,6 @@ static ddl_tensor_t *random_output(const ddl_layer_t *L, uint64_t stream)
     return t;
 }
 
-static double max_abs_diff(const ddl_tensor_t *a, const ddl_tensor_t *b)
-{
-    double e = 0.0;
-    for (int64_t i = 0; i < ddl_tensor_numel(a); i++) {
-        e = fmax(e, fabs(ddl_tensor_get(a, i) - ddl_tensor_get(b, i)));
-    }
-    double g;
-    MPI_Allreduce(&e, &g, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    return g;
-}
-
 // ---- steady state: a second forward/backward allocates nothing and repeats the first -
 
 static void check_steady(const char *name, gctx *t)
@@ -152,9 +141,9 @@ static void check_steady(const char *name, gctx *t)
     uint64_t allocs = ddl_alloc_count();
     run_fb(L, x, y2, dy, dx2);
     ASSERT_EQ(ddl_alloc_count(), allocs);
-    double e = max_abs_diff(y, y2);
+    double e = layer_test_max_diff(y, y2);
     for (int k = 0; k < n; k++) {
-        e = fmax(e, max_abs_diff(dx[k], dx2[k]));
+        e = fmax(e, layer_test_max_diff(dx[k], dx2[k]));
     }
     if (e != 0.0) {
         TEST_FAIL_("%s: a second forward/backward differs from the first by %.3e", name, e);

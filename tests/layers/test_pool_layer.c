@@ -6,7 +6,6 @@
 // Layouts are DistDL's test_pooling.py cases (the 16- and 18-rank ones scaled to 4
 // ranks), plus ranks with an empty output share and a partition on a subset of the
 // world. Random inputs are distinct almost surely, so max pooling has no ties.
-#include <math.h>
 
 #include "ddl/base.h"
 #include "layer_test.h"
@@ -55,73 +54,6 @@ static ddl_status build_pool(void *ctx, bool seq, ddl_dtype dt, ddl_layer_t **ou
     return ddl_pool_create(seq ? t->P_seq : t->P_x, dt, &xg, &p, out);
 }
 
-// ---- repeatability ---------------------------------------------------------------
-// Forward and backward depend only on their arguments (and the parameters): a layer run
-// on (x1, dy1) and then on (x2, dy2) gives, on the second run, exactly what a fresh layer
-// gives on (x2, dy2). This catches state left in the plan's buffers (ghosts, pads,
-// staging blocks), which the single-pass checks cannot see. That second run also must
-// not allocate.
-static void fill_random(ddl_tensor_t *t, const ddl_partition_t *P, const ddl_shape *global,
-                        uint64_t stream)
-{
-    ddl_box box = ddl_partition_local_box(P, global);
-    ddl_fill_global_uniform(t, &box, global, 77, stream);
-}
-
-static double max_diff(const ddl_tensor_t *a, const ddl_tensor_t *b)
-{
-    double e = 0.0;
-    for (int64_t i = 0; i < ddl_tensor_numel(a); i++) {
-        e = fmax(e, fabs(ddl_tensor_get(a, i) - ddl_tensor_get(b, i)));
-    }
-    double g;
-    MPI_Allreduce(&e, &g, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-    return g;
-}
-
-static void check_repeat(const char *name, ddl_layer_builder *b)
-{
-    ddl_layer_t *L[2] = {NULL, NULL};
-    ddl_tensor_t *x[2], *dy[2], *y[2], *dx[2];
-    for (int i = 0; i < 2; i++) {
-        ASSERT_OK(b->build(b->ctx, false, DDL_F64, &L[i]));
-        ddl_layer_init_params(L[i], b->seed, 200);
-    }
-    for (int i = 0; i < 2; i++) {
-        ASSERT_OK(ddl_tensor_create(DDL_F64, ddl_layer_x_shape(L[0]), &x[i]));
-        ASSERT_OK(ddl_tensor_create(DDL_F64, ddl_layer_y_shape(L[0]), &dy[i]));
-        ASSERT_OK(ddl_tensor_create(DDL_F64, ddl_layer_y_shape(L[0]), &y[i]));
-        ASSERT_OK(ddl_tensor_create(DDL_F64, ddl_layer_x_shape(L[0]), &dx[i]));
-        fill_random(x[i], ddl_layer_P_in(L[0]), ddl_layer_x_global(L[0]), 10 + (uint64_t)i);
-        fill_random(dy[i], ddl_layer_P_out(L[0]), ddl_layer_y_global(L[0]), 20 + (uint64_t)i);
-    }
-    // L[0]: (x0, dy0) then (x1, dy1); L[1]: (x1, dy1) only.
-    ASSERT_OK(ddl_layer_forward(L[0], x[0], y[0]));
-    ASSERT_OK(ddl_layer_backward(L[0], dy[0], dx[0]));
-    ddl_layer_zero_grad(L[0]);
-    uint64_t allocs = ddl_alloc_count();
-    ASSERT_OK(ddl_layer_forward(L[0], x[1], y[0]));
-    ASSERT_OK(ddl_layer_backward(L[0], dy[1], dx[0]));
-    ASSERT_EQ(ddl_alloc_count(), allocs);  // the steady state allocates nothing
-    ddl_layer_zero_grad(L[1]);
-    ASSERT_OK(ddl_layer_forward(L[1], x[1], y[1]));
-    ASSERT_OK(ddl_layer_backward(L[1], dy[1], dx[1]));
-    double e = fmax(max_diff(y[0], y[1]), max_diff(dx[0], dx[1]));
-    for (int k = 0; k < ddl_layer_nparams(L[0]); k++) {
-        e = fmax(e, max_diff(ddl_layer_param(L[0], k)->grad, ddl_layer_param(L[1], k)->grad));
-    }
-    if (e > 1e-12) {
-        TEST_FAIL_("%s: a second forward/backward differs from a fresh layer's by %.3e", name, e);
-    }
-    for (int i = 0; i < 2; i++) {
-        ddl_tensor_destroy(&x[i]);
-        ddl_tensor_destroy(&dy[i]);
-        ddl_tensor_destroy(&y[i]);
-        ddl_tensor_destroy(&dx[i]);
-        ddl_layer_destroy(&L[i]);
-    }
-}
-
 static void run_case(const pool_case *pc)
 {
     int nd = 2 + pc->nsp, n = 1;
@@ -148,7 +80,7 @@ static void run_case(const pool_case *pc)
         snprintf(name, sizeof name, "%s %s", t.mode == DDL_POOL_MAX ? "max" : "avg", pc->name);
         ddl_layer_builder b = {.build = build_pool, .ctx = &t, .seed = 99, .training = true};
         layer_test_run(name, &b, t.mode == DDL_POOL_AVG, true);
-        check_repeat(name, &b);
+        layer_test_repeat(name, &b);
     }
     ddl_partition_destroy(&t.P_x);
     ddl_partition_destroy(&t.P_seq);

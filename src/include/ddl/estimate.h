@@ -40,6 +40,11 @@ DDL_EXTERN ddl_status ddl_spec_estimate(const ddl_spec_t *spec, ddl_mem_estimate
 // description of where the figure came from. Returns -1 when nothing could be read.
 DDL_EXTERN double ddl_mem_available(int ranks_on_host, char *how, size_t howlen);
 
+// The value of a "Key:   123 kB" line of a /proc file (/proc/meminfo, /proc/self/status), in
+// bytes; -1 when the file or the key is absent. ddl_mem_available reads MemAvailable with
+// it; public so that a measurement (bench-memory: VmHWM, VmRSS) reads /proc as it does.
+DDL_EXTERN double ddl_proc_kb_bytes(const char *path, const char *key);
+
 // Refuses a spec whose estimate does not fit: DDL_ENOMEM with "spec needs an estimated X GiB (or MiB)
 // per rank (parameters A, gradients B, optimizer state C, activations D, workspace E GiB)
 // but Y GiB is available (...)". ranks_on_host <= 0: OMPI_COMM_WORLD_LOCAL_SIZE, else the

@@ -1,0 +1,64 @@
+# train_lib.sh: what the distdl-train integration tests share (train_equivalence.sh,
+# train_segment.sh, graph_equivalence.sh). Sourced, not run, with the test's arguments:
+#   . "$(dirname "$0")/train_lib.sh" dataset BIN_DIR SPEC_DIR DATA_DIR MPIRUN [FLAGS...]
+#   . "$(dirname "$0")/train_lib.sh" generated BIN_DIR SPEC_DIR MPIRUN [FLAGS...]
+# (dataset: the specs read Fashion-MNIST from DATA_DIR; generated: they make their data).
+# Sets bin, specs, data (empty for generated), mpi (an array), py, tool and tmp (a
+# directory removed at exit); exits 7, which ctest counts as skipped, when DATA_DIR is
+# missing; defines train and check_resume. The test runs `set -euo pipefail` before it
+# sources this file, so that a train_lib.sh not found stops it.
+# shellcheck disable=SC2034 # specs: used by the tests that source this file
+case ${1:-} in
+dataset)
+    bin=$2 specs=$3 data=$4
+    shift 4
+    ;;
+generated)
+    bin=$2 specs=$3 data=
+    shift 3
+    ;;
+*)
+    echo "train_lib.sh: the first argument is dataset or generated, not '${1:-}'" >&2
+    exit 2
+    ;;
+esac
+mpi=("$@")
+# shellcheck disable=SC2034 # used by the tests that source this file
+py=/usr/bin/python3
+# shellcheck disable=SC2034
+tool="$(dirname "${BASH_SOURCE[0]}")/safetensors_tool.py"
+if [ -n "$data" ] && [ ! -d "$data" ]; then
+    echo "skipped: no dataset at $data (apt-get install dataset-fashion-mnist)"
+    exit 7
+fi
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+
+# train NP ARGS...: distdl-train on NP ranks without evaluation (and --data DATA_DIR for
+# the dataset tests).
+train() {
+    local np=$1 with_data=()
+    shift
+    if [ -n "$data" ]; then
+        with_data=(--data "$data")
+    fi
+    "${mpi[@]}" -np "$np" "$bin/distdl-train" "${with_data[@]}" --no-eval "$@"
+}
+
+# check_resume NAME NP SPEC STEPS STOP EVERY: STEPS steps in one run, and the same in a run
+# of STOP steps checkpointing every EVERY then one resumed from its last checkpoint, print
+# the same losses at every step and export the same weights, bitwise. Files: $tmp/NAME-*.
+check_resume() {
+    local name=$1 np=$2 spec=$3 steps=$4 stop=$5 every=$6
+    local t="$tmp/$name"
+    train "$np" --model "$spec" --max-steps "$steps" --print-steps \
+        --export "$t-full.safetensors" >"$t-full.log"
+    train "$np" --model "$spec" --max-steps "$stop" --print-steps \
+        --checkpoint-dir "$t-ck" --checkpoint-every "$every" >"$t-part1.log"
+    train "$np" --model "$spec" --max-steps "$steps" --print-steps \
+        --checkpoint-dir "$t-ck" --resume --export "$t-resumed.safetensors" >"$t-part2.log"
+    grep '^step' "$t-full.log" >"$t-a"
+    cat "$t-part1.log" "$t-part2.log" | grep '^step' >"$t-b"
+    diff "$t-a" "$t-b"
+    cmp "$t-full.safetensors" "$t-resumed.safetensors"
+}

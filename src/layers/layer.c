@@ -83,7 +83,11 @@ ddl_status ddl_layer_forward(ddl_layer_t *L, const ddl_tensor_t *x, ddl_tensor_t
         st = check_io(L, "output", y, &L->y_shape);
     }
     DDL_CHECK(agree_io(L, st));
-    return L->ops->forward(L, x, y);
+    ddl_traffic mark;
+    ddl_layer_traffic_begin(&mark);
+    st = L->ops->forward(L, x, y);
+    ddl_layer_traffic_end(L, false, &mark);
+    return st;
 }
 
 ddl_status ddl_layer_backward(ddl_layer_t *L, const ddl_tensor_t *dy, ddl_tensor_t *dx)
@@ -94,7 +98,26 @@ ddl_status ddl_layer_backward(ddl_layer_t *L, const ddl_tensor_t *dy, ddl_tensor
         st = check_io(L, "input gradient", dx, &L->x_shape);
     }
     DDL_CHECK(agree_io(L, st));
-    return L->ops->backward(L, dy, dx);
+    ddl_traffic mark;
+    ddl_layer_traffic_begin(&mark);
+    st = L->ops->backward(L, dy, dx);
+    ddl_layer_traffic_end(L, true, &mark);
+    return st;
+}
+
+void ddl_layer_traffic_begin(ddl_traffic *mark)
+{
+    ddl_traffic_snapshot(mark);
+}
+
+void ddl_layer_traffic_end(ddl_layer_t *L, bool backward, const ddl_traffic *mark)
+{
+    ddl_traffic now;
+    ddl_traffic_snapshot(&now);
+    ddl_traffic *slot = backward      ? &L->traffic.backward
+                        : L->training ? &L->traffic.forward_train
+                                      : &L->traffic.forward_eval;
+    ddl_traffic_sub(&now, mark, slot);
 }
 
 void ddl_layer_destroy(ddl_layer_t **L)

@@ -52,6 +52,16 @@ typedef struct ddl_param {
 
 typedef struct ddl_layer ddl_layer_t;
 
+// The payload a layer's most recent calls moved for this rank (ddl_traffic deltas over
+// each call; ddl/primitives.h). A backward may run primitives' forwards (batch norm sums
+// its statistics), so each entry keeps every kind and pass. A training forward and an
+// evaluation forward move different amounts (batch norm's statistics), hence two.
+typedef struct ddl_layer_traffic {
+    ddl_traffic forward_train;  // the last forward in training mode
+    ddl_traffic forward_eval;   // the last forward in evaluation mode
+    ddl_traffic backward;       // the last backward
+} ddl_layer_traffic;
+
 typedef struct ddl_layer_ops {
     ddl_status (*forward)(ddl_layer_t *L, const ddl_tensor_t *x, ddl_tensor_t *y);
     ddl_status (*backward)(ddl_layer_t *L, const ddl_tensor_t *dy, ddl_tensor_t *dx);
@@ -70,6 +80,7 @@ struct ddl_layer {
     uint64_t               rng_step;      // the step a random layer (dropout) draws for
     int                    nparams;
     ddl_param              params[DDL_LAYER_MAX_PARAMS];
+    ddl_layer_traffic      traffic;  // kept by ddl_layer_traffic_end
     void                  *impl;
 };
 
@@ -96,6 +107,12 @@ DDL_EXTERN void       ddl_layer_set_training(ddl_layer_t *L, bool training);
 DDL_EXTERN void       ddl_layer_set_rng_step(ddl_layer_t *L, uint64_t step);
 // Initializes every parameter from (seed, stream_base + parameter index) by global index.
 DDL_EXTERN void       ddl_layer_init_params(ddl_layer_t *L, uint64_t seed, uint64_t stream_base);
+// Traffic accounting around one call of a layer's ops (ddl_layer_forward and _backward
+// do it; anything else that calls L->ops directly brackets the call the same way):
+// begin snapshots the process counters into *mark, end stores what moved since into
+// L->traffic (forward: the slot of L->training). Local, allocates nothing.
+DDL_EXTERN void       ddl_layer_traffic_begin(ddl_traffic *mark);
+DDL_EXTERN void       ddl_layer_traffic_end(ddl_layer_t *L, bool backward, const ddl_traffic *mark);
 
 // Framework helpers for layer implementations.
 // Allocates a layer with zeroed fields and the given ops/kind.
@@ -270,6 +287,9 @@ DDL_EXTERN ddl_status ddl_loss_forward(ddl_loss_t *l, const ddl_tensor_t *x,
 // Collective and agreed like forward.
 DDL_EXTERN ddl_status ddl_loss_backward(ddl_loss_t *l, double dvalue,
                                         const ddl_tensor_t *delementwise, ddl_tensor_t *dx);
+// What the last forward (backward false) or backward moved for this rank (a delta of the
+// traffic counters, ddl/primitives.h). Not collective.
+DDL_EXTERN void       ddl_loss_traffic(const ddl_loss_t *l, bool backward, ddl_traffic *out);
 
 #ifdef __cplusplus
 }

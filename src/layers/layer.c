@@ -154,6 +154,11 @@ void ddl_layer_set_rng_step(ddl_layer_t *L, uint64_t step)
     L->rng_step     = step;
 }
 
+void ddl_layer_set_dx_unused(ddl_layer_t *L, bool unused)
+{
+    L->dx_unused = unused;
+}
+
 void ddl_layer_init_params(ddl_layer_t *L, uint64_t seed, uint64_t stream_base)
 {
     for (int i = 0; i < L->nparams; i++) {

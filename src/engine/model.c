@@ -827,7 +827,7 @@ static void traffic_plan(ddl_traffic_row *r, const ddl_repartition_t *t)
         ddl_repartition_traffic(t, DDL_TRAFFIC_FORWARD);
 }
 
-ddl_status ddl_model_traffic_table(ddl_model_t *m, ddl_traffic_row *rows, int n)
+ddl_status ddl_model_traffic_local(const ddl_model_t *m, ddl_traffic_row *rows, int n)
 {
     DDL_REQUIRE(m != NULL && rows != NULL && n == ddl_model_traffic_rows(m), DDL_EINVAL,
                 "traffic table: needs %d rows, got %d", m != NULL ? ddl_model_traffic_rows(m) : 0,
@@ -853,8 +853,13 @@ ddl_status ddl_model_traffic_table(ddl_model_t *m, ddl_traffic_row *rows, int n)
                              m->rank == 0 ? 0 : lb, 1};
     traffic_row(&rows[k], "output", "repartition");
     traffic_plan(&rows[k++], m->out_plan);
-    // Sum over the ranks. The rows are plain uint64 after their names, so one
-    // all-reduce of the counts per row suffices (count = a multiple of 8 bytes).
+    return DDL_OK;
+}
+
+ddl_status ddl_model_traffic_table(ddl_model_t *m, ddl_traffic_row *rows, int n)
+{
+    DDL_CHECK(ddl_agree(m->comm, ddl_model_traffic_local(m, rows, n)));
+    // Sum over the ranks: a ddl_traffic is plain uint64, so two all-reduces per row.
     size_t words = sizeof(ddl_traffic) / sizeof(uint64_t);
     for (int i = 0; i < n; i++) {
         DDL_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &rows[i].fwd, (int)words, MPI_UINT64_T,

@@ -125,6 +125,9 @@ DDL_EXTERN int        ddl_model_traffic_rows(const ddl_model_t *m);
 // report their last step (zero before the first). Collective (all-reduces over the model's
 // communicator): call it when a table is wanted, not every step. Allocates nothing.
 DDL_EXTERN ddl_status ddl_model_traffic_table(ddl_model_t *m, ddl_traffic_row *rows, int n);
+// The same rows for this rank alone (what it sent and received), without the sums: not
+// collective (a caller that already gathers per-rank figures adds them up itself).
+DDL_EXTERN ddl_status ddl_model_traffic_local(const ddl_model_t *m, ddl_traffic_row *rows, int n);
 
 // Gives each rank of comm on a node an equal share of the node's cores for the BLAS
 // (OPENBLAS_NUM_THREADS, when set, wins). Returns the thread count chosen. Collective.

@@ -94,6 +94,11 @@ class Bytes:
 
     def __init__(self):
         self.terms = {}  # (kind/pass, term) -> bytes
+        # What the engine executes, for the time model (tests/bench/scaling_model.py):
+        #   ("fan", kind, [(g, bytes), ...])        one broadcast/reduce per group of g
+        #   ("allreduce", kind, [(g, bytes), ...])  one all-reduce per group of g
+        #   ("p2p", kind, {rank: [sent, received, messages]})
+        self.ops = []
 
     def add(self, key, n, term="min"):
         if n:
@@ -110,6 +115,35 @@ class Bytes:
         return sum(self.total(term).values())
 
 
+def pieces_met(N, P, a, n):
+    """How many of the P pieces of N meet the range [a, a + n) (empty pieces meet none)."""
+    if n == 0:
+        return 0
+    return sum(1 for i in range(P) if overlap([piece(N, P, i)], [(a, n)]) > 0)
+
+
+def repartition_ops(gshape, Px, Py, es):
+    """Per rank [sent, received, messages] of a Repartition: everything but the self
+    overlap of each rank moves, to or from every rank whose box meets its own (boxes are
+    products of ranges, so the partners are counted dimension by dimension)."""
+    xb = {r: Px.box(gshape, c) for r, c in Px.members()}
+    yb = {r: Py.box(gshape, c) for r, c in Py.members()}
+    per = {}
+    for r, b in xb.items():
+        own = overlap(b, yb[r]) if r in yb else 0
+        meet = math.prod(pieces_met(n, p, a, k) for n, p, (a, k) in zip(gshape, Py.shape, b))
+        e = per.setdefault(r, [0, 0, 0])
+        e[0] += (vol(b) - own) * es
+        e[2] += meet - (1 if own else 0)
+    for r, b in yb.items():
+        own = overlap(xb[r], b) if r in xb else 0
+        meet = math.prod(pieces_met(n, p, a, k) for n, p, (a, k) in zip(gshape, Px.shape, b))
+        e = per.setdefault(r, [0, 0, 0])
+        e[1] += (vol(b) - own) * es
+        e[2] += meet - (1 if own else 0)
+    return per
+
+
 def repartition_bytes(gshape, Px, Py, es):
     """Everything but the self overlaps: the boxes of each side tile the tensor."""
     mine = {}
@@ -117,11 +151,6 @@ def repartition_bytes(gshape, Px, Py, es):
         mine[r] = Px.box(gshape, c)
     kept = sum(overlap(mine[r], Py.box(gshape, c)) for r, c in Py.members() if r in mine)
     return (math.prod(gshape) - kept) * es
-
-
-def fan_bytes(groups, block):
-    """A broadcast or sum-reduce: each group of g distinct ranks moves (g - 1) blocks."""
-    return sum((len(set(g)) - 1) * block for g in groups)
 
 
 # ---- halos (DistDL's formulas on the explicitly padded global length) -----------------
@@ -155,19 +184,43 @@ def halo_bytes(gshape, P, k, s, p, d, es):
     minus what it holds. The exchange moves, dimension by dimension, slabs with the full
     buffer extent in the dimensions already exchanged and the held extent (padding
     included) in the others: summed, the padded buffer minus the held block."""
+    eng, mini, _ = halo_ops(gshape, P, k, s, p, d, es)
+    return eng, mini
+
+
+def halo_ops(gshape, P, k, s, p, d, es):
+    """(engine bytes, minimum bytes, per rank [sent, received, messages]) of one halo
+    exchange (either direction: the adjoint sends back what the forward received)."""
     nsp = len(gshape) - 2
     NC = gshape[0] * gshape[1]
     eng = mini = 0
-    for _, c in P.members():
-        dims = [halo_dim(gshape[2 + j], P.shape[2 + j], c[2 + j], k[j], s[j], p[j], d[j])
-                for j in range(nsp)]
+    per = {}
+    hd = {}
+    for j in range(nsp):
+        for i in range(P.shape[2 + j]):
+            hd[(j, i)] = halo_dim(gshape[2 + j], P.shape[2 + j], i, k[j], s[j], p[j], d[j])
+    for r, c in P.members():
+        dims = [hd[(j, c[2 + j])] for j in range(nsp)]
         held = [h["pad_lo"] + h["n"] + h["pad_hi"] for h in dims]
-        buf = [hd + max(h["lo"], 0) + max(h["hi"], 0) for hd, h in zip(held, dims)]
+        buf = [hl + max(h["lo"], 0) + max(h["hi"], 0) for hl, h in zip(held, dims)]
         eng += NC * (math.prod(buf) - math.prod(held))
         need = [h["need"] for h in dims]
         own = [piece(gshape[2 + j], P.shape[2 + j], c[2 + j]) for j in range(nsp)]
         mini += NC * (vol(need) - overlap(need, own))
-    return eng * es, mini * es
+        # Step i moves slabs with the buffer extent in dims < i, the held one in dims > i;
+        # what I send a neighbour is its ghost on my side.
+        sent = recv = msgs = 0
+        for i in range(nsp):
+            cross = NC * math.prod(buf[:i]) * math.prod(held[i + 1:])
+            g = max(dims[i]["lo"], 0), max(dims[i]["hi"], 0)
+            ci = c[2 + i]
+            out = (max(hd[(i, ci - 1)]["hi"], 0) if ci > 0 else 0,
+                   max(hd[(i, ci + 1)]["lo"], 0) if ci + 1 < P.shape[2 + i] else 0)
+            recv += cross * sum(g)
+            sent += cross * sum(out)
+            msgs += sum(1 for v in g + out if v > 0)
+        per[r] = [sent * es, recv * es, msgs]
+    return eng * es, mini * es, per
 
 
 # ---- the spec, layer by layer ---------------------------------------------------------
@@ -266,43 +319,69 @@ def layer_bytes(L, es, with_bwd):
     if L.kind == "repartition":
         n = repartition_bytes(L.x, L.Pin, L.Pout, es)
         fwd.add("repartition/forward", n)
+        if n:
+            per = repartition_ops(L.x, L.Pin, L.Pout, es)
+            fwd.ops.append(("p2p", "repartition", per))
         if with_bwd:
             bwd.add("repartition/adjoint", n)
+            if n:
+                bwd.ops.append(("p2p", "repartition", per))
     elif L.kind == "flatten":
         # Local unless the channel split gives unbalanced feature blocks: then the flat
         # blocks [N_loc, C_loc * S] are rebalanced over the features.
         S = math.prod(L.x[2:])
         n = 0
         Pin, Pout = L.Pin, L.Pout
+        per = {}
         for r, c in Pin.members():
             rows = piece(L.x[0], Pin.shape[0], c[0])
             c0, cl = piece(L.x[1], Pin.shape[1], c[1])
             mine = [rows, (c0 * S, cl * S)]
             for q, cy in Pout.members():
-                if q != r:
-                    n += overlap(mine, Pout.box(L.y, cy))
+                v = overlap(mine, Pout.box(L.y, cy)) if q != r else 0
+                if v:
+                    n += v
+                    per.setdefault(r, [0, 0, 0])
+                    per.setdefault(q, [0, 0, 0])
+                    per[r][0] += v * es
+                    per[r][2] += 1
+                    per[q][1] += v * es
+                    per[q][2] += 1
         fwd.add("repartition/forward", n * es)
+        if n:
+            fwd.ops.append(("p2p", "repartition", per))
         if with_bwd:
             bwd.add("repartition/adjoint", n * es)
+            if n:
+                bwd.ops.append(("p2p", "repartition", per))
     elif L.kind in ("conv_feature", "max_pool", "avg_pool"):
         c = L.cfg
         if L.Pin.shape[2:] != [1] * (len(L.x) - 2):
-            eng, mini = halo_bytes(L.x, L.Pin, c["k"], c["s"], c["p"], c["d"], es)
+            eng, mini, per = halo_ops(L.x, L.Pin, c["k"], c["s"], c["p"], c["d"], es)
             fwd.add("halo_exchange/forward", mini)
             fwd.add("halo_exchange/forward", eng - mini, "halo_faces")
+            if eng:
+                fwd.ops.append(("p2p", "halo_exchange", per))
             # The adjoint only assembles dx, which nobody reads before the first layer
             # with parameters.
             if with_bwd and not L.first_param:
                 bwd.add("halo_exchange/adjoint", mini)
                 bwd.add("halo_exchange/adjoint", eng - mini, "halo_faces")
+                if eng:
+                    bwd.ops.append(("p2p", "halo_exchange", per))
         if L.kind == "conv_feature":
             # Weight and bias live on rank 0 of P_x: broadcast to the others each forward,
             # their gradients summed back (the adjoint).
             w = c["cout"] * c["cin"] * math.prod(c["k"]) + (c["cout"] if c["bias"] else 0)
-            n = (len(set(L.Pin.ranks)) - 1) * w * es
+            g = len(set(L.Pin.ranks))
+            n = (g - 1) * w * es
             fwd.add("broadcast/forward", n)
+            if n:
+                fwd.ops.append(("fan", "broadcast", [(g, w * es)]))
             if with_bwd:
                 bwd.add("broadcast/adjoint", n)
+                if n:
+                    bwd.ops.append(("fan", "sum_reduce", [(g, w * es)]))
     elif L.kind == "linear":
         linear_bytes(L, es, with_bwd)
     elif L.kind == "batchnorm":
@@ -318,6 +397,12 @@ def linear_bytes(L, es, with_bwd):
     # x_c goes from P_x rank (0, c) down column c of P_w; the partial y_rc of row r are
     # summed onto P_y rank (0, r).
     fi_max, fo_max = piece(Fin, Pfi, 0)[1], piece(Fout, Pfo, 0)[1]
+    xg = [(len(set([Px.rank_at((0, c))] + [Pw.rank_at((r, c)) for r in range(Pfo)])),
+           Bt * fi_max * es) for c in range(Pfi)]
+    yg = [(len(set([Py.rank_at((0, r))] + [Pw.rank_at((r, c)) for c in range(Pfi)])),
+           Bt * fo_max * es) for r in range(Pfo)]
+    xg = [g for g in xg if g[0] > 1]
+    yg = [g for g in yg if g[0] > 1]
     xb = sum((len(set([Px.rank_at((0, c))] + [Pw.rank_at((r, c)) for r in range(Pfo)])) - 1)
              * Bt * piece(Fin, Pfi, c)[1] for c in range(Pfi))
     xb_pad = sum((len(set([Px.rank_at((0, c))] + [Pw.rank_at((r, c)) for r in range(Pfo)])) - 1)
@@ -330,12 +415,20 @@ def linear_bytes(L, es, with_bwd):
     L.fwd.add("broadcast/forward", (xb_pad - xb) * es, "padded_block")
     L.fwd.add("sum_reduce/forward", yb * es)
     L.fwd.add("sum_reduce/forward", (yb_pad - yb) * es, "padded_block")
+    if xg:
+        L.fwd.ops.append(("fan", "broadcast", xg))
+    if yg:
+        L.fwd.ops.append(("fan", "sum_reduce", yg))
     if with_bwd:
         L.bwd.add("sum_reduce/adjoint", yb * es)
         L.bwd.add("sum_reduce/adjoint", (yb_pad - yb) * es, "padded_block")
+        if yg:
+            L.bwd.ops.append(("fan", "broadcast", yg))
         if not L.first_param:
             L.bwd.add("broadcast/adjoint", xb * es)
             L.bwd.add("broadcast/adjoint", (xb_pad - xb) * es, "padded_block")
+            if xg:
+                L.bwd.ops.append(("fan", "sum_reduce", xg))
 
 
 def batchnorm_bytes(L, es, with_bwd):
@@ -346,13 +439,24 @@ def batchnorm_bytes(L, es, with_bwd):
     for r, c in P.members():
         groups.setdefault(c[1], []).append(r)
     st = sum((len(set(g)) - 1) * piece(C, P.shape[1], c)[1] for c, g in groups.items())
+    gs = [(len(set(g)), piece(C, P.shape[1], c)[1]) for c, g in groups.items()]
+    gs = [(g, n) for g, n in gs if g > 1]
     L.fwd.add("sum_reduce/forward", 2 * st * F64)        # mean, then variance
     L.fwd.add("broadcast/forward", 2 * st * F64)
+    if gs:
+        for _ in range(2):
+            L.fwd.ops.append(("fan", "sum_reduce", [(g, n * F64) for g, n in gs]))
+            L.fwd.ops.append(("fan", "broadcast", [(g, n * F64) for g, n in gs]))
     if L.cfg["affine"]:
         L.fwd.add("broadcast/forward", 2 * st * es)     # gamma | beta
+        if gs:
+            L.fwd.ops.append(("fan", "broadcast", [(g, 2 * n * es) for g, n in gs]))
     if with_bwd:
         L.bwd.add("sum_reduce/forward", 2 * st * F64)    # [sum dy | sum dy x_hat]
         L.bwd.add("broadcast/forward", 2 * st * F64)
+        if gs:
+            L.bwd.ops.append(("fan", "sum_reduce", [(g, 2 * n * F64) for g, n in gs]))
+            L.bwd.ops.append(("fan", "broadcast", [(g, 2 * n * F64) for g, n in gs]))
 
 
 def loss_bytes(P, x, es):
@@ -365,6 +469,13 @@ def loss_bytes(P, x, es):
     fwd.add("all_sum_reduce/forward", Pc * (Pc - 1) * 2 * rows * F64)
     fwd.add("sum_reduce/forward", (g - 1) * 2 * F64)
     bwd.add("sum_reduce/adjoint", (g - 1) * 2 * F64)
+    if Pc > 1:
+        rb = [(Pc, piece(x[0], Pb, b)[1] * F64) for b in range(Pb)]
+        fwd.ops.append(("allreduce", "all_max_reduce", rb))
+        fwd.ops.append(("allreduce", "all_sum_reduce", [(g_, 2 * n) for g_, n in rb]))
+    if g > 1:
+        fwd.ops.append(("fan", "sum_reduce", [(g, 2 * F64)]))
+        bwd.ops.append(("fan", "broadcast", [(g, 2 * F64)]))
     return fwd, bwd
 
 
@@ -382,7 +493,10 @@ def table(spec):
     xin = [B] + list(spec["input"]["shape"])
     root_in = Part("root", [0], [1] * len(xin))
     inp = Bytes()
-    inp.add("repartition/forward", repartition_bytes(xin, root_in, parts[spec["input"]["partition"]], es))
+    Pin0 = parts[spec["input"]["partition"]]
+    inp.add("repartition/forward", repartition_bytes(xin, root_in, Pin0, es))
+    if inp.sum():
+        inp.ops.append(("p2p", "repartition", repartition_ops(xin, root_in, Pin0, es)))
     rows.append(("input", inp, Bytes()))
     for L in layers:
         rows.append((L.name, L.fwd, L.bwd))
@@ -395,10 +509,14 @@ def table(spec):
     need = sum(piece(B, last.Pout.shape[0], c[0])[1] for r, c in last.Pout.members() if r != 0)
     lab.add("broadcast/forward", need * I64)
     lab.add("broadcast/forward", ((W - 1) * B - need) * I64, "labels")
+    if W > 1:
+        lab.ops.append(("fan", "broadcast", [(W, B * I64)]))
     rows.append(("labels", lab, Bytes()))
     out = Bytes()
     root_out = Part("root", [0], [1] * len(last.y))
     out.add("repartition/forward", repartition_bytes(last.y, last.Pout, root_out, es))
+    if out.sum():
+        out.ops.append(("p2p", "repartition", repartition_ops(last.y, last.Pout, root_out, es)))
     rows.append(("output", out, Bytes()))
     return rows, layers
 

@@ -101,7 +101,8 @@ typedef struct conv_impl {
     int64_t              nx_blk;     // elements of the conv input block on P_x
 
     // Fans (channel, general): x down co, y over ci; envelopes when sizes differ. A rank
-    // that roots and joins its group works in place (no copy into its own output).
+    // that roots and joins its group runs the fan-outs (B_x, R*, B_w, B_b) in place: no
+    // copy of its block into its own output (see layers/linear.c, "In place").
     ddl_broadcast_t  *x_bc;
     ddl_sum_reduce_t *y_sr;
     bool              x_inplace, y_inplace, w_inplace, b_inplace;
@@ -476,11 +477,7 @@ static ddl_status conv_forward(ddl_layer_t *L, const ddl_tensor_t *x, ddl_tensor
         DDL_CHECK(ddl_broadcast_forward(m->x_bc, &in, &to));
         m->conv_in = m->x_inplace ? xin : m->xw->data;
     }
-    void *ydst = NULL;  // where y's sum lands (P_y)
-    if (m->y_sr != NULL) {
-        ydst = m->ystage != NULL ? m->ystage->data : y->data;
-    }
-    void *yout = m->y_sr == NULL ? y->data : (m->y_inplace ? ydst : m->yw->data);
+    void *yout = m->y_sr != NULL ? m->yw->data : y->data;
     if (m->work) {
         const void *w = m->w != NULL && !m->w_inplace ? m->w->data : pw->value->data;
         const void *b = NULL;
@@ -491,7 +488,8 @@ static ddl_status conv_forward(ddl_layer_t *L, const ddl_tensor_t *x, ddl_tensor
     }
     // Over the ci dimension onto P_y.
     if (m->y_sr != NULL) {
-        ddl_tensor_t in = flat(dt, m->ny_leaf, yout), to = flat(dt, m->ny_root, ydst);
+        void        *dst = m->ystage != NULL ? m->ystage->data : y->data;
+        ddl_tensor_t in = flat(dt, m->ny_leaf, m->yw->data), to = flat(dt, m->ny_root, dst);
         DDL_CHECK(ddl_sum_reduce_forward(m->y_sr, &in, &to));
         if (m->ystage != NULL && m->in_y) {
             memcpy(y->data, m->ystage->data, ddl_tensor_bytes(y));
@@ -533,7 +531,7 @@ static ddl_status conv_backward(ddl_layer_t *L, const ddl_tensor_t *dy, ddl_tens
     }
 
     // The local adjoint: the input block gradient (overwritten), dw and db accumulated.
-    void *gin = fan && !m->x_inplace ? m->dxw->data : gx;
+    void *gin = fan ? m->dxw->data : gx;
     if (fan ? m->in_w : m->in_x) {
         zero_n(dt, gin, fan ? m->nx_leaf : m->nx_blk);
     }
@@ -555,14 +553,13 @@ static ddl_status conv_backward(ddl_layer_t *L, const ddl_tensor_t *dy, ddl_tens
     }
 
     // Parameter gradients onto their owners (B_w*, B_b*: sums along the spatial dims).
-    // (In place, an owner sums the others' terms into its own.)
     if (m->w_bc != NULL) {
-        DDL_CHECK(ddl_broadcast_adjoint(m->w_bc, m->dw, m->w_inplace ? m->dw : m->gw));
-        add_into(pw->grad, m->w_inplace ? m->dw : m->gw);
+        DDL_CHECK(ddl_broadcast_adjoint(m->w_bc, m->dw, m->gw));
+        add_into(pw->grad, m->gw);
     }
     if (m->b_bc != NULL) {
-        DDL_CHECK(ddl_broadcast_adjoint(m->b_bc, m->db, m->b_inplace ? m->db : m->gb));
-        add_into(pb->grad, m->b_inplace ? m->db : m->gb);
+        DDL_CHECK(ddl_broadcast_adjoint(m->b_bc, m->db, m->gb));
+        add_into(pb->grad, m->gb);
     }
     if (L->dx_unused) {
         return DDL_OK;  // nobody reads dx: no B_x*, no halo adjoint
@@ -570,8 +567,7 @@ static ddl_status conv_backward(ddl_layer_t *L, const ddl_tensor_t *dy, ddl_tens
 
     // Input block gradients summed over co onto P_x (B_x*).
     if (fan) {
-        ddl_tensor_t to = flat(dt, m->nx_root, gx);
-        ddl_tensor_t in = m->x_inplace ? to : flat(dt, m->nx_leaf, m->dxw->data);
+        ddl_tensor_t in = flat(dt, m->nx_leaf, m->dxw->data), to = flat(dt, m->nx_root, gx);
         DDL_CHECK(ddl_broadcast_adjoint(m->x_bc, &in, &to));
     }
 

@@ -39,12 +39,14 @@
 // partitions only, so every rank takes the same path.
 //
 // In place. A rank that roots a group of Bc (P_x rank c inside column c of P_w) or of R
-// (P_y rank r inside row r) and is one of its members hands the primitive one tensor as
+// (P_y rank r inside row r) and is one of its members hands the fan-outs one tensor as
 // input and output: Bc sends its x block from where it is and the kernel reads it there
-// (by reference, as above); R sums into y with its own partial already in it; R*
-// broadcasts dy from where it is; Bc* sums into dx with its own partial already in it.
-// Out of place, each would first copy the whole block into the rank's own output, a copy
-// that costs as much as the broadcast itself on shared memory (docs/SCALING.md).
+// (by reference, as above); R* broadcasts dy from where it is and the kernel reads it
+// there. Out of place, the root would first copy the whole block into its own output, a
+// copy that costs as much as the broadcast itself on shared memory (2x MPI_Bcast at
+// 64 MiB, 1.05x in place; docs/SCALING.md). The sums (R, Bc*) stay out of place: Open
+// MPI's MPI_Reduce with MPI_IN_PLACE at the root allocates and fills a temporary copy
+// of the whole buffer, which is no faster and allocates in the step.
 //
 // Collectivity: create is collective over P_x ∪ P_w ∪ P_y (plan communicators);
 // forward and backward are collective over the broadcast/reduce groups. Ranks outside
@@ -117,16 +119,13 @@ static ddl_status linear_forward(ddl_layer_t *L, const ddl_tensor_t *x, ddl_tens
             m->x_in = m->xw->data;
         }
     }
-    ddl_tensor_t *dst = m->pad_y ? m->ys : y;
-    // The root of a row that is also one of its members sums in place: its partial y
-    // goes straight into the output.
-    ddl_tensor_t *part = m->sr_inplace ? dst : m->yw;
     if (m->in_w) {
         const void *b = m->has_bias ? L->params[1].value->data : NULL;
-        DDL_CHECK(ddl_linear_forward(L->dt, part->data, m->x_in, L->params[0].value->data, b,
+        DDL_CHECK(ddl_linear_forward(L->dt, m->yw->data, m->x_in, L->params[0].value->data, b,
                                      m->batch, m->fi, m->fo));
     }
-    DDL_CHECK(ddl_sum_reduce_forward(m->reduce_y, part, dst));
+    ddl_tensor_t *dst = m->pad_y ? m->ys : y;
+    DDL_CHECK(ddl_sum_reduce_forward(m->reduce_y, m->yw, dst));
     if (m->pad_y) {
         // y is the first B * fo_r elements of the padded sum: the flat prefix.
         memcpy(y->data, m->ys->data, ddl_tensor_bytes(y));
@@ -151,10 +150,9 @@ static ddl_status linear_backward(ddl_layer_t *L, const ddl_tensor_t *dy, ddl_te
     } else {
         DDL_CHECK(ddl_sum_reduce_adjoint(m->reduce_y, src, m->yw));
     }
-    // Where this rank's partial dx lands: dx itself when Bc* is the identity (x_direct) or
-    // when this rank roots its column's sum in place, else the plan's block.
-    bool          direct = m->x_direct || m->bc_inplace;
-    ddl_tensor_t *gxw    = direct ? dx : m->dxw;
+    // Where this rank's partial dx lands: dx itself when Bc* is the identity (x_direct),
+    // else the plan's block (sums stay out of place: see "In place" above).
+    ddl_tensor_t *gxw = m->x_direct ? dx : m->dxw;
     if (m->in_w) {
         ddl_param *w  = &L->params[0];
         void      *db = m->has_bias ? L->params[1].grad->data : NULL;
@@ -325,8 +323,8 @@ ddl_status ddl_linear_create(const ddl_partition_t *P_x, const ddl_partition_t *
     m->pad_x = !m->x_direct && ddl_partition_active(P_x) &&
                !ddl_shape_equal(&L->x_shape, &xs_shape);
     m->pad_y = ddl_partition_active(P_y) && !ddl_shape_equal(&L->y_shape, &ys_shape);
-    // A rank that roots and joins one group keeps its block where it is (no copy into its
-    // own output: the copy costs as much as the broadcast itself on shared memory).
+    // A rank that roots and joins one group keeps its block where it is for the fan-outs
+    // (no copy into its own output: it costs as much as the broadcast itself).
     // A padded x block stays out of place: backward (which may run more than once) still
     // reads the saved block after it has summed dx into the padded buffer.
     m->bc_inplace = !m->x_direct && !m->pad_x && ddl_broadcast_in_place_ok(m->bcast_x);

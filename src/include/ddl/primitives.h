@@ -58,11 +58,12 @@ DDL_EXTERN ddl_status ddl_broadcast_forward(const ddl_broadcast_t *b, const ddl_
 DDL_EXTERN ddl_status ddl_broadcast_adjoint(const ddl_broadcast_t *b, const ddl_tensor_t *dy,
                                             ddl_tensor_t *dx);
 // True when this rank is the source and one of the destinations of one group, so forward
-// and adjoint may take one tensor as both input and output here. A caller that can keep
-// its input as its output should: out of place, the root first copies the whole tensor
-// into its own output (forward) or MPI copies its term before summing (adjoint), which
-// costs as much as the broadcast itself on shared memory (1.85-2x MPI_Bcast at 64 MiB).
-// Not collective.
+// and adjoint may take one tensor as both input and output here. For the forward (a
+// fan-out) a caller that can keep its input as its output should: out of place, the
+// root first copies the whole tensor into its own output, which costs as much as the
+// broadcast itself on shared memory (1.84-2.16x MPI_Bcast at 64 MiB, in place 1.05-1.07x).
+// The adjoint (a fan-in) gains nothing in place with Open MPI, whose MPI_Reduce with
+// MPI_IN_PLACE copies the root's buffer into a temporary it allocates. Not collective.
 DDL_EXTERN bool       ddl_broadcast_in_place_ok(const ddl_broadcast_t *b);
 
 // ---- SumReduce -------------------------------------------------------------

@@ -208,26 +208,35 @@ def lg(g):
 
 
 def t_bcast(m, g, n):
+    """Binomial tree (small messages) or scatter + recursive-doubling allgather (large)."""
     if g <= 1:
         return 0.0
     tree = lg(g) * (m.alpha + m.beta * n)
-    sag = (lg(g) + g - 1) * m.alpha + 2 * (g - 1) / g * m.beta * n
+    sag = 2 * lg(g) * m.alpha + 2 * (g - 1) / g * m.beta * n
     return min(tree, sag)
 
 
+def gamma(m, n):
+    """The local sum of two n-byte buffers into one: 3 n bytes of memory traffic."""
+    return 3 * n / m.mem
+
+
 def t_reduce(m, g, n):
-    # A broadcast's pattern backwards, plus the sums (one read-add-write pass per level).
+    """Binomial tree (each level adds) or reduce-scatter + gather (Rabenseifner)."""
     if g <= 1:
         return 0.0
-    return t_bcast(m, g, n) + min(lg(g), 2) * 3 * n / m.mem
+    tree = lg(g) * (m.alpha + m.beta * n + gamma(m, n))
+    rab = 2 * lg(g) * m.alpha + 2 * (g - 1) / g * m.beta * n + (g - 1) / g * gamma(m, n)
+    return min(tree, rab)
 
 
 def t_allreduce(m, g, n):
+    """Recursive doubling (small) or reduce-scatter + allgather (Rabenseifner)."""
     if g <= 1:
         return 0.0
-    rd = lg(g) * (m.alpha + m.beta * n)
-    ring = 2 * (g - 1) * m.alpha + 2 * (g - 1) / g * m.beta * n
-    return min(rd, ring)
+    rd = lg(g) * (m.alpha + m.beta * n + gamma(m, n))
+    rab = 2 * lg(g) * m.alpha + 2 * (g - 1) / g * m.beta * n + (g - 1) / g * gamma(m, n)
+    return min(rd, rab)
 
 
 def t_op(m, op):
@@ -396,6 +405,29 @@ def report(d, out_png):
                       (mode, m.name, PS[best], ts[best] * 1e3, br[-1]["compute"] * 1e3,
                        br[-1]["comm"] * 1e3, br[-1]["control"] * 1e3))
                 print("    " + "  ".join("%d:%.3g" % (P, t * 1e3) for P, t in zip(PS, ts)))
+
+    # The two tables of docs/SCALING.md §5.
+    print("\n| network | np | measured ms | model ms | model x np-1 factor ms |")
+    print("|---|---|---|---|---|")
+    for name in NETWORKS:
+        eff = curves[(name, "eff")]
+        for P in (1, 2, 4, 8):
+            t = d["measured"].get("%s|%d" % (name, P))
+            pr = curves[(name, "strong", here.name)][0][PS.index(P)]
+            if t:
+                print("| %s | %d%s | %.1f | %.1f | %.1f |" % (name, P, " (oversubscribed)" if P > 2
+                                                            else "", t * 1e3, pr * 1e3,
+                                                            pr * eff * 1e3))
+    print("\n| network | scaling | fastest at P (cluster) | ms | x np 1 | at P = 1024: compute / "
+          "primitives / control ms |")
+    print("|---|---|---|---|---|---|")
+    for name in NETWORKS:
+        for mode in ("strong", "weak"):
+            ts, br = curves[(name, mode, cluster.name)]
+            best = min(range(len(PS)), key=lambda i: ts[i])
+            print("| %s | %s | %d | %.2f | %.1f | %.2f / %.2f / %.2f |" %
+                  (name, mode, PS[best], ts[best] * 1e3, ts[0] / ts[best], br[-1]["compute"] * 1e3,
+                   br[-1]["comm"] * 1e3, br[-1]["control"] * 1e3))
 
     import matplotlib
     matplotlib.use("Agg")

@@ -2,6 +2,7 @@
 """A scaling model of distdl-c's training step to 1,000 ranks (docs/SCALING.md).
 
     scaling_model.py [--measure] [--build build] [--data DIR] [--out docs/scaling.png]
+    scaling_model.py --emit lenet5|mlp P [weak]     print a generated spec
 
 Predicts the time of one training step of each network (NETWORKS below) from
 
@@ -475,6 +476,13 @@ def report(d, out_png):
 
 def main():
     a = sys.argv[1:]
+    if a and a[0] == "--emit":
+        # --emit lenet5|mlp P [weak]: one generated spec as JSON (tests/engine/specs/).
+        gen = {"lenet5": lenet5, "mlp": mlp}[a[1]]
+        spec = gen(int(a[2]), weak=len(a) > 3 and a[3] == "weak")
+        json.dump(spec, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        return
     build = os.path.join(ROOT, "build")
     data = "/usr/share/datasets/fashion-mnist"
     out = os.path.join(ROOT, "docs", "scaling.png")

@@ -90,9 +90,9 @@ static void copy_prefix(ddl_tensor_t *dst, const ddl_tensor_t *src)
     }
 }
 
-// A tensor the layer hands to a primitive as both input and output (in place): on a rank
-// that roots and joins one group, MPI_Bcast and MPI_Reduce(MPI_IN_PLACE) only read the
-// root's buffer in the fan-out, so a caller's const tensor may serve.
+// A tensor the layer hands to a fan-out as both input and output (in place): on a rank
+// that roots and joins one group, MPI_Bcast only reads the root's buffer, so a caller's
+// const tensor may serve.
 static ddl_tensor_t *as_inout(const ddl_tensor_t *t)
 {
     return (ddl_tensor_t *)t;

@@ -70,8 +70,8 @@ static double sgemm_rate(int n, int reps)
     }
     for (int r = -1; r < reps; r++) {
         double t0 = MPI_Wtime();
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f,
-                    c, n);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c,
+                    n);
         if (r >= 0) {
             t[r] = MPI_Wtime() - t0;
         }
@@ -88,7 +88,7 @@ static double memcpy_rate(int reps)
 {
     size_t  n   = 64u << 20;
     char   *src = malloc(n), *dst = malloc(n);
-    double *t   = malloc(sizeof(double) * (size_t)reps);
+    double *t = malloc(sizeof(double) * (size_t)reps);
     memset(src, 1, n);
     memset(dst, 2, n);
     for (int r = -1; r < reps; r++) {
@@ -124,7 +124,7 @@ int main(int argc, char **argv)
         MPI_Finalize();
         return 2;
     }
-    char  *buf   = malloc(16u << 20);
+    char *buf = malloc(16u << 20);
     memset(buf, 0, 16u << 20);
     double alpha = pingpong(buf, 8, reps, rank);
     // Least squares of t(s) = a + b s over the large sizes.
@@ -142,7 +142,7 @@ int main(int argc, char **argv)
     free(buf);
 
     // Compute on rank 0 alone (the other ranks wait in the barrier, yielding).
-    double g1_256 = 0, g1_1024 = 0, gall = 0, mem = 0;
+    double    g1_256 = 0, g1_1024 = 0, gall = 0, mem = 0;
     cpu_set_t cs;
     int       cores = sched_getaffinity(0, sizeof cs, &cs) == 0 ? CPU_COUNT(&cs) : 1;
     if (rank == 0) {
@@ -156,8 +156,8 @@ int main(int argc, char **argv)
     }
     MPI_Barrier(MPI_COMM_WORLD);
     if (rank == 0) {
-        printf("{\"alpha\": %.4g, \"beta\": %.4g, \"bandwidth\": %.4g, \"pingpong\": {",
-               alpha, beta, 1.0 / beta);
+        printf("{\"alpha\": %.4g, \"beta\": %.4g, \"bandwidth\": %.4g, \"pingpong\": {", alpha,
+               beta, 1.0 / beta);
         for (int i = 0; i < ns; i++) {
             printf("%s\"%d\": %.4g", i ? ", " : "", sizes[i], tl[i]);
         }

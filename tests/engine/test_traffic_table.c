@@ -39,7 +39,7 @@ static void print_traffic(const char *key, const ddl_traffic *t)
 
 static ddl_traffic_row *table(ddl_model_t *m, int *n)
 {
-    *n                   = ddl_model_traffic_rows(m);
+    *n                    = ddl_model_traffic_rows(m);
     ddl_traffic_row *rows = calloc((size_t)*n, sizeof *rows);
     ASSERT_TRUE(rows != NULL);
     ASSERT_OK(ddl_model_traffic_table(m, rows, *n));
@@ -56,11 +56,11 @@ int main(int argc, char **argv)
     ddl_model_t *m    = NULL;
     ASSERT_OK(ddl_spec_load(argv[1], size, &spec));
     ASSERT_OK(ddl_model_create(MPI_COMM_WORLD, spec, &m));
-    int64_t   B  = ddl_spec_batch_size(spec), C = ddl_spec_num_classes(spec);
-    ddl_shape in = ddl_spec_input_shape(spec);
-    int64_t   S  = ddl_shape_numel(&in);
-    size_t    es = ddl_dtype_size(ddl_spec_dtype(spec));
-    void     *x  = NULL;
+    int64_t   B = ddl_spec_batch_size(spec), C = ddl_spec_num_classes(spec);
+    ddl_shape in  = ddl_spec_input_shape(spec);
+    int64_t   S   = ddl_shape_numel(&in);
+    size_t    es  = ddl_dtype_size(ddl_spec_dtype(spec));
+    void     *x   = NULL;
     int64_t  *lab = NULL;
     size_t    XB  = 0;
     if (ddl_test_rank == 0) {
@@ -104,15 +104,13 @@ int main(int argc, char **argv)
     }
     for (int k = 0; k < DDL_TRAFFIC_NKINDS; k++) {
         for (int p = 0; p < DDL_TRAFFIC_NPASSES; p++) {
-            if (sum.c[k][p].sent != d.c[k][p].sent ||
-                sum.c[k][p].received != d.c[k][p].received) {
-                TEST_FAIL_("%s %s: the table holds %llu/%llu bytes sent/received, the counters "
-                           "%llu/%llu",
-                           ddl_traffic_kind_name((ddl_traffic_kind)k), p ? "adjoint" : "forward",
-                           (unsigned long long)sum.c[k][p].sent,
-                           (unsigned long long)sum.c[k][p].received,
-                           (unsigned long long)d.c[k][p].sent,
-                           (unsigned long long)d.c[k][p].received);
+            if (sum.c[k][p].sent != d.c[k][p].sent || sum.c[k][p].received != d.c[k][p].received) {
+                TEST_FAIL_(
+                    "%s %s: the table holds %llu/%llu bytes sent/received, the counters "
+                    "%llu/%llu",
+                    ddl_traffic_kind_name((ddl_traffic_kind)k), p ? "adjoint" : "forward",
+                    (unsigned long long)sum.c[k][p].sent, (unsigned long long)sum.c[k][p].received,
+                    (unsigned long long)d.c[k][p].sent, (unsigned long long)d.c[k][p].received);
             }
             // Over all ranks every byte sent is a byte received.
             ASSERT_EQ(d.c[k][p].sent, d.c[k][p].received);
@@ -121,7 +119,7 @@ int main(int argc, char **argv)
 
     // Per step, not cumulative: a third step and an evaluation leave the table as it was.
     ASSERT_OK(ddl_model_train_step(m, x, XB, lab, B, &loss, &correct));
-    double  ls;
+    double ls;
     ASSERT_OK(ddl_model_eval(m, x, XB, lab, B, &ls, &correct));
     int              n2;
     ddl_traffic_row *again = table(m, &n2);

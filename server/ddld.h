@@ -139,6 +139,7 @@ typedef struct ddld_shared {
     char            data_dir[1024];
     bool            serving; // health: SERVING until shutdown begins
     int64_t         dropped_calls; // queued calls dropped unrun (cancelled, past deadline)
+    int64_t         step_bytes; // payload bytes a training step moves, over all ranks (0: none yet)
     // Submitted batches (SubmitBatch), oldest first: a ring of unpacked messages.
     Distdl__V1__Batch **batches;
     int                 batch_cap, batch_head, batch_count;

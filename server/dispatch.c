@@ -85,6 +85,7 @@ struct ddld_dispatch {
     bool       verbose;         // DDLD_VERBOSE=1: timings of the weight paths
     bool       ckpt_requested;  // SIGUSR1: checkpoint at the next step boundary or when idle
     double     t_popped;        // when the current job left the queue (DDLD_VERBOSE)
+    bool       step_bytes_known; // ddld_g.step_bytes is measured for the current model
 };
 
 // ---- model info (rank 0) ------------------------------------------------------------------
@@ -282,6 +283,46 @@ static ddl_status execute(ddld_dispatch *d, const ddld_cmd *cmd, struct payload 
     return st;
 }
 
+// Every rank, after each command: the bytes a training step of the current model moves,
+// summed over ranks (ddl_model_traffic_local, one MPI_Reduce onto rank 0), for GetStatus
+// and the metrics. Measured once per model, after its first good training command: the
+// plans and so the bytes never change (docs/SCALING.md). Every rank sees the same
+// command, status and step count, so all take part in the reduction or none.
+static void note_step_bytes(ddld_dispatch *d, const ddld_cmd *cmd, const struct payload *p,
+                            ddl_status st)
+{
+    if (cmd->op == DDLD_OP_CREATE && st == DDL_OK) {
+        d->step_bytes_known = false;
+        if (d->rank == 0) {
+            pthread_mutex_lock(&ddld_g.mu);
+            ddld_g.step_bytes = 0;
+            pthread_mutex_unlock(&ddld_g.mu);
+        }
+        return;
+    }
+    bool trained = (cmd->op == DDLD_OP_STEP || (cmd->op == DDLD_OP_TRAIN && p->train.steps_done > 0));
+    if (!trained || st != DDL_OK || d->step_bytes_known || d->s == NULL) {
+        return;
+    }
+    ddl_model_t     *m    = ddl_session_model(d->s);
+    int              n    = ddl_model_traffic_rows(m);
+    ddl_traffic_row *rows = calloc((size_t)n, sizeof *rows);
+    uint64_t         mine = 0, all = 0;
+    if (rows != NULL && ddl_model_traffic_local(m, rows, n) == DDL_OK) {
+        for (int i = 0; i < n; i++) {
+            mine += ddl_traffic_total(&rows[i].fwd).sent + ddl_traffic_total(&rows[i].bwd).sent;
+        }
+    }
+    free(rows); // a rank short of memory contributes 0: the figure is informative only
+    MPI_Reduce(&mine, &all, 1, MPI_UINT64_T, MPI_SUM, 0, d->ctrl);
+    d->step_bytes_known = true;
+    if (d->rank == 0) {
+        pthread_mutex_lock(&ddld_g.mu);
+        ddld_g.step_bytes = (int64_t)all;
+        pthread_mutex_unlock(&ddld_g.mu);
+    }
+}
+
 // Rank 0: the header to everyone, then the same call as the workers.
 static ddl_status run(ddld_dispatch *d, int op, int flags, int64_t a0, int64_t a1,
                       struct payload *p)
@@ -301,7 +342,8 @@ static ddl_status run(ddld_dispatch *d, int op, int flags, int64_t a0, int64_t a
     }
     ddl_status st = execute(d, &cmd, p);
     if (op != DDLD_OP_QUIT) {
-        ddld_metrics_collect(d->ctrl); // the workers do the same after each command
+        note_step_bytes(d, &cmd, p, st); // the workers do the same after each command
+        ddld_metrics_collect(d->ctrl);
     }
     return st;
 }
@@ -339,7 +381,8 @@ int ddld_dispatch_worker_loop(ddld_dispatch *d)
         }
         struct payload p;
         memset(&p, 0, sizeof p);
-        execute(d, &cmd, &p);
+        ddl_status st = execute(d, &cmd, &p);
+        note_step_bytes(d, &cmd, &p, st);
         ddld_metrics_collect(d->ctrl);
     }
 }

@@ -329,6 +329,7 @@ struct scrape {
     int         world_size;
     int64_t     step, durable_step, epoch;
     double      last_loss;
+    int64_t     step_bytes;
     int         batches, batch_cap, requests, request_cap;
     const char *state;
 };
@@ -368,6 +369,10 @@ static void render(FILE *f, const struct scrape *s)
     fprintf(f, "distdl_epoch %lld\n", (long long)s->epoch);
     family(f, "distdl_train_loss", "gauge", "Loss of the latest training step.");
     fprintf(f, "distdl_train_loss %.17g\n", s->last_loss);
+    family(f, "distdl_step_bytes", "gauge",
+           "Payload bytes one training step moves between ranks, summed over ranks (each byte "
+           "sent once and received once; 0 before the model's first step; docs/SCALING.md).");
+    fprintf(f, "distdl_step_bytes %lld\n", (long long)s->step_bytes);
     family(f, "distdl_checkpoints_total", "counter", "Durable checkpoints written.");
     fprintf(f, "distdl_checkpoints_total %llu\n", (unsigned long long)s->checkpoints);
 
@@ -493,6 +498,7 @@ static int take_scrape(struct scrape *s)
     s->durable_step = ddld_g.durable_step;
     s->epoch        = ddld_g.epoch;
     s->last_loss    = ddld_g.last_loss;
+    s->step_bytes   = ddld_g.step_bytes;
     s->batches      = ddld_g.batch_count;
     s->batch_cap    = ddld_g.batch_cap;
     s->state        = ddld_g.state; // a string literal

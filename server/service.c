@@ -564,6 +564,7 @@ static void answer_status(ddld_call *c)
     r.batch          = ddld_g.batch;
     r.data_dir       = ddld_g.data_dir;
     r.dropped_calls  = ddld_g.dropped_calls;
+    r.bytes_per_step = ddld_g.step_bytes;
     r.active_calls   = atomic_load(&active_calls) - 1; // this GetStatus excluded
     pthread_mutex_lock(&c->svc->mu);
     r.request_queue_depth = c->svc->count;

@@ -458,6 +458,18 @@ static ddl_status build(ddl_model_t *m)
         STAGE(build_one_layer(m, m->spec->order[t], &nparams));
     }
     STAGE(build_slots(m));
+    // A layer whose backward runs but whose operands' gradients nobody reads (a chain's
+    // first layer with parameters) skips assembling them (ddl_layer_set_dx_unused).
+    for (int i = 0; i < m->nlayers; i++) {
+        bool read = false;
+        for (int k = 0; k < m->spec->layers[i].nin; k++) {
+            int p = m->spec->layers[i].in[k];
+            read |= p != SPEC_INPUT && m->run_back[p];
+        }
+        if (m->run_back[i] && !read) {
+            ddl_layer_set_dx_unused(m->layers[i], true);
+        }
+    }
     STAGE(build_tables(m, nparams));
     STAGE(build_loss(m));
     const ddl_layer_t *last = m->layers[m->nlayers - 1];
@@ -1053,4 +1065,72 @@ ddl_status ddl__model_named_state(ddl_model_t *m, bool with_optim, ddl_named_ten
     ddl_status st                 = named_state(m, with_optim, out, n, &nm);
     *names                        = nm;
     return st;
+}
+
+// ---- traffic: the bytes a step moves, per layer ------------------------------------
+// Self-contained on purpose (it reads the layers, the loss and the two plans only). Each
+// layer and the loss record what their own last calls moved (ddl_layer_traffic_end,
+// ddl_loss_traffic); the plans know what one execution moves; the labels travel by one
+// MPI_Bcast of batch int64 from rank 0 (stage_input), outside the counters, so their row
+// is computed here from that call. A step runs each of these once.
+
+int ddl_model_traffic_rows(const ddl_model_t *m)
+{
+    return m->nlayers + 4;
+}
+
+static void traffic_row(ddl_traffic_row *r, const char *name, const char *type)
+{
+    memset(r, 0, sizeof *r);
+    snprintf(r->name, sizeof r->name, "%s", name);
+    snprintf(r->type, sizeof r->type, "%s", type);
+}
+
+static void traffic_plan(ddl_traffic_row *r, const ddl_repartition_t *t)
+{
+    r->fwd.c[DDL_TRAFFIC_REPARTITION][DDL_TRAFFIC_FORWARD] =
+        ddl_repartition_traffic(t, DDL_TRAFFIC_FORWARD);
+}
+
+ddl_status ddl_model_traffic_local(const ddl_model_t *m, ddl_traffic_row *rows, int n)
+{
+    DDL_REQUIRE(m != NULL && rows != NULL && n == ddl_model_traffic_rows(m), DDL_EINVAL,
+                "traffic table: needs %d rows, got %d", m != NULL ? ddl_model_traffic_rows(m) : 0,
+                n);
+    int k = 0;
+    traffic_row(&rows[k], "input", "repartition");
+    traffic_plan(&rows[k++], m->in_plan);
+    for (int i = 0; i < m->nlayers; i++, k++) {
+        const ddl_layer_t *L = m->layers[i];
+        traffic_row(&rows[k], m->spec->layers[i].name, L->kind);
+        rows[k].fwd = L->traffic.forward_train;
+        rows[k].bwd = L->traffic.backward;
+    }
+    traffic_row(&rows[k], "loss", "cross_entropy");
+    ddl_loss_traffic(m->loss, false, &rows[k].fwd);
+    ddl_loss_traffic(m->loss, true, &rows[k++].bwd);
+    traffic_row(&rows[k], "labels", "mpi_bcast");
+    int size;
+    DDL_CHECK_MPI(MPI_Comm_size(m->comm, &size));
+    uint64_t lb = (uint64_t)m->spec->batch * sizeof(int64_t);
+    ddl_traffic_count *c = &rows[k++].fwd.c[DDL_TRAFFIC_BROADCAST][DDL_TRAFFIC_FORWARD];
+    *c = (ddl_traffic_count){m->rank == 0 ? (uint64_t)(size - 1) * lb : 0,
+                             m->rank == 0 ? 0 : lb, 1};
+    traffic_row(&rows[k], "output", "repartition");
+    traffic_plan(&rows[k++], m->out_plan);
+    return DDL_OK;
+}
+
+ddl_status ddl_model_traffic_table(ddl_model_t *m, ddl_traffic_row *rows, int n)
+{
+    DDL_CHECK(ddl_agree(m->comm, ddl_model_traffic_local(m, rows, n)));
+    // Sum over the ranks: a ddl_traffic is plain uint64, so two all-reduces per row.
+    size_t words = sizeof(ddl_traffic) / sizeof(uint64_t);
+    for (int i = 0; i < n; i++) {
+        DDL_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &rows[i].fwd, (int)words, MPI_UINT64_T,
+                                    MPI_SUM, m->comm));
+        DDL_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, &rows[i].bwd, (int)words, MPI_UINT64_T,
+                                    MPI_SUM, m->comm));
+    }
+    return DDL_OK;
 }

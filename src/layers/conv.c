@@ -100,9 +100,12 @@ typedef struct conv_impl {
     ddl_tensor_t        *xstage, *dxstage;
     int64_t              nx_blk;     // elements of the conv input block on P_x
 
-    // Fans (channel, general): x down co, y over ci; envelopes when sizes differ.
+    // Fans (channel, general): x down co, y over ci; envelopes when sizes differ. A rank
+    // that roots and joins its group runs the fan-outs (B_x, R*, B_w, B_b) in place: no
+    // copy of its block into its own output (see layers/linear.c, "In place").
     ddl_broadcast_t  *x_bc;
     ddl_sum_reduce_t *y_sr;
+    bool              x_inplace, y_inplace, w_inplace, b_inplace;
     int64_t           nx_root, nx_leaf, ny_leaf, ny_root;
     ddl_tensor_t     *xw, *dxw, *yw, *dyw;  // P_w side blocks (flat)
     ddl_tensor_t     *ystage;               // envelope of y on P_y (NULL if exact)
@@ -452,12 +455,13 @@ static ddl_status conv_forward(ddl_layer_t *L, const ddl_tensor_t *x, ddl_tensor
     conv_impl *m  = L->impl;
     ddl_dtype  dt = L->dt;
     ddl_param *pw = &L->params[0], *pb = m->c.bias ? &L->params[1] : NULL;
-    // Parameters onto the ranks that use them.
+    // Parameters onto the ranks that use them (their owners send them from where they
+    // are, in place, and read them there).
     if (m->w_bc != NULL) {
-        DDL_CHECK(ddl_broadcast_forward(m->w_bc, pw->value, m->w));
+        DDL_CHECK(ddl_broadcast_forward(m->w_bc, pw->value, m->w_inplace ? pw->value : m->w));
     }
     if (m->b_bc != NULL) {
-        DDL_CHECK(ddl_broadcast_forward(m->b_bc, pb->value, m->b));
+        DDL_CHECK(ddl_broadcast_forward(m->b_bc, pb->value, m->b_inplace ? pb->value : m->b));
     }
     m->have_forward = true;
     const void *xin;
@@ -467,15 +471,18 @@ static ddl_status conv_forward(ddl_layer_t *L, const ddl_tensor_t *x, ddl_tensor
     }
     // Down the co dimension of P_w.
     if (m->x_bc != NULL) {
-        ddl_tensor_t in = flat(dt, m->nx_root, xin), to = flat(dt, m->nx_leaf, m->xw->data);
+        // In place, the root's block (read only by MPI_Bcast) is its own conv input.
+        ddl_tensor_t in = flat(dt, m->nx_root, xin);
+        ddl_tensor_t to = m->x_inplace ? in : flat(dt, m->nx_leaf, m->xw->data);
         DDL_CHECK(ddl_broadcast_forward(m->x_bc, &in, &to));
+        m->conv_in = m->x_inplace ? xin : m->xw->data;
     }
     void *yout = m->y_sr != NULL ? m->yw->data : y->data;
     if (m->work) {
-        const void *w = m->w != NULL ? m->w->data : pw->value->data;
+        const void *w = m->w != NULL && !m->w_inplace ? m->w->data : pw->value->data;
         const void *b = NULL;
         if (m->recv_bias) {
-            b = m->b != NULL ? m->b->data : pb->value->data;
+            b = m->b != NULL && !m->b_inplace ? m->b->data : pb->value->data;
         }
         DDL_CHECK(ddl_conv_forward(dt, &m->g, yout, m->conv_in, w, b, m->ws, m->ws_bytes));
     }
@@ -511,9 +518,10 @@ static ddl_status conv_backward(ddl_layer_t *L, const ddl_tensor_t *dy, ddl_tens
             }
             src = m->ystage->data;
         }
-        ddl_tensor_t in = flat(dt, m->ny_root, src), to = flat(dt, m->ny_leaf, m->dyw->data);
+        ddl_tensor_t in = flat(dt, m->ny_root, src);
+        ddl_tensor_t to = m->y_inplace ? in : flat(dt, m->ny_leaf, m->dyw->data);
         DDL_CHECK(ddl_sum_reduce_adjoint(m->y_sr, &in, &to));
-        gy = m->dyw->data;
+        gy = m->y_inplace ? src : m->dyw->data;
     }
 
     // Where the gradient of this P_x rank's input block lands.
@@ -534,7 +542,7 @@ static ddl_status conv_backward(ddl_layer_t *L, const ddl_tensor_t *dy, ddl_tens
         ddl_tensor_zero(m->db);
     }
     if (m->work) {
-        const void *w  = m->w != NULL ? m->w->data : pw->value->data;
+        const void *w  = m->w != NULL && !m->w_inplace ? m->w->data : pw->value->data;
         void       *dw = m->dw != NULL ? m->dw->data : pw->grad->data;
         void       *db = NULL;
         if (m->recv_bias) {
@@ -552,6 +560,9 @@ static ddl_status conv_backward(ddl_layer_t *L, const ddl_tensor_t *dy, ddl_tens
     if (m->b_bc != NULL) {
         DDL_CHECK(ddl_broadcast_adjoint(m->b_bc, m->db, m->gb));
         add_into(pb->grad, m->gb);
+    }
+    if (L->dx_unused) {
+        return DDL_OK;  // nobody reads dx: no B_x*, no halo adjoint
     }
 
     // Input block gradients summed over co onto P_x (B_x*).
@@ -748,12 +759,14 @@ static ddl_status conv_setup(ddl_layer_t *L, conv_impl *m, const ddl_partition_t
         LOCAL(ddl_tensor_create(dt, &wblk, &m->w));
         LOCAL(ddl_tensor_create(dt, &wblk, &m->dw));
         LOCAL(ddl_tensor_create(dt, &L->params[0].value->shape, &m->gw));
+        m->w_inplace = ddl_broadcast_in_place_ok(m->w_bc);
         if (c->bias) {
             ddl_shape bblk = ddl_shape_make(1, (int64_t[]){m->recv_bias ? co_loc : 0});
             DDL_CHECK(ddl_agree(U, ddl_broadcast_create(P_br, P_b, false, false, dt, &bblk, &m->b_bc)));
             LOCAL(ddl_tensor_create(dt, &bblk, &m->b));
             LOCAL(ddl_tensor_create(dt, &bblk, &m->db));
             LOCAL(ddl_tensor_create(dt, &L->params[1].value->shape, &m->gb));
+            m->b_inplace = ddl_broadcast_in_place_ok(m->b_bc);
         }
     }
 
@@ -782,6 +795,8 @@ static ddl_status conv_setup(ddl_layer_t *L, conv_impl *m, const ddl_partition_t
         if (y_env) {
             LOCAL(flat_create(dt, m->ny_root, &m->ystage));
         }
+        m->x_inplace = ddl_broadcast_in_place_ok(m->x_bc);
+        m->y_inplace = ddl_sum_reduce_in_place_ok(m->y_sr);
     }
 
     // The collectives are behind us: report a deferred local failure now.

@@ -136,7 +136,11 @@ ddl_status ddl_layer_forward(ddl_layer_t *L, const ddl_tensor_t *x, ddl_tensor_t
         st = check_io(L, "output", y, &L->y_shape);
     }
     DDL_CHECK(agree_io(L, st));
-    return L->ops->forward(L, x, y);
+    ddl_traffic mark;
+    ddl_layer_traffic_begin(&mark);
+    st = L->ops->forward(L, x, y);
+    ddl_layer_traffic_end(L, false, &mark);
+    return st;
 }
 
 ddl_status ddl_layer_backward(ddl_layer_t *L, const ddl_tensor_t *dy, ddl_tensor_t *dx)
@@ -150,7 +154,26 @@ ddl_status ddl_layer_backward(ddl_layer_t *L, const ddl_tensor_t *dy, ddl_tensor
         st = check_io(L, "input gradient", dx, &L->x_shape);
     }
     DDL_CHECK(agree_io(L, st));
-    return L->ops->backward(L, dy, dx);
+    ddl_traffic mark;
+    ddl_layer_traffic_begin(&mark);
+    st = L->ops->backward(L, dy, dx);
+    ddl_layer_traffic_end(L, true, &mark);
+    return st;
+}
+
+void ddl_layer_traffic_begin(ddl_traffic *mark)
+{
+    ddl_traffic_snapshot(mark);
+}
+
+void ddl_layer_traffic_end(ddl_layer_t *L, bool backward, const ddl_traffic *mark)
+{
+    ddl_traffic now;
+    ddl_traffic_snapshot(&now);
+    ddl_traffic *slot = backward      ? &L->traffic.backward
+                        : L->training ? &L->traffic.forward_train
+                                      : &L->traffic.forward_eval;
+    ddl_traffic_sub(&now, mark, slot);
 }
 
 // Checks of the n inputs (or their gradients) of a multi-input layer; `what` is
@@ -179,7 +202,11 @@ ddl_status ddl_layer_forward_n(ddl_layer_t *L, int n, const ddl_tensor_t *const 
         st = check_io(L, "output", y, &L->y_shape);
     }
     DDL_CHECK(agree_io(L, st));
-    return L->ops->forward_n(L, n, xs, y);
+    ddl_traffic mark;
+    ddl_layer_traffic_begin(&mark);
+    st = L->ops->forward_n(L, n, xs, y);
+    ddl_layer_traffic_end(L, false, &mark);
+    return st;
 }
 
 ddl_status ddl_layer_backward_n(ddl_layer_t *L, const ddl_tensor_t *dy, int n,
@@ -194,7 +221,11 @@ ddl_status ddl_layer_backward_n(ddl_layer_t *L, const ddl_tensor_t *dy, int n,
         st = check_inputs(L, "input gradient", n, (const ddl_tensor_t *const *)dxs);
     }
     DDL_CHECK(agree_io(L, st));
-    return L->ops->backward_n(L, dy, n, dxs);
+    ddl_traffic mark;
+    ddl_layer_traffic_begin(&mark);
+    st = L->ops->backward_n(L, dy, n, dxs);
+    ddl_layer_traffic_end(L, true, &mark);
+    return st;
 }
 
 int ddl_layer_num_inputs(const ddl_layer_t *L)
@@ -313,6 +344,11 @@ void ddl_layer_set_rng_step(ddl_layer_t *L, uint64_t step)
 {
     L->rng_step_set = true;
     L->rng_step     = step;
+}
+
+void ddl_layer_set_dx_unused(ddl_layer_t *L, bool unused)
+{
+    L->dx_unused = unused;
 }
 
 void ddl_layer_init_params(ddl_layer_t *L, uint64_t seed, uint64_t stream_base)

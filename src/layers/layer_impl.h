@@ -46,6 +46,8 @@ struct ddl_layer {
     uint64_t               rng_step;      // the step a random layer (dropout) draws for
     int                    nparams;
     ddl_param              params[DDL_LAYER_MAX_PARAMS];
+    ddl_layer_traffic      traffic;   // kept by ddl_layer_traffic_end
+    bool                   dx_unused; // the caller ignores dx (ddl_layer_set_dx_unused)
     void                  *impl;
 };
 

@@ -38,6 +38,16 @@
 // backward writes dx directly (Bc* is the identity too). The test depends on the
 // partitions only, so every rank takes the same path.
 //
+// In place. A rank that roots a group of Bc (P_x rank c inside column c of P_w) or of R
+// (P_y rank r inside row r) and is one of its members hands the fan-outs one tensor as
+// input and output: Bc sends its x block from where it is and the kernel reads it there
+// (by reference, as above); R* broadcasts dy from where it is and the kernel reads it
+// there. Out of place, the root would first copy the whole block into its own output, a
+// copy that costs as much as the broadcast itself on shared memory (2x MPI_Bcast at
+// 64 MiB, 1.05x in place; docs/SCALING.md). The sums (R, Bc*) stay out of place: Open
+// MPI's MPI_Reduce with MPI_IN_PLACE at the root allocates and fills a temporary copy
+// of the whole buffer, which is no faster and allocates in the step.
+//
 // Collectivity: create is collective over P_x ∪ P_w ∪ P_y (plan communicators);
 // forward and backward are collective over the broadcast/reduce groups. Ranks outside
 // every partition hold zero-volume x and y and make no MPI call. Forward and backward
@@ -57,6 +67,8 @@ typedef struct linear_impl {
     bool              has_bias;      // holds a bias piece (P_w column 0, bias on)
     bool              pad_x, pad_y;  // the local x (y) block is smaller than the padded block
     bool              x_direct;      // Bc is the identity: no plan, x used in place
+    bool              bc_inplace;    // this rank roots and joins its Bc group: in place
+    bool              sr_inplace;    // this rank roots and joins its R group: in place
     bool              have_forward;  // a forward has run (backward needs its state)
     const void       *x_in;          // P_w: the x block of the last forward (xw->data, or
                                      // the caller's x when x_direct), read by backward
@@ -78,6 +90,14 @@ static void copy_prefix(ddl_tensor_t *dst, const ddl_tensor_t *src)
     }
 }
 
+// A tensor the layer hands to a fan-out as both input and output (in place): on a rank
+// that roots and joins one group, MPI_Bcast only reads the root's buffer, so a caller's
+// const tensor may serve.
+static ddl_tensor_t *as_inout(const ddl_tensor_t *t)
+{
+    return (ddl_tensor_t *)t;
+}
+
 static ddl_status linear_forward(ddl_layer_t *L, const ddl_tensor_t *x, ddl_tensor_t *y)
 {
     linear_impl *m  = L->impl;
@@ -90,8 +110,14 @@ static ddl_status linear_forward(ddl_layer_t *L, const ddl_tensor_t *x, ddl_tens
             copy_prefix(m->xs, x);
             src = m->xs;
         }
-        DDL_CHECK(ddl_broadcast_forward(m->bcast_x, src, m->xw));
-        m->x_in = m->xw->data;
+        if (m->bc_inplace) {
+            // My own block is my x: broadcast it from where it is, and keep it there.
+            DDL_CHECK(ddl_broadcast_forward(m->bcast_x, src, as_inout(src)));
+            m->x_in = src->data;
+        } else {
+            DDL_CHECK(ddl_broadcast_forward(m->bcast_x, src, m->xw));
+            m->x_in = m->xw->data;
+        }
     }
     if (m->in_w) {
         const void *b = m->has_bias ? L->params[1].value->data : NULL;
@@ -116,21 +142,29 @@ static ddl_status linear_backward(ddl_layer_t *L, const ddl_tensor_t *dy, ddl_te
         copy_prefix(m->ys, dy);
         src = m->ys;
     }
-    DDL_CHECK(ddl_sum_reduce_adjoint(m->reduce_y, src, m->yw));
+    // dy down row r: in place on its root (which then reads dy where it is).
+    const void *gy = m->yw->data;
+    if (m->sr_inplace) {
+        DDL_CHECK(ddl_sum_reduce_adjoint(m->reduce_y, src, as_inout(src)));
+        gy = src->data;
+    } else {
+        DDL_CHECK(ddl_sum_reduce_adjoint(m->reduce_y, src, m->yw));
+    }
+    // Where this rank's partial dx lands: dx itself when Bc* is the identity (x_direct),
+    // else the plan's block (sums stay out of place: see "In place" above).
+    ddl_tensor_t *gxw = m->x_direct ? dx : m->dxw;
     if (m->in_w) {
-        // x_direct: this rank's dx block is its whole partial dx (Bc* is the identity).
-        ddl_param    *w   = &L->params[0];
-        void         *db  = m->has_bias ? L->params[1].grad->data : NULL;
-        ddl_tensor_t *gxw = m->x_direct ? dx : m->dxw;
+        ddl_param *w  = &L->params[0];
+        void      *db = m->has_bias ? L->params[1].grad->data : NULL;
         ddl_tensor_zero(gxw);
-        DDL_CHECK(ddl_linear_backward(L->dt, gxw->data, w->grad->data, db, m->yw->data, m->x_in,
+        DDL_CHECK(ddl_linear_backward(L->dt, gxw->data, w->grad->data, db, gy, m->x_in,
                                       w->value->data, m->batch, m->fi, m->fo));
     }
-    if (m->x_direct) {
-        return DDL_OK;
+    if (m->x_direct || L->dx_unused) {
+        return DDL_OK;  // nothing to sum, or nobody reads the sum
     }
     ddl_tensor_t *dst = m->pad_x ? m->xs : dx;
-    DDL_CHECK(ddl_broadcast_adjoint(m->bcast_x, m->dxw, dst));
+    DDL_CHECK(ddl_broadcast_adjoint(m->bcast_x, gxw, dst));
     if (m->pad_x) {
         memcpy(dx->data, m->xs->data, ddl_tensor_bytes(dx));
     }
@@ -289,6 +323,12 @@ ddl_status ddl_linear_create(const ddl_partition_t *P_x, const ddl_partition_t *
     m->pad_x = !m->x_direct && ddl_partition_active(P_x) &&
                !ddl_shape_equal(&L->x_shape, &xs_shape);
     m->pad_y = ddl_partition_active(P_y) && !ddl_shape_equal(&L->y_shape, &ys_shape);
+    // A rank that roots and joins one group keeps its block where it is for the fan-outs
+    // (no copy into its own output: it costs as much as the broadcast itself).
+    // A padded x block stays out of place: backward (which may run more than once) still
+    // reads the saved block after it has summed dx into the padded buffer.
+    m->bc_inplace = !m->x_direct && !m->pad_x && ddl_broadcast_in_place_ok(m->bcast_x);
+    m->sr_inplace = ddl_sum_reduce_in_place_ok(m->reduce_y);
     DDL_CHECK_GOTO(ddl_tensor_create(dt, m->pad_x ? &xs_shape : &none, &m->xs), st, fail);
     DDL_CHECK_GOTO(ddl_tensor_create(dt, m->pad_y ? &ys_shape : &none, &m->ys), st, fail);
     DDL_CHECK_GOTO(ddl_tensor_create(dt, &xw_shape, &m->xw), st, fail);

@@ -27,8 +27,8 @@
 //
 // with g_n = R*(dv) / norm for reduced losses, and for reduction none g_n = de_n
 // broadcast from the column-0 rank along its P_x row (the adjoint of "e_n lives on
-// column 0"). The row maxima are all-reduced over the whole of P_x as one vector of the
-// N global rows (-inf outside a rank's rows): a max is not a sum.
+// column 0"). The row maxima are all-reduced (MPI_MAX: a max is not a sum) over the
+// ranks of each P_x row only, as the sums are: the rank's rows, not all N.
 //
 // Cross-entropy on N-d input (segmentation; PyTorch's F.cross_entropy on x [N, C, d1..dk],
 // k >= 1). P_x must not split dim 1 (the classes): every rank then holds whole voxels,
@@ -49,8 +49,8 @@
 // BCE input outside [0, 1] is found by the kernel during the computation: the failing
 // ranks still take part in the reduction, then every rank agrees on the status.
 //
-// Collectivity: create is collective over P_x (plans, a duplicate of P_x's
-// communicator for cross-entropy). Forward and backward are collective over the base
+// Collectivity: create is collective over P_x (plans, and for cross-entropy a
+// communicator per P_x row, split from P_x's). Forward and backward are collective over the base
 // communicator of P_x, for the agreement only: ranks outside P_x hold zero-volume x, get
 // value 0 and a zero-volume gradient, and make no other MPI call (DistDL crashes there:
 // `input.clone()` on Python's builtin). Forward and backward allocate nothing.
@@ -69,6 +69,7 @@
 #include "ddl/decomp.h"
 #include "layers/layer_impl.h"
 #include "partition/mpi_check.h"
+#include "primitives/traffic.h"
 
 struct ddl_loss {
     const ddl_partition_t *P_x;
@@ -96,15 +97,17 @@ struct ddl_loss {
     int64_t                cl, c0;    // local classes and the first global class
     int64_t                classes;
     bool                   col0;      // P_x index[1] == 0: holds the per-row losses
-    MPI_Comm               comm;      // duplicate of P_x's communicator (MAX all-reduce)
-    double                *maxbuf;    // [N + 1]: global row maxima (one spare)
-    double                *gmax;      // [rows]
+    MPI_Comm               comm;      // the ranks of this rank's P_x row (MAX all-reduce)
+    int                    row_size;  // their number (P_c)
+    double                *gmax;      // [rows]: the row maxima
     ddl_all_sum_reduce_t  *rowsum;    // P_x axis 1, [2 rows] f64
     ddl_tensor_t          *stats;     // [2 rows]: sum exp(x - m) | label logit
     const int64_t         *labels;    // the caller's labels of the last forward ([rows])
     ddl_partition_t       *Pc0;       // column-0 ranks of P_x, [P_b, 1] (reduction none)
     ddl_broadcast_t       *bcast_g;   // Pc0 -> P_x of the per-row upstream gradient
     ddl_tensor_t          *grow;      // [rows] (dt) upstream gradient on every P_x rank
+
+    ddl_traffic            traffic[2];  // what the last forward [0] and backward [1] moved
 };
 
 // ---- creation --------------------------------------------------------------------
@@ -146,7 +149,7 @@ static ddl_status loss_validate(const ddl_partition_t *P_x, ddl_dtype dt, const 
                     "loss: cross-entropy takes x [batch, classes] over P_x [P_b, P_c] or "
                     "[batch, classes, spatial...] over [P_n, 1, S...], got %d dims",
                     nd);
-        // The row maxima travel as one MPI message of N + 1 doubles.
+        // The row maxima travel as one MPI message of a rank's rows.
         DDL_REQUIRE(x_global->d[0] < INT32_MAX, DDL_EINVAL,
                     "loss: cross-entropy batch %lld too large", (long long)x_global->d[0]);
     }
@@ -166,7 +169,6 @@ static ddl_status loss_validate(const ddl_partition_t *P_x, ddl_dtype dt, const 
 static ddl_status ce_setup(ddl_loss_t *l, ddl_status *lst)
 {
     const ddl_partition_t *P = l->P_x;
-    int64_t                N = l->x_global.d[0];
     l->classes               = l->x_global.d[1];
     l->rows                  = l->x_shape.d[0];
     l->cl                    = l->x_shape.d[1];
@@ -176,12 +178,15 @@ static ddl_status ce_setup(ddl_loss_t *l, ddl_status *lst)
         l->n0     = b.start[0];
         l->c0     = b.start[1];
         l->col0   = ddl_partition_index(P)[1] == 0;
-        DDL_CHECK_MPI(MPI_Comm_dup(ddl_partition_comm(P), &l->comm));
+        // The ranks of one P_x row (the classes of the same rows): the maxima travel
+        // only among them, as the sums do (rowsum).
+        const int *ix = ddl_partition_index(P);
+        DDL_CHECK_MPI(MPI_Comm_split(ddl_partition_comm(P), ix[0], ix[1], &l->comm));
+        MPI_Comm_size(l->comm, &l->row_size);
     }
     size_t nr = (size_t)(l->rows > 0 ? l->rows : 1);
-    l->maxbuf = ddl_malloc(sizeof(double) * (size_t)(N + 1));
     l->gmax   = ddl_malloc(sizeof(double) * nr);
-    if (l->maxbuf == NULL || l->gmax == NULL) {
+    if (l->gmax == NULL) {
         LOCAL(ddl_set_error(DDL_ENOMEM, "loss: out of memory"));
     }
     ddl_shape ss = ddl_shape_make(1, (int64_t[]){2 * l->rows});
@@ -313,7 +318,6 @@ void ddl_loss_destroy(ddl_loss_t **lp)
     if (l->comm != MPI_COMM_NULL) {
         MPI_Comm_free(&l->comm);
     }
-    ddl_free(l->maxbuf);
     ddl_free(l->gmax);
     ddl_all_sum_reduce_destroy(&l->rowsum);
     ddl_tensor_destroy(&l->stats);
@@ -428,19 +432,22 @@ static ddl_status ce_check(const ddl_loss_t *l, const int64_t *labels,
 static ddl_status ce_forward(ddl_loss_t *l, const ddl_tensor_t *x, const int64_t *labels,
                              double *value, ddl_tensor_t *elementwise)
 {
-    int64_t rows = l->rows, N = l->x_global.d[0];
+    int64_t rows = l->rows;
     if (!l->active) {
         return DDL_OK;  // no rows, no collectives: P_x's members are the only participants
     }
     l->xs     = x->data;  // references for backward, not copies
     l->labels = labels;
-    for (int64_t i = 0; i < N; i++) {
-        l->maxbuf[i] = -INFINITY;
+    // The maxima of this rank's rows over the classes of its P_x row (rows < INT32_MAX:
+    // loss_validate). Counted as all_max_reduce: each of the P_c ranks exchanges its
+    // rows' maxima with the P_c - 1 others (ddl/primitives.h).
+    DDL_CHECK(ddl_cross_entropy_local_max(l->dt, l->gmax, l->xs, rows, l->cl));
+    if (l->row_size > 1) {
+        uint64_t moved = (uint64_t)(l->row_size - 1) * (uint64_t)rows * sizeof(double);
+        ddl__traffic_add(DDL_TRAFFIC_ALL_MAX_REDUCE, DDL_TRAFFIC_FORWARD, moved, moved);
+        DDL_CHECK_MPI(
+            MPI_Allreduce(MPI_IN_PLACE, l->gmax, (int)rows, MPI_DOUBLE, MPI_MAX, l->comm));
     }
-    // N < INT32_MAX (loss_validate).
-    DDL_CHECK(ddl_cross_entropy_local_max(l->dt, l->maxbuf + l->n0, l->xs, rows, l->cl));
-    DDL_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, l->maxbuf, (int)N, MPI_DOUBLE, MPI_MAX, l->comm));
-    memcpy(l->gmax, l->maxbuf + l->n0, sizeof(double) * (size_t)rows);
 
     // Sum of exponentials and the label logit, summed along the P_x row.
     double *s = l->stats->data, *z = s + rows;
@@ -522,8 +529,8 @@ static ddl_status ce_nd_forward(ddl_loss_t *l, const ddl_tensor_t *x, const int6
     return st;
 }
 
-ddl_status ddl_loss_forward(ddl_loss_t *l, const ddl_tensor_t *x, const ddl_tensor_t *target,
-                            const int64_t *labels, double *value, ddl_tensor_t *elementwise)
+static ddl_status loss_forward(ddl_loss_t *l, const ddl_tensor_t *x, const ddl_tensor_t *target,
+                               const int64_t *labels, double *value, ddl_tensor_t *elementwise)
 {
     DDL_REQUIRE(l != NULL, DDL_EINVAL, "loss forward: loss is NULL");
     if (value != NULL) {
@@ -562,8 +569,8 @@ static ddl_status reduced_scale(ddl_loss_t *l, double dvalue, double *scale)
     return DDL_OK;
 }
 
-ddl_status ddl_loss_backward(ddl_loss_t *l, double dvalue, const ddl_tensor_t *delementwise,
-                             ddl_tensor_t *dx)
+static ddl_status loss_backward(ddl_loss_t *l, double dvalue, const ddl_tensor_t *delementwise,
+                                ddl_tensor_t *dx)
 {
     DDL_REQUIRE(l != NULL, DDL_EINVAL, "loss backward: loss is NULL");
     bool       none = l->reduction == DDL_REDUCTION_NONE;
@@ -616,4 +623,37 @@ ddl_status ddl_loss_backward(ddl_loss_t *l, double dvalue, const ddl_tensor_t *d
     }
     return ddl_eloss_backward(l->kind, l->dt, n > 0 ? dx->data : NULL, g, scale, l->xs, l->ts,
                               n);
+}
+
+// ---- traffic --------------------------------------------------------------------
+// Forward and backward record what they moved (snapshot deltas, as ddl_layer_forward
+// does for layers), so a model can report its loss beside its layers.
+
+ddl_status ddl_loss_forward(ddl_loss_t *l, const ddl_tensor_t *x, const ddl_tensor_t *target,
+                            const int64_t *labels, double *value, ddl_tensor_t *elementwise)
+{
+    DDL_REQUIRE(l != NULL, DDL_EINVAL, "loss forward: loss is NULL");
+    ddl_traffic mark, now;
+    ddl_traffic_snapshot(&mark);
+    ddl_status st = loss_forward(l, x, target, labels, value, elementwise);
+    ddl_traffic_snapshot(&now);
+    ddl_traffic_sub(&now, &mark, &l->traffic[0]);
+    return st;
+}
+
+ddl_status ddl_loss_backward(ddl_loss_t *l, double dvalue, const ddl_tensor_t *delementwise,
+                             ddl_tensor_t *dx)
+{
+    DDL_REQUIRE(l != NULL, DDL_EINVAL, "loss backward: loss is NULL");
+    ddl_traffic mark, now;
+    ddl_traffic_snapshot(&mark);
+    ddl_status st = loss_backward(l, dvalue, delementwise, dx);
+    ddl_traffic_snapshot(&now);
+    ddl_traffic_sub(&now, &mark, &l->traffic[1]);
+    return st;
+}
+
+void ddl_loss_traffic(const ddl_loss_t *l, bool backward, ddl_traffic *out)
+{
+    *out = l->traffic[backward ? 1 : 0];
 }

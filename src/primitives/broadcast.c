@@ -373,6 +373,11 @@ ddl_status ddl_broadcast_forward(const ddl_broadcast_t *b, const ddl_tensor_t *x
     return ddl__bcast_reduce_bcast(&b->br, x, y, "broadcast forward");
 }
 
+bool ddl_broadcast_in_place_ok(const ddl_broadcast_t *b)
+{
+    return b != NULL && b->br.same;
+}
+
 // dx = B* dy: fan-in onto the sources (zero on a source with no destinations).
 ddl_status ddl_broadcast_adjoint(const ddl_broadcast_t *b, const ddl_tensor_t *dy,
                                  ddl_tensor_t *dx)

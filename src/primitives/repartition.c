@@ -703,6 +703,16 @@ ddl_status ddl_repartition_forward(const ddl_repartition_t *t, const ddl_tensor_
     return execute(t, x, t->xp, t->nx, &t->self_x, y, t->yp, t->ny, &t->self_y, TAG_FORWARD);
 }
 
+ddl_traffic_count ddl_repartition_traffic(const ddl_repartition_t *t, ddl_traffic_pass pass)
+{
+    ddl_traffic_count c = {0, 0, 1};
+    if (t != NULL) {
+        c.sent     = pass == DDL_TRAFFIC_FORWARD ? t->x_bytes : t->y_bytes;
+        c.received = pass == DDL_TRAFFIC_FORWARD ? t->y_bytes : t->x_bytes;
+    }
+    return c;
+}
+
 // dx = T* dy = T^{-1} dy: every piece travels back along its forward route. dx is
 // overwritten entirely (the pieces are disjoint and tile it).
 ddl_status ddl_repartition_adjoint(const ddl_repartition_t *t, const ddl_tensor_t *dy,

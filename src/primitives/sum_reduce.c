@@ -89,3 +89,8 @@ ddl_status ddl_sum_reduce_adjoint(const ddl_sum_reduce_t *r, const ddl_tensor_t 
     DDL_REQUIRE(r != NULL, DDL_EINVAL, "sum_reduce adjoint: plan is NULL");
     return ddl__bcast_reduce_bcast(&r->br, dy, dx, "sum_reduce adjoint");
 }
+
+bool ddl_sum_reduce_in_place_ok(const ddl_sum_reduce_t *r)
+{
+    return r != NULL && r->br.same;
+}

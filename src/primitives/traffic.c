@@ -16,6 +16,8 @@
 //       ranks (its self overlap excluded);
 //   HaloExchange: the exact bytes of the slabs it sends to and receives from its
 //       neighbours (global zero padding is never exchanged, so never counted).
+//   AllMaxReduce: not a primitive (a maximum has no adjoint), counted like AllSumReduce:
+//       the row maxima of the distributed cross-entropy (layers/loss.c).
 //
 // Summed over all ranks, sent equals received for every primitive and pass. The bytes
 // MPI's collective algorithms put on the wire (trees, rings) differ from this by a
@@ -54,6 +56,42 @@ const char *ddl_traffic_kind_name(ddl_traffic_kind kind)
         [DDL_TRAFFIC_ALL_SUM_REDUCE] = "all_sum_reduce",
         [DDL_TRAFFIC_REPARTITION]    = "repartition",
         [DDL_TRAFFIC_HALO_EXCHANGE]  = "halo_exchange",
+        [DDL_TRAFFIC_ALL_MAX_REDUCE] = "all_max_reduce",
     };
     return (unsigned)kind < DDL_TRAFFIC_NKINDS ? names[kind] : "unknown";
+}
+
+void ddl_traffic_sub(const ddl_traffic *a, const ddl_traffic *b, ddl_traffic *out)
+{
+    for (int k = 0; k < DDL_TRAFFIC_NKINDS; k++) {
+        for (int p = 0; p < DDL_TRAFFIC_NPASSES; p++) {
+            out->c[k][p].sent     = a->c[k][p].sent - b->c[k][p].sent;
+            out->c[k][p].received = a->c[k][p].received - b->c[k][p].received;
+            out->c[k][p].calls    = a->c[k][p].calls - b->c[k][p].calls;
+        }
+    }
+}
+
+void ddl_traffic_add(ddl_traffic *acc, const ddl_traffic *d)
+{
+    for (int k = 0; k < DDL_TRAFFIC_NKINDS; k++) {
+        for (int p = 0; p < DDL_TRAFFIC_NPASSES; p++) {
+            acc->c[k][p].sent += d->c[k][p].sent;
+            acc->c[k][p].received += d->c[k][p].received;
+            acc->c[k][p].calls += d->c[k][p].calls;
+        }
+    }
+}
+
+ddl_traffic_count ddl_traffic_total(const ddl_traffic *t)
+{
+    ddl_traffic_count s = {0, 0, 0};
+    for (int k = 0; k < DDL_TRAFFIC_NKINDS; k++) {
+        for (int p = 0; p < DDL_TRAFFIC_NPASSES; p++) {
+            s.sent += t->c[k][p].sent;
+            s.received += t->c[k][p].received;
+            s.calls += t->c[k][p].calls;
+        }
+    }
+    return s;
 }

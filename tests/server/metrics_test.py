@@ -17,6 +17,7 @@ bad_listen: a malformed --metrics-listen, a busy port and --metrics-address-file
 
 Exit status: 0 pass, 1 fail, 7 skip (distdld not built, or no python3-grpcio/numpy).
 """
+import json
 import math
 import os
 import re
@@ -328,6 +329,30 @@ def sc_scrape(h):
                       (value(m2, "distdl_durable_step"), ck.step))
     if value(m2, "distdl_checkpoints_total") - value(m0, "distdl_checkpoints_total") != 1:
         raise Failure("checkpoints_total did not move by 1")
+
+    # Bytes per step: 0 before the first step, then what docs/SCALING.md derives for the
+    # spec (tests/engine/traffic_formula.py), in GetStatus and the gauge alike, and what the
+    # primitive counters grew by per step of the Train (plus the labels' MPI_Bcast, which
+    # travels outside the counters).
+    if value(m0, "distdl_step_bytes") != 0:
+        raise Failure("step_bytes before any step: %g" % value(m0, "distdl_step_bytes"))
+    sys.path.insert(0, os.path.join(HERE, "..", "engine"))
+    import traffic_formula
+    spec = json.load(open(h.spec("lenet5-2.json")))
+    rows = traffic_formula.table(spec)[0]
+    want = sum(f.sum() + b.sum() for _, f, b in rows)
+    labels = sum(f.sum() for name, f, _ in rows if name == "labels")
+    grown = sum(value(m2, "distdl_primitive_bytes_total", primitive=p, **{"pass": pas},
+                      direction="sent") -
+                value(m1, "distdl_primitive_bytes_total", primitive=p, **{"pass": pas},
+                      direction="sent")
+                for p in LENET2_PRIMS for pas in ["forward", "adjoint"])
+    if not (st.bytes_per_step == want == value(m2, "distdl_step_bytes") ==
+            grown / TRAIN + labels):
+        raise Failure("bytes per step: GetStatus %d, gauge %g, counters %g + labels %d, "
+                      "formula %d" % (st.bytes_per_step, value(m2, "distdl_step_bytes"),
+                                      grown / TRAIN, labels, want))
+    print("bytes per step %d: GetStatus, gauge, counters and formula agree" % want, flush=True)
     loss = value(m2, "distdl_train_loss")
     if not math.isfinite(loss) or loss <= 0 or abs(loss - st.last_loss) > 1e-6 * abs(loss):
         raise Failure("train_loss %r (GetStatus says %r)" % (loss, st.last_loss))

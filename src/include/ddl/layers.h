@@ -54,6 +54,16 @@ typedef struct ddl_param {
 // that build layers are internal, src/layers/layer_impl.h).
 typedef struct ddl_layer ddl_layer_t;
 
+// The payload a layer's most recent calls moved for this rank (ddl_traffic deltas over
+// each call; ddl/primitives.h). A backward may run primitives' forwards (batch norm sums
+// its statistics), so each entry keeps every kind and pass. A training forward and an
+// evaluation forward move different amounts (batch norm's statistics), hence two.
+typedef struct ddl_layer_traffic {
+    ddl_traffic forward_train;  // the last forward in training mode
+    ddl_traffic forward_eval;   // the last forward in evaluation mode
+    ddl_traffic backward;       // the last backward
+} ddl_layer_traffic;
+
 // ---- framework ---------------------------------------------------------------
 // y = L(x). x and y must have the layer's local shapes on this rank. As with autograd's
 // saved tensors, a layer may keep references to the x and y of its last forward instead
@@ -114,8 +124,20 @@ DDL_EXTERN void       ddl_layer_set_training(ddl_layer_t *L, bool training);
 // a resumed run draws what the uninterrupted one did. Without it a layer counts its own
 // training forwards.
 DDL_EXTERN void       ddl_layer_set_rng_step(ddl_layer_t *L, uint64_t step);
+// Tells the layer that its caller ignores the input gradient dx of backward (a model's
+// first layer with parameters: nothing before it needs a gradient). Backward then skips
+// the communication that only assembles dx (Linear's sum-reduce of the partial dx up
+// the columns of P_w, a convolution's halo adjoint and its sum over co), and leaves dx
+// unspecified; parameter gradients are unchanged. Every rank must set the same value.
+DDL_EXTERN void       ddl_layer_set_dx_unused(ddl_layer_t *L, bool unused);
 // Initializes every parameter from (seed, stream_base + parameter index) by global index.
 DDL_EXTERN void       ddl_layer_init_params(ddl_layer_t *L, uint64_t seed, uint64_t stream_base);
+// Traffic accounting around one call of a layer's ops (ddl_layer_forward and _backward
+// do it; anything else that calls L->ops directly brackets the call the same way):
+// begin snapshots the process counters into *mark, end stores what moved since into
+// L->traffic (forward: the slot of L->training). Local, allocates nothing.
+DDL_EXTERN void       ddl_layer_traffic_begin(ddl_traffic *mark);
+DDL_EXTERN void       ddl_layer_traffic_end(ddl_layer_t *L, bool backward, const ddl_traffic *mark);
 
 // Fills t with uniform [-1, 1) values by global flat index (a partition-invariant
 // random tensor: the same global values whatever the decomposition).
@@ -307,6 +329,9 @@ DDL_EXTERN ddl_status ddl_loss_forward(ddl_loss_t *l, const ddl_tensor_t *x,
 // Collective and agreed like forward.
 DDL_EXTERN ddl_status ddl_loss_backward(ddl_loss_t *l, double dvalue,
                                         const ddl_tensor_t *delementwise, ddl_tensor_t *dx);
+// What the last forward (backward false) or backward moved for this rank (a delta of the
+// traffic counters, ddl/primitives.h). Not collective.
+DDL_EXTERN void       ddl_loss_traffic(const ddl_loss_t *l, bool backward, ddl_traffic *out);
 
 #ifdef __cplusplus
 }

@@ -125,6 +125,31 @@ DDL_EXTERN ddl_status ddl_model_load(ddl_model_t *m, const char *path, char **us
 DDL_EXTERN ddl_status ddl_model_export(ddl_model_t *m, const char *path);
 DDL_EXTERN ddl_status ddl_model_import(ddl_model_t *m, const char *path);
 
+// ---- traffic ---------------------------------------------------------------------
+// The payload a training step moves between ranks, row by row, summed over every rank
+// (the logical payload of ddl/primitives.h; summed over ranks, sent == received). Rows,
+// in order: "input" (rank 0's batch onto the input partition), one per layer in spec
+// order (name = the layer's name, type = its kind, e.g. "conv_feature"), "loss",
+// "labels" (rank 0's labels to every rank) and "output" (the output onto rank 0, for
+// the accuracy). fwd is the row's forward part (a layer's last forward in training
+// mode), bwd its backward part (a layer's last backward: zero for the layers before the
+// first one with parameters, whose backward a step skips). Each entry keeps the
+// primitive kinds and passes (a backward may run a primitive's forward).
+typedef struct ddl_traffic_row {
+    char        name[64];
+    char        type[32];
+    ddl_traffic fwd, bwd;
+} ddl_traffic_row;
+// The table's row count: layers + 4.
+DDL_EXTERN int        ddl_model_traffic_rows(const ddl_model_t *m);
+// Fills rows[0..n), n == ddl_model_traffic_rows(m), valid on every rank. Layers and loss
+// report their last step (zero before the first). Collective (all-reduces over the model's
+// communicator): call it when a table is wanted, not every step. Allocates nothing.
+DDL_EXTERN ddl_status ddl_model_traffic_table(ddl_model_t *m, ddl_traffic_row *rows, int n);
+// The same rows for this rank alone (what it sent and received), without the sums: not
+// collective (a caller that already gathers per-rank figures adds them up itself).
+DDL_EXTERN ddl_status ddl_model_traffic_local(const ddl_model_t *m, ddl_traffic_row *rows, int n);
+
 // Gives each rank of comm on a node an equal share of the node's cores for the BLAS
 // (OPENBLAS_NUM_THREADS, when set, wins). Returns the thread count chosen. Collective.
 DDL_EXTERN int ddl_runtime_divide_cores(MPI_Comm comm);

@@ -57,6 +57,14 @@ DDL_EXTERN ddl_status ddl_broadcast_forward(const ddl_broadcast_t *b, const ddl_
 // dx = B* dy (a sum-reduce onto P_x).
 DDL_EXTERN ddl_status ddl_broadcast_adjoint(const ddl_broadcast_t *b, const ddl_tensor_t *dy,
                                             ddl_tensor_t *dx);
+// True when this rank is the source and one of the destinations of one group, so forward
+// and adjoint may take one tensor as both input and output here. For the forward (a
+// fan-out) a caller that can keep its input as its output should: out of place, the
+// root first copies the whole tensor into its own output, which costs as much as the
+// broadcast itself on shared memory (1.84-2.16x MPI_Bcast at 64 MiB, in place 1.05-1.07x).
+// The adjoint (a fan-in) gains nothing in place with Open MPI, whose MPI_Reduce with
+// MPI_IN_PLACE copies the root's buffer into a temporary it allocates. Not collective.
+DDL_EXTERN bool       ddl_broadcast_in_place_ok(const ddl_broadcast_t *b);
 
 // ---- SumReduce -------------------------------------------------------------
 // Sums the local tensors of the P_x ranks of each colour onto one P_y rank (DistDL
@@ -73,6 +81,9 @@ DDL_EXTERN ddl_status ddl_sum_reduce_forward(const ddl_sum_reduce_t *r, const dd
 // dx = R* dy (a broadcast back onto P_x).
 DDL_EXTERN ddl_status ddl_sum_reduce_adjoint(const ddl_sum_reduce_t *r, const ddl_tensor_t *dy,
                                              ddl_tensor_t *dx);
+// True when this rank is a source and the destination of one group (x and y may be one
+// tensor here; see ddl_broadcast_in_place_ok). Not collective.
+DDL_EXTERN bool       ddl_sum_reduce_in_place_ok(const ddl_sum_reduce_t *r);
 
 // ---- AllSumReduce ----------------------------------------------------------
 // Sums the local tensors over the ranks of P that share their coordinates in every
@@ -162,6 +173,7 @@ typedef enum {
     DDL_TRAFFIC_ALL_SUM_REDUCE,
     DDL_TRAFFIC_REPARTITION,
     DDL_TRAFFIC_HALO_EXCHANGE,
+    DDL_TRAFFIC_ALL_MAX_REDUCE,  // not a primitive: cross-entropy's row maxima (MPI_MAX)
     DDL_TRAFFIC_NKINDS
 } ddl_traffic_kind;
 
@@ -179,8 +191,22 @@ typedef struct ddl_traffic {
 DDL_EXTERN void        ddl_traffic_snapshot(ddl_traffic *out);
 // Sets this process's counters to zero.
 DDL_EXTERN void        ddl_traffic_reset(void);
-// "broadcast", "sum_reduce", "all_sum_reduce", "repartition", "halo_exchange".
+// "broadcast", "sum_reduce", "all_sum_reduce", "repartition", "halo_exchange",
+// "all_max_reduce".
 DDL_EXTERN const char *ddl_traffic_kind_name(ddl_traffic_kind kind);
+// *out = a - b, entry by entry (the traffic between two snapshots, b taken first).
+DDL_EXTERN void        ddl_traffic_sub(const ddl_traffic *a, const ddl_traffic *b,
+                                       ddl_traffic *out);
+// *acc += d, entry by entry.
+DDL_EXTERN void        ddl_traffic_add(ddl_traffic *acc, const ddl_traffic *d);
+// Sent and received bytes of t summed over every kind and both passes (calls too).
+DDL_EXTERN ddl_traffic_count ddl_traffic_total(const ddl_traffic *t);
+
+// What one execution of a Repartition plan moves for this rank (sent, received; calls 1):
+// the same amounts the counters add for it. Lets a caller account for a plan it runs
+// outside any layer (a model's input and output plans) without snapshots.
+DDL_EXTERN ddl_traffic_count ddl_repartition_traffic(const ddl_repartition_t *t,
+                                                     ddl_traffic_pass pass);
 
 #ifdef __cplusplus
 }

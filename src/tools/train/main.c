@@ -4,7 +4,7 @@
 //
 //   mpirun -np P distdl-train --model spec.json [--data DIR] --epochs N
 //          [--checkpoint-dir D --checkpoint-every K] [--resume] [--max-steps S]
-//          [--print-steps] [--export FILE.safetensors|DIR] [--no-eval]
+//          [--print-steps] [--export FILE.safetensors|DIR] [--no-eval] [--stats]
 //
 // Rank 0 reads the data, shuffles it per epoch (seeded by the spec's seed and the epoch)
 // and feeds batches of the spec's batch size to the model (the last partial batch of
@@ -12,7 +12,8 @@
 // training accuracy, throughput (images/s) and the test loss and accuracy (for a
 // segmentation model: voxel accuracy and the foreground classes' mean IoU); with a
 // terminal on stderr it draws a progress bar. Checkpoints hold the data cursor, so
-// --resume continues the exact trajectory.
+// --resume continues the exact trajectory. With --stats it ends with the bytes a training
+// step moved between ranks, per layer (ddl_model_traffic_table; docs/SCALING.md).
 //
 // The training loop itself is the engine's session (ddl/session.h), the same one the
 // daemon drives; this program only parses options, checks its output paths before any
@@ -37,7 +38,7 @@
 typedef struct options {
     const char *model, *data, *ckpt_dir, *export_path, *resume_from, *import_path;
     long long   epochs, ckpt_every, max_steps;
-    bool        resume, print_steps, no_eval, ckpt_on_exit;
+    bool        resume, print_steps, no_eval, ckpt_on_exit, stats;
 } options;
 
 static int rank;
@@ -50,6 +51,7 @@ static void usage(FILE *f)
           "         [--resume | --resume-from CHECKPOINT]  (any world size / partitioning)\n"
           "         [--max-steps S (total optimizer steps)] [--print-steps]\n"
           "         [--import FILE.safetensors|DIR] [--export FILE.safetensors|DIR] [--no-eval]\n"
+          "         [--stats (bytes moved per training step, per layer)]\n"
           "         [-h | --help]\n",
           f);
 }
@@ -71,6 +73,7 @@ static int parse_args(int argc, char **argv, options *o, char *err, size_t errle
                                           {"resume-from", required_argument, 0, 'R'},
                                           {"import", required_argument, 0, 'I'},
                                           {"checkpoint-on-exit", no_argument, 0, 'E'},
+                                          {"stats", no_argument, 0, 'S'},
                                           {"help", no_argument, 0, 'h'},
                                           {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
@@ -91,6 +94,7 @@ static int parse_args(int argc, char **argv, options *o, char *err, size_t errle
         case 'I': o->import_path = optarg; break;
         case 'p': o->print_steps = true; break;
         case 'n': o->no_eval = true; break;
+        case 'S': o->stats = true; break;
         case 'h': return 1;
         case 'e':
         case 'k':
@@ -264,6 +268,57 @@ static int fail(const char *what, ddl_status st, int code)
 }
 
 // Everything between MPI_Init and MPI_Finalize; frees all it makes on every path.
+// The primitive kinds a row moved bytes with, e.g. "halo_exchange broadcast".
+static void row_kinds(const ddl_traffic_row *r, char *buf, size_t len)
+{
+    buf[0]   = '\0';
+    size_t n = 0;
+    for (int k = 0; k < DDL_TRAFFIC_NKINDS; k++) {
+        uint64_t b = 0;
+        for (int p = 0; p < DDL_TRAFFIC_NPASSES; p++) {
+            b += r->fwd.c[k][p].sent + r->bwd.c[k][p].sent;
+        }
+        if (b > 0 && n < len) {
+            n += (size_t)snprintf(buf + n, len - n, "%s%s", n > 0 ? " " : "",
+                                  ddl_traffic_kind_name((ddl_traffic_kind)k));
+        }
+    }
+}
+
+// --stats: the per-step traffic table (collective), printed by rank 0.
+static ddl_status print_stats(ddl_model_t *m)
+{
+    int              n    = ddl_model_traffic_rows(m);
+    ddl_traffic_row *rows = calloc((size_t)n, sizeof *rows);
+    int              ok   = rows != NULL, all;
+    MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, ddl_model_comm(m));
+    if (!all) {
+        free(rows);
+        return ddl_set_error(DDL_ENOMEM, "--stats: out of memory");
+    }
+    ddl_status st = ddl_model_traffic_table(m, rows, n);
+    if (st == DDL_OK && rank == 0) {
+        printf("bytes moved per training step, summed over ranks (each byte sent once and "
+               "received once):\n");
+        printf("  %-20s %-14s %12s %12s  %s\n", "layer", "type", "forward", "backward",
+               "primitives");
+        uint64_t total = 0;
+        for (int i = 0; i < n; i++) {
+            uint64_t f = ddl_traffic_total(&rows[i].fwd).sent;
+            uint64_t b = ddl_traffic_total(&rows[i].bwd).sent;
+            char     kinds[128];
+            row_kinds(&rows[i], kinds, sizeof kinds);
+            printf("  %-20s %-14s %12llu %12llu  %s\n", rows[i].name, rows[i].type,
+                   (unsigned long long)f, (unsigned long long)b, kinds);
+            total += f + b;
+        }
+        printf("  %-35s %12llu bytes per step\n", "total", (unsigned long long)total);
+        fflush(stdout);
+    }
+    free(rows);
+    return st;
+}
+
 static int run(const options *o, int size)
 {
     // The spec is read on rank 0 only; the session broadcasts it.
@@ -413,6 +468,13 @@ static int run(const options *o, int size)
         }
         if (last) {
             break;
+        }
+    }
+    if (o->stats) {
+        st = print_stats(m);
+        if (st != DDL_OK) {
+            rc = fail("--stats", st, 1);
+            goto done;
         }
     }
     if (o->ckpt_on_exit) {

@@ -1,0 +1,510 @@
+#!/usr/bin/python3
+"""A scaling model of distdl-c's training step to 1,000 ranks (docs/SCALING.md).
+
+    scaling_model.py [--measure] [--build build] [--data DIR] [--out docs/scaling.png]
+    scaling_model.py --emit lenet5|mlp P [weak]     print a generated spec
+
+Predicts the time of one training step of each network (NETWORKS below) from
+
+  - the bytes and messages every primitive moves on every rank, derived from the spec
+    (tests/engine/traffic_formula.py, the formulas the traffic test checks against the
+    engine's counters),
+  - each layer's FLOPs on its busiest rank, and the memory traffic of the elementwise
+    layers and of the optimizer,
+  - a latency-bandwidth (alpha-beta) cost for each MPI operation (binomial-tree or
+    scatter-allgather broadcast and reduce, recursive-doubling or ring all-reduce,
+    point-to-point sets bounded by their busiest rank), plus the status agreements every
+    layer call ends with,
+
+for two machines: this one (alpha, beta, the sgemm rate and memcpy bandwidth measured by
+bench-pingpong) and a typical cluster (100 Gb/s links, 2 us latency, one rank per core
+of this machine's speed). It checks the model against step times measured here with
+distdl-train on Fashion-MNIST at np 1 and 2 (np 4 and 8 oversubscribed on the 2 cores),
+and plots predicted against measured (strong and weak scaling) into docs/scaling.png.
+
+--measure reruns bench-pingpong and distdl-train and rewrites docs/scaling_data.json;
+without it the figures come from that file, so the plot regenerates anywhere.
+
+A network is a spec generator: NETWORKS[name] = (strong(P), weak(P)), each returning a
+model spec (the JSON of docs/MODEL_SPEC.md) for P ranks. Adding one (ResNet, U-Net) is
+one line there, once traffic_formula.walk knows its layer types.
+"""
+import json
+import math
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, os.path.join(ROOT, "tests", "engine"))
+import traffic_formula as tf  # noqa: E402
+
+SPECS = os.path.join(ROOT, "deploy", "specs")
+DATA_JSON = os.path.join(ROOT, "docs", "scaling_data.json")
+MPI_FLAGS = ["--oversubscribe", "--mca", "btl", "self,vader", "--mca", "pml", "ob1",
+             "--mca", "btl_vader_single_copy_mechanism", "none", "--mca",
+             "mpi_yield_when_idle", "1", "--bind-to", "none"]
+PS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
+
+
+# ---- the networks ---------------------------------------------------------------------
+
+def shipped(name):
+    with open(os.path.join(SPECS, name + ".json")) as f:
+        return json.load(f)
+
+
+def part(ranks, shape):
+    return {"ranks": list(ranks), "shape": list(shape)}
+
+
+def lenet_ok(side, a, b):
+    """Every spatial layer of LeNet-5 on an a x b grid: non-empty pieces, and halos that
+    reach only the immediate neighbour (the engine's rule)."""
+    geo = [(side, 5, 1, 2), (side, 2, 2, 0), (side // 2, 5, 1, 0), (side // 2 - 4, 2, 2, 0)]
+    for n, k, s, p in geo:
+        for P in (a, b):
+            if n < P:
+                return False
+            hs = [tf.halo_dim(n, P, i, k, s, p, 1) for i in range(P)]
+            for i, h in enumerate(hs):
+                held = h["pad_lo"] + h["n"] + h["pad_hi"]
+                if (i > 0 and max(h["lo"], 0) > hs[i - 1]["pad_lo"] + hs[i - 1]["n"] + hs[i - 1]["pad_hi"]) or \
+                   (i + 1 < P and max(h["hi"], 0) > hs[i + 1]["pad_lo"] + hs[i + 1]["n"] + hs[i + 1]["pad_hi"]) or \
+                   held < 1:
+                    return False
+    return True
+
+
+def lenet5(P, weak=False, batch=64):
+    """LeNet-5 on P ranks, DistDL's layout (lenet5-4.json) extended: the convolutions on
+    the largest a x b grid of at most P ranks their halos allow, the flatten over up to 16
+    channel pieces, the classifier on a p x q grid of P_w (p <= 10 outputs of fc3), in and
+    out alternating between fc_in [1, q] and fc_out [1, p]. Strong: 28 x 28 images; weak:
+    the image side grows with sqrt(P) (a constant tile per rank). P in {1, 2, 4} with 28 x
+    28 images: the shipped specs."""
+    side = 28 if not weak else 4 * round(7 * math.sqrt(P))
+    if side == 28 and P in (1, 2, 4):
+        return shipped("lenet5-%d" % P)
+    best = (1, 1)
+    for n in range(P, 0, -1):
+        grids = [(n // b, b) for b in range(1, int(math.isqrt(n)) + 1) if n % b == 0]
+        grids = [g for g in grids if lenet_ok(side, *g)]
+        if grids:
+            best = max(grids, key=lambda g: g[1])
+            break
+    a, b = best
+    Pc, Pf = a * b, min(P, 16)
+    p = max(1, min(10, math.isqrt(P)))
+    q = max(1, min(84, P // p))
+    out_ranks = range(q, q + p) if q + p <= P else range(p)
+    s = {
+        "name": "lenet5-%d%s" % (P, "-weak" if weak else ""), "world_size": P, "seed": 1,
+        "dtype": "f32", "batch_size": batch,
+        "input": {"shape": [1, side, side], "partition": "root"},
+        "partitions": {
+            "root": part([0], [1, 1, 1, 1]), "root2d": part([0], [1, 1]),
+            "conv": part(range(Pc), [1, 1, a, b]),
+            "flat": part(range(Pf), [1, Pf, 1, 1]), "flat2d": part(range(Pf), [1, Pf]),
+            "fc_in": part(range(q), [1, q]), "fc_out": part(out_ranks, [1, p]),
+            "fc_a": part(range(p * q), [p, q]), "fc_b": part(range(p * q), [q, p]),
+        },
+        "layers": [
+            {"type": "repartition", "to": "conv"},
+            {"type": "conv2d", "name": "conv1", "out_channels": 6, "kernel": [5, 5], "padding": [2, 2]},
+            {"type": "relu"},
+            {"type": "maxpool2d", "kernel": [2, 2], "stride": [2, 2]},
+            {"type": "conv2d", "name": "conv2", "out_channels": 16, "kernel": [5, 5]},
+            {"type": "relu"},
+            {"type": "maxpool2d", "kernel": [2, 2], "stride": [2, 2]},
+            {"type": "repartition", "to": "flat"},
+            {"type": "flatten", "to": "flat2d"},
+            {"type": "repartition", "to": "fc_in"},
+            {"type": "linear", "name": "fc1", "out_features": 120, "P_y": "fc_out", "P_w": "fc_a"},
+            {"type": "relu"},
+            {"type": "linear", "name": "fc2", "out_features": 84, "P_y": "fc_in", "P_w": "fc_b"},
+            {"type": "relu"},
+            {"type": "linear", "name": "fc3", "out_features": 10, "P_y": "fc_out", "P_w": "fc_a"},
+            {"type": "repartition", "to": "root2d"},
+        ],
+        "loss": {"type": "cross_entropy", "reduction": "mean"},
+        "optimizer": {"type": "adam", "lr": 0.002},
+        "data": {"normalize": {"mean": 0.2860, "std": 0.3530}, "shuffle": True},
+    }
+    return s
+
+
+def mlp(P, weak=False, batch=64, hidden=4096):
+    """The MLP 784 -> h -> h -> 10 of mlp-big-2.json on P ranks (1-D, Megatron-style):
+    fc1 and fc3 split their inputs over [1, P] and sum onto rank 0, fc2 broadcasts its
+    input from rank 0 down [P, 1] and leaves its output split. Strong: h = 4096; weak:
+    h = 4096 sqrt(P) (the same weight block per rank)."""
+    h = hidden if not weak else int(round(hidden * math.sqrt(P)))
+    if P == 2 and not weak:
+        return shipped("mlp-big-2")
+    return {
+        "name": "mlp-%d%s" % (P, "-weak" if weak else ""), "world_size": P, "seed": 3,
+        "dtype": "f32", "batch_size": batch,
+        "input": {"shape": [1, 28, 28], "partition": "root"},
+        "partitions": {
+            "root": part([0], [1, 1, 1, 1]), "root2d": part([0], [1, 1]),
+            "flat2d": part(range(P), [1, P]), "fc_w": part(range(P), [1, P]),
+            "fc_wt": part(range(P), [P, 1]),
+        },
+        "layers": [
+            {"type": "flatten", "to": "root2d"},
+            {"type": "repartition", "to": "flat2d"},
+            {"type": "linear", "name": "fc1", "out_features": h, "P_y": "root2d", "P_w": "fc_w"},
+            {"type": "relu"},
+            {"type": "linear", "name": "fc2", "out_features": h, "P_y": "flat2d", "P_w": "fc_wt"},
+            {"type": "relu"},
+            {"type": "linear", "name": "fc3", "out_features": 10, "P_y": "root2d", "P_w": "fc_w"},
+        ],
+        "loss": {"type": "cross_entropy", "reduction": "mean"},
+        "optimizer": {"type": "sgd", "lr": 0.01},
+        "data": {"normalize": {"mean": 0.2860, "std": 0.3530}, "shuffle": True},
+    }
+
+
+# name -> (strong(P), weak(P)). ResNet / U-Net: one line each here.
+NETWORKS = {
+    "LeNet-5": (lambda P: lenet5(P), lambda P: lenet5(P, weak=True)),
+    "MLP 784-4096-4096-10": (lambda P: mlp(P), lambda P: mlp(P, weak=True)),
+}
+
+
+# ---- machines -------------------------------------------------------------------------
+
+class Machine:
+    def __init__(self, name, alpha, beta, flops, mem, cores=None):
+        self.name, self.alpha, self.beta, self.mem = name, alpha, beta, mem
+        self.flops = flops      # per rank, one thread
+        self.cores = cores      # None: one core per rank (no oversubscription)
+
+    def rank_flops(self, P, threads_np1=1.0):
+        if self.cores is None:
+            return self.flops
+        if P == 1:
+            return self.flops * threads_np1
+        return self.flops * min(1.0, self.cores / P)
+
+
+def machines(d):
+    here = Machine("this machine (AMD EPYC, 2 cores, vader)", d["alpha"], d["beta"],
+                   d["sgemm_1thread_n1024"], d["memcpy"], cores=d["sgemm_threads"])
+    here.np1_threads = d["sgemm_all_n1024"] / d["sgemm_1thread_n1024"]
+    cluster = Machine("cluster (100 Gb/s, 2 us; one rank per core)", 2e-6, 8 / 100e9,
+                      d["sgemm_1thread_n1024"], d["memcpy"])
+    cluster.np1_threads = 1.0
+    return here, cluster
+
+
+# ---- costs of MPI operations (Thakur, Rabenseifner and Gropp 2005) ----------------------
+
+def lg(g):
+    return math.ceil(math.log2(g)) if g > 1 else 0
+
+
+def t_bcast(m, g, n):
+    """Binomial tree (small messages) or scatter + recursive-doubling allgather (large)."""
+    if g <= 1:
+        return 0.0
+    tree = lg(g) * (m.alpha + m.beta * n)
+    sag = 2 * lg(g) * m.alpha + 2 * (g - 1) / g * m.beta * n
+    return min(tree, sag)
+
+
+def gamma(m, n):
+    """The local sum of two n-byte buffers into one: 3 n bytes of memory traffic."""
+    return 3 * n / m.mem
+
+
+def t_reduce(m, g, n):
+    """Binomial tree (each level adds) or reduce-scatter + gather (Rabenseifner)."""
+    if g <= 1:
+        return 0.0
+    tree = lg(g) * (m.alpha + m.beta * n + gamma(m, n))
+    rab = 2 * lg(g) * m.alpha + 2 * (g - 1) / g * m.beta * n + (g - 1) / g * gamma(m, n)
+    return min(tree, rab)
+
+
+def t_allreduce(m, g, n):
+    """Recursive doubling (small) or reduce-scatter + allgather (Rabenseifner)."""
+    if g <= 1:
+        return 0.0
+    rd = lg(g) * (m.alpha + m.beta * n + gamma(m, n))
+    rab = 2 * lg(g) * m.alpha + 2 * (g - 1) / g * m.beta * n + (g - 1) / g * gamma(m, n)
+    return min(rd, rab)
+
+
+def t_op(m, op):
+    kind, prim, arg = op
+    if kind == "fan":
+        f = t_bcast if prim == "broadcast" else t_reduce
+        return max(f(m, g, n) for g, n in arg)
+    if kind == "allreduce":
+        return max(t_allreduce(m, g, n) for g, n in arg)
+    # point to point: the busiest rank's messages and bytes
+    return max(msgs * m.alpha + m.beta * max(s, r) for s, r, msgs in arg.values())
+
+
+# ---- compute ----------------------------------------------------------------------------
+
+# Bytes of memory traffic per element of the rank's tile: (forward, backward).
+ELEMENTWISE = {"relu": (8, 12), "dropout": (9, 13), "max_pool": (10, 14), "avg_pool": (8, 12),
+               "batchnorm": (20, 28), "repartition": (0, 0), "flatten": (0, 0)}
+# Optimizer bytes per parameter on its owner (zero_grad included): SGD reads w, g and
+# writes w, g; Adam also reads and writes m and v.
+OPTIM = {"sgd": 16, "adam": 32, "adamw": 32}
+
+
+def max_piece(n, p):
+    return -(-n // p) if p > 0 else n
+
+
+def tile(shape, P):
+    """Elements of the largest local block of a tensor balanced over partition P."""
+    return math.prod(max_piece(n, p) for n, p in zip(shape, P.shape))
+
+
+def layer_compute(L):
+    """(forward flops, backward flops, forward bytes, backward bytes, parameters held)
+    on the busiest rank."""
+    if L.kind == "conv_feature":
+        c = L.cfg
+        out_tile = tile(L.y, L.Pin)  # [N, C_out, tile...] (P_x = [1, 1, S...])
+        f = 2 * out_tile * c["cin"] * math.prod(c["k"])
+        w = c["cout"] * c["cin"] * math.prod(c["k"]) + c["cout"]
+        return f, 2 * f, 0, 0, w  # the weights live on P_x rank 0
+    if L.kind == "linear":
+        Pw = L.cfg["Pw"]
+        fo, fi = max_piece(L.y[1], Pw.shape[0]), max_piece(L.x[1], Pw.shape[1])
+        f = 2 * L.x[0] * fi * fo
+        return f, 2 * f, 0, 0, fo * fi + fo
+    fb, bb = ELEMENTWISE.get(L.kind, (8, 12))
+    t = tile(L.x, L.Pin)
+    return 0, 0, fb * t, bb * t, (2 * L.x[1] if L.kind == "batchnorm" else 0)
+
+
+# ---- the step --------------------------------------------------------------------------
+
+def step_time(spec, m, parts_out=None):
+    """Predicted seconds of one training step, split into compute, bandwidth-latency
+    communication of the primitives, and control (agreements, scalars)."""
+    P = spec["world_size"]
+    rows, layers = tf.table(spec)
+    F = m.rank_flops(P, getattr(m, "np1_threads", 1.0))
+    mem = m.mem * (min(1.0, m.cores / P) if m.cores else 1.0)
+    first = next((i for i, L in enumerate(layers) if L.params), len(layers))
+    comp = comm = 0.0
+    params = 0
+    for i, L in enumerate(layers):
+        ff, fb, bf, bb, w = layer_compute(L)
+        comp += ff / F + bf / mem
+        if i >= first:
+            comp += fb / F + bb / mem
+        params += w
+    opt = spec["optimizer"]["type"]
+    comp += params * OPTIM.get(opt, 16) / mem  # on the owners; bounded by the largest
+    for _, f, b in rows:
+        for op in f.ops + b.ops:
+            comm += t_op(m, op)
+    # Control: every layer call and the loss end with a status agreement (an all-reduce
+    # of one int over all P ranks), and a step broadcasts 4 scalars (count, loss, hits,
+    # the session's stop flag) besides the labels (counted in rows).
+    nagree = len(layers) + (len(layers) - first) + 4
+    control = nagree * t_allreduce(m, P, 4) + 4 * t_bcast(m, P, 8)
+    if parts_out is not None:
+        parts_out.update(compute=comp, comm=comm, control=control)
+    return comp + comm + control
+
+
+# ---- measurements -----------------------------------------------------------------------
+
+def run(cmd, timeout=900):
+    env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                       timeout=timeout, env=env)
+    if p.returncode != 0:
+        sys.exit("%s failed:\n%s" % (" ".join(cmd), p.stdout[-2000:]))
+    return p.stdout
+
+
+def measure(build, data):
+    bindir = os.path.join(build, "bin")
+    out = run(["mpirun", "-np", "2"] + MPI_FLAGS + [os.path.join(bindir, "bench-pingpong")])
+    d = json.loads([l for l in out.splitlines() if l.startswith("{")][-1])
+    d["load_before"] = os.getloadavg()[0]
+    d["measured"] = {}
+    tmp = tempfile.mkdtemp(prefix="scaling-")
+    jobs = []
+    for name, (strong, _) in NETWORKS.items():
+        for P in (1, 2, 4, 8):
+            spec = strong(P)
+            path = os.path.join(tmp, "%s-%d.json" % (re.sub(r"\W", "", name), P))
+            with open(path, "w") as f:
+                json.dump(spec, f)
+            jobs.append((name, P, spec, path))
+    # Five rounds over every case, the best of each kept: on a shared machine other work
+    # only ever adds time, and interleaving spreads it over the cases alike.
+    times = {}
+    for _ in range(5):
+        for name, P, spec, path in jobs:
+            steps = 60 if "LeNet" in name else 12
+            out = run(["mpirun", "-np", str(P)] + MPI_FLAGS +
+                      [os.path.join(bindir, "distdl-train"), "--model", path, "--data", data,
+                       "--max-steps", str(steps), "--no-eval"])
+            ips = float(re.search(r"([0-9.]+) img/s", out).group(1))
+            times.setdefault((name, P), []).append(spec["batch_size"] / ips)
+    for (name, P), ts in times.items():
+        d["measured"]["%s|%d" % (name, P)] = min(ts)
+        print("measured %-22s np %d: %.2f ms per step (best of %d: %s ms)" %
+              (name, P, min(ts) * 1e3, len(ts), " ".join("%.1f" % (t * 1e3) for t in ts)),
+              flush=True)
+    d["load_after"] = os.getloadavg()[0]
+    with open(DATA_JSON, "w") as f:
+        json.dump(d, f, indent=1, sort_keys=True)
+        f.write("\n")
+    return d
+
+
+# ---- report and plot --------------------------------------------------------------------
+
+def report(d, out_png):
+    here, cluster = machines(d)
+    print("alpha %.2f us, beta %.3g s/B (%.2f GB/s), sgemm %.1f GFLOP/s (1 thread), memcpy "
+          "%.1f GB/s" % (d["alpha"] * 1e6, d["beta"], 1e-9 / d["beta"],
+                         d["sgemm_1thread_n1024"] * 1e-9, d["memcpy"] * 1e-9))
+    curves = {}
+    for name, (strong, weak) in NETWORKS.items():
+        for mode, gen in (("strong", strong), ("weak", weak)):
+            for m in (here, cluster):
+                ts, br = [], []
+                for P in PS:
+                    parts = {}
+                    ts.append(step_time(gen(P), m, parts))
+                    br.append(parts)
+                curves[(name, mode, m.name)] = (ts, br)
+        # Calibration: the measured np 1 over the predicted np 1 (kernel efficiency).
+        t1 = d["measured"].get("%s|1" % name)
+        curves[(name, "eff")] = t1 / curves[(name, "strong", here.name)][0][0] if t1 else 1.0
+
+    for name in NETWORKS:
+        eff = curves[(name, "eff")]
+        print("\n%s: measured np 1 / predicted np 1 = %.2f (the kernels' distance from sgemm)"
+              % (name, eff))
+        for P in (1, 2, 4, 8):
+            t = d["measured"].get("%s|%d" % (name, P))
+            pr = curves[(name, "strong", here.name)][0][PS.index(P)]
+            if t:
+                print("  np %d: measured %8.2f ms, predicted %8.2f ms (x%.2f: %8.2f ms)%s" %
+                      (P, t * 1e3, pr * 1e3, eff, pr * eff * 1e3,
+                       "  oversubscribed" if P > 2 else ""))
+        for mode in ("strong", "weak"):
+            for m in (here, cluster):
+                ts, br = curves[(name, mode, m.name)]
+                best = min(range(len(PS)), key=lambda i: ts[i])
+                print("  %s scaling, %s: fastest at P = %d (%.2f ms); at 1024: compute %.2f, "
+                      "primitives %.2f, control %.2f ms" %
+                      (mode, m.name, PS[best], ts[best] * 1e3, br[-1]["compute"] * 1e3,
+                       br[-1]["comm"] * 1e3, br[-1]["control"] * 1e3))
+                print("    " + "  ".join("%d:%.3g" % (P, t * 1e3) for P, t in zip(PS, ts)))
+
+    # The two tables of docs/SCALING.md §5.
+    print("\n| network | np | measured ms | model ms | model x np-1 factor ms |")
+    print("|---|---|---|---|---|")
+    for name in NETWORKS:
+        eff = curves[(name, "eff")]
+        for P in (1, 2, 4, 8):
+            t = d["measured"].get("%s|%d" % (name, P))
+            pr = curves[(name, "strong", here.name)][0][PS.index(P)]
+            if t:
+                print("| %s | %d%s | %.1f | %.1f | %.1f |" % (name, P, " (oversubscribed)" if P > 2
+                                                            else "", t * 1e3, pr * 1e3,
+                                                            pr * eff * 1e3))
+    print("\n| network | scaling | fastest at P (cluster) | ms | x np 1 | at P = 1024: compute / "
+          "primitives / control ms |")
+    print("|---|---|---|---|---|---|")
+    for name in NETWORKS:
+        for mode in ("strong", "weak"):
+            ts, br = curves[(name, mode, cluster.name)]
+            best = min(range(len(PS)), key=lambda i: ts[i])
+            print("| %s | %s | %d | %.2f | %.1f | %.2f / %.2f / %.2f |" %
+                  (name, mode, PS[best], ts[best] * 1e3, ts[0] / ts[best], br[-1]["compute"] * 1e3,
+                   br[-1]["comm"] * 1e3, br[-1]["control"] * 1e3))
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, axes = plt.subplots(len(NETWORKS), 2, figsize=(12, 4.6 * len(NETWORKS)))
+    for row, name in enumerate(NETWORKS):
+        eff = curves[(name, "eff")]
+        for col, mode in enumerate(("strong", "weak")):
+            ax = axes[row][col]
+            for m, style in ((here, "-"), (cluster, "--")):
+                ts, _ = curves[(name, mode, m.name)]
+                # This machine has 2 cores: beyond 8 ranks its curve says nothing.
+                n = len(PS) if m is cluster else PS.index(8) + 1
+                ax.plot(PS[:n], [t * 1e3 for t in ts[:n]], style, color="C0" if m is here else "C1",
+                        label="model, %s" % m.name)
+                ax.plot(PS[:n], [t * eff * 1e3 for t in ts[:n]], style,
+                        color="C0" if m is here else "C1", alpha=0.35,
+                        label="  x %.2f (calibrated at np 1)" % eff)
+            t1 = d["measured"].get("%s|1" % name)
+            if mode == "weak":
+                ax.plot(PS, [t1 * 1e3 for P in PS], ":", color="gray",
+                        label="ideal (measured np 1, constant)")
+                ax.plot([1], [t1 * 1e3], "o", color="C3", label="measured here")
+            if mode == "strong":
+                ax.plot(PS, [t1 / P * 1e3 for P in PS], ":", color="gray", label="ideal (np 1 / P)")
+                for P in (1, 2, 4, 8):
+                    t = d["measured"].get("%s|%d" % (name, P))
+                    if t is None:
+                        continue
+                    over = P > here.cores
+                    ax.plot([P], [t * 1e3], "o", color="C3", mfc="none" if over else "C3",
+                            label=("measured here" if P == 1 else
+                                   "measured, oversubscribed" if P == 4 else None))
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("ranks P")
+            ax.set_ylabel("ms per training step")
+            ax.set_title("%s, %s scaling" % (name, mode))
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=110)
+    print("\nwrote %s" % out_png)
+
+
+def main():
+    a = sys.argv[1:]
+    if a and a[0] == "--emit":
+        # --emit lenet5|mlp P [weak]: one generated spec as JSON (tests/engine/specs/).
+        gen = {"lenet5": lenet5, "mlp": mlp}[a[1]]
+        spec = gen(int(a[2]), weak=len(a) > 3 and a[3] == "weak")
+        json.dump(spec, sys.stdout, indent=1)
+        sys.stdout.write("\n")
+        return
+    build = os.path.join(ROOT, "build")
+    data = "/usr/share/datasets/fashion-mnist"
+    out = os.path.join(ROOT, "docs", "scaling.png")
+    if "--build" in a:
+        build = a[a.index("--build") + 1]
+    if "--data" in a:
+        data = a[a.index("--data") + 1]
+    if "--out" in a:
+        out = a[a.index("--out") + 1]
+    if "--measure" in a or not os.path.exists(DATA_JSON):
+        d = measure(build, data)
+    else:
+        with open(DATA_JSON) as f:
+            d = json.load(f)
+    report(d, out)
+
+
+if __name__ == "__main__":
+    main()

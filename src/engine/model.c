@@ -1072,7 +1072,8 @@ ddl_status ddl__model_named_state(ddl_model_t *m, bool with_optim, ddl_named_ten
 // layer and the loss record what their own last calls moved (ddl_layer_traffic_end,
 // ddl_loss_traffic); the plans know what one execution moves; the labels travel by one
 // MPI_Bcast of batch int64 from rank 0 (stage_input), outside the counters, so their row
-// is computed here from that call. A step runs each of these once.
+// is computed here from that call (a segmentation model's per-voxel labels move by the
+// label plan instead, counted like the other plans). A step runs each of these once.
 
 int ddl_model_traffic_rows(const ddl_model_t *m)
 {
@@ -1109,15 +1110,26 @@ ddl_status ddl_model_traffic_local(const ddl_model_t *m, ddl_traffic_row *rows, 
     traffic_row(&rows[k], "loss", "cross_entropy");
     ddl_loss_traffic(m->loss, false, &rows[k].fwd);
     ddl_loss_traffic(m->loss, true, &rows[k++].bwd);
-    traffic_row(&rows[k], "labels", "mpi_bcast");
-    int size;
-    DDL_CHECK_MPI(MPI_Comm_size(m->comm, &size));
-    uint64_t lb = (uint64_t)m->spec->batch * sizeof(int64_t);
-    ddl_traffic_count *c = &rows[k++].fwd.c[DDL_TRAFFIC_BROADCAST][DDL_TRAFFIC_FORWARD];
-    *c = (ddl_traffic_count){m->rank == 0 ? (uint64_t)(size - 1) * lb : 0,
-                             m->rank == 0 ? 0 : lb, 1};
+    if (m->seg) {
+        // Per-voxel labels move by the label plan, a counted Repartition like the others.
+        traffic_row(&rows[k], "labels", "repartition");
+        traffic_plan(&rows[k++], m->lab_plan);
+    } else {
+        traffic_row(&rows[k], "labels", "mpi_bcast");
+        int size;
+        DDL_CHECK_MPI(MPI_Comm_size(m->comm, &size));
+        uint64_t lb = (uint64_t)m->spec->batch * sizeof(int64_t);
+        ddl_traffic_count *c = &rows[k++].fwd.c[DDL_TRAFFIC_BROADCAST][DDL_TRAFFIC_FORWARD];
+        *c = (ddl_traffic_count){m->rank == 0 ? (uint64_t)(size - 1) * lb : 0,
+                                 m->rank == 0 ? 0 : lb, 1};
+    }
     traffic_row(&rows[k], "output", "repartition");
-    traffic_plan(&rows[k++], m->out_plan);
+    if (!m->seg) {
+        // A segmentation step counts its hits on each rank's own voxels (count_voxels):
+        // the output plan runs for predictions only, not in a step.
+        traffic_plan(&rows[k], m->out_plan);
+    }
+    k++;
     return DDL_OK;
 }
 

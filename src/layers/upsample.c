@@ -48,6 +48,7 @@
 #include "ddl/decomp.h"
 #include "layers/layer_impl.h"
 #include "partition/mpi_check.h"
+#include "primitives/traffic.h"
 
 #define TAG_FORWARD 211
 #define TAG_ADJOINT 213
@@ -115,9 +116,30 @@ static ddl_status wait_all(const up_impl *u, int r)
     return DDL_OK;
 }
 
+// Counts one execution of E (forward) or E* (adjoint) in the process counters: the
+// remote pieces, as halo_exchange (DistDL's DistributedUpsample gathers the same ranges
+// with a HaloExchange); the own piece is a self copy, never counted.
+static void count(const up_impl *u, ddl_traffic_pass pass)
+{
+    size_t   esz = ddl_dtype_size(u->need->dtype);
+    uint64_t s = 0, r = 0;
+    for (int i = 0; i < u->nsend; i++) {
+        s += (uint64_t)u->send[i].n * esz;
+    }
+    for (int i = 0; i < u->nrecv; i++) {
+        r += (uint64_t)u->recv[i].n * esz;
+    }
+    if (pass == DDL_TRAFFIC_FORWARD) {
+        ddl__traffic_add(DDL_TRAFFIC_HALO_EXCHANGE, pass, s, r);
+    } else {
+        ddl__traffic_add(DDL_TRAFFIC_HALO_EXCHANGE, pass, r, s);
+    }
+}
+
 // need = E x: receive the need pieces, send the x pieces, copy the own piece.
 static ddl_status exchange_forward(const up_impl *u, const ddl_tensor_t *x, ddl_tensor_t *need)
 {
+    count(u, DDL_TRAFFIC_FORWARD);
     int r = 0;
     for (int i = 0; i < u->nrecv; i++) {
         DDL_CHECK(post(u, &u->recv[i], u->rbuf, true, TAG_FORWARD, &r));
@@ -141,6 +163,7 @@ static ddl_status exchange_forward(const up_impl *u, const ddl_tensor_t *x, ddl_
 // dx += E* dneed: the same pieces in the other direction, added where they came from.
 static ddl_status exchange_adjoint(const up_impl *u, const ddl_tensor_t *dneed, ddl_tensor_t *dx)
 {
+    count(u, DDL_TRAFFIC_ADJOINT);
     int r = 0;
     for (int i = 0; i < u->nsend; i++) {
         DDL_CHECK(post(u, &u->send[i], u->sbuf, true, TAG_ADJOINT, &r));

@@ -4,8 +4,8 @@
 //
 // Builds the model, runs two training steps on seeded random data, and checks that the
 // table accounts for every byte the primitives counted during the second step: for every
-// primitive kind and pass, the table's rows (all but "labels", which travel by a plain
-// MPI_Bcast outside the counters) sum to the process counters' delta over the step,
+// primitive kind and pass, the table's rows (all but a classifier's "labels", which travel
+// by a plain MPI_Bcast outside the counters) sum to the process counters' delta over the step,
 // summed over ranks. Then rank 0 prints the table as JSON on stdout, one row per line,
 // for tests/engine/traffic_formula.py, which compares it with the bytes derived
 // independently from the spec (docs/SCALING.md). Also: the table is the same after a
@@ -57,6 +57,8 @@ int main(int argc, char **argv)
     ASSERT_OK(ddl_spec_load(argv[1], size, &spec));
     ASSERT_OK(ddl_model_create(MPI_COMM_WORLD, spec, &m));
     int64_t   B = ddl_spec_batch_size(spec), C = ddl_spec_num_classes(spec);
+    // One label per sample, or per output voxel for a segmentation spec.
+    int64_t   LE  = ddl_spec_label_elems(spec);
     ddl_shape in  = ddl_spec_input_shape(spec);
     int64_t   S   = ddl_shape_numel(&in);
     size_t    es  = ddl_dtype_size(ddl_spec_dtype(spec));
@@ -66,7 +68,7 @@ int main(int argc, char **argv)
     if (ddl_test_rank == 0) {
         XB  = es * (size_t)(B * S);
         x   = calloc((size_t)(B * S), es);
-        lab = calloc((size_t)B, sizeof(int64_t));
+        lab = calloc((size_t)(B * LE), sizeof(int64_t));
         ASSERT_TRUE(x != NULL && lab != NULL);
         for (int64_t i = 0; i < B * S; i++) {
             double v = 2.0 * ddl_rng_uniform(11, 0, (uint64_t)i) - 1.0;
@@ -76,7 +78,7 @@ int main(int argc, char **argv)
                 ((double *)x)[i] = v;
             }
         }
-        for (int64_t b = 0; b < B; b++) {
+        for (int64_t b = 0; b < B * LE; b++) {
             lab[b] = (b * 7) % C;
         }
     }
@@ -97,7 +99,7 @@ int main(int argc, char **argv)
     ddl_traffic_row *rows = table(m, &n);
     ddl_traffic      sum  = {0};
     for (int i = 0; i < n; i++) {
-        if (strcmp(rows[i].name, "labels") != 0) {
+        if (strcmp(rows[i].type, "mpi_bcast") != 0) {
             ddl_traffic_add(&sum, &rows[i].fwd);
             ddl_traffic_add(&sum, &rows[i].bwd);
         }

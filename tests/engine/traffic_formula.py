@@ -242,22 +242,49 @@ class Layer:
         self.fwd, self.bwd = Bytes(), Bytes()
         self.flops = 0  # forward multiply-adds x 2 (filled by the scaling model)
         self.cfg = {}
+        self.ins = []        # operand layer indices, -1 for the model input
+        self.run_back = False
+        self.first_param = False  # its backward runs, but no operand's gradient is read
+
+
+# The engine's stems for generated names (docs/MODEL_SPEC.md): "<stem>_at_<index>".
+STEMS = {"relu": "activation", "leaky_relu": "activation", "sigmoid": "activation",
+         "tanh": "activation", "gelu": "activation", "dropout": "activation",
+         "max_pool": "pool", "avg_pool": "pool", "global_pool": "pool"}
+
+
+def upsample_size(n, L, j, nsp):
+    if "size" in L:
+        return spatial(L["size"], nsp, 1)[j]
+    return int(math.floor(n * spatial(L["scale_factor"], nsp, 1)[j]))
 
 
 def walk(spec):
-    """The layers of a spec with their global shapes, partitions and parameter flags."""
+    """The layers of a spec with their global shapes, partitions, operands and which
+    backwards run. A graph: "from" names the operand(s) (a layer's name or "input");
+    without it a layer takes the previous layer's output (docs/MODEL_SPEC.md)."""
     parts = {n: Part(n, p["ranks"], p["shape"]) for n, p in spec["partitions"].items()}
     B = spec["batch_size"]
-    cur = [B] + list(spec["input"]["shape"])
-    P = parts[spec["input"]["partition"]]
+    tensors = {"input": (-1, [B] + list(spec["input"]["shape"]),
+                         parts[spec["input"]["partition"]])}
+    prev = "input"
     layers = []
-    counts = {}
+    # File order (the shipped specs name only earlier layers; a later one is refused).
     for i, L in enumerate(spec["layers"]):
         t = L["type"]
+        frm = L.get("from", prev)
+        frm = [frm] if isinstance(frm, str) else list(frm)
+        if any(f not in tensors for f in frm):
+            raise NotImplementedError("%s: an operand is listed later" % t)
+        ops = [tensors[f] for f in frm]
+        cur = list(ops[0][1])
+        P = ops[0][2]
         if "P_x" in L:
+            assert parts[L["P_x"]].ranks == P.ranks and parts[L["P_x"]].shape == P.shape, L
             P = parts[L["P_x"]]
         x = list(cur)
         Pout, params, cfg = P, False, {}
+        nsp = len(cur) - 2
         if t == "repartition":
             Pout = parts[L["to"]]
             kind = "repartition"
@@ -266,7 +293,6 @@ def walk(spec):
             cur = [cur[0], math.prod(cur[1:])]
             kind = "flatten"
         elif t.startswith("conv"):
-            nsp = len(cur) - 2
             k = spatial(L["kernel"], nsp, 1)
             s = spatial(L.get("stride"), nsp, 1)
             p = spatial(L.get("padding"), nsp, 0)
@@ -278,8 +304,17 @@ def walk(spec):
             if "P_y" in L:
                 raise NotImplementedError("channel/general conv: see docs/SCALING.md")
             kind, params = "conv_feature", True
+        elif t.startswith("adaptive_avgpool"):
+            out = spatial(L["output_size"], nsp, 1)
+            if all(o == 1 for o in out):
+                kind = "global_pool"
+                cur = cur[:2] + [1] * nsp
+            else:
+                k = [n // o for n, o in zip(cur[2:], out)]
+                cfg = dict(k=k, s=list(k), p=[0] * nsp, d=[1] * nsp)
+                cur = cur[:2] + out
+                kind = "avg_pool"
         elif t.startswith("maxpool") or t.startswith("avgpool"):
-            nsp = len(cur) - 2
             k = spatial(L["kernel"], nsp, 1)
             s = [st if st else kk for st, kk in zip(spatial(L.get("stride"), nsp, 0), k)]
             p = spatial(L.get("padding"), nsp, 0)
@@ -288,6 +323,23 @@ def walk(spec):
             cur = [cur[0], cur[1]] + [conv_out(cur[2 + j], k[j], s[j], p[j], d[j])
                                       for j in range(nsp)]
             kind = "max_pool" if t.startswith("max") else "avg_pool"
+        elif t == "upsample":
+            out = [upsample_size(cur[2 + j], L, j, nsp) for j in range(nsp)]
+            cfg = dict(mode=L.get("mode", "nearest"), align=L.get("align_corners", False),
+                       sf=(None if "size" in L else spatial(L["scale_factor"], nsp, 1)),
+                       out=out)
+            cur = cur[:2] + out
+            kind = "upsample"
+        elif t == "add":
+            for _, sh, Q in ops:
+                assert sh == cur and Q.ranks == P.ranks and Q.shape == P.shape, L
+            kind = "add"
+        elif t == "concat":
+            for _, sh, Q in ops:
+                assert sh[:1] == cur[:1] and sh[2:] == cur[2:] and Q.ranks == P.ranks, L
+            assert P.shape[1] == 1, L  # dim 1 whole: the join is local
+            cur = [cur[0], sum(sh[1] for _, sh, _ in ops)] + cur[2:]
+            kind = "concat"
         elif t == "linear":
             Pout = parts[L["P_y"]]
             cfg = dict(Pw=parts[L["P_w"]], bias=L.get("bias", True))
@@ -302,14 +354,19 @@ def walk(spec):
             raise NotImplementedError(t)
         name = L.get("name")
         if name is None:  # the engine's default names (spec.c)
-            name = "%s_at_%d" % ({"relu": "activation", "leaky_relu": "activation",
-                                   "sigmoid": "activation", "tanh": "activation",
-                                   "gelu": "activation", "dropout": "activation",
-                                   "max_pool": "pool", "avg_pool": "pool"}.get(kind, t), i)
+            name = "%s_at_%d" % (STEMS.get(kind, t), i)
         lay = Layer(name, kind, x, list(cur), P, Pout, params)
         lay.cfg = cfg
+        lay.ins = [o[0] for o in ops]
+        # Its backward runs when it has parameters or an operand's backward runs (leading
+        # data movement has no gradient to carry); the gradients of its operands are read
+        # only when some operand's backward runs.
+        rb = [o >= 0 and layers[o].run_back for o in lay.ins]
+        lay.run_back = params or any(rb)
+        lay.first_param = lay.run_back and not any(rb)
         layers.append(lay)
-        P = Pout
+        tensors[name] = (i, list(cur), Pout)
+        prev = name
     return parts, layers
 
 
@@ -382,11 +439,100 @@ def layer_bytes(L, es, with_bwd):
                 bwd.add("broadcast/adjoint", n)
                 if n:
                     bwd.ops.append(("fan", "sum_reduce", [(g, w * es)]))
+    elif L.kind == "global_pool":
+        global_pool_bytes(L, es, with_bwd)
+    elif L.kind == "upsample":
+        upsample_bytes(L, es, with_bwd)
     elif L.kind == "linear":
         linear_bytes(L, es, with_bwd)
     elif L.kind == "batchnorm":
         batchnorm_bytes(L, es, with_bwd)
-    # activations and dropout are local
+    # activations, dropout, add and concat are local (their operands share one
+    # partition, and concat's does not split the joined dim)
+
+
+def global_pool_bytes(L, es, with_bwd):
+    """Global average pooling: the sums over each rank's spatial block must meet on the
+    rank of its (batch, channel) block at spatial coordinate 0, which holds the
+    [N_b, C_c, 1...] output (the balanced decomposition of a size-1 dim); a fan-in of the
+    block over the g ranks sharing those coordinates. The adjoint sends dy back (fan-out)."""
+    P = L.Pin
+    groups = {}
+    for r, c in P.members():
+        groups.setdefault(c[:2], set()).add(r)
+    fan = []
+    n = 0
+    for c, g in groups.items():
+        blk = piece(L.x[0], P.shape[0], c[0])[1] * piece(L.x[1], P.shape[1], c[1])[1]
+        n += (len(g) - 1) * blk
+        if len(g) > 1:
+            fan.append((len(g), blk * es))
+    L.fwd.add("sum_reduce/forward", n * es)
+    if fan:
+        L.fwd.ops.append(("fan", "sum_reduce", fan))
+    if with_bwd and not L.first_param:
+        L.bwd.add("sum_reduce/adjoint", n * es)
+        if fan:
+            L.bwd.ops.append(("fan", "broadcast", fan))
+
+
+def interp_need(n_in, n_out, o0, o1, mode, align, sf):
+    """The input range [a, b] that the outputs [o0, o1) of one spatial dim read, by
+    torch.nn.Upsample's index math: nearest reads floor(o * scale) (clamped), linear the
+    two neighbours of its source coordinate (the upper one clamped to the last index)."""
+    if o1 <= o0:
+        return (0, 0)
+    if align and mode == "linear":
+        scale = (n_in - 1) / (n_out - 1) if n_out > 1 else 0.0
+    else:
+        scale = 1.0 / sf if sf is not None else n_in / n_out
+    if mode == "nearest":
+        src = lambda o: min(int(math.floor(o * scale)), n_in - 1)
+        return (src(o0), src(o1 - 1) - src(o0) + 1)
+    def lohi(o):
+        c = o * scale if align else max((o + 0.5) * scale - 0.5, 0.0)
+        i0 = min(int(math.floor(c)), n_in - 1)
+        return i0, min(i0 + 1, n_in - 1)
+    a, b = lohi(o0)[0], lohi(o1 - 1)[1]
+    return (a, b - a + 1)
+
+
+def upsample_bytes(L, es, with_bwd):
+    """Each rank gathers the input box its output box reads (its own batch and channel
+    block, the interp_need range per spatial dim) from the ranks that hold it: everything
+    in that box but its own piece. The adjoint sends the same pieces back."""
+    P, c = L.Pin, L.cfg
+    nsp = len(L.x) - 2
+    boxes = {r: P.box(L.x, cc) for r, cc in P.members()}
+    per = {}
+    n = 0
+    for r, cc in P.members():
+        ob = P.box(L.y, cc)
+        need = ob[:2] + [interp_need(L.x[2 + j], L.y[2 + j], ob[2 + j][0],
+                                     ob[2 + j][0] + ob[2 + j][1], c["mode"], c["align"],
+                                     None if c["sf"] is None else c["sf"][j])
+                         for j in range(nsp)]
+        if vol(ob) == 0:
+            continue
+        for q, b in boxes.items():
+            if q == r:
+                continue
+            v = overlap(need, b)
+            if v:
+                n += v
+                per.setdefault(r, [0, 0, 0])
+                per.setdefault(q, [0, 0, 0])
+                per[r][1] += v * es
+                per[r][2] += 1
+                per[q][0] += v * es
+                per[q][2] += 1
+    L.fwd.add("halo_exchange/forward", n * es)
+    if n:
+        L.fwd.ops.append(("p2p", "halo_exchange", per))
+    if with_bwd and not L.first_param:
+        L.bwd.add("halo_exchange/adjoint", n * es)
+        if n:
+            L.bwd.ops.append(("p2p", "halo_exchange", per))
 
 
 def linear_bytes(L, es, with_bwd):
@@ -460,8 +606,19 @@ def batchnorm_bytes(L, es, with_bwd):
 
 
 def loss_bytes(P, x, es):
-    """Cross-entropy on x [N, C] over P [P_b, P_c] (reduced)."""
+    """Cross-entropy on x [N, C] over P [P_b, P_c] (reduced); on x [N, C, spatial...]
+    (per voxel, P not splitting C) every rank's voxels are whole, so only the reduced
+    [local sum, failures] pair of doubles goes to P rank 0 (and back as the adjoint)."""
     fwd, bwd = Bytes(), Bytes()
+    if len(x) > 2:
+        assert P.shape[1] == 1, "the per-voxel loss needs the classes whole"
+        g = len(set(P.ranks))
+        fwd.add("sum_reduce/forward", (g - 1) * 2 * F64)
+        bwd.add("sum_reduce/adjoint", (g - 1) * 2 * F64)
+        if g > 1:
+            fwd.ops.append(("fan", "sum_reduce", [(g, 2 * F64)]))
+            bwd.ops.append(("fan", "broadcast", [(g, 2 * F64)]))
+        return fwd, bwd
     Pb, Pc = P.shape
     g = len(set(P.ranks))
     rows = sum(piece(x[0], Pb, b)[1] for b in range(Pb))  # = N
@@ -485,10 +642,9 @@ def table(spec):
     parts, layers = walk(spec)
     W = spec["world_size"]
     B = spec["batch_size"]
-    first = next((i for i, L in enumerate(layers) if L.params), len(layers))
-    for i, L in enumerate(layers):
-        L.first_param = i == first  # its dx is unused: no communication assembles it
-        layer_bytes(L, es, i >= first)
+    for L in layers:
+        # (L.first_param: its dx is unused, no communication assembles it)
+        layer_bytes(L, es, L.run_back)
     rows = []
     xin = [B] + list(spec["input"]["shape"])
     root_in = Part("root", [0], [1] * len(xin))
@@ -503,6 +659,20 @@ def table(spec):
     last = layers[-1]
     lf, lb = loss_bytes(last.Pout, last.y, es)
     rows.append(("loss", lf, lb))
+    seg = len(last.y) > 2
+    if seg:
+        # Per-voxel labels [B, 1, spatial...] (f64 class indices, exact) from rank 0 to
+        # the ranks holding those voxels of the output: a Repartition, the minimum. The
+        # output is not gathered in a step (the hits are counted on each rank's voxels).
+        lab, out = Bytes(), Bytes()
+        ls = [B, 1] + last.y[2:]
+        root_l = Part("root", [0], [1] * len(ls))
+        lab.add("repartition/forward", repartition_bytes(ls, root_l, last.Pout, F64))
+        if lab.sum():
+            lab.ops.append(("p2p", "repartition", repartition_ops(ls, root_l, last.Pout, F64)))
+        rows.append(("labels", lab, Bytes()))
+        rows.append(("output", out, Bytes()))
+        return rows, layers
     # Labels: needed by the loss's ranks other than rank 0 (their rows); the engine
     # broadcasts all of them to every rank.
     lab = Bytes()

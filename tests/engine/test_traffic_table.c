@@ -56,7 +56,7 @@ int main(int argc, char **argv)
     ddl_model_t *m    = NULL;
     ASSERT_OK(ddl_spec_load(argv[1], size, &spec));
     ASSERT_OK(ddl_model_create(MPI_COMM_WORLD, spec, &m));
-    int64_t   B = ddl_spec_batch_size(spec), C = ddl_spec_num_classes(spec);
+    int64_t B = ddl_spec_batch_size(spec), C = ddl_spec_num_classes(spec);
     // One label per sample, or per output voxel for a segmentation spec.
     int64_t   LE  = ddl_spec_label_elems(spec);
     ddl_shape in  = ddl_spec_input_shape(spec);

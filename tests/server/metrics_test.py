@@ -395,6 +395,9 @@ def sc_scrape(h):
           flush=True)
 
     c.trainer("Shutdown", tr.ShutdownRequest(), "ShutdownResponse")
+    # Rank 0 waits (up to its 5 s grace) for connected channels to go, and grpcio notices the
+    # server's GOAWAY on an idle channel only seconds later: close ours.
+    c.ch.close()
     d.wait_exit()
     try:
         scrape(maddr)

@@ -10,12 +10,14 @@ own client certificate, and a key that matches nothing.
 
 Scenarios: tls, mtls, tokens, tls_tokens, listen, badfiles, lifecycle_secure. Exit 0 pass, 1 fail, 7 skip.
 """
+import concurrent.futures
 import os
 import re
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -114,13 +116,19 @@ class Harness(DaemonHarness):
         self.run(d, [self.auth_client, "--bench", str(n)], timeout=120, env_extra=env)
 
     def refused(self, args, want, np=2, listen="127.0.0.1:0", code=2):
-        """distdld must exit on every rank with `code`, before serving, saying `want`."""
-        addr = os.path.join(self.work, "addr-refused")
-        if os.path.exists(addr):
-            os.unlink(addr)
+        """distdld must exit on every rank with `code`, before serving, saying `want`. Safe
+        to run beside itself (refused_all): its own address file, its report printed in one
+        piece."""
+        addr = os.path.join(tempfile.mkdtemp(prefix="refused-", dir=self.work), "addr")
         cmd = [self.mpiexec, "-np", str(np)] + self.mpi_flags + [
             self.distdld, "--listen", listen, "--address-file", addr] + args
-        print("$ " + " ".join(cmd), flush=True)
+        report = ["$ " + " ".join(cmd)]
+        try:
+            return self._refused(cmd, addr, want, np, code, report)
+        finally:
+            print("\n".join(report), flush=True)
+
+    def _refused(self, cmd, addr, want, np, code, report):
         t0 = time.time()
         try:
             r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -129,13 +137,13 @@ class Harness(DaemonHarness):
             raise Failure("distdld did not exit within 60 s (hang)")
         out = r.stdout
         lines = [ln for ln in out.splitlines() if ln.startswith("distdld")]
-        print("  -> rc %d in %.1f s: %s" % (r.returncode, time.time() - t0,
-                                            " | ".join(lines)[:400]), flush=True)
+        report.append("  -> rc %d in %.1f s: %s" % (r.returncode, time.time() - t0,
+                                                    " | ".join(lines)[:400]))
         if want not in out:
-            print(out)
+            report.append(out)
             raise Failure("expected %r in the output" % want)
         if r.returncode != code:
-            print(out)
+            report.append(out)
             raise Failure("mpirun exited with %d, expected %d" % (r.returncode, code))
         if os.path.exists(addr):
             raise Failure("an address file was written: the daemon served")
@@ -145,12 +153,20 @@ class Harness(DaemonHarness):
         if "exit %d" % code in out:
             for r in range(1, np):
                 if "distdld[%d]: exit %d" % (r, code) not in out:
-                    print(out)
+                    report.append(out)
                     raise Failure("rank %d did not exit with %d" % (r, code))
         if "signal" in out.lower():
-            print(out)
+            report.append(out)
             raise Failure("a rank was killed instead of exiting")
         return out
+
+    def refused_all(self, cases, jobs=4):
+        """refused(args, want) for every (args, want), `jobs` at a time: each is mostly mpirun
+        idling after the ranks' nonzero exits. Raises the first failure in the given order."""
+        with concurrent.futures.ThreadPoolExecutor(jobs) as ex:
+            results = [ex.submit(self.refused, args, want) for args, want in cases]
+        for r in results:
+            r.result()
 
 
 def spec(h):
@@ -537,8 +553,7 @@ def sc_badfiles(h):
         (["--tls-cert", p("server.crt")], "--tls-cert and --tls-key go together"),
         (["--tls-client-ca", p("ca.crt")], "--tls-client-ca needs --tls-cert and --tls-key"),
     ]
-    for args, want in cases:
-        h.refused(args + ["--model", h.spec("lenet5-2.json")], want)
+    h.refused_all([(args + ["--model", h.spec("lenet5-2.json")], want) for args, want in cases])
     os.chmod(p("server.key"), 0o644)
     h.refused(tls, "--tls-key %s: accessible to other users (mode 0644)" % p("server.key"))
     os.chmod(p("server.key"), 0o600)

@@ -225,10 +225,20 @@ def start_slurm(h):
     return s
 
 
+# Slurm's SIGTERM (scancel, the time limit, a requeue) reaches every process of the job,
+# mpirun too: the daemon stops gracefully (final checkpoint) in about a second, but mpirun then
+# runs its own kill sequence, 2 x odls_base_sigkill_timeout, on ranks already gone -- 20 s with
+# the script's default of 10, once per stop. The batch scenario keeps that default; timelimit
+# and requeue (three stops) pass DISTDLD_SIGKILL_TIMEOUT=3: 6 s, still far more than the final
+# checkpoint takes.
+QUICK_SIGKILL = 3
+
+
 class Job:
     """deploy/slurm/distdld.sbatch submitted from a fresh submit directory."""
 
-    def __init__(self, h, s, extra=()):
+    def __init__(self, h, s, extra=(), sigkill=None):
+        """sigkill: DISTDLD_SIGKILL_TIMEOUT for the script (None: its default, 10 s)."""
         self.h, self.s = h, s
         self.script = os.path.join(h.source, "deploy", "slurm", "distdld.sbatch")
         self.submit = os.path.join(h.work, "submit")
@@ -236,8 +246,10 @@ class Job:
         self.addr = os.path.join(self.submit, "distdld.addr")
         self.ck = os.path.join(self.submit, "checkpoints")
         # Submitted from `submit`: that is $SLURM_SUBMIT_DIR, where the address file appears.
-        argv = ["sbatch", "--parsable", "--time=10",
-                "--export=ALL,DISTDL_PREFIX=%s,DISTDLD_BIN=%s" % (h.source, h.distdld)] + list(extra)
+        export = "ALL,DISTDL_PREFIX=%s,DISTDLD_BIN=%s" % (h.source, h.distdld)
+        if sigkill is not None:
+            export += ",DISTDLD_SIGKILL_TIMEOUT=%d" % sigkill
+        argv = ["sbatch", "--parsable", "--time=10", "--export=" + export] + list(extra)
         if (os.cpu_count() or 1) < 2:
             argv.append("--overcommit")
         print("$ " + " ".join(argv + [self.script]), flush=True)
@@ -326,7 +338,7 @@ def scenario_timelimit(h):
     limit of more than 2 minutes): Slurm itself signals the batch shell before the limit,
     the daemon checkpoints, then the limit's SIGTERM brings the final checkpoint."""
     s = start_slurm(h)
-    j = Job(h, s, extra=["--time=1", "--signal=B:USR1@45"])
+    j = Job(h, s, extra=["--time=1", "--signal=B:USR1@45"], sigkill=QUICK_SIGKILL)
     j.wait_serving()
     j.train(5)
     # Slurm sends the signal from its periodic time-limit check: 15-45 s after the start.
@@ -347,7 +359,7 @@ def scenario_requeue(h):
     and the next run resumes from latest. Slurm holds a requeued job back (BeginTime, about
     2 minutes here); the test releases it at once with `scontrol update StartTime=now`."""
     s = start_slurm(h)
-    j = Job(h, s)
+    j = Job(h, s, sigkill=QUICK_SIGKILL)
     j.wait_serving()
     j.train(4)
     s.cmd(["scontrol", "requeue", j.id])

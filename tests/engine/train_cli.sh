@@ -11,7 +11,9 @@ shift 2
 mpi=("$@")
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-run() { "${mpi[@]}" -np 1 "$bin/distdl-train" "$@"; }
+# One rank: once it exited there is nothing for mpirun's kill sequence to wait for (the
+# default odls_base_sigkill_timeout sleeps 1 s after a nonzero exit, each time).
+run() { "${mpi[@]}" --mca odls_base_sigkill_timeout 0 -np 1 "$bin/distdl-train" "$@"; }
 # expect CODE NEEDLE ARGS...: the exit code and a piece of the message.
 expect() {
     local code=$1 needle=$2 rc=0

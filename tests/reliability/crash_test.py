@@ -14,7 +14,8 @@ kill9     SIGKILL to the whole job (mpirun and every rank) at random moments whi
           the reference losses.
 window    SIGKILL inside the checkpoint write (DDL_FAULT names the point: after the staging
           directory, after a shard, after the manifest, after the rename, after `latest`),
-          20 times over the points, ranks and the 1st..3rd checkpoint of the run: `latest`
+          20 times over the points, ranks and the 1st..3rd checkpoint of the run (the
+          survivor ended by mpirun after its default grace or at once, in turn): `latest`
           always names a complete checkpoint (manifest digest and every shard's SHA-256 and
           size verified here, independently of the engine), every step directory it ever
           named is still there and complete, and the restart resumes exactly there.
@@ -57,25 +58,51 @@ class Harness(DaemonHarness):
         c = ddld_rpc.Client(d.address)
         return c
 
-    def daemon(self, ck, name, env=None, extra=()):
+    def daemon(self, ck, name, env=None, extra=(), mpi_flags=()):
         args = ["--model", self.spec(SPEC), "--checkpoint-dir", ck, "--checkpoint-every",
                 str(EVERY), "--resume"] + list(extra)
-        return self.start(2, args, name, env=env)
+        return self.start(2, args, name, env=env, extra_mpi_flags=mpi_flags)
 
     def reference(self, steps):
-        """Per-step losses of one uninterrupted run (no checkpoints)."""
-        if self.ref is not None and len(self.ref) >= steps:
-            return self.ref
-        d = self.start(2, ["--model", self.spec(SPEC)], "reference")
-        c = self.client(d)
-        recs = train(c, steps)
-        shutdown(c, d, checkpoint=False)
-        self.ref = {r.step: r.loss for r in recs if not r.finished}
-        if len(self.ref) != steps:
-            raise Failure("reference run gave %d records for %d steps" % (len(self.ref), steps))
-        print("reference: %d steps, loss %.4f -> %.4f" % (steps, self.ref[1], self.ref[steps]),
-              flush=True)
+        """The reference run, of at most `steps` steps."""
+        self.ref = Reference(self, steps)
         return self.ref
+
+
+class Reference:
+    """Per-step losses of one uninterrupted run (no checkpoints), of at most `limit` steps,
+    computed only as far as the checks reach: its daemon stays up (idle, it sleeps) and
+    trains on when a record lies beyond the steps it has. Consecutive Train calls continue
+    one run, so the losses are those of one long Train (the diskfull scenario relies on the
+    same). A kill scenario's job ends well short of its limit: computing the whole limit
+    up front cost more than the rest of some scenarios."""
+
+    CHUNK = 64  # steps per Train call of the reference daemon, at least
+
+    def __init__(self, h, limit):
+        self.h, self.limit, self.loss = h, limit, {}
+        self.d = h.start(2, ["--model", h.spec(SPEC)], "reference")
+        self.c = h.client(self.d)
+
+    def upto(self, step):
+        """Losses of steps 1..step are known afterwards."""
+        if step > self.limit:
+            raise Failure("step %d beyond the reference run (%d steps)" % (step, self.limit))
+        have = len(self.loss)
+        if step <= have:
+            return
+        n = min(max(step - have, self.CHUNK), self.limit - have)
+        recs = [r for r in train(self.c, n) if not r.finished]
+        if [r.step for r in recs] != list(range(have + 1, have + n + 1)):
+            raise Failure("reference run: %d more steps gave records of steps %s" %
+                          (n, [r.step for r in recs]))
+        self.loss.update((r.step, r.loss) for r in recs)
+
+    def close(self):
+        shutdown(self.c, self.d, checkpoint=False)
+        n = len(self.loss)
+        print("reference: %d steps (limit %d), loss %.4f -> %.4f" %
+              (n, self.limit, self.loss[1], self.loss[n]), flush=True)
 
 
 def train(c, steps, timeout=600):
@@ -86,20 +113,30 @@ def train(c, steps, timeout=600):
 
 def shutdown(c, d, checkpoint=True):
     c.trainer("Shutdown", c.tr.ShutdownRequest(checkpoint=checkpoint), "ShutdownResponse")
+    # Our channel closed: rank 0 waits (up to its 5 s grace) for connected channels to go,
+    # and grpcio notices the server's GOAWAY on an idle channel only seconds later.
+    c.ch.close()
     d.wait_exit()
 
 
 def check_losses(ref, recs, what):
     """Every step record's loss equals the reference loss of its step, bit for bit (the
     closing record of a Train carries the call's mean loss instead, and is skipped)."""
+    steps = [r.step for r in recs if not r.finished]
+    if not steps:
+        return
+    try:
+        ref.upto(max(steps))
+    except Failure as e:
+        raise Failure("%s: %s" % (what, e))
     for r in recs:
         if r.finished:
             continue
-        if r.step not in ref:
-            raise Failure("%s: step %d beyond the reference run" % (what, r.step))
-        if r.loss != ref[r.step]:
+        if r.step not in ref.loss:
+            raise Failure("%s: step %d is not a step of the reference run" % (what, r.step))
+        if r.loss != ref.loss[r.step]:
             raise Failure("%s: step %d loss %.17g, reference %.17g: the resumed state is not "
-                          "the saved one" % (what, r.step, r.loss, ref[r.step]))
+                          "the saved one" % (what, r.step, r.loss, ref.loss[r.step]))
 
 
 class Trainer(threading.Thread):
@@ -230,10 +267,18 @@ def sc_kill9(h, kills=20, per_run=60):
     recs = train(c, 2 * EVERY)
     check_losses(ref, recs, "final")
     shutdown(c, d)
+    ref.close()
     print("20 kills in %.1f s: every restart resumed at or after the newest durable step, "
           "with the reference losses" % (time.time() - t0), flush=True)
 
 
+# Once a rank killed itself inside the checkpoint write, mpirun ends the other one: SIGCONT,
+# SIGTERM and SIGKILL, odls_base_sigkill_timeout apart (1 s by default), so the survivor may
+# still finish a local write (a shard, `latest`) before it blocks on its dead peer; then the
+# 2 s are idle. Every point is hit in both crash states: in one pass over the points with the
+# default (the survivor finishes what it was writing), in the other with 0 (it is killed as
+# soon as mpirun sees the death, 2 s sooner), alternating kill by kill.
+QUICK_END = ["--mca", "odls_base_sigkill_timeout", "0"]
 WINDOW_POINTS = [("checkpoint.staged", 0), ("checkpoint.staged", 1), ("checkpoint.shard", 0),
                  ("checkpoint.shard", 1), ("checkpoint.manifest", 0), ("checkpoint.publish", 0),
                  ("checkpoint.done", 0), ("checkpoint.done", 1)]
@@ -249,7 +294,9 @@ def sc_window(h, kills=20, per_run=4 * EVERY):
         nth = 1 + (i // len(WINDOW_POINTS)) % 3
         before = latest_step(ck)
         want = resume_point(ck)
-        d = h.daemon(ck, "window-%02d" % i, env={"DDL_FAULT": "%s@%d#%d" % (site, rank, nth)})
+        quick = (i + i // len(WINDOW_POINTS)) % 2 == 1
+        d = h.daemon(ck, "window-%02d" % i, env={"DDL_FAULT": "%s@%d#%d" % (site, rank, nth)},
+                     mpi_flags=QUICK_END if quick else ())
         c = h.client(d)
         s0 = c.status().step
         if s0 != want:
@@ -281,8 +328,9 @@ def sc_window(h, kills=20, per_run=4 * EVERY):
             named.append(after)
         for s in named:  # nothing latest ever named was removed or damaged
             verify_step_dir(os.path.join(ck, "step-%09d" % s))
-        print("kill %2d at %-20s rank %d, checkpoint #%d: latest %4d -> %4d, complete; "
-              "mpirun exit %d" % (i, site, rank, nth, before, after, rc), flush=True)
+        print("kill %2d at %-20s rank %d, checkpoint #%d%s: latest %4d -> %4d, complete; "
+              "mpirun exit %d" % (i, site, rank, nth, ", survivor ended at once" if quick else "",
+                                  before, after, rc), flush=True)
     d = h.daemon(ck, "window-final")
     c = h.client(d)
     s0 = c.status().step
@@ -290,6 +338,7 @@ def sc_window(h, kills=20, per_run=4 * EVERY):
         raise Failure("final: resumed at %d, expected %d" % (s0, resume_point(ck)))
     check_losses(ref, train(c, 2 * EVERY), "final")
     shutdown(c, d)
+    ref.close()
     print("20 kills inside the checkpoint write in %.1f s: latest always complete, %d steps "
           "it named all intact" % (time.time() - t0, len(named)), flush=True)
 
@@ -379,6 +428,7 @@ def diskfull_on(h, ref, ck, mnt):
         raise Failure("restart resumed at %d, not at the intact step %d" % (c.status().step, good))
     check_losses(ref, train(c, EVERY), "after")
     shutdown(c, d, checkpoint=False)
+    ref.close()
     print("disk full: Checkpoint refused, Train went on, step %d intact and resumable" % good,
           flush=True)
 

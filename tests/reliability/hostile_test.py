@@ -11,6 +11,7 @@ valid Step still succeeds.
 """
 import os
 import random
+import select
 import socket
 import struct
 import sys
@@ -604,20 +605,28 @@ def host_port(address):
     return host.strip("[]"), int(port)
 
 
-def send_and_close(addr, data, read=True):
-    s = socket.create_connection(addr, timeout=5)
+def send_and_close(addr, data, times=1):
+    """Sends data on `times` connections at once, then reads every one until the daemon
+    closes it or for 2 s, and closes them. At once: a silent or truncated connection stays
+    open until the daemon's 5 s handshake timeout, so the 2 s were spent waiting each time."""
+    socks = [socket.create_connection(addr, timeout=5) for _ in range(times)]
     try:
         if data:
-            s.sendall(data)
-        if read:
-            s.settimeout(2)
-            try:
-                while s.recv(65536):
-                    pass
-            except (socket.timeout, ConnectionResetError):
-                pass
+            for s in socks:
+                s.sendall(data)
+        waiting = list(socks)
+        end = time.time() + 2
+        while waiting and time.time() < end:
+            ready, _, _ = select.select(waiting, [], [], max(0.0, end - time.time()))
+            for s in ready:
+                try:
+                    if not s.recv(65536):
+                        waiting.remove(s)
+                except (socket.timeout, ConnectionResetError):
+                    waiting.remove(s)
     finally:
-        s.close()
+        for s in socks:
+            s.close()
 
 
 def sc_socket(h):
@@ -647,8 +656,7 @@ def sc_socket(h):
         ("nothing", b""),
     ]
     for name, data in garbage:
-        for _ in range(5):
-            send_and_close(addr, data)
+        send_and_close(addr, data, times=5)
         print("garbage %s: sent 5 times" % name, flush=True)
     bad = []
 

@@ -17,6 +17,7 @@ bad_listen: a malformed --metrics-listen, a busy port and --metrics-address-file
 
 Exit status: 0 pass, 1 fail, 7 skip (distdld not built, or no python3-grpcio/numpy).
 """
+import concurrent.futures
 import json
 import math
 import os
@@ -420,6 +421,9 @@ def sc_scrape(h):
           flush=True)
 
     c.trainer("Shutdown", tr.ShutdownRequest(), "ShutdownResponse")
+    # Rank 0 waits (up to its 5 s grace) for connected channels to go, and grpcio notices the
+    # server's GOAWAY on an idle channel only seconds later: close ours.
+    c.ch.close()
     d.wait_exit()
     try:
         scrape(maddr)
@@ -431,20 +435,28 @@ def sc_scrape(h):
 
 def expect_start_failure(h, args, name, why, timeout=60):
     """Starts the daemon with args; it must exit 2 within timeout without ever writing its
-    gRPC address, and its log must contain `why`."""
+    gRPC address, and its log must contain `why`. Safe to run beside itself (its own
+    directory, its report printed in one piece)."""
     work = os.path.join(h.work, name)
     os.makedirs(work)
     addr_file = os.path.join(work, "addr")
     cmd = [h.mpiexec, "-np", "2"] + h.mpi_flags + [
         h.distdld, "--listen", "127.0.0.1:0", "--address-file", addr_file] + args
-    print("$ " + " ".join(cmd), flush=True)
+    report = ["$ " + " ".join(cmd) + "\n"]
+    try:
+        return start_failure(cmd, addr_file, name, why, timeout, report)
+    finally:
+        print("".join(report), end="", flush=True)
+
+
+def start_failure(cmd, addr_file, name, why, timeout, report):
     t0 = time.time()
     try:
         r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                            timeout=timeout)
     except subprocess.TimeoutExpired:
         raise Failure("%s: the daemon did not exit within %d s" % (name, timeout))
-    print(r.stdout, end="", flush=True)
+    report.append(r.stdout)
     if r.returncode != 2:
         raise Failure("%s: exit %d, expected 2" % (name, r.returncode))
     if why not in r.stdout:
@@ -454,17 +466,21 @@ def expect_start_failure(h, args, name, why, timeout=60):
     # Every rank exits 2 by itself: none may be killed by a signal (mpirun would say so).
     if re.search(r"killed|signal", r.stdout, re.I):
         raise Failure("%s: a rank was killed instead of exiting" % name)
-    print("%s: exit %d after %.1f s" % (name, r.returncode, time.time() - t0), flush=True)
+    report.append("%s: exit %d after %.1f s\n" % (name, r.returncode, time.time() - t0))
     return r
 
 
 def sc_bad_listen(h):
-    for i, bad in enumerate(["nonsense", "127.0.0.1", "127.0.0.1:99999", "localhost:9090",
-                             "127.0.0.1:-1", "1.2.3:80", "[::1]9090", "127.0.0.1:80x"]):
-        expect_start_failure(h, ["--metrics-listen", bad], "garbage%d" % i,
-                             "--metrics-listen: bad value")
-    expect_start_failure(h, ["--metrics-address-file", os.path.join(h.work, "m")],
-                         "address_file_alone", "--metrics-address-file needs --metrics-listen")
+    cases = [(["--metrics-listen", bad], "garbage%d" % i, "--metrics-listen: bad value")
+             for i, bad in enumerate(["nonsense", "127.0.0.1", "127.0.0.1:99999", "localhost:9090",
+                                      "127.0.0.1:-1", "1.2.3:80", "[::1]9090", "127.0.0.1:80x"])]
+    cases.append((["--metrics-address-file", os.path.join(h.work, "m")], "address_file_alone",
+                  "--metrics-address-file needs --metrics-listen"))
+    # Four at a time: each is mostly mpirun idling after the ranks' exits.
+    with concurrent.futures.ThreadPoolExecutor(4) as ex:
+        runs = [ex.submit(expect_start_failure, h, *c) for c in cases]
+    for r in runs:
+        r.result()
     # A busy port: held by a listening socket of ours while the daemon starts. Rank 0 finds
     # out when it binds (after creating the model), and releases the others with its code.
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)

@@ -2,7 +2,7 @@
 """A scaling model of distdl-c's training step to 1,000 ranks (docs/SCALING.md).
 
     scaling_model.py [--measure] [--build build] [--data DIR] [--out docs/scaling.png]
-    scaling_model.py --emit lenet5|mlp P [weak]     print a generated spec
+    scaling_model.py --emit lenet5|mlp|resnet|unet3d P [weak]   print a generated spec
 
 Predicts the time of one training step of each network (NETWORKS below) from
 
@@ -26,9 +26,11 @@ and plots predicted against measured (strong and weak scaling) into docs/scaling
 without it the figures come from that file, so the plot regenerates anywhere.
 
 A network is a spec generator: NETWORKS[name] = (strong(P), weak(P)), each returning a
-model spec (the JSON of docs/MODEL_SPEC.md) for P ranks. Adding one (ResNet, U-Net) is
-one line there, once traffic_formula.walk knows its layer types.
+model spec (the JSON of docs/MODEL_SPEC.md) for P ranks: LeNet-5, the MLP, the
+ResNet-18-style network of resnet-*.json and the 3-D U-Net of unet3d-*.json (graphs:
+traffic_formula.walk follows their "from" operands).
 """
+import functools
 import json
 import math
 import os
@@ -169,10 +171,139 @@ def mlp(P, weak=False, batch=64, hidden=4096):
     }
 
 
-# name -> (strong(P), weak(P)). ResNet / U-Net: one line each here.
+def halos_ok(spec):
+    """Every windowed layer (conv, pool) of a spec on its partition: non-empty pieces and
+    halos that reach only the immediate neighbour (the engine's rule), checked with the
+    traffic formula's own halo geometry."""
+    try:
+        _, layers = tf.walk(spec)
+    except (AssertionError, NotImplementedError):
+        return False
+    for L in layers:
+        if L.kind not in ("conv_feature", "max_pool", "avg_pool", "upsample"):
+            continue
+        for j, P in enumerate(L.Pin.shape[2:]):
+            n = L.x[2 + j]
+            if n < P:
+                return False
+            if L.kind == "upsample":
+                continue
+            c = L.cfg
+            hs = [tf.halo_dim(n, P, i, c["k"][j], c["s"][j], c["p"][j], c["d"][j])
+                  for i in range(P)]
+            for i, h in enumerate(hs):
+                held = h["pad_lo"] + h["n"] + h["pad_hi"]
+                nb = lambda q: hs[q]["pad_lo"] + hs[q]["n"] + hs[q]["pad_hi"]
+                if held < 1 or (i > 0 and max(h["lo"], 0) > nb(i - 1)) or \
+                   (i + 1 < P and max(h["hi"], 0) > nb(i + 1)):
+                    return False
+    return True
+
+
+def grids(n, dims):
+    """Every factorization of n into `dims` factors, most balanced first."""
+    if dims == 1:
+        return [(n,)]
+    out = []
+    for a in range(1, n + 1):
+        if n % a == 0:
+            out += [(a,) + g for g in grids(n // a, dims - 1)]
+    return sorted(out, key=lambda g: (max(g), -min(g), [-x for x in g]))
+
+
+def best_grid(P, dims, make):
+    """The largest n <= P and its most balanced grid for which the spec make(grid) has
+    valid halos everywhere; (1, ...) when none. A dimension is never cut into more
+    pieces than its smallest extent over the windowed layers (checked first: cheap)."""
+    _, layers = tf.walk(make((1,) * dims))
+    ext = [min(L.x[2 + j] for L in layers if L.kind in ("conv_feature", "max_pool"))
+           for j in range(dims)]
+    for n in range(P, 0, -1):
+        for g in grids(n, dims):
+            if all(a <= e for a, e in zip(g, ext)) and halos_ok(make(g)):
+                return g
+    return (1,) * dims
+
+
+def resnet_spec(P, hw, grid, batch=64):
+    """The ResNet-18-style network of resnet-4.json for P ranks: the 4 stages (8, 16, 32,
+    64 channels; 17 convolutions, 1x1 strided shortcuts) feature-partitioned on an a x b
+    grid of the first a b ranks, then a repartition onto up to 64 channel pieces for the
+    global pooling and the classifier (its weights split along the input, summed onto
+    rank 0), as shipped."""
+    a, b = grid
+    Pc = min(P, 64)
+    base = shipped("resnet-4")
+    layers = [dict(L) for L in base["layers"]]
+    s = {
+        "name": "resnet-%d" % P, "world_size": P, "seed": 1, "dtype": "f32",
+        "batch_size": batch,
+        "input": {"shape": [1] + list(hw), "partition": "root"},
+        "partitions": {
+            "root": part([0], [1, 1, 1, 1]), "root2d": part([0], [1, 1]),
+            "conv": part(range(a * b), [1, 1, a, b]),
+            "chan": part(range(Pc), [1, Pc, 1, 1]), "chan2d": part(range(Pc), [1, Pc]),
+        },
+        "layers": layers,
+        "loss": base["loss"], "optimizer": base["optimizer"], "data": base["data"],
+    }
+    return s
+
+
+@functools.lru_cache(maxsize=None)
+def resnet(P, weak=False):
+    """Strong: 28 x 28 images, the largest feature grid of at most P ranks whose halos
+    the engine allows (P = 1: resnet-1.json; 2 and 4 give the shipped layouts). The
+    stage-4 maps are 4 x 4, so the grid stops at 4 x 4 = 16 ranks; the other ranks only
+    hold channel pieces of the pooling and the classifier. Weak: a 32 x 32 tile per rank
+    (the image [32 a, 32 b] on the most balanced a x b grid of P): every stage's map
+    divides evenly, which a strided layer needs (below)."""
+    if not weak:
+        if P == 1:
+            return shipped("resnet-1")
+        return resnet_spec(P, [28, 28], best_grid(P, 2, lambda g: resnet_spec(P, [28, 28], g)))
+    g = grids(P, 2)[0]
+    spec = resnet_spec(P, [32 * g[0], 32 * g[1]], g)
+    assert halos_ok(spec), g
+    return spec
+
+
+def unet_spec(P, dhw, grid, batch=2):
+    """unet3d-4.json on P ranks: every layer on one volume partition [1, 1, a, b, c] of
+    the first a b c ranks (the input generated there, the per-voxel labels sent to
+    them)."""
+    a, b, c = grid
+    base = shipped("unet3d-4")
+    return {
+        "name": "unet3d-%d" % P, "world_size": P, "seed": 1, "dtype": "f32",
+        "batch_size": batch,
+        "input": {"shape": [1] + list(dhw), "partition": "vol"},
+        "partitions": {"vol": part(range(a * b * c), [1, 1, a, b, c])},
+        "layers": [dict(L) for L in base["layers"]],
+        "loss": base["loss"], "optimizer": base["optimizer"], "data": base["data"],
+    }
+
+
+@functools.lru_cache(maxsize=None)
+def unet3d(P, weak=False):
+    """Strong: 32^3 volumes, batch 2, the most balanced 3-D grid of at most P ranks the
+    halos allow (2 and 4: the shipped layouts). The coarsest level is 8^3, so at most 8
+    pieces per dimension: 512 ranks, one 8-voxel... one voxel column of that level per
+    rank. Weak: a 32^3 tile per rank, the volume [32 a, 32 b, 32 c] on the most balanced
+    grid of P."""
+    if not weak:
+        return unet_spec(P, [32] * 3, best_grid(P, 3, lambda g: unet_spec(P, [32] * 3, g)))
+    g = grids(P, 3)[0]
+    spec = unet_spec(P, [32 * x for x in g], g)
+    assert halos_ok(spec), g
+    return spec
+
+# name -> (strong(P), weak(P)).
 NETWORKS = {
     "LeNet-5": (lambda P: lenet5(P), lambda P: lenet5(P, weak=True)),
     "MLP 784-4096-4096-10": (lambda P: mlp(P), lambda P: mlp(P, weak=True)),
+    "ResNet-18 (28x28)": (lambda P: resnet(P), lambda P: resnet(P, weak=True)),
+    "3-D U-Net 32^3": (lambda P: unet3d(P), lambda P: unet3d(P, weak=True)),
 }
 
 
@@ -255,7 +386,11 @@ def t_op(m, op):
 
 # Bytes of memory traffic per element of the rank's tile: (forward, backward).
 ELEMENTWISE = {"relu": (8, 12), "dropout": (9, 13), "max_pool": (10, 14), "avg_pool": (8, 12),
-               "batchnorm": (20, 28), "repartition": (0, 0), "flatten": (0, 0)}
+               "batchnorm": (20, 28), "repartition": (0, 0), "flatten": (0, 0),
+               # add: two reads, one write; its backward hands the gradient to both.
+               "add": (12, 12), "concat": (8, 8), "global_pool": (4, 4),
+               # per OUTPUT element: 2^d reads of the input, one write (and back).
+               "upsample": (12, 12)}
 # Optimizer bytes per parameter on its owner (zero_grad included): SGD reads w, g and
 # writes w, g; Adam also reads and writes m and v.
 OPTIM = {"sgd": 16, "adam": 32, "adamw": 32}
@@ -285,7 +420,7 @@ def layer_compute(L):
         f = 2 * L.x[0] * fi * fo
         return f, 2 * f, 0, 0, fo * fi + fo
     fb, bb = ELEMENTWISE.get(L.kind, (8, 12))
-    t = tile(L.x, L.Pin)
+    t = tile(L.y, L.Pout) if L.kind in ("upsample", "concat") else tile(L.x, L.Pin)
     return 0, 0, fb * t, bb * t, (2 * L.x[1] if L.kind == "batchnorm" else 0)
 
 
@@ -298,13 +433,12 @@ def step_time(spec, m, parts_out=None):
     rows, layers = tf.table(spec)
     F = m.rank_flops(P, getattr(m, "np1_threads", 1.0))
     mem = m.mem * (min(1.0, m.cores / P) if m.cores else 1.0)
-    first = next((i for i, L in enumerate(layers) if L.params), len(layers))
     comp = comm = 0.0
     params = 0
     for i, L in enumerate(layers):
         ff, fb, bf, bb, w = layer_compute(L)
         comp += ff / F + bf / mem
-        if i >= first:
+        if L.run_back:  # a graph: the backward runs where a parameter lies upstream
             comp += fb / F + bb / mem
         params += w
     opt = spec["optimizer"]["type"]
@@ -315,7 +449,7 @@ def step_time(spec, m, parts_out=None):
     # Control: every layer call and the loss end with a status agreement (an all-reduce
     # of one int over all P ranks), and a step broadcasts 4 scalars (count, loss, hits,
     # the session's stop flag) besides the labels (counted in rows).
-    nagree = len(layers) + (len(layers) - first) + 4
+    nagree = len(layers) + sum(L.run_back for L in layers) + 4
     control = nagree * t_allreduce(m, P, 4) + 4 * t_bcast(m, P, 8)
     if parts_out is not None:
         parts_out.update(compute=comp, comm=comm, control=control)
@@ -354,9 +488,11 @@ def measure(build, data):
     for _ in range(5):
         for name, P, spec, path in jobs:
             steps = 60 if "LeNet" in name else 12
+            # A spec that generates its data (the U-Net) refuses --data.
+            dat = [] if "synthetic" in spec.get("data", {}) else ["--data", data]
             out = run(["mpirun", "-np", str(P)] + MPI_FLAGS +
-                      [os.path.join(bindir, "distdl-train"), "--model", path, "--data", data,
-                       "--max-steps", str(steps), "--no-eval"])
+                      [os.path.join(bindir, "distdl-train"), "--model", path,
+                       "--max-steps", str(steps), "--no-eval"] + dat)
             ips = float(re.search(r"([0-9.]+) img/s", out).group(1))
             times.setdefault((name, P), []).append(spec["batch_size"] / ips)
     for (name, P), ts in times.items():
@@ -484,7 +620,7 @@ def main():
     a = sys.argv[1:]
     if a and a[0] == "--emit":
         # --emit lenet5|mlp P [weak]: one generated spec as JSON (tests/engine/specs/).
-        gen = {"lenet5": lenet5, "mlp": mlp}[a[1]]
+        gen = {"lenet5": lenet5, "mlp": mlp, "resnet": resnet, "unet3d": unet3d}[a[1]]
         spec = gen(int(a[2]), weak=len(a) > 3 and a[3] == "weak")
         json.dump(spec, sys.stdout, indent=1)
         sys.stdout.write("\n")

@@ -227,7 +227,7 @@ def best_grid(P, dims, make):
 
 def resnet_spec(P, hw, grid, batch=64):
     """The ResNet-18-style network of resnet-4.json for P ranks: the 4 stages (8, 16, 32,
-    64 channels; 17 convolutions, 1x1 strided shortcuts) feature-partitioned on an a x b
+    64 channels; 17 3x3 convolutions and 3 strided 1x1 shortcuts) feature-partitioned on an a x b
     grid of the first a b ranks, then a repartition onto up to 64 channel pieces for the
     global pooling and the classifier (its weights split along the input, summed onto
     rank 0), as shipped."""
@@ -288,7 +288,7 @@ def unet_spec(P, dhw, grid, batch=2):
 def unet3d(P, weak=False):
     """Strong: 32^3 volumes, batch 2, the most balanced 3-D grid of at most P ranks the
     halos allow (2 and 4: the shipped layouts). The coarsest level is 8^3, so at most 8
-    pieces per dimension: 512 ranks, one 8-voxel... one voxel column of that level per
+    pieces per dimension: 512 ranks, one voxel of that level per dimension and
     rank. Weak: a 32^3 tile per rank, the volume [32 a, 32 b, 32 c] on the most balanced
     grid of P."""
     if not weak:

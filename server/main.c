@@ -30,6 +30,7 @@
 #include "auth.h"
 #include "ddl/base.h"
 #include "ddl/blas.h"
+#include "ddl/kernels.h"
 #include "ddl/model.h"
 #include "ddld.h"
 #include "metrics.h"
@@ -429,6 +430,21 @@ static int run_rank0(const ddld_config *cfg, ddld_dispatch *d)
     return code;
 }
 
+// How every rank leaves once MPI is up: its exit line first, then MPI_Finalize. Once one rank
+// has exited nonzero mpirun tears the job down and stops forwarding output, so a line printed
+// after MPI_Finalize (whose fence every rank passes together) may never reach the log, and a
+// worker's "exit 2" would be lost even though it did exit 2.
+static int leave(int code, bool say)
+{
+    if (say) {
+        ddld_log("exit %d", code);
+    }
+    fflush(stdout);
+    fflush(stderr);
+    MPI_Finalize();
+    return code;
+}
+
 int main(int argc, char **argv)
 {
     ddl_blas_startup(argc, argv); // may re-execute: before MPI, gRPC and threads
@@ -478,8 +494,7 @@ int main(int argc, char **argv)
                          ? " by the watchdog (--watchdog 0 turns it off)"
                          : "");
         }
-        MPI_Finalize();
-        return 2;
+        return leave(2, true);
     }
     // The metrics options are checked here, where rank 0 can report them before any rank
     // leaves (MPI_Finalize waits for all): every rank reaches the same verdict alone.
@@ -488,15 +503,14 @@ int main(int argc, char **argv)
         if (rank == 0) {
             ddld_log("%s (see --help)", why);
         }
-        MPI_Finalize();
-        return 2;
+        return leave(2, true);
     }
     // The same BLAS thread share per rank as distdl-train, so a model trained through the
     // daemon computes exactly what the batch program computes.
     int threads = ddl_runtime_divide_cores(MPI_COMM_WORLD);
     if (rank == 0) {
-        ddld_log("%d ranks, BLAS %s, %d thread%s per rank", size, ddl_blas_summary(), threads,
-                 threads == 1 ? "" : "s");
+        ddld_log("%d ranks, BLAS %s, %d thread%s per rank, convolutions %s", size,
+                 ddl_blas_summary(), threads, threads == 1 ? "" : "s", ddl_conv_path());
     }
     ddld_metrics_init(&cfg, rank, size);
     ddld_dispatch *d  = ddld_dispatch_create(&cfg, MPI_COMM_WORLD);
@@ -516,9 +530,5 @@ int main(int argc, char **argv)
     ddld_watchdog_stop(&wd);
     ddld_dispatch_destroy(&d);
     ddld_metrics_free();
-    MPI_Finalize();
-    if (rank == 0 || code != 0) { // a failed start says so on every rank
-        ddld_log("exit %d", code);
-    }
-    return code;
+    return leave(code, rank == 0 || code != 0); // a failed start says so on every rank
 }

@@ -40,8 +40,8 @@ extern "C" {
 // The CPU features the choice depends on (as usable by user code: the compiler's
 // __builtin_cpu_supports checks the OS saves the registers, too).
 typedef struct ddl_blas_cpu {
-    bool avx2, fma;                               // -> Haswell
-    bool avx512f, avx512bw, avx512vl, avx512dq;   // -> SkylakeX
+    bool avx2, fma;                             // -> Haswell
+    bool avx512f, avx512bw, avx512vl, avx512dq; // -> SkylakeX
 } ddl_blas_cpu;
 
 // Fills *cpu from the running CPU. Not collective; cheap.
@@ -68,8 +68,9 @@ DDL_EXTERN const char *ddl_blas_core(void);
 // Prescott)" or "... core Haswell (OPENBLAS_CORETYPE set by the user)". Static storage.
 DDL_EXTERN const char *ddl_blas_summary(void);
 
-// Prints "<prog>: BLAS <summary>, <threads> thread(s) per rank" to stderr; threads < 1
-// means the BLAS's current count. Call it once, on rank 0.
+// Prints "<prog>: BLAS <summary>, <threads> thread(s) per rank, convolutions <path>"
+// (ddl_conv_path) to stderr; threads < 1 means the BLAS's current count. Call it once,
+// on rank 0.
 DDL_EXTERN void ddl_blas_log(const char *prog, int threads);
 
 #ifdef __cplusplus

@@ -36,9 +36,9 @@ static char summary[256] = "";
 // Bulldozer family are deliberate choices and never replaced (Haswell is also what AMD
 // machines preset).
 static const char *const fallback_cores[] = {
-    "Katmai",      "Coppermine", "Northwood",    "Prescott",   "Banias",
-    "Atom",        "Core2",      "Penryn",       "Dunnington", "Nehalem",
-    "Sandybridge", "Opteron",    "Opteron_SSE3", "Barcelona",  "Bobcat",
+    "Katmai", "Coppermine", "Northwood", "Prescott", "Banias",       "Atom",
+    "Core2",  "Penryn",     "Dunnington", "Nehalem", "Sandybridge", "Opteron",
+    "Opteron_SSE3", "Barcelona", "Bobcat",
 };
 
 const char *ddl_blas_choose_core(const char *corename, const ddl_blas_cpu *cpu)
@@ -142,7 +142,8 @@ static bool self_check(char *why, size_t n)
         if (ddl_gemm(DDL_F64, trans, false, M, N, K, 1.0, a, lda, b, N, beta, c, N) != DDL_OK ||
             ddl_gemm_naive(DDL_F64, trans, false, M, N, K, 1.0, a, lda, b, N, beta, r, N) !=
                 DDL_OK ||
-            ddl_gemm(DDL_F32, trans, false, M, N, K, 1.0, af, lda, bf, N, beta, cf, N) != DDL_OK ||
+            ddl_gemm(DDL_F32, trans, false, M, N, K, 1.0, af, lda, bf, N, beta, cf, N) !=
+                DDL_OK ||
             ddl_gemm_naive(DDL_F32, trans, false, M, N, K, 1.0, af, lda, bf, N, beta, rf, N) !=
                 DDL_OK) {
             snprintf(why, n, "gemm refused: %s", ddl_last_error());
@@ -210,17 +211,16 @@ static void after_reexec(char **argv, const char *marker)
         return;
     }
     char fb[320];
-    snprintf(fb, sizeof fb, "fallback:%.40s failed its self-check (%s), kept %.40s", m, why, was);
+    snprintf(fb, sizeof fb, "fallback:%.40s failed its self-check (%s), kept %.40s", m, why,
+             was);
     restore_coretype(orig);
     setenv(MARKER, fb, 1);
     execv("/proc/self/exe", argv);
     // Still here: the exec failed, and this process runs the unverified candidate.
     unsetenv(MARKER);
     if (first_rank()) {
-        fprintf(stderr,
-                "ddl: BLAS core %s failed its self-check (%s) and re-exec failed; "
-                "set DDL_BLAS_AUTO=0\n",
-                m, why);
+        fprintf(stderr, "ddl: BLAS core %s failed its self-check (%s) and re-exec failed; "
+                        "set DDL_BLAS_AUTO=0\n", m, why);
     }
     set_summary("auto: UNVERIFIED, %s", why, NULL);
 }
@@ -266,8 +266,8 @@ void ddl_blas_startup(int argc, char **argv)
     unsetenv(MARKER);
     restore_coretype(user != NULL ? user : "-");
     if (first_rank()) {
-        fprintf(stderr, "ddl: could not re-execute with OPENBLAS_CORETYPE=%s; running %s\n", best,
-                was);
+        fprintf(stderr, "ddl: could not re-execute with OPENBLAS_CORETYPE=%s; running %s\n",
+                best, was);
     }
     set_summary("auto: re-exec for %s failed", best, NULL);
 }

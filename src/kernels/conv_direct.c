@@ -14,31 +14,31 @@
 // scatter 3 channels x 4 vectors. AVX-512 (32 registers), 24 accumulators: forward 6 x 4
 // vectors, dW 6 x 4 taps, scatter 6 x 4, lone-channel gather 16 vectors. Each larger
 // tile was measured faster on AMD EPYC (Zen 5): see docs/PERFORMANCE.md.
-#define CDIR_DW_CB 4
-#define CDIR_DW_TB 3
+#define CDIR_DW_CB  4
+#define CDIR_DW_TB  3
 #define CDIR_DXS_TB 3
 #define CDIR_DXS_JV 4
 
 #define CDIR_INLINE static inline __attribute__((always_inline))
 
 // ---- AVX2 + FMA: 8 floats / 4 doubles per vector ----
-#define CDIR_TGT __attribute__((target("avx2,fma")))
-#define DW_CB CDIR_DW_CB
-#define DW_TB CDIR_DW_TB
-#define FWD_JV 2
-#define DX_QV1 8
-#define DXS_TB CDIR_DXS_TB
-#define T float
-#define V __m256
-#define L 8
-#define SUF f32
-#define LOADU _mm256_loadu_ps
-#define STOREU _mm256_storeu_ps
-#define BCAST _mm256_broadcast_ss
-#define FMA _mm256_fmadd_ps
-#define ZERO _mm256_setzero_ps
-#define AND _mm256_and_ps
-#define ADD _mm256_add_ps
+#define CDIR_TGT     __attribute__((target("avx2,fma")))
+#define DW_CB        CDIR_DW_CB
+#define DW_TB        CDIR_DW_TB
+#define FWD_JV       2
+#define DX_QV1       8
+#define DXS_TB       CDIR_DXS_TB
+#define T        float
+#define V        __m256
+#define L        8
+#define SUF      f32
+#define LOADU    _mm256_loadu_ps
+#define STOREU   _mm256_storeu_ps
+#define BCAST    _mm256_broadcast_ss
+#define FMA      _mm256_fmadd_ps
+#define ZERO     _mm256_setzero_ps
+#define AND      _mm256_and_ps
+#define ADD      _mm256_add_ps
 #include "kernels/conv_direct_t.h"
 #undef T
 #undef V
@@ -52,17 +52,17 @@
 #undef AND
 #undef ADD
 
-#define T double
-#define V __m256d
-#define L 4
-#define SUF f64
-#define LOADU _mm256_loadu_pd
+#define T      double
+#define V      __m256d
+#define L      4
+#define SUF    f64
+#define LOADU  _mm256_loadu_pd
 #define STOREU _mm256_storeu_pd
-#define BCAST _mm256_broadcast_sd
-#define FMA _mm256_fmadd_pd
-#define ZERO _mm256_setzero_pd
-#define AND _mm256_and_pd
-#define ADD _mm256_add_pd
+#define BCAST  _mm256_broadcast_sd
+#define FMA    _mm256_fmadd_pd
+#define ZERO   _mm256_setzero_pd
+#define AND    _mm256_and_pd
+#define ADD    _mm256_add_pd
 #include "kernels/conv_direct_t.h"
 #undef T
 #undef V
@@ -78,28 +78,28 @@
 #undef CDIR_TGT
 
 // ---- AVX-512F: 16 floats / 8 doubles per vector (the same tiles) ----
-#define CDIR_TGT __attribute__((target("avx512f")))
+#define CDIR_TGT     __attribute__((target("avx512f")))
 #undef DW_CB
 #undef DW_TB
 #undef FWD_JV
 #undef DX_QV1
 #define DX_QV1 16
 #undef DXS_TB
-#define DW_CB 6
-#define DW_TB 4
+#define DW_CB  6
+#define DW_TB  4
 #define FWD_JV 4
 #define DXS_TB 6
-#define T float
-#define V __m512
-#define L 16
-#define SUF f32_512
-#define LOADU _mm512_loadu_ps
-#define STOREU _mm512_storeu_ps
+#define T        float
+#define V        __m512
+#define L        16
+#define SUF      f32_512
+#define LOADU    _mm512_loadu_ps
+#define STOREU   _mm512_storeu_ps
 #define BCAST(p) _mm512_set1_ps(*(p))
-#define FMA _mm512_fmadd_ps
-#define ZERO _mm512_setzero_ps
+#define FMA      _mm512_fmadd_ps
+#define ZERO     _mm512_setzero_ps
 #define ADD _mm512_add_ps
-#define AND(a, m)                                                                                  \
+#define AND(a, m)                                                                            \
     _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(a), _mm512_castps_si512(m)))
 #include "kernels/conv_direct_t.h"
 #undef T
@@ -114,17 +114,17 @@
 #undef AND
 #undef ADD
 
-#define T double
-#define V __m512d
-#define L 8
-#define SUF f64_512
-#define LOADU _mm512_loadu_pd
-#define STOREU _mm512_storeu_pd
+#define T        double
+#define V        __m512d
+#define L        8
+#define SUF      f64_512
+#define LOADU    _mm512_loadu_pd
+#define STOREU   _mm512_storeu_pd
 #define BCAST(p) _mm512_set1_pd(*(p))
-#define FMA _mm512_fmadd_pd
-#define ZERO _mm512_setzero_pd
+#define FMA      _mm512_fmadd_pd
+#define ZERO     _mm512_setzero_pd
 #define ADD _mm512_add_pd
-#define AND(a, m)                                                                                  \
+#define AND(a, m)                                                                            \
     _mm512_castsi512_pd(_mm512_and_si512(_mm512_castpd_si512(a), _mm512_castpd_si512(m)))
 #include "kernels/conv_direct_t.h"
 #undef T
@@ -242,7 +242,8 @@ void ddl_cdir_dx(ddl_dtype dt, const ddl_cdir *c, void *dxp, const void *dyw, co
     }
 }
 
-void ddl_cdir_dx_scatter(ddl_dtype dt, const ddl_cdir *c, void *dxp, const void *dyw, const void *w)
+void ddl_cdir_dx_scatter(ddl_dtype dt, const ddl_cdir *c, void *dxp, const void *dyw,
+                         const void *w)
 {
     int l = cdir_level();
     if (dt == DDL_F32) {

@@ -40,8 +40,8 @@ extern "C" {
 // The CPU features the choice depends on (as usable by user code: the compiler's
 // __builtin_cpu_supports checks the OS saves the registers, too).
 typedef struct ddl_blas_cpu {
-    bool avx2, fma;                             // -> Haswell
-    bool avx512f, avx512bw, avx512vl, avx512dq; // -> SkylakeX
+    bool avx2, fma;                               // -> Haswell
+    bool avx512f, avx512bw, avx512vl, avx512dq;   // -> SkylakeX
 } ddl_blas_cpu;
 
 // Fills *cpu from the running CPU. Not collective; cheap.

@@ -4,8 +4,8 @@
 // primitives. Every kernel is sequential (but for the convolution's block loop, which
 // may use as many threads as the BLAS, see ddl_conv_workspace_bytes) and allocates
 // nothing: scratch (im2col columns, max-pool argmax) comes from a caller-provided
-// workspace whose size the matching `_workspace_bytes` function reports. OpenBLAS is the only BLAS
-// user in the engine and it is called only from here (ddl_gemm).
+// workspace whose size the matching `_workspace_bytes` function reports. OpenBLAS is the only BLAS user in the engine and
+// it is called only from here (ddl_gemm).
 //
 // Layouts are PyTorch's, row-major and contiguous:
 //   activations  [N, C, spatial...]     (N = batch, C = channels, 1 to 3 spatial dims)
@@ -54,13 +54,14 @@ DDL_EXTERN int ddl_blas_set_threads(int n);
 // M, N or K may be 0 (K == 0 gives C = beta C). Dimensions must fit in a BLAS int.
 // Not collective; allocates nothing.
 DDL_EXTERN ddl_status ddl_gemm(ddl_dtype dt, bool transA, bool transB, int64_t M, int64_t N,
-                               int64_t K, double alpha, const void *A, int64_t lda, const void *B,
-                               int64_t ldb, double beta, void *C, int64_t ldc);
+                               int64_t K, double alpha, const void *A, int64_t lda,
+                               const void *B, int64_t ldb, double beta, void *C, int64_t ldc);
 // Same contract as ddl_gemm, computed with plain loops (accumulating in double): the
 // reference the BLAS path is tested against, and a fallback.
-DDL_EXTERN ddl_status ddl_gemm_naive(ddl_dtype dt, bool transA, bool transB, int64_t M, int64_t N,
-                                     int64_t K, double alpha, const void *A, int64_t lda,
-                                     const void *B, int64_t ldb, double beta, void *C, int64_t ldc);
+DDL_EXTERN ddl_status ddl_gemm_naive(ddl_dtype dt, bool transA, bool transB, int64_t M,
+                                     int64_t N, int64_t K, double alpha, const void *A,
+                                     int64_t lda, const void *B, int64_t ldb, double beta,
+                                     void *C, int64_t ldc);
 
 // ---- linear: y = x W^T + b -------------------------------------------------
 // B = batch, C = in_features, OC = out_features.
@@ -70,8 +71,8 @@ DDL_EXTERN ddl_status ddl_linear_forward(ddl_dtype dt, void *y, const void *x, c
 // dx [B, C] += dy · W;  dw [OC, C] += dy^T · x;  db [OC] += sum_b dy[b, :].
 // Each of dx, dw, db may be NULL. x is needed only for dw, w only for dx.
 DDL_EXTERN ddl_status ddl_linear_backward(ddl_dtype dt, void *dx, void *dw, void *db,
-                                          const void *dy, const void *x, const void *w, int64_t B,
-                                          int64_t C, int64_t OC);
+                                          const void *dy, const void *x, const void *w,
+                                          int64_t B, int64_t C, int64_t OC);
 
 // ---- convolution (1-D, 2-D, 3-D; groups = 1) --------------------------------
 // Geometry of a convolution over nsp spatial dimensions (PyTorch Conv{1,2,3}d semantics:
@@ -120,30 +121,31 @@ DDL_EXTERN size_t ddl_conv_workspace_bytes(ddl_dtype dt, const ddl_conv_geom *g)
 // per block, or, for 1-D/2-D stride-1 convolutions on a CPU with AVX2 (few input
 // channels) or AVX-512 (any), direct vector kernels chosen at run time
 // (DDL_CONV_DIRECT=0 in the environment turns them off, =avx2 caps the width; results
-// differ from the GEMM path's by rounding only, and are the same run to run). ws must hold at least
-// the single-thread size (what ddl_conv_workspace_bytes reports with one BLAS thread; ws_bytes says
-// how many it holds); its contents on entry and exit are scratch. It sets the BLAS thread count to
-// 1 and back while its threads run, so do not call it from several threads at once. The convolution
-// path this process runs, for logs: "direct AVX-512", "direct AVX2" or "im2col + GEMM" (the CPU's
-// widest unless DDL_CONV_DIRECT says otherwise).
+// differ from the GEMM path's by rounding only, and are the same run to run). ws must hold at least the single-thread size (what ddl_conv_workspace_bytes
+// reports with one BLAS thread; ws_bytes says how many it holds); its contents on entry
+// and exit are scratch. It sets the BLAS thread count to 1 and back while its threads
+// run, so do not call it from several threads at once.
+// The convolution path this process runs, for logs: "direct AVX-512", "direct AVX2" or
+// "im2col + GEMM" (the CPU's widest unless DDL_CONV_DIRECT says otherwise).
 DDL_EXTERN const char *ddl_conv_path(void);
-DDL_EXTERN ddl_status ddl_conv_forward(ddl_dtype dt, const ddl_conv_geom *g, void *y, const void *x,
-                                       const void *w, const void *b, void *ws, size_t ws_bytes);
+DDL_EXTERN ddl_status ddl_conv_forward(ddl_dtype dt, const ddl_conv_geom *g, void *y,
+                                       const void *x, const void *w, const void *b, void *ws,
+                                       size_t ws_bytes);
 // Adjoint of ddl_conv_forward with respect to each argument, accumulated:
 //   dx [N, C_in, in...] += conv^T(dy, w)   (GEMM into columns, then col2im)
 //   dw [C_out, C_in, k...] += dy · columns(x)^T
 //   db [C_out] += sum over n and positions of dy
 // Each of dx, dw, db may be NULL. x is needed only for dw, w only for dx.
-DDL_EXTERN ddl_status ddl_conv_backward(ddl_dtype dt, const ddl_conv_geom *g, void *dx, void *dw,
-                                        void *db, const void *dy, const void *x, const void *w,
-                                        void *ws, size_t ws_bytes);
+DDL_EXTERN ddl_status ddl_conv_backward(ddl_dtype dt, const ddl_conv_geom *g, void *dx,
+                                        void *dw, void *db, const void *dy, const void *x,
+                                        const void *w, void *ws, size_t ws_bytes);
 // Direct nested-loop reference versions of the two above (no workspace; slow). They are
 // what the im2col path is tested against, and a fallback.
 DDL_EXTERN ddl_status ddl_conv_forward_naive(ddl_dtype dt, const ddl_conv_geom *g, void *y,
                                              const void *x, const void *w, const void *b);
 DDL_EXTERN ddl_status ddl_conv_backward_naive(ddl_dtype dt, const ddl_conv_geom *g, void *dx,
-                                              void *dw, void *db, const void *dy, const void *x,
-                                              const void *w);
+                                              void *dw, void *db, const void *dy,
+                                              const void *x, const void *w);
 
 // ---- pooling (1-D, 2-D, 3-D) -------------------------------------------------
 // Max and average pooling with PyTorch's MaxPool/AvgPool{1,2,3}d semantics (floor mode):
@@ -172,17 +174,17 @@ typedef struct ddl_pool_geom {
 // pad NULL means 0; dilation NULL means 1. Refused (DDL_EINVAL, *g untouched): padding
 // larger than k / 2 (PyTorch's rule), dilation != 1 with DDL_POOL_AVG (PyTorch's
 // AvgPool has no dilation), non-positive extents, and an empty output.
-DDL_EXTERN ddl_status ddl_pool_geom_init(ddl_pool_geom *g, ddl_pool_mode mode, int nsp, int64_t N,
-                                         int64_t C, const int64_t *in, const int64_t *k,
-                                         const int64_t *stride, const int64_t *pad,
-                                         const int64_t *dilation);
+DDL_EXTERN ddl_status ddl_pool_geom_init(ddl_pool_geom *g, ddl_pool_mode mode, int nsp,
+                                         int64_t N, int64_t C, const int64_t *in,
+                                         const int64_t *k, const int64_t *stride,
+                                         const int64_t *pad, const int64_t *dilation);
 // Workspace (bytes) for g: N * C * prod(out) int64 argmax indices for max pooling, 0 for
 // average pooling. The forward fills it and the backward reads it, so the caller keeps it
 // unchanged between the two.
 DDL_EXTERN size_t ddl_pool_workspace_bytes(const ddl_pool_geom *g);
 // y = pool(x) (overwritten); for max pooling also writes the argmax into ws.
-DDL_EXTERN ddl_status ddl_pool_forward(ddl_dtype dt, const ddl_pool_geom *g, void *y, const void *x,
-                                       void *ws, size_t ws_bytes);
+DDL_EXTERN ddl_status ddl_pool_forward(ddl_dtype dt, const ddl_pool_geom *g, void *y,
+                                       const void *x, void *ws, size_t ws_bytes);
 // dx [N, C, in...] += pool^T(dy): max scatters dy to the recorded argmax, average spreads
 // dy / kernel volume over the window (padding taps receive nothing).
 DDL_EXTERN ddl_status ddl_pool_backward(ddl_dtype dt, const ddl_pool_geom *g, void *dx,

@@ -93,14 +93,15 @@ def main():
         link = os.path.join(ck, "link-out")
         if not os.path.islink(link):
             os.symlink(outside, link)
+        escape = os.path.join(os.path.dirname(ck), "escape")  # absolute, not yet there
         before_ck, before_out = tree(ck), tree(outside)
         for bad in ["../outside", outside, os.path.join(outside, "deep"), "link-out",
-                    "link-out/x", "sub/../../outside", "/tmp/ddl-ckpt-escape", "/"]:
+                    "link-out/x", "sub/../../outside", escape, "/"]:
             refused("Checkpoint", tr.CheckpointRequest(dir=bad), tr.CheckpointResponse, INV,
                     '"%s"' % bad, "--checkpoint-dir", "confined")
             refused("Restore", tr.RestoreRequest(dir=bad, latest=True), tr.RestoreResponse, INV,
                     '"%s"' % bad, "--checkpoint-dir", "confined")
-        check(not os.path.exists("/tmp/ddl-ckpt-escape"), "nothing written at /tmp/ddl-ckpt-escape")
+        check(not os.path.exists(escape), "nothing written at " + escape)
 
         # Item 4: a NUL byte inside a string is refused, not cut short.
         for method, req, resp in [

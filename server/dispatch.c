@@ -80,12 +80,19 @@ struct ddld_dispatch {
     uint8_t   *pull;
     size_t     pull_cap;
     atomic_int pull_readers;
-    uint64_t   pull_version;    // weights_version the snapshot holds (0: none)
-    uint64_t   weights_version; // bumps with every command that may change weights
-    bool       verbose;         // DDLD_VERBOSE=1: timings of the weight paths
-    bool       ckpt_requested;  // SIGUSR1: checkpoint at the next step boundary or when idle
-    double     t_popped;        // when the current job left the queue (DDLD_VERBOSE)
+    uint64_t   pull_version;     // weights_version the snapshot holds (0: none)
+    uint64_t   weights_version;  // bumps with every command that may change weights
+    bool       verbose;          // DDLD_VERBOSE=1: timings of the weight paths
+    bool       ckpt_requested;   // SIGUSR1: checkpoint at the next step boundary or when idle
+    double     t_popped;         // when the current job left the queue (DDLD_VERBOSE)
     bool       step_bytes_known; // ddld_g.step_bytes is measured for the current model
+    bool       no_more_ckpt;     // Shutdown(checkpoint=false): no final or pending checkpoint
+    // Where the current model checkpoints by default ("": no --checkpoint-dir): the
+    // daemon's first model in --checkpoint-dir itself (what --resume reads), a model that
+    // replaced another in --checkpoint-dir/models/<name>, so that no model ever writes
+    // over another's durable checkpoints or moves its `latest`.
+    char model_ckpt[PATH_MAX];
+    char next_ckpt[PATH_MAX]; // the one of the model being created
 };
 
 // ---- model info (rank 0) ------------------------------------------------------------------
@@ -588,6 +595,97 @@ static void set_state(const char *state)
     pthread_mutex_unlock(&ddld_g.mu);
 }
 
+// ---- checkpoint directories (rank 0) ---------------------------------------------------------
+
+static const char *model_ckpt_dir(const ddld_dispatch *d)
+{
+    return d->model_ckpt[0] != '\0' ? d->model_ckpt : NULL;
+}
+
+// Does dir hold the checkpoints of a model other than the one with this spec text (its
+// `latest` names a checkpoint whose manifest has another spec)? Then saving into it
+// would write over that model's steps and move its `latest`: *why says so. A directory
+// without a readable `latest` and manifest holds nothing to protect here.
+static bool holds_other_model(const char *dir, const char *spec_text, char *why, size_t whylen)
+{
+    char  path[PATH_MAX + 64], step[64] = "";
+    FILE *f = NULL;
+    if (snprintf(path, sizeof path, "%s/latest", dir) < (int)sizeof path) {
+        f = fopen(path, "r");
+    }
+    if (f == NULL) {
+        return false;
+    }
+    bool got = fgets(step, sizeof step, f) != NULL;
+    fclose(f);
+    step[strcspn(step, "\r\n")] = '\0';
+    if (!got || strncmp(step, "step-", 5) != 0 || strchr(step, '/') != NULL) {
+        return false;
+    }
+    snprintf(path, sizeof path, "%s/%s/manifest.json", dir, step);
+    json_t     *m     = json_load_file(path, 0, NULL);
+    const char *spec  = json_string_value(json_object_get(m, "spec"));
+    bool        other = spec != NULL && strcmp(spec, spec_text) != 0;
+    if (other) {
+        snprintf(why, whylen,
+                 "%.300s holds the checkpoints of another model (its latest, %s, has another "
+                 "spec); they are never overwritten by a different model",
+                 dir, step);
+    }
+    json_decref(m);
+    return other;
+}
+
+// A model name as a directory name under --checkpoint-dir/models: letters, digits, '.',
+// '_', '-', not starting with '.'.
+static bool name_is_dir_safe(const char *name)
+{
+    size_t n = strlen(name);
+    if (n == 0 || n > 128 || name[0] == '.') {
+        return false;
+    }
+    for (size_t i = 0; i < n; i++) {
+        char c = name[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '.' || c == '_' || c == '-')) {
+            return false;
+        }
+    }
+    return true;
+}
+
+// The directory a request's `dir` names: empty is the current model's own; anything else
+// must stay inside --checkpoint-dir (relative to it, or absolute below it), by the rule
+// datasets follow under --data-root. abs (PATH_MAX) receives it.
+static bool request_dir(ddld_dispatch *d, ddld_job *job, const char *what, const char *dir,
+                        char *abs)
+{
+    if (dir[0] == '\0') {
+        if (model_ckpt_dir(d) == NULL) {
+            fail(job, GRPC_STATUS_FAILED_PRECONDITION,
+                 "%s: no dir in the request and no --checkpoint-dir", what);
+            return false;
+        }
+        snprintf(abs, PATH_MAX, "%s", d->model_ckpt);
+        return true;
+    }
+    if (d->cfg->checkpoint_dir == NULL) {
+        fail(job, GRPC_STATUS_FAILED_PRECONDITION,
+             "%s: dir \"%.200s\": distdld has no --checkpoint-dir, and checkpoint directories "
+             "are confined to it",
+             what, dir);
+        return false;
+    }
+    char             err[1024];
+    grpc_status_code code = ddld_resolve_confined(d->cfg->checkpoint_dir, dir, "dir",
+                                                  "--checkpoint-dir", abs, err, sizeof err);
+    if (code != GRPC_STATUS_OK) {
+        fail(job, code, "%s: %s (checkpoint directories are confined to it)", what, err);
+        return false;
+    }
+    return true;
+}
+
 // ---- handlers (rank 0, main thread) -----------------------------------------------------------
 
 static ddl_status create_model(ddld_dispatch *d, const char *what, const char *text,
@@ -604,9 +702,36 @@ static ddl_status create_model(ddld_dispatch *d, const char *what, const char *t
         snprintf(err, errlen, "%s: spec_json is empty", what);
         return DDL_EINVAL;
     }
+    // Where the new model checkpoints: the daemon's first model in --checkpoint-dir, a
+    // replacement in --checkpoint-dir/models/<name>.
+    const char *cdir = d->cfg->checkpoint_dir;
+    d->next_ckpt[0]  = '\0';
+    if (cdir != NULL && d->s == NULL) {
+        snprintf(d->next_ckpt, sizeof d->next_ckpt, "%s", cdir);
+    } else if (cdir != NULL) {
+        const char *mname = name != NULL && name[0] ? name : "model";
+        if (!name_is_dir_safe(mname)) {
+            *code = GRPC_STATUS_INVALID_ARGUMENT;
+            snprintf(err, errlen,
+                     "%s: name \"%.128s\": a model that replaces another checkpoints into "
+                     "--checkpoint-dir/models/<name>, so the name must be 1-128 letters, "
+                     "digits, '.', '_' or '-', not starting with '.'",
+                     what, mname);
+            return DDL_EINVAL;
+        }
+        snprintf(d->next_ckpt, sizeof d->next_ckpt, "%s/models/%s", cdir, mname);
+    }
     // Complete validation on rank 0 first: a bad spec costs the other ranks nothing.
     ddl_spec_t *spec = NULL;
     ddl_status  st   = ddl_spec_parse(text, source, d->size, &spec);
+    char        why[512];
+    if (st == DDL_OK && d->next_ckpt[0] != '\0' && strcmp(what, "--model") != 0 &&
+        holds_other_model(d->next_ckpt, ddl_spec_text(spec), why, sizeof why)) {
+        ddl_spec_destroy(&spec);
+        *code = GRPC_STATUS_FAILED_PRECONDITION;
+        snprintf(err, errlen, "%s: its checkpoint directory %s (choose another name)", what, why);
+        return DDL_EBUSY;
+    }
     if (st == DDL_OK && ddl_spec_output_shape(spec).ndim > 1) {
         // The wire formats (labels per sample, logits [n, classes], KServe shapes) and the
         // IDX datasets are a classifier's; segmentation trains with distdl-train.
@@ -623,9 +748,11 @@ static ddl_status create_model(ddld_dispatch *d, const char *what, const char *t
     if (st == DDL_OK) {
         struct payload p;
         memset(&p, 0, sizeof p);
-        p.text   = text;
-        p.source = source;
-        st       = run(d, DDLD_OP_CREATE, replace ? CF_REPLACE : 0, 0, 0, &p);
+        p.text                 = text;
+        p.source               = source;
+        d->opts.checkpoint_dir = d->next_ckpt[0] != '\0' ? d->next_ckpt : NULL;
+        st                     = run(d, DDLD_OP_CREATE, replace ? CF_REPLACE : 0, 0, 0, &p);
+        d->opts.checkpoint_dir = NULL; // the session keeps its own copy
     }
     if (st != DDL_OK) {
         *code = ddld_status_to_grpc(st);
@@ -634,6 +761,7 @@ static ddl_status create_model(ddld_dispatch *d, const char *what, const char *t
         return st;
     }
     clear_batches();
+    snprintf(d->model_ckpt, sizeof d->model_ckpt, "%s", d->next_ckpt);
     d->data_abs[0] = '\0';
     pthread_mutex_lock(&ddld_g.mu);
     ddld_g.data_dir[0] = '\0';
@@ -668,8 +796,9 @@ static void on_create(ddld_dispatch *d, ddld_job *job)
     r.input_shape    = in;
     r.num_classes    = mi->classes;
     r.datatype       = (char *)ddld_dtype_wire(mi->dtype);
-    ddld_log("model \"%s\" created (%lld parameters, %d weights)", mi->name,
-             (long long)mi->num_parameters, mi->nweights);
+    ddld_log("model \"%s\" created (%lld parameters, %d weights; checkpoints in %s)", mi->name,
+             (long long)mi->num_parameters, mi->nweights,
+             d->model_ckpt[0] ? d->model_ckpt : "(no --checkpoint-dir)");
     ddld_call_finish(job->call, GRPC_STATUS_OK, NULL, &r.base);
 }
 
@@ -1176,10 +1305,14 @@ static void on_checkpoint(ddld_dispatch *d, ddld_job *job)
     if (!need_model(d, job, "Checkpoint")) {
         return;
     }
-    const char *dir = q->dir[0] ? q->dir : d->cfg->checkpoint_dir;
-    if (dir == NULL) {
-        fail(job, GRPC_STATUS_FAILED_PRECONDITION,
-             "Checkpoint: no dir in the request and no --checkpoint-dir");
+    char dir[PATH_MAX], why[512];
+    if (!request_dir(d, job, "Checkpoint", q->dir, dir)) {
+        return;
+    }
+    if (q->dir[0] != '\0' &&
+        holds_other_model(dir, ddl_spec_text(ddl_model_spec(ddl_session_model(d->s))), why,
+                          sizeof why)) {
+        fail(job, GRPC_STATUS_FAILED_PRECONDITION, "Checkpoint: dir \"%.200s\": %s", q->dir, why);
         return;
     }
     int64_t    step = -1;
@@ -1191,7 +1324,7 @@ static void on_checkpoint(ddld_dispatch *d, ddld_job *job)
     Distdl__V1__CheckpointResponse r = DISTDL__V1__CHECKPOINT_RESPONSE__INIT;
     r.step                           = step;
     r.durable                        = true;
-    r.path                           = (char *)dir;
+    r.path                           = dir;
     ddld_call_finish(job->call, GRPC_STATUS_OK, NULL, &r.base);
 }
 
@@ -1201,15 +1334,13 @@ static void on_restore(ddld_dispatch *d, ddld_job *job)
     if (!need_model(d, job, "Restore")) {
         return;
     }
-    const char *dir = q->dir[0] ? q->dir : d->cfg->checkpoint_dir;
-    if (dir == NULL) {
-        fail(job, GRPC_STATUS_FAILED_PRECONDITION,
-             "Restore: no dir in the request and no --checkpoint-dir");
-        return;
-    }
     if (!q->latest && q->step < 0) {
         fail(job, GRPC_STATUS_INVALID_ARGUMENT, "Restore: step must be >= 0 (or latest), got %lld",
              (long long)q->step);
+        return;
+    }
+    char dir[PATH_MAX];
+    if (!request_dir(d, job, "Restore", q->dir, dir)) {
         return;
     }
     struct payload p;
@@ -1234,22 +1365,28 @@ static void on_shutdown(ddld_dispatch *d, ddld_job *job)
     Distdl__V1__ShutdownResponse       r = DISTDL__V1__SHUTDOWN_RESPONSE__INIT;
     r.durable_step                       = d->s != NULL ? ddl_session_durable_step(d->s) : -1;
     if (q->checkpoint) {
-        if (d->s == NULL || d->cfg->checkpoint_dir == NULL) {
+        if (d->s == NULL || model_ckpt_dir(d) == NULL) {
             ddld_service_shutdown_refused(d->svc);
             fail(job, GRPC_STATUS_FAILED_PRECONDITION, "Shutdown: checkpoint requested but %s",
                  d->s == NULL ? "there is no model" : "distdld has no --checkpoint-dir");
             return;
         }
         int64_t    step;
-        ddl_status st = save(d, d->cfg->checkpoint_dir, &step);
+        ddl_status st = save(d, d->model_ckpt, &step);
         if (st != DDL_OK) {
             ddld_service_shutdown_refused(d->svc);
             fail_engine(job, "Shutdown", st);
             return;
         }
         r.durable_step = step;
+    } else {
+        // Without checkpoint: none now and none at the end (the reply's durable_step is the
+        // step a restart resumes at), nor one that SIGUSR1 or the timer asked for.
+        d->no_more_ckpt   = true;
+        d->ckpt_requested = false;
     }
-    ddld_log("Shutdown requested by a client");
+    ddld_log("Shutdown requested by a client (%s)",
+             q->checkpoint ? "after a checkpoint" : "without a final checkpoint");
     ddld_shared_mark_shutdown();
     ddld_call_finish(job->call, GRPC_STATUS_OK, NULL, &r.base);
     ddld_service_push_internal(d->svc, DDLD_JOB_SHUTDOWN);
@@ -1262,7 +1399,7 @@ void ddld_dispatch_request_checkpoint(ddld_dispatch *d)
 
 void ddld_dispatch_request_checkpoint_if_stale(ddld_dispatch *d)
 {
-    if (d->s != NULL && d->cfg->checkpoint_dir != NULL &&
+    if (d->s != NULL && model_ckpt_dir(d) != NULL && !d->no_more_ckpt &&
         ddl_session_durable_step(d->s) != ddl_model_step(ddl_session_model(d->s))) {
         d->ckpt_requested = true;
     }
@@ -1274,27 +1411,36 @@ void ddld_dispatch_checkpoint_pending(ddld_dispatch *d)
         return;
     }
     d->ckpt_requested = false;
-    if (d->s == NULL || d->cfg->checkpoint_dir == NULL) {
+    if (d->no_more_ckpt) {
+        return; // a Shutdown without checkpoint is under way
+    }
+    if (d->s == NULL || model_ckpt_dir(d) == NULL) {
         ddld_log("checkpoint requested but %s",
                  d->s == NULL ? "there is no model" : "there is no --checkpoint-dir");
         return;
     }
     int64_t step;
-    if (save(d, d->cfg->checkpoint_dir, &step) != DDL_OK) {
+    if (save(d, d->model_ckpt, &step) != DDL_OK) {
         ddld_log("requested checkpoint failed: %s", ddl_last_error());
     }
 }
 
 void ddld_dispatch_final_checkpoint(ddld_dispatch *d)
 {
-    if (d->s == NULL || d->cfg->checkpoint_dir == NULL) {
+    if (d->s == NULL || model_ckpt_dir(d) == NULL) {
+        return;
+    }
+    if (d->no_more_ckpt) {
+        ddld_log("no final checkpoint (Shutdown without checkpoint); the newest durable step "
+                 "stays %lld",
+                 (long long)ddl_session_durable_step(d->s));
         return;
     }
     if (ddl_session_durable_step(d->s) == ddl_model_step(ddl_session_model(d->s))) {
         return; // this step is durable already (Shutdown with checkpoint, or no steps since)
     }
     int64_t    step;
-    ddl_status st = save(d, d->cfg->checkpoint_dir, &step);
+    ddl_status st = save(d, d->model_ckpt, &step);
     if (st != DDL_OK) {
         ddld_log("final checkpoint failed: %s", ddl_last_error());
     }

@@ -8,19 +8,106 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "ddl/base.h"
 #include "requests.h"
 
 // ---- decoding ------------------------------------------------------------------------------
 
-ProtobufCMessage *ddld_request_decode(grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *d)
+// Reads a varint at *p (< end). False: truncated or longer than 10 bytes.
+static bool wire_varint(const uint8_t **p, const uint8_t *end, uint64_t *v)
+{
+    *v = 0;
+    for (int shift = 0; shift < 70 && *p < end; shift += 7) {
+        uint8_t b = *(*p)++;
+        *v |= (uint64_t)(b & 0x7f) << shift;
+        if ((b & 0x80) == 0) {
+            return true;
+        }
+    }
+    return false;
+}
+
+// Walks the wire bytes of a message that protobuf-c accepted and refuses a string field
+// (at any depth) holding a NUL byte: protobuf-c hands strings over NUL-terminated, so
+// "a\0b" would silently become "a" (a checkpoint dir, a dataset name). The field's dotted
+// name goes into err.
+static bool strings_have_no_nul(const uint8_t *p, const uint8_t *end,
+                                const ProtobufCMessageDescriptor *d, const char *prefix, char *err,
+                                size_t errlen)
+{
+    while (p < end) {
+        uint64_t key, len;
+        if (!wire_varint(&p, end, &key)) {
+            return true; // not ours to judge: protobuf-c decoded it
+        }
+        switch (key & 7) {
+        case 0:
+            if (!wire_varint(&p, end, &len)) {
+                return true;
+            }
+            continue;
+        case 1:
+            p += 8;
+            continue;
+        case 5:
+            p += 4;
+            continue;
+        case 2:
+            break;
+        default:
+            return true;
+        }
+        if (!wire_varint(&p, end, &len) || len > (uint64_t)(end - p)) {
+            return true;
+        }
+        const ProtobufCFieldDescriptor *f =
+            protobuf_c_message_descriptor_get_field(d, (unsigned)(key >> 3));
+        if (f != NULL && f->type == PROTOBUF_C_TYPE_STRING) {
+            const uint8_t *nul = memchr(p, 0, (size_t)len);
+            if (nul != NULL) {
+                snprintf(err, errlen,
+                         "%s%s: a string holding a NUL byte (at byte %td of %llu) is not "
+                         "accepted",
+                         prefix, f->name, nul - p, (unsigned long long)len);
+                return false;
+            }
+        } else if (f != NULL && f->type == PROTOBUF_C_TYPE_MESSAGE) {
+            char sub[256];
+            snprintf(sub, sizeof sub, "%s%s.", prefix, f->name);
+            if (!strings_have_no_nul(p, p + len, f->descriptor, sub, err, errlen)) {
+                return false;
+            }
+        }
+        p += len;
+    }
+    return true;
+}
+
+static ProtobufCMessage *unpack_checked(const ProtobufCMessageDescriptor *d, grpc_slice s,
+                                        char *err, size_t errlen)
+{
+    const uint8_t    *b = GRPC_SLICE_START_PTR(s);
+    size_t            n = GRPC_SLICE_LENGTH(s);
+
+    ProtobufCMessage *m = protobuf_c_message_unpack(d, NULL, n, b);
+    if (m != NULL && !strings_have_no_nul(b, b + n, d, "", err, errlen)) {
+        protobuf_c_message_free_unpacked(m, NULL);
+        return NULL;
+    }
+    return m;
+}
+
+ProtobufCMessage *ddld_request_decode(grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *d,
+                                      char *err, size_t errlen)
 {
     ProtobufCMessage *m;
+    err[0] = '\0';
     if (bb->type == GRPC_BB_RAW && bb->data.raw.compression == GRPC_COMPRESS_NONE &&
         bb->data.raw.slice_buffer.count == 1) {
-        grpc_slice s = bb->data.raw.slice_buffer.slices[0];
-        m = protobuf_c_message_unpack(d, NULL, GRPC_SLICE_LENGTH(s), GRPC_SLICE_START_PTR(s));
+        m = unpack_checked(d, bb->data.raw.slice_buffer.slices[0], err, errlen);
     } else {
         grpc_byte_buffer_reader r;
         if (!grpc_byte_buffer_reader_init(&r, bb)) {
@@ -28,7 +115,7 @@ ProtobufCMessage *ddld_request_decode(grpc_byte_buffer *bb, const ProtobufCMessa
         }
         grpc_slice s = grpc_byte_buffer_reader_readall(&r);
         grpc_byte_buffer_reader_destroy(&r);
-        m = protobuf_c_message_unpack(d, NULL, GRPC_SLICE_LENGTH(s), GRPC_SLICE_START_PTR(s));
+        m = unpack_checked(d, s, err, errlen);
         grpc_slice_unref(s);
     }
     return m;
@@ -430,15 +517,9 @@ grpc_status_code ddld_batch_check(const ddld_model_info *mi, const Distdl__V1__B
 
 // ---- datasets -------------------------------------------------------------------------------
 
-// A dataset name relative to --data-root: no absolute paths, nothing that climbs out of
-// the root (lexically, and after resolving symbolic links). Any thread.
-grpc_status_code ddld_resolve_dataset(const char *root_real, const char *rel, char *abs, char *err,
-                                      size_t errlen)
+// Does the relative path climb above its start, lexically ("a/../..")?
+static bool climbs_out(const char *rel)
 {
-    if (rel[0] == '/') {
-        snprintf(err, errlen, "dataset \"%.200s\": expected a path relative to --data-root", rel);
-        return GRPC_STATUS_INVALID_ARGUMENT;
-    }
     int depth = 0;
     for (const char *p = rel; *p != '\0';) {
         const char *e = strchr(p, '/');
@@ -449,21 +530,130 @@ grpc_status_code ddld_resolve_dataset(const char *root_real, const char *rel, ch
             depth++;
         }
         if (depth < 0) {
-            snprintf(err, errlen, "dataset \"%.200s\" leaves the data root", rel);
-            return GRPC_STATUS_INVALID_ARGUMENT;
+            return true;
         }
         p += n + (e != NULL);
+    }
+    return false;
+}
+
+// Is the resolved path abs root_real itself or below it?
+static bool inside(const char *root_real, const char *abs)
+{
+    size_t rn = strlen(root_real);
+    return strncmp(abs, root_real, rn) == 0 &&
+           (abs[rn] == '\0' || abs[rn] == '/' || (rn == 1 && root_real[0] == '/'));
+}
+
+// A dataset name relative to --data-root: no absolute paths, nothing that climbs out of
+// the root (lexically, and after resolving symbolic links). Any thread.
+grpc_status_code ddld_resolve_dataset(const char *root_real, const char *rel, char *abs, char *err,
+                                      size_t errlen)
+{
+    if (rel[0] == '/') {
+        snprintf(err, errlen, "dataset \"%.200s\": expected a path relative to --data-root", rel);
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    if (climbs_out(rel)) {
+        snprintf(err, errlen, "dataset \"%.200s\" leaves the data root", rel);
+        return GRPC_STATUS_INVALID_ARGUMENT;
     }
     char joined[PATH_MAX * 2];
     snprintf(joined, sizeof joined, "%s/%s", root_real, rel);
     if (realpath(joined, abs) == NULL) {
-        snprintf(err, errlen, "dataset \"%.200s\": %s under %s", rel, strerror(errno),
-                 root_real);
+        snprintf(err, errlen, "dataset \"%.200s\": %s under %s", rel, strerror(errno), root_real);
         return errno == ENOENT ? GRPC_STATUS_NOT_FOUND : GRPC_STATUS_INVALID_ARGUMENT;
     }
-    size_t rn = strlen(root_real);
-    if (strncmp(abs, root_real, rn) != 0 || (abs[rn] != '\0' && abs[rn] != '/' && rn > 1)) {
+    if (!inside(root_real, abs)) {
         snprintf(err, errlen, "dataset \"%.200s\" leaves the data root", rel);
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    return GRPC_STATUS_OK;
+}
+
+// Resolves path (absolute, or relative to the resolved directory base) component by
+// component with realpath, so every symbolic link on the way is followed; the components
+// from the first one that does not exist on are appended as they are ("." skipped, ".."
+// dropping the last missing one). A dangling symbolic link is refused: writing through it
+// would create its target, wherever that is. out (PATH_MAX) receives the result.
+static bool resolve_walk(const char *base, const char *path, char *out, char *err, size_t errlen)
+{
+    char   cur[PATH_MAX], res[PATH_MAX];
+    int    missing = 0; // trailing components of cur that do not exist
+    size_t len     = strlen(path[0] == '/' ? "/" : base);
+    if (len >= sizeof cur) {
+        snprintf(err, errlen, "%s", strerror(ENAMETOOLONG));
+        return false;
+    }
+    memcpy(cur, path[0] == '/' ? "/" : base, len + 1);
+    for (const char *p = path; *p != '\0';) {
+        const char *e = strchr(p, '/');
+        size_t      n = e != NULL ? (size_t)(e - p) : strlen(p);
+        const char *c = p;
+        p += n + (e != NULL);
+        if (n == 0 || (n == 1 && c[0] == '.')) {
+            continue;
+        }
+        if (n == 2 && c[0] == '.' && c[1] == '.' && missing > 0) {
+            *strrchr(cur, '/') = '\0';
+            len                = strlen(cur);
+            missing--;
+            continue;
+        }
+        // cur + "/" + the component, in place
+        if (len + 1 + n >= sizeof cur) {
+            snprintf(err, errlen, "%s", strerror(ENAMETOOLONG));
+            return false;
+        }
+        if (strcmp(cur, "/") != 0) {
+            cur[len++] = '/';
+        }
+        memcpy(cur + len, c, n);
+        len += n;
+        cur[len] = '\0';
+        if (missing > 0) {
+            missing++;
+            continue;
+        }
+        struct stat sb;
+        if (realpath(cur, res) != NULL) {
+            len = strlen(res);
+            memcpy(cur, res, len + 1);
+        } else if (errno == ENOENT && lstat(cur, &sb) != 0) {
+            missing = 1;
+        } else {
+            int e2 = errno;
+            snprintf(err, errlen, "%.300s: %s", cur,
+                     e2 == ENOENT ? "a symbolic link to nothing" : strerror(e2));
+            return false;
+        }
+    }
+    memcpy(out, cur, len + 1);
+    return true;
+}
+
+grpc_status_code ddld_resolve_confined(const char *root, const char *path, const char *what,
+                                       const char *rule, char *abs, char *err, size_t errlen)
+{
+    char cwd[PATH_MAX], root_real[PATH_MAX], why[512];
+    if (getcwd(cwd, sizeof cwd) == NULL) {
+        snprintf(cwd, sizeof cwd, "/");
+    }
+    if (!resolve_walk(cwd, root, root_real, why, sizeof why)) {
+        snprintf(err, errlen, "%s \"%.200s\": %s %.200s: %.300s", what, path, rule, root, why);
+        return GRPC_STATUS_FAILED_PRECONDITION;
+    }
+    if (path[0] != '/' && climbs_out(path)) {
+        snprintf(err, errlen, "%s \"%.200s\" leaves %s %.200s", what, path, rule, root_real);
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    if (!resolve_walk(root_real, path, abs, why, sizeof why)) {
+        snprintf(err, errlen, "%s \"%.200s\": %.300s", what, path, why);
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    if (!inside(root_real, abs)) {
+        snprintf(err, errlen, "%s \"%.200s\" (%.200s) leaves %s %.200s", what, path, abs, rule,
+                 root_real);
         return GRPC_STATUS_INVALID_ARGUMENT;
     }
     return GRPC_STATUS_OK;

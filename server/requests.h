@@ -13,8 +13,12 @@
 #include "inference/grpc_service.pb-c.h"
 
 // Unpacks a received message with protobuf-c (any slice layout, compressed or not).
-// NULL: malformed. Free with protobuf_c_message_free_unpacked.
-ProtobufCMessage *ddld_request_decode(grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *d);
+// NULL: malformed; err (errlen > 0) is then "" or, for a string field (at any depth) that
+// holds a NUL byte, which one ("dir: a string holding a NUL byte ..."): C would see it cut
+// short there, so it is refused for every message, path-like or not. Free with
+// protobuf_c_message_free_unpacked.
+ProtobufCMessage *ddld_request_decode(grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *d,
+                                      char *err, size_t errlen);
 
 // A WeightChunk read in place: the small fields are parsed straight from gRPC's slices
 // and the data is copied once, from those slices into the staging buffer (unpacking with
@@ -61,5 +65,13 @@ grpc_status_code ddld_infer_input(const ddld_model_info *mi, const Inference__Mo
 // (PATH_MAX) receives the resolved path. NOT_FOUND when it does not exist.
 grpc_status_code ddld_resolve_dataset(const char *root_real, const char *rel, char *abs, char *err,
                                       size_t errlen);
+// A path that must stay inside the directory root (as configured; it need not exist yet):
+// relative to it, or absolute; either way it must resolve (symbolic links followed, a
+// missing tail taken as written) to root or below it. The same rule as datasets, for
+// paths that may not exist yet (a checkpoint being written). abs (PATH_MAX) receives the
+// resolved path. INVALID_ARGUMENT names the path, what it is ("dir"), the rule ("is
+// confined to --checkpoint-dir") and the root.
+grpc_status_code ddld_resolve_confined(const char *root, const char *path, const char *what,
+                                       const char *rule, char *abs, char *err, size_t errlen);
 
 #endif // DDLD_REQUESTS_H

@@ -968,10 +968,16 @@ static void on_message(ddld_call *c)
         push_message(c);
         return;
     }
-    ProtobufCMessage *m   = ddld_request_decode(c->recv_bb, md->req);
+    char              why[512];
+    ProtobufCMessage *m   = ddld_request_decode(c->recv_bb, md->req, why, sizeof why);
     size_t            len = grpc_byte_buffer_length(c->recv_bb);
     grpc_byte_buffer_destroy(c->recv_bb);
     c->recv_bb = NULL;
+    if (m == NULL && why[0] != '\0') {
+        finish_code(c, GRPC_STATUS_INVALID_ARGUMENT, "%s: %s.%s", md->path, md->req->short_name,
+                    why);
+        return;
+    }
     if (m == NULL) {
         finish_code(c, GRPC_STATUS_INVALID_ARGUMENT,
                     "%s: malformed request: expected a %s message, got %zu bytes that do not "

@@ -570,11 +570,14 @@ def sc_lifecycle_secure(h):
     over mutual TLS with an admin token: the whole client API through the secure path."""
     p = h.make_certs()
     tf = h.tokens()
+    ck = os.path.join(h.work, "ckpt-lifecycle-secure")
+    os.makedirs(ck, exist_ok=True)
     d = h.start(2, ["--queue", "4", "--max-message-bytes", str(8 << 20), "--token-file", tf,
                     "--tls-cert", p("server.crt"), "--tls-key", p("server.key"),
-                    "--tls-client-ca", p("ca.crt")], "lifecycle_secure")
+                    "--tls-client-ca", p("ca.crt"), "--checkpoint-dir", ck], "lifecycle_secure")
     env = {"DDL_TLS_CA": p("ca.crt"), "DDL_TLS_CERT": p("client.crt"),
-           "DDL_TLS_KEY": p("client.key"), "DDL_TOKEN": TOKENS["admin"]}
+           "DDL_TLS_KEY": p("client.key"), "DDL_TOKEN": TOKENS["admin"],
+           "DDL_CHECKPOINT_DIR": ck}
     client_test = os.path.join(h.build, "tests", "client_test")
     for sc in ("health", "lifecycle", "health", "shutdown"):
         h.run(d, [client_test, sc], timeout=150, env_extra=env)

@@ -820,7 +820,7 @@ static const bad_case with_model[] = {
     {"PushWeights extra dim", bad_push_6, DDL_RPC_INVALID_ARGUMENT},
     {"PushWeights UINT8", bad_push_7, DDL_RPC_INVALID_ARGUMENT},
     {"Restore missing step", bad_restore_step, DDL_RPC_NOT_FOUND},
-    {"Restore missing dir", bad_restore_dir, DDL_RPC_NOT_FOUND},
+    {"Restore outside --checkpoint-dir", bad_restore_dir, DDL_RPC_INVALID_ARGUMENT},
     {"Restore empty dir", bad_restore_empty, DDL_RPC_NOT_FOUND},
     {"Restore corrupt checkpoint", bad_restore_corrupt, DDL_RPC_DATA_LOSS},
     {"ModelInfer unknown model", bad_infer_model, DDL_RPC_NOT_FOUND},
@@ -867,11 +867,15 @@ static int scenario_bad(ddl_client_t *c)
     ddl_client_status_info s;
     MUST(ddl_client_get_status(c, &s));
     CHECK(s.world_size == 2 || s.world_size == 4, "world size %d", s.world_size);
-    bad_ctx ctx       = {.c     = c,
-                         .spec2 = spec_text(s.world_size == 4 ? "lenet5-4.json" : "lenet5-2.json"),
-                         .spec4 = spec_text(s.world_size == 4 ? "lenet5-2.json" : "lenet5-4.json")};
-    char    scratch[] = "/tmp/ddl-client-bad-XXXXXX";
-    ctx.scratch       = mkdtemp(scratch);
+    bad_ctx ctx = {.c     = c,
+                   .spec2 = spec_text(s.world_size == 4 ? "lenet5-4.json" : "lenet5-2.json"),
+                   .spec4 = spec_text(s.world_size == 4 ? "lenet5-2.json" : "lenet5-4.json")};
+    // Checkpoint and Restore are confined to the daemon's --checkpoint-dir, which the
+    // harness passes as DDL_CHECKPOINT_DIR.
+    char scratch[1024];
+    snprintf(scratch, sizeof scratch, "%s/bad-XXXXXX",
+             getenv("DDL_CHECKPOINT_DIR") ? getenv("DDL_CHECKPOINT_DIR") : "/tmp");
+    ctx.scratch = mkdtemp(scratch);
     if (!ctx.spec2 || !ctx.spec4 || !ctx.scratch)
         return ++failures;
     CHECK(!s.has_model, "the daemon must start without a model for this scenario");
@@ -1103,7 +1107,9 @@ static int scenario_lifecycle(ddl_client_t *c)
 
     // Checkpoint, step on, restore: the weights and the step come back exactly.
     ddl_client_checkpoint_result ck;
-    char                         ckdir[] = "/tmp/ddl-client-ckpt-XXXXXX";
+    char                         ckdir[1024]; // inside the daemon's --checkpoint-dir
+    snprintf(ckdir, sizeof ckdir, "%s/lifecycle-XXXXXX",
+             getenv("DDL_CHECKPOINT_DIR") ? getenv("DDL_CHECKPOINT_DIR") : "/tmp");
     MUST(mkdtemp(ckdir) ? DDL_OK : DDL_EIO);
     MUST(ddl_client_checkpoint(c, ckdir, &ck));
     CHECK(ck.step == 7 && ck.durable, "checkpoint step %lld durable %d", (long long)ck.step,

@@ -38,10 +38,19 @@ class Harness(DaemonHarness):
 COMMON = ["--queue", "4", "--max-message-bytes", str(8 << 20)]
 
 
+def ck_dir(h, name):
+    """A --checkpoint-dir for the daemon, passed to client_test as DDL_CHECKPOINT_DIR:
+    Checkpoint and Restore dirs must stay inside it."""
+    ck = os.path.join(h.work, name)
+    os.makedirs(ck, exist_ok=True)
+    return ck
+
+
 def sc_lifecycle(h):
-    d = h.start(2, COMMON, "lifecycle")
+    ck = ck_dir(h, "ckpt-lifecycle")
+    d = h.start(2, COMMON + ["--checkpoint-dir", ck], "lifecycle")
     h.client(d, "health")
-    h.client(d, "lifecycle")
+    h.client(d, "lifecycle", env_extra={"DDL_CHECKPOINT_DIR": ck})
     h.client(d, "health")
     h.shutdown(d)
 
@@ -63,8 +72,9 @@ def sc_valgrind(h):
 
 
 def sc_bad(h, np=2):
-    d = h.start(np, COMMON, "bad")
-    h.client(d, "bad")
+    ck = ck_dir(h, "ckpt-bad")
+    d = h.start(np, COMMON + ["--checkpoint-dir", ck], "bad")
+    h.client(d, "bad", env_extra={"DDL_CHECKPOINT_DIR": ck})
     h.client(d, "health")
     h.shutdown(d)
 
@@ -147,6 +157,32 @@ def sc_interop(h):
     h.shutdown(d)
 
 
+def sc_ckpt_safety(h):
+    """Checkpoint data safety (issue 16, item 5; the checks are in ckpt_safety.py): paths
+    confined to --checkpoint-dir, NUL bytes refused, a CreateModel(replace) that
+    checkpoints apart so that the first command line + --resume comes back as the first
+    model, and Shutdown(checkpoint=false) that writes no final checkpoint."""
+    ck = os.path.join(h.work, "ckpt-safety")
+    os.makedirs(ck)
+    first = COMMON + ["--model", h.spec("lenet5-2.json"), "--checkpoint-dir", ck]
+    gen = os.path.join(h.build, "tests", "client_py")
+    script = [os.path.join(h.source, "tests", "client", "ckpt_safety.py"), "--proto",
+              os.path.join(h.source, "proto"), "--gen", gen, "--ck", ck, "--specs", h.specs]
+    d = h.start(2, first, "ckpt-safety")
+    h.run(d, ["/usr/bin/python3"] + script + ["first"])
+    h.shutdown(d)
+    d = h.start(2, first + ["--resume"], "ckpt-safety-resume")
+    h.run(d, ["/usr/bin/python3"] + script + ["resumed"])
+    d.wait_exit()
+    with open(os.path.join(ck, "latest")) as f:
+        latest = f.read().strip()
+    steps = sorted(e for e in os.listdir(ck) if e.startswith("step-"))
+    print("after Shutdown(checkpoint=false): latest %s, steps %s" % (latest, steps), flush=True)
+    if latest != "step-000000003" or steps != ["step-000000003"]:
+        raise Failure("Shutdown(checkpoint=false) wrote a checkpoint: latest %s, steps %s" %
+                      (latest, steps))
+
+
 def sc_example(h):
     """What a new user does: the example program trains, evaluates, predicts and pulls."""
     d = h.start(2, ["--model", h.spec("lenet5-2.json")], "example")
@@ -181,6 +217,7 @@ SCENARIOS = {
     "checkpoint_np": sc_checkpoint_np,
     "sigterm": sc_sigterm,
     "interop": sc_interop,
+    "ckpt_safety": sc_ckpt_safety,
     "unix": sc_unix,
     "valgrind": sc_valgrind,
 }

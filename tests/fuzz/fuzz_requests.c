@@ -348,7 +348,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     for (size_t i = 0; i < ns; i++) {
         grpc_slice_unref(s[i]);
     }
-    ProtobufCMessage *m = ddld_request_decode(bb, md->req);
+    char              why[512];
+    ProtobufCMessage *m = ddld_request_decode(bb, md->req, why, sizeof why);
     grpc_byte_buffer_destroy(bb);
     if (m != NULL) {
         if (md->validate != NULL) {

@@ -320,10 +320,13 @@ def build_cases(h, spec_text):
     for step in [-1, -(1 << 63)]:
         add("restore/step=%d" % step, TR + "Restore", tr.RestoreRequest(step=step, dir=h.work),
             SC.INVALID_ARGUMENT, "step must be >= 0")
-    add("restore/missing-step", TR + "Restore", tr.RestoreRequest(step=12345, dir=h.work),
-        SC.NOT_FOUND, "checkpoint")
-    add("restore/missing-dir", TR + "Restore",
-        tr.RestoreRequest(latest=True, dir=os.path.join(h.work, "nope")), SC.NOT_FOUND, "checkpoint")
+    # Without --checkpoint-dir there is no directory a Checkpoint or Restore may name.
+    add("restore/no-root", TR + "Restore", tr.RestoreRequest(step=12345, dir=h.work),
+        SC.FAILED_PRECONDITION, "confined to it")
+    add("ckpt/no-root", TR + "Checkpoint", tr.CheckpointRequest(dir=os.path.join(h.work, "x")),
+        SC.FAILED_PRECONDITION, "confined to it")
+    add("ckpt/nul", TR + "Checkpoint", tr.CheckpointRequest(dir="a\0b"), SC.INVALID_ARGUMENT,
+        "NUL byte")
     add("shutdown/ckpt-no-dir", TR + "Shutdown", tr.ShutdownRequest(checkpoint=True),
         SC.FAILED_PRECONDITION, "no --checkpoint-dir")
 

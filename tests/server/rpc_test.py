@@ -238,7 +238,7 @@ def main():
         expect_error(SC.NOT_FOUND, c.trainer, "Restore", tr.RestoreRequest(step=999999),
                      "RestoreResponse")
         # A damaged checkpoint is DATA_LOSS and leaves the model as it was.
-        bad_dir = os.path.join(tmp, "bad")
+        bad_dir = os.path.join(ckpt, "bad")  # dirs are confined to --checkpoint-dir
         ck2 = c.trainer("Checkpoint", tr.CheckpointRequest(dir=bad_dir), "CheckpointResponse")
         step_dir = [os.path.join(bad_dir, e) for e in os.listdir(bad_dir) if e.startswith("step")][0]
         shard = os.path.join(step_dir, sorted(e for e in os.listdir(step_dir)
@@ -273,7 +273,9 @@ def main():
         # goes on to the planned total.
         log.flush()
         pid0 = int(re.search(r"listening on \S+ \(pid (\d+)\)", open(log_path).read()).group(1))
-        before = set(os.listdir(ckpt))
+        # m2 replaced the daemon's first model: it checkpoints into models/m2.
+        mine = os.path.join(ckpt, "models", "m2")
+        before = set(os.listdir(mine))
         recs = []
         for r in c.server_stream("/distdl.v1.Trainer/Train", tr.TrainRequest(steps=30),
                                  tr.TrainProgress):
@@ -283,7 +285,7 @@ def main():
         assert [r.done for r in recs[:-1]] == list(range(1, 31)), [r.done for r in recs]
         assert all(r.total == 30 for r in recs), [r.total for r in recs]
         assert recs[-1].finished and recs[-1].done == 30, recs[-1]
-        assert len(set(os.listdir(ckpt)) - before) >= 1, "no checkpoint after SIGUSR1"
+        assert len(set(os.listdir(mine)) - before) >= 1, "no checkpoint after SIGUSR1"
         ev = c.trainer("Evaluate", tr.EvaluateRequest(), "EvaluateResponse")
         assert ev.count == 10000 and 0 <= ev.accuracy <= 1, ev
         ev = c.trainer("Evaluate", tr.EvaluateRequest(batch=batch(x[:7], y[:7])),

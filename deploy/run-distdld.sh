@@ -5,8 +5,10 @@
 # `kill -TERM <rank 0 pid>` (in the "listening on" line) or the Shutdown RPC; `kill -USR1
 # <mpirun pid>` checkpoints. SIGTERM to mpirun works too (the sigkill timeout below gives the
 # graceful shutdown time before mpirun escalates to SIGKILL), but mpirun then exits 1.
+# Programs: $BUILD_DIR/bin, else build-release/bin (deploy/build.sh), else build/bin.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source deploy/bindir.sh distdld
 out="${OUT_DIR:-run}"
 mkdir -p "$out"
 # odls_base_sigkill_timeout: mpirun's kill sequence after a dead or aborting rank takes about
@@ -17,6 +19,6 @@ flags=(--oversubscribe --mca btl self,vader --mca pml ob1 --mca btl_vader_single
 if [ "$(id -u)" = 0 ]; then
     flags+=(--allow-run-as-root)
 fi
-exec mpirun -np 4 "${flags[@]}" build/bin/distdld --model deploy/specs/lenet5-4.json \
+exec mpirun -np 4 "${flags[@]}" "$bin/distdld" --model deploy/specs/lenet5-4.json \
     --listen 127.0.0.1:0 --address-file "$out/distdld.addr" \
     --checkpoint-dir "$out/checkpoints" --resume "$@"

@@ -4,10 +4,13 @@
 # command-line tool (docs/CLI.md): train for EPOCHS epochs (default 5) with a progress bar,
 # report the test accuracy, predict a few test images (when python3-numpy is there to write
 # them as .npy), pull the global weights into $OUT_DIR/weights.safetensors and shut the
-# daemon down (final checkpoint in $OUT_DIR/checkpoints). Expects a build in ./build
-# (tests/run.sh -N makes one).
+# daemon down (final checkpoint in $OUT_DIR/checkpoints). Runs the programs of
+# $BUILD_DIR/bin if BUILD_DIR is set, else of build-release/bin (deploy/build.sh makes it),
+# else of build/bin (the test build of tests/run.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source deploy/bindir.sh distdld
+[ -x "$bin/distdl" ] || { echo "run-main.sh: $bin/distdl is not built" >&2; exit 2; }
 out="${OUT_DIR:-run}"
 epochs="${EPOCHS:-5}"
 mkdir -p "$out"
@@ -20,14 +23,14 @@ flags=(--oversubscribe --mca btl self,vader --mca pml ob1 --mca btl_vader_single
 if [ "$(id -u)" = 0 ]; then
     flags+=(--allow-run-as-root)
 fi
-mpirun -np 2 "${flags[@]}" build/bin/distdld --model deploy/specs/lenet5-2.json \
+mpirun -np 2 "${flags[@]}" "$bin/distdld" --model deploy/specs/lenet5-2.json \
     --listen 127.0.0.1:0 --address-file "$out/distdld.addr" \
     --checkpoint-dir "$out/checkpoints" >"$out/distdld.log" 2>&1 &
 daemon=$!
 # If the client fails, stop the daemon too (USR2 to mpirun is the daemon's clean stop).
 trap 'kill -USR2 $daemon 2>/dev/null || true; wait $daemon 2>/dev/null || true' EXIT
-echo "distdld: mpirun pid $daemon, log $out/distdld.log"
-distdl=(build/bin/distdl --address-file "$out/distdld.addr")
+echo "distdld ($bin): mpirun pid $daemon, log $out/distdld.log"
+distdl=("$bin/distdl" --address-file "$out/distdld.addr")
 # The daemon writes its address file once it serves; give it up to two minutes to start.
 "${distdl[@]}" --timeout 120 health >/dev/null
 "${distdl[@]}" status

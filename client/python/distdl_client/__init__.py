@@ -8,7 +8,8 @@
       w = c.pull_weights()                      # {name: numpy array}
 
 Needs only the Python standard library (ctypes), numpy and libdistdl-client.so (found
-through $DDL_CLIENT_LIB, the build tree, then the system loader). See README.md.
+through $DDL_CLIENT_LIB, the installed library beside an installed package or the build
+tree, then the system loader). See README.md.
 """
 from ._native import LibraryNotFound
 from .client import (CheckpointResult, Client, EvalResult, ModelInfo, Progress, PushResult,

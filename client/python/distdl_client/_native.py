@@ -220,17 +220,25 @@ _lib = None
 
 
 def candidates():
-    """Where the library is looked for, in order: $DDL_CLIENT_LIB, the build trees next to
-    this source tree (build/lib of the repository that holds client/python), then the
-    system loader (LD_LIBRARY_PATH, ldconfig)."""
+    """Where the library is looked for, in order: $DDL_CLIENT_LIB; for an installed package
+    (cmake --install wrote _installed.py) the library installed with it, else the build
+    trees next to this source tree (build/lib of the repository that holds client/python);
+    then the system loader (LD_LIBRARY_PATH, ldconfig)."""
     out = []
     env = os.environ.get("DDL_CLIENT_LIB")
     if env:
         out.append(env)
-    repo = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                         "..", "..", ".."))
-    for b in ("build", "build-release", "build-asan"):
-        out.append(os.path.join(repo, b, "lib", _LIBNAME))
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        from . import _installed
+    except ImportError:
+        _installed = None
+    if _installed is not None:
+        out.append(os.path.normpath(os.path.join(here, _installed.LIBDIR, _LIBNAME + ".0")))
+    else:
+        repo = os.path.normpath(os.path.join(here, "..", "..", ".."))
+        for b in ("build", "build-release", "build-asan"):
+            out.append(os.path.join(repo, b, "lib", _LIBNAME))
     out.append(_LIBNAME + ".0")
     found = ctypes.util.find_library("distdl-client")
     if found:

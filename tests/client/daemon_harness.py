@@ -220,7 +220,8 @@ def sc_shutdown_calls(h):
     """Calls that arrive while the daemon shuts down, on connections opened before: each ends
     UNAVAILABLE "distdld is shutting down" (gRPC had cancelled them: CANCELLED), whatever the
     method, while a call already in flight (a SubmitBatch stream left open) keeps its grace:
-    the daemon waits for it, it ends OK, and the daemon exits at once after it."""
+    the daemon waits for it (held 1.5 s of the 5 s grace), it ends OK, and the daemon exits
+    at once after it."""
     dc, grpc, tr = _py_clients(h)
     d = h.start(2, COMMON + ["--grace", "5", "--model", h.spec("lenet5-2.json")],
                 "shutdown-calls")
@@ -297,6 +298,8 @@ def sc_shutdown_calls(h):
                 print("%s: %s %s" % (name, e.code(), e.details()), flush=True)
                 if not ok:
                     bad.append("%s: %s %s" % (name, e.code(), e.details()))
+    # Hold the stream open 1.5 s into the 5 s grace: the daemon must still be waiting for it.
+    time.sleep(max(0.0, 1.5 - (time.time() - t0)))
     waited = time.time() - t0
     if d.proc.poll() is not None:
         raise Failure("the daemon exited %.2f s after Shutdown with a SubmitBatch stream in "
@@ -311,8 +314,11 @@ def sc_shutdown_calls(h):
     if r.accepted != 1:
         raise Failure("SubmitBatch accepted %d" % r.accepted)
     d.wait_exit(timeout=30)
+    after = time.time() - t1
     print("in-flight stream waited for %.2f s; daemon exited %.2f s after it ended"
-          % (waited, time.time() - t1), flush=True)
+          % (waited, after), flush=True)
+    if after > 4:
+        raise Failure("the daemon took %.2f s to exit after the last call ended" % after)
     idle.close()
     g.close()
     if bad:

@@ -128,7 +128,8 @@ struct ddld_call {
     bool                has_details;
     int                 close_cancelled;
     atomic_bool         cancelled;
-    bool                live; // counted in active_calls (a client's call, not a request slot)
+    bool                live;     // counted in active_calls (a client's call, not a request slot)
+    bool                inflight; // counted in svc->inflight: arrived before the teardown
 
     pthread_mutex_t   mu; // the send side of streams
     bool              sent_md, send_busy, dead, end_pending;
@@ -164,16 +165,19 @@ struct ddld_service {
     void                  *registered[DDLD_M_COUNT];
     struct tag             shutdown_tag;
 
-    pthread_mutex_t mu; // jobs, closing, watchers, shutdown_done, staging
-    pthread_cond_t  cv;
+    pthread_mutex_t mu; // jobs, closing, stopping, inflight, watchers, shutdown_done, staging
+    pthread_cond_t  cv; // shutdown_done, inflight reaching 0
     ddld_job      **jobs;
     int             cap, head, count; // ring storage
     int             limit;            // --queue: client jobs waiting at most
-    bool            closing, stopping, shutdown_done;
-    ddld_call      *watchers;
-    uint8_t        *staging;
-    size_t          staging_cap;
-    bool            staging_busy;
+    // closing: phase 1, engine work refused; stopping: phase 2, every new call refused;
+    // torn_down: grpc_server_shutdown_and_notify was called, no more requests.
+    bool       closing, stopping, torn_down, shutdown_done;
+    int        inflight; // live calls that arrived before `stopping`: the ones the grace is for
+    ddld_call *watchers;
+    uint8_t   *staging;
+    size_t     staging_cap;
+    bool       staging_busy;
 
     void (*wake)(void *);
     void       *wake_ud;
@@ -945,7 +949,8 @@ static void push_end(ddld_call *c)
         }
         ddld_job_free(job);
         finish_code(c, code,
-                    code == GRPC_STATUS_UNAVAILABLE ? "shutting down" : "request queue full");
+                    code == GRPC_STATUS_UNAVAILABLE ? "distdld is shutting down"
+                                                    : "request queue full");
     }
 }
 
@@ -1035,6 +1040,14 @@ static void call_free(ddld_call *c)
     if (c->live) {
         atomic_fetch_sub(&active_calls, 1);
     }
+    if (c->inflight) {
+        ddld_service *svc = c->svc;
+        pthread_mutex_lock(&svc->mu);
+        if (--svc->inflight == 0) {
+            pthread_cond_broadcast(&svc->cv);
+        }
+        pthread_mutex_unlock(&svc->mu);
+    }
     if (c->call != NULL) {
         grpc_call_unref(c->call);
     }
@@ -1111,6 +1124,12 @@ static void on_op(ddld_call *c, bool ok)
         atomic_init(&c->refs, 2); // op side + close side
         c->live = true;
         atomic_fetch_add(&active_calls, 1);
+        pthread_mutex_lock(&svc->mu);
+        bool closing  = svc->closing;
+        bool stopping = svc->stopping;
+        c->inflight   = !stopping;
+        svc->inflight += c->inflight;
+        pthread_mutex_unlock(&svc->mu);
         grpc_op op;
         memset(&op, 0, sizeof op);
         op.op                                  = GRPC_OP_RECV_CLOSE_ON_SERVER;
@@ -1121,17 +1140,16 @@ static void on_op(ddld_call *c, bool ok)
         if (!admit(c)) {
             return;
         }
+        // Once the teardown has begun every call is answered here, whatever its method:
+        // gRPC itself would cancel it (CANCELLED) once shutdown_and_notify is called.
+        if (stopping || (closing && c->method < DDLD_M_COUNT && methods[c->method].engine)) {
+            finish_code(c, GRPC_STATUS_UNAVAILABLE, "distdld is shutting down");
+            return;
+        }
         if (c->method == M_GENERIC) {
             char *path = grpc_slice_to_c_string(c->details.method);
             finish_code(c, GRPC_STATUS_UNIMPLEMENTED, "unknown method %s", path);
             gpr_free(path);
-            return;
-        }
-        pthread_mutex_lock(&svc->mu);
-        bool closing = svc->closing;
-        pthread_mutex_unlock(&svc->mu);
-        if (closing && methods[c->method].engine) {
-            finish_code(c, GRPC_STATUS_UNAVAILABLE, "distdld is shutting down");
             return;
         }
         recv_next(c);
@@ -1275,9 +1293,9 @@ static void *cq_thread(void *arg)
 static void request_new(ddld_service *svc, int method)
 {
     pthread_mutex_lock(&svc->mu);
-    bool stopping = svc->stopping;
+    bool torn_down = svc->torn_down;
     pthread_mutex_unlock(&svc->mu);
-    if (stopping) {
+    if (torn_down) {
         return;
     }
     ddld_call *c  = calloc(1, sizeof *c);
@@ -1435,36 +1453,45 @@ void ddld_service_close(ddld_service *svc)
     }
 }
 
+// The grace is for calls, not connections. gRPC core 1.51's shutdown_and_notify completes
+// only once every connection has closed, and its graceful GOAWAY waits for the client to
+// answer a PING first: an idle C-core client (no call, so nothing polls its socket but the
+// 5 s backup poller) or any peer that does not answer would hold every shutdown for the
+// whole grace. And from shutdown_and_notify on, gRPC cancels each new call itself
+// (CANCELLED). So: refuse new calls UNAVAILABLE ourselves while the calls that arrived
+// before this point finish (at most grace_s), and only then shut gRPC down and drop the
+// connections that are left at once.
 void ddld_service_stop(ddld_service **psvc, double grace_s)
 {
     ddld_service *svc = *psvc;
     if (svc == NULL) {
         return;
     }
-    pthread_mutex_lock(&svc->mu);
-    svc->stopping = true;
-    pthread_mutex_unlock(&svc->mu);
-    grpc_server_shutdown_and_notify(svc->server, svc->cq, &svc->shutdown_tag);
     gpr_timespec until = gpr_time_add(
         gpr_now(GPR_CLOCK_REALTIME), gpr_time_from_millis((int64_t)(grace_s * 1000), GPR_TIMESPAN));
     struct timespec ts = {.tv_sec = until.tv_sec, .tv_nsec = until.tv_nsec};
     pthread_mutex_lock(&svc->mu);
-    while (!svc->shutdown_done) {
+    svc->stopping = true;
+    while (svc->inflight > 0) {
         if (pthread_cond_timedwait(&svc->cv, &svc->mu, &ts) != 0) {
             break;
         }
     }
-    bool done = svc->shutdown_done;
+    int left       = svc->inflight;
+    svc->torn_down = true;
     pthread_mutex_unlock(&svc->mu);
-    if (!done) {
-        ddld_log("grace period over: cancelling the remaining calls");
-        grpc_server_cancel_all_calls(svc->server);
-        pthread_mutex_lock(&svc->mu);
-        while (!svc->shutdown_done) {
-            pthread_cond_wait(&svc->cv, &svc->mu);
-        }
-        pthread_mutex_unlock(&svc->mu);
+    if (left > 0) {
+        ddld_log("grace period over: cancelling the remaining calls (%d)", left);
     }
+    grpc_server_shutdown_and_notify(svc->server, svc->cq, &svc->shutdown_tag);
+    // Nothing left deserves more time: the calls in flight had their grace, and a
+    // connection without a call is only closed (its client reconnects, UNAVAILABLE).
+    grpc_server_cancel_all_calls(svc->server);
+    pthread_mutex_lock(&svc->mu);
+    while (!svc->shutdown_done) {
+        pthread_cond_wait(&svc->cv, &svc->mu);
+    }
+    pthread_mutex_unlock(&svc->mu);
     grpc_server_destroy(svc->server);
     grpc_completion_queue_shutdown(svc->cq);
     pthread_join(svc->thread, NULL);

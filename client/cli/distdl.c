@@ -6,9 +6,11 @@
 //
 // One command per run: status, health, create, train, eval, predict, pull, push, checkpoint,
 // restore, shutdown. Exit codes tell apart a usage error (2), a daemon that cannot be reached
-// (3), an error the daemon returned (4), a local file that cannot be read or written (5) and
-// a Train cancelled with Ctrl-C (130). With --json every output is one JSON object per line
-// on stdout (jansson, doubles printed with 17 significant digits so they round-trip).
+// (3), an error the daemon returned (4), a local file that cannot be read or written (5), a
+// command that lost a race with another and changed nothing (6: run it again) and a Train
+// cancelled with Ctrl-C (130). 3 and 6 are the retryable ones. With --json every output is
+// one JSON object per line on stdout (jansson, doubles printed with 17 significant digits so
+// they round-trip).
 //
 // Everything is checked before the daemon is contacted: flags, numbers, and the files a
 // command reads (spec, .npy, safetensors). A bad invocation changes nothing on the daemon.
@@ -32,6 +34,7 @@ enum {
     EXIT_UNREACHABLE = 3,
     EXIT_SERVER      = 4,
     EXIT_FILE        = 5,
+    EXIT_RETRY       = 6, // ABORTED: raced another command, nothing changed; run it again
     EXIT_INTERRUPTED = 130,
 };
 
@@ -215,14 +218,17 @@ __attribute__((format(printf, 3, 4))) static int fail(int exit_code, const char 
 }
 
 // The exit code for a failed client call, from the gRPC status of this thread's last call:
-// UNAVAILABLE (and the connect timeout, which the library reports as UNAVAILABLE) is 3, any
-// other status the daemon returned 4. A local error of the library (code OK) is a file
+// UNAVAILABLE (and the connect timeout, which the library reports as UNAVAILABLE) is 3,
+// ABORTED (a PushWeights whose model was replaced while it streamed) 6, any other status
+// the daemon returned 4. A local error of the library (code OK) is a file
 // error for DDL_EIO, else a usage error.
 static int fail_call(ddl_status st)
 {
     int code = ddl_client_last_code();
     if (code == DDL_RPC_UNAVAILABLE)
         return fail(EXIT_UNREACHABLE, "UNAVAILABLE", "%s", ddl_last_error());
+    if (code == DDL_RPC_ABORTED)
+        return fail(EXIT_RETRY, "ABORTED", "%s", ddl_last_error());
     if (code != DDL_RPC_OK)
         return fail(EXIT_SERVER, ddl_client_code_name(code), "%s", ddl_last_error());
     if (st == DDL_EIO || st == DDL_EPROTO)
@@ -915,7 +921,8 @@ static const char global_help[] =
     "                     line, mode 600 (default $DDL_TOKEN)\n"
     "\n"
     "Exit codes: 0 success, 2 usage error, 3 cannot reach the daemon, 4 the daemon returned\n"
-    "an error, 5 a local file cannot be read or written, 130 train cancelled (Ctrl-C).\n"
+    "an error, 5 a local file cannot be read or written, 6 the command raced another and\n"
+    "changed nothing (run it again), 130 train cancelled (Ctrl-C). Retry on 3 and 6 only.\n"
     "'distdl COMMAND --help' describes a command.\n";
 
 static void print_usage(FILE *f, const command *cmd)

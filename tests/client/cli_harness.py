@@ -15,6 +15,8 @@ Scenarios:
            still serving, and trains on
   unix     a daemon on a unix socket without a model: status, train refused, create, train
   help     --help for the tool and every command exits 0 without contacting anything
+  aborted  a push racing a create --replace: ABORTED, exit 6 (retryable), nothing changed,
+           and the same push run again succeeds
 
 Exit status: 0 pass, 1 fail, 7 skip (distdld is not built, or tmux is missing for tty).
 """
@@ -728,6 +730,99 @@ def sc_graph(h):
     d.wait_exit()
 
 
+# ---- a push that races a create: ABORTED, exit 6 --------------------------------------------
+
+def sc_aborted(h):
+    """A push whose weights stream in while a `create --replace` waits ahead of it (both
+    queued behind a Train): the daemon refuses it ABORTED, distdl exits 6 (retryable, not 4)
+    with code ABORTED, nothing is changed (the new model keeps its fresh weights), and the
+    same push run again succeeds."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import interop
+    interop.gen_stubs(os.path.join(h.source, "proto"), os.path.join(h.work, "py"))
+    import grpc
+    from distdl.v1 import trainer_pb2 as tr
+
+    spec = h.spec("lenet5-2.json")
+    d = h.start(2, ["--model", spec], "aborted")
+    fresh, trained, after = (os.path.join(h.work, n + ".safetensors")
+                             for n in ("fresh", "trained", "after"))
+    h.cli(d, "pull", "--output", fresh)
+    h.js(d, "train", "--steps", 5)
+    h.cli(d, "pull", "--output", trained)
+    with open(fresh, "rb") as f0, open(trained, "rb") as f1:
+        check(f0.read() != f1.read(), "5 steps did not change the weights")
+    g = grpc.insecure_channel(d.address)
+    get_status = g.unary_unary("/distdl.v1.Trainer/GetStatus",
+                               request_serializer=lambda m: m.SerializeToString(),
+                               response_deserializer=tr.GetStatusResponse.FromString)
+
+    def wait_for(what, cond):
+        end = time.time() + 30
+        while True:
+            st = get_status(tr.GetStatusRequest(), timeout=10)
+            if cond(st):
+                return
+            if time.time() > end:
+                raise Failure("waited 30 s for %s: %s" % (what, st))
+            time.sleep(0.02)
+
+    env = dict(os.environ, GRPC_VERBOSITY="ERROR", DDL_ADDRESS=d.address)
+    env.pop("DDL_TOKEN", None)
+
+    def start(*args):
+        argv = [h.distdl] + [str(a) for a in args]
+        print("$ " + " ".join(argv) + " &", flush=True)
+        return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, env=env)
+
+    for json_mode in (False, True):
+        procs = []
+        try:
+            train = start("train", "--epochs", "50")
+            procs.append(train)
+            wait_for("the Train", lambda st: st.state == "training")
+            create = start("create", spec, "--replace")
+            procs.append(create)
+            wait_for("the CreateModel to queue", lambda st: st.request_queue_depth == 1)
+            push = start(*((["--json"] if json_mode else []) + ["push", "--input", trained]))
+            procs.append(push)
+            wait_for("the PushWeights to queue", lambda st: st.request_queue_depth == 2)
+            train.send_signal(signal.SIGINT)
+            outs = [p.communicate(timeout=60) for p in procs]
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
+        check(train.returncode == 130, "train: exit %d, expected 130" % train.returncode)
+        check(create.returncode == 0, "create --replace: exit %d" % create.returncode)
+        out, err = outs[2]
+        print("push: exit %d\n%s%s" % (push.returncode, out, err), flush=True)
+        check(push.returncode == 6, "a push that raced a create: exit %d, expected 6 (retryable)"
+              % push.returncode)
+        if json_mode:
+            e = json.loads(out.splitlines()[-1])
+            check(e["event"] == "error" and e["code"] == "ABORTED" and e["exit"] == 6 and
+                  "push again" in e["message"], "the error object %r" % e)
+        else:
+            check("distdl push:" in err and "ABORTED" in err and "push again" in err,
+                  "the message does not say ABORTED / push again: %r" % err)
+        s = h.status(d)
+        check(s["step"] == 0 and s["state"] == "idle", "after the race: %r" % s)
+        h.cli(d, "pull", "--output", after)
+        with open(fresh, "rb") as f0, open(after, "rb") as f1:
+            check(f0.read() == f1.read(), "the aborted push changed the new model's weights")
+        # Retryable: the same command, run again, succeeds.
+        h.one(d, "push", "--input", trained, event="push")
+        h.cli(d, "pull", "--output", after)
+        with open(trained, "rb") as f0, open(after, "rb") as f1:
+            check(f0.read() == f1.read(), "the retried push did not apply")
+    g.close()
+    h.cli(d, "shutdown")
+    d.wait_exit()
+
+
 SCENARIOS = {
     "session": sc_session,
     "exit": sc_exit,
@@ -736,6 +831,7 @@ SCENARIOS = {
     "unix": sc_unix,
     "help": sc_help,
     "graph": sc_graph,
+    "aborted": sc_aborted,
 }
 
 if __name__ == "__main__":

@@ -10,9 +10,13 @@ waits for the address file, runs client programs with DDL_ADDRESS set, stops the
 Exit status: 0 pass, 1 fail, 7 skip (the daemon binary is not built).
 """
 import os
+import struct
 import subprocess
 import sys
+import threading
 import time
+
+import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
 from ddl_daemon import DaemonHarness, Failure, FMNIST, run_scenarios  # noqa: E402
@@ -205,6 +209,159 @@ def sc_example(h):
     h.shutdown(d)
 
 
+# ---- shutdown with connections open (issue 16) ---------------------------------------------
+
+def _py_clients(h):
+    """The Python binding (ctypes over this build's libdistdl-client: a C-core client) and
+    grpcio with trainer stubs generated into the work directory."""
+    os.environ["DDL_CLIENT_LIB"] = os.path.join(h.build, "lib", "libdistdl-client.so")
+    sys.path.insert(0, os.path.join(h.source, "client", "python"))
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import interop
+    interop.gen_stubs(os.path.join(h.source, "proto"), os.path.join(h.work, "py"))
+    import grpc
+    import distdl_client
+    from distdl.v1 import trainer_pb2
+    return distdl_client, grpc, trainer_pb2
+
+
+def sc_shutdown_idle(h):
+    """A connection holding no call must not delay shutdown: with --grace 5 and an idle
+    C-client connection open, the daemon exits well within 2.5 s of the Shutdown reply
+    (it waited out the whole grace, 5.2 s, while gRPC's graceful GOAWAY waited for the
+    idle client's PING ack). Timed: ctest runs it RUN_SERIAL."""
+    dc, _, _ = _py_clients(h)
+    d = h.start(2, ["--grace", "5"], "shutdown-idle")
+    idle = dc.Client(d.address, own_connection=True)
+    idle.status()  # connected, then idle
+    c = dc.Client(d.address, own_connection=True)
+    t0 = time.time()
+    c.shutdown()
+    c.close()
+    d.wait_exit(timeout=30)
+    dt = time.time() - t0
+    print("daemon exited %.2f s after the Shutdown call, one idle connection open (grace 5 s)"
+          % dt, flush=True)
+    if dt >= 2.5:
+        raise Failure("shutdown with an idle connection took %.2f s (grace 5 s, limit 2.5 s)" % dt)
+    try:
+        idle.status()
+        raise Failure("the idle client still reached a daemon that exited")
+    except dc.Unavailable as e:
+        print("idle client afterwards: %s" % e, flush=True)
+    idle.close()
+
+
+def sc_shutdown_calls(h):
+    """Calls that arrive while the daemon shuts down, on connections opened before: each ends
+    UNAVAILABLE "distdld is shutting down" (gRPC had cancelled them: CANCELLED), whatever the
+    method, while a call already in flight (a SubmitBatch stream left open) keeps its grace:
+    the daemon waits for it (held 1.5 s of the 5 s grace), it ends OK, and the daemon exits
+    at once after it."""
+    dc, grpc, tr = _py_clients(h)
+    d = h.start(2, COMMON + ["--grace", "5", "--model", h.spec("lenet5-2.json")],
+                "shutdown-calls")
+    idle = dc.Client(d.address, own_connection=True)  # a C-core client, connected then idle
+    idle.status()
+    g = grpc.insecure_channel(d.address)               # grpcio, connected
+    grpc.channel_ready_future(g).result(timeout=30)
+
+    def unary(path, req, resp_cls):
+        return g.unary_unary(path, request_serializer=lambda m: m.SerializeToString(),
+                             response_deserializer=resp_cls.FromString)(req, timeout=10)
+
+    n = 64
+    px = bytes((i * 37 + 11) % 256 for i in range(n * 784))
+    labels = struct.pack("<%dq" % n, *[(i * 7) % 10 for i in range(n)])
+    batch = tr.Batch(x=tr.Tensor(name="x", datatype="UINT8", shape=[n, 1, 28, 28], raw=px),
+                     labels=tr.Tensor(name="labels", datatype="INT64", shape=[n], raw=labels))
+    release = threading.Event()
+
+    def batches():
+        yield batch
+        release.wait(30)
+
+    submit = g.stream_unary("/distdl.v1.Trainer/SubmitBatch",
+                            request_serializer=lambda m: m.SerializeToString(),
+                            response_deserializer=tr.SubmitBatchResponse.FromString)
+    fut = submit.future(batches(), timeout=60)
+    end = time.time() + 10
+    while idle.status().queue_depth != 1:
+        if time.time() > end:
+            raise Failure("the SubmitBatch stream's batch never arrived")
+        time.sleep(0.02)
+
+    c = dc.Client(d.address, own_connection=True)
+    t0 = time.time()
+    c.shutdown()
+    c.close()
+    # Between the reply and the gRPC teardown (phase 1: a final checkpoint, when there is a
+    # --checkpoint-dir) GetStatus still answers, "shutting_down". Then the daemon waits (up
+    # to its grace) for the open SubmitBatch stream, and every new call meanwhile, from
+    # either client and of any kind, is refused UNAVAILABLE.
+    bad = []
+    end = time.time() + 4
+    while True:
+        try:
+            st = idle.status()
+        except dc.DistdlError as e:
+            print("C GetStatus: %s" % e, flush=True)
+            if e.code_name != "UNAVAILABLE" or "shutting down" not in e.message:
+                bad.append("C GetStatus: %s %s" % (e.code_name, e.message))
+            break
+        if st.state != "shutting_down" or time.time() > end:
+            raise Failure("GetStatus after Shutdown: state %r" % st.state)
+        time.sleep(0.01)
+    x = np.zeros((2, 1, 28, 28), np.float32)
+    calls = [("C GetStatus", idle.status), ("C Health", idle.health),
+             ("C Predict", lambda: idle.predict(x)), ("C Checkpoint", idle.checkpoint),
+             ("grpcio GetStatus", lambda: unary("/distdl.v1.Trainer/GetStatus",
+                                                tr.GetStatusRequest(), tr.GetStatusResponse)),
+             ("grpcio Step", lambda: unary("/distdl.v1.Trainer/Step", tr.StepRequest(),
+                                           tr.StepResponse))]
+    for rnd in range(3):
+        for name, fn in calls:
+            try:
+                fn()
+                bad.append("%s succeeded" % name)
+            except dc.DistdlError as e:
+                ok = e.code_name == "UNAVAILABLE" and "shutting down" in e.message
+                print("%s: %s" % (name, e), flush=True)
+                if not ok:
+                    bad.append("%s: %s %s" % (name, e.code_name, e.message))
+            except grpc.RpcError as e:
+                ok = e.code() == grpc.StatusCode.UNAVAILABLE and "shutting down" in e.details()
+                print("%s: %s %s" % (name, e.code(), e.details()), flush=True)
+                if not ok:
+                    bad.append("%s: %s %s" % (name, e.code(), e.details()))
+    # Hold the stream open 1.5 s into the 5 s grace: the daemon must still be waiting for it.
+    time.sleep(max(0.0, 1.5 - (time.time() - t0)))
+    waited = time.time() - t0
+    if d.proc.poll() is not None:
+        raise Failure("the daemon exited %.2f s after Shutdown with a SubmitBatch stream in "
+                      "flight (grace 5 s)" % waited)
+    release.set()
+    t1 = time.time()
+    try:
+        r = fut.result()
+    except grpc.RpcError as e:
+        raise Failure("the in-flight SubmitBatch ended %s %s instead of OK" %
+                      (e.code(), e.details()))
+    if r.accepted != 1:
+        raise Failure("SubmitBatch accepted %d" % r.accepted)
+    d.wait_exit(timeout=30)
+    after = time.time() - t1
+    print("in-flight stream waited for %.2f s; daemon exited %.2f s after it ended"
+          % (waited, after), flush=True)
+    if after > 4:
+        raise Failure("the daemon took %.2f s to exit after the last call ended" % after)
+    idle.close()
+    g.close()
+    if bad:
+        raise Failure("%d calls during shutdown not refused UNAVAILABLE 'shutting down': %s"
+                      % (len(bad), "; ".join(bad[:3])))
+
+
 SCENARIOS = {
     "example": sc_example,
     "lifecycle": sc_lifecycle,
@@ -220,6 +377,8 @@ SCENARIOS = {
     "ckpt_safety": sc_ckpt_safety,
     "unix": sc_unix,
     "valgrind": sc_valgrind,
+    "shutdown_idle": sc_shutdown_idle,
+    "shutdown_calls": sc_shutdown_calls,
 }
 
 

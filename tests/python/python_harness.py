@@ -90,9 +90,21 @@ def sc_binding(h):
                "connect to a closed port")
     check(e.code == 14 and e.code_name == "UNAVAILABLE" and "127.0.0.1:1" in e.message,
           "code %d %s, message names the address" % (e.code, e.code_name))
+    check(isinstance(e, dc.Retryable) and e.retryable, "UNAVAILABLE is retryable")
     lazy = dc.Client("127.0.0.1:1", timeout=0)
     expect(dc.Unavailable, lazy.status, "GetStatus with no daemon (lazy connect)")
     lazy.close()
+    # The retryable codes are the CLI's exit 3 and 6: UNAVAILABLE and ABORTED (a push that
+    # raced a CreateModel, tests/client/cli_harness.py aborted); the rest are permanent.
+    ab = dc.errors.make(10, "PushWeights: ABORTED: PushWeights: the model was replaced while "
+                        "the weights streamed in; push again", "DDL_EREMOTE")
+    check(type(ab) is dc.Aborted and isinstance(ab, dc.Retryable) and ab.retryable and
+          ab.code_name == "ABORTED" and not ab.local, "ABORTED: Aborted, a Retryable")
+    check(dc.RETRYABLE == {10, 14}, "RETRYABLE %r" % (dc.RETRYABLE,))
+    for code in set(dc.CODES) - {0, 10, 14}:
+        x = dc.errors.make(code, "a failure", "DDL_EREMOTE")
+        check(not x.retryable and not isinstance(x, dc.Retryable),
+              "%s is permanent" % x.code_name)
     # Options reach ddl_client_options: the C library's own checks answer (local errors).
     e = expect(dc.InvalidArgument, lambda: dc.Client("127.0.0.1:1", token="a\nb"),
                "a token with a line break", contains="token")
@@ -118,7 +130,8 @@ def sc_binding(h):
         st = c.status()
         check(not st.has_model and st.state == "idle", "status before a model: %s" % (st,))
         e = expect(dc.FailedPrecondition, lambda: c.step(xb, yb), "step before a model")
-        check(e.code == 9 and not e.local, "FAILED_PRECONDITION from the daemon")
+        check(e.code == 9 and not e.local and not e.retryable,
+              "FAILED_PRECONDITION from the daemon, permanent")
         expect(dc.InvalidArgument, lambda: c.create('{"name": "x", "layers": 3}'),
                "create with a bad spec")
         expect(FileNotFoundError, lambda: c.create(os.path.join(h.work, "nope.json")),

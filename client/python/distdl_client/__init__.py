@@ -15,15 +15,17 @@ from ._native import LibraryNotFound
 from .client import (CheckpointResult, Client, EvalResult, ModelInfo, Progress, PushResult,
                      Status, StepResult, SubmitResult, library_version, read_address_file,
                      read_safetensors, write_safetensors)
-from .errors import (CODES, Aborted, AlreadyExists, Cancelled, DataLoss, DeadlineExceeded,
-                     DistdlError, FailedPrecondition, Internal, InvalidArgument, NotFound,
-                     OutOfRange, PermissionDenied, ResourceExhausted, Unauthenticated,
-                     Unavailable, Unimplemented, Unknown)
+from .errors import (CODES, RETRYABLE, Aborted, AlreadyExists, Cancelled, DataLoss,
+                     DeadlineExceeded, DistdlError, FailedPrecondition, Internal,
+                     InvalidArgument, NotFound, OutOfRange, PermissionDenied,
+                     ResourceExhausted, Retryable, Unauthenticated, Unavailable,
+                     Unimplemented, Unknown)
 
 __all__ = [
     "Client", "ModelInfo", "Status", "StepResult", "Progress", "EvalResult", "SubmitResult",
     "PushResult", "CheckpointResult", "library_version", "read_address_file",
-    "read_safetensors", "write_safetensors", "LibraryNotFound", "CODES", "DistdlError",
+    "read_safetensors", "write_safetensors", "LibraryNotFound", "CODES", "RETRYABLE",
+    "DistdlError", "Retryable",
     "Cancelled", "Unknown", "InvalidArgument", "DeadlineExceeded", "NotFound", "AlreadyExists",
     "PermissionDenied", "ResourceExhausted", "FailedPrecondition", "Aborted", "OutOfRange",
     "Unimplemented", "Internal", "Unavailable", "DataLoss", "Unauthenticated",

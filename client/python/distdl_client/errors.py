@@ -1,6 +1,12 @@
 """Exceptions: every failed call of libdistdl-client raises a DistdlError subclass chosen
 by the gRPC status code, carrying the code, its name and the library's message
-("Step: INVALID_ARGUMENT: batch.x: expected shape ...")."""
+("Step: INVALID_ARGUMENT: batch.x: expected shape ...").
+
+Retryable failures are the same as the distdl CLI's exit codes 3 and 6 (docs/CLI.md):
+UNAVAILABLE (the daemon cannot be reached or is shutting down: retry later, after a
+restart) and ABORTED (a PushWeights raced a CreateModel that replaced the model: nothing
+changed, push again). Their classes, Unavailable and Aborted, derive from Retryable, and
+every DistdlError has `retryable`; anything else is permanent: the same call fails again."""
 
 # gRPC status codes, as on the wire (ddl_rpc_code).
 CODES = {
@@ -9,6 +15,9 @@ CODES = {
     9: "FAILED_PRECONDITION", 10: "ABORTED", 11: "OUT_OF_RANGE", 12: "UNIMPLEMENTED",
     13: "INTERNAL", 14: "UNAVAILABLE", 15: "DATA_LOSS", 16: "UNAUTHENTICATED",
 }
+
+# The codes worth retrying as they are (CLI exit 3 and 6).
+RETRYABLE = frozenset({10, 14})
 
 # A failure the library found itself (no RPC reached the daemon: last code OK) is given the
 # gRPC code its ddl_status corresponds to, the inverse of ddl_client.h's mapping; statuses
@@ -22,7 +31,8 @@ _LOCAL = {
 class DistdlError(Exception):
     """A failed call. code: the gRPC status code (int); code_name: "INVALID_ARGUMENT";
     message: the library's message; status: the ddl_status name ("DDL_EINVAL");
-    local: True when the library refused the call before any RPC."""
+    local: True when the library refused the call before any RPC; retryable: True when the
+    same call may succeed if made again (UNAVAILABLE, ABORTED)."""
 
     def __init__(self, code_name, code, message, status=None, local=False):
         # The library's messages already name the call and code ("Step: INVALID_ARGUMENT: ...").
@@ -32,6 +42,14 @@ class DistdlError(Exception):
         self.message = message
         self.status = status
         self.local = local
+
+    @property
+    def retryable(self):
+        return self.code in RETRYABLE
+
+
+class Retryable(DistdlError):
+    """The base of the retryable failures (Unavailable, Aborted): `except Retryable`."""
 
 
 class Cancelled(DistdlError): pass             # noqa: E701
@@ -43,11 +61,11 @@ class AlreadyExists(DistdlError): pass         # noqa: E701
 class PermissionDenied(DistdlError): pass      # noqa: E701
 class ResourceExhausted(DistdlError): pass     # noqa: E701
 class FailedPrecondition(DistdlError): pass    # noqa: E701
-class Aborted(DistdlError): pass               # noqa: E701
+class Aborted(Retryable): pass                 # noqa: E701
 class OutOfRange(DistdlError): pass            # noqa: E701
 class Unimplemented(DistdlError): pass         # noqa: E701
 class Internal(DistdlError): pass              # noqa: E701
-class Unavailable(DistdlError): pass           # noqa: E701
+class Unavailable(Retryable): pass             # noqa: E701
 class DataLoss(DistdlError): pass              # noqa: E701
 class Unauthenticated(DistdlError): pass       # noqa: E701
 

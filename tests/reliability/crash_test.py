@@ -113,8 +113,8 @@ def train(c, steps, timeout=600):
 
 def shutdown(c, d, checkpoint=True):
     c.trainer("Shutdown", c.tr.ShutdownRequest(checkpoint=checkpoint), "ShutdownResponse")
-    # Our channel closed: rank 0 waits (up to its 5 s grace) for connected channels to go,
-    # and grpcio notices the server's GOAWAY on an idle channel only seconds later.
+    # Done with it: close our channel (the daemon's grace is for calls, not idle connections:
+    # docs/SERVER.md, "The gRPC teardown").
     c.ch.close()
     d.wait_exit()
 

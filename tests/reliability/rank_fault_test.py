@@ -224,8 +224,8 @@ def kill9(h, np_, sigkill):
     if recs[-1].step != latest + 3:
         raise Failure("after resuming at %d, 3 steps ended at %d" % (latest, recs[-1].step))
     c2.trainer("Shutdown", c2.tr.ShutdownRequest(), "ShutdownResponse")
-    # Our channel closed: rank 0 waits (up to its 5 s grace) for connected channels to go,
-    # and grpcio notices the server's GOAWAY on an idle channel only seconds later.
+    # Done with it: close our channel (the daemon's grace is for calls, not idle connections:
+    # docs/SERVER.md, "The gRPC teardown").
     c2.ch.close()
     d2.wait_exit()
 

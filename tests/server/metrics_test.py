@@ -421,8 +421,8 @@ def sc_scrape(h):
           flush=True)
 
     c.trainer("Shutdown", tr.ShutdownRequest(), "ShutdownResponse")
-    # Rank 0 waits (up to its 5 s grace) for connected channels to go, and grpcio notices the
-    # server's GOAWAY on an idle channel only seconds later: close ours.
+    # Done with it: close our channel (the daemon's grace is for calls, not idle connections:
+    # docs/SERVER.md, "The gRPC teardown").
     c.ch.close()
     d.wait_exit()
     try:

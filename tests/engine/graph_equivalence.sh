@@ -22,10 +22,6 @@
 set -euo pipefail
 # shellcheck source=train_lib.sh
 . "$(dirname "$0")/train_lib.sh" dataset "$@"
-# as_f64 SPEC OUT: the spec with dtype f64, nothing else changed.
-as_f64() {
-    $py -c 'import json, sys; s = json.load(open(sys.argv[1])); s["dtype"] = "f64"; json.dump(s, open(sys.argv[2], "w"))' "$1" "$2"
-}
 
 for net in ${GRAPH_NETS:-vgg resnet}; do
     nps=()

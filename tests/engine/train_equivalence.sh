@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
 # Training-engine integration tests on real Fashion-MNIST, driving distdl-train:
-#  1. the LeNet-5 spec on 1, 2 and 4 ranks: the same loss for the first 20 steps
-#     (1e-5 relative, f32) and the same global weights after them;
+#  1. the LeNet-5 spec on 1, 2 and 4 ranks: an f64 copy gives the same loss at each of 20
+#     steps (1e-10 relative) and the same global weights after them (1e-9); the shipped f32
+#     spec the same losses (1e-5) and weights (||a - b|| / ||b|| over all tensors, 1e-4).
+#     Per tensor, f32 weights after 20 Adam steps part by up to 5.5e-5 of the tensor's
+#     largest element depending on the kernel path (OpenBLAS Prescott; 8e-6 on the GEMM
+#     convolutions): that is rounding, judged by the f64 runs, not a tolerance to tune;
 #  2. resume from a checkpoint gives the same trajectory as an uninterrupted run,
 #     bitwise (same world size);
 #  3. resharding a checkpoint 4 -> 2 -> 1 ranks keeps the weights bitwise equal;
@@ -11,14 +15,20 @@ set -euo pipefail
 # shellcheck source=train_lib.sh
 . "$(dirname "$0")/train_lib.sh" dataset "$@"
 
-echo "== 1. the same spec on 1, 2 and 4 ranks"
+echo "== 1. the same spec on 1, 2 and 4 ranks (f64, then the shipped f32)"
 for np in 1 2 4; do
+    as_f64 "$specs/lenet5-$np.json" "$tmp/f64-$np.json"
+    train "$np" --model "$tmp/f64-$np.json" --max-steps 20 --print-steps \
+        --export "$tmp/d$np.safetensors" >"$tmp/dlog$np"
     train "$np" --model "$specs/lenet5-$np.json" --max-steps 20 --print-steps \
         --export "$tmp/w$np.safetensors" >"$tmp/log$np"
 done
+$py "$tool" losses "$tmp/dlog1" "$tmp/dlog2" "$tmp/dlog4" --rtol 1e-10
+$py "$tool" compare "$tmp/d2.safetensors" "$tmp/d1.safetensors" --rtol 1e-9 | tail -1
+$py "$tool" compare "$tmp/d4.safetensors" "$tmp/d1.safetensors" --rtol 1e-9 | tail -1
 $py "$tool" losses "$tmp/log1" "$tmp/log2" "$tmp/log4" --rtol 1e-5
-$py "$tool" compare "$tmp/w2.safetensors" "$tmp/w1.safetensors" --rtol 1e-4
-$py "$tool" compare "$tmp/w4.safetensors" "$tmp/w1.safetensors" --rtol 1e-4
+$py "$tool" compare "$tmp/w2.safetensors" "$tmp/w1.safetensors" --model-norm --rtol 1e-4 | tail -1
+$py "$tool" compare "$tmp/w4.safetensors" "$tmp/w1.safetensors" --model-norm --rtol 1e-4 | tail -1
 
 echo "== 2. resume from a checkpoint: the same trajectory, bitwise"
 check_resume lenet 4 "$specs/lenet5-4.json" 30 20 10

@@ -5,7 +5,7 @@
 # (dataset: the specs read Fashion-MNIST from DATA_DIR; generated: they make their data).
 # Sets bin, specs, data (empty for generated), mpi (an array), py, tool and tmp (a
 # directory removed at exit); exits 7, which ctest counts as skipped, when DATA_DIR is
-# missing; defines train and check_resume. The test runs `set -euo pipefail` before it
+# missing; defines as_f64, train and check_resume. The test runs `set -euo pipefail` before it
 # sources this file, so that a train_lib.sh not found stops it.
 # shellcheck disable=SC2034 # specs: used by the tests that source this file
 case ${1:-} in
@@ -33,6 +33,11 @@ if [ -n "$data" ] && [ ! -d "$data" ]; then
 fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+
+# as_f64 SPEC OUT: the spec with dtype f64, nothing else changed.
+as_f64() {
+    $py -c 'import json, sys; s = json.load(open(sys.argv[1])); s["dtype"] = "f64"; json.dump(s, open(sys.argv[2], "w"))' "$1" "$2"
+}
 
 # train NP ARGS...: distdl-train on NP ranks without evaluation (and --data DATA_DIR for
 # the dataset tests).

@@ -14,6 +14,8 @@
 #   haswell    OPENBLAS_CORETYPE=Haswell
 #   skylakex   OPENBLAS_CORETYPE=SkylakeX  (AVX-512; Intel, AMD Zen 4/5)
 #   sandybridge OPENBLAS_CORETYPE=Sandybridge (AVX only: yet another summation order)
+#   prescott   OPENBLAS_CORETYPE=Prescott (SSE3: what Debian's OpenBLAS 0.3.21 picks on CPUs
+#              newer than itself when nothing replaces it)
 # A path this CPU cannot run (SkylakeX without AVX-512: its kernels die with SIGILL) or
 # that is the same as the default here (avx2 on a CPU without AVX-512) is reported as such
 # and not run. Build directory: $BUILD_DIR or ./build (tests/run.sh makes it). Exit 0 when
@@ -30,7 +32,7 @@ case "${1:-}" in
     --all) sel=(); shift ;;
 esac
 paths=("$@")
-[ ${#paths[@]} -gt 0 ] || paths=(default avx2 gemm haswell skylakex sandybridge)
+[ ${#paths[@]} -gt 0 ] || paths=(default avx2 gemm haswell skylakex sandybridge prescott)
 
 flags=$(grep -o -m1 -E '^flags[[:space:]]*:.*' /proc/cpuinfo || true)
 has() { [[ " $flags " == *" $1 "* ]]; }
@@ -64,7 +66,8 @@ for p in "${paths[@]}"; do
             fi
             env_p=(OPENBLAS_CORETYPE=SkylakeX) ;;
         sandybridge) env_p=(OPENBLAS_CORETYPE=Sandybridge) ;;
-        *) echo "kernel_matrix: unknown path '$p' (default avx2 gemm haswell skylakex sandybridge)" >&2; exit 2 ;;
+        prescott) env_p=(OPENBLAS_CORETYPE=Prescott) ;;
+        *) echo "kernel_matrix: unknown path '$p' (default avx2 gemm haswell skylakex sandybridge prescott)" >&2; exit 2 ;;
     esac
     echo "== $p: ${env_p[*]:-(the environment as it is)}; started $(date +%T), load $(cut -d' ' -f1 /proc/loadavg)"
     t0=$(date +%s)

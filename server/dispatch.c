@@ -24,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "ddl/base.h"
 #include "ddl/estimate.h"
@@ -636,6 +637,25 @@ static bool holds_other_model(const char *dir, const char *spec_text, char *why,
     return other;
 }
 
+// Does dir hold checkpoints already (a `latest`)? A model that replaces another never
+// checkpoints into such a directory, whatever its spec: a fresh model starts at step 0, and
+// its step 10 would replace the earlier model's step 10 and move `latest` back. *why says
+// so and how to read them instead.
+static bool holds_checkpoints(const char *dir, char *why, size_t whylen)
+{
+    char path[PATH_MAX + 16];
+    if (snprintf(path, sizeof path, "%s/latest", dir) >= (int)sizeof path ||
+        access(path, F_OK) != 0) {
+        return false;
+    }
+    snprintf(why, whylen,
+             "%.300s holds the checkpoints of an earlier model of that name; they are never "
+             "overwritten (Restore with dir \"models/<name>\" reads them into a model of the "
+             "same shapes)",
+             dir);
+    return true;
+}
+
 // A model name as a directory name under --checkpoint-dir/models: letters, digits, '.',
 // '_', '-', not starting with '.'.
 static bool name_is_dir_safe(const char *name)
@@ -657,6 +677,52 @@ static bool name_is_dir_safe(const char *name)
 // The directory a request's `dir` names: empty is the current model's own; anything else
 // must stay inside --checkpoint-dir (relative to it, or absolute below it), by the rule
 // datasets follow under --data-root. abs (PATH_MAX) receives it.
+static bool request_dir(ddld_dispatch *d, ddld_job *job, const char *what, const char *dir,
+                        char *abs);
+
+// Is abs (a resolved directory inside --checkpoint-dir, for a Checkpoint with an explicit
+// dir) the home of another model, or inside a checkpoint? The --checkpoint-dir root is the
+// daemon's first model's, each models/<name> a replacement's, and a step-* directory is one
+// durable checkpoint: the current model writes only into its own home or into directories
+// of neither kind. *why says which.
+static bool foreign_home(ddld_dispatch *d, const char *abs, char *why, size_t whylen)
+{
+    const char *cdir = d->cfg->checkpoint_dir;
+    const char *own  = strcmp(d->model_ckpt, cdir) == 0 ? "." : d->model_ckpt + strlen(cdir) + 1;
+    char        root_real[PATH_MAX], own_real[PATH_MAX], err[512];
+    if (ddld_resolve_confined(cdir, ".", "dir", "--checkpoint-dir", root_real, err, sizeof err) !=
+            GRPC_STATUS_OK ||
+        ddld_resolve_confined(cdir, own, "dir", "--checkpoint-dir", own_real, err, sizeof err) !=
+            GRPC_STATUS_OK) {
+        snprintf(why, whylen, "%s", err);
+        return true;
+    }
+    if (strcmp(abs, own_real) == 0) {
+        return false;
+    }
+    const char *rel = abs + strlen(root_real); // abs is root_real or below it
+    rel += rel[0] == '/';
+    if (rel[0] == '\0') {
+        snprintf(why, whylen,
+                 "--checkpoint-dir itself is the home of another model (the "
+                 "daemon's first): its checkpoints are never overwritten");
+        return true;
+    }
+    if (strncmp(rel, "models", 6) == 0 && (rel[6] == '\0' || rel[6] == '/')) {
+        snprintf(why, whylen,
+                 "models/ under --checkpoint-dir holds the homes of other models "
+                 "(each replacement's, models/<name>)");
+        return true;
+    }
+    for (const char *p = rel; p != NULL; p = strchr(p, '/') != NULL ? strchr(p, '/') + 1 : NULL) {
+        if (strncmp(p, "step-", 5) == 0) {
+            snprintf(why, whylen, "it is inside a checkpoint (%.*s)", (int)strcspn(p, "/"), p);
+            return true;
+        }
+    }
+    return false;
+}
+
 static bool request_dir(ddld_dispatch *d, ddld_job *job, const char *what, const char *dir,
                         char *abs)
 {
@@ -726,7 +792,8 @@ static ddl_status create_model(ddld_dispatch *d, const char *what, const char *t
     ddl_status  st   = ddl_spec_parse(text, source, d->size, &spec);
     char        why[512];
     if (st == DDL_OK && d->next_ckpt[0] != '\0' && strcmp(what, "--model") != 0 &&
-        holds_other_model(d->next_ckpt, ddl_spec_text(spec), why, sizeof why)) {
+        (d->s != NULL ? holds_checkpoints(d->next_ckpt, why, sizeof why)
+                      : holds_other_model(d->next_ckpt, ddl_spec_text(spec), why, sizeof why))) {
         ddl_spec_destroy(&spec);
         *code = GRPC_STATUS_FAILED_PRECONDITION;
         snprintf(err, errlen, "%s: its checkpoint directory %s (choose another name)", what, why);
@@ -1310,8 +1377,9 @@ static void on_checkpoint(ddld_dispatch *d, ddld_job *job)
         return;
     }
     if (q->dir[0] != '\0' &&
-        holds_other_model(dir, ddl_spec_text(ddl_model_spec(ddl_session_model(d->s))), why,
-                          sizeof why)) {
+        (foreign_home(d, dir, why, sizeof why) ||
+         holds_other_model(dir, ddl_spec_text(ddl_model_spec(ddl_session_model(d->s))), why,
+                           sizeof why))) {
         fail(job, GRPC_STATUS_FAILED_PRECONDITION, "Checkpoint: dir \"%.200s\": %s", q->dir, why);
         return;
     }
@@ -1407,7 +1475,9 @@ void ddld_dispatch_request_checkpoint_if_stale(ddld_dispatch *d)
 
 void ddld_dispatch_checkpoint_pending(ddld_dispatch *d)
 {
-    if (!d->ckpt_requested) {
+    // A Shutdown queued or running decides: with checkpoint it writes one, without it none
+    // (on_shutdown drops the request then; a refused Shutdown leaves it pending).
+    if (!d->ckpt_requested || ddld_service_shutdown_pending(d->svc)) {
         return;
     }
     d->ckpt_requested = false;

@@ -194,7 +194,7 @@ static bool wc_string(struct wcursor *c, char *dst, size_t cap, bool *too_long)
         return false;
     }
     dst[len] = '\0';
-    return true;
+    return memchr(dst, 0, len) == NULL; // a NUL inside: malformed, as in every other message
 }
 
 static void wchunk_shape_add(struct wchunk *w, uint64_t v)

@@ -36,8 +36,11 @@ paths=("$@")
 
 flags=$(grep -o -m1 -E '^flags[[:space:]]*:.*' /proc/cpuinfo || true)
 has() { [[ " $flags " == *" $1 "* ]]; }
-avx512=false
-has avx512f && has avx512bw && has avx512vl && has avx512dq && avx512=true
+# The direct convolutions take their AVX-512 path on avx512f; OpenBLAS's SkylakeX kernels
+# need BW, VL and DQ as well.
+avx512f=false avx512=false
+has avx512f && avx512f=true
+$avx512f && has avx512bw && has avx512vl && has avx512dq && avx512=true
 cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')
 echo "CPU: $cpu (AVX-512: $avx512); load: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "environment: OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-<unset>} DDL_CONV_DIRECT=${DDL_CONV_DIRECT:-<unset>}"
@@ -52,7 +55,7 @@ for p in "${paths[@]}"; do
     case "$p" in
         default) ;;
         avx2)
-            if ! $avx512; then
+            if ! $avx512f; then
                 echo "== $p: the same as default on this CPU (no AVX-512: the direct kernels are AVX2 already); not rerun"
                 continue
             fi

@@ -8,7 +8,9 @@ with --model and --checkpoint-dir CK:
            (.., absolute, a symbolic link out) and strings holding a NUL byte are
            INVALID_ARGUMENT naming the rule and change nothing; a dir inside CK works;
            CreateModel(replace) of cnn-bn-2 checkpoints into CK/models/cnn-bn-2 and leaves
-           CK/latest on LeNet-5's step 3.
+           CK/latest on LeNet-5's step 3; it cannot checkpoint into another model's home
+           (CK, CK/models/...) nor inside a checkpoint, and a new model under a name that
+           has checkpoints is refused.
   resumed  (the first command line + --resume) the daemon is LeNet-5 at step 3; 2 more
            steps, then Shutdown(checkpoint=false): the reply's durable_step is 3, and the
            harness checks that CK/latest still names step 3 and nothing newer was written.
@@ -138,19 +140,32 @@ def main():
         mine = os.path.join(ck, "models", "cnn-bn-2")
         check(r.step == 2 and r.path == mine and latest(mine) == "step-000000002",
               "the replacement's checkpoint: step %d in %s" % (r.step, r.path))
-        # Its checkpoints never go over the first model's: not by default, not by asking.
-        refused("Checkpoint", tr.CheckpointRequest(dir=ck), tr.CheckpointResponse,
-                grpc.StatusCode.FAILED_PRECONDITION, "another model")
+        # Its checkpoints never go over the first model's: not by default, not by asking:
+        # not into another model's home (the root, models/...) nor inside a checkpoint.
+        before_ck = tree(ck)
+        FP = grpc.StatusCode.FAILED_PRECONDITION
+        for bad in [ck, ".", "models", "models/other", "sub/a/step-000000003",
+                    "sub/a/step-000000003/x"]:
+            refused("Checkpoint", tr.CheckpointRequest(dir=bad), tr.CheckpointResponse, FP,
+                    '"%s"' % bad, "another model" if bad in (ck, ".") else
+                    "other models" if bad.startswith("models") else "inside a checkpoint")
+        check(tree(ck) == before_ck, "the refused checkpoints changed nothing (%s)" %
+              sorted(tree(ck) ^ before_ck))
+        r = unary("Checkpoint", tr.CheckpointRequest(dir="models/cnn-bn-2"), tr.CheckpointResponse)
+        check(r.step == 2 and r.path == mine, "its own home by name: %s" % r.path)
         check(latest(ck) == "step-000000003" and not os.path.exists(
             os.path.join(ck, "step-000000002")), "CK/latest still names LeNet-5's step 3")
-        # A replacement by another spec under the same name would write over the first
-        # replacement's checkpoints: refused, the model unchanged.
+        # A new replacement under the same name, of another spec or of the same one (a fresh
+        # model from step 0), would write over that name's checkpoints: refused, the model
+        # unchanged.
         with open(os.path.join(a.specs, "lenet5-2.json")) as f:
             spec1 = f.read()
-        refused("CreateModel", tr.CreateModelRequest(spec_json=spec1, replace=True,
-                                                     name="cnn-bn-2"), tr.CreateModelResponse,
-                grpc.StatusCode.FAILED_PRECONDITION, "another model", "choose another name")
-        check(status().model_name == "cnn-bn-2", "still cnn-bn-2")
+        for sp in (spec1, spec2):
+            refused("CreateModel", tr.CreateModelRequest(spec_json=sp, replace=True,
+                                                         name="cnn-bn-2"), tr.CreateModelResponse,
+                    FP, "earlier model", "never overwritten", "choose another name")
+        s = status()
+        check(s.model_name == "cnn-bn-2" and s.step == 2, "still cnn-bn-2 at step 2")
     else:
         s = status()
         check(s.step == 3 and s.durable_step == 3 and s.model_name == "model" and

@@ -226,12 +226,13 @@ def _py_clients(h):
 
 
 def sc_shutdown_idle(h):
-    """A connection holding no call must not delay shutdown: with --grace 5 and an idle
-    C-client connection open, the daemon exits well within 2.5 s of the Shutdown reply
-    (it waited out the whole grace, 5.2 s, while gRPC's graceful GOAWAY waited for the
-    idle client's PING ack). Timed: ctest runs it RUN_SERIAL."""
+    """A connection holding no call must not delay shutdown: with --grace 20 and an idle
+    C-client connection open, the daemon exits within 6 s of the Shutdown reply (0.2 s
+    measured; it waited out the whole grace, while gRPC's graceful GOAWAY waited for the
+    idle client's PING ack). A grace far longer than the limit keeps both sides of the
+    judgement wide, also under a load of two suites. Timed: ctest runs it RUN_SERIAL."""
     dc, _, _ = _py_clients(h)
-    d = h.start(2, ["--grace", "5"], "shutdown-idle")
+    d = h.start(2, ["--grace", "20"], "shutdown-idle")
     idle = dc.Client(d.address, own_connection=True)
     idle.status()  # connected, then idle
     c = dc.Client(d.address, own_connection=True)
@@ -240,10 +241,10 @@ def sc_shutdown_idle(h):
     c.close()
     d.wait_exit(timeout=30)
     dt = time.time() - t0
-    print("daemon exited %.2f s after the Shutdown call, one idle connection open (grace 5 s)"
+    print("daemon exited %.2f s after the Shutdown call, one idle connection open (grace 20 s)"
           % dt, flush=True)
-    if dt >= 2.5:
-        raise Failure("shutdown with an idle connection took %.2f s (grace 5 s, limit 2.5 s)" % dt)
+    if dt >= 6:
+        raise Failure("shutdown with an idle connection took %.2f s (grace 20 s, limit 6 s)" % dt)
     try:
         idle.status()
         raise Failure("the idle client still reached a daemon that exited")
@@ -256,10 +257,11 @@ def sc_shutdown_calls(h):
     """Calls that arrive while the daemon shuts down, on connections opened before: each ends
     UNAVAILABLE "distdld is shutting down" (gRPC had cancelled them: CANCELLED), whatever the
     method, while a call already in flight (a SubmitBatch stream left open) keeps its grace:
-    the daemon waits for it (held 1.5 s of the 5 s grace), it ends OK, and the daemon exits
-    at once after it."""
+    the daemon waits for it (held 1.5 s of the 30 s grace), it ends OK, and the daemon exits
+    soon after it (within 10 s: a daemon that still waited for the stream, or for anything
+    else, would wait out the grace)."""
     dc, grpc, tr = _py_clients(h)
-    d = h.start(2, COMMON + ["--grace", "5", "--model", h.spec("lenet5-2.json")],
+    d = h.start(2, COMMON + ["--grace", "30", "--model", h.spec("lenet5-2.json")],
                 "shutdown-calls")
     idle = dc.Client(d.address, own_connection=True)  # a C-core client, connected then idle
     idle.status()
@@ -334,12 +336,12 @@ def sc_shutdown_calls(h):
                 print("%s: %s %s" % (name, e.code(), e.details()), flush=True)
                 if not ok:
                     bad.append("%s: %s %s" % (name, e.code(), e.details()))
-    # Hold the stream open 1.5 s into the 5 s grace: the daemon must still be waiting for it.
+    # Hold the stream open 1.5 s into the 30 s grace: the daemon must still be waiting for it.
     time.sleep(max(0.0, 1.5 - (time.time() - t0)))
     waited = time.time() - t0
     if d.proc.poll() is not None:
         raise Failure("the daemon exited %.2f s after Shutdown with a SubmitBatch stream in "
-                      "flight (grace 5 s)" % waited)
+                      "flight (grace 30 s)" % waited)
     release.set()
     t1 = time.time()
     try:
@@ -353,7 +355,7 @@ def sc_shutdown_calls(h):
     after = time.time() - t1
     print("in-flight stream waited for %.2f s; daemon exited %.2f s after it ended"
           % (waited, after), flush=True)
-    if after > 4:
+    if after > 10:
         raise Failure("the daemon took %.2f s to exit after the last call ended" % after)
     idle.close()
     g.close()

@@ -62,6 +62,18 @@ class Daemon:
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT,
                                      start_new_session=True, env=penv)
         self.address = None
+        self.conv_env = (penv or os.environ).get("DDL_CONV_DIRECT")
+
+    def check_kernel_path(self):
+        """A kernel-path twin (ctest NAME_gemm, DDL_CONV_DIRECT=0: docs/TESTING.md) must run
+        that path: rank 0's start-up line names it."""
+        if self.conv_env != "0":
+            return
+        text = self.log_text()
+        if "convolutions im2col + GEMM" not in text:
+            self.dump()
+            raise Failure("DDL_CONV_DIRECT=0, but the daemon's start-up line does not name the "
+                          "im2col + GEMM convolutions")
 
     def wait_address(self, timeout=90):
         end = time.time() + timeout
@@ -76,6 +88,7 @@ class Daemon:
                     self.address = a
                     print("daemon (np %d) listening on %s after %.1f s" %
                           (self.np, a, time.time() - self.t0), flush=True)
+                    self.check_kernel_path()
                     return a
             except FileNotFoundError:
                 pass

@@ -56,6 +56,12 @@ def main():
         args = ["--model", spec]
         if a.queue:
             args += ["--queue", str(a.queue)]
+        ckpt = None
+        if a.mode != "load" and a.checkpoint:
+            # Checkpoint directories are confined to the daemon's --checkpoint-dir.
+            ckpt = os.path.join(h.work, "ckpt-%s" % a.mode)
+            os.makedirs(ckpt)
+            args += ["--checkpoint-dir", ckpt]
         d = h.start(a.np, args, a.mode)
         pids = d.rank_pids()
         if sorted(pids.values()) != list(range(a.np)):
@@ -76,9 +82,7 @@ def main():
                 cmd += ["--rss-slack-mb", "1e9"]
             elif a.rss_slack_mb is not None:
                 cmd += ["--rss-slack-mb", str(a.rss_slack_mb)]
-            if a.checkpoint:
-                ckpt = os.path.join(d.dir, "ckpt")
-                os.makedirs(ckpt)
+            if ckpt is not None:
                 cmd += ["--checkpoint-dir", ckpt]
             timeout = seconds + 300
         cmd += a.extra

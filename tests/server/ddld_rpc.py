@@ -34,11 +34,11 @@ def load_protos():
 
 
 class Client:
-    def __init__(self, target, max_bytes=256 << 20):
+    def __init__(self, target, max_bytes=256 << 20, options=()):
         self.tr, self.he, self.inf = load_protos()
         self.ch = grpc.insecure_channel(target, options=[
             ("grpc.max_receive_message_length", max_bytes),
-            ("grpc.max_send_message_length", max_bytes)])
+            ("grpc.max_send_message_length", max_bytes)] + list(options))
 
     def unary(self, path, req, resp_cls, timeout=60):
         f = self.ch.unary_unary(path, request_serializer=lambda m: m.SerializeToString(),

@@ -1,7 +1,9 @@
 """distdld under concurrent load: GetStatus/Health pollers, Step and Predict callers,
 SubmitBatch writers, PullWeights readers, a PushWeights writer, a Health Watch and Train
-calls cancelled mid-stream, all at once for a while; then a Shutdown. The daemon must answer
-every call with a status from the protocol (no hangs), and every rank must exit 0.
+calls cancelled mid-stream, all at once for SECONDS (and until every kind has succeeded once);
+then a Shutdown, after the load or (SHUTDOWN_UNDER_LOAD=1) in the middle of it. The daemon
+must answer every call with a status from the protocol (no hangs: a client thread still in a
+call 120 s after the load ended fails the test, with its stack), and every rank must exit 0.
 
 usage: stress_test.py MPIEXEC [mpiexec flags...] -- DISTDLD NP SPEC [SECONDS]
 """
@@ -11,10 +13,12 @@ import sys
 import tempfile
 import threading
 import time
+import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 try:
     import grpc
+    import grpc.experimental
     import numpy as np
 except ImportError:
     print("SKIP: python3-grpcio or python3-numpy is not installed")
@@ -49,8 +53,8 @@ def main():
                          labels=tr.Tensor(datatype="INT64", shape=[B], raw=y.tobytes()))
         chunks = list(main_c.server_stream("/distdl.v1.Trainer/PullWeights",
                                            tr.PullWeightsRequest(), tr.WeightChunk))
-        stop = time.time() + secs
         seen, bad, lock = {}, [], threading.Lock()
+        done = threading.Event()  # set when the load ends
 
         def note(kind, code):
             with lock:
@@ -59,13 +63,19 @@ def main():
                     bad.append((kind, code))
 
         def loop(kind, fn):
-            c = ddld_rpc.Client(addr)
-            while time.time() < stop:
+            # Server streams on the calling thread: grpcio 1.51's default (a per-channel
+            # thread that polls for every call's events) once left Health/Watch's first
+            # next() waiting 120 s past its 5 s deadline, with the daemon long gone (1 run
+            # in 10 beside 4 busy loops). Deadlines bound the wait on this path.
+            c = ddld_rpc.Client(addr, options=[(
+                grpc.experimental.ChannelOptions.SingleThreadedUnaryStream, 1)])
+            while not done.is_set():
                 try:
                     fn(c)
                     note(kind, "OK")
                 except grpc.RpcError as e:
                     note(kind, e.code().name)
+            c.ch.close()
 
         def status(c):
             c.status()
@@ -109,22 +119,50 @@ def main():
         work = [("status", status)] * 3 + [("step", step)] * 2 + [
             ("predict", predict), ("submit", submit), ("pull", pull), ("push", push),
             ("train", train_cancel), ("watch", watch)]
-        threads = [threading.Thread(target=loop, args=w) for w in work]
+        threads = [threading.Thread(target=loop, args=w, name=w[0], daemon=True) for w in work]
         for t in threads:
             t.start()
+        kinds = sorted(set(k for k, _ in work))
+
+        def all_succeeded():
+            with lock:
+                return all(seen.get((k, "OK"), 0) > 0 for k in kinds)
+
+        # The load lasts SECONDS, and at least until every kind of call has succeeded once
+        # (a loaded machine may need longer for the first Step or push), but not forever.
+        def load_for(secs_):
+            t0 = time.time()
+            while time.time() - t0 < secs_ or (not all_succeeded() and time.time() - t0 < 120):
+                time.sleep(0.1)
+
         under_load = os.environ.get("SHUTDOWN_UNDER_LOAD") == "1"
         if under_load:  # Shutdown in the middle: every later call must fail cleanly
+            load_for(secs / 2)
+            main_c.trainer("Shutdown", tr.ShutdownRequest(), "ShutdownResponse", timeout=60)
             time.sleep(secs / 2)
-            main_c.trainer("Shutdown", tr.ShutdownRequest(), "ShutdownResponse")
+        else:
+            load_for(secs)
+        done.set()
+        stop = time.time()
+        t_end = stop + 120
         for t in threads:
-            t.join(timeout=secs + 120)
-            assert not t.is_alive(), "a client thread hangs"
+            t.join(timeout=max(0.0, t_end - time.time()))
+        stuck = [t for t in threads if t.is_alive()]
+        if stuck:  # name the call and where it waits, then fail
+            frames = sys._current_frames()
+            for t in stuck:
+                print("client thread '%s' still in a call %.0f s after its loop ended:"
+                      % (t.name, time.time() - stop))
+                traceback.print_stack(frames.get(t.ident), file=sys.stdout)
+            print("daemon: %s" % ("exited %d" % proc.poll() if proc.poll() is not None
+                                  else "still running"))
+        assert not stuck, "client threads hang: %s" % [t.name for t in stuck]
         for (kind, code), n in sorted(seen.items()):
             print("  %-8s %-20s %d" % (kind, code, n))
         assert not bad, bad
-        assert all(seen.get((k, "OK"), 0) > 0 for k, _ in work), "some kind never succeeded"
+        assert all_succeeded(), "some kind never succeeded in 120 s"
         if not under_load:
-            main_c.trainer("Shutdown", tr.ShutdownRequest(), "ShutdownResponse")
+            main_c.trainer("Shutdown", tr.ShutdownRequest(), "ShutdownResponse", timeout=60)
         rc = proc.wait(timeout=60)
         assert rc == 0, "mpirun exit %d" % rc
         ok = True

@@ -251,31 +251,41 @@ def sc_cancel(h):
     bad = []
     cancel_round(f, 1)  # warm-up: gRPC's and the allocator's caches reach their size
     time.sleep(1)
-    rss0 = vm_rss_kb(f.pid)
-    st0 = f.status()
-    t0 = time.time()
-    codes = cancel_round(f, 2)
-    print("1000 cancelled calls in %.1f s; outcomes: %s" %
-          (time.time() - t0, ", ".join("%s %d" % kv for kv in sorted(codes.items()))), flush=True)
-    settled = wait_for(lambda: f.status().active_calls == 0 and f.status().request_queue_depth == 0,
-                       20, 0.2)
-    st1 = f.status()
-    time.sleep(1)
-    rss1 = vm_rss_kb(f.pid)
-    print("after: active_calls %d, request_queue_depth %d, dropped_calls %d -> %d, submitted batches %d;"
-          " rank 0 VmRSS %d -> %d kB (%+d)" % (st1.active_calls, st1.request_queue_depth,
-                                               st0.dropped_calls, st1.dropped_calls, st1.queue_depth,
-                                               rss0, rss1, rss1 - rss0), flush=True)
-    if not settled:
-        bad.append("calls still live: active_calls %d, queue %d" % (st1.active_calls,
-                                                                    st1.request_queue_depth))
-    if st1.dropped_calls <= st0.dropped_calls:
-        bad.append("no queued call was dropped (dropped_calls %d)" % st1.dropped_calls)
-    # Bounded: 1,000 cancelled calls after a warm-up round leave under 8 MB (measured:
-    # 0.2-1.1 MB; the margin is glibc's per-thread arenas). Leaked calls would also show in
-    # active_calls, checked above.
-    if rss1 - rss0 >= 8 * 1024 and not SANITIZER:
-        bad.append("rank 0's VmRSS grew by %d kB over 1,000 cancelled calls" % (rss1 - rss0))
+    # Bounded: 1,000 cancelled calls after a warm-up round leave under 8 MB (measured quiet:
+    # 0.2-1.1 MB). A leak grows by its size every round; glibc's per-thread arenas grow once,
+    # when a loaded machine makes gRPC start more threads (seen: +9.9 MB in the first
+    # measured round at load 8). So a round over the bound is followed by another, up to 3:
+    # the test fails only if every one of them grows by 8 MB or more. Leaked calls would
+    # also show in active_calls, checked after each round.
+    growth = []
+    for rnd in range(3):
+        rss0 = vm_rss_kb(f.pid)
+        st0 = f.status()
+        t0 = time.time()
+        codes = cancel_round(f, 2 + rnd)
+        print("round %d: 1000 cancelled calls in %.1f s; outcomes: %s" %
+              (rnd + 1, time.time() - t0, ", ".join("%s %d" % kv for kv in sorted(codes.items()))),
+              flush=True)
+        settled = wait_for(lambda: f.status().active_calls == 0 and
+                           f.status().request_queue_depth == 0, 20, 0.2)
+        st1 = f.status()
+        time.sleep(1)
+        rss1 = vm_rss_kb(f.pid)
+        print("after: active_calls %d, request_queue_depth %d, dropped_calls %d -> %d, submitted "
+              "batches %d; rank 0 VmRSS %d -> %d kB (%+d)" % (
+                  st1.active_calls, st1.request_queue_depth, st0.dropped_calls, st1.dropped_calls,
+                  st1.queue_depth, rss0, rss1, rss1 - rss0), flush=True)
+        if not settled:
+            bad.append("calls still live: active_calls %d, queue %d" % (st1.active_calls,
+                                                                        st1.request_queue_depth))
+        if st1.dropped_calls <= st0.dropped_calls:
+            bad.append("no queued call was dropped (dropped_calls %d)" % st1.dropped_calls)
+        growth.append(rss1 - rss0)
+        if bad or growth[-1] < 8 * 1024 or SANITIZER:
+            break
+    if min(growth) >= 8 * 1024 and not SANITIZER:
+        bad.append("rank 0's VmRSS grew by %s kB over %d rounds of 1,000 cancelled calls" % (
+            growth, len(growth)))
     code, details, _ = f.raw.call(TR + "Predict", f.x1, timeout=30)
     if code != SC.OK:
         bad.append("Predict afterwards: %s %s" % (code.name, details))

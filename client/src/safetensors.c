@@ -65,7 +65,7 @@ ddl_status ddl_safetensors_write(const char *path, const ddl_client_weights *w)
     size_t plen = strlen(path);
     char  *tmp  = malloc(plen + 5);
     if (!tmp) {
-        free(text);
+        ddl_fmt_free(text);
         return ddl__local_error(DDL_ENOMEM, "safetensors: out of memory");
     }
     snprintf(tmp, plen + 5, "%s.tmp", path);
@@ -92,7 +92,7 @@ ddl_status ddl_safetensors_write(const char *path, const ddl_client_weights *w)
     }
 out:
     free(tmp);
-    free(text);
+    ddl_fmt_free(text);
     return st;
 }
 

@@ -100,7 +100,7 @@ static void stage_destroy(int n, ddl_tensor_t **stage)
 static ddl_status st_header(const char *path, int n, const ddl_named_tensor *t,
                             const char *metadata_json, char **out, size_t *len)
 {
-    ddl_fmt_st_tensor *ft = calloc((size_t)n + 1, sizeof *ft);
+    ddl_fmt_st_tensor *ft = ddl_calloc((size_t)n + 1, sizeof *ft);
     DDL_REQUIRE(ft != NULL, DDL_ENOMEM, "safetensors: out of memory building the header");
     for (int i = 0; i < n; i++) {
         ft[i] = (ddl_fmt_st_tensor){
@@ -112,7 +112,7 @@ static ddl_status st_header(const char *path, int n, const ddl_named_tensor *t,
         };
     }
     ddl_status st = ddl_fmt_st_header(path, ft, (size_t)n, metadata_json, out, len);
-    free(ft);
+    ddl_free(ft);
     return st;
 }
 
@@ -140,7 +140,7 @@ ddl_status ddl_export_safetensors(MPI_Comm comm, const char *path, int n,
             }
         }
     }
-    free(hdr); // ddl_fmt_st_header allocates with malloc
+    ddl_fmt_free(hdr);
     st = ddl_agree(comm, st);
 
     // One tensor at a time: rank 0 holds at most one global tensor.

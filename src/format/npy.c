@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "alloc.h"
 #include "base/check.h"
 #include "ddl/format.h"
 
@@ -214,14 +215,14 @@ ddl_status ddl_fmt_npy_parse(const char *what, const void *buf, size_t n, uint64
     if (pre + hlen > n) {
         return ddl_set_error(DDL_EPROTO, "npy: %s: truncated header", what);
     }
-    char *text = malloc(hlen + 1);
+    char *text = fmt_malloc(hlen + 1);
     if (text == NULL) {
         return ddl_set_error(DDL_ENOMEM, "npy: %s: out of memory for the header", what);
     }
     memcpy(text, b + pre, hlen);
     text[hlen]    = '\0';
     ddl_status st = parse_header(what, text, pre, hlen, file_size, out);
-    free(text);
+    fmt_free(text);
     return st;
 }
 
@@ -236,14 +237,14 @@ ddl_status ddl_fmt_npy_read_header(const char *what, FILE *f, uint64_t file_size
     }
     DDL_CHECK(parse_prefix(what, head, got, &pre, &hlen));
     DDL_CHECK(check_hlen(what, pre, hlen, file_size));
-    char *text = malloc(hlen + 1);
+    char *text = fmt_malloc(hlen + 1);
     if (text == NULL || fread(text, 1, hlen, f) != hlen) {
-        free(text);
+        fmt_free(text);
         return ddl_set_error(DDL_EIO, "npy: %s: cannot read the header", what);
     }
     text[hlen]    = '\0';
     ddl_status st = parse_header(what, text, pre, hlen, file_size, out);
-    free(text);
+    fmt_free(text);
     return st;
 }
 

@@ -7,6 +7,7 @@
 
 #include <jansson.h>
 
+#include "alloc.h"
 #include "base/check.h"
 #include "ddl/format.h"
 
@@ -125,7 +126,7 @@ static int range_cmp(const void *a, const void *b)
 // covers, between entries or after the last one, are refused.
 static ddl_status st_coverage(const char *what, const ddl_fmt_st *h)
 {
-    const ddl_fmt_st_entry **by = malloc((h->count + 1) * sizeof *by);
+    const ddl_fmt_st_entry **by = fmt_malloc((h->count + 1) * sizeof *by);
     DDL_REQUIRE(by != NULL, DDL_ENOMEM, "safetensors: %s: out of memory", what);
     for (size_t i = 0; i < h->count; i++) {
         by[i] = &h->entries[i];
@@ -153,7 +154,7 @@ static ddl_status st_coverage(const char *what, const ddl_fmt_st *h)
                            what, (unsigned long long)(h->data_len - covered),
                            (unsigned long long)h->data_len, (unsigned long long)covered);
     }
-    free(by);
+    fmt_free(by);
     return st;
 }
 
@@ -174,7 +175,7 @@ ddl_status ddl_fmt_st_parse(const char *what, const char *text, size_t hlen, uin
     out->json_      = h;
     out->data_start = 8 + (uint64_t)hlen;
     out->data_len   = file_size - 8 - hlen;
-    out->entries    = calloc(json_object_size(h) + 1, sizeof *out->entries);
+    out->entries    = fmt_calloc(json_object_size(h) + 1, sizeof *out->entries);
     DDL_REQUIRE(out->entries != NULL, DDL_ENOMEM, "safetensors: %s: out of memory", what);
     const char *key;
     json_t     *v;
@@ -199,14 +200,14 @@ ddl_status ddl_fmt_st_read_header(const char *what, FILE *f, uint64_t file_size,
     DDL_REQUIRE(file_size < 8 || fread(le, 1, 8, f) == 8, DDL_EIO,
                 "safetensors: %s: short read of the header", what);
     DDL_CHECK(ddl_fmt_st_prefix(what, le, file_size, &hlen));
-    char *text = malloc((size_t)hlen + 1);
+    char *text = fmt_malloc((size_t)hlen + 1);
     DDL_REQUIRE(text != NULL, DDL_ENOMEM, "safetensors: out of memory reading %s", what);
     if (fread(text, 1, (size_t)hlen, f) != (size_t)hlen) {
-        free(text);
+        fmt_free(text);
         return ddl_set_error(DDL_EIO, "safetensors: %s: short read of the header", what);
     }
     ddl_status st = ddl_fmt_st_parse(what, text, (size_t)hlen, file_size, out);
-    free(text);
+    fmt_free(text);
     return st;
 }
 
@@ -220,9 +221,14 @@ const ddl_fmt_st_entry *ddl_fmt_st_find(const ddl_fmt_st *h, const char *name)
     return NULL;
 }
 
+void ddl_fmt_free(void *p)
+{
+    fmt_free(p);
+}
+
 void ddl_fmt_st_free(ddl_fmt_st *h)
 {
-    free(h->entries);
+    fmt_free(h->entries);
     json_decref(h->json_);
     memset(h, 0, sizeof *h);
 }
@@ -284,7 +290,7 @@ ddl_status ddl_fmt_st_header(const char *what, const ddl_fmt_st_tensor *t, size_
     json_decref(h);
     DDL_REQUIRE(text != NULL, DDL_ENOMEM, "safetensors: out of memory building the header");
     size_t raw = strlen(text), padded = (raw + 7) / 8 * 8;
-    *out = malloc(8 + padded);
+    *out = fmt_malloc(8 + padded);
     if (*out != NULL) {
         for (int i = 0; i < 8; i++) {
             (*out)[i] = (char)(uint8_t)((uint64_t)padded >> (8 * i));
@@ -293,7 +299,7 @@ ddl_status ddl_fmt_st_header(const char *what, const ddl_fmt_st_tensor *t, size_
         memset(*out + 8 + raw, ' ', padded - raw);
         *len = 8 + padded;
     }
-    free(text);
+    free(text); // json_dumps allocates with malloc
     DDL_REQUIRE(*out != NULL, DDL_ENOMEM, "safetensors: out of memory building the header");
     return DDL_OK;
 }

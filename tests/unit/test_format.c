@@ -213,7 +213,7 @@ static void test_st_round_trip(void)
     ddl_fmt_st_free(&h);
     fclose(f);
     free(file);
-    free(hdr);
+    ddl_fmt_free(hdr);
 
     // The writer's refusals.
     ddl_fmt_st_tensor dup[2] = {{"w", "F32", 2, ws, 24}, {"w", "F32", 2, ws, 24}};

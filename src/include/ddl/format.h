@@ -129,11 +129,17 @@ typedef struct ddl_fmt_st_tensor {
 
 // Builds the 8-byte prefix and the JSON header of n tensors (metadata_json, if not NULL,
 // first as "__metadata__": it must be a JSON object of strings), padded with spaces so
-// that the data starts 8-byte aligned. *out (malloc'd, caller frees with free) receives
-// *len bytes to write before the data. Refuses a reserved or repeated name and a name that
+// that the data starts 8-byte aligned. *out (released with ddl_fmt_free) receives *len
+// bytes to write before the data. Refuses a reserved or repeated name and a name that
 // is not UTF-8 (EINVAL, naming it).
 ddl_status ddl_fmt_st_header(const char *what, const ddl_fmt_st_tensor *t, size_t n,
                              const char *metadata_json, char **out, size_t *len);
+
+// Releases a buffer the library handed out (ddl_fmt_st_header's). The library allocates
+// through ddl_malloc in the engine, so that allocation-failure sweeps reach it, and
+// through libc in the client (built with DDL_FMT_LIBC_ALLOC): never free such a buffer
+// with free or ddl_free directly.
+void ddl_fmt_free(void *p);
 
 // ---- WeightChunk (distdl.v1, proto/trainer.proto) --------------------------------------
 // Fields 1 name, 2 datatype, 3 shape (packed or not), 4 offset, 5 data, 6 first; unknown

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "ddl/base.h"
+#include "ddl/format.h"
 #include "requests.h"
 
 // ---- decoding ------------------------------------------------------------------------------
@@ -123,142 +124,54 @@ ProtobufCMessage *ddld_request_decode(grpc_byte_buffer *bb, const ProtobufCMessa
 
 // ---- PushWeights chunks ----------------------------------------------------------------------
 
-static bool wc_end(struct wcursor *c)
+// The chunk is decoded by src/format/wire.c (ddl/format.h), the client's PullWeights too,
+// through this view of gRPC's slices: its cursor's slice index and position are those of
+// struct wcursor.
+static const uint8_t *grpc_seg(const void *segs, size_t i, size_t *len)
 {
-    while (c->i < c->n && c->pos >= GRPC_SLICE_LENGTH(c->s[c->i])) {
-        c->i++;
-        c->pos = 0;
-    }
-    return c->i >= c->n;
-}
-
-static bool wc_byte(struct wcursor *c, uint8_t *b)
-{
-    if (wc_end(c)) {
-        return false;
-    }
-    *b = GRPC_SLICE_START_PTR(c->s[c->i])[c->pos++];
-    c->off++;
-    return true;
-}
-
-static bool wc_varint(struct wcursor *c, uint64_t *v)
-{
-    *v = 0;
-    for (int sh = 0; sh < 64; sh += 7) {
-        uint8_t b;
-        if (!wc_byte(c, &b)) {
-            return false;
-        }
-        *v |= (uint64_t)(b & 0x7f) << sh;
-        if ((b & 0x80) == 0) {
-            return true;
-        }
-    }
-    return false;
+    const grpc_slice *s = segs;
+    *len                = GRPC_SLICE_LENGTH(s[i]);
+    return GRPC_SLICE_START_PTR(s[i]);
 }
 
 // Copies len bytes into dst, or skips them when dst is NULL.
 bool ddld_wc_take(struct wcursor *c, uint8_t *dst, size_t len)
 {
-    while (len > 0) {
-        if (wc_end(c)) {
-            return false;
-        }
-        size_t avail = GRPC_SLICE_LENGTH(c->s[c->i]) - c->pos;
-        size_t k     = avail < len ? avail : len;
-        if (dst != NULL) {
-            memcpy(dst, GRPC_SLICE_START_PTR(c->s[c->i]) + c->pos, k);
-            dst += k;
-        }
-        c->pos += k;
-        c->off += k;
-        len -= k;
-    }
-    return true;
-}
-
-
-static bool wc_string(struct wcursor *c, char *dst, size_t cap, bool *too_long)
-{
-    uint64_t len;
-    if (!wc_varint(c, &len)) {
-        return false;
-    }
-    *too_long = len >= cap;
-    if (*too_long) {
-        dst[0] = '\0';
-        return ddld_wc_take(c, NULL, len);
-    }
-    if (!ddld_wc_take(c, (uint8_t *)dst, len)) {
-        return false;
-    }
-    dst[len] = '\0';
-    return memchr(dst, 0, len) == NULL; // a NUL inside: malformed, as in every other message
-}
-
-static void wchunk_shape_add(struct wchunk *w, uint64_t v)
-{
-    if (w->nshape < DDL_MAX_DIMS) {
-        w->shape[w->nshape++] = (int64_t)v;
-    } else {
-        w->shape_long = true;
-    }
+    ddl_fmt_cursor k = {
+        .seg = grpc_seg, .segs = c->s, .n = c->n, .i = c->i, .pos = c->pos, .off = c->off};
+    bool ok = ddl_fmt_cursor_take(&k, dst, len);
+    c->i    = k.i;
+    c->pos  = k.pos;
+    c->off  = k.off;
+    return ok;
 }
 
 // Parses a WeightChunk (distdl.v1, trainer.proto) from its wire bytes. False: malformed.
 bool ddld_wchunk_parse(const grpc_slice *s, size_t n, struct wchunk *w)
 {
+    _Static_assert(sizeof w->shape == sizeof(ddl_fmt_wchunk){0}.shape &&
+                       sizeof w->datatype == sizeof(ddl_fmt_wchunk){0}.datatype,
+                   "struct wchunk and ddl_fmt_wchunk hold the same shape and datatype");
+    ddl_fmt_wchunk fw;
     memset(w, 0, sizeof *w);
-    struct wcursor c = {.s = s, .n = n};
-    while (!wc_end(&c)) {
-        uint64_t key, v;
-        if (!wc_varint(&c, &key)) {
-            return false;
-        }
-        unsigned field = (unsigned)(key >> 3), wt = (unsigned)(key & 7);
-        bool     ok;
-        if (field == 1 && wt == 2) {
-            ok = wc_string(&c, w->name, sizeof w->name, &w->name_long);
-        } else if (field == 2 && wt == 2) {
-            ok = wc_string(&c, w->datatype, sizeof w->datatype, &w->datatype_long);
-        } else if (field == 3 && wt == 2) { // packed shape
-            ok          = wc_varint(&c, &v);
-            size_t stop = c.off + v;
-            while (ok && c.off < stop) {
-                ok = wc_varint(&c, &v);
-                wchunk_shape_add(w, v);
-            }
-            ok = ok && c.off == stop;
-        } else if (field == 3 && wt == 0) {
-            ok = wc_varint(&c, &v);
-            wchunk_shape_add(w, v);
-        } else if (field == 4 && wt == 0) {
-            ok        = wc_varint(&c, &v);
-            w->offset = (int64_t)v;
-        } else if (field == 5 && wt == 2) {
-            ok          = wc_varint(&c, &v);
-            w->data     = c;
-            w->data_len = v;
-            ok          = ok && ddld_wc_take(&c, NULL, v);
-        } else if (field == 6 && wt == 0) {
-            ok       = wc_varint(&c, &v);
-            w->first = v != 0;
-        } else if (field != 0 && wt == 0) { // unknown fields are skipped
-            ok = wc_varint(&c, &v);
-        } else if (field != 0 && wt == 1) {
-            ok = ddld_wc_take(&c, NULL, 8);
-        } else if (field != 0 && wt == 2) {
-            ok = wc_varint(&c, &v) && ddld_wc_take(&c, NULL, v);
-        } else if (field != 0 && wt == 5) {
-            ok = ddld_wc_take(&c, NULL, 4);
-        } else {
-            ok = false;
-        }
-        if (!ok) {
-            return false;
-        }
+    if (ddl_fmt_wchunk_decode(grpc_seg, s, n, &fw) != DDL_OK) {
+        return false;
     }
+    // Names are at most 255 bytes here: a longer one is an unknown tensor (ddld_wchunk_check).
+    w->name_long = fw.name_long || strlen(fw.name) >= sizeof w->name;
+    if (!w->name_long) {
+        memcpy(w->name, fw.name, strlen(fw.name) + 1);
+    }
+    memcpy(w->datatype, fw.datatype, sizeof w->datatype);
+    w->datatype_long = fw.datatype_long;
+    w->shape_long    = fw.shape_long;
+    w->first         = fw.first;
+    w->nshape        = fw.nshape;
+    memcpy(w->shape, fw.shape, sizeof w->shape);
+    w->offset = fw.offset;
+    w->data =
+        (struct wcursor){.s = s, .n = n, .i = fw.data.i, .pos = fw.data.pos, .off = fw.data.off};
+    w->data_len = fw.data_len;
     return true;
 }
 

@@ -1,29 +1,24 @@
 // safetensors.c: read and write weight sets as safetensors files (an 8-byte little-endian
 // header length, a JSON header {name: {dtype, shape, data_offsets}}, then the raw bytes).
+// The header is parsed, validated and written by src/format/safetensors.c (ddl/format.h),
+// the engine's import and export too.
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
-#include <jansson.h>
-
 #include "client_impl.h"
+#include "ddl/format.h"
 
-#define MAX_HEADER_BYTES ((uint64_t)100 << 20)
-
-static const char *st_dtype(ddl_wire_dtype d)
-{
-    static const char *const n[] = {"F32", "F64", "I64", "U8"};
-    return (unsigned)d < 4 ? n[d] : NULL;
-}
+static const char *const st_dtypes[] = {"F32", "F64", "I64", "U8"}; // by ddl_wire_dtype
 
 static int st_dtype_parse(const char *s)
 {
-    static const char *const n[] = {"F32", "F64", "I64", "U8"};
     for (int i = 0; i < 4; i++)
-        if (strcmp(s, n[i]) == 0)
+        if (strcmp(s, st_dtypes[i]) == 0)
             return i;
     return -1;
 }
@@ -47,34 +42,30 @@ ddl_status ddl_safetensors_write(const char *path, const ddl_client_weights *w)
 {
     if (!path || !w)
         return ddl__local_error(DDL_EINVAL, "safetensors: path and weights are required");
-    json_t *hdr = json_object();
-    size_t  off = 0;
+    ddl_fmt_st_tensor *ft = calloc((size_t)w->count + 1, sizeof *ft);
+    if (!ft)
+        return ddl__local_error(DDL_ENOMEM, "safetensors: out of memory");
     for (int64_t i = 0; i < w->count; i++) {
-        const ddl_client_tensor *t  = &w->tensors[i];
-        const char              *dt = st_dtype(t->dtype);
-        if (!dt || !t->name) {
-            json_decref(hdr);
-            return ddl__local_error(DDL_EINVAL, "safetensors: tensor %lld has no name or dtype",
-                                    (long long)i);
-        }
-        json_t *shape = json_array();
-        for (int d = 0; d < t->ndim; d++)
-            json_array_append_new(shape, json_integer(t->shape[d]));
-        json_t *e = json_pack("{s:s, s:o, s:[I, I]}", "dtype", dt, "shape", shape, "data_offsets",
-                              (json_int_t)off, (json_int_t)(off + t->bytes));
-        json_object_set_new(hdr, t->name, e);
-        off += t->bytes;
+        const ddl_client_tensor *t = &w->tensors[i];
+        ft[i]                      = (ddl_fmt_st_tensor){
+                                 .name  = t->name,
+                                 .dtype = (unsigned)t->dtype < 4 ? st_dtypes[t->dtype] : NULL,
+                                 .ndim  = t->ndim,
+                                 .shape = t->shape,
+                                 .bytes = t->bytes,
+        };
     }
-    char *text = json_dumps(hdr, JSON_COMPACT | JSON_PRESERVE_ORDER);
-    json_decref(hdr);
-    if (!text)
-        return ddl__local_error(DDL_ENOMEM, "safetensors: cannot format the header");
-    size_t hlen = strlen(text), padded = (hlen + 7) / 8 * 8;
+    char      *text = NULL;
+    size_t     hlen = 0;
+    ddl_status hst  = ddl_fmt_st_header(path, ft, (size_t)w->count, NULL, &text, &hlen);
+    free(ft);
+    if (hst != DDL_OK)
+        return ddl__local_error(hst, "%s", ddl_last_error());
 
     size_t plen = strlen(path);
     char  *tmp  = malloc(plen + 5);
     if (!tmp) {
-        free(text);
+        ddl_fmt_free(text);
         return ddl__local_error(DDL_ENOMEM, "safetensors: out of memory");
     }
     snprintf(tmp, plen + 5, "%s.tmp", path);
@@ -84,11 +75,7 @@ ddl_status ddl_safetensors_write(const char *path, const ddl_client_weights *w)
         st = ddl__local_error(DDL_EIO, "safetensors: cannot create %s: %s", tmp, strerror(errno));
         goto out;
     }
-    uint8_t le[8];
-    for (int i = 0; i < 8; i++)
-        le[i] = (uint8_t)((uint64_t)padded >> (8 * i));
-    int bad = write_all(fd, le, 8) || write_all(fd, text, hlen) ||
-              write_all(fd, "        ", padded - hlen);
+    int bad = write_all(fd, text, hlen); // the length, the header and its padding
     for (int64_t i = 0; !bad && i < w->count; i++)
         bad = write_all(fd, w->tensors[i].data, w->tensors[i].bytes);
     if (bad || fsync(fd) != 0) {
@@ -105,7 +92,7 @@ ddl_status ddl_safetensors_write(const char *path, const ddl_client_weights *w)
     }
 out:
     free(tmp);
-    free(text);
+    ddl_fmt_free(text);
     return st;
 }
 
@@ -116,117 +103,62 @@ ddl_status ddl_safetensors_read(const char *path, ddl_client_weights **out)
     FILE *f = fopen(path, "rb");
     if (!f)
         return ddl__local_error(DDL_EIO, "safetensors: cannot open %s: %s", path, strerror(errno));
-    ddl_status          st   = DDL_OK;
-    char               *text = NULL;
-    json_t             *hdr  = NULL;
-    ddl_client_weights *w    = calloc(1, sizeof *w);
-    uint8_t             le[8];
+    ddl_status          st = DDL_OK;
+    ddl_fmt_st          h  = {0};
+    ddl_client_weights *w  = calloc(1, sizeof *w);
     if (!w) {
         st = ddl__local_error(DDL_ENOMEM, "safetensors: out of memory");
         goto out;
     }
-    if (fseek(f, 0, SEEK_END) != 0) {
-        st = ddl__local_error(DDL_EIO, "safetensors: cannot seek %s", path);
+    struct stat sb;
+    if (fstat(fileno(f), &sb) != 0) {
+        st = ddl__local_error(DDL_EIO, "safetensors: cannot stat %s: %s", path, strerror(errno));
         goto out;
     }
-    long fsize = ftell(f);
-    rewind(f);
-    if (fsize < 8 || fread(le, 1, 8, f) != 8) {
-        st = ddl__local_error(DDL_EPROTO, "safetensors: %s is shorter than its header", path);
+    st = ddl_fmt_st_read_header(path, f, (uint64_t)sb.st_size, &h);
+    if (st != DDL_OK) {
+        st = ddl__local_error(st, "%s", ddl_last_error());
         goto out;
     }
-    uint64_t hlen = 0;
-    for (int i = 0; i < 8; i++)
-        hlen |= (uint64_t)le[i] << (8 * i);
-    if (hlen > MAX_HEADER_BYTES || hlen > (uint64_t)fsize - 8) {
-        st = ddl__local_error(DDL_EPROTO, "safetensors: %s: header length %llu, file %ld bytes",
-                              path, (unsigned long long)hlen, fsize);
-        goto out;
-    }
-    text = malloc(hlen + 1);
-    if (!text || fread(text, 1, hlen, f) != hlen) {
-        st = ddl__local_error(DDL_EIO, "safetensors: cannot read the header of %s", path);
-        goto out;
-    }
-    text[hlen] = '\0';
-    json_error_t jerr;
-    hdr = json_loads(text, 0, &jerr);
-    if (!hdr || !json_is_object(hdr)) {
-        st = ddl__local_error(DDL_EPROTO, "safetensors: %s: header is not a JSON object (%s)", path,
-                              hdr ? "" : jerr.text);
-        goto out;
-    }
-    uint64_t    data_bytes = (uint64_t)fsize - 8 - hlen;
-    size_t      n          = json_object_size(hdr);
-    const char *key;
-    json_t     *val;
-    w->tensors = calloc(n ? n : 1, sizeof *w->tensors);
+    w->tensors = calloc(h.count ? h.count : 1, sizeof *w->tensors);
     if (!w->tensors) {
         st = ddl__local_error(DDL_ENOMEM, "safetensors: out of memory");
         goto out;
     }
-    long data_start = (long)(8 + hlen);
-    json_object_foreach(hdr, key, val)
-    {
-        if (strcmp(key, "__metadata__") == 0)
-            continue;
-        json_t *dt = json_object_get(val, "dtype"), *shape = json_object_get(val, "shape"),
-               *offs = json_object_get(val, "data_offsets");
-        int d        = json_is_string(dt) ? st_dtype_parse(json_string_value(dt)) : -1;
-        if (d < 0 || !json_is_array(shape) || json_array_size(shape) > DDL_CLIENT_MAX_DIMS ||
-            !json_is_array(offs) || json_array_size(offs) != 2) {
+    for (size_t k = 0; k < h.count; k++) {
+        const ddl_fmt_st_entry *e = &h.entries[k];
+        int                     d = st_dtype_parse(e->dtype);
+        if (d < 0 || e->ndim > DDL_CLIENT_MAX_DIMS) {
             st =
                 ddl__local_error(DDL_EPROTO,
                                  "safetensors: %s: tensor '%s' needs dtype F32/F64/I64/U8, a shape "
                                  "of <= %d dims and two data_offsets",
-                                 path, key, DDL_CLIENT_MAX_DIMS);
+                                 path, e->name, DDL_CLIENT_MAX_DIMS);
             goto out;
         }
         ddl_client_tensor *t = &w->tensors[w->count];
         t->dtype             = (ddl_wire_dtype)d;
-        t->ndim              = (int)json_array_size(shape);
-        uint64_t bytes       = ddl_wire_dtype_size(t->dtype);
-        for (int i = 0; i < t->ndim; i++) {
-            json_t *s = json_array_get(shape, (size_t)i);
-            if (!json_is_integer(s) || json_integer_value(s) < 0 ||
-                (json_integer_value(s) > 0 &&
-                 bytes > data_bytes / (uint64_t)json_integer_value(s) + 1)) {
-                st = ddl__local_error(DDL_EPROTO, "safetensors: %s: tensor '%s' has a bad shape",
-                                      path, key);
-                goto out;
-            }
-            t->shape[i] = json_integer_value(s);
-            bytes *= (uint64_t)t->shape[i];
-        }
-        json_int_t b0 = json_integer_value(json_array_get(offs, 0)),
-                   b1 = json_integer_value(json_array_get(offs, 1));
-        if (b0 < 0 || b1 < b0 || (uint64_t)b1 > data_bytes || (uint64_t)(b1 - b0) != bytes) {
-            st = ddl__local_error(DDL_EPROTO,
-                                  "safetensors: %s: tensor '%s' offsets [%lld, %lld] do not hold "
-                                  "%llu bytes within %llu",
-                                  path, key, (long long)b0, (long long)b1,
-                                  (unsigned long long)bytes, (unsigned long long)data_bytes);
-            goto out;
-        }
-        t->name  = strdup(key);
-        t->data  = malloc(bytes ? bytes : 1);
-        t->bytes = bytes;
+        t->ndim              = e->ndim;
+        memcpy(t->shape, e->shape, sizeof e->shape);
+        uint64_t bytes = e->end - e->begin; // shape x dtype (checked)
+        t->name        = strdup(e->name);
+        t->data        = malloc(bytes ? bytes : 1);
+        t->bytes       = bytes;
         w->count++;
         if (!t->name || !t->data) {
-            st = ddl__local_error(DDL_ENOMEM, "safetensors: out of memory for '%s'", key);
+            st = ddl__local_error(DDL_ENOMEM, "safetensors: out of memory for '%s'", e->name);
             goto out;
         }
-        if (fseek(f, data_start + (long)b0, SEEK_SET) != 0 ||
+        if (fseeko(f, (off_t)(h.data_start + e->begin), SEEK_SET) != 0 ||
             fread(t->data, 1, bytes, f) != bytes) {
-            st = ddl__local_error(DDL_EIO, "safetensors: %s: cannot read tensor '%s'", path, key);
+            st = ddl__local_error(DDL_EIO, "safetensors: %s: cannot read tensor '%s'", path,
+                                  e->name);
             goto out;
         }
     }
 out:
     fclose(f);
-    free(text);
-    if (hdr)
-        json_decref(hdr);
+    ddl_fmt_st_free(&h);
     if (st != DDL_OK) {
         ddl_client_weights_destroy(&w);
         return st;

@@ -7,6 +7,7 @@
 #include <grpc/byte_buffer_reader.h>
 
 #include "client_impl.h"
+#include "ddl/format.h"
 #include "distdl/v1/trainer.pb-c.h"
 #include "grpc/health/v1/health.pb-c.h"
 #include "inference/grpc_service.pb-c.h"
@@ -569,154 +570,26 @@ ddl_status ddl_client_train(ddl_client_t *c, const ddl_client_train_request *req
 // of gathering it into one buffer and unpacking it (two copies of the payload), the fields
 // are decoded straight from the slices and the payload is copied once, into the tensor.
 
-typedef struct slice_cursor {
-    const grpc_slice *s;
-    size_t            n;   // slices
-    size_t            i;   // current slice
-    size_t            off; // offset in it
-} slice_cursor;
-
-static int cur_byte(slice_cursor *c, uint8_t *b)
+// The chunk is decoded by src/format/wire.c (ddl/format.h), the daemon's PushWeights too.
+static const uint8_t *grpc_seg(const void *segs, size_t i, size_t *len)
 {
-    while (c->i < c->n && c->off == GRPC_SLICE_LENGTH(c->s[c->i])) {
-        c->i++;
-        c->off = 0;
-    }
-    if (c->i == c->n)
-        return 0;
-    *b = GRPC_SLICE_START_PTR(c->s[c->i])[c->off++];
-    return 1;
+    const grpc_slice *s = segs;
+    *len                = GRPC_SLICE_LENGTH(s[i]);
+    return GRPC_SLICE_START_PTR(s[i]);
 }
 
-// Decodes a varint; returns the bytes it took (0: truncated or too long).
-static int cur_varint(slice_cursor *c, uint64_t *v)
-{
-    *v = 0;
-    for (int shift = 0, k = 1; shift < 64; shift += 7, k++) {
-        uint8_t b;
-        if (!cur_byte(c, &b))
-            return 0;
-        *v |= (uint64_t)(b & 0x7f) << shift;
-        if (!(b & 0x80))
-            return k;
-    }
-    return 0;
-}
+typedef ddl_fmt_wchunk chunk_view;
 
-// Copies (dst != NULL) or skips len bytes.
-static int cur_copy(slice_cursor *c, void *dst, size_t len)
+static ddl_status parse_chunk(const grpc_slice *slices, size_t n, chunk_view *v)
 {
-    char *d = dst;
-    while (len > 0) {
-        if (c->i == c->n)
-            return 0;
-        size_t avail = GRPC_SLICE_LENGTH(c->s[c->i]) - c->off;
-        size_t k     = avail < len ? avail : len;
-        if (d) {
-            memcpy(d, GRPC_SLICE_START_PTR(c->s[c->i]) + c->off, k);
-            d += k;
-        }
-        c->off += k;
-        len -= k;
-        if (c->off == GRPC_SLICE_LENGTH(c->s[c->i]) && len > 0) {
-            c->i++;
-            c->off = 0;
-        }
-    }
-    return 1;
-}
-
-typedef struct chunk_view {
-    char         name[512];
-    char         datatype[16];
-    int64_t      shape[DDL_CLIENT_MAX_DIMS + 1];
-    size_t       n_shape;
-    int64_t      offset;
-    int          first;
-    size_t       data_len;
-    slice_cursor data_at; // where the payload starts
-} chunk_view;
-
-static int read_string(slice_cursor *c, char *dst, size_t cap)
-{
-    uint64_t len;
-    if (!cur_varint(c, &len) || len >= cap)
-        return 0;
-    if (!cur_copy(c, dst, (size_t)len))
-        return 0;
-    dst[len] = '\0';
-    return 1;
-}
-
-// Decodes a WeightChunk (fields 1 name, 2 datatype, 3 shape, 4 offset, 5 data, 6 first).
-static int parse_chunk(const grpc_slice *slices, size_t n, chunk_view *v)
-{
-    memset(v, 0, sizeof *v);
-    slice_cursor c = {.s = slices, .n = n};
-    for (;;) {
-        uint64_t     key;
-        uint8_t      probe;
-        slice_cursor at = c;
-        if (!cur_byte(&at, &probe))
-            return 1; // end of message
-        if (!cur_varint(&c, &key))
-            return 0;
-        unsigned field = (unsigned)(key >> 3), wt = (unsigned)(key & 7);
-        uint64_t u, len;
-        if (field == 1 && wt == 2) {
-            if (!read_string(&c, v->name, sizeof v->name))
-                return 0;
-        } else if (field == 2 && wt == 2) {
-            if (!read_string(&c, v->datatype, sizeof v->datatype))
-                return 0;
-        } else if (field == 3 && wt == 2) { // packed int64s
-            if (!cur_varint(&c, &len))
-                return 0;
-            uint64_t consumed = 0;
-            while (consumed < len) {
-                int k = cur_varint(&c, &u);
-                if (k == 0 || v->n_shape > DDL_CLIENT_MAX_DIMS)
-                    return 0;
-                v->shape[v->n_shape++] = (int64_t)u;
-                consumed += (uint64_t)k;
-            }
-            if (consumed != len)
-                return 0;
-        } else if (field == 3 && wt == 0) { // unpacked
-            if (!cur_varint(&c, &u) || v->n_shape > DDL_CLIENT_MAX_DIMS)
-                return 0;
-            v->shape[v->n_shape++] = (int64_t)u;
-        } else if (field == 4 && wt == 0) {
-            if (!cur_varint(&c, &u))
-                return 0;
-            v->offset = (int64_t)u;
-        } else if (field == 5 && wt == 2) {
-            if (!cur_varint(&c, &len))
-                return 0;
-            v->data_len = (size_t)len;
-            v->data_at  = c;
-            if (!cur_copy(&c, NULL, (size_t)len))
-                return 0;
-        } else if (field == 6 && wt == 0) {
-            if (!cur_varint(&c, &u))
-                return 0;
-            v->first = u != 0;
-        } else if (wt == 0) { // unknown fields are skipped, as protobuf does
-            if (!cur_varint(&c, &u))
-                return 0;
-        } else if (wt == 2) {
-            if (!cur_varint(&c, &len) || !cur_copy(&c, NULL, (size_t)len))
-                return 0;
-        } else if (wt == 1) {
-            if (!cur_copy(&c, NULL, 8))
-                return 0;
-        } else if (wt == 5) {
-            if (!cur_copy(&c, NULL, 4))
-                return 0;
-        } else {
-            return 0;
-        }
-    }
+    if (ddl_fmt_wchunk_decode(grpc_seg, slices, n, v) != DDL_OK)
+        return ddl__local_error(DDL_EPROTO, "PullWeights: malformed chunk (%s)", ddl_last_error());
+    if (v->name_long || v->datatype_long)
+        return ddl__local_error(DDL_EPROTO,
+                                "PullWeights: malformed chunk (a name over %zu or a "
+                                "datatype over %zu bytes)",
+                                sizeof v->name - 1, sizeof v->datatype - 1);
+    return DDL_OK;
 }
 
 // Accumulates pulled chunks into a weight set.
@@ -735,11 +608,12 @@ static ddl_status pull_chunk(pull_state *ps, chunk_view *ch)
                 DDL_EPROTO, "PullWeights: tensor '%s' ended after %zu of %zu bytes",
                 w->tensors[w->count - 1].name, ps->filled, w->tensors[w->count - 1].bytes);
         int dt = ddl__dtype_from_name(ch->datatype);
-        if (dt < 0 || ch->n_shape > DDL_CLIENT_MAX_DIMS)
-            return ddl__local_error(DDL_EPROTO, "PullWeights: tensor '%s': datatype '%s', %zu dims",
-                                    ch->name, ch->datatype, ch->n_shape);
+        if (dt < 0 || ch->shape_long)
+            return ddl__local_error(DDL_EPROTO,
+                                    "PullWeights: tensor '%s': datatype '%s', %s%zu dims", ch->name,
+                                    ch->datatype, ch->shape_long ? "over " : "", ch->nshape);
         size_t bytes = ddl_wire_dtype_size((ddl_wire_dtype)dt);
-        for (size_t i = 0; i < ch->n_shape; i++) {
+        for (size_t i = 0; i < ch->nshape; i++) {
             if (ch->shape[i] < 0 ||
                 (ch->shape[i] > 0 && bytes > ((size_t)1 << 40) / (size_t)ch->shape[i]))
                 return ddl__local_error(DDL_EPROTO, "PullWeights: tensor '%s' has a bad shape",
@@ -764,7 +638,7 @@ static ddl_status pull_chunk(pull_state *ps, chunk_view *ch)
                                     ch->name, bytes);
         }
         t->dtype = (ddl_wire_dtype)dt;
-        t->ndim  = copy_shape(t->shape, ch->n_shape, ch->shape);
+        t->ndim  = copy_shape(t->shape, ch->nshape, ch->shape);
         t->bytes = bytes;
         w->count++;
         ps->filled = 0;
@@ -779,7 +653,7 @@ static ddl_status pull_chunk(pull_state *ps, chunk_view *ch)
                                 "PullWeights: tensor '%s': chunk at offset %lld of %zu bytes, "
                                 "expected offset %zu of a %zu-byte tensor",
                                 t->name, (long long)ch->offset, ch->data_len, ps->filled, t->bytes);
-    if (!cur_copy(&ch->data_at, (char *)t->data + ps->filled, ch->data_len))
+    if (!ddl_fmt_cursor_take(&ch->data, (char *)t->data + ps->filled, ch->data_len))
         return ddl__local_error(DDL_EPROTO, "PullWeights: truncated chunk");
     ps->filled += ch->data_len;
     return DDL_OK;
@@ -791,18 +665,16 @@ static ddl_status pull_message(pull_state *ps, grpc_byte_buffer *bb)
     chunk_view v;
     ddl_status st;
     if (bb->type == GRPC_BB_RAW && bb->data.raw.compression == GRPC_COMPRESS_NONE) {
-        if (!parse_chunk(bb->data.raw.slice_buffer.slices, bb->data.raw.slice_buffer.count, &v))
-            return ddl__local_error(DDL_EPROTO, "PullWeights: malformed chunk");
-        return pull_chunk(ps, &v);
+        st = parse_chunk(bb->data.raw.slice_buffer.slices, bb->data.raw.slice_buffer.count, &v);
+        return st == DDL_OK ? pull_chunk(ps, &v) : st;
     }
     grpc_byte_buffer_reader rd; // compressed: let gRPC inflate it into one slice
     if (!grpc_byte_buffer_reader_init(&rd, bb))
         return ddl__local_error(DDL_EPROTO, "PullWeights: cannot read a chunk");
     grpc_slice s = grpc_byte_buffer_reader_readall(&rd);
     grpc_byte_buffer_reader_destroy(&rd);
-    if (!parse_chunk(&s, 1, &v))
-        st = ddl__local_error(DDL_EPROTO, "PullWeights: malformed chunk");
-    else
+    st = parse_chunk(&s, 1, &v);
+    if (st == DDL_OK)
         st = pull_chunk(ps, &v);
     grpc_slice_unref(s);
     return st;

@@ -1,4 +1,7 @@
-// tests/fuzz/fuzz_safetensors.c: bytes -> both safetensors readers, through one memfd:
+// tests/fuzz/fuzz_safetensors.c: bytes -> the safetensors header parser of
+// src/format/safetensors.c, which the engine and the client library both read with:
+//  - ddl_fmt_st_prefix + ddl_fmt_st_parse on the bytes in memory, every accepted entry
+//    checked to lie inside the data region;
 //  - the engine's (safetensors.c st_parse via ddl__safetensors_parse: the header validated
 //    entirely, then two requested tensors, "w" f32 [2, 3] and "b" f64 [4], checked against
 //    it, as ddl_import_safetensors does on rank 0 before any collective);
@@ -7,6 +10,7 @@
 
 #include "ddl/base.h"
 #include "ddl/checkpoint.h"
+#include "ddl/format.h"
 #include "ddl/tensor.h"
 #include "ddl_client.h"
 #include "engine/durable.h"
@@ -39,6 +43,25 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     static fuzz_file f;
     if (f.path[0] == '\0') {
         fuzz_file_init(&f, "fuzz.safetensors");
+    }
+    uint64_t hlen;
+    if (size >= 8 && ddl_fmt_st_prefix("fuzz.safetensors", data, size, &hlen) == DDL_OK) {
+        ddl_fmt_st h;
+        if (ddl_fmt_st_parse("fuzz.safetensors", (const char *)data + 8, (size_t)hlen, size, &h) ==
+            DDL_OK) {
+            uint64_t covered = 0;
+            for (size_t i = 0; i < h.count; i++) {
+                const ddl_fmt_st_entry *e = &h.entries[i];
+                if (e->begin > e->end || e->end > h.data_len || h.data_start + e->end > size) {
+                    abort();
+                }
+                covered += e->end - e->begin;
+            }
+            if (covered != h.data_len) { // no holes, no overlap
+                abort();
+            }
+        }
+        ddl_fmt_st_free(&h);
     }
     fuzz_file_set(&f, data, size);
 

@@ -33,8 +33,8 @@
 #include "ddl/status.h"
 
 #include "distdl/v1/trainer.pb-c.h"
+#include "log.h"
 
-#define DDLD_LOG_PREFIX "distdld"
 #define DDLD_CHUNK_BYTES ((size_t)1 << 20)   // PullWeights payload per message
 #define DDLD_MAX_ELEMENTS ((int64_t)1 << 34) // elements in any request tensor
 
@@ -62,9 +62,6 @@ typedef struct ddld_config {
     const char *tls_client_ca; // --tls-client-ca: require client certificates from this CA
     bool        insecure;      // --insecure: plaintext, tokenless listen beyond loopback
 } ddld_config;
-
-// Logging: "distdld: ..." on stderr (rank 0 only unless noted).
-void ddld_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 
 // ---- status mapping (status_map.c) ---------------------------------------------------
 
@@ -186,9 +183,6 @@ typedef struct ddld_job {
     uint64_t model_gen; // the model the staging layout belongs to
     double   t_arrived; // MPI_Wtime-compatible clock when the request was decoded
 } ddld_job;
-
-// Seconds on a monotonic clock (for DDLD_VERBOSE timings across threads).
-double ddld_now(void);
 
 enum { DDLD_JOB_SHUTDOWN = 1 };
 

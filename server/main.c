@@ -20,7 +20,6 @@
 #include <errno.h>
 #include <limits.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,24 +32,9 @@
 #include "ddl/kernels.h"
 #include "ddl/model.h"
 #include "ddld.h"
+#include "log.h"
 #include "metrics.h"
 #include "watchdog.h"
-
-static int log_rank = -1;
-
-void ddld_log(const char *fmt, ...)
-{
-    char    msg[2048];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    if (log_rank > 0) {
-        fprintf(stderr, DDLD_LOG_PREFIX "[%d]: %s\n", log_rank, msg);
-    } else {
-        fprintf(stderr, DDLD_LOG_PREFIX ": %s\n", msg);
-    }
-}
 
 // ---- command line ------------------------------------------------------------------------
 
@@ -447,6 +431,7 @@ static int leave(int code, bool say)
 
 int main(int argc, char **argv)
 {
+    ddld_log_engine_sink();       // engine warnings carry the daemon's prefix from the start
     ddl_blas_startup(argc, argv); // may re-execute: before MPI, gRPC and threads
     // Before MPI_Init we know our rank only from the launcher's environment; use it so
     // a bad command line is reported once, not P times.
@@ -485,7 +470,7 @@ int main(int argc, char **argv)
     int rank, size;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
-    log_rank = rank;
+    ddld_log_set_rank(rank);
     if (provided < required) {
         if (rank == 0) {
             ddld_log("MPI provides thread level %d, %s needed%s", provided,

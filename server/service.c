@@ -448,14 +448,6 @@ void ddld_job_free(ddld_job *job)
     free(job);
 }
 
-// Queues a job for the main thread; false when the queue is full or closing.
-double ddld_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 // Makes room for one more job at the front, beyond the client limit if need be. Caller
 // holds svc->mu.
 static void push_front_locked(ddld_service *svc, ddld_job *job)

@@ -27,13 +27,17 @@
 #include <uv.h>
 
 #include "auth.h"
+#include "config.h"
 #include "ddl/base.h"
 #include "ddl/blas.h"
 #include "ddl/kernels.h"
 #include "ddl/model.h"
-#include "ddld.h"
+#include "dispatch.h"
 #include "log.h"
+#include "methods.h"
 #include "metrics.h"
+#include "service.h"
+#include "shared.h"
 #include "watchdog.h"
 
 // ---- command line ------------------------------------------------------------------------
@@ -281,12 +285,6 @@ static void poll_loop(void *ud)
     uv_run(&r0.loop, UV_RUN_NOWAIT);
 }
 
-static bool stopping(void *ud)
-{
-    (void)ud;
-    return r0.shutdown || ddld_service_shutdown_pending(r0.svc);
-}
-
 // host:port of what we bound, written to temp and renamed into place (readers never see a
 // partial file).
 static int write_address(const ddld_config *cfg, int port)
@@ -375,7 +373,7 @@ static int run_rank0(const ddld_config *cfg, ddld_dispatch *d)
         ddld_service_stop(&r0.svc, 0);
     }
     if (code == 0) {
-        ddld_dispatch_set_hooks(d, r0.svc, poll_loop, stopping, NULL);
+        ddld_dispatch_set_hooks(d, r0.svc, poll_loop, NULL);
         if (strncmp(cfg->listen, "unix:", 5) == 0) {
             ddld_log("listening on %s (pid %d)", cfg->listen, (int)getpid());
         } else {

@@ -8,7 +8,7 @@
 #include <time.h>
 
 #include "auth.h"
-#include "ddld.h"
+#include "methods.h"
 
 static int failures, checks;
 

@@ -22,7 +22,10 @@
 #include <unistd.h>
 
 #include "auth.h"
-#include "ddld.h"
+#include "config.h"
+#include "log.h"
+#include "methods.h"
+#include "status_map.h"
 
 #define FILE_MAX ((size_t)1 << 20) // token, certificate and key files are small
 

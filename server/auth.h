@@ -24,6 +24,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "config.h"
+
 typedef enum {
     DDLD_ROLE_NONE  = 0, // no (valid) token
     DDLD_ROLE_INFER = 1, // inference and read-only status
@@ -105,10 +107,9 @@ bool ddld_ct_equal(const void *a, const void *b, size_t n);
 
 // ---- the daemon's instance (rank 0) -----------------------------------------------------
 
-struct ddld_config;
 // Loads the daemon's auth from the command line; logs the problem and returns 2 on failure
 // (the caller then releases the workers with that code), 0 otherwise.
-int ddld_auth_startup(const struct ddld_config *cfg);
+int ddld_auth_startup(const ddld_config *cfg);
 // SIGHUP: reloads the daemon's --token-file and logs the outcome (main thread).
 void ddld_auth_reload(void);
 // The loaded auth (NULL before ddld_auth_startup).

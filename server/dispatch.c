@@ -28,13 +28,42 @@
 
 #include "ddl/base.h"
 #include "ddl/estimate.h"
-#include "ddld.h"
-#include "requests.h"
+#include "ddl/session.h"
+#include "dispatch.h"
 #include "inference/grpc_service.pb-c.h"
+#include "log.h"
+#include "methods.h"
 #include "metrics.h"
+#include "model_info.h"
+#include "requests.h"
+#include "service.h"
+#include "shared.h"
+#include "status_map.h"
 
-ddld_shared ddld_g = {
-    .mu = PTHREAD_MUTEX_INITIALIZER, .state = "idle", .serving = true, .durable_step = -1};
+// ---- the command header ------------------------------------------------------------------
+
+// The command header every rank receives, one per command (fixed size, MPI_BYTE).
+typedef struct ddld_cmd {
+    int32_t op;    // DDLD_OP_*
+    int32_t flags; // DDLD_CF_*
+    int64_t arg[4];
+} ddld_cmd;
+
+enum {
+    DDLD_OP_NONE = 0,
+    DDLD_OP_QUIT,
+    DDLD_OP_CREATE, // flags REPLACE
+    DDLD_OP_OPEN_DATA,
+    DDLD_OP_STEP,       // arg0 count
+    DDLD_OP_TRAIN,      // arg0 steps, arg1 epochs
+    DDLD_OP_EVAL_SPLIT, // arg0 split
+    DDLD_OP_EVAL_BATCH, // arg0 count
+    DDLD_OP_PREDICT,    // arg0 count
+    DDLD_OP_PULL,
+    DDLD_OP_PUSH,
+    DDLD_OP_SAVE,
+    DDLD_OP_RESTORE, // arg0 step (-1 latest)
+};
 
 enum { CF_REPLACE = 1 };
 
@@ -67,7 +96,6 @@ struct ddld_dispatch {
     // rank 0 only
     ddld_service *svc;
     void (*poll)(void *);
-    bool (*stopping)(void *);
     void    *ud;
     char     root_real[PATH_MAX];
     char     data_abs[PATH_MAX]; // the open dataset ("" : none)
@@ -97,25 +125,6 @@ struct ddld_dispatch {
 };
 
 // ---- model info (rank 0) ------------------------------------------------------------------
-
-void ddld_model_info_free(ddld_model_info *mi)
-{
-    for (int i = 0; i < mi->nweights; i++) {
-        free(mi->weights[i].name);
-    }
-    free(mi->weights);
-    for (int i = 0; i < mi->npartitions; i++) {
-        free(mi->part_name[i]);
-        free(mi->part_ranks[i]);
-        free(mi->part_shape[i]);
-    }
-    free(mi->part_name);
-    free(mi->part_ranks);
-    free(mi->part_shape);
-    free(mi->part_nranks);
-    free(mi->part_ndims);
-    memset(mi, 0, sizeof *mi);
-}
 
 static void info_partitions(ddld_model_info *mi, const char *spec_text)
 {
@@ -458,13 +467,11 @@ void ddld_dispatch_destroy(ddld_dispatch **pd)
     free(d);
 }
 
-void ddld_dispatch_set_hooks(ddld_dispatch *d, ddld_service *svc, void (*poll)(void *),
-                             bool (*stopping)(void *), void *ud)
+void ddld_dispatch_set_hooks(ddld_dispatch *d, ddld_service *svc, void (*poll)(void *), void *ud)
 {
-    d->svc      = svc;
-    d->poll     = poll;
-    d->stopping = stopping;
-    d->ud       = ud;
+    d->svc  = svc;
+    d->poll = poll;
+    d->ud   = ud;
 }
 
 // ---- rank 0 helpers ------------------------------------------------------------------------
@@ -988,7 +995,7 @@ static bool progress_cb(const ddl_progress *pr, void *ud)
     if (d->poll != NULL) {
         d->poll(d->ud); // signals and timers: may begin shutdown or ask for a checkpoint
     }
-    t->stop_shutdown = d->stopping != NULL && d->stopping(d->ud);
+    t->stop_shutdown = ddld_shared_shutting_down() || ddld_service_shutdown_pending(d->svc);
     t->stop_cancel   = t->job->call != NULL && ddld_call_cancelled(t->job->call);
     t->stop_ckpt     = d->ckpt_requested;
     return t->stop_shutdown || t->stop_cancel || t->stop_ckpt;

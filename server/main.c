@@ -20,7 +20,6 @@
 #include <errno.h>
 #include <limits.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,29 +27,18 @@
 #include <uv.h>
 
 #include "auth.h"
+#include "config.h"
 #include "ddl/base.h"
 #include "ddl/blas.h"
 #include "ddl/kernels.h"
 #include "ddl/model.h"
-#include "ddld.h"
+#include "dispatch.h"
+#include "log.h"
+#include "methods.h"
 #include "metrics.h"
+#include "service.h"
+#include "shared.h"
 #include "watchdog.h"
-
-static int log_rank = -1;
-
-void ddld_log(const char *fmt, ...)
-{
-    char    msg[2048];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    if (log_rank > 0) {
-        fprintf(stderr, DDLD_LOG_PREFIX "[%d]: %s\n", log_rank, msg);
-    } else {
-        fprintf(stderr, DDLD_LOG_PREFIX ": %s\n", msg);
-    }
-}
 
 // ---- command line ------------------------------------------------------------------------
 
@@ -297,12 +285,6 @@ static void poll_loop(void *ud)
     uv_run(&r0.loop, UV_RUN_NOWAIT);
 }
 
-static bool stopping(void *ud)
-{
-    (void)ud;
-    return r0.shutdown || ddld_service_shutdown_pending(r0.svc);
-}
-
 // host:port of what we bound, written to temp and renamed into place (readers never see a
 // partial file).
 static int write_address(const ddld_config *cfg, int port)
@@ -391,7 +373,7 @@ static int run_rank0(const ddld_config *cfg, ddld_dispatch *d)
         ddld_service_stop(&r0.svc, 0);
     }
     if (code == 0) {
-        ddld_dispatch_set_hooks(d, r0.svc, poll_loop, stopping, NULL);
+        ddld_dispatch_set_hooks(d, r0.svc, poll_loop, NULL);
         if (strncmp(cfg->listen, "unix:", 5) == 0) {
             ddld_log("listening on %s (pid %d)", cfg->listen, (int)getpid());
         } else {
@@ -447,6 +429,7 @@ static int leave(int code, bool say)
 
 int main(int argc, char **argv)
 {
+    ddld_log_engine_sink();       // engine warnings carry the daemon's prefix from the start
     ddl_blas_startup(argc, argv); // may re-execute: before MPI, gRPC and threads
     // Before MPI_Init we know our rank only from the launcher's environment; use it so
     // a bad command line is reported once, not P times.
@@ -485,7 +468,7 @@ int main(int argc, char **argv)
     int rank, size;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
-    log_rank = rank;
+    ddld_log_set_rank(rank);
     if (provided < required) {
         if (rank == 0) {
             ddld_log("MPI provides thread level %d, %s needed%s", provided,

@@ -27,7 +27,12 @@
 #include <unistd.h>
 
 #include "ddl/primitives.h"
+#include "log.h"
+#include "methods.h"
 #include "metrics.h"
+#include "service.h"
+#include "shared.h"
+#include "status_map.h"
 
 // ---- tables -------------------------------------------------------------------------------
 

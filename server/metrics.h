@@ -17,7 +17,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "ddld.h"
+#include <grpc/status.h>
+
+#include "config.h"
+
+typedef struct ddld_service ddld_service; // service.h
 
 // Checks the metrics options: --metrics-listen is HOST:PORT with a numeric IPv4 address
 // or a bracketed IPv6 one and a port in 0..65535 (0: any free port), and

@@ -8,9 +8,17 @@
 
 #include <grpc/byte_buffer.h>
 #include <grpc/slice.h>
+#include <grpc/status.h>
+#include <protobuf-c/protobuf-c.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
 
-#include "ddld.h"
+#include "distdl/v1/trainer.pb-c.h"
 #include "inference/grpc_service.pb-c.h"
+#include "model_info.h"
+
+#define DDLD_MAX_ELEMENTS ((int64_t)1 << 34) // elements in any request tensor
 
 // Unpacks a received message with protobuf-c (any slice layout, compressed or not).
 // NULL: malformed; err (errlen > 0) is then "" or, for a string field (at any depth) that
@@ -19,6 +27,30 @@
 // protobuf_c_message_free_unpacked.
 ProtobufCMessage *ddld_request_decode(grpc_byte_buffer *bb, const ProtobufCMessageDescriptor *d,
                                       char *err, size_t errlen);
+
+// ---- tensors, batches and inputs against the model -------------------------------------
+
+// Checks a Batch against the model completely (dtype, shape, byte counts with overflow
+// checks, label range). exact: the sample count must equal the batch size. On failure
+// writes a message ("x: expected shape [64,1,28,28], got [3,1,28,28]") and returns the
+// gRPC code. Not collective; any thread (mi borrowed).
+grpc_status_code ddld_batch_check(const ddld_model_info *mi, const Distdl__V1__Batch *b, bool exact,
+                                  int64_t *count, char *err, size_t errlen);
+// The same for an input tensor alone (Predict, ModelInfer): [n, sample...] of the model
+// dtype or UINT8; *count receives n.
+grpc_status_code ddld_input_check(const ddld_model_info *mi, const char *what, const char *datatype,
+                                  const int64_t *shape, size_t ndim, size_t raw_len, int64_t *count,
+                                  char *err, size_t errlen);
+
+// Refuses NaN and +-Inf in a validated input of n samples (raw: the model dtype or UINT8)
+// with the first bad element's index. Allocates nothing.
+grpc_status_code ddld_finite_check(const ddld_model_info *mi, const char *what, const char *datatype,
+                                   const uint8_t *raw, int64_t n, char *err, size_t errlen);
+
+// Wire datatype strings.
+const char *ddld_dtype_wire(ddl_dtype dt);
+
+// ---- PushWeights chunks ---------------------------------------------------------------
 
 // A WeightChunk read in place: the small fields are parsed straight from gRPC's slices
 // and the data is copied once, from those slices into the staging buffer (unpacking with

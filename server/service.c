@@ -23,6 +23,7 @@
 // snapshot the main thread publishes (ddld_shared), so they never wait for the engine.
 #include <grpc/byte_buffer.h>
 #include <grpc/byte_buffer_reader.h>
+#include <grpc/grpc.h>
 #include <grpc/grpc_security.h>
 #include <grpc/slice.h>
 #include <grpc/support/alloc.h>
@@ -36,11 +37,16 @@
 #include <time.h>
 
 #include "auth.h"
-#include "ddld.h"
-#include "requests.h"
+#include "config.h"
 #include "grpc/health/v1/health.pb-c.h"
 #include "inference/grpc_service.pb-c.h"
+#include "log.h"
+#include "methods.h"
 #include "metrics.h"
+#include "model_info.h"
+#include "requests.h"
+#include "service.h"
+#include "shared.h"
 
 // ---- method table ---------------------------------------------------------------------
 
@@ -446,14 +452,6 @@ void ddld_job_free(ddld_job *job)
         call_unref(job->call);
     }
     free(job);
-}
-
-// Queues a job for the main thread; false when the queue is full or closing.
-double ddld_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 // Makes room for one more job at the front, beyond the client limit if need be. Caller
@@ -1416,14 +1414,6 @@ ddld_service *ddld_service_start(const ddld_config *cfg, void (*wake)(void *), v
     }
     pthread_create(&svc->thread, NULL, cq_thread, svc);
     return svc;
-}
-
-void ddld_shared_mark_shutdown(void)
-{
-    pthread_mutex_lock(&ddld_g.mu);
-    ddld_g.serving = false;
-    ddld_g.state   = "shutting_down";
-    pthread_mutex_unlock(&ddld_g.mu);
 }
 
 void ddld_service_close(ddld_service *svc)

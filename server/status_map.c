@@ -1,7 +1,9 @@
 // server/status_map.c: the one mapping from engine status codes to gRPC status codes.
 // The client maps back with the inverse of this table (client/), so change both together.
-#include "ddld.h"
+#include <stddef.h>
+
 #include "rpc_codes.h"
+#include "status_map.h"
 
 static const struct {
     ddl_status       st;

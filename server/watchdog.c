@@ -22,7 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "ddld.h"
+#include "log.h"
 #include "watchdog.h"
 
 enum { TAG_BEAT = 1, TAG_BYE = 2, TAG_ABORT = 3 };

@@ -2,14 +2,13 @@
 // right answers (its timing is not measured), token files parse or are refused with the
 // line and reason, the role table admits and refuses per method, request headers are read
 // the way gRPC delivers them, and the loopback rule classifies --listen addresses.
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "auth.h"
-#include "ddld.h"
+#include "methods.h"
 
 static int failures, checks;
 
@@ -23,17 +22,6 @@ static int failures, checks;
             fputc('\n', stderr);                                                                   \
         }                                                                                          \
     } while (0)
-
-// auth.c logs through the daemon's logger (main.c); here it goes to stderr.
-void ddld_log(const char *fmt, ...)
-{
-    va_list ap;
-    va_start(ap, fmt);
-    fputs("distdld: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-}
 
 static void test_ct_equal(void)
 {

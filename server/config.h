@@ -1,0 +1,34 @@
+// server/config.h: the daemon's configuration, parsed from the command line by main.c
+// (every rank parses the same argv) and borrowed by the modules for the daemon's lifetime.
+#ifndef DDLD_CONFIG_H
+#define DDLD_CONFIG_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+// ---- configuration (command line) -----------------------------------------------------
+
+typedef struct ddld_config {
+    const char *model_path;     // --model: create this model at start
+    const char *listen;         // --listen (default 127.0.0.1:50051)
+    const char *address_file;   // --address-file: host:port written once serving
+    const char *data_root;      // --data-root
+    const char *checkpoint_dir; // --checkpoint-dir
+    int64_t     checkpoint_every;
+    int64_t     checkpoint_interval; // seconds between timed checkpoints (0: none)
+    bool        resume;
+    int64_t     max_message_bytes;
+    int         queue;   // --queue: pending requests and submitted batches
+    double      grace_s; // shutdown grace for in-flight calls
+    double      watchdog_s; // --watchdog: a rank silent this long ends the job (0: off)
+    const char *metrics_listen;       // --metrics-listen: Prometheus endpoint (NULL: off)
+    const char *metrics_address_file; // --metrics-address-file: its host:port once serving
+    // Authentication and TLS (auth.c): files read on rank 0 before serving.
+    const char *token_file;    // --token-file: "ROLE TOKEN" lines
+    const char *tls_cert;      // --tls-cert: server certificate chain (PEM)
+    const char *tls_key;       // --tls-key: its private key (PEM)
+    const char *tls_client_ca; // --tls-client-ca: require client certificates from this CA
+    bool        insecure;      // --insecure: plaintext, tokenless listen beyond loopback
+} ddld_config;
+
+#endif // DDLD_CONFIG_H

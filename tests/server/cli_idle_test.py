@@ -114,7 +114,11 @@ def main():
         pct = 100.0 * (c1 - c0) / os.sysconf("SC_CLK_TCK") / (t1 - t0)
         print("idle 4-rank daemon: %.2f%% of one core over %.0f s (4 ranks + mpirun)" %
               (pct, t1 - t0))
-        assert pct < 2.0, "idle daemon uses %.2f%% of a core" % pct
+        # Idle is idle: each worker tests its pending broadcast ~100 times a second (about
+        # 0.7% of a core each here); rank 0 and mpirun sleep in poll. Measured 1.9-2.4% in
+        # all on a quiet AMD EPYC (the bound was 2%, and failed there); a rank that spins
+        # instead of sleeping costs a whole core (100%).
+        assert pct < 5.0, "idle daemon uses %.2f%% of a core" % pct
         # SIGUSR2 to mpirun: forwarded to every rank at once; rank 0 shuts down gracefully.
         os.kill(proc.pid, signal.SIGUSR2)
         assert proc.wait(timeout=60) == 0, "mpirun exit %s after SIGUSR2" % proc.returncode

@@ -395,9 +395,9 @@ static int run_rank0(const ddld_config *cfg, ddld_dispatch *d)
                 ddld_dispatch_checkpoint_pending(d);
             }
         }
-        // The order gRPC needs (REPORT.md §10): refuse and fail what is queued, then the
-        // final checkpoint while the workers are still here, then the gRPC teardown, and
-        // only then release the workers.
+        // The order gRPC needs (docs/SERVER.md, "Signals and shutdown"): refuse and fail
+        // what is queued, then the final checkpoint while the workers are still here, then
+        // the gRPC teardown, and only then release the workers.
         ddld_service_close(r0.svc);
         ddld_dispatch_final_checkpoint(d);
         ddld_metrics_stop(); // scrapes see the final checkpoint; the service outlives them

@@ -238,7 +238,10 @@ ddl_status ddl_fmt_npy_read_header(const char *what, FILE *f, uint64_t file_size
     DDL_CHECK(parse_prefix(what, head, got, &pre, &hlen));
     DDL_CHECK(check_hlen(what, pre, hlen, file_size));
     char *text = fmt_malloc(hlen + 1);
-    if (text == NULL || fread(text, 1, hlen, f) != hlen) {
+    if (text == NULL) {
+        return ddl_set_error(DDL_ENOMEM, "npy: %s: out of memory for the header", what);
+    }
+    if (fread(text, 1, hlen, f) != hlen) {
         fmt_free(text);
         return ddl_set_error(DDL_EIO, "npy: %s: cannot read the header", what);
     }

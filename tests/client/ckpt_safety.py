@@ -97,13 +97,18 @@ def main():
             os.symlink(outside, link)
         escape = os.path.join(os.path.dirname(ck), "escape")  # absolute, not yet there
         before_ck, before_out = tree(ck), tree(outside)
+        # The root's own ancestors ("..", its parent by absolute path), not "/": a daemon
+        # that fails this test writes where it was sent (f26a0f1 wrote step-000000003 and
+        # latest into / when run as root), and its parent is the test's own directory.
         for bad in ["../outside", outside, os.path.join(outside, "deep"), "link-out",
-                    "link-out/x", "sub/../../outside", escape, "/"]:
+                    "link-out/x", "sub/../../outside", escape, "..", os.path.dirname(ck)]:
             refused("Checkpoint", tr.CheckpointRequest(dir=bad), tr.CheckpointResponse, INV,
                     '"%s"' % bad, "--checkpoint-dir", "confined")
             refused("Restore", tr.RestoreRequest(dir=bad, latest=True), tr.RestoreResponse, INV,
                     '"%s"' % bad, "--checkpoint-dir", "confined")
         check(not os.path.exists(escape), "nothing written at " + escape)
+        check(not os.path.exists(os.path.join(os.path.dirname(ck), "latest")),
+              "nothing written in the root's parent " + os.path.dirname(ck))
 
         # Item 4: a NUL byte inside a string is refused, not cut short.
         for method, req, resp in [

@@ -1,9 +1,9 @@
 // rpc_methods.h: every RPC of the wire protocol, once. The daemon's method enum, its gRPC
 // registrations, metrics labels and role checks, its dispatch to the ranks, and the client's
-// own enum and paths are all generated from this one table (the shape of libuv's UV_ERRNO_MAP), so
-// they cannot disagree. tests/server/rpc_table.py (ctest rpc_table, label lint) checks the
-// table against the `service` blocks of proto/**/*.proto: the same rpcs, paths, stream kinds
-// and request messages.
+// own enum and paths are all generated from this one table (the shape of libuv's
+// UV_ERRNO_MAP), so they cannot disagree. tests/server/rpc_table.py (ctest rpc_table, label
+// lint) checks the table against the `service` blocks of proto/**/*.proto: the same rpcs,
+// paths, stream kinds and request messages.
 //
 // This header depends on nothing: the columns are tokens that each user expands in its own
 // file (the request column names a protobuf-c descriptor only where service.c pastes it).

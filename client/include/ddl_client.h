@@ -219,6 +219,12 @@ typedef struct ddl_client_status_info {
     char    datatype[16];
     char    data_dir[256];
     int32_t num_partitions;
+    // The daemon's call accounting (docs/SERVER.md, "Deadlines and cancellation").
+    int32_t active_calls;        // gRPC calls in progress, this GetStatus excluded
+    int32_t request_queue_depth; // engine requests waiting (at most the daemon's --queue)
+    int64_t dropped_calls;       // queued calls dropped unrun: cancelled or past their deadline
+    int64_t bytes_per_step;      // payload bytes one training step moves between ranks, summed
+                                 // over ranks (docs/SCALING.md); 0 before the model's first step
 } ddl_client_status_info;
 
 DDL_EXTERN ddl_status ddl_client_get_status(ddl_client_t *c, ddl_client_status_info *out);

@@ -42,7 +42,8 @@ def proto_rpcs(source):
         for svc in re.finditer(r"\bservice\s+(\w+)\s*\{((?:[^{}]|\{[^{}]*\})*)\}", text):
             for rpc in re.finditer(r"\brpc\s+(\w+)\s*\(\s*(stream\s+)?([\w.]+)\s*\)\s*"
                                    r"returns\s*\(\s*(stream\s+)?([\w.]+)\s*\)", svc.group(2)):
-                name, cs, req, ss = rpc.group(1), bool(rpc.group(2)), rpc.group(3), bool(rpc.group(4))
+                name, req = rpc.group(1), rpc.group(3)
+                cs, ss = bool(rpc.group(2)), bool(rpc.group(4))
                 full = "/%s%s/%s" % (pkg + "." if pkg else "", svc.group(1), name)
                 msg_pkg, _, msg = req.rpartition(".")
                 stem = "__".join([p for p in (msg_pkg or pkg).split(".") if p] + [snake(msg)])

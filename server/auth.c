@@ -88,33 +88,16 @@ ddld_role ddld_auth_lookup(const ddld_auth *a, const char *token, size_t len)
 
 ddld_role ddld_auth_required_role(int method)
 {
-    switch (method) {
-    case DDLD_M_HEALTH_CHECK:
-    case DDLD_M_HEALTH_WATCH:
-        return DDLD_ROLE_NONE;
-    case DDLD_M_GET_STATUS:
-    case DDLD_M_PREDICT:
-    case DDLD_M_SERVER_LIVE:
-    case DDLD_M_SERVER_READY:
-    case DDLD_M_MODEL_READY:
-    case DDLD_M_MODEL_METADATA:
-    case DDLD_M_MODEL_INFER:
-        return DDLD_ROLE_INFER;
-    case DDLD_M_SUBMIT_BATCH:
-    case DDLD_M_STEP:
-    case DDLD_M_TRAIN:
-    case DDLD_M_EVALUATE:
-    case DDLD_M_PULL_WEIGHTS:
-    case DDLD_M_CHECKPOINT:
-        return DDLD_ROLE_TRAIN;
-    case DDLD_M_CREATE_MODEL:
-    case DDLD_M_PUSH_WEIGHTS:
-    case DDLD_M_RESTORE:
-    case DDLD_M_SHUTDOWN:
-        return DDLD_ROLE_ADMIN;
-    default: // unknown methods: any valid token, then UNIMPLEMENTED
-        return DDLD_ROLE_INFER;
+    static const ddld_role roles[] = {
+#define X(name, path, kind, role, where, request, handler) [DDLD_M_##name] = DDLD_ROLE_##role,
+        DDL_RPC_METHODS(X)
+#undef X
+    };
+    _Static_assert(sizeof roles / sizeof roles[0] == DDLD_M_COUNT, "a role per method");
+    if (method < 0 || method >= DDLD_M_COUNT) {
+        return DDLD_ROLE_INFER; // unknown methods: any valid token, then UNIMPLEMENTED
     }
+    return roles[method];
 }
 
 const char *ddld_role_name(ddld_role r)

@@ -1537,40 +1537,20 @@ void ddld_dispatch_run(ddld_dispatch *d, ddld_job *job)
         ddld_job_free(job);
         return;
     }
+    // One case per ENGINE or STAGED row of the method table: its on_<handler>.
     switch (job->method) {
-    case DDLD_M_CREATE_MODEL:
-        on_create(d, job);
+#define RUN_CQ(name, handler)
+#define RUN_ENGINE(name, handler)                                                                  \
+    case DDLD_M_##name:                                                                            \
+        on_##handler(d, job);                                                                      \
         break;
-    case DDLD_M_STEP:
-        on_step(d, job);
-        break;
-    case DDLD_M_TRAIN:
-        on_train(d, job);
-        break;
-    case DDLD_M_EVALUATE:
-        on_evaluate(d, job);
-        break;
-    case DDLD_M_PREDICT:
-        on_predict(d, job);
-        break;
-    case DDLD_M_MODEL_INFER:
-        on_model_infer(d, job);
-        break;
-    case DDLD_M_PULL_WEIGHTS:
-        on_pull(d, job);
-        break;
-    case DDLD_M_PUSH_WEIGHTS:
-        on_push(d, job);
-        break;
-    case DDLD_M_CHECKPOINT:
-        on_checkpoint(d, job);
-        break;
-    case DDLD_M_RESTORE:
-        on_restore(d, job);
-        break;
-    case DDLD_M_SHUTDOWN:
-        on_shutdown(d, job);
-        break;
+#define RUN_STAGED RUN_ENGINE
+#define X(name, path, kind, role, where, request, handler) RUN_##where(name, handler)
+        DDL_RPC_METHODS(X)
+#undef X
+#undef RUN_CQ
+#undef RUN_ENGINE
+#undef RUN_STAGED
     case DDLD_M_INTERNAL:
         break;
     default:

@@ -40,28 +40,12 @@
 #define NCODES 17                   // gRPC status codes 0..16
 
 // Method label values: the gRPC path without its leading slash.
-static const char *const method_names[NMETHODS] = {
-    [DDLD_M_CREATE_MODEL]   = "distdl.v1.Trainer/CreateModel",
-    [DDLD_M_GET_STATUS]     = "distdl.v1.Trainer/GetStatus",
-    [DDLD_M_SUBMIT_BATCH]   = "distdl.v1.Trainer/SubmitBatch",
-    [DDLD_M_STEP]           = "distdl.v1.Trainer/Step",
-    [DDLD_M_TRAIN]          = "distdl.v1.Trainer/Train",
-    [DDLD_M_EVALUATE]       = "distdl.v1.Trainer/Evaluate",
-    [DDLD_M_PREDICT]        = "distdl.v1.Trainer/Predict",
-    [DDLD_M_PULL_WEIGHTS]   = "distdl.v1.Trainer/PullWeights",
-    [DDLD_M_PUSH_WEIGHTS]   = "distdl.v1.Trainer/PushWeights",
-    [DDLD_M_CHECKPOINT]     = "distdl.v1.Trainer/Checkpoint",
-    [DDLD_M_RESTORE]        = "distdl.v1.Trainer/Restore",
-    [DDLD_M_SHUTDOWN]       = "distdl.v1.Trainer/Shutdown",
-    [DDLD_M_HEALTH_CHECK]   = "grpc.health.v1.Health/Check",
-    [DDLD_M_HEALTH_WATCH]   = "grpc.health.v1.Health/Watch",
-    [DDLD_M_SERVER_LIVE]    = "inference.GRPCInferenceService/ServerLive",
-    [DDLD_M_SERVER_READY]   = "inference.GRPCInferenceService/ServerReady",
-    [DDLD_M_MODEL_READY]    = "inference.GRPCInferenceService/ModelReady",
-    [DDLD_M_MODEL_METADATA] = "inference.GRPCInferenceService/ModelMetadata",
-    [DDLD_M_MODEL_INFER]    = "inference.GRPCInferenceService/ModelInfer",
-    [DDLD_M_COUNT]          = "unknown",
+static const char *const method_names[] = {[DDLD_M_COUNT] = "unknown", // any other path
+#define X(name, path, kind, role, where, request, handler) [DDLD_M_##name] = &path[1],
+                                           DDL_RPC_METHODS(X)
+#undef X
 };
+_Static_assert(sizeof method_names / sizeof method_names[0] == NMETHODS, "a label per method");
 
 // Latency buckets (upper bounds, seconds): 10 µs (a cheap answer from the snapshot) to
 // 10 minutes (a long Train stream), roughly 1-2.5-5 per decade.

@@ -50,53 +50,19 @@
 
 // ---- method table ---------------------------------------------------------------------
 
-enum { K_UNARY, K_CLIENT_STREAM, K_SERVER_STREAM };
-
+// One entry per row of proto/rpc_methods.h, indexed by ddld_method.
 static const struct method_desc {
     const char                       *path;
-    int                               kind;
+    enum ddl_rpc_kind                 kind;
+    enum ddl_rpc_where                where;
     const ProtobufCMessageDescriptor *req;
-    bool                              engine; // needs the main thread (queued)
-} methods[DDLD_M_COUNT] = {
-    [DDLD_M_CREATE_MODEL] = {"/distdl.v1.Trainer/CreateModel", K_UNARY,
-                             &distdl__v1__create_model_request__descriptor, true},
-    [DDLD_M_GET_STATUS]   = {"/distdl.v1.Trainer/GetStatus", K_UNARY,
-                             &distdl__v1__get_status_request__descriptor, false},
-    [DDLD_M_SUBMIT_BATCH] = {"/distdl.v1.Trainer/SubmitBatch", K_CLIENT_STREAM,
-                             &distdl__v1__batch__descriptor, false},
-    [DDLD_M_STEP]     = {"/distdl.v1.Trainer/Step", K_UNARY, &distdl__v1__step_request__descriptor,
-                         true},
-    [DDLD_M_TRAIN]    = {"/distdl.v1.Trainer/Train", K_SERVER_STREAM,
-                         &distdl__v1__train_request__descriptor, true},
-    [DDLD_M_EVALUATE] = {"/distdl.v1.Trainer/Evaluate", K_UNARY,
-                         &distdl__v1__evaluate_request__descriptor, true},
-    [DDLD_M_PREDICT]  = {"/distdl.v1.Trainer/Predict", K_UNARY,
-                         &distdl__v1__predict_request__descriptor, true},
-    [DDLD_M_PULL_WEIGHTS]   = {"/distdl.v1.Trainer/PullWeights", K_SERVER_STREAM,
-                               &distdl__v1__pull_weights_request__descriptor, true},
-    [DDLD_M_PUSH_WEIGHTS]   = {"/distdl.v1.Trainer/PushWeights", K_CLIENT_STREAM,
-                               &distdl__v1__weight_chunk__descriptor, false},
-    [DDLD_M_CHECKPOINT]     = {"/distdl.v1.Trainer/Checkpoint", K_UNARY,
-                               &distdl__v1__checkpoint_request__descriptor, true},
-    [DDLD_M_RESTORE]        = {"/distdl.v1.Trainer/Restore", K_UNARY,
-                               &distdl__v1__restore_request__descriptor, true},
-    [DDLD_M_SHUTDOWN]       = {"/distdl.v1.Trainer/Shutdown", K_UNARY,
-                               &distdl__v1__shutdown_request__descriptor, true},
-    [DDLD_M_HEALTH_CHECK]   = {"/grpc.health.v1.Health/Check", K_UNARY,
-                               &grpc__health__v1__health_check_request__descriptor, false},
-    [DDLD_M_HEALTH_WATCH]   = {"/grpc.health.v1.Health/Watch", K_SERVER_STREAM,
-                               &grpc__health__v1__health_check_request__descriptor, false},
-    [DDLD_M_SERVER_LIVE]    = {"/inference.GRPCInferenceService/ServerLive", K_UNARY,
-                               &inference__server_live_request__descriptor, false},
-    [DDLD_M_SERVER_READY]   = {"/inference.GRPCInferenceService/ServerReady", K_UNARY,
-                               &inference__server_ready_request__descriptor, false},
-    [DDLD_M_MODEL_READY]    = {"/inference.GRPCInferenceService/ModelReady", K_UNARY,
-                               &inference__model_ready_request__descriptor, false},
-    [DDLD_M_MODEL_METADATA] = {"/inference.GRPCInferenceService/ModelMetadata", K_UNARY,
-                               &inference__model_metadata_request__descriptor, false},
-    [DDLD_M_MODEL_INFER]    = {"/inference.GRPCInferenceService/ModelInfer", K_UNARY,
-                               &inference__model_infer_request__descriptor, true},
+} methods[] = {
+#define X(name, path, kind, role, where, request, handler)                                         \
+    [DDLD_M_##name] = {path, DDL_RPC_##kind, DDL_RPC_##where, &request##__descriptor},
+    DDL_RPC_METHODS(X)
+#undef X
 };
+_Static_assert(sizeof methods / sizeof methods[0] == DDLD_M_COUNT, "one entry per method");
 #define M_GENERIC DDLD_M_COUNT // any other method: UNIMPLEMENTED
 
 // ---- calls ------------------------------------------------------------------------------
@@ -546,8 +512,11 @@ void ddld_service_push_internal(ddld_service *svc, int internal)
 
 // ---- cheap answers from the snapshot (cq thread) ----------------------------------------
 
-static void answer_status(ddld_call *c)
+// The answers below (answer_<handler> of the table's CQ rows) each own the request they are
+// given.
+static void answer_status(ddld_call *c, ProtobufCMessage *req)
 {
+    protobuf_c_message_free_unpacked(req, NULL); // GetStatusRequest has no fields
     Distdl__V1__GetStatusResponse r = DISTDL__V1__GET_STATUS_RESPONSE__INIT;
     pthread_mutex_lock(&ddld_g.mu);
     const ddld_model_info *mi = &ddld_g.info;
@@ -616,18 +585,21 @@ static Grpc__Health__V1__HealthCheckResponse__ServingStatus health_now(void)
                    : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING;
 }
 
-static void answer_health(ddld_call *c, const Grpc__Health__V1__HealthCheckRequest *req, bool watch)
+// Check and Watch.
+static void answer_health(ddld_call *c, ProtobufCMessage *m)
 {
-    Grpc__Health__V1__HealthCheckResponse r = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
-    if (!health_known(req->service)) {
-        if (!watch) {
-            finish_code(c, GRPC_STATUS_NOT_FOUND, "health: unknown service \"%s\"", req->service);
-            return;
-        }
-        r.status = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVICE_UNKNOWN;
-    } else {
-        r.status = health_now();
+    const Grpc__Health__V1__HealthCheckRequest *req = (const void *)m;
+    Grpc__Health__V1__HealthCheckResponse       r   = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
+    bool                                        watch = c->method == DDLD_M_HEALTH_WATCH;
+    bool                                        known = health_known(req->service);
+    if (!known && !watch) {
+        finish_code(c, GRPC_STATUS_NOT_FOUND, "health: unknown service \"%s\"", req->service);
+        protobuf_c_message_free_unpacked(m, NULL);
+        return;
     }
+    protobuf_c_message_free_unpacked(m, NULL);
+    r.status = known ? health_now()
+                     : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVICE_UNKNOWN;
     if (!watch) {
         ddld_call_finish(c, GRPC_STATUS_OK, NULL, &r.base);
         return;
@@ -650,7 +622,7 @@ static void answer_health(ddld_call *c, const Grpc__Health__V1__HealthCheckReque
     }
 }
 
-static void answer_kserve(ddld_call *c, const ProtobufCMessage *req)
+static void kserve_reply(ddld_call *c, const ProtobufCMessage *req)
 {
     pthread_mutex_lock(&ddld_g.mu);
     bool        has = ddld_g.info.has_model, serving = ddld_g.serving;
@@ -725,6 +697,13 @@ static void answer_kserve(ddld_call *c, const ProtobufCMessage *req)
     }
 }
 
+// ServerLive, ServerReady, ModelReady and ModelMetadata.
+static void answer_kserve(ddld_call *c, ProtobufCMessage *req)
+{
+    kserve_reply(c, req);
+    protobuf_c_message_free_unpacked(req, NULL);
+}
+
 // ---- client streams (cq thread) -----------------------------------------------------------
 
 static void recv_next(ddld_call *c)
@@ -737,8 +716,10 @@ static void recv_next(ddld_call *c)
     start_batch(c, &op, 1);
 }
 
-static void submit_batch(ddld_call *c, Distdl__V1__Batch *b)
+// One SubmitBatch message: kept in the batch queue, or freed.
+static void answer_submit_batch(ddld_call *c, ProtobufCMessage *m)
 {
+    Distdl__V1__Batch *b = (Distdl__V1__Batch *)m;
     char             err[512];
     int64_t          count;
     grpc_status_code code;
@@ -954,16 +935,42 @@ static void push_end(ddld_call *c)
 
 // ---- the state machine (cq thread) ---------------------------------------------------------
 
+// Queues a decoded request of an ENGINE method for the ranks (the job owns m), or fails
+// the call when the queue is full or closed.
+static void queue_call(ddld_call *c, ProtobufCMessage *m)
+{
+    ddld_job *job = calloc(1, sizeof *job);
+    job->method   = (ddld_method)c->method;
+    job->call     = c;
+    job->msg      = m;
+    // Shutdown goes ahead of queued work and stops a running Train at its next step
+    // boundary; what it jumped is failed UNAVAILABLE by the shutdown itself.
+    bool             shutdown = c->method == DDLD_M_SHUTDOWN;
+    grpc_status_code code     = enqueue(c->svc, job, shutdown);
+    if (code == GRPC_STATUS_OK && shutdown) {
+        atomic_store(&c->svc->shutdown_pending, true);
+    }
+    if (code != GRPC_STATUS_OK) {
+        job->call = NULL;
+        ddld_job_free(job);
+        if (code == GRPC_STATUS_UNAVAILABLE) {
+            finish_code(c, code, "distdld is shutting down");
+        } else {
+            finish_code(c, code, "the request queue is full (%d waiting; --queue)", c->svc->limit);
+        }
+    }
+}
+
 static void on_message(ddld_call *c)
 {
     const struct method_desc *md = &methods[c->method];
     if (c->recv_bb == NULL) { // the client half-closed
-        if (c->method == DDLD_M_SUBMIT_BATCH) {
-            submit_end(c);
+        if (md->kind != DDL_RPC_CLIENT_STREAM) {
+            finish_code(c, GRPC_STATUS_INVALID_ARGUMENT, "%s: no request message", md->path);
         } else if (c->method == DDLD_M_PUSH_WEIGHTS) {
             push_end(c);
         } else {
-            finish_code(c, GRPC_STATUS_INVALID_ARGUMENT, "%s: no request message", md->path);
+            submit_end(c);
         }
         return;
     }
@@ -988,49 +995,29 @@ static void on_message(ddld_call *c)
                     md->path, md->req->name, len);
         return;
     }
+    // The table's where column decides: CQ rows are answered here, ENGINE rows queued for
+    // the ranks. STAGED rows never get here (their messages are parsed in place above).
     switch (c->method) {
-    case DDLD_M_SUBMIT_BATCH:
-        submit_batch(c, (Distdl__V1__Batch *)m);
+#define ON_CQ(name, handler)                                                                       \
+    case DDLD_M_##name:                                                                            \
+        answer_##handler(c, m);                                                                    \
         return;
-    case DDLD_M_GET_STATUS:
-        answer_status(c);
-        break;
-    case DDLD_M_HEALTH_CHECK:
-    case DDLD_M_HEALTH_WATCH:
-        answer_health(c, (const void *)m, c->method == DDLD_M_HEALTH_WATCH);
-        break;
-    case DDLD_M_SERVER_LIVE:
-    case DDLD_M_SERVER_READY:
-    case DDLD_M_MODEL_READY:
-    case DDLD_M_MODEL_METADATA:
-        answer_kserve(c, m);
-        break;
-    default: {
-        ddld_job *job = calloc(1, sizeof *job);
-        job->method   = (ddld_method)c->method;
-        job->call     = c;
-        job->msg      = m;
-        // Shutdown goes ahead of queued work and stops a running Train at its next step
-        // boundary; what it jumped is failed UNAVAILABLE by the shutdown itself.
-        bool             shutdown = c->method == DDLD_M_SHUTDOWN;
-        grpc_status_code code     = enqueue(c->svc, job, shutdown);
-        if (code == GRPC_STATUS_OK && shutdown) {
-            atomic_store(&c->svc->shutdown_pending, true);
-        }
-        if (code != GRPC_STATUS_OK) {
-            job->call = NULL;
-            ddld_job_free(job);
-            if (code == GRPC_STATUS_UNAVAILABLE) {
-                finish_code(c, code, "distdld is shutting down");
-            } else {
-                finish_code(c, code, "the request queue is full (%d waiting; --queue)",
-                            c->svc->limit);
-            }
-        }
+#define ON_ENGINE(name, handler)                                                                   \
+    case DDLD_M_##name:                                                                            \
+        queue_call(c, m);                                                                          \
+        return;
+#define ON_STAGED(name, handler)
+#define X(name, path, kind, role, where, request, handler) ON_##where(name, handler)
+        DDL_RPC_METHODS(X)
+#undef X
+#undef ON_CQ
+#undef ON_ENGINE
+#undef ON_STAGED
+    default:
+        protobuf_c_message_free_unpacked(m, NULL);
+        finish_code(c, GRPC_STATUS_INTERNAL, "%s: no handler on the cq thread", md->path);
         return;
     }
-    }
-    protobuf_c_message_free_unpacked(m, NULL);
 }
 
 static void call_free(ddld_call *c)
@@ -1140,7 +1127,8 @@ static void on_op(ddld_call *c, bool ok)
         }
         // Once the teardown has begun every call is answered here, whatever its method:
         // gRPC itself would cancel it (CANCELLED) once shutdown_and_notify is called.
-        if (stopping || (closing && c->method < DDLD_M_COUNT && methods[c->method].engine)) {
+        if (stopping ||
+            (closing && c->method < DDLD_M_COUNT && methods[c->method].where == DDL_RPC_ENGINE)) {
             finish_code(c, GRPC_STATUS_UNAVAILABLE, "distdld is shutting down");
             return;
         }

@@ -351,10 +351,16 @@ static int cmd_status(cli *a, ddl_client_t *c)
         json_object_set_new(o, "datatype", jstr(s.datatype));
         json_object_set_new(o, "num_partitions", json_integer(s.num_partitions));
         json_object_set_new(o, "data_dir", jstr(s.data_dir));
+        json_object_set_new(o, "active_calls", json_integer(s.active_calls));
+        json_object_set_new(o, "request_queue_depth", json_integer(s.request_queue_depth));
+        json_object_set_new(o, "dropped_calls", json_integer(s.dropped_calls));
+        json_object_set_new(o, "bytes_per_step", json_integer(s.bytes_per_step));
         emit(o);
         return 0;
     }
     printf("state      %s on %d ranks\n", s.state, s.world_size);
+    printf("calls      %d active, %d queued, %lld dropped\n", s.active_calls, s.request_queue_depth,
+           (long long)s.dropped_calls);
     if (!s.has_model) {
         printf("model      none (distdl create SPEC.json)\n");
         return 0;
@@ -371,6 +377,7 @@ static int cmd_status(cli *a, ddl_client_t *c)
     else
         printf("durable    none\n");
     printf("queue      %d of %d\n", s.queue_depth, s.queue_capacity);
+    printf("traffic    %lld bytes per step\n", (long long)s.bytes_per_step);
     printf("data       %s\n", s.data_dir);
     return 0;
 }

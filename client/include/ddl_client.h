@@ -200,6 +200,9 @@ DDL_EXTERN ddl_status ddl_client_create_model(ddl_client_t *c, const char *spec_
                                               const char *name, int replace,
                                               ddl_client_model_info *out);
 
+// GetStatus. New fields are appended only, so sources (and the Python binding's mirror)
+// stay valid; the size grows with them, so a program must be rebuilt against this header
+// (there is no size field: libdistdl-client's SOVERSION is still 0).
 typedef struct ddl_client_status_info {
     int     has_model;
     char    model_name[128];
@@ -219,6 +222,13 @@ typedef struct ddl_client_status_info {
     char    datatype[16];
     char    data_dir[256];
     int32_t num_partitions;
+    // The daemon's call accounting (docs/SERVER.md, "Hostile input, deadlines and
+    // backpressure").
+    int32_t active_calls;        // gRPC calls in progress, this GetStatus excluded
+    int32_t request_queue_depth; // engine requests waiting (at most the daemon's --queue)
+    int64_t dropped_calls;       // queued calls dropped unrun: cancelled or past their deadline
+    int64_t bytes_per_step;      // payload bytes one training step moves between ranks, summed
+                                 // over ranks (docs/SCALING.md); 0 before the model's first step
 } ddl_client_status_info;
 
 DDL_EXTERN ddl_status ddl_client_get_status(ddl_client_t *c, ddl_client_status_info *out);

@@ -17,26 +17,12 @@
 
 static _Thread_local int last_code;
 
-static const char *const method_path[M_COUNT] = {
-    [M_HEALTH_CHECK] = "/grpc.health.v1.Health/Check",
-    [M_HEALTH_WATCH] = "/grpc.health.v1.Health/Watch",
-    [M_SERVER_LIVE]  = "/inference.GRPCInferenceService/ServerLive",
-    [M_SERVER_READY] = "/inference.GRPCInferenceService/ServerReady",
-    [M_MODEL_READY]  = "/inference.GRPCInferenceService/ModelReady",
-    [M_MODEL_INFER]  = "/inference.GRPCInferenceService/ModelInfer",
-    [M_CREATE_MODEL] = "/distdl.v1.Trainer/CreateModel",
-    [M_GET_STATUS]   = "/distdl.v1.Trainer/GetStatus",
-    [M_SUBMIT_BATCH] = "/distdl.v1.Trainer/SubmitBatch",
-    [M_STEP]         = "/distdl.v1.Trainer/Step",
-    [M_TRAIN]        = "/distdl.v1.Trainer/Train",
-    [M_EVALUATE]     = "/distdl.v1.Trainer/Evaluate",
-    [M_PREDICT]      = "/distdl.v1.Trainer/Predict",
-    [M_PULL_WEIGHTS] = "/distdl.v1.Trainer/PullWeights",
-    [M_PUSH_WEIGHTS] = "/distdl.v1.Trainer/PushWeights",
-    [M_CHECKPOINT]   = "/distdl.v1.Trainer/Checkpoint",
-    [M_RESTORE]      = "/distdl.v1.Trainer/Restore",
-    [M_SHUTDOWN]     = "/distdl.v1.Trainer/Shutdown",
+static const char *const method_path[] = {
+#define X(name, path, kind, role, where, request, handler) [M_##name] = path,
+    DDL_RPC_METHODS(X)
+#undef X
 };
+_Static_assert(sizeof method_path / sizeof method_path[0] == M_COUNT, "a path per method");
 
 const char *ddl__method_name(int method)
 {

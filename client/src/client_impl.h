@@ -7,29 +7,17 @@
 
 #include "ddl/base.h" // ddl_set_error (status.c is built into the client)
 #include "ddl_client.h"
+#include "rpc_methods.h"
 
-// Methods, in the order of the registration table in client.c.
+// Methods: one per row of the shared method table (proto/rpc_methods.h).
 enum {
-    M_HEALTH_CHECK,
-    M_HEALTH_WATCH,
-    M_SERVER_LIVE,
-    M_SERVER_READY,
-    M_MODEL_READY,
-    M_MODEL_INFER,
-    M_CREATE_MODEL,
-    M_GET_STATUS,
-    M_SUBMIT_BATCH,
-    M_STEP,
-    M_TRAIN,
-    M_EVALUATE,
-    M_PREDICT,
-    M_PULL_WEIGHTS,
-    M_PUSH_WEIGHTS,
-    M_CHECKPOINT,
-    M_RESTORE,
-    M_SHUTDOWN,
+#define X(name, path, kind, role, where, request, handler) M_##name,
+    DDL_RPC_METHODS(X)
+#undef X
+    // The count, not a method.
     M_COUNT
 };
+_Static_assert(M_COUNT == DDL_RPC_METHOD_COUNT, "one client method per row of the table");
 
 struct ddl_client {
     grpc_channel *channel;

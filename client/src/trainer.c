@@ -239,7 +239,11 @@ ddl_status ddl_client_get_status(ddl_client_t *c, ddl_client_status_info *out)
         out->num_classes = r->num_classes;
         copy_str(out->datatype, sizeof out->datatype, r->datatype);
         copy_str(out->data_dir, sizeof out->data_dir, r->data_dir);
-        out->num_partitions = (int32_t)r->n_partitions;
+        out->num_partitions      = (int32_t)r->n_partitions;
+        out->active_calls        = r->active_calls;
+        out->request_queue_depth = r->request_queue_depth;
+        out->dropped_calls       = r->dropped_calls;
+        out->bytes_per_step      = r->bytes_per_step;
     }
     protobuf_c_message_free_unpacked(m, NULL);
     return DDL_OK;

@@ -44,7 +44,8 @@ PROGRESS = ["step", "epoch", "batch", "steps_per_epoch", "loss", "accuracy",
 FIELDS = {
     "status": ["has_model", "model_name", "world_size", "state", "step", "epoch", "batch",
                "last_loss", "durable_step", "queue_depth", "queue_capacity", "batch_size",
-               "input_shape", "num_classes", "datatype"],
+               "input_shape", "num_classes", "datatype", "active_calls",
+               "request_queue_depth", "dropped_calls", "bytes_per_step"],
     "health": ["status", "serving"],
     "create": ["name", "world_size", "num_parameters", "batch_size", "input_shape",
                "num_classes", "datatype"],
@@ -171,8 +172,13 @@ def sc_session(h):
     check(out.strip() == "SERVING", "health prints %r" % out)
     s = h.status(d)
     check(s["has_model"] and s["world_size"] == 2 and s["step"] == 0, "status %r" % s)
+    # Idle, and no step yet: no call but this one, nothing queued or dropped, no traffic.
+    check(s["active_calls"] == 0 and s["request_queue_depth"] == 0 and s["dropped_calls"] == 0
+          and s["bytes_per_step"] == 0, "call accounting before a step %r" % s)
     out, _ = h.cli(d, "status")
     check("step       0" in out and "[1, 28, 28]" in out, "status text %r" % out)
+    check("calls      0 active, 0 queued, 0 dropped\n" in out and
+          "traffic    0 bytes per step\n" in out, "status text before a step %r" % out)
 
     c = h.one(d, "create", h.spec("lenet5-2.json"), "--name", "cli-lenet", "--replace",
               event="create")
@@ -193,7 +199,17 @@ def sc_session(h):
     wm = window_means(prog)
     check(wm[-1] < 0.9 * wm[0] and wm[-1] < 1.2,
           "the mean loss of 50 steps did not fall: %r" % wm)
-    check(h.status(d)["step"] == 200, "status step after train")
+    s, raw = h.status(d), h.raw_get_status(d)
+    check(s["step"] == 200, "status step after train")
+    # A 2-rank model after its first step moves bytes between the ranks: what the CLI says
+    # is what the daemon says over raw gRPC, and the idle daemon has no call in flight.
+    check(s["bytes_per_step"] > 0 and s["bytes_per_step"] == raw.bytes_per_step and
+          (s["active_calls"], s["request_queue_depth"], s["dropped_calls"]) ==
+          (0, 0, raw.dropped_calls), "status after train %r, raw GetStatus %s" % (s, raw))
+    out, _ = h.cli(d, "status")
+    check("traffic    %d bytes per step\n" % raw.bytes_per_step in out and
+          "calls      0 active, 0 queued, %d dropped\n" % raw.dropped_calls in out,
+          "status text after train %r" % out)
 
     e1 = h.one(d, "eval", event="eval")
     check(e1["split"] == "test" and e1["count"] == 10000 and e1["accuracy"] > 0.6,
@@ -741,12 +757,6 @@ def sc_aborted(h):
     queued behind a Train): the daemon refuses it ABORTED, distdl exits 6 (retryable, not 4)
     with code ABORTED, nothing is changed (the new model keeps its fresh weights), and the
     same push run again succeeds."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import interop
-    interop.gen_stubs(os.path.join(h.source, "proto"), os.path.join(h.work, "py"))
-    import grpc
-    from distdl.v1 import trainer_pb2 as tr
-
     spec = h.spec("lenet5-2.json")
     d = h.start(2, ["--model", spec], "aborted")
     fresh, trained, after = (os.path.join(h.work, n + ".safetensors")
@@ -756,15 +766,10 @@ def sc_aborted(h):
     h.cli(d, "pull", "--output", trained)
     with open(fresh, "rb") as f0, open(trained, "rb") as f1:
         check(f0.read() != f1.read(), "5 steps did not change the weights")
-    g = grpc.insecure_channel(d.address)
-    get_status = g.unary_unary("/distdl.v1.Trainer/GetStatus",
-                               request_serializer=lambda m: m.SerializeToString(),
-                               response_deserializer=tr.GetStatusResponse.FromString)
-
     def wait_for(what, cond):
         end = time.time() + 30
         while True:
-            st = get_status(tr.GetStatusRequest(), timeout=10)
+            st = h.raw_get_status(d)
             if cond(st):
                 return
             if time.time() > end:
@@ -822,7 +827,7 @@ def sc_aborted(h):
         h.cli(d, "pull", "--output", after)
         with open(trained, "rb") as f0, open(after, "rb") as f1:
             check(f0.read() == f1.read(), "the retried push did not apply")
-    g.close()
+    h.raw_close(d)
     h.cli(d, "shutdown")
     d.wait_exit()
 

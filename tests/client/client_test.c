@@ -1231,6 +1231,12 @@ static int scenario_train(ddl_client_t *c, int64_t steps)
     ddl_client_status_info s0;
     MUST(ddl_client_get_status(c, &s0));
     CHECK(s0.has_model, "the daemon must start with --model");
+    // A fresh daemon: no call but this one, nothing queued or dropped, no step measured yet.
+    CHECK(s0.active_calls == 0 && s0.request_queue_depth == 0 && s0.dropped_calls == 0 &&
+              s0.bytes_per_step == 0,
+          "before training: %d active, %d queued, %lld dropped, %lld bytes per step",
+          s0.active_calls, s0.request_queue_depth, (long long)s0.dropped_calls,
+          (long long)s0.bytes_per_step);
     loss_log                *l  = calloc(1, sizeof *l);
     ddl_client_train_request tr = {.steps = steps, .progress_every = 1};
     ddl_client_progress      last;
@@ -1258,6 +1264,15 @@ static int scenario_train(ddl_client_t *c, int64_t steps)
     MUST(ddl_client_get_status(c, &s1));
     CHECK(s1.step == s0.step + steps && isfinite(s1.last_loss) && s1.last_loss > 0,
           "status step %lld loss %g", (long long)s1.step, s1.last_loss);
+    // The 2-rank model moves bytes between its ranks every step; idle again, nothing left.
+    printf("after training: %d active, %d queued, %lld dropped, %lld bytes per step\n",
+           s1.active_calls, s1.request_queue_depth, (long long)s1.dropped_calls,
+           (long long)s1.bytes_per_step);
+    CHECK(s1.world_size < 2 || s1.bytes_per_step > 0, "bytes per step %lld on %d ranks",
+          (long long)s1.bytes_per_step, s1.world_size);
+    CHECK(s1.active_calls == 0 && s1.request_queue_depth == 0 && s1.dropped_calls == 0,
+          "after training: %d active, %d queued, %lld dropped", s1.active_calls,
+          s1.request_queue_depth, (long long)s1.dropped_calls);
     free(l);
     return 0;
 }

@@ -28,7 +28,8 @@
 #define STATUS_INFO_FIELDS(F)                                                                 \
     F(has_model) F(model_name) F(world_size) F(step) F(last_loss) F(durable_step)             \
     F(queue_depth) F(queue_capacity) F(state) F(epoch) F(batch) F(batch_size) F(input_ndim)   \
-    F(input_shape) F(num_classes) F(datatype) F(data_dir) F(num_partitions)
+    F(input_shape) F(num_classes) F(datatype) F(data_dir) F(num_partitions) F(active_calls)   \
+    F(request_queue_depth) F(dropped_calls) F(bytes_per_step)
 #define BATCH_FIELDS(F) F(x) F(labels)
 #define STEP_RESULT_FIELDS(F) F(step) F(loss) F(accuracy) F(durable)
 #define TRAIN_REQUEST_FIELDS(F) F(steps) F(epochs) F(dataset) F(progress_every)

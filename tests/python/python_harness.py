@@ -129,6 +129,8 @@ def sc_binding(h):
         check(not c.model_ready() and not c.server_ready(), "no model yet: not ready")
         st = c.status()
         check(not st.has_model and st.state == "idle", "status before a model: %s" % (st,))
+        check((st.active_calls, st.request_queue_depth, st.dropped_calls, st.bytes_per_step) ==
+              (0, 0, 0, 0), "call accounting before a model: %s" % (st,))
         e = expect(dc.FailedPrecondition, lambda: c.step(xb, yb), "step before a model")
         check(e.code == 9 and not e.local and not e.retryable,
               "FAILED_PRECONDITION from the daemon, permanent")
@@ -163,7 +165,13 @@ def sc_binding(h):
         expect(TypeError, lambda: c.step(xb.astype(np.float16), yb), "float16 x")
         expect(TypeError, lambda: c.step(xb, yb.astype(np.float32)), "float labels")
         expect(ValueError, lambda: c.step(xb), "step with x and no y")
-        check(c.status().step == 2, "the bad steps changed nothing (step 2)")
+        st, raw = c.status(), h.raw_get_status(d)
+        check(st.step == 2, "the bad steps changed nothing (step 2)")
+        # After its first step the 2-rank model has a traffic figure, the one GetStatus gives
+        # over raw gRPC; the idle daemon has no other call and nothing queued or dropped.
+        check(st.bytes_per_step > 0 and st.bytes_per_step == raw.bytes_per_step and
+              (st.active_calls, st.request_queue_depth, st.dropped_calls) == (0, 0, 0),
+              "call accounting after two steps: %s (raw GetStatus: %s)" % (st, raw))
         xf = ((xb.astype(np.float32) / 255 - 0.2860) / 0.3530)[:, :, ::-1, :]  # not contiguous
         r = c.step(xf, yb)
         check(r.step == 3, "step 3 with a non-contiguous float32 array")

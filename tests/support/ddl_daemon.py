@@ -11,6 +11,7 @@ import os
 import shlex
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -242,6 +243,34 @@ class DaemonHarness:
                 d.dump()
             raise Failure("%s exited with %d" % (" ".join(argv[:2]), r.returncode))
         return r.stdout if capture else None
+
+    def raw_get_status(self, d, timeout=10):
+        """GetStatus of daemon d over raw grpcio (stubs from `protoc --python_out`), not
+        through our client library: the reference a client's status is compared with."""
+        if not hasattr(self, "_get_status"):
+            gen = os.path.join(self.work, "py")
+            os.makedirs(gen, exist_ok=True)
+            proto = os.path.join(self.source, "proto")
+            subprocess.run(["protoc", "-I" + proto, "--python_out=" + gen,
+                            os.path.join(proto, "distdl", "v1", "trainer.proto")], check=True)
+            sys.path.insert(0, gen)
+            import grpc
+            from distdl.v1 import trainer_pb2
+            self._status_pb2, self._grpc, self._get_status = trainer_pb2, grpc, {}
+        if d.address not in self._get_status:
+            ch = self._grpc.insecure_channel(d.address)
+            self._get_status[d.address] = (ch, ch.unary_unary(
+                "/distdl.v1.Trainer/GetStatus",
+                request_serializer=lambda m: m.SerializeToString(),
+                response_deserializer=self._status_pb2.GetStatusResponse.FromString))
+        return self._get_status[d.address][1](self._status_pb2.GetStatusRequest(),
+                                              timeout=timeout)
+
+    def raw_close(self, d):
+        """Closes raw_get_status's channel to d, if it opened one."""
+        ch = getattr(self, "_get_status", {}).pop(d.address, None)
+        if ch is not None:
+            ch[0].close()
 
     def cleanup(self):
         for d in self.daemons:

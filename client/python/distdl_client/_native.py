@@ -94,6 +94,10 @@ class StatusInfo(ctypes.Structure):  # ddl_client_status_info
         ("datatype", ctypes.c_char * 16),
         ("data_dir", ctypes.c_char * 256),
         ("num_partitions", c_int32),
+        ("active_calls", c_int32),
+        ("request_queue_depth", c_int32),
+        ("dropped_calls", c_int64),
+        ("bytes_per_step", c_int64),
     ]
 
 

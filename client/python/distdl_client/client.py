@@ -57,6 +57,10 @@ class Status:
     datatype: str
     data_dir: str
     num_partitions: int
+    active_calls: int  # gRPC calls in progress, this one excluded
+    request_queue_depth: int  # engine requests waiting
+    dropped_calls: int  # queued calls dropped unrun (cancelled, past their deadline)
+    bytes_per_step: int  # payload one training step moves between ranks; 0 before the first
 
 
 @dataclasses.dataclass(frozen=True)
@@ -436,7 +440,8 @@ class Client:
         return Status(bool(s.has_model), _s(s.model_name), s.world_size, s.step, s.last_loss,
                       s.durable_step, s.queue_depth, s.queue_capacity, _s(s.state), s.epoch,
                       s.batch, s.batch_size, tuple(s.input_shape[:s.input_ndim]),
-                      s.num_classes, _s(s.datatype), _s(s.data_dir), s.num_partitions)
+                      s.num_classes, _s(s.datatype), _s(s.data_dir), s.num_partitions,
+                      s.active_calls, s.request_queue_depth, s.dropped_calls, s.bytes_per_step)
 
     def submit(self, x, y):
         """SubmitBatch with one batch (x [n, sample...], labels y [n]); see submit_many."""

@@ -100,7 +100,7 @@ struct ddld_call {
     bool                has_details;
     int                 close_cancelled;
     atomic_bool         cancelled;
-    bool                live;     // counted in active_calls (a client's call, not a request slot)
+    bool                live;     // counted in active_calls (a client's call, not yet answered)
     bool                inflight; // counted in svc->inflight: arrived before the teardown
 
     pthread_mutex_t   mu; // the send side of streams
@@ -160,7 +160,9 @@ struct ddld_service {
 static void request_new(ddld_service *svc, int method);
 static void call_unref(ddld_call *c);
 
-// Calls from clients that have arrived and are not freed yet (GetStatus active_calls).
+// Calls from clients that have arrived and are not answered yet (GetStatus active_calls): a
+// call leaves the count when its status is handed to gRPC (finish_locked), or when it is
+// freed without one (cancelled, or its peer went away).
 static atomic_int active_calls;
 
 static void start_batch(ddld_call *c, const grpc_op *ops, size_t n)
@@ -210,6 +212,13 @@ static void finish_locked(ddld_call *c, grpc_status_code code, const char *msg,
     c->state                                             = ST_FINISH;
     c->send_busy                                         = true;
     ddld_metrics_rpc(c->method, code, ddld_now() - c->t_arrived);
+    // Answered: no longer active, before the status can reach the client. A client that
+    // asks GetStatus the moment its call returned must not find it still counted (the
+    // call's memory is freed later, when gRPC reports the status sent).
+    if (c->live) {
+        c->live = false;
+        atomic_fetch_sub(&active_calls, 1);
+    }
     start_batch(c, ops, n);
 }
 

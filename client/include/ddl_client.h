@@ -224,7 +224,7 @@ typedef struct ddl_client_status_info {
     int32_t num_partitions;
     // The daemon's call accounting (docs/SERVER.md, "Hostile input, deadlines and
     // backpressure").
-    int32_t active_calls;        // gRPC calls in progress, this GetStatus excluded
+    int32_t active_calls;        // gRPC calls not yet answered, this GetStatus excluded
     int32_t request_queue_depth; // engine requests waiting (at most the daemon's --queue)
     int64_t dropped_calls;       // queued calls dropped unrun: cancelled or past their deadline
     int64_t bytes_per_step;      // payload bytes one training step moves between ranks, summed

@@ -1273,6 +1273,34 @@ static int scenario_train(ddl_client_t *c, int64_t steps)
     CHECK(s1.active_calls == 0 && s1.request_queue_depth == 0 && s1.dropped_calls == 0,
           "after training: %d active, %d queued, %lld dropped", s1.active_calls,
           s1.request_queue_depth, (long long)s1.dropped_calls);
+    // A call that returned is not counted, however soon GetStatus follows it: the daemon
+    // takes it out as it hands the status to gRPC (it used to count it until the call was
+    // freed, and GetStatus right after a Train saw "1 active" in CI under load).
+    // Each kind of answer: a one-step Train (a stream: messages, then the status), a Predict
+    // (unary, from the ranks) and a ServerLive (on the cq thread).
+    ddl_client_tensor        x1      = make_fp32(0, 1);
+    ddl_client_train_request one     = {.steps = 1, .progress_every = 1};
+    int                      counted = 0, rounds = 150;
+    for (int i = 0; i < rounds; i++) {
+        if (i % 3 == 0) {
+            MUST(ddl_client_train(c, &one, NULL, NULL, NULL));
+        } else if (i % 3 == 1) {
+            ddl_client_tensor y;
+            MUST(ddl_client_predict(c, &x1, &y));
+            ddl_client_tensor_release(&y);
+        } else {
+            int live = 0;
+            MUST(ddl_client_server_live(c, &live));
+        }
+        ddl_client_status_info si;
+        MUST(ddl_client_get_status(c, &si));
+        counted += si.active_calls != 0;
+    }
+    free(x1.data);
+    CHECK(counted == 0,
+          "%d of %d GetStatus calls right after a Train, Predict or ServerLive "
+          "counted a call",
+          counted, rounds);
     free(l);
     return 0;
 }

@@ -57,7 +57,7 @@ class Status:
     datatype: str
     data_dir: str
     num_partitions: int
-    active_calls: int  # gRPC calls in progress, this one excluded
+    active_calls: int  # gRPC calls not yet answered, this one excluded
     request_queue_depth: int  # engine requests waiting
     dropped_calls: int  # queued calls dropped unrun (cancelled, past their deadline)
     bytes_per_step: int  # payload one training step moves between ranks; 0 before the first

@@ -408,6 +408,10 @@ static void serve(const ddld_config *cfg, ddld_dispatch *d, int port)
         int         hl = colon != NULL ? (int)(colon - cfg->listen) : (int)strlen(cfg->listen);
         ddld_log("listening on %.*s:%d (pid %d)", hl, cfg->listen, port, (int)getpid());
     }
+    if (getenv("DDLD_TEST_ALLOC_FAIL") != NULL) { // the sweep's map of start-up and session
+        ddld_log("alloc-fail test: %llu allocations at serving",
+                 (unsigned long long)ddl_alloc_count());
+    }
     while (!r0.shutdown) {
         uv_run(&r0.loop, UV_RUN_ONCE);
         ddld_dispatch_checkpoint_pending(d);

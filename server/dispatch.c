@@ -11,6 +11,18 @@
 //   DROP
 // A rejected request is never broadcast: the workers do not learn of it.
 //
+// Errors, one discipline with the engine's:
+// - Memory: every allocation is ddl_malloc'd and checked. Rank 0 fails a call it cannot
+//   allocate for before anything is broadcast (RESOURCE_EXHAUSTED, naming what); inside
+//   a command the engine agrees on the status. A model rank 0 cannot describe after
+//   CREATE is dropped on every rank (DROP).
+// - MPI: the channel d->ctrl has MPI_ERRORS_RETURN and every call on it goes through
+//   ddld_channel_check (channel.h). A failed channel call is unrecoverable for the
+//   collective daemon (the ranks are out of step, with no channel to agree on): the rank
+//   logs rank, call and MPI_Error_string and calls MPI_Abort with DDLD_EXIT_MPI (5). The
+//   session's own communicators are the engine's (MPI_ERRORS_RETURN too, and a failed
+//   call comes back as the command's status).
+//
 // Idle is idle: the workers wait for the next header with MPI_Ibcast + MPI_Test and a
 // sleep that grows from 50 us to 10 ms with the time since the last command, so a quiet
 // daemon costs almost no CPU while a client stepping steadily finds them within 50 us to

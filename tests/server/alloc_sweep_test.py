@@ -36,7 +36,6 @@ import argparse
 import os
 import re
 import shlex
-import signal
 import stat
 import subprocess
 import sys
@@ -56,6 +55,7 @@ except ImportError as e:
     print("skip: %s" % e)
     sys.exit(7)
 import ddld_rpc  # noqa: E402
+from ddl_daemon import Daemon, job_pids  # noqa: E402
 
 DENSE = 5          # K = 1..DENSE: main.c's own start-up allocations
 START = 3          # more K spread over the rest of start-up (auth, --model, gRPC, metrics)
@@ -78,7 +78,7 @@ class Run:
 
     def __init__(self, a, work, inject, name):
         self.dir = tempfile.mkdtemp(prefix=name + "-", dir=work)
-        self.addr = os.path.join(self.dir, "addr")
+        self.addr_file = os.path.join(self.dir, "addr")
         self.maddr = os.path.join(self.dir, "maddr")
         self.log_path = os.path.join(self.dir, "daemon.log")
         tokens = os.path.join(self.dir, "tokens")
@@ -88,7 +88,7 @@ class Run:
         spec = os.path.join(a.source, "deploy", "specs", "lenet5-2.json")
         cmd = [a.mpiexec, "-np", "2"] + shlex.split(a.mpi_flags) + [
             os.path.join(a.build, "bin", "distdld"), "--listen", "127.0.0.1:0",
-            "--address-file", self.addr, "--model", spec, "--token-file", tokens,
+            "--address-file", self.addr_file, "--model", spec, "--token-file", tokens,
             "--metrics-listen", "127.0.0.1:0", "--metrics-address-file", self.maddr,
             "--watchdog", "0", "--grace", "1"]
         env = dict(os.environ, DDLD_TEST_ALLOC_FAIL=inject)
@@ -108,8 +108,8 @@ class Run:
     def wait_address(self):
         """The address, or None when the daemon exited before serving."""
         while self.left() > 0:
-            if os.path.exists(self.addr) and os.path.exists(self.maddr):
-                a, m = open(self.addr).read().strip(), open(self.maddr).read().strip()
+            if os.path.exists(self.addr_file) and os.path.exists(self.maddr):
+                a, m = open(self.addr_file).read().strip(), open(self.maddr).read().strip()
                 if a and m:
                     return a, m
             if self.proc.poll() is not None:
@@ -126,26 +126,14 @@ class Run:
     def leftovers(self):
         """Processes of the job still alive 5 s after mpirun exited (their command line
         holds this run's address file)."""
-        key, end = self.addr.encode(), time.time() + 5
+        end = time.time() + 5
         while True:
-            pids = []
-            for pid in filter(str.isdigit, os.listdir("/proc")):
-                try:
-                    with open("/proc/%s/cmdline" % pid, "rb") as f:
-                        if key in f.read():
-                            pids.append(int(pid))
-                except OSError:
-                    pass
+            pids = job_pids(self)
             if not pids or time.time() > end:
                 return pids
             time.sleep(0.05)
 
-    def kill(self):
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        self.proc.wait()
+    kill = Daemon.kill  # SIGKILL to the job's process group, then reap mpirun
 
 
 def call(c, fn, *args):

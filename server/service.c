@@ -1369,7 +1369,7 @@ static bool request_new(ddld_service *svc, int method)
     }
     ddld_call *c = ddl_calloc(1, sizeof *c);
     if (c == NULL) {
-        ddld_log("out of memory for the next call of %s; asking again in %d ms",
+        ddld_log("out of memory for the next call of %s (once serving, asked again every %d ms)",
                  method == M_GENERIC ? "unknown methods" : methods[method].path, REARM_MS);
         pthread_mutex_lock(&svc->mu);
         svc->rearm[method] = true;

@@ -36,6 +36,7 @@ import argparse
 import os
 import re
 import shlex
+import shutil
 import stat
 import subprocess
 import sys
@@ -339,6 +340,7 @@ def main():
     if "start-up refused (exit 2)" not in kinds or refused_calls == 0:
         raise Failure("no injected failure refused start-up, or none failed a call: the "
                       "sweep missed the paths it is for")
+    shutil.rmtree(work, ignore_errors=True)  # kept on failure, for its logs
     print("PASS")
     return 0
 

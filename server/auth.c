@@ -23,6 +23,7 @@
 
 #include "auth.h"
 #include "config.h"
+#include "ddl/base.h"
 #include "log.h"
 #include "methods.h"
 #include "status_map.h"
@@ -200,7 +201,7 @@ static char *read_file(const char *path, const char *flag, bool secret, char *er
         snprintf(err, errlen, "%s %s: larger than %zu bytes", flag, path, FILE_MAX);
         goto fail;
     }
-    buf      = malloc((size_t)st.st_size + 1);
+    buf      = ddl_malloc((size_t)st.st_size + 1);
     size_t n = 0;
     while (buf != NULL && n < (size_t)st.st_size) {
         ssize_t k = read(fd, buf + n, (size_t)st.st_size - n);
@@ -224,7 +225,7 @@ static char *read_file(const char *path, const char *flag, bool secret, char *er
 fail:
     if (buf != NULL) {
         memset(buf, 0, (size_t)st.st_size);
-        free(buf);
+        ddl_free(buf);
     }
     close(fd);
     return NULL;
@@ -234,7 +235,7 @@ static void free_secret(char **p)
 {
     if (*p != NULL) {
         memset(*p, 0, strlen(*p));
-        free(*p);
+        ddl_free(*p);
         *p = NULL;
     }
 }
@@ -322,7 +323,7 @@ int ddld_auth_parse_tokens(ddld_auth *a, const char *text, const char *path, cha
         }
         if (n == cap) {
             cap                      = cap != 0 ? 2 * cap : 8;
-            struct token_entry *grow = realloc(t, (size_t)cap * sizeof *t);
+            struct token_entry *grow = ddl_realloc(t, (size_t)cap * sizeof *t);
             if (grow == NULL) {
                 snprintf(err, errlen, "--token-file %s: out of memory", path);
                 goto fail;
@@ -353,11 +354,11 @@ int ddld_auth_parse_tokens(ddld_auth *a, const char *text, const char *path, cha
     pthread_rwlock_unlock(&a->lock);
     if (old != NULL) {
         memset(old, 0, (size_t)nold * sizeof *old);
-        free(old);
+        ddl_free(old);
     }
     return 0;
 fail:
-    free(t);
+    ddl_free(t);
     return -1;
 }
 
@@ -430,7 +431,7 @@ int ddld_auth_create(const ddld_auth_options *o, ddld_auth **out, char *err, siz
 {
     *out         = NULL;
     err[0]       = '\0';
-    ddld_auth *a = calloc(1, sizeof *a);
+    ddld_auth *a = ddl_calloc(1, sizeof *a);
     if (a == NULL) {
         snprintf(err, errlen, "auth: out of memory");
         return -1;
@@ -438,8 +439,12 @@ int ddld_auth_create(const ddld_auth_options *o, ddld_auth **out, char *err, siz
     pthread_rwlock_init(&a->lock, NULL);
     a->verbose = getenv("DDLD_VERBOSE") != NULL && getenv("DDLD_VERBOSE")[0] == '1';
     if (o->token_file != NULL) {
-        a->token_path = strdup(o->token_file);
-        char *text    = read_file(o->token_file, "--token-file", true, err, errlen);
+        a->token_path = ddl_strdup(o->token_file);
+        if (a->token_path == NULL) {
+            snprintf(err, errlen, "--token-file %s: out of memory", o->token_file);
+            goto fail;
+        }
+        char *text = read_file(o->token_file, "--token-file", true, err, errlen);
         if (text == NULL) {
             goto fail;
         }
@@ -488,14 +493,14 @@ void ddld_auth_destroy(ddld_auth **pa)
     }
     if (a->tokens != NULL) {
         memset(a->tokens, 0, (size_t)a->ntokens * sizeof *a->tokens);
-        free(a->tokens);
+        ddl_free(a->tokens);
     }
-    free(a->cert_pem);
+    ddl_free(a->cert_pem);
     free_secret(&a->key_pem);
-    free(a->client_ca_pem);
-    free(a->token_path);
+    ddl_free(a->client_ca_pem);
+    ddl_free(a->token_path);
     pthread_rwlock_destroy(&a->lock);
-    free(a);
+    ddl_free(a);
     *pa = NULL;
 }
 

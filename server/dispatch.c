@@ -8,7 +8,20 @@
 // rank 0 on the dispatcher's own duplicate of MPI_COMM_WORLD):
 //   QUIT(code)  CREATE(flags REPLACE)  OPEN_DATA  STEP(count)  TRAIN(steps, epochs)
 //   EVAL_SPLIT(split)  EVAL_BATCH(count)  PREDICT(count)  PULL  PUSH  SAVE  RESTORE(step)
+//   DROP
 // A rejected request is never broadcast: the workers do not learn of it.
+//
+// Errors, one discipline with the engine's:
+// - Memory: every allocation is ddl_malloc'd and checked. Rank 0 fails a call it cannot
+//   allocate for before anything is broadcast (RESOURCE_EXHAUSTED, naming what); inside
+//   a command the engine agrees on the status. A model rank 0 cannot describe after
+//   CREATE is dropped on every rank (DROP).
+// - MPI: the channel d->ctrl has MPI_ERRORS_RETURN and every call on it goes through
+//   ddld_channel_check (channel.h). A failed channel call is unrecoverable for the
+//   collective daemon (the ranks are out of step, with no channel to agree on): the rank
+//   logs rank, call and MPI_Error_string and calls MPI_Abort with DDLD_EXIT_MPI (5). The
+//   session's own communicators are the engine's (MPI_ERRORS_RETURN too, and a failed
+//   call comes back as the command's status).
 //
 // Idle is idle: the workers wait for the next header with MPI_Ibcast + MPI_Test and a
 // sleep that grows from 50 us to 10 ms with the time since the last command, so a quiet
@@ -26,6 +39,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "channel.h"
 #include "ddl/base.h"
 #include "ddl/estimate.h"
 #include "ddl/session.h"
@@ -63,6 +77,7 @@ enum {
     DDLD_OP_PUSH,
     DDLD_OP_SAVE,
     DDLD_OP_RESTORE, // arg0 step (-1 latest)
+    DDLD_OP_DROP,    // destroy the model (rank 0 could not describe a model just created)
 };
 
 enum { CF_REPLACE = 1 };
@@ -126,28 +141,43 @@ struct ddld_dispatch {
 
 // ---- model info (rank 0) ------------------------------------------------------------------
 
-static void info_partitions(ddld_model_info *mi, const char *spec_text)
+// The spec's partitions into mi. Returns 0, or -1 when out of memory (what was allocated
+// stays in mi for ddld_model_info_free; a spec the engine accepted always parses). jansson
+// allocates on its own (malloc) and frees with json_decref.
+static int info_partitions(ddld_model_info *mi, const char *spec_text)
 {
     json_t *root  = json_loads(spec_text, 0, NULL);
     json_t *parts = root != NULL ? json_object_get(root, "partitions") : NULL;
+    int     rc    = root != NULL ? 0 : -1;
     if (json_is_object(parts)) {
         size_t n        = json_object_size(parts);
-        mi->part_name   = calloc(n + 1, sizeof *mi->part_name);
-        mi->part_ranks  = calloc(n + 1, sizeof *mi->part_ranks);
-        mi->part_shape  = calloc(n + 1, sizeof *mi->part_shape);
-        mi->part_nranks = calloc(n + 1, sizeof *mi->part_nranks);
-        mi->part_ndims  = calloc(n + 1, sizeof *mi->part_ndims);
+        mi->part_name   = ddl_calloc(n + 1, sizeof *mi->part_name);
+        mi->part_ranks  = ddl_calloc(n + 1, sizeof *mi->part_ranks);
+        mi->part_shape  = ddl_calloc(n + 1, sizeof *mi->part_shape);
+        mi->part_nranks = ddl_calloc(n + 1, sizeof *mi->part_nranks);
+        mi->part_ndims  = ddl_calloc(n + 1, sizeof *mi->part_ndims);
+        if (mi->part_name == NULL || mi->part_ranks == NULL || mi->part_shape == NULL ||
+            mi->part_nranks == NULL || mi->part_ndims == NULL) {
+            json_decref(root);
+            return -1;
+        }
         const char *key;
         json_t     *val;
         int         i = 0;
         json_object_foreach(parts, key, val)
         {
             json_t *r = json_object_get(val, "ranks"), *sh = json_object_get(val, "shape");
-            mi->part_name[i]  = strdup(key);
-            size_t nr         = json_is_array(r) ? json_array_size(r) : 0;
-            size_t nd         = json_is_array(sh) ? json_array_size(sh) : 0;
-            mi->part_ranks[i] = calloc(nr + 1, sizeof(int32_t));
-            mi->part_shape[i] = calloc(nd + 1, sizeof(int64_t));
+            size_t  nr        = json_is_array(r) ? json_array_size(r) : 0;
+            size_t  nd        = json_is_array(sh) ? json_array_size(sh) : 0;
+            mi->npartitions   = i + 1; // entry i is freed from here on, whatever fails
+            mi->part_name[i]  = ddl_strdup(key);
+            mi->part_ranks[i] = ddl_calloc(nr + 1, sizeof(int32_t));
+            mi->part_shape[i] = ddl_calloc(nd + 1, sizeof(int64_t));
+            if (mi->part_name[i] == NULL || mi->part_ranks[i] == NULL ||
+                mi->part_shape[i] == NULL) {
+                rc = -1;
+                break;
+            }
             for (size_t k = 0; k < nr; k++) {
                 mi->part_ranks[i][k] = (int32_t)json_integer_value(json_array_get(r, k));
             }
@@ -158,13 +188,15 @@ static void info_partitions(ddld_model_info *mi, const char *spec_text)
             mi->part_ndims[i]  = (int)nd;
             i++;
         }
-        mi->npartitions = i;
     }
     json_decref(root);
+    return rc;
 }
 
-// Publishes the current model (or none) in the shared snapshot. Rank 0.
-static void publish_model(ddld_dispatch *d, const char *name)
+// Publishes the current model (or none) in the shared snapshot. Rank 0. Returns 0, or -1
+// when rank 0 is out of memory for the model's description (the snapshot is then left as
+// it was). Without a model it allocates nothing and cannot fail.
+static int publish_model(ddld_dispatch *d, const char *name)
 {
     ddld_model_info mi;
     memset(&mi, 0, sizeof mi);
@@ -181,22 +213,33 @@ static void publish_model(ddld_dispatch *d, const char *name)
         for (int v = 0; v < 256; v++) {
             d->lut[v] = ((double)v / 255.0 - mi.norm_mean) / mi.norm_std;
         }
-        mi.nweights = ddl_session_nweights(d->s);
-        mi.weights  = calloc((size_t)mi.nweights + 1, sizeof *mi.weights);
+        int nw     = ddl_session_nweights(d->s);
+        mi.weights = ddl_calloc((size_t)nw + 1, sizeof *mi.weights);
+        if (mi.weights == NULL) {
+            return -1;
+        }
+        mi.nweights = nw;
         size_t off  = 0;
         for (int i = 0; i < mi.nweights; i++) {
             ddld_weight_info *w = &mi.weights[i];
-            w->name             = strdup(ddl_session_weight_name(d->s, i));
-            w->dtype            = ddl_session_weight_dtype(d->s, i);
-            w->shape            = *ddl_session_weight_shape(d->s, i);
-            int64_t n           = ddl_shape_numel(&w->shape);
-            w->bytes            = (size_t)n * ddl_dtype_size(w->dtype);
-            w->offset           = off;
+            w->name             = ddl_strdup(ddl_session_weight_name(d->s, i));
+            if (w->name == NULL) {
+                ddld_model_info_free(&mi);
+                return -1;
+            }
+            w->dtype  = ddl_session_weight_dtype(d->s, i);
+            w->shape  = *ddl_session_weight_shape(d->s, i);
+            int64_t n = ddl_shape_numel(&w->shape);
+            w->bytes  = (size_t)n * ddl_dtype_size(w->dtype);
+            w->offset = off;
             off += (w->bytes + 63) / 64 * 64;
             mi.num_parameters += n;
         }
         mi.weights_bytes = off;
-        info_partitions(&mi, ddl_spec_text(spec));
+        if (info_partitions(&mi, ddl_spec_text(spec)) != 0) {
+            ddld_model_info_free(&mi);
+            return -1;
+        }
     } else if (name != NULL) {
         snprintf(mi.name, sizeof mi.name, "%s", name);
     }
@@ -208,6 +251,7 @@ static void publish_model(ddld_dispatch *d, const char *name)
     ddld_g.info = mi;
     ddld_g.model_gen++;
     pthread_mutex_unlock(&ddld_g.mu);
+    return 0;
 }
 
 // Mirrors the session's counters into the snapshot. Rank 0.
@@ -294,6 +338,9 @@ static ddl_status execute(ddld_dispatch *d, const ddld_cmd *cmd, struct payload 
     case DDLD_OP_RESTORE:
         st = ddl_session_restore(d->s, p->path, cmd->arg[0]);
         break;
+    case DDLD_OP_DROP:
+        ddl_session_destroy(&d->s);
+        break;
     default:
         break;
     }
@@ -323,15 +370,15 @@ static void note_step_bytes(ddld_dispatch *d, const ddld_cmd *cmd, const struct 
     }
     ddl_model_t     *m    = ddl_session_model(d->s);
     int              n    = ddl_model_traffic_rows(m);
-    ddl_traffic_row *rows = calloc((size_t)n, sizeof *rows);
+    ddl_traffic_row *rows = ddl_calloc((size_t)n, sizeof *rows);
     uint64_t         mine = 0, all = 0;
     if (rows != NULL && ddl_model_traffic_local(m, rows, n) == DDL_OK) {
         for (int i = 0; i < n; i++) {
             mine += ddl_traffic_total(&rows[i].fwd).sent + ddl_traffic_total(&rows[i].bwd).sent;
         }
     }
-    free(rows); // a rank short of memory contributes 0: the figure is informative only
-    MPI_Reduce(&mine, &all, 1, MPI_UINT64_T, MPI_SUM, 0, d->ctrl);
+    ddl_free(rows); // a rank short of memory contributes 0: the figure is informative only
+    ddld_channel_check(MPI_Reduce(&mine, &all, 1, MPI_UINT64_T, MPI_SUM, 0, d->ctrl), "MPI_Reduce");
     d->step_bytes_known = true;
     if (d->rank == 0) {
         pthread_mutex_lock(&ddld_g.mu);
@@ -351,8 +398,8 @@ static ddl_status run(ddld_dispatch *d, int op, int flags, int64_t a0, int64_t a
     cmd.arg[0] = a0;
     cmd.arg[1] = a1;
     MPI_Request req;
-    MPI_Ibcast(&cmd, (int)sizeof cmd, MPI_BYTE, 0, d->ctrl, &req);
-    MPI_Wait(&req, MPI_STATUS_IGNORE);
+    ddld_channel_check(MPI_Ibcast(&cmd, (int)sizeof cmd, MPI_BYTE, 0, d->ctrl, &req), "MPI_Ibcast");
+    ddld_channel_check(MPI_Wait(&req, MPI_STATUS_IGNORE), "MPI_Wait");
     if (op == DDLD_OP_CREATE || op == DDLD_OP_STEP || op == DDLD_OP_TRAIN || op == DDLD_OP_PUSH ||
         op == DDLD_OP_RESTORE) {
         d->weights_version++;
@@ -383,9 +430,10 @@ int ddld_dispatch_worker_loop(ddld_dispatch *d)
         int         done   = 0;
         long        nap_ns = 50000;
         double      t0     = MPI_Wtime();
-        MPI_Ibcast(&cmd, (int)sizeof cmd, MPI_BYTE, 0, d->ctrl, &req);
+        ddld_channel_check(MPI_Ibcast(&cmd, (int)sizeof cmd, MPI_BYTE, 0, d->ctrl, &req),
+                           "MPI_Ibcast");
         for (;;) {
-            MPI_Test(&req, &done, MPI_STATUS_IGNORE);
+            ddld_channel_check(MPI_Test(&req, &done, MPI_STATUS_IGNORE), "MPI_Test");
             if (done) {
                 break;
             }
@@ -415,12 +463,33 @@ void ddld_dispatch_quit(ddld_dispatch *d, int code)
 
 ddld_dispatch *ddld_dispatch_create(const ddld_config *cfg, MPI_Comm world)
 {
-    ddld_dispatch *d = calloc(1, sizeof *d);
-    d->cfg           = cfg;
-    d->world         = world;
-    MPI_Comm_dup(world, &d->ctrl);
-    MPI_Comm_rank(world, &d->rank);
-    MPI_Comm_size(world, &d->size);
+    // Every local allocation first, then one agreement, so that a rank short of memory
+    // fails start-up on every rank instead of leaving the others in MPI_Comm_dup.
+    int rank, size;
+    MPI_Comm_rank(world, &rank);
+    MPI_Comm_size(world, &size);
+    ddld_dispatch      *d       = ddl_calloc(1, sizeof *d);
+    Distdl__V1__Batch **batches = NULL;
+    if (d != NULL && rank == 0) {
+        batches = ddl_calloc((size_t)cfg->queue, sizeof *batches);
+    }
+    int bad = d == NULL || (rank == 0 && batches == NULL), any_bad = 1;
+    if (bad) {
+        ddld_log("start-up: out of memory for the dispatcher%s",
+                 rank == 0 ? " and its batch queue" : "");
+    }
+    MPI_Allreduce(&bad, &any_bad, 1, MPI_INT, MPI_MAX, world);
+    if (any_bad) {
+        ddl_free(batches);
+        ddl_free(d);
+        return NULL;
+    }
+    d->cfg   = cfg;
+    d->world = world;
+    d->rank  = rank;
+    d->size  = size;
+    ddld_channel_check(MPI_Comm_dup(world, &d->ctrl), "MPI_Comm_dup");
+    ddld_channel_init(d->ctrl, rank);
     d->opts.checkpoint_dir   = cfg->checkpoint_dir;
     d->opts.checkpoint_every = cfg->checkpoint_every;
     atomic_init(&d->pull_readers, 0);
@@ -433,7 +502,7 @@ ddld_dispatch *ddld_dispatch_create(const ddld_config *cfg, MPI_Comm world)
         pthread_mutex_lock(&ddld_g.mu);
         ddld_g.world_size = d->size;
         ddld_g.batch_cap  = cfg->queue;
-        ddld_g.batches    = calloc((size_t)cfg->queue, sizeof *ddld_g.batches);
+        ddld_g.batches    = batches;
         pthread_mutex_unlock(&ddld_g.mu);
     }
     return d;
@@ -446,25 +515,25 @@ void ddld_dispatch_destroy(ddld_dispatch **pd)
         return;
     }
     ddl_session_destroy(&d->s);
-    MPI_Comm_free(&d->ctrl);
+    ddld_channel_check(MPI_Comm_free(&d->ctrl), "MPI_Comm_free");
     if (d->rank == 0) {
         clear_batches();
         pthread_mutex_lock(&ddld_g.mu);
         ddld_model_info_free(&ddld_g.info);
-        free(ddld_g.batches);
+        ddl_free(ddld_g.batches);
         ddld_g.batches = NULL;
         pthread_mutex_unlock(&ddld_g.mu);
     }
-    free(d->xbuf);
-    free(d->lbuf);
+    ddl_free(d->xbuf);
+    ddl_free(d->lbuf);
     *pd = NULL;
     if (atomic_load(&d->pull_readers) != 0) {
         // gRPC may release a stream's last chunk after its own shutdown returned: leave the
         // snapshot and its counter alive for that release (the process is exiting).
         return;
     }
-    free(d->pull);
-    free(d);
+    ddl_free(d->pull);
+    ddl_free(d);
 }
 
 void ddld_dispatch_set_hooks(ddld_dispatch *d, ddld_service *svc, void (*poll)(void *), void *ud)
@@ -479,8 +548,8 @@ void ddld_dispatch_set_hooks(ddld_dispatch *d, ddld_service *svc, void (*poll)(v
 static void *grow(void **buf, size_t *cap, size_t need)
 {
     if (*cap < need) {
-        free(*buf);
-        *buf = aligned_alloc(64, (need + 63) / 64 * 64);
+        ddl_free(*buf);
+        *buf = ddl_malloc(need); // 64-byte aligned
         *cap = *buf != NULL ? need : 0;
     }
     return *buf;
@@ -841,7 +910,19 @@ static ddl_status create_model(ddld_dispatch *d, const char *what, const char *t
     ddld_g.data_dir[0] = '\0';
     ddld_g.last_loss   = 0;
     pthread_mutex_unlock(&ddld_g.mu);
-    publish_model(d, name);
+    if (publish_model(d, name) != 0) {
+        // Every rank holds the new model, but rank 0 cannot describe it: drop it on every
+        // rank rather than serve a model without its weight table.
+        struct payload p;
+        memset(&p, 0, sizeof p);
+        run(d, DDLD_OP_DROP, 0, 0, 0, &p);
+        publish_model(d, NULL); // no model: allocates nothing
+        *code = GRPC_STATUS_RESOURCE_EXHAUSTED;
+        snprintf(err, errlen,
+                 "%s: rank 0 is out of memory for the model's description; no model is loaded",
+                 what);
+        return ddl_set_error(DDL_ENOMEM, "%s", err);
+    }
     publish_progress(d);
     return DDL_OK;
 }
@@ -1151,9 +1232,9 @@ static ddl_status predict(ddld_dispatch *d, const char *datatype, const uint8_t 
     memset(&p, 0, sizeof p);
     p.x           = input_data(d, datatype, raw, n * mi->sample_numel, &p.x_bytes);
     *logits_bytes = (size_t)n * (size_t)mi->classes * ddl_dtype_size(mi->dtype);
-    *logits       = malloc(*logits_bytes > 0 ? *logits_bytes : 1);
+    *logits       = ddl_malloc(*logits_bytes);
     if (p.x == NULL || *logits == NULL) {
-        free(*logits);
+        ddl_free(*logits);
         *logits = NULL;
         return ddl_set_error(DDL_ENOMEM, "out of memory for %lld samples", (long long)n);
     }
@@ -1161,7 +1242,7 @@ static ddl_status predict(ddld_dispatch *d, const char *datatype, const uint8_t 
     p.out_bytes   = *logits_bytes;
     ddl_status st = run(d, DDLD_OP_PREDICT, 0, n, 0, &p);
     if (st != DDL_OK) {
-        free(*logits);
+        ddl_free(*logits);
         *logits = NULL;
     }
     return st;
@@ -1207,7 +1288,7 @@ static void on_predict(ddld_dispatch *d, ddld_job *job)
     Distdl__V1__PredictResponse r = DISTDL__V1__PREDICT_RESPONSE__INIT;
     r.logits                      = &t;
     ddld_call_finish(job->call, GRPC_STATUS_OK, NULL, &r.base);
-    free(logits);
+    ddl_free(logits);
 }
 
 static void on_model_infer(ddld_dispatch *d, ddld_job *job)
@@ -1232,7 +1313,7 @@ static void on_model_infer(ddld_dispatch *d, ddld_job *job)
     void      *logits;
     size_t     lb;
     ddl_status st = predict(d, in->datatype, raw, n, &logits, &lb);
-    free(typed);
+    ddl_free(typed);
     if (st != DDL_OK) {
         fail_engine(job, "ModelInfer", st);
         return;
@@ -1254,7 +1335,7 @@ static void on_model_infer(ddld_dispatch *d, ddld_job *job)
     r.n_raw_output_contents           = 1;
     r.raw_output_contents             = &out;
     ddld_call_finish(job->call, GRPC_STATUS_OK, NULL, &r.base);
-    free(logits);
+    ddl_free(logits);
 }
 
 static void pull_release(void *ud)
@@ -1265,7 +1346,7 @@ static void pull_release(void *ud)
 
 static void pull_release_owned(void *ud)
 {
-    free(ud);
+    ddl_free(ud);
 }
 
 static void on_pull(ddld_dispatch *d, ddld_job *job)
@@ -1287,7 +1368,7 @@ static void on_pull(ddld_dispatch *d, ddld_job *job)
         d->pull_version = 0;
         buf             = grow((void **)&d->pull, &d->pull_cap, mi->weights_bytes + 64);
     } else {
-        buf = aligned_alloc(64, (mi->weights_bytes + 127) / 64 * 64);
+        buf = ddl_malloc(mi->weights_bytes + 64);
     }
     if (buf == NULL) {
         fail(job, GRPC_STATUS_RESOURCE_EXHAUSTED, "PullWeights: out of memory for %zu bytes",
@@ -1306,7 +1387,7 @@ static void on_pull(ddld_dispatch *d, ddld_job *job)
     }
     if (st != DDL_OK) {
         if (!shared) {
-            free(buf);
+            ddl_free(buf);
         }
         fail_engine(job, "PullWeights", st);
         return;
@@ -1331,8 +1412,13 @@ static void on_push(ddld_dispatch *d, ddld_job *job)
              "PushWeights: the model was replaced while the weights streamed in; push again");
         return;
     }
-    const void **bufs  = calloc((size_t)mi->nweights + 1, sizeof *bufs);
+    const void **bufs  = ddl_calloc((size_t)mi->nweights + 1, sizeof *bufs);
     int64_t      bytes = 0;
+    if (bufs == NULL) {
+        fail(job, GRPC_STATUS_RESOURCE_EXHAUSTED, "PushWeights: out of memory for %d weights",
+             mi->nweights);
+        return;
+    }
     for (int i = 0; i < mi->nweights; i++) {
         bufs[i] = job->staging + mi->weights[i].offset;
         bytes += (int64_t)mi->weights[i].bytes;
@@ -1346,7 +1432,7 @@ static void on_push(ddld_dispatch *d, ddld_job *job)
         ddld_log("PushWeights: scattered %lld bytes in %.1f ms", (long long)bytes,
                  (MPI_Wtime() - t0) * 1e3);
     }
-    free(bufs);
+    ddl_free(bufs);
     if (st != DDL_OK) {
         fail_engine(job, "PushWeights", st);
         return;
@@ -1577,8 +1663,13 @@ static char *read_file(const char *path, char *err, size_t errlen)
         snprintf(err, errlen, "--model %s: not a readable spec (size %ld)", path, n);
         return NULL;
     }
-    char  *text = malloc((size_t)n + 1);
-    size_t got  = fread(text, 1, (size_t)n, f);
+    char *text = ddl_malloc((size_t)n + 1);
+    if (text == NULL) {
+        fclose(f);
+        snprintf(err, errlen, "--model %s: out of memory for %ld bytes", path, n);
+        return NULL;
+    }
+    size_t got = fread(text, 1, (size_t)n, f);
     fclose(f);
     text[got] = '\0';
     return text;
@@ -1600,7 +1691,7 @@ int ddld_dispatch_startup(ddld_dispatch *d)
     grpc_status_code code;
     ddl_status       st =
         create_model(d, "--model", text, cfg->model_path, false, NULL, err, sizeof err, &code);
-    free(text);
+    ddl_free(text);
     if (st != DDL_OK) {
         ddld_log("%s", err);
         return 2;

@@ -13,6 +13,8 @@ typedef struct ddld_dispatch ddld_dispatch;
 
 // Every rank: the dispatcher over a duplicate of world (the command channel) and the
 // session (its own duplicate). cfg is borrowed for the daemon's lifetime.
+// Collective on world: duplicates it as the command channel (MPI_ERRORS_RETURN, channel.h).
+// Returns NULL on every rank, after a logged reason, when any rank is out of memory.
 ddld_dispatch *ddld_dispatch_create(const ddld_config *cfg, MPI_Comm world);
 void           ddld_dispatch_destroy(ddld_dispatch **d);
 

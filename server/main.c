@@ -33,6 +33,7 @@
 #include "ddl/kernels.h"
 #include "ddl/model.h"
 #include "dispatch.h"
+#include "exit_codes.h"
 #include "log.h"
 #include "methods.h"
 #include "metrics.h"
@@ -246,7 +247,11 @@ static struct {
 static void wake_from_grpc(void *ud)
 {
     (void)ud;
-    uv_async_send(&r0.wake);
+    // Fails only on a closing handle (after the loop ended): nothing is left to wake then.
+    int rc = uv_async_send(&r0.wake);
+    if (rc != 0) {
+        ddld_log("uv_async_send: %s (the loop is closing)", uv_strerror(rc));
+    }
 }
 
 static void on_wake(uv_async_t *h)
@@ -328,87 +333,156 @@ static void close_handle(uv_handle_t *h, void *arg)
     }
 }
 
+// Closes every handle of the loop (each closes once, in the order the loop holds them),
+// runs the loop until their close callbacks ran, and closes the loop.
+static void loop_close(void)
+{
+    uv_walk(&r0.loop, close_handle, NULL);
+    uv_run(&r0.loop, UV_RUN_DEFAULT); // returns once no handle is left
+    int rc = uv_loop_close(&r0.loop);
+    if (rc != 0) {
+        ddld_log("uv_loop_close: %s", uv_strerror(rc));
+    }
+}
+
+// The loop, its async handle, its signal handles and the checkpoint timer. Returns 0, or
+// -1 after a logged reason with everything it made released.
+static int loop_start(const ddld_config *cfg)
+{
+    struct {
+        uv_signal_t *h;
+        int          signum;
+    } const sigs[] = {{&r0.sig_term, SIGTERM},
+                      {&r0.sig_int, SIGINT},
+                      {&r0.sig_usr1, SIGUSR1},
+                      {&r0.sig_usr2, SIGUSR2},
+                      {&r0.sig_hup, SIGHUP}};
+    const char *what;
+    int         rc = uv_loop_init(&r0.loop);
+    if (rc != 0) {
+        ddld_log("start-up: uv_loop_init: %s", uv_strerror(rc));
+        return -1;
+    }
+    if ((rc = uv_async_init(&r0.loop, &r0.wake, on_wake)) != 0) {
+        what = "uv_async_init";
+        goto fail_handles;
+    }
+    for (size_t i = 0; i < sizeof sigs / sizeof sigs[0]; i++) {
+        if ((rc = uv_signal_init(&r0.loop, sigs[i].h)) != 0) {
+            what = "uv_signal_init";
+            goto fail_handles;
+        }
+        if ((rc = uv_signal_start(sigs[i].h, on_signal, sigs[i].signum)) != 0) {
+            what = "uv_signal_start";
+            goto fail_handles;
+        }
+    }
+    if ((rc = uv_timer_init(&r0.loop, &r0.ckpt_timer)) != 0) {
+        what = "uv_timer_init";
+        goto fail_handles;
+    }
+    if (cfg->checkpoint_interval > 0) {
+        uint64_t ms = (uint64_t)cfg->checkpoint_interval * 1000;
+        if ((rc = uv_timer_start(&r0.ckpt_timer, on_ckpt_timer, ms, ms)) != 0) {
+            what = "uv_timer_start";
+            goto fail_handles;
+        }
+    }
+    return 0;
+
+fail_handles: // the handles made so far are the loop's: closing them all is the reverse
+    ddld_log("start-up: %s: %s", what, uv_strerror(rc));
+    loop_close();
+    return -1;
+}
+
+// Serves until a Shutdown or a signal, then the orderly part of shutdown that needs the
+// workers and the service still up.
+static void serve(const ddld_config *cfg, ddld_dispatch *d, int port)
+{
+    ddld_dispatch_set_hooks(d, r0.svc, poll_loop, NULL);
+    if (strncmp(cfg->listen, "unix:", 5) == 0) {
+        ddld_log("listening on %s (pid %d)", cfg->listen, (int)getpid());
+    } else {
+        const char *colon = strrchr(cfg->listen, ':');
+        int         hl = colon != NULL ? (int)(colon - cfg->listen) : (int)strlen(cfg->listen);
+        ddld_log("listening on %.*s:%d (pid %d)", hl, cfg->listen, port, (int)getpid());
+    }
+    if (getenv("DDLD_TEST_ALLOC_FAIL") != NULL) { // the sweep's map of start-up and session
+        ddld_log("alloc-fail test: %llu allocations at serving",
+                 (unsigned long long)ddl_alloc_count());
+    }
+    while (!r0.shutdown) {
+        uv_run(&r0.loop, UV_RUN_ONCE);
+        ddld_dispatch_checkpoint_pending(d);
+        ddld_job *job;
+        while (!r0.shutdown && (job = ddld_service_pop(r0.svc)) != NULL) {
+            if (job->method == DDLD_M_INTERNAL && job->internal == DDLD_JOB_SHUTDOWN) {
+                r0.shutdown = true;
+                ddld_job_free(job);
+                break;
+            }
+            ddld_dispatch_run(d, job);
+            ddld_dispatch_checkpoint_pending(d);
+        }
+    }
+    // The order gRPC needs (docs/SERVER.md, "Signals and shutdown"): refuse and fail
+    // what is queued, then the final checkpoint while the workers are still here, then
+    // the gRPC teardown, and only then release the workers.
+    ddld_service_close(r0.svc);
+    ddld_dispatch_final_checkpoint(d);
+    ddld_metrics_stop(); // scrapes see the final checkpoint; the service outlives them
+}
+
 static int run_rank0(const ddld_config *cfg, ddld_dispatch *d)
 {
     r0.d = d;
     // The loop and its signal handles come first, so a signal during a long start-up
     // (building a big model, --resume) is held for the loop instead of killing rank 0.
-    uv_loop_init(&r0.loop);
-    uv_async_init(&r0.loop, &r0.wake, on_wake);
-    uv_signal_init(&r0.loop, &r0.sig_term);
-    uv_signal_init(&r0.loop, &r0.sig_int);
-    uv_signal_init(&r0.loop, &r0.sig_usr1);
-    uv_signal_init(&r0.loop, &r0.sig_usr2);
-    uv_signal_start(&r0.sig_term, on_signal, SIGTERM);
-    uv_signal_start(&r0.sig_int, on_signal, SIGINT);
-    uv_signal_start(&r0.sig_usr1, on_signal, SIGUSR1);
-    uv_signal_start(&r0.sig_usr2, on_signal, SIGUSR2);
-    uv_signal_init(&r0.loop, &r0.sig_hup);
-    uv_signal_start(&r0.sig_hup, on_signal, SIGHUP);
-    uv_timer_init(&r0.loop, &r0.ckpt_timer);
-    if (cfg->checkpoint_interval > 0) {
-        uint64_t ms = (uint64_t)cfg->checkpoint_interval * 1000;
-        uv_timer_start(&r0.ckpt_timer, on_ckpt_timer, ms, ms);
+    int code = DDLD_EXIT_START;
+    if (loop_start(cfg) != 0) {
+        goto out_quit;
     }
-
     // TLS and token files are read before any collective work: a bad file stops every rank
     // at once (the workers leave with our code through ddld_dispatch_quit below).
-    int code = ddld_auth_startup(cfg);
-    if (code == 0) {
-        code = ddld_dispatch_startup(d);
+    code = ddld_auth_startup(cfg);
+    if (code != 0) {
+        goto out_auth;
+    }
+    code = ddld_dispatch_startup(d);
+    if (code != 0) {
+        goto out_auth;
+    }
+    if (ddld_metrics_start() != 0) {
+        code = DDLD_EXIT_START; // a bad or busy --metrics-listen: before gRPC serves anything
+        goto out_metrics;
     }
     int port = 0;
-    if (code == 0 && ddld_metrics_start() != 0) {
-        code = 2; // a bad or busy --metrics-listen: before gRPC serves anything
+    r0.svc   = ddld_service_start(cfg, wake_from_grpc, NULL, &port);
+    if (r0.svc == NULL) {
+        code = DDLD_EXIT_START;
+        goto out_metrics;
     }
-    if (code == 0) {
-        r0.svc = ddld_service_start(cfg, wake_from_grpc, NULL, &port);
-        code   = r0.svc == NULL ? 2 : 0;
-        ddld_metrics_attach(r0.svc);
-    }
-    if (code == 0 && write_address(cfg, port) != 0) {
-        code = 2;
+    ddld_metrics_attach(r0.svc);
+    if (write_address(cfg, port) != 0) {
+        code = DDLD_EXIT_START;
         ddld_metrics_stop();
         ddld_service_close(r0.svc);
-        ddld_service_stop(&r0.svc, 0);
+        goto out_service;
     }
-    if (code == 0) {
-        ddld_dispatch_set_hooks(d, r0.svc, poll_loop, NULL);
-        if (strncmp(cfg->listen, "unix:", 5) == 0) {
-            ddld_log("listening on %s (pid %d)", cfg->listen, (int)getpid());
-        } else {
-            const char *colon = strrchr(cfg->listen, ':');
-            int         hl = colon != NULL ? (int)(colon - cfg->listen) : (int)strlen(cfg->listen);
-            ddld_log("listening on %.*s:%d (pid %d)", hl, cfg->listen, port, (int)getpid());
-        }
-        while (!r0.shutdown) {
-            uv_run(&r0.loop, UV_RUN_ONCE);
-            ddld_dispatch_checkpoint_pending(d);
-            ddld_job *job;
-            while (!r0.shutdown && (job = ddld_service_pop(r0.svc)) != NULL) {
-                if (job->method == DDLD_M_INTERNAL && job->internal == DDLD_JOB_SHUTDOWN) {
-                    r0.shutdown = true;
-                    ddld_job_free(job);
-                    break;
-                }
-                ddld_dispatch_run(d, job);
-                ddld_dispatch_checkpoint_pending(d);
-            }
-        }
-        // The order gRPC needs (docs/SERVER.md, "Signals and shutdown"): refuse and fail
-        // what is queued, then the final checkpoint while the workers are still here, then
-        // the gRPC teardown, and only then release the workers.
-        ddld_service_close(r0.svc);
-        ddld_dispatch_final_checkpoint(d);
-        ddld_metrics_stop(); // scrapes see the final checkpoint; the service outlives them
-        ddld_service_stop(&r0.svc, cfg->grace_s);
-    }
-    ddld_metrics_stop();
-    uv_walk(&r0.loop, close_handle, NULL);
-    uv_run(&r0.loop, UV_RUN_DEFAULT);
-    uv_loop_close(&r0.loop);
+    serve(cfg, d, port);
+
+    // The way out, in the reverse order of the way in; a failed start-up enters it at the
+    // label after the last thing it acquired.
+out_service:
+    ddld_service_stop(&r0.svc, code == 0 ? cfg->grace_s : 0);
+out_metrics:
+    ddld_metrics_stop(); // NULL-safe and idempotent
+out_auth:
     ddld_auth_shutdown();
-    ddld_dispatch_quit(d, code);
+    loop_close();
+out_quit:
+    ddld_dispatch_quit(d, code); // the workers leave with our code
     return code;
 }
 
@@ -418,6 +492,9 @@ static int run_rank0(const ddld_config *cfg, ddld_dispatch *d)
 // worker's "exit 2" would be lost even though it did exit 2.
 static int leave(int code, bool say)
 {
+    if (getenv("DDLD_TEST_ALLOC_FAIL") != NULL) {
+        ddld_log("alloc-fail test: %llu allocations", (unsigned long long)ddl_alloc_count());
+    }
     if (say) {
         ddld_log("exit %d", code);
     }
@@ -495,10 +572,32 @@ int main(int argc, char **argv)
         ddld_log("%d ranks, BLAS %s, %d thread%s per rank, convolutions %s", size,
                  ddl_blas_summary(), threads, threads == 1 ? "" : "s", ddl_conv_path());
     }
-    ddld_metrics_init(&cfg, rank, size);
-    ddld_dispatch *d  = ddld_dispatch_create(&cfg, MPI_COMM_WORLD);
-    ddld_watchdog *wd = ddld_watchdog_start(MPI_COMM_WORLD, cfg.watchdog_s);
-    int            code;
+    // TEST ONLY (tests/server/alloc_sweep_test.py): DDLD_TEST_ALLOC_FAIL="N[@RANK]" makes
+    // the N-th ddl_malloc of rank RANK (default 0) from here on fail, once (N = 0: none);
+    // every rank then logs its allocation count at exit.
+    const char *inject = getenv("DDLD_TEST_ALLOC_FAIL");
+    if (inject != NULL) {
+        unsigned long long n  = 0;
+        int                at = 0;
+        if (sscanf(inject, "%llu@%d", &n, &at) >= 1 && at == rank) {
+            ddl_alloc_fail_after(n, 0);
+        }
+    }
+    // Start-up: each step is agreed on or collective, so a rank that fails takes every rank
+    // out with it, through the labels below in the reverse order.
+    int            code = DDLD_EXIT_START;
+    ddld_dispatch *d    = NULL;
+    ddld_watchdog *wd   = NULL;
+    int            bad  = ddld_metrics_init(&cfg, rank, size) != 0;
+    MPI_Allreduce(MPI_IN_PLACE, &bad, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+    if (bad) {
+        goto out_metrics;
+    }
+    d = ddld_dispatch_create(&cfg, MPI_COMM_WORLD);
+    if (d == NULL) {
+        goto out_metrics;
+    }
+    wd = ddld_watchdog_start(MPI_COMM_WORLD, cfg.watchdog_s); // ends the job itself on failure
     if (rank == 0) {
         code = run_rank0(&cfg, d);
     } else {
@@ -512,6 +611,7 @@ int main(int argc, char **argv)
     }
     ddld_watchdog_stop(&wd);
     ddld_dispatch_destroy(&d);
+out_metrics:
     ddld_metrics_free();
     return leave(code, rank == 0 || code != 0); // a failed start says so on every rank
 }

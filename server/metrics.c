@@ -26,6 +26,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "channel.h"
+#include "ddl/base.h"
 #include "ddl/primitives.h"
 #include "log.h"
 #include "methods.h"
@@ -164,7 +166,7 @@ static double now_mono(void)
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-void ddld_metrics_init(const ddld_config *cfg, int rank, int size)
+int ddld_metrics_init(const ddld_config *cfg, int rank, int size)
 {
     m.cfg     = cfg;
     m.rank    = rank;
@@ -177,19 +179,21 @@ void ddld_metrics_init(const ddld_config *cfg, int rank, int size)
     m.start_mono = now_mono();
     atomic_init(&m.svc, NULL);
     if (m.enabled && rank == 0) {
-        m.gather = calloc((size_t)size * NREC, sizeof *m.gather);
-        m.ranks  = calloc((size_t)size * NREC, sizeof *m.ranks);
+        m.gather = ddl_calloc((size_t)size * NREC, sizeof *m.gather);
+        m.ranks  = ddl_calloc((size_t)size * NREC, sizeof *m.ranks);
         if (m.gather == NULL || m.ranks == NULL) {
             ddld_log("metrics: out of memory for %d ranks' counters", size);
-            MPI_Abort(MPI_COMM_WORLD, 2); // the workers would wait in the first gather
+            ddld_metrics_free();
+            return -1;
         }
     }
+    return 0;
 }
 
 void ddld_metrics_free(void)
 {
-    free(m.gather);
-    free(m.ranks);
+    ddl_free(m.gather);
+    ddl_free(m.ranks);
     m.gather  = NULL;
     m.ranks   = NULL;
     m.enabled = false;
@@ -241,7 +245,8 @@ void ddld_metrics_collect(MPI_Comm comm)
         rss_at = now;
     }
     rec[REC_RSS] = rss;
-    MPI_Gather(rec, NREC, MPI_INT64_T, m.gather, NREC, MPI_INT64_T, 0, comm);
+    ddld_channel_check(MPI_Gather(rec, NREC, MPI_INT64_T, m.gather, NREC, MPI_INT64_T, 0, comm),
+                       "MPI_Gather");
     if (m.rank == 0) {
         double dt = MPI_Wtime() - t0;
         pthread_mutex_lock(&m.mu);
@@ -464,7 +469,7 @@ static void render(FILE *f, const struct scrape *s)
 static int take_scrape(struct scrape *s)
 {
     memset(s, 0, sizeof *s);
-    s->ranks = calloc((size_t)m.size * NREC, sizeof *s->ranks);
+    s->ranks = ddl_calloc((size_t)m.size * NREC, sizeof *s->ranks);
     if (s->ranks == NULL) {
         return -1;
     }
@@ -543,7 +548,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     if (strcmp(url, "/metrics") != 0) {
         return reply(conn, MHD_HTTP_NOT_FOUND, not_found, strlen(not_found), false);
     }
-    struct scrape *s    = malloc(sizeof *s); // ~70 KB: not on the HTTP thread's stack
+    struct scrape *s    = ddl_malloc(sizeof *s); // ~70 KB: not on the HTTP thread's stack
     char          *text = NULL;
     size_t         len  = 0;
     FILE          *f    = NULL;
@@ -551,9 +556,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         render(f, s);
     }
     if (s != NULL) {
-        free(s->ranks);
+        ddl_free(s->ranks);
     }
-    free(s);
+    ddl_free(s);
+    // text is open_memstream's (libc malloc): libmicrohttpd frees it with free().
     if (f == NULL || fclose(f) != 0) {
         free(text);
         return reply(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, failed, strlen(failed), false);

@@ -31,7 +31,9 @@ int ddld_metrics_check_config(const ddld_config *cfg, char *err, size_t errlen);
 
 // Every rank, after MPI_Init: remembers cfg (borrowed) and, on rank 0, allocates the
 // gather buffers. Metrics are on when cfg->metrics_listen is set (the same on all ranks).
-void ddld_metrics_init(const ddld_config *cfg, int rank, int size);
+// Returns 0, or -1 after a logged reason when rank 0 is out of memory (not collective:
+// the caller agrees with the other ranks before any of them gathers).
+int ddld_metrics_init(const ddld_config *cfg, int rank, int size);
 // Every rank, at exit (after ddld_metrics_stop on rank 0).
 void ddld_metrics_free(void);
 

@@ -612,19 +612,19 @@ grpc_status_code ddld_infer_input(const ddld_model_info *mi, const Inference__Mo
         const Inference__InferTensorContents *c = in->contents;
         if (strcmp(in->datatype, "FP32") == 0) {
             raw_len = c->n_fp32_contents * 4;
-            typed   = malloc(raw_len + 1);
+            typed   = ddl_malloc(raw_len + 1);
             if (typed != NULL && raw_len > 0) {
                 memcpy(typed, c->fp32_contents, raw_len);
             }
         } else if (strcmp(in->datatype, "FP64") == 0) {
             raw_len = c->n_fp64_contents * 8;
-            typed   = malloc(raw_len + 1);
+            typed   = ddl_malloc(raw_len + 1);
             if (typed != NULL && raw_len > 0) {
                 memcpy(typed, c->fp64_contents, raw_len);
             }
         } else if (strcmp(in->datatype, "UINT8") == 0) {
             raw_len = c->n_uint_contents;
-            typed   = malloc(raw_len + 1);
+            typed   = ddl_malloc(raw_len + 1);
         }
         if (raw_len > 0 && typed == NULL) {
             snprintf(err, errlen, "ModelInfer: out of memory for %zu input bytes", raw_len);
@@ -633,7 +633,7 @@ grpc_status_code ddld_infer_input(const ddld_model_info *mi, const Inference__Mo
         if (strcmp(in->datatype, "UINT8") == 0) {
             for (size_t i = 0; i < raw_len; i++) {
                 if (c->uint_contents[i] > 255) {
-                    free(typed);
+                    ddl_free(typed);
                     snprintf(err, errlen, "ModelInfer: uint_contents[%zu] = %u is not a UINT8", i,
                              c->uint_contents[i]);
                     return GRPC_STATUS_INVALID_ARGUMENT;
@@ -653,7 +653,7 @@ grpc_status_code ddld_infer_input(const ddld_model_info *mi, const Inference__Mo
         code = ddld_finite_check(mi, in->name, in->datatype, raw, *count, e, sizeof e);
     }
     if (code != GRPC_STATUS_OK) {
-        free(typed);
+        ddl_free(typed);
         snprintf(err, errlen, "ModelInfer: %s", e);
         return code;
     }

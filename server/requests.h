@@ -85,7 +85,7 @@ grpc_status_code ddld_wchunk_check(const ddld_model_info *mi, const size_t *got,
 
 // ModelInfer: the one input of q as raw little-endian bytes of its declared datatype, checked
 // against the model (outputs, input count, contents, ddld_input_check). Typed contents are
-// repacked into *typed (malloc'd; the caller frees it, also NULL), *raw points at the bytes
+// repacked into *typed (ddl_malloc; the caller ddl_frees it, also NULL), *raw points at the bytes
 // to use and *count receives n. On failure writes the message ("ModelInfer: ...") and returns
 // the gRPC code; nothing is left allocated.
 grpc_status_code ddld_infer_input(const ddld_model_info *mi, const Inference__ModelInferRequest *q,

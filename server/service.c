@@ -38,6 +38,7 @@
 
 #include "auth.h"
 #include "config.h"
+#include "ddl/base.h"
 #include "grpc/health/v1/health.pb-c.h"
 #include "inference/grpc_service.pb-c.h"
 #include "log.h"
@@ -70,6 +71,7 @@ _Static_assert(sizeof methods / sizeof methods[0] == DDLD_M_COUNT, "one entry pe
 enum { TAG_OP, TAG_CLOSE, TAG_SHUTDOWN };
 enum { ST_NEW, ST_RECV, ST_IDLE, ST_SEND, ST_FINISH };
 #define SEND_RING 16
+#define REARM_MS 50 // retry period of a method request_new could not arm
 
 struct tag {
     ddld_call *call;
@@ -150,6 +152,14 @@ struct ddld_service {
     uint8_t   *staging;
     size_t     staging_cap;
     bool       staging_busy;
+    // The internal job (Shutdown's end of the loop), allocated at start so that it never
+    // fails, and the DDLD_JOB_* that ddld_service_push_internal asked for (0: none).
+    ddld_job *internal_job;
+    int       internal_pending;
+    // Methods whose next call could not be requested for want of memory (request_new):
+    // the cq thread tries again every REARM_MS while any is set.
+    bool        rearm[DDLD_M_COUNT + 1];
+    atomic_bool rearm_any;
 
     void (*wake)(void *);
     void       *wake_ud;
@@ -157,7 +167,8 @@ struct ddld_service {
     atomic_bool shutdown_pending; // a Shutdown call is queued or running
 };
 
-static void request_new(ddld_service *svc, int method);
+static bool request_new(ddld_service *svc, int method);
+static void rearm_methods(ddld_service *svc);
 static void call_unref(ddld_call *c);
 
 // Calls from clients that have arrived and are not answered yet (GetStatus active_calls): a
@@ -291,7 +302,9 @@ void ddld_call_end(ddld_call *c, grpc_status_code code, const char *msg)
         if (c->send_busy) {
             c->end_pending = true;
             c->end_code    = code;
-            c->end_msg     = strdup(msg != NULL ? msg : "");
+            // Out of memory: the status still goes out when the send completes, without
+            // its message (finish_locked takes NULL).
+            c->end_msg = ddl_strdup(msg != NULL ? msg : "");
         } else {
             finish_locked(c, code, msg, NULL);
         }
@@ -313,7 +326,7 @@ static void wstream_unref(void *p)
         if (w->release != NULL) {
             w->release(w->ud);
         }
-        free(w);
+        ddl_free(w);
     }
 }
 
@@ -378,7 +391,25 @@ static grpc_byte_buffer *next_chunk(ddld_call *c)
 void ddld_call_stream_weights(ddld_call *c, const ddld_model_info *mi, const uint8_t *data,
                               void (*release)(void *), void *ud)
 {
-    struct wstream *w = malloc(sizeof *w);
+    struct wstream   *w    = ddl_malloc(sizeof *w);
+    ddld_weight_info *info = ddl_calloc((size_t)mi->nweights + 1, sizeof *info);
+    bool              ok   = w != NULL && info != NULL;
+    for (int i = 0; ok && i < mi->nweights; i++) {
+        info[i]      = mi->weights[i];
+        info[i].name = ddl_strdup(mi->weights[i].name);
+        ok           = info[i].name != NULL;
+    }
+    if (!ok) {
+        for (int i = 0; info != NULL && i < mi->nweights; i++) {
+            ddl_free(info[i].name);
+        }
+        ddl_free(info);
+        ddl_free(w);
+        release(ud);
+        ddld_call_finish(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
+                         "PullWeights: out of memory for the stream's weight table", NULL);
+        return;
+    }
     atomic_init(&w->refs, 1);
     w->release = release;
     w->ud      = ud;
@@ -388,11 +419,7 @@ void ddld_call_stream_weights(ddld_call *c, const ddld_model_info *mi, const uin
     c->w_cur    = 0;
     c->w_off    = 0;
     c->w_data   = data;
-    c->w_info   = calloc((size_t)mi->nweights + 1, sizeof *c->w_info);
-    for (int i = 0; i < mi->nweights; i++) {
-        c->w_info[i]      = mi->weights[i];
-        c->w_info[i].name = strdup(mi->weights[i].name);
-    }
+    c->w_info   = info;
     if (c->dead) {
         pthread_mutex_unlock(&c->mu);
         return;
@@ -416,7 +443,7 @@ void ddld_job_free(ddld_job *job)
         protobuf_c_message_free_unpacked(job->msg, NULL);
     }
     if (job->staging_owned) {
-        free(job->staging);
+        ddl_free(job->staging);
     } else if (job->staging != NULL && job->call != NULL) {
         ddld_service *svc = job->call->svc;
         pthread_mutex_lock(&svc->mu);
@@ -426,20 +453,23 @@ void ddld_job_free(ddld_job *job)
     if (job->call != NULL) {
         call_unref(job->call);
     }
-    free(job);
+    ddl_free(job);
 }
 
 // Makes room for one more job at the front, beyond the client limit if need be. Caller
 // holds svc->mu.
-static void push_front_locked(ddld_service *svc, ddld_job *job)
+static bool push_front_locked(ddld_service *svc, ddld_job *job)
 {
     if (svc->count == svc->cap) {
         int        ncap = svc->cap * 2;
-        ddld_job **nj   = calloc((size_t)ncap, sizeof *nj);
+        ddld_job **nj   = ddl_calloc((size_t)ncap, sizeof *nj);
+        if (nj == NULL) {
+            return false;
+        }
         for (int i = 0; i < svc->count; i++) {
             nj[i] = svc->jobs[(svc->head + i) % svc->cap];
         }
-        free(svc->jobs);
+        ddl_free(svc->jobs);
         svc->jobs = nj;
         svc->cap  = ncap;
         svc->head = 0;
@@ -447,6 +477,7 @@ static void push_front_locked(ddld_service *svc, ddld_job *job)
     svc->head            = (svc->head + svc->cap - 1) % svc->cap;
     svc->jobs[svc->head] = job;
     svc->count++;
+    return true;
 }
 
 // Queues a job for the main thread: UNAVAILABLE when closing, RESOURCE_EXHAUSTED when
@@ -460,8 +491,10 @@ static grpc_status_code enqueue(ddld_service *svc, ddld_job *job, bool priority)
         pthread_mutex_unlock(&svc->mu);
         return GRPC_STATUS_UNAVAILABLE;
     }
-    if (priority) {
-        push_front_locked(svc, job);
+    if (priority && !push_front_locked(svc, job)) {
+        pthread_mutex_unlock(&svc->mu);
+        return GRPC_STATUS_RESOURCE_EXHAUSTED; // out of memory to grow the queue
+    } else if (priority) {
     } else if (svc->count >= svc->limit) {
         pthread_mutex_unlock(&svc->mu);
         return GRPC_STATUS_RESOURCE_EXHAUSTED;
@@ -490,7 +523,12 @@ ddld_job *ddld_service_pop(ddld_service *svc)
 {
     ddld_job *job = NULL;
     pthread_mutex_lock(&svc->mu);
-    if (svc->count > 0) {
+    if (svc->internal_pending != 0 && svc->internal_job != NULL) {
+        job                   = svc->internal_job; // the caller frees it (ddld_job_free)
+        job->internal         = svc->internal_pending;
+        svc->internal_job     = NULL;
+        svc->internal_pending = 0;
+    } else if (svc->count > 0) {
         job       = svc->jobs[svc->head];
         svc->head = (svc->head + 1) % svc->cap;
         svc->count--;
@@ -511,11 +549,10 @@ void ddld_service_shutdown_refused(ddld_service *svc)
 
 void ddld_service_push_internal(ddld_service *svc, int internal)
 {
-    ddld_job *job = calloc(1, sizeof *job);
-    job->method   = DDLD_M_INTERNAL;
-    job->internal = internal;
+    // The job was allocated at start (ddld_service_start) and goes ahead of client work
+    // through ddld_service_pop, so that ending the loop never waits for memory or room.
     pthread_mutex_lock(&svc->mu);
-    push_front_locked(svc, job); // ahead of client work, even when the queue is full
+    svc->internal_pending = internal;
     pthread_mutex_unlock(&svc->mu);
 }
 
@@ -782,7 +819,7 @@ static void push_release_staging(ddld_call *c)
         return;
     }
     if (c->staging_owned) {
-        free(c->staging);
+        ddl_free(c->staging);
     } else {
         pthread_mutex_lock(&c->svc->mu);
         c->svc->staging_busy = false;
@@ -808,27 +845,43 @@ static bool push_begin(ddld_call *c)
         push_fail(c, GRPC_STATUS_FAILED_PRECONDITION, "PushWeights: no model (CreateModel first)");
         return false;
     }
-    ddld_model_info *cp = calloc(1, sizeof *cp);
-    cp->has_model       = true;
-    cp->nweights        = mi->nweights;
-    cp->weights_bytes   = mi->weights_bytes;
-    cp->weights         = calloc((size_t)mi->nweights + 1, sizeof *cp->weights);
-    for (int i = 0; i < mi->nweights; i++) {
-        cp->weights[i]      = mi->weights[i];
-        cp->weights[i].name = strdup(mi->weights[i].name);
+    ddld_model_info  *cp = ddl_calloc(1, sizeof *cp);
+    ddld_weight_info *ws = ddl_calloc((size_t)mi->nweights + 1, sizeof *ws);
+    bool              ok = cp != NULL && ws != NULL;
+    if (ok) {
+        cp->has_model     = true;
+        cp->nweights      = mi->nweights; // the names below are freed with cp from here on
+        cp->weights_bytes = mi->weights_bytes;
+        cp->weights       = ws;
+        for (int i = 0; ok && i < mi->nweights; i++) {
+            ws[i]      = mi->weights[i];
+            ws[i].name = ddl_strdup(mi->weights[i].name);
+            ok         = ws[i].name != NULL;
+        }
+    } else {
+        ddl_free(ws);
     }
     c->push_gen = ddld_g.model_gen;
     pthread_mutex_unlock(&ddld_g.mu);
+    c->push_got = ok ? ddl_calloc((size_t)cp->nweights + 1, sizeof *c->push_got) : NULL;
+    if (c->push_got == NULL) {
+        if (cp != NULL) {
+            ddld_model_info_free(cp); // frees the names copied so far
+            ddl_free(cp);
+        }
+        push_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED,
+                  "PushWeights: out of memory for the model's weight table");
+        return false;
+    }
     c->push_mi        = cp;
     c->push_t0        = gpr_now(GPR_CLOCK_MONOTONIC);
-    c->push_got       = calloc((size_t)cp->nweights + 1, sizeof *c->push_got);
     c->push_cur       = -1;
     ddld_service *svc = c->svc;
     pthread_mutex_lock(&svc->mu);
     if (!svc->staging_busy) {
         if (svc->staging_cap < cp->weights_bytes) {
-            free(svc->staging);
-            svc->staging     = aligned_alloc(64, (cp->weights_bytes + 63) / 64 * 64 + 64);
+            ddl_free(svc->staging);
+            svc->staging     = ddl_malloc(cp->weights_bytes + 64);
             svc->staging_cap = svc->staging != NULL ? cp->weights_bytes : 0;
         }
         if (svc->staging != NULL) {
@@ -838,7 +891,7 @@ static bool push_begin(ddld_call *c)
     }
     pthread_mutex_unlock(&svc->mu);
     if (c->staging == NULL) {
-        c->staging       = aligned_alloc(64, (cp->weights_bytes + 63) / 64 * 64 + 64);
+        c->staging       = ddl_malloc(cp->weights_bytes + 64);
         c->staging_owned = true;
         if (c->staging == NULL) {
             push_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "PushWeights: out of memory for staging");
@@ -919,7 +972,11 @@ static void push_end(ddld_call *c)
         ddld_log("PushWeights: received %zu bytes in %.1f ms", c->push_mi->weights_bytes,
                  (double)dt.tv_sec * 1e3 + dt.tv_nsec * 1e-6);
     }
-    ddld_job *job         = calloc(1, sizeof *job);
+    ddld_job *job = ddl_calloc(1, sizeof *job);
+    if (job == NULL) {
+        push_fail(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "PushWeights: out of memory for its job");
+        return;
+    }
     job->method           = DDLD_M_PUSH_WEIGHTS;
     job->call             = c;
     job->staging          = c->staging;
@@ -948,10 +1005,16 @@ static void push_end(ddld_call *c)
 // the call when the queue is full or closed.
 static void queue_call(ddld_call *c, ProtobufCMessage *m)
 {
-    ddld_job *job = calloc(1, sizeof *job);
-    job->method   = (ddld_method)c->method;
-    job->call     = c;
-    job->msg      = m;
+    ddld_job *job = ddl_calloc(1, sizeof *job);
+    if (job == NULL) {
+        protobuf_c_message_free_unpacked(m, NULL);
+        finish_code(c, GRPC_STATUS_RESOURCE_EXHAUSTED, "%s: out of memory for the request's job",
+                    methods[c->method].path);
+        return;
+    }
+    job->method = (ddld_method)c->method;
+    job->call   = c;
+    job->msg    = m;
     // Shutdown goes ahead of queued work and stops a running Train at its next step
     // boundary; what it jumped is failed UNAVAILABLE by the shutdown itself.
     bool             shutdown = c->method == DDLD_M_SHUTDOWN;
@@ -964,6 +1027,8 @@ static void queue_call(ddld_call *c, ProtobufCMessage *m)
         ddld_job_free(job);
         if (code == GRPC_STATUS_UNAVAILABLE) {
             finish_code(c, code, "distdld is shutting down");
+        } else if (shutdown) {
+            finish_code(c, code, "Shutdown: out of memory to queue it");
         } else {
             finish_code(c, code, "the request queue is full (%d waiting; --queue)", c->svc->limit);
         }
@@ -1059,24 +1124,24 @@ static void call_free(ddld_call *c)
     if (c->has_details) {
         grpc_slice_unref(c->status_details);
     }
-    free(c->end_msg);
+    ddl_free(c->end_msg);
     push_release_staging(c);
     if (c->push_mi != NULL) {
         ddld_model_info_free(c->push_mi);
-        free(c->push_mi);
+        ddl_free(c->push_mi);
     }
-    free(c->push_got);
+    ddl_free(c->push_got);
     if (c->w_info != NULL) {
         for (int i = 0; i < c->w_n; i++) {
-            free(c->w_info[i].name);
+            ddl_free(c->w_info[i].name);
         }
-        free(c->w_info);
+        ddl_free(c->w_info);
     }
     if (c->w_stream != NULL) {
         wstream_unref(c->w_stream);
     }
     pthread_mutex_destroy(&c->mu);
-    free(c);
+    ddl_free(c);
 }
 
 static void call_unref(ddld_call *c)
@@ -1261,10 +1326,16 @@ static void *cq_thread(void *arg)
 {
     ddld_service *svc = arg;
     for (;;) {
-        grpc_event ev =
-            grpc_completion_queue_next(svc->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+        gpr_timespec until = atomic_load(&svc->rearm_any)
+                                 ? gpr_time_add(gpr_now(GPR_CLOCK_REALTIME),
+                                                gpr_time_from_millis(REARM_MS, GPR_TIMESPAN))
+                                 : gpr_inf_future(GPR_CLOCK_REALTIME);
+        grpc_event   ev    = grpc_completion_queue_next(svc->cq, until, NULL);
         if (ev.type == GRPC_QUEUE_SHUTDOWN) {
             break;
+        }
+        if (atomic_load(&svc->rearm_any)) {
+            rearm_methods(svc);
         }
         if (ev.type != GRPC_OP_COMPLETE) {
             continue;
@@ -1285,15 +1356,27 @@ static void *cq_thread(void *arg)
 }
 
 // Keeps one request outstanding per method (gRPC holds further calls until we ask).
-static void request_new(ddld_service *svc, int method)
+// Returns false when out of memory for the call: the method is then marked for the cq
+// thread to ask again (gRPC holds its calls meanwhile), so one failed allocation does not
+// leave a method unserved.
+static bool request_new(ddld_service *svc, int method)
 {
     pthread_mutex_lock(&svc->mu);
     bool torn_down = svc->torn_down;
     pthread_mutex_unlock(&svc->mu);
     if (torn_down) {
-        return;
+        return true;
     }
-    ddld_call *c  = calloc(1, sizeof *c);
+    ddld_call *c = ddl_calloc(1, sizeof *c);
+    if (c == NULL) {
+        ddld_log("out of memory for the next call of %s (once serving, asked again every %d ms)",
+                 method == M_GENERIC ? "unknown methods" : methods[method].path, REARM_MS);
+        pthread_mutex_lock(&svc->mu);
+        svc->rearm[method] = true;
+        pthread_mutex_unlock(&svc->mu);
+        atomic_store(&svc->rearm_any, true);
+        return false;
+    }
     c->svc        = svc;
     c->method     = method;
     c->state      = ST_NEW;
@@ -1317,6 +1400,22 @@ static void request_new(ddld_service *svc, int method)
         ddld_log("request_call(%d) failed: %d", method, e);
         call_free(c);
     }
+    return true;
+}
+
+// The cq thread: asks again for the methods request_new could not arm.
+static void rearm_methods(ddld_service *svc)
+{
+    atomic_store(&svc->rearm_any, false);
+    for (int m = 0; m <= M_GENERIC; m++) {
+        pthread_mutex_lock(&svc->mu);
+        bool again    = svc->rearm[m];
+        svc->rearm[m] = false;
+        pthread_mutex_unlock(&svc->mu);
+        if (again) {
+            request_new(svc, m); // marks it again when it fails again
+        }
+    }
 }
 
 // ---- lifecycle (main thread) ----------------------------------------------------------------
@@ -1324,15 +1423,26 @@ static void request_new(ddld_service *svc, int method)
 ddld_service *ddld_service_start(const ddld_config *cfg, void (*wake)(void *), void *wake_ud,
                                  int *port)
 {
-    ddld_service *svc      = calloc(1, sizeof *svc);
-    svc->cfg               = cfg;
-    svc->wake              = wake;
-    svc->wake_ud           = wake_ud;
-    svc->cap               = cfg->queue + 1;
-    svc->limit             = cfg->queue;
-    svc->verbose           = getenv("DDLD_VERBOSE") != NULL && getenv("DDLD_VERBOSE")[0] == '1';
-    svc->jobs              = calloc((size_t)svc->cap, sizeof *svc->jobs);
-    svc->shutdown_tag.what = TAG_SHUTDOWN;
+    ddld_service *svc = ddl_calloc(1, sizeof *svc);
+    if (svc == NULL) {
+        ddld_log("start-up: out of memory for the gRPC service");
+        return NULL;
+    }
+    svc->jobs         = ddl_calloc((size_t)cfg->queue + 1, sizeof *svc->jobs);
+    svc->internal_job = ddl_calloc(1, sizeof *svc->internal_job);
+    if (svc->jobs == NULL || svc->internal_job == NULL) {
+        ddld_log("start-up: out of memory for the request queue (--queue %d)", cfg->queue);
+        goto fail_alloc;
+    }
+    svc->internal_job->method = DDLD_M_INTERNAL;
+    svc->cfg                  = cfg;
+    svc->wake                 = wake;
+    svc->wake_ud              = wake_ud;
+    svc->cap                  = cfg->queue + 1;
+    svc->limit                = cfg->queue;
+    svc->verbose              = getenv("DDLD_VERBOSE") != NULL && getenv("DDLD_VERBOSE")[0] == '1';
+    svc->shutdown_tag.what    = TAG_SHUTDOWN;
+    atomic_init(&svc->rearm_any, false);
     atomic_init(&svc->shutdown_pending, false);
     pthread_mutex_init(&svc->mu, NULL);
     pthread_cond_init(&svc->cv, NULL);
@@ -1394,23 +1504,56 @@ ddld_service *ddld_service_start(const ddld_config *cfg, void (*wake)(void *), v
     grpc_server_credentials_release(creds);
     if (*port == 0) {
         ddld_log("cannot listen on %s (address in use or invalid)", cfg->listen);
-        grpc_server_destroy(svc->server);
-        grpc_completion_queue_shutdown(svc->cq);
-        while (grpc_completion_queue_next(svc->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
-               GRPC_QUEUE_SHUTDOWN) {
-        }
-        grpc_completion_queue_destroy(svc->cq);
-        grpc_shutdown();
-        free(svc->jobs);
-        free(svc);
-        return NULL;
+        goto fail_server;
     }
     grpc_server_start(svc->server);
+    // Every method armed before the cq thread runs: at start-up a failure stops the daemon
+    // (later, request_new's retry covers it).
     for (int m = 0; m <= M_GENERIC; m++) {
-        request_new(svc, m);
+        if (!request_new(svc, m)) {
+            ddld_log("start-up: out of memory arming the gRPC methods");
+            goto fail_started;
+        }
     }
-    pthread_create(&svc->thread, NULL, cq_thread, svc);
+    int err = pthread_create(&svc->thread, NULL, cq_thread, svc);
+    if (err != 0) {
+        ddld_log("start-up: cannot start the gRPC thread: %s", strerror(err));
+        goto fail_started;
+    }
     return svc;
+
+    // Reverse order of acquisition. A started server is shut down and its queue drained
+    // here on this thread (the cq thread never ran): the armed calls come back cancelled.
+fail_started:
+    grpc_server_shutdown_and_notify(svc->server, svc->cq, &svc->shutdown_tag);
+    grpc_server_cancel_all_calls(svc->server);
+    for (;;) {
+        grpc_event ev =
+            grpc_completion_queue_next(svc->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL);
+        if (ev.type != GRPC_OP_COMPLETE) {
+            continue;
+        }
+        struct tag *t = ev.tag;
+        if (t->what == TAG_SHUTDOWN) {
+            break;
+        }
+        call_free(t->call); // a requested call that never arrived
+    }
+fail_server:
+    grpc_server_destroy(svc->server);
+    grpc_completion_queue_shutdown(svc->cq);
+    while (grpc_completion_queue_next(svc->cq, gpr_inf_future(GPR_CLOCK_REALTIME), NULL).type !=
+           GRPC_QUEUE_SHUTDOWN) {
+    }
+    grpc_completion_queue_destroy(svc->cq);
+    grpc_shutdown();
+    pthread_cond_destroy(&svc->cv);
+    pthread_mutex_destroy(&svc->mu);
+fail_alloc:
+    ddl_free(svc->internal_job);
+    ddl_free(svc->jobs);
+    ddl_free(svc);
+    return NULL;
 }
 
 void ddld_service_close(ddld_service *svc)
@@ -1507,10 +1650,11 @@ void ddld_service_stop(ddld_service **psvc, double grace_s)
     pthread_join(svc->thread, NULL);
     grpc_completion_queue_destroy(svc->cq);
     grpc_shutdown();
-    free(svc->staging);
-    free(svc->jobs);
+    ddl_free(svc->staging);
+    ddl_free(svc->jobs);
+    ddld_job_free(svc->internal_job); // when no Shutdown took it; NULL-safe
     pthread_cond_destroy(&svc->cv);
     pthread_mutex_destroy(&svc->mu);
-    free(svc);
+    ddl_free(svc);
     *psvc = NULL;
 }

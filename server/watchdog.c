@@ -22,6 +22,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "ddl/base.h"
 #include "log.h"
 #include "watchdog.h"
 
@@ -270,10 +271,10 @@ ddld_watchdog *ddld_watchdog_start(MPI_Comm world, double timeout_s)
     if (timeout_s <= 0 || size == 1) {
         return NULL;
     }
-    ddld_watchdog *w = calloc(1, sizeof *w);
+    ddld_watchdog *w = ddl_calloc(1, sizeof *w);
     if (w == NULL) {
         ddld_log("watchdog: out of memory");
-        MPI_Abort(world, 2);
+        MPI_Abort(world, DDLD_EXIT_START);
     }
     w->rank      = rank;
     w->size      = size;
@@ -291,13 +292,13 @@ ddld_watchdog *ddld_watchdog_start(MPI_Comm world, double timeout_s)
     memset(&me, 0, sizeof me);
     me.pid = (int32_t)getpid();
     gethostname(me.host, sizeof me.host - 1);
-    w->peers = calloc((size_t)size, sizeof *w->peers);
+    w->peers = ddl_calloc((size_t)size, sizeof *w->peers);
     if (rank == 0) {
-        w->who = calloc((size_t)size, sizeof *w->who);
+        w->who = ddl_calloc((size_t)size, sizeof *w->who);
     }
     if (w->peers == NULL || (rank == 0 && w->who == NULL)) {
         ddld_log("watchdog: out of memory");
-        MPI_Abort(world, 2);
+        MPI_Abort(world, DDLD_EXIT_START);
     }
     // Each rank's host and pid, for the message that names a silent rank.
     MPI_Gather(&me, (int)sizeof me, MPI_BYTE, w->who, (int)sizeof me, MPI_BYTE, 0, w->comm);
@@ -306,7 +307,7 @@ ddld_watchdog *ddld_watchdog_start(MPI_Comm world, double timeout_s)
     int err = pthread_create(&w->thread, NULL, rank == 0 ? watch_main : beat_main, w);
     if (err != 0) {
         ddld_log("watchdog: cannot start its thread: %s", strerror(err));
-        MPI_Abort(world, 2);
+        MPI_Abort(world, DDLD_EXIT_START);
     }
     return w;
 }
@@ -325,8 +326,8 @@ void ddld_watchdog_stop(ddld_watchdog **pw)
     MPI_Comm_free(&w->comm);
     pthread_cond_destroy(&w->cv);
     pthread_mutex_destroy(&w->mu);
-    free(w->peers);
-    free(w->who);
-    free(w);
+    ddl_free(w->peers);
+    ddl_free(w->who);
+    ddl_free(w);
     *pw = NULL;
 }

@@ -23,8 +23,7 @@
 
 #include <mpi.h>
 
-// mpirun's exit code when the watchdog ended the job.
-#define DDLD_EXIT_RANK_FAULT 4
+#include "exit_codes.h" // DDLD_EXIT_RANK_FAULT: mpirun's exit code when the watchdog ended the job
 
 typedef struct ddld_watchdog ddld_watchdog;
 

@@ -90,6 +90,34 @@ void ddl_free(void *p)
     free(base);
 }
 
+void *ddl_realloc(void *p, size_t bytes)
+{
+    if (p == NULL) {
+        return ddl_malloc(bytes);
+    }
+    size_t old;
+    memcpy(&old, (char *)p - HEADER, sizeof old);
+    // A fresh aligned block and a copy: aligned_alloc memory has no aligned realloc, and
+    // the daemon resizes rarely (token tables, grown scratch), never in a step.
+    void *q = ddl_malloc(bytes);
+    if (q == NULL) {
+        return NULL;
+    }
+    memcpy(q, p, old < bytes ? old : bytes);
+    ddl_free(p);
+    return q;
+}
+
+char *ddl_strdup(const char *s)
+{
+    size_t n = strlen(s) + 1;
+    char  *c = ddl_malloc(n);
+    if (c != NULL) {
+        memcpy(c, s, n);
+    }
+    return c;
+}
+
 uint64_t ddl_alloc_count(void)
 {
     return atomic_load(&n_allocs);

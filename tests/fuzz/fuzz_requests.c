@@ -250,7 +250,7 @@ static void v_infer(const ProtobufCMessage *m)
         return;
     }
     touch(raw, (size_t)n * (size_t)mi.sample_numel * item_of(q->inputs[0]->datatype));
-    free(typed);
+    ddl_free(typed);
 }
 
 static const struct method {

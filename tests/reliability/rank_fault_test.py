@@ -17,6 +17,12 @@ stop_root_np4  SIGSTOP to rank 0 during a Train on 4 ranks: rank 1 names it, the
 healthy     --watchdog 3 on 4 ranks: a Train of many times the watchdog period, a single
             step longer than the watchdog (a 20000-sample batch), an Evaluate of the whole
             test split and idle time; the watchdog never fires and every rank exits 0.
+channel     the command channel's MPI error policy (server/channel.h), through the test-only
+            DDLD_TEST_CHANNEL_FAIL=RANK:N: rank 0's first client command's MPI_Ibcast
+            fails with a Step in flight, then an idle rank 1's N-th channel call fails. Each
+            time the failing rank logs the call, its rank and MPI's message, mpirun exits
+            5 (DDLD_EXIT_MPI) within 30 s, no process is left, and the Step ends
+            UNAVAILABLE.
 worldsize   np 1 and np 3 with a 2-rank spec: one error line (not one per rank) naming
             both sizes, mpirun nonzero, every rank gone, in < 10 s; CreateModel over RPC of
             a 4-rank spec on a 2-rank daemon: INVALID_ARGUMENT naming both sizes, and the
@@ -40,7 +46,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "support"))
 sys.path.insert(0, os.path.join(HERE, "..", "server"))
-from ddl_daemon import DaemonHarness, Failure, Skip, job_pids, run_scenarios  # noqa: E402
+from ddl_daemon import Daemon, DaemonHarness, Failure, Skip, job_pids, run_scenarios  # noqa: E402
 
 import grpc  # noqa: E402
 import ddld_rpc  # noqa: E402
@@ -410,6 +416,54 @@ def worldsize(h):
     d.wait_exit()
 
 
+# ---- the command channel's MPI errors --------------------------------------------------------
+
+EXIT_MPI = 5  # DDLD_EXIT_MPI (server/exit_codes.h)
+
+
+def channel_fault(h, fail, name):
+    """Starts a 2-rank daemon with DDLD_TEST_CHANNEL_FAIL=fail; returns it and the start."""
+    d = Daemon(h, 2, ["--model", h.spec(SPECS[2]), "--watchdog", "0"], name,
+               extra_mpi_flags=["--mca", "odls_base_sigkill_timeout", str(QUICK_SIGKILL)],
+               env={"DDLD_TEST_CHANNEL_FAIL": fail})
+    h.daemons.append(d)
+    return d
+
+
+def check_channel_end(d, t0, logged):
+    rc, t_exit, t_gone = wait_job_end(d, t0, END_BUDGET)
+    text = d.log_text()
+    if rc != EXIT_MPI:
+        d.dump()
+        raise Failure("mpirun exited %d after a failed channel call, expected %d" % (rc, EXIT_MPI))
+    m = re.search(logged, text, re.M)
+    if not m:
+        d.dump()
+        raise Failure("no log line matching %r" % logged)
+    print("logged: %s\nmpirun exited %d after %.1f s, the last process gone after %.1f s" %
+          (m.group(0), rc, t_exit, t_gone), flush=True)
+
+
+def channel(h):
+    # Rank 0's checked channel calls: 1 MPI_Comm_dup, 2 MPI_Comm_set_errhandler, 3-4 the
+    # MPI_Ibcast and MPI_Wait of --model's CREATE; 5 is the MPI_Ibcast of the first command
+    # a client sends.
+    d = channel_fault(h, "0:5", "channel-root")
+    d.wait_address()
+    c = ddld_rpc.Client(d.address)
+    t0 = time.time()
+    step = start_step(c, 64)
+    check_channel_end(d, t0, r"^distdld: MPI error on the command channel: MPI_Ibcast \(rank 0\): "
+                             r".+; ending the job \(exit 5\)$")
+    check_call_ended(step, "Step", t0, END_BUDGET)
+    c.ch.close()
+    # An idle worker polls its pending header with MPI_Test (50 us to 10 ms apart): its 300th
+    # checked call comes during start-up or within a few seconds of idling, whichever.
+    d = channel_fault(h, "1:300", "channel-worker")
+    check_channel_end(d, d.t0, r"^distdld\[1\]: MPI error on the command channel: "
+                               r"MPI_(Test|Ibcast|Wait) \(rank 1\): .+; ending the job \(exit 5\)$")
+
+
 def open_cmdline(pid):
     try:
         with open("/proc/%s/cmdline" % pid, "rb") as f:
@@ -428,6 +482,7 @@ SCENARIOS = {
     "stop_root_np4": lambda h: stop(h, 4, busy=True, sigkill=DEPLOY_SIGKILL, target=0),
     "healthy": healthy,
     "worldsize": worldsize,
+    "channel": channel,
 }
 
 if __name__ == "__main__":

@@ -93,6 +93,34 @@ static void test_alloc_counting(void)
     ASSERT_EQ(ddl_alloc_bytes_live(), live + 1000);
     ddl_free(p);
     ASSERT_EQ(ddl_alloc_bytes_live(), live);
+
+    // ddl_realloc keeps the contents and the live count follows the new size; a failed
+    // one leaves the block as it was.
+    unsigned char *b = ddl_realloc(NULL, 10);
+    ASSERT_TRUE(b != NULL);
+    memset(b, 0xab, 10);
+    unsigned char *g = ddl_realloc(b, 5000);
+    ASSERT_TRUE(g != NULL);
+    ASSERT_EQ(((uintptr_t)g) % 64, 0);
+    ASSERT_EQ(g[0], 0xab);
+    ASSERT_EQ(g[9], 0xab);
+    ASSERT_EQ(ddl_alloc_bytes_live(), live + 5000);
+    ddl_alloc_fail_after(1, 0);
+    ASSERT_TRUE(ddl_realloc(g, 9000) == NULL);
+    ASSERT_EQ(ddl_alloc_bytes_live(), live + 5000);
+    ASSERT_EQ(g[9], 0xab);
+    g = ddl_realloc(g, 3);
+    ASSERT_TRUE(g != NULL);
+    ASSERT_EQ(g[2], 0xab);
+    ASSERT_EQ(ddl_alloc_bytes_live(), live + 3);
+    ddl_free(g);
+    char *s = ddl_strdup("distdld");
+    ASSERT_TRUE(s != NULL && strcmp(s, "distdld") == 0);
+    ASSERT_EQ(ddl_alloc_bytes_live(), live + 8);
+    ddl_free(s);
+    ddl_alloc_fail_after(1, 0);
+    ASSERT_TRUE(ddl_strdup("x") == NULL);
+    ASSERT_EQ(ddl_alloc_bytes_live(), live);
 }
 
 static void test_rng(void)

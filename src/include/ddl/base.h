@@ -21,7 +21,14 @@ extern "C" {
 DDL_EXTERN void  *ddl_malloc(size_t bytes);
 DDL_EXTERN void  *ddl_calloc(size_t count, size_t size);
 DDL_EXTERN void   ddl_free(void *p);
-// Number of successful ddl_malloc/ddl_calloc calls since start (monotonic).
+// Resizes a block of ddl_malloc/ddl_calloc (or NULL: a fresh block) to `bytes`, keeping
+// its first min(old, new) bytes. On failure returns NULL and leaves p allocated and
+// unchanged (like realloc), so `q = ddl_realloc(p, n); if (q == NULL) ...` loses nothing.
+// Counts as one allocation, and the live-byte count follows the new size.
+DDL_EXTERN void  *ddl_realloc(void *p, size_t bytes);
+// A ddl_malloc'd copy of the string s (free with ddl_free), or NULL when out of memory.
+DDL_EXTERN char  *ddl_strdup(const char *s);
+// Number of successful ddl_malloc/ddl_calloc/ddl_realloc calls since start (monotonic).
 DDL_EXTERN uint64_t ddl_alloc_count(void);
 // Bytes currently allocated through ddl_malloc/ddl_calloc.
 DDL_EXTERN int64_t  ddl_alloc_bytes_live(void);
@@ -29,8 +36,8 @@ DDL_EXTERN int64_t  ddl_alloc_bytes_live(void);
 // measurement from the current live count. Tests use it to check that a reader refuses
 // a hostile size before allocating for it.
 DDL_EXTERN int64_t  ddl_alloc_bytes_peak_reset(void);
-// TEST ONLY (fault injection): among the ddl_malloc/ddl_calloc calls of this process
-// from now on that ask for at least min_bytes, the n-th returns NULL, once; n = 0
+// TEST ONLY (fault injection): among the ddl_malloc/ddl_calloc/ddl_realloc calls of this
+// process from now on that ask for at least min_bytes, the n-th returns NULL, once; n = 0
 // switches injection off. Lets tests make one rank fail an allocation at a chosen point
 // and check that every rank fails alike. Never call it in production code.
 DDL_EXTERN void ddl_alloc_fail_after(uint64_t n, size_t min_bytes);

@@ -58,10 +58,10 @@ DDL_EXTERN int ddl_blas_set_threads(int n);
 // M, N or K may be 0 (K == 0 gives C = beta C). Dimensions must fit in a BLAS int.
 // Large products (at least 2^22 multiply-adds and 32 rows or columns of C) are split
 // into ddl_blas_set_threads(0) parts at most, by blocks of rows or columns of C (multiples
-// of 16), run on the kernel thread pool with OpenBLAS single-threaded in each: every
-// element's K sum is OpenBLAS's own, and the split depends only on the shape and the
-// width, so results repeat bit for bit for a given width. Not collective; allocates
-// nothing.
+// of 16), run on the kernel thread pool with OpenBLAS single-threaded in each. The split
+// depends only on the shape and the width, so results repeat bit for bit for a given
+// width (across widths they differ by rounding, as with OpenBLAS's own threads). Not
+// collective; allocates nothing.
 DDL_EXTERN ddl_status ddl_gemm(ddl_dtype dt, bool transA, bool transB, int64_t M, int64_t N,
                                int64_t K, double alpha, const void *A, int64_t lda,
                                const void *B, int64_t ldb, double beta, void *C, int64_t ldc);

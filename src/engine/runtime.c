@@ -10,9 +10,12 @@
 
 int ddl_runtime_divide_cores(MPI_Comm comm)
 {
-    // An explicit OPENBLAS_NUM_THREADS wins.
+    // An explicit OPENBLAS_NUM_THREADS wins. It sizes the kernel pool, as any count
+    // given to ddl_blas_set_threads does: OpenBLAS itself stays single-threaded (see
+    // kernels/gemm.c), so that the pool is the one owner of this rank's threads.
     const char *env = getenv("OPENBLAS_NUM_THREADS");
     if (env != NULL && atoi(env) >= 1) {
+        ddl_blas_set_threads(atoi(env));
         return atoi(env);
     }
     MPI_Comm node;

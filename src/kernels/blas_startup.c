@@ -282,7 +282,7 @@ const char *ddl_blas_summary(void)
 
 void ddl_blas_log(const char *prog, int threads)
 {
-    int t = threads >= 1 ? threads : openblas_get_num_threads();
+    int t = threads >= 1 ? threads : ddl_blas_set_threads(0);
     fprintf(stderr, "%s: BLAS %s, %d thread%s per rank, convolutions %s\n", prog,
             ddl_blas_summary(), t, t == 1 ? "" : "s", ddl_conv_path());
 }

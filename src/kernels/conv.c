@@ -14,9 +14,9 @@
 //
 // Performance: the column matrix is built in blocks of output positions sized to stay in
 // L2 (DDL_CONV_BLOCK_BYTES), so im2col writes and the GEMM reads hit cache (measured: a
-// GEMM per block is faster than one over the whole column matrix). When one sample has fewer positions than
-// a block, several samples share a block (one larger GEMM) and the output goes through a
-// staging block. Along the innermost spatial dimension im2col copies contiguous runs
+// GEMM per block is faster than one over the whole column matrix). When one sample has fewer
+// positions than a block, several samples share a block (one larger GEMM) and the output goes
+// through a staging block. Along the innermost spatial dimension im2col copies contiguous runs
 // (memcpy when the stride is 1) and zero-fills the padding; col2im adds runs back.
 // 1x1 convolutions with stride 1 and no padding skip im2col (x is its own column matrix).
 // Direct path (kernels/conv_direct.h): 1-D/2-D convolutions with stride 1 run without
@@ -28,20 +28,20 @@
 // conv_forward_wide): one padded copy of the sample, then one contiguous slice per column
 // row; the workspace then also holds that padded sample.
 //
-// Threads: OpenBLAS parallelises each GEMM, but these GEMMs are mid-sized and many, so its
-// threads spend their time waiting between them while im2col/col2im run on one core. When
-// the BLAS may use T > 1 threads (ddl_blas_set_threads) and the batch has enough
-// independent blocks and work, the block loop is split instead into T parts, each a fixed
-// contiguous range of blocks with its own im2col workspace and (backward) its own dW
-// accumulator, run on the process's persistent kernel thread pool (kernels/threadpool.h:
-// the caller and up to T - 1 sleeping workers, no thread created per call) while the
-// BLAS runs single-threaded (set to 1 for the region, restored after). The dW partials
-// are added into dw in part order, so results are deterministic run to run for a given
-// T, whichever threads ran the parts. db and the
-// direct (1x1) path stay sequential. ddl_conv_workspace_bytes reports room for the thread
-// count current when it is called; a smaller workspace than that (threads raised later)
-// just runs with as many threads as it has room for, down to the sequential loop.
-// Not collective; allocates nothing (the pool creates its workers once per process).
+// Threads: splitting each GEMM would leave im2col/col2im on one core, and these GEMMs are
+// mid-sized and many. When the kernel width is T > 1 (ddl_blas_set_threads) and the batch
+// has enough independent blocks and work, the block loop is split instead into T parts,
+// each a fixed contiguous range of blocks with its own im2col workspace and (backward) its
+// own dW accumulator, run on the process's persistent kernel thread pool
+// (kernels/threadpool.h: the caller and up to T - 1 sleeping workers, no thread created
+// per call), with the width set to 1 for the region (restored after) so that the GEMMs
+// inside a part run whole (OpenBLAS is single-threaded throughout, see kernels/gemm.c). The dW
+// partials are added into dw in part order, so results are deterministic run to run for a given T,
+// whichever threads ran the parts. db and the direct (1x1) path stay sequential.
+// ddl_conv_workspace_bytes reports room for the thread count current when it is called; a smaller
+// workspace than that (threads raised later) just runs with as many threads as it has room for,
+// down to the sequential loop. Not collective; allocates nothing (the pool creates its workers once
+// per process).
 #include <limits.h>
 #include <string.h>
 

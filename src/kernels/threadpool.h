@@ -24,13 +24,13 @@ typedef ddl_status (*ddl_pool_fn)(void *arg, int part, int nparts);
 // Runs fn(arg, p, n) for every p in [0, n) and returns when all have returned. The
 // caller runs parts too; up to min(n, CPUs of this thread's affinity mask) - 1 workers
 // run the rest, each claiming the next unclaimed part (who runs which part varies, what
-// each part computes does not). n is the caller's choice (the conv kernels size it from
-// ddl_blas_set_threads), capped at DDL_POOL_MAX_PARTS. When the pool is already in use
-// (another thread, or a part calling ddl_pool_run), when it has no worker (a one-CPU
-// mask, or thread creation failed) or n == 1, the caller runs every part itself, in
-// order. Returns DDL_OK, or the status of the lowest-numbered failing part with its
-// message prefixed by `who` and the part (every part runs even when one fails). Not
-// collective; allocates nothing after the workers exist.
+// each part computes does not). n is the caller's choice (the conv kernels and ddl_gemm
+// size it from the kernel width, ddl_blas_set_threads), capped at DDL_POOL_MAX_PARTS.
+// When the pool is already in use (another thread, or a part calling ddl_pool_run), when
+// it has no worker (a one-CPU mask, or thread creation failed) or n == 1, the caller runs
+// every part itself, in order. Returns DDL_OK, or the status of the lowest-numbered
+// failing part with its message prefixed by `who` and the part (every part runs even when
+// one fails). Not collective; allocates nothing after the workers exist.
 ddl_status ddl_pool_run(const char *who, int n, ddl_pool_fn fn, void *arg);
 
 // CPUs in the calling thread's affinity mask (sched_getaffinity; not nproc, which

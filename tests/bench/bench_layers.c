@@ -483,7 +483,7 @@ int main(int argc, char **argv)
     // Threads per rank and CPUs each rank may run on (its affinity mask).
     cpu_set_t set;
     int       ncpu = sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 0;
-    int       mine[4] = {openblas_get_num_threads(), ncpu}, agg[4];
+    int       mine[4] = {ddl_blas_set_threads(0), ncpu}, agg[4];
     mine[2] = -mine[0], mine[3] = -mine[1];
     MPI_Allreduce(mine, agg, 4, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     int lo = agg[0], hi = -agg[2], cpu_lo = agg[1], cpu_hi = -agg[3];

@@ -7,8 +7,13 @@
 //     creation counter and /proc/self/task stay put, while
 //     the pool's job counter shows the steps ran on it;
 //   - the bits do not depend on the pool: the same steps run on the caller alone give
-//     identical outputs, and so does a forked child (which builds its own workers).
+//     identical outputs, and so does a forked child (which builds its own workers);
+//   - one owner of threads: with a width of 2, OpenBLAS stays at one thread, a large GEMM
+//     runs as pool parts (the same bits on the caller alone), and no thread but the
+//     caller and the pool's workers (OpenBLAS's server threads among them) gets CPU time
+//     while conv steps and GEMMs run: nothing spins beside the pool.
 #define _GNU_SOURCE
+#include <cblas.h>
 #include <dirent.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -49,6 +54,45 @@ static int task_count(void)
     }
     closedir(d);
     return n;
+}
+
+// CPU time (clock ticks, user + system) of this process's threads other than the caller
+// and the pool's workers ("ddl-pool"): OpenBLAS's server threads, started at load.
+static long long others_cpu_ticks(void)
+{
+    DIR *d = opendir("/proc/self/task");
+    ASSERT_TRUE(d != NULL);
+    long long      ticks = 0;
+    pid_t          self  = gettid();
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.' || atoi(e->d_name) == self) {
+            continue;
+        }
+        char path[300], buf[512];
+        snprintf(path, sizeof path, "/proc/self/task/%s/stat", e->d_name);
+        FILE *f = fopen(path, "r");
+        if (f == NULL) {
+            continue; // the thread ended
+        }
+        size_t len = fread(buf, 1, sizeof buf - 1, f);
+        fclose(f);
+        buf[len]    = '\0';
+        char *open  = strchr(buf, '(');
+        char *close = strrchr(buf, ')');
+        ASSERT_TRUE(open != NULL && close != NULL);
+        if (strncmp(open + 1, "ddl-pool)", 9) == 0) {
+            continue;
+        }
+        // After the name: state (field 3) ... utime (14), stime (15).
+        unsigned long long ut = 0, st = 0;
+        ASSERT_EQ(
+            sscanf(close + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st),
+            2);
+        ticks += (long long)(ut + st);
+    }
+    closedir(d);
+    return ticks;
 }
 
 // ---- the pool on its own -------------------------------------------------------------
@@ -374,11 +418,83 @@ static void test_conv_steps(void)
     ddl_blas_set_threads(prev);
 }
 
+// C = A B for a 256 x 256 x 256 f32 product (2^24 multiply-adds: two parts at width 2).
+static void big_gemm(float *c, const float *a, const float *b)
+{
+    ASSERT_OK(ddl_gemm(DDL_F32, false, false, 256, 256, 256, 1.0, a, 256, b, 256, 0.0, c, 256));
+}
+
+static void test_one_owner(void)
+{
+    enum { N = 256 * 256, STEPS = 50 };
+    int    prev = ddl_blas_set_threads(2);
+    int    cpus = ddl_pool_affinity_cpus();
+    float *a = malloc(sizeof(float) * N), *b = malloc(sizeof(float) * N);
+    float *c1 = malloc(sizeof(float) * N), *c2 = malloc(sizeof(float) * N);
+    ASSERT_TRUE(a != NULL && b != NULL && c1 != NULL && c2 != NULL);
+    for (int i = 0; i < N; i++) {
+        a[i] = (float)((i * 37 % 101) - 50) / 50.0f;
+        b[i] = (float)((i * 53 % 97) - 48) / 48.0f;
+    }
+    ASSERT_EQ(openblas_get_num_threads(), 1);
+    ddl_pool_stats s0 = ddl_pool_stats_get();
+    big_gemm(c1, a, b);
+    ddl_pool_stats s1 = ddl_pool_stats_get();
+    ASSERT_EQ((s1.jobs - s0.jobs) + (s1.inline_jobs - s0.inline_jobs), 1); // split in parts
+    if (cpus >= 2) {
+        ASSERT_EQ(s1.jobs - s0.jobs, 1);
+    }
+    int cap = ddl_pool_set_max_workers(0);
+    big_gemm(c2, a, b);
+    ddl_pool_set_max_workers(cap);
+    ASSERT_TRUE(memcmp(c1, c2, sizeof(float) * N) == 0);
+    ddl_blas_set_threads(1);
+    big_gemm(c2, a, b);
+    ddl_blas_set_threads(2);
+    double err = 0.0;
+    for (int i = 0; i < N; i++) {
+        err = fmax(err, fabs((double)c1[i] - (double)c2[i]));
+    }
+    ASSERT_TRUE(err < 1e-3);
+    printf("gemm 256^3 at width 2 (%s workers) against width 1: max difference %.3g%s\n",
+           cpus >= 2 ? "on" : "without", err,
+           memcmp(c1, c2, sizeof(float) * N) == 0 ? " (same bits)" : "");
+
+    // OpenBLAS's server threads spin for a while after they start (and after every
+    // threaded call); wait until they sleep, then run kernels and check that they stay
+    // asleep.
+    long long t0 = others_cpu_ticks();
+    for (int i = 0; i < 60; i++) {
+        usleep(50 * 1000);
+        long long t = others_cpu_ticks();
+        if (t == t0) {
+            break;
+        }
+        t0 = t;
+    }
+    conv_net c;
+    net_init(&c);
+    for (int s = 0; s < STEPS; s++) {
+        net_step(&c);
+        big_gemm(c1, a, b);
+    }
+    net_free(&c);
+    long long t1 = others_cpu_ticks();
+    printf("one owner: OpenBLAS threads %d; CPU ticks of threads besides the caller and the "
+           "pool during %d conv steps + GEMMs: %lld\n",
+           openblas_get_num_threads(), STEPS, t1 - t0);
+    ASSERT_EQ(openblas_get_num_threads(), 1);
+    ASSERT_TRUE(t1 - t0 <= 2); // clock-tick rounding at both ends
+    free(a), free(b), free(c1), free(c2);
+    ddl_blas_set_threads(prev);
+}
+
 int main(void)
 {
     test_pool();
     test_same_bits();
     test_conv_steps();
+    test_one_owner();
     printf("test_threadpool: ok\n");
     return 0;
 }

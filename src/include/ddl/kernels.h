@@ -40,10 +40,14 @@
 extern "C" {
 #endif
 
-// Number of threads the BLAS may use in this process (OpenBLAS); ranks sharing a
-// node's cores should divide them (distdl-train does). Returns the previous count; n < 1
-// changes nothing (a query). The convolution kernels use the same count for their own
-// threads (see ddl_conv_workspace_bytes): set it before creating layers.
+// Number of kernel threads this process may use per call: the width of the engine's
+// kernel thread pool, which splits large GEMMs (ddl_gemm) and the convolutions' block
+// loops (see ddl_conv_workspace_bytes); ranks sharing a node's cores should divide them
+// (distdl-train does). OpenBLAS itself always runs one thread, so that no BLAS thread
+// spins beside a pool worker; the first call (or the first GEMM) takes OpenBLAS's own
+// count (OPENBLAS_NUM_THREADS, or the cores it saw at load) as the initial width and sets
+// OpenBLAS to 1. Returns the previous width; n < 1 changes nothing (a query). Set it
+// before creating layers (their workspaces are sized for it).
 DDL_EXTERN int ddl_blas_set_threads(int n);
 
 // ---- GEMM ------------------------------------------------------------------
@@ -52,7 +56,12 @@ DDL_EXTERN int ddl_blas_set_threads(int n);
 // likewise B (K x N, ldb >= N, or N x K with transB, ldb >= K); ldc >= N.
 // beta == 0 overwrites C without reading it (so NaN/garbage in C is ignored).
 // M, N or K may be 0 (K == 0 gives C = beta C). Dimensions must fit in a BLAS int.
-// Not collective; allocates nothing.
+// Large products (at least 2^22 multiply-adds and 32 rows or columns of C) are split
+// into ddl_blas_set_threads(0) parts at most, by blocks of rows or columns of C (multiples
+// of 16), run on the kernel thread pool with OpenBLAS single-threaded in each. The split
+// depends only on the shape and the width, so results repeat bit for bit for a given
+// width (across widths they differ by rounding, as with OpenBLAS's own threads). Not
+// collective; allocates nothing.
 DDL_EXTERN ddl_status ddl_gemm(ddl_dtype dt, bool transA, bool transB, int64_t M, int64_t N,
                                int64_t K, double alpha, const void *A, int64_t lda,
                                const void *B, int64_t ldb, double beta, void *C, int64_t ldc);
@@ -109,7 +118,7 @@ DDL_EXTERN ddl_status ddl_conv_geom_init(ddl_conv_geom *g, int nsp, int64_t N, i
 // Threads: with T = ddl_blas_set_threads(0) > 1 BLAS threads, and a batch with at least T
 // blocks and enough work, the kernels split their block loop into T parts run on a
 // persistent thread pool (the caller plus up to T - 1 workers, created once per process,
-// no more than the CPUs of the affinity mask; the BLAS single-threaded meanwhile), each
+// no more than the CPUs of the affinity mask; each part's GEMMs run whole), each
 // part with its own im2col block and dW accumulator; the size reported covers the thread
 // count CURRENT AT THE QUERY, so ask after setting it (layers ask at create). A workspace
 // sized for fewer threads still works: the kernels then use as many parts as it has room
@@ -121,10 +130,11 @@ DDL_EXTERN size_t ddl_conv_workspace_bytes(ddl_dtype dt, const ddl_conv_geom *g)
 // per block, or, for 1-D/2-D stride-1 convolutions on a CPU with AVX2 (few input
 // channels) or AVX-512 (any), direct vector kernels chosen at run time
 // (DDL_CONV_DIRECT=0 in the environment turns them off, =avx2 caps the width; results
-// differ from the GEMM path's by rounding only, and are the same run to run). ws must hold at least the single-thread size (what ddl_conv_workspace_bytes
-// reports with one BLAS thread; ws_bytes says how many it holds); its contents on entry
-// and exit are scratch. It sets the BLAS thread count to 1 and back while its threads
-// run, so do not call it from several threads at once.
+// differ from the GEMM path's by rounding only, and are the same run to run). ws must
+// hold at least the single-thread size (what ddl_conv_workspace_bytes reports with a
+// width of one; ws_bytes says how many it holds); its contents on entry and exit are
+// scratch. It sets the kernel width (ddl_blas_set_threads) to 1 and back
+// while its parts run, so do not call it from several threads at once.
 // The convolution path this process runs, for logs: "direct AVX-512", "direct AVX2" or
 // "im2col + GEMM" (the CPU's widest unless DDL_CONV_DIRECT says otherwise).
 DDL_EXTERN const char *ddl_conv_path(void);

@@ -150,8 +150,9 @@ DDL_EXTERN ddl_status ddl_model_traffic_table(ddl_model_t *m, ddl_traffic_row *r
 // collective (a caller that already gathers per-rank figures adds them up itself).
 DDL_EXTERN ddl_status ddl_model_traffic_local(const ddl_model_t *m, ddl_traffic_row *rows, int n);
 
-// Gives each rank of comm on a node an equal share of the node's cores for the BLAS
-// (OPENBLAS_NUM_THREADS, when set, wins). Returns the thread count chosen. Collective.
+// Gives each rank of comm on a node an equal share of the node's cores: the width of its
+// kernel thread pool (ddl_blas_set_threads; OPENBLAS_NUM_THREADS, when set, wins, and
+// OpenBLAS itself runs one thread). Returns the thread count chosen. Collective.
 DDL_EXTERN int ddl_runtime_divide_cores(MPI_Comm comm);
 
 #ifdef __cplusplus

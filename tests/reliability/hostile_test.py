@@ -705,13 +705,30 @@ def sc_socket(h):
             except OSError as e:
                 bad.append("connection %d (%s): %s" % (i, mode, e))
                 break
+        open_s = time.time() - t0
         peak = fd_count(pid)
-        hs, code, dt = serving_quickly()
+        # A new client must be served while they are open, and about as fast as the daemon
+        # accepts connections at this moment. On a loaded machine (CI-2 of 0d874b6, two suites
+        # at load 10) the 1,000 connects took 15.8 s, the backlog overflowing, and the new
+        # client's connection then waited so long that gRPC's 5 s handshake deadline gave it
+        # a GOAWAY ("UNAVAILABLE GOAWAY received"): the daemon's defence against half-open
+        # connections at work, which a client meets by calling again. So the new client calls
+        # again on UNAVAILABLE (at most 3 calls), and the bound is 2 s or twice the time the
+        # daemon took to accept the 1,000, whichever is larger: a daemon that stalls on idle
+        # connections still fails it, a slow machine alone does not.
+        attempts = []
+        for _ in range(3):
+            hs, code, dt = serving_quickly()
+            attempts.append("%s in %.1f ms" % (hs, dt * 1e3))
+            if not hs.startswith("UNAVAILABLE"):
+                break
+        bound = max(2.0, 2.0 * open_s)
         print("%d %s connections open (%.1f s to open): rank 0 fds %d (baseline %d); a new client: "
-              "health %s, %.1f ms" % (len(socks), mode, time.time() - t0, peak, fd0, hs, dt * 1e3),
-              flush=True)
-        if (hs != "SERVING" or dt > 2.0) and not SANITIZER:
-            bad.append("with %d %s connections: health %s in %.1f ms" % (len(socks), mode, hs, dt * 1e3))
+              "health %s (bound %.1f s)" % (len(socks), mode, open_s, peak, fd0,
+                                            "; then ".join(attempts), bound), flush=True)
+        if (hs != "SERVING" or dt > bound) and not SANITIZER:
+            bad.append("with %d %s connections (%.1f s to open): health %s" %
+                       (len(socks), mode, open_s, "; then ".join(attempts)))
         for s in socks:
             s.close()
         t1 = time.time()

@@ -196,6 +196,16 @@ static int info_partitions(ddld_model_info *mi, const char *spec_text)
 // Publishes the current model (or none) in the shared snapshot. Rank 0. Returns 0, or -1
 // when rank 0 is out of memory for the model's description (the snapshot is then left as
 // it was). Without a model it allocates nothing and cannot fail.
+// The name a model is served and checkpointed under: the caller's, else the spec's
+// top-level "name", else "model".
+static const char *served_name(const char *name, const ddl_spec_t *spec)
+{
+    if (name != NULL && name[0] != '\0') {
+        return name;
+    }
+    return spec != NULL && ddl_spec_name(spec)[0] != '\0' ? ddl_spec_name(spec) : "model";
+}
+
 static int publish_model(ddld_dispatch *d, const char *name)
 {
     ddld_model_info mi;
@@ -203,7 +213,7 @@ static int publish_model(ddld_dispatch *d, const char *name)
     if (d->s != NULL) {
         const ddl_spec_t *spec = ddl_model_spec(ddl_session_model(d->s));
         mi.has_model           = true;
-        snprintf(mi.name, sizeof mi.name, "%s", name != NULL && name[0] ? name : "model");
+        snprintf(mi.name, sizeof mi.name, "%s", served_name(name, spec));
         mi.dtype        = ddl_spec_dtype(spec);
         mi.batch_size   = ddl_spec_batch_size(spec);
         mi.input        = ddl_spec_input_shape(spec);
@@ -736,18 +746,7 @@ static bool holds_checkpoints(const char *dir, char *why, size_t whylen)
 // '_', '-', not starting with '.'.
 static bool name_is_dir_safe(const char *name)
 {
-    size_t n = strlen(name);
-    if (n == 0 || n > 128 || name[0] == '.') {
-        return false;
-    }
-    for (size_t i = 0; i < n; i++) {
-        char c = name[i];
-        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-              c == '.' || c == '_' || c == '-')) {
-            return false;
-        }
-    }
-    return true;
+    return ddl_name_is_portable(name, 128);
 }
 
 // The directory a request's `dir` names: empty is the current model's own; anything else
@@ -844,15 +843,19 @@ static ddl_status create_model(ddld_dispatch *d, const char *what, const char *t
         snprintf(err, errlen, "%s: spec_json is empty", what);
         return DDL_EINVAL;
     }
+    // Complete validation on rank 0 first: a bad spec costs the other ranks nothing.
+    ddl_spec_t *spec = NULL;
+    ddl_status  st   = ddl_spec_parse(text, source, d->size, &spec);
     // Where the new model checkpoints: the daemon's first model in --checkpoint-dir, a
-    // replacement in --checkpoint-dir/models/<name>.
+    // replacement in --checkpoint-dir/models/<name> (the name it is served under).
     const char *cdir = d->cfg->checkpoint_dir;
     d->next_ckpt[0]  = '\0';
-    if (cdir != NULL && d->s == NULL) {
+    if (st == DDL_OK && cdir != NULL && d->s == NULL) {
         snprintf(d->next_ckpt, sizeof d->next_ckpt, "%s", cdir);
-    } else if (cdir != NULL) {
-        const char *mname = name != NULL && name[0] ? name : "model";
+    } else if (st == DDL_OK && cdir != NULL) {
+        const char *mname = served_name(name, spec);
         if (!name_is_dir_safe(mname)) {
+            ddl_spec_destroy(&spec);
             *code = GRPC_STATUS_INVALID_ARGUMENT;
             snprintf(err, errlen,
                      "%s: name \"%.128s\": a model that replaces another checkpoints into "
@@ -863,9 +866,6 @@ static ddl_status create_model(ddld_dispatch *d, const char *what, const char *t
         }
         snprintf(d->next_ckpt, sizeof d->next_ckpt, "%s/models/%s", cdir, mname);
     }
-    // Complete validation on rank 0 first: a bad spec costs the other ranks nothing.
-    ddl_spec_t *spec = NULL;
-    ddl_status  st   = ddl_spec_parse(text, source, d->size, &spec);
     char        why[512];
     if (st == DDL_OK && d->next_ckpt[0] != '\0' && strcmp(what, "--model") != 0 &&
         (d->s != NULL ? holds_checkpoints(d->next_ckpt, why, sizeof why)

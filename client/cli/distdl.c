@@ -1153,8 +1153,8 @@ static int prepare(cli *a)
         if (!parsed)
             return fail(EXIT_FILE, "FILE", "%s is not JSON (line %d: %s)", a->positional[0],
                         jerr.line, jerr.text);
-        // The model is named after the spec unless --name says otherwise (the daemon's own
-        // default is "model").
+        // The model is named after the spec unless --name says otherwise (the daemon does
+        // the same when no name is sent).
         json_t *name = json_object_get(parsed, "name");
         if (!a->name && json_is_string(name) && json_string_length(name) > 0) {
             a->spec_name = strdup(json_string_value(name));

@@ -950,7 +950,22 @@ static ddl_status parse_root(spec_pctx *c, json_t *root)
                     (long long)v, s->world_size, (long long)v);
     }
     s->world_size = (int)v;
-    v             = 0;
+    // The model's name: the daemon serves the model under it (KServe's model_name, the
+    // /v2/models/{name} paths) and keeps a replacement's checkpoints under it, so it is
+    // what a path segment and a directory name can hold.
+    const char *mname = NULL;
+    DDL_CHECK(spec_get_str(c, root, "", "name", false, &mname));
+    if (mname != NULL) {
+        // (the JSON parser has refused a NUL inside the string already)
+        if (!ddl_name_is_portable(mname, SPEC_NAME - 1)) {
+            return spec_fail(c, "name",
+                             "\"%.80s\" is not a valid model name (1 to %d letters, "
+                             "digits, '.', '_' or '-', not starting with '.')",
+                             mname, SPEC_NAME - 1);
+        }
+        snprintf(s->name, sizeof s->name, "%s", mname);
+    }
+    v = 0;
     DDL_CHECK(spec_get_int(c, root, "", "seed", false, 0, (1LL << 62), &v));
     s->seed          = (uint64_t)v;
     const char *dt   = "f32";
@@ -1175,6 +1190,10 @@ void ddl_spec_destroy(ddl_spec_t **s)
 const char *ddl_spec_text(const ddl_spec_t *s)
 {
     return s->text;
+}
+const char *ddl_spec_name(const ddl_spec_t *s)
+{
+    return s->name;
 }
 int ddl_spec_world_size(const ddl_spec_t *s)
 {

@@ -60,6 +60,7 @@ typedef struct spec_layer {
 struct ddl_spec {
     char             *text;
     char              source[256];
+    char              name[SPEC_NAME]; // the top-level "name" ("" when absent)
     int               world_size;
     uint64_t          seed;
     ddl_dtype         dt;

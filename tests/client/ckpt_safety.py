@@ -173,7 +173,7 @@ def main():
         check(s.model_name == "cnn-bn-2" and s.step == 2, "still cnn-bn-2 at step 2")
     else:
         s = status()
-        check(s.step == 3 and s.durable_step == 3 and s.model_name == "model" and
+        check(s.step == 3 and s.durable_step == 3 and s.model_name == "lenet5-2" and
               list(s.input_shape) == [1, 28, 28],
               "resumed the first model (%s) at step %d" % (s.model_name, s.step))
         train(2)

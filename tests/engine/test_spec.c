@@ -243,6 +243,9 @@ int main(int argc, char **argv)
         ASSERT_OK(ddl_spec_load(path, worlds[i], &s));
         ASSERT_EQ(ddl_spec_world_size(s), worlds[i]);
         ASSERT_EQ(ddl_spec_num_classes(s), 10);
+        char want[64];
+        snprintf(want, sizeof want, "%.*s", (int)(strlen(names[i]) - 5), names[i]);
+        ASSERT_TRUE(strcmp(ddl_spec_name(s), want) == 0); // the file's top-level "name"
         ddl_spec_destroy(&s);
     }
     char  path[1024];
@@ -314,6 +317,23 @@ int main(int argc, char **argv)
            "not a valid layer name");
     refuse(base, "\"name\": \"fc2\"", "\"name\": \"\"", 4, "layers[12].name",
            "not a valid layer name");
+    // The model's name is served (KServe paths) and names a replacement's checkpoint
+    // directory: letters, digits, '.', '_', '-', not leading '.', at most 63.
+    static const char *const bad_model_names[] = {
+        "\"name\": \"\"",
+        "\"name\": \"a b\"",
+        "\"name\": \".hidden\"",
+        "\"name\": \"a/b\"",
+        "\"name\": \"a\\u0000b\"",
+        "\"name\": 5",
+        "\"name\": \"n123456789012345678901234567890123456789012345678901234567890123\""};
+    for (size_t i = 0; i < sizeof bad_model_names / sizeof *bad_model_names; i++) {
+        refuse(base, "\"name\": \"lenet5-4\"", bad_model_names[i], 4,
+               i == 4 ? "spec.json:2" : "name",
+               i == 4   ? "\\u0000 is not allowed"
+               : i == 5 ? "must be a string"
+                        : "not a valid model name");
+    }
     refuse(base, "{\"type\": \"maxpool2d\",", "{\"type\": \"maxpool2d}\",", 4, "layers[3].type",
            "unknown layer type \"maxpool2d}\"");
     refuse(base, "{\"type\": \"conv2d\", \"name\": \"conv1\"",

@@ -4,6 +4,7 @@ client-requested Shutdown that ends every rank with exit 0.
 
 usage: rpc_test.py MPIEXEC [mpiexec flags...] -- DISTDLD NP SPEC
 """
+import json
 import os
 import re
 import signal
@@ -78,6 +79,17 @@ def main():
         assert cm.world_size == int(np_) and cm.num_parameters > 0, cm
         expect_error(SC.FAILED_PRECONDITION, c.trainer, "CreateModel",
                      tr.CreateModelRequest(spec_json=spec), "CreateModelResponse")
+        # Without a name the model is served under the spec's own "name" (KServe clients ask
+        # for the name in the spec file), and "model" is no longer an alias.
+        c.trainer("CreateModel", tr.CreateModelRequest(spec_json=spec, replace=True),
+                  "CreateModelResponse")
+        spec_name = json.loads(spec)["name"]
+        assert c.status().model_name == spec_name, (c.status().model_name, spec_name)
+        md = c.unary("/inference.GRPCInferenceService/ModelMetadata",
+                     inf.ModelMetadataRequest(name=spec_name), inf.ModelMetadataResponse)
+        assert md.name == spec_name, md
+        expect_error(SC.NOT_FOUND, c.unary, "/inference.GRPCInferenceService/ModelMetadata",
+                     inf.ModelMetadataRequest(name="model"), inf.ModelMetadataResponse)
         cm = c.trainer("CreateModel", tr.CreateModelRequest(spec_json=spec, replace=True,
                                                             name="m2"), "CreateModelResponse")
         st = c.status()

@@ -3,6 +3,7 @@
 #ifndef DDL_BASE_H
 #define DDL_BASE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -60,6 +61,12 @@ typedef void (*ddl_log_cb)(ddl_log_level level, const char *msg, void *user_data
 // Routes engine log lines to cb (NULL restores the default: stderr for WARN and above).
 DDL_EXTERN void ddl_log_set(ddl_log_cb cb, void *user_data);
 DDL_EXTERN void ddl_log(ddl_log_level level, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+// ---- names -----------------------------------------------------------------
+// True when name is 1 to max_len characters of POSIX's portable file name set (letters,
+// digits, '.', '_', '-') and does not start with '.': what a model's name must be, since
+// it names a directory and a URL path segment.
+DDL_EXTERN bool ddl_name_is_portable(const char *name, size_t max_len);
 
 // ---- errors ----------------------------------------------------------------
 // Records an error message for this thread and returns code; used by DDL_REQUIRE.

@@ -43,6 +43,8 @@ DDL_EXTERN ddl_status ddl_spec_parse(const char *text, const char *source, int w
 DDL_EXTERN ddl_status ddl_spec_load(const char *path, int world_size, ddl_spec_t **out);
 DDL_EXTERN void       ddl_spec_destroy(ddl_spec_t **s);
 DDL_EXTERN const char *ddl_spec_text(const ddl_spec_t *s);
+// The spec's top-level "name": "" when it has none.
+DDL_EXTERN const char *ddl_spec_name(const ddl_spec_t *s);
 DDL_EXTERN int        ddl_spec_world_size(const ddl_spec_t *s);
 DDL_EXTERN int64_t    ddl_spec_batch_size(const ddl_spec_t *s);
 DDL_EXTERN uint64_t   ddl_spec_seed(const ddl_spec_t *s);

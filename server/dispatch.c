@@ -193,9 +193,6 @@ static int info_partitions(ddld_model_info *mi, const char *spec_text)
     return rc;
 }
 
-// Publishes the current model (or none) in the shared snapshot. Rank 0. Returns 0, or -1
-// when rank 0 is out of memory for the model's description (the snapshot is then left as
-// it was). Without a model it allocates nothing and cannot fail.
 // The name a model is served and checkpointed under: the caller's, else the spec's
 // top-level "name", else "model".
 static const char *served_name(const char *name, const ddl_spec_t *spec)
@@ -206,6 +203,9 @@ static const char *served_name(const char *name, const ddl_spec_t *spec)
     return spec != NULL && ddl_spec_name(spec)[0] != '\0' ? ddl_spec_name(spec) : "model";
 }
 
+// Publishes the current model (or none) in the shared snapshot. Rank 0. Returns 0, or -1
+// when rank 0 is out of memory for the model's description (the snapshot is then left as
+// it was). Without a model it allocates nothing and cannot fail.
 static int publish_model(ddld_dispatch *d, const char *name)
 {
     ddld_model_info mi;

@@ -7,6 +7,10 @@
 #
 # Environment:
 #   DDL_FUZZ_SECONDS   seconds per target (default 60)
+#   DDL_FUZZ_DEADLINE  seconds from the start by which the fuzzing should end (default: none).
+#                      A slow build (a loaded machine) shortens each target's time to its
+#                      share of what is left, never below 10 s: the pass is time-boxed, so
+#                      ctest's timeout catches a hang, not a busy machine.
 #   DDL_FUZZ_JOBS      targets run at the same time (default 2)
 #   DDL_FUZZ_BUILD     the clang build directory (default <repo>/build-fuzz; reused)
 #   DDL_FUZZ_MERGE=1   merge the inputs that found new coverage back into the repo's
@@ -17,6 +21,8 @@ here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 seconds="${DDL_FUZZ_SECONDS:-60}"
 jobs="${DDL_FUZZ_JOBS:-2}"
+deadline="${DDL_FUZZ_DEADLINE:-}"
+start_s=$(date +%s)
 build="${DDL_FUZZ_BUILD:-$repo/build-fuzz}"
 all_targets=(fuzz_requests fuzz_spec fuzz_safetensors fuzz_npy fuzz_idx fuzz_manifest)
 if [ $# -gt 0 ]; then
@@ -76,6 +82,7 @@ run_one() {
 }
 
 pids=()
+left=${#targets[@]}
 for t in "${targets[@]}"; do
     if [ ! -x "$build/fuzz/$t" ]; then
         echo "fuzz: FAIL: no target $t"
@@ -84,6 +91,15 @@ for t in "${targets[@]}"; do
     while [ "$(jobs -rp | wc -l)" -ge "$jobs" ]; do
         wait -n
     done
+    if [ -n "$deadline" ]; then
+        # this target's share of the time left: the slots still to run over the jobs
+        share=$(( (deadline - ($(date +%s) - start_s)) * jobs / left ))
+        seconds="${DDL_FUZZ_SECONDS:-60}"
+        if [ "$share" -lt "$seconds" ]; then
+            seconds=$(( share < 10 ? 10 : share ))
+        fi
+    fi
+    left=$((left - 1))
     echo "fuzz: $t for ${seconds} s"
     run_one "$t" &
     pids+=($!)

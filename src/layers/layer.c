@@ -147,6 +147,9 @@ ddl_status ddl_layer_backward(ddl_layer_t *L, const ddl_tensor_t *dy, ddl_tensor
 {
     DDL_REQUIRE(L != NULL, DDL_EINVAL, "layer backward: layer is NULL");
     ddl_status st = check_arity(L, false, "backward", 1);
+    if (st == DDL_OK && L->borrowed) {
+        st = ddl_set_error(DDL_EINVAL, "%s: backward of a forward-only copy", L->kind);
+    }
     if (st == DDL_OK) {
         st = check_io(L, "output gradient", dy, &L->y_shape);
     }
@@ -214,6 +217,9 @@ ddl_status ddl_layer_backward_n(ddl_layer_t *L, const ddl_tensor_t *dy, int n,
 {
     DDL_REQUIRE(L != NULL, DDL_EINVAL, "layer backward_n: layer is NULL");
     ddl_status st = check_arity(L, true, "backward", n);
+    if (st == DDL_OK && L->borrowed) {
+        st = ddl_set_error(DDL_EINVAL, "%s: backward of a forward-only copy", L->kind);
+    }
     if (st == DDL_OK) {
         st = check_io(L, "output gradient", dy, &L->y_shape);
     }
@@ -310,6 +316,36 @@ ddl_shape ddl_layer_input_global(const ddl_layer_t *L, int k)
     return L->in_global != NULL ? L->in_global[k] : L->x_global;
 }
 
+ddl_status ddl_layer_share_params(ddl_layer_t *L, const ddl_layer_t *from)
+{
+    DDL_REQUIRE(L != NULL && from != NULL && !from->borrowed && strcmp(L->kind, from->kind) == 0 &&
+                    L->nparams == from->nparams,
+                DDL_EINTERNAL, "share_params: %s cannot take the parameters of %s",
+                L != NULL ? L->kind : "(null)", from != NULL ? from->kind : "(null)");
+    for (int i = 0; i < L->nparams; i++) {
+        const ddl_param *p = &L->params[i], *q = &from->params[i];
+        bool             same =
+            ddl_shape_equal(&p->value->shape, &q->value->shape) && p->box.ndim == q->box.ndim;
+        for (int d = 0; same && d < p->box.ndim; d++) {
+            same = p->box.start[d] == q->box.start[d] && p->box.stop[d] == q->box.stop[d];
+        }
+        DDL_REQUIRE(same, DDL_EINTERNAL, "share_params: %s.%s differs in shape from the lender's",
+                    L->kind, p->name);
+    }
+    for (int i = 0; i < L->nparams; i++) {
+        if (!L->borrowed) {
+            ddl_tensor_destroy(&L->params[i].value);
+        }
+        ddl_tensor_destroy(&L->params[i].grad);
+        L->params[i].value = from->params[i].value;
+    }
+    L->borrowed = true;
+    if (L->ops->forward_only != NULL) {
+        L->ops->forward_only(L, (ddl_layer_t *)from);
+    }
+    return DDL_OK;
+}
+
 void ddl_layer_destroy(ddl_layer_t **L)
 {
     if (L == NULL || *L == NULL) {
@@ -319,6 +355,9 @@ void ddl_layer_destroy(ddl_layer_t **L)
         (*L)->ops->destroy(*L);
     }
     for (int i = 0; i < (*L)->nparams; i++) {
+        if ((*L)->borrowed) {
+            (*L)->params[i].value = NULL; // the lender's
+        }
         ddl_tensor_destroy(&(*L)->params[i].value);
         ddl_tensor_destroy(&(*L)->params[i].grad);
     }
@@ -330,7 +369,7 @@ void ddl_layer_destroy(ddl_layer_t **L)
 
 void ddl_layer_zero_grad(ddl_layer_t *L)
 {
-    for (int i = 0; i < L->nparams; i++) {
+    for (int i = 0; i < L->nparams && !L->borrowed; i++) {
         ddl_tensor_zero(L->params[i].grad);
     }
 }

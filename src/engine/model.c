@@ -20,6 +20,13 @@
 // The output moves to rank 0 through a second plan (output partition -> rank 0), so a
 // step, an evaluation and a prediction allocate nothing.
 //
+// Short batches: an evaluation or prediction of count samples runs on the smallest of the
+// model's forward-only copies (one per spec inference batch, build_buckets) that holds
+// them, padded to that copy's batch, or on the model itself. A copy is built from the
+// spec at its batch size like the model, but borrows the model's parameters, activation
+// memory, partitions and communicator (build_one_layer, ddl_layer_share_params); see
+// docs/MODEL_SPEC.md, Short batches.
+//
 // Segmentation (an output [batch, classes, spatial...] on a partition that keeps the
 // classes whole): the labels are one per output voxel, [batch, spatial...]. They move
 // from rank 0 by a third Repartition plan, as f64 class indices (exact) in the layout

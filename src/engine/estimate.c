@@ -172,10 +172,18 @@ ddl_status ddl_spec_estimate(const ddl_spec_t *s, ddl_mem_estimate *out)
                 "estimate: a parsed spec and an output are required");
     spec_est a = {.s = s, .item = (double)ddl_dtype_size(s->dt)};
     a.per      = calloc((size_t)s->world_size, sizeof *a.per);
-    if (a.per == NULL) {
+    double *own = calloc((size_t)s->world_size, sizeof *own); // each rank's, without copies
+    if (a.per == NULL || own == NULL) {
+        free(a.per);
+        free(own);
         return ddl_set_error(DDL_ENOMEM, "estimate: out of memory");
     }
     add_model(&a);
+    for (int r = 0; r < s->world_size; r++) {
+        for (int c = 0; c < SPEC_E_COUNT; c++) {
+            own[r] += a.per[r][c];
+        }
+    }
     // Each short-batch copy: the spec at its batch size (a parse of text already parsed,
     // so it fails only for want of memory).
     for (int k = 0; k < s->nbuckets; k++) {
@@ -183,6 +191,7 @@ ddl_status ddl_spec_estimate(const ddl_spec_t *s, ddl_mem_estimate *out)
         ddl_status  st = spec_parse_at_batch(s->text, s->source, s->world_size, s->buckets[k], &c);
         if (st != DDL_OK) {
             free(a.per);
+            free(own);
             return st;
         }
         a.s    = c;
@@ -206,9 +215,11 @@ ddl_status ddl_spec_estimate(const ddl_spec_t *s, ddl_mem_estimate *out)
             out->optim       = a.per[r][SPEC_E_OPTIM];
             out->activations = a.per[r][SPEC_E_ACT];
             out->workspace   = a.per[r][SPEC_E_WORK];
+            out->copies      = t - own[r];
         }
     }
     free(a.per);
+    free(own);
     return DDL_OK;
 }
 
@@ -331,13 +342,19 @@ ddl_status ddl_spec_check_memory(const ddl_spec_t *s, int ranks_on_host)
     if (avail < 0 || e.total <= avail) {
         return DDL_OK; // unknown availability: nothing to compare with
     }
-    char t[32], p[32], g[32], o[32], a[32], w[32], v[32];
+    char t[32], p[32], g[32], o[32], a[32], w[32], v[32], c[32], hint[160] = "";
+    if (e.copies > 0) {
+        snprintf(hint, sizeof hint,
+                 "; of it, %s is the short-batch copies, which \"inference_batches\": [] "
+                 "drops",
+                 human(e.copies, c, sizeof c));
+    }
     return ddl_set_error(DDL_ENOMEM,
                          "%s: spec needs an estimated %s per rank (rank %d: parameters %s, "
                          "gradients %s, optimizer state %s, activations %s, workspace %s) but "
-                         "%s is available (%s)",
+                         "%s is available (%s)%s",
                          s->source, human(e.total, t, sizeof t), e.rank,
                          human(e.params, p, sizeof p), human(e.grads, g, sizeof g),
                          human(e.optim, o, sizeof o), human(e.activations, a, sizeof a),
-                         human(e.workspace, w, sizeof w), human(avail, v, sizeof v), how);
+                         human(e.workspace, w, sizeof w), human(avail, v, sizeof v), how, hint);
 }

@@ -24,7 +24,7 @@
 // model's forward-only copies (one per spec inference batch, build_buckets) that holds
 // them, padded to that copy's batch, or on the model itself. A copy is built from the
 // spec at its batch size like the model, but borrows the model's parameters, activation
-// memory, partitions and communicator (build_one_layer, ddl_layer_share_params); see
+// memory, partitions and communicator (build_one_layer, ddl_layer_lend_params); see
 // docs/MODEL_SPEC.md, Short batches.
 //
 // Segmentation (an output [batch, classes, spatial...] on a partition that keeps the
@@ -147,7 +147,10 @@ static ddl_status build_one_layer(ddl_model_t *m, int i, int *nparams)
     const ddl_spec_t     *s  = m->spec;
     const spec_layer     *SL = &s->layers[i];
     const spec_build_ctx  b  = {s, m->parts, i};
-    ddl_status            st = SL->kind->build(&b, SL, &m->layers[i]);
+    // A short-batch copy's layer is built against the model's parameters (no copy of them).
+    ddl_layer_lend_params(m->full != NULL ? m->full->layers[i] : NULL);
+    ddl_status st = SL->kind->build(&b, SL, &m->layers[i]);
+    ddl_layer_lend_params(NULL);
     if (st != DDL_OK) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", ddl_last_error());
@@ -170,7 +173,7 @@ static ddl_status build_one_layer(ddl_model_t *m, int i, int *nparams)
     if (m->full != NULL) {
         // A short-batch copy: the full model's parameters, and its activation memory
         // (idle outside a step) holds the copy's smaller activations.
-        DDL_CHECK(ddl_layer_share_params(L, m->full->layers[i]));
+        DDL_CHECK(ddl_layer_finish_copy(L, m->full->layers[i]));
         DDL_CHECK(activation_view(m, &L->y_shape, m->full->act[i + 1], &m->act[i + 1]));
         *nparams += L->nparams;
         return DDL_OK;

@@ -52,6 +52,32 @@ ddl_status ddl_layer_set_inputs(ddl_layer_t *L, int n, const ddl_shape *globals,
     return DDL_OK;
 }
 
+// The layer whose parameters ddl_layer_add_param hands out instead of allocating, while a
+// copy of it is built on this thread (ddl_layer_lend_params).
+static _Thread_local const ddl_layer_t *lender;
+
+void ddl_layer_lend_params(const ddl_layer_t *from)
+{
+    lender = from;
+}
+
+// The lender's parameter i for p (name, global shape and box as p's): borrowed, no grad.
+static ddl_status borrow_param(ddl_layer_t *L, ddl_param *p, int i)
+{
+    const ddl_param *q    = i < lender->nparams ? &lender->params[i] : NULL;
+    bool             same = q != NULL && strcmp(q->name, p->name) == 0 &&
+                ddl_shape_equal(&q->global, &p->global) && q->box.ndim == p->box.ndim;
+    for (int d = 0; same && d < p->box.ndim; d++) {
+        same = p->box.start[d] == q->box.start[d] && p->box.stop[d] == q->box.stop[d];
+    }
+    DDL_REQUIRE(same, DDL_EINTERNAL, "%s: parameter %d (%s) differs from the lender's", L->kind, i,
+                p->name);
+    p->value    = q->value;
+    L->borrowed = true;
+    L->nparams++;
+    return DDL_OK;
+}
+
 ddl_status ddl_layer_add_param(ddl_layer_t *L, const char *name, const ddl_shape *global,
                                const ddl_box *box, ddl_init_kind init, int64_t fan_in)
 {
@@ -60,11 +86,14 @@ ddl_status ddl_layer_add_param(ddl_layer_t *L, const char *name, const ddl_shape
     ddl_param *p = &L->params[L->nparams];
     memset(p, 0, sizeof *p);
     snprintf(p->name, sizeof p->name, "%s", name);
-    p->global     = *global;
-    p->box        = *box;
-    p->init       = init;
-    p->fan_in     = fan_in;
-    ddl_shape s   = ddl_box_shape(box);
+    p->global = *global;
+    p->box    = *box;
+    p->init   = init;
+    p->fan_in = fan_in;
+    if (lender != NULL) {
+        return borrow_param(L, p, L->nparams);
+    }
+    ddl_shape  s  = ddl_box_shape(box);
     ddl_status st = ddl_tensor_create(L->dt, &s, &p->value);
     if (st == DDL_OK) {
         st = ddl_tensor_create(L->dt, &s, &p->grad);
@@ -316,32 +345,15 @@ ddl_shape ddl_layer_input_global(const ddl_layer_t *L, int k)
     return L->in_global != NULL ? L->in_global[k] : L->x_global;
 }
 
-ddl_status ddl_layer_share_params(ddl_layer_t *L, const ddl_layer_t *from)
+ddl_status ddl_layer_finish_copy(ddl_layer_t *L, ddl_layer_t *from)
 {
     DDL_REQUIRE(L != NULL && from != NULL && !from->borrowed && strcmp(L->kind, from->kind) == 0 &&
-                    L->nparams == from->nparams,
-                DDL_EINTERNAL, "share_params: %s cannot take the parameters of %s",
+                    L->nparams == from->nparams && (L->borrowed || L->nparams == 0),
+                DDL_EINTERNAL, "finish_copy: %s is not a copy of %s built against its parameters",
                 L != NULL ? L->kind : "(null)", from != NULL ? from->kind : "(null)");
-    for (int i = 0; i < L->nparams; i++) {
-        const ddl_param *p = &L->params[i], *q = &from->params[i];
-        bool             same =
-            ddl_shape_equal(&p->value->shape, &q->value->shape) && p->box.ndim == q->box.ndim;
-        for (int d = 0; same && d < p->box.ndim; d++) {
-            same = p->box.start[d] == q->box.start[d] && p->box.stop[d] == q->box.stop[d];
-        }
-        DDL_REQUIRE(same, DDL_EINTERNAL, "share_params: %s.%s differs in shape from the lender's",
-                    L->kind, p->name);
-    }
-    for (int i = 0; i < L->nparams; i++) {
-        if (!L->borrowed) {
-            ddl_tensor_destroy(&L->params[i].value);
-        }
-        ddl_tensor_destroy(&L->params[i].grad);
-        L->params[i].value = from->params[i].value;
-    }
     L->borrowed = true;
     if (L->ops->forward_only != NULL) {
-        L->ops->forward_only(L, (ddl_layer_t *)from);
+        L->ops->forward_only(L, from);
     }
     return DDL_OK;
 }

@@ -37,14 +37,16 @@ static double elem(const batch *b, const void *p, int64_t i)
     return b->es == 4 ? (double)((const float *)p)[i] : ((const double *)p)[i];
 }
 
-static ddl_model_t *make_model(const char *text, const char *path, int64_t *mem)
+static ddl_model_t *make_model(const char *text, const char *path, int64_t *mem, double *secs)
 {
     ddl_spec_t  *spec = NULL;
     ddl_model_t *m    = NULL;
     ASSERT_OK(ddl_spec_parse(text, path, size, &spec));
     int64_t before = ddl_alloc_bytes_live();
+    double  t0     = MPI_Wtime();
     ASSERT_OK(ddl_model_create(MPI_COMM_WORLD, spec, &m));
-    *mem = ddl_alloc_bytes_live() - before;
+    *secs = MPI_Wtime() - t0;
+    *mem  = ddl_alloc_bytes_live() - before;
     ddl_spec_destroy(&spec);
     return m;
 }
@@ -133,8 +135,9 @@ static int check_spec(const char *path)
     memcpy(padded, text, pre);
     sprintf(padded + pre, "\"inference_batches\": [], %s", text + pre);
     int64_t      mem_s, mem_p;
-    ddl_model_t *ms = make_model(text, path, &mem_s);
-    ddl_model_t *mp = make_model(padded, path, &mem_p);
+    double       t_s, t_p;
+    ddl_model_t *ms = make_model(text, path, &mem_s, &t_s);
+    ddl_model_t *mp = make_model(padded, path, &mem_p, &t_p);
     ASSERT_EQ(ddl_spec_inference_batches(ddl_model_spec(mp), NULL), 0);
     void *lg2 = NULL;
     if (rank == 0) {
@@ -209,11 +212,11 @@ static int check_spec(const char *path)
     ASSERT_TRUE(mem_s - mem_p < mem_p / 2);
     if (rank == 0) {
         printf("%s: %d inference batches; logits within %.2g of the padded model's; predict(1) "
-               "moves %llu bytes (padded %llu); copies +%.0f%% of the model's memory (rank 0, %lld "
-               "B)\n",
+               "moves %llu bytes (padded %llu); copies +%.0f%% of the model's %lld B (rank 0); "
+               "create %.1f ms (padded %.1f ms)\n",
                path, ddl_spec_inference_batches(spec, NULL), worst, (unsigned long long)moved[0],
                (unsigned long long)moved[1], 100.0 * (double)(mem_s - mem_p) / (double)mem_p,
-               (long long)mem_p);
+               (long long)mem_p, t_s * 1e3, t_p * 1e3);
     }
     ddl_model_destroy(&ms);
     ddl_model_destroy(&mp);

@@ -23,11 +23,19 @@ struct spec_est {
     const ddl_spec_t *s;
     double (*per)[SPEC_E_COUNT]; // per world rank
     double item;
+    // A short-batch copy of the model (spec inference_batches): its parameters and
+    // activations are the model's, so only its own working copies and workspaces count.
+    bool copy;
 };
 
 const ddl_spec_t *spec_est_spec(const spec_est *e)
 {
     return e->s;
+}
+
+bool spec_est_copy(const spec_est *e)
+{
+    return e->copy;
 }
 
 double spec_est_item(const spec_est *e)
@@ -78,14 +86,16 @@ void spec_est_add(spec_est *a, int P, int cat, double bytes)
 }
 
 // A parameter block of `numel` elements on P: value, gradient and optimizer state;
-// `copies` more values and gradients where the layer keeps working blocks of it.
+// `copies` more values and gradients where the layer keeps working blocks of it (a
+// short-batch copy: the working blocks' values alone).
 void spec_est_add_param(spec_est *a, int P, double numel, double copies)
 {
     const ddl_optim_params *o     = &a->s->optim;
     double                  state = o->kind == DDL_OPTIM_SGD ? (o->momentum != 0 ? 1 : 0) : 2;
-    spec_est_add(a, P, SPEC_E_PARAMS, numel * a->item * (1 + copies));
-    spec_est_add(a, P, SPEC_E_GRADS, numel * a->item * (1 + copies));
-    spec_est_add(a, P, SPEC_E_OPTIM, numel * a->item * state);
+    double                  own   = a->copy ? 0 : 1;
+    spec_est_add(a, P, SPEC_E_PARAMS, numel * a->item * (own + copies));
+    spec_est_add(a, P, SPEC_E_GRADS, numel * a->item * (own + copies) * own);
+    spec_est_add(a, P, SPEC_E_OPTIM, numel * a->item * state * own);
 }
 
 int spec_est_part_dim(const ddl_spec_t *s, int P, int d)
@@ -109,19 +119,16 @@ static void add_layer(spec_est *a, int li)
             uses += s->layers[i].in[k] == li;
         }
     }
-    spec_est_add(a, L->P_out, SPEC_E_ACT, (uses > 1 ? 3 : 2) * yl * a->item);
+    if (!a->copy) {
+        spec_est_add(a, L->P_out, SPEC_E_ACT, (uses > 1 ? 3 : 2) * yl * a->item);
+    }
     L->kind->estimate(a, L);
 }
 
-ddl_status ddl_spec_estimate(const ddl_spec_t *s, ddl_mem_estimate *out)
+// Adds the model of spec a->s (or, a->copy, one of its short-batch copies) to a->per.
+static void add_model(spec_est *a)
 {
-    DDL_REQUIRE(s != NULL && out != NULL && s->world_size > 0, DDL_EINVAL,
-                "estimate: a parsed spec and an output are required");
-    spec_est a = {.s = s, .item = (double)ddl_dtype_size(s->dt)};
-    a.per        = calloc((size_t)s->world_size, sizeof *a.per);
-    if (a.per == NULL) {
-        return ddl_set_error(DDL_ENOMEM, "estimate: out of memory");
-    }
+    const ddl_spec_t *s = a->s;
     // The input and its gradient on the input partition, the whole batch on rank 0 (staged
     // input, gathered logits) and the loss's per-sample buffers.
     ddl_shape in = {.ndim = s->input.ndim + 1};
@@ -133,28 +140,66 @@ ddl_status ddl_spec_estimate(const ddl_spec_t *s, ddl_mem_estimate *out)
     for (int d = 0; d < s->input.ndim; d++) {
         sample *= (double)s->input.d[d];
     }
-    spec_est_add(&a, s->input_partition, SPEC_E_ACT,
-                 2 * spec_est_local_numel(s, &in, s->input_partition) * a.item);
+    if (!a->copy) {
+        spec_est_add(a, s->input_partition, SPEC_E_ACT,
+                     2 * spec_est_local_numel(s, &in, s->input_partition) * a->item);
+    }
     if (s->label_elems > 1 || s->output.ndim > 1) {
         // Segmentation: rank 0 stages the batch, gathers logits [batch, C, spatial...] and
         // holds the labels three times (the session's int64, the label plan's f64, and the
         // caller's); each output rank its voxels' losses, their gradient and labels.
         const spec_layer *last = &s->layers[s->nlayers - 1];
         double            L    = (double)s->label_elems;
-        a.per[0][SPEC_E_WORK] += (double)s->batch * (sample + s->num_classes * L) * a.item +
-                                 (double)s->batch * L * 24;
+        a->per[0][SPEC_E_WORK] +=
+            (double)s->batch * (sample + s->num_classes * L) * a->item + (double)s->batch * L * 24;
         double voxels = spec_est_local_numel(s, &last->y_global, last->P_out) /
                         (double)(s->num_classes > 0 ? s->num_classes : 1);
-        spec_est_add(&a, last->P_out, SPEC_E_WORK, voxels * (2 * a.item + 16));
+        spec_est_add(a, last->P_out, SPEC_E_WORK, voxels * (2 * a->item + 16));
     } else {
-        a.per[0][SPEC_E_WORK] += (double)s->batch * (sample + s->num_classes) * a.item +
-                                 (double)s->batch * 16; // labels, padded
-        spec_est_add(&a, -1, SPEC_E_WORK,
-                     (double)s->batch * ((double)s->num_classes * a.item * 3 + 16));
+        a->per[0][SPEC_E_WORK] += (double)s->batch * (sample + s->num_classes) * a->item +
+                                  (double)s->batch * 16; // labels, padded
+        spec_est_add(a, -1, SPEC_E_WORK,
+                     (double)s->batch * ((double)s->num_classes * a->item * 3 + 16));
     }
     for (int i = 0; i < s->nlayers; i++) {
-        add_layer(&a, i);
+        add_layer(a, i);
     }
+}
+
+ddl_status ddl_spec_estimate(const ddl_spec_t *s, ddl_mem_estimate *out)
+{
+    DDL_REQUIRE(s != NULL && out != NULL && s->world_size > 0, DDL_EINVAL,
+                "estimate: a parsed spec and an output are required");
+    spec_est a = {.s = s, .item = (double)ddl_dtype_size(s->dt)};
+    a.per      = calloc((size_t)s->world_size, sizeof *a.per);
+    double *own = calloc((size_t)s->world_size, sizeof *own); // each rank's, without copies
+    if (a.per == NULL || own == NULL) {
+        free(a.per);
+        free(own);
+        return ddl_set_error(DDL_ENOMEM, "estimate: out of memory");
+    }
+    add_model(&a);
+    for (int r = 0; r < s->world_size; r++) {
+        for (int c = 0; c < SPEC_E_COUNT; c++) {
+            own[r] += a.per[r][c];
+        }
+    }
+    // Each short-batch copy: the spec at its batch size (a parse of text already parsed,
+    // so it fails only for want of memory).
+    for (int k = 0; k < s->nbuckets; k++) {
+        ddl_spec_t *c  = NULL;
+        ddl_status  st = spec_parse_at_batch(s->text, s->source, s->world_size, s->buckets[k], &c);
+        if (st != DDL_OK) {
+            free(a.per);
+            free(own);
+            return st;
+        }
+        a.s    = c;
+        a.copy = true;
+        add_model(&a);
+        ddl_spec_destroy(&c);
+    }
+    a.s = s;
     memset(out, 0, sizeof *out);
     out->total = -1;
     for (int r = 0; r < s->world_size; r++) {
@@ -170,9 +215,11 @@ ddl_status ddl_spec_estimate(const ddl_spec_t *s, ddl_mem_estimate *out)
             out->optim       = a.per[r][SPEC_E_OPTIM];
             out->activations = a.per[r][SPEC_E_ACT];
             out->workspace   = a.per[r][SPEC_E_WORK];
+            out->copies      = t - own[r];
         }
     }
     free(a.per);
+    free(own);
     return DDL_OK;
 }
 
@@ -295,13 +342,19 @@ ddl_status ddl_spec_check_memory(const ddl_spec_t *s, int ranks_on_host)
     if (avail < 0 || e.total <= avail) {
         return DDL_OK; // unknown availability: nothing to compare with
     }
-    char t[32], p[32], g[32], o[32], a[32], w[32], v[32];
+    char t[32], p[32], g[32], o[32], a[32], w[32], v[32], c[32], hint[160] = "";
+    if (e.copies > 0) {
+        snprintf(hint, sizeof hint,
+                 "; of it, %s is the short-batch copies, which \"inference_batches\": [] "
+                 "drops",
+                 human(e.copies, c, sizeof c));
+    }
     return ddl_set_error(DDL_ENOMEM,
                          "%s: spec needs an estimated %s per rank (rank %d: parameters %s, "
                          "gradients %s, optimizer state %s, activations %s, workspace %s) but "
-                         "%s is available (%s)",
+                         "%s is available (%s)%s",
                          s->source, human(e.total, t, sizeof t), e.rank,
                          human(e.params, p, sizeof p), human(e.grads, g, sizeof g),
                          human(e.optim, o, sizeof o), human(e.activations, a, sizeof a),
-                         human(e.workspace, w, sizeof w), human(avail, v, sizeof v), how);
+                         human(e.workspace, w, sizeof w), human(avail, v, sizeof v), how, hint);
 }

@@ -280,6 +280,18 @@ static double kernel_workspace(const ddl_spec_t *s, const spec_layer *L, bool co
     return (double)ddl_pool_workspace_bytes(&g);
 }
 
+// A short-batch copy's halo buffer of x (conv, pool): one block of x when P splits a
+// spatial dimension (there is a halo), else none.
+static double copy_halo(const ddl_spec_t *s, const spec_layer *L, double xl)
+{
+    for (int d = 2; d < L->x_global.ndim; d++) {
+        if (spec_est_part_dim(s, L->P_in, d) > 1) {
+            return xl;
+        }
+    }
+    return 0;
+}
+
 static void conv_estimate(spec_est *e, const spec_layer *L)
 {
     const ddl_spec_t *s  = spec_est_spec(e);
@@ -293,7 +305,15 @@ static void conv_estimate(spec_est *e, const spec_layer *L)
     double b  = L->conv.bias ? (double)L->conv.out_channels : 0;
     double sp = L->P_w >= 0 ? (double)spec_est_part_dim(s, Pw, 0) * spec_est_part_dim(s, Pw, 1)
                             : 1;
-    spec_est_add_param(e, Pw, spec_est_ceil_div(w + b, sp), 2);  // + working block, gathered grad
+    // + working block, gathered grad; x's halo buffer and its gradient's, the kernel's
+    // workspace. A short-batch copy keeps the working block and x's halo buffer, and
+    // borrows the workspace (conv_forward_only).
+    if (spec_est_copy(e)) {
+        spec_est_add_param(e, Pw, spec_est_ceil_div(w + b, sp), 1);
+        spec_est_add(e, L->P_in, SPEC_E_WORK, copy_halo(s, L, xl) * spec_est_item(e));
+        return;
+    }
+    spec_est_add_param(e, Pw, spec_est_ceil_div(w + b, sp), 2);
     spec_est_add(e, L->P_in, SPEC_E_WORK, 2 * xl * spec_est_item(e) + kernel_workspace(s, L, true));
 }
 
@@ -301,7 +321,8 @@ static void pool_estimate(spec_est *e, const spec_layer *L)
 {
     const ddl_spec_t *s  = spec_est_spec(e);
     double            xl = spec_est_local_numel(s, &L->x_global, L->P_in);
-    spec_est_add(e, L->P_in, SPEC_E_WORK, 2 * xl * spec_est_item(e) + kernel_workspace(s, L, false));
+    double            halo = spec_est_copy(e) ? copy_halo(s, L, xl) : 2 * xl;
+    spec_est_add(e, L->P_in, SPEC_E_WORK, halo * spec_est_item(e) + kernel_workspace(s, L, false));
 }
 
 // ---- adaptive_avgpool1d|2d|3d ------------------------------------------------------------
@@ -519,7 +540,8 @@ static void batchnorm_estimate(spec_est *e, const spec_layer *L)
     if (L->affine) {
         spec_est_add_param(e, L->P_in, 2 * c, 0);
     }
-    spec_est_add(e, L->P_in, SPEC_E_WORK, 2 * c * item + 2 * xl * item);
+    // A short-batch copy: the per-channel vectors only (it saves nothing of x).
+    spec_est_add(e, L->P_in, SPEC_E_WORK, 2 * c * item + (spec_est_copy(e) ? 0 : 2 * xl * item));
 }
 
 static ddl_status batchnorm_buffers(const ddl_layer_t *L, ddl_tensor_t **out)

@@ -22,6 +22,7 @@ typedef struct spec_pctx {
     ddl_spec_t *s;
     spec_jline *lines;  // the line of every key path ("layers[3].kernel")
     int         nlines, cap;
+    int64_t     batch_override; // > 0: batch_size replaced (spec_parse_at_batch)
 } spec_pctx;
 
 // EINVAL "source:line: path: message" (the line of path or of its longest known prefix).
@@ -63,6 +64,10 @@ void              spec_est_add(spec_est *e, int P, int cat, double bytes);
 // A parameter block of numel elements on P: value, gradient and optimizer state; `copies`
 // more values and gradients where the layer keeps working blocks of it.
 void              spec_est_add_param(spec_est *e, int P, double numel, double copies);
+// True while the estimate counts a forward-only short-batch copy of the model (spec
+// inference_batches): its layers keep no gradients and borrow what ddl_layer_ops'
+// forward_only says.
+bool spec_est_copy(const spec_est *e);
 // The largest block of global shape g on partition P (P < 0: not partitioned).
 double            spec_est_local_numel(const ddl_spec_t *s, const ddl_shape *g, int P);
 int               spec_est_part_dim(const ddl_spec_t *s, int P, int d);

@@ -20,6 +20,13 @@
 // The output moves to rank 0 through a second plan (output partition -> rank 0), so a
 // step, an evaluation and a prediction allocate nothing.
 //
+// Short batches: an evaluation or prediction of count samples runs on the smallest of the
+// model's forward-only copies (one per spec inference batch, build_buckets) that holds
+// them, padded to that copy's batch, or on the model itself. A copy is built from the
+// spec at its batch size like the model, but borrows the model's parameters, activation
+// memory, partitions and communicator (build_one_layer, ddl_layer_lend_params); see
+// docs/MODEL_SPEC.md, Short batches.
+//
 // Segmentation (an output [batch, classes, spatial...] on a partition that keeps the
 // classes whole): the labels are one per output voxel, [batch, spatial...]. They move
 // from rank 0 by a third Repartition plan, as f64 class indices (exact) in the layout
@@ -52,7 +59,12 @@
 #include "partition/mpi_check.h"
 
 struct ddl_model {
-    MPI_Comm           comm; // our duplicate of the caller's communicator
+    MPI_Comm comm; // our duplicate of the caller's (a copy's: the model's)
+    // Short batches: one forward-only copy per spec "inference_batches" size, ascending
+    // (bucket); a copy's `full` is the model it serves (NULL for the model itself).
+    int                nbuckets;
+    ddl_model_t      **bucket;
+    ddl_model_t       *full;
     int                rank;
     ddl_spec_t        *spec;
     ddl_partition_t  **parts;
@@ -115,6 +127,18 @@ static ddl_status build_partitions(ddl_model_t *m)
     return st;
 }
 
+// A short-batch copy's activation of local shape `shape`: a view of the full model's
+// activation `in`, which is at least as large (the copy's batch is smaller).
+static ddl_status activation_view(ddl_model_t *m, const ddl_shape *shape, ddl_tensor_t *in,
+                                  ddl_tensor_t **out)
+{
+    size_t need = (size_t)ddl_shape_numel(shape) * ddl_dtype_size(m->spec->dt);
+    DDL_REQUIRE(need <= ddl_tensor_bytes(in), DDL_EINTERNAL,
+                "model: a batch-%lld activation needs %zu bytes, the full batch's has %zu",
+                (long long)m->spec->batch, need, ddl_tensor_bytes(in));
+    return ddl_tensor_view(m->spec->dt, shape, in->data, out);
+}
+
 // One layer: the layer (its type's registry entry builds it), its output activation and
 // gradient, its parameters' initial values, and the check that its operands are its
 // producers' outputs. Local failures are reported to the caller, which agrees on them.
@@ -123,7 +147,10 @@ static ddl_status build_one_layer(ddl_model_t *m, int i, int *nparams)
     const ddl_spec_t     *s  = m->spec;
     const spec_layer     *SL = &s->layers[i];
     const spec_build_ctx  b  = {s, m->parts, i};
-    ddl_status            st = SL->kind->build(&b, SL, &m->layers[i]);
+    // A short-batch copy's layer is built against the model's parameters (no copy of them).
+    ddl_layer_lend_params(m->full != NULL ? m->full->layers[i] : NULL);
+    ddl_status st = SL->kind->build(&b, SL, &m->layers[i]);
+    ddl_layer_lend_params(NULL);
     if (st != DDL_OK) {
         char msg[1024];
         snprintf(msg, sizeof msg, "%s", ddl_last_error());
@@ -142,6 +169,14 @@ static ddl_status build_one_layer(ddl_model_t *m, int i, int *nparams)
                     "output %s",
                     s->source, i, SL->name, ddl_shape_str(&xs, a, sizeof a),
                     ddl_shape_str(&x->shape, c, sizeof c));
+    }
+    if (m->full != NULL) {
+        // A short-batch copy: the full model's parameters, and its activation memory
+        // (idle outside a step) holds the copy's smaller activations.
+        DDL_CHECK(ddl_layer_finish_copy(L, m->full->layers[i]));
+        DDL_CHECK(activation_view(m, &L->y_shape, m->full->act[i + 1], &m->act[i + 1]));
+        *nparams += L->nparams;
+        return DDL_OK;
     }
     DDL_CHECK(ddl_tensor_create(s->dt, &L->y_shape, &m->act[i + 1]));
     DDL_CHECK(ddl_tensor_create(s->dt, &L->y_shape, &m->dact[i + 1]));
@@ -180,7 +215,9 @@ static ddl_status build_tables(ddl_model_t *m, int nparams)
                         s->source, m->pnames[i]);
         }
     }
-    DDL_CHECK(ddl_optimizer_create(&s->optim, m->nparams, m->params, &m->opt));
+    if (m->full == NULL) { // a short-batch copy never steps
+        DDL_CHECK(ddl_optimizer_create(&s->optim, m->nparams, m->params, &m->opt));
+    }
     // Buffers (batch norm's running statistics): per-channel vectors, boxed by each
     // rank's channel range (ranks sharing channels hold replicas).
     int nbuf = 0;
@@ -368,6 +405,9 @@ static ddl_status alloc_layer_tables(ddl_model_t *m)
     m->sample_bytes  = (size_t)ddl_shape_numel(&s->input) * ddl_dtype_size(s->dt);
     ddl_box   in_box = ddl_partition_local_box(m->parts[s->input_partition], &g);
     ddl_shape ls     = ddl_box_shape(&in_box);
+    if (m->full != NULL) {
+        return activation_view(m, &ls, m->full->act[0], &m->act[0]);
+    }
     DDL_CHECK(ddl_tensor_create(s->dt, &ls, &m->act[0]));
     DDL_CHECK(ddl_tensor_create(s->dt, &ls, &m->dact[0]));
     return DDL_OK;
@@ -400,7 +440,7 @@ static ddl_status build_slots(ddl_model_t *m)
     // A layer's backward is needed when it has parameters or an operand's gradient leads
     // to parameters (producers come first in the order). A chain skips exactly the data
     // movement before its first layer with parameters.
-    for (int t = 0; t < n; t++) {
+    for (int t = 0; t < n && m->full == NULL; t++) { // a copy runs no backward
         int i          = s->order[t];
         m->run_back[i] = m->layers[i]->nparams > 0;
         for (int k = 0; k < s->layers[i].nin; k++) {
@@ -450,7 +490,11 @@ static ddl_status build_slots(ddl_model_t *m)
 
 static ddl_status build(ddl_model_t *m)
 {
-    DDL_CHECK(build_partitions(m)); // agreed inside, partition by partition
+    if (m->full != NULL) {
+        m->parts = m->full->parts; // a copy's partitions are the model's
+    } else {
+        DDL_CHECK(build_partitions(m)); // agreed inside, partition by partition
+    }
     STAGE(alloc_layer_tables(m));
     int nparams = 0;
     // In topological order: a layer's operands exist before it is checked against them.
@@ -473,12 +517,53 @@ static ddl_status build(ddl_model_t *m)
     STAGE(build_tables(m, nparams));
     STAGE(build_loss(m));
     const ddl_layer_t *last = m->layers[m->nlayers - 1];
-    STAGE(root_partition(m, m->in_global.ndim, &m->P_in_root));
-    STAGE(root_partition(m, last->y_global.ndim, &m->P_out_root));
+    if (m->full != NULL) {
+        m->P_in_root  = m->full->P_in_root;
+        m->P_out_root = m->full->P_out_root;
+    } else {
+        STAGE(root_partition(m, m->in_global.ndim, &m->P_in_root));
+        STAGE(root_partition(m, last->y_global.ndim, &m->P_out_root));
+    }
     STAGE(build_input_plan(m));
     STAGE(build_output_plan(m));
     STAGE(build_label_plan(m));
     return DDL_OK;
+}
+
+// The short-batch copies (spec "inference_batches"), smallest first: each one the spec
+// parsed at its batch size and built like the model, on the model's communicator, with
+// the model's parameters and activation memory (build_one_layer). Collective.
+static ddl_status build_buckets(ddl_model_t *m)
+{
+    const ddl_spec_t *s = m->spec;
+    if (s->nbuckets == 0) {
+        return DDL_OK;
+    }
+    m->bucket     = ddl_calloc((size_t)s->nbuckets, sizeof *m->bucket);
+    ddl_status st = ddl_agree(
+        m->comm, m->bucket != NULL ? DDL_OK : ddl_set_error(DDL_ENOMEM, "model: out of memory"));
+    for (int k = 0; st == DDL_OK && k < s->nbuckets; k++) {
+        ddl_model_t *b = ddl_calloc(1, sizeof *b);
+        st             = b != NULL ? DDL_OK : ddl_set_error(DDL_ENOMEM, "model: out of memory");
+        if (b != NULL) {
+            b->comm                  = m->comm;
+            b->rank                  = m->rank;
+            b->full                  = m;
+            m->bucket[m->nbuckets++] = b;
+            st = spec_parse_at_batch(s->text, s->source, s->world_size, s->buckets[k], &b->spec);
+        }
+        st = ddl_agree(m->comm, st);
+        if (st == DDL_OK) {
+            st = build(b);
+        }
+        if (st != DDL_OK) {
+            char msg[1024];
+            snprintf(msg, sizeof msg, "%s", ddl_last_error());
+            st = ddl_set_error(st, "%s: the batch-%lld copy (inference_batches): %s", s->source,
+                               (long long)s->buckets[k], msg);
+        }
+    }
+    return st;
 }
 
 ddl_status ddl_model_create(MPI_Comm comm, const ddl_spec_t *spec, ddl_model_t **out)
@@ -510,6 +595,9 @@ ddl_status ddl_model_create(MPI_Comm comm, const ddl_spec_t *spec, ddl_model_t *
     if (st == DDL_OK) {
         st = build(m);
     }
+    if (st == DDL_OK) {
+        st = build_buckets(m);
+    }
     if (st != DDL_OK) {
         ddl_model_destroy(&m);
         return st;
@@ -524,6 +612,10 @@ void ddl_model_destroy(ddl_model_t **mp)
         return;
     }
     ddl_model_t *m = *mp;
+    for (int k = 0; k < m->nbuckets; k++) { // they borrow from m
+        ddl_model_destroy(&m->bucket[k]);
+    }
+    ddl_free(m->bucket);
     ddl_optimizer_destroy(&m->opt);
     ddl_loss_destroy(&m->loss);
     ddl_loss_destroy(&m->loss_each);
@@ -537,8 +629,10 @@ void ddl_model_destroy(ddl_model_t **mp)
     ddl_free(m->counts);
     ddl_repartition_destroy(&m->in_plan);
     ddl_repartition_destroy(&m->out_plan);
-    ddl_partition_destroy(&m->P_in_root);
-    ddl_partition_destroy(&m->P_out_root);
+    if (m->full == NULL) {
+        ddl_partition_destroy(&m->P_in_root);
+        ddl_partition_destroy(&m->P_out_root);
+    }
     for (int i = 0; m->layers != NULL && i < m->nlayers; i++) {
         ddl_layer_destroy(&m->layers[i]);
     }
@@ -568,12 +662,12 @@ void ddl_model_destroy(ddl_model_t **mp)
             ddl_tensor_destroy(&m->dact[i]);
         }
     }
-    if (m->spec != NULL) {
+    if (m->spec != NULL && m->full == NULL) {
         for (int i = 0; m->parts != NULL && i < m->spec->nparts; i++) {
             ddl_partition_destroy(&m->parts[i]);
         }
+        ddl_free(m->parts);
     }
-    ddl_free(m->parts);
     ddl_free(m->layers);
     ddl_free(m->act);
     ddl_free(m->dact);
@@ -584,7 +678,7 @@ void ddl_model_destroy(ddl_model_t **mp)
     ddl_free(m->labels_all);
     ddl_free(m->labels_local);
     ddl_spec_destroy(&m->spec);
-    if (m->comm != MPI_COMM_NULL) {
+    if (m->full == NULL && m->comm != MPI_COMM_NULL) {
         MPI_Comm_free(&m->comm);
     }
     ddl_free(m);
@@ -688,12 +782,13 @@ static ddl_status stage_input(ddl_model_t *m, const void *x, const int64_t *labe
 
 static ddl_status forward(ddl_model_t *m, bool training)
 {
-    const ddl_spec_t *s = m->spec;
+    const ddl_spec_t *s    = m->spec;
+    uint64_t          step = (uint64_t)ddl_optimizer_steps((m->full != NULL ? m->full : m)->opt);
     for (int t = 0; t < m->nlayers; t++) {
         int          i = s->order[t], n = s->layers[i].nin;
         ddl_layer_t *L = m->layers[i];
         ddl_layer_set_training(L, training);
-        ddl_layer_set_rng_step(L, (uint64_t)ddl_optimizer_steps(m->opt));
+        ddl_layer_set_rng_step(L, step);
         if (n == 1) {
             DDL_CHECK(ddl_layer_forward(L, m->x_of[m->slot0[i]], m->act[i + 1]));
         } else {
@@ -827,6 +922,26 @@ ddl_status ddl_model_train_step(ddl_model_t *m, const void *x, size_t x_bytes,
     return st;
 }
 
+// The model that runs `count` samples forward: the smallest short-batch copy that holds
+// them, with the model's running statistics (batch norm's, a few values per channel)
+// copied in, or the model itself. Every rank picks the same one (count is agreed).
+static ddl_model_t *runner(ddl_model_t *m, int64_t count)
+{
+    for (int k = 0; k < m->nbuckets; k++) {
+        ddl_model_t *b = m->bucket[k];
+        if (count <= b->spec->batch) {
+            for (int j = 0; j < m->nbuffers; j++) {
+                size_t n = ddl_tensor_bytes(m->buffers[j].local);
+                if (n > 0) {
+                    memcpy(b->buffers[j].local->data, m->buffers[j].local->data, n);
+                }
+            }
+            return b;
+        }
+    }
+    return m;
+}
+
 static ddl_status eval_batch(ddl_model_t *m, const void *x, const int64_t *labels, int64_t count,
                              double *loss_sum, int64_t *correct)
 {
@@ -856,7 +971,11 @@ ddl_status ddl_model_eval(ddl_model_t *m, const void *x, size_t x_bytes, const i
     DDL_CHECK(check_batch(m, "eval", x, x_bytes, labels, true, &count, 0, m->spec->batch));
     double     l  = 0.0;
     int64_t    c  = 0;
-    ddl_status st = ddl_agree(m->comm, eval_batch(m, x, labels, count, &l, &c));
+    ddl_model_t *r  = runner(m, count);
+    ddl_status   st = ddl_agree(m->comm, eval_batch(r, x, labels, count, &l, &c));
+    if (st == DDL_OK && r != m && m->seg) { // the counts are the model's (class_counts)
+        memcpy(m->counts, r->counts, (1 + 2 * (size_t)m->spec->num_classes) * sizeof *m->counts);
+    }
     if (st == DDL_OK) {
         *loss_sum = l;
         *correct  = c;
@@ -877,15 +996,16 @@ ddl_status ddl_model_predict(ddl_model_t *m, const void *x, size_t x_bytes, int6
                            logits == NULL ? " (NULL)" : "");
     }
     DDL_CHECK(ddl_agree(m->comm, st));
-    st = stage_input(m, x, NULL, count, false);
+    ddl_model_t *r = runner(m, count);
+    st             = stage_input(r, x, NULL, count, false);
     if (st == DDL_OK) {
-        st = forward(m, false);
+        st = forward(r, false);
     }
     if (st == DDL_OK) {
-        st = ddl_repartition_forward(m->out_plan, m->act[m->nlayers], m->logits);
+        st = ddl_repartition_forward(r->out_plan, r->act[r->nlayers], r->logits);
     }
     if (st == DDL_OK && m->rank == 0 && need > 0) {
-        memcpy(logits, m->logits->data, need);
+        memcpy(logits, r->logits->data, need);
     }
     return ddl_agree(m->comm, st);
 }

@@ -932,15 +932,91 @@ static ddl_status parse_synthetic(spec_pctx *c, json_t *da, const ddl_shape *out
                : spec_fail(c, "data.synthetic", "%s", ddl_last_error());
 }
 
+// The most ranks any activation's partition splits the batch dimension over (and that
+// partition's index in *which): a short batch needs at least that many samples, so that
+// every one of them holds a row.
+static int64_t batch_split(const ddl_spec_t *s, int *which)
+{
+    int64_t most = 1;
+    *which       = s->input_partition;
+    for (int n = SPEC_INPUT; n < s->nlayers; n++) {
+        int P = spec_node_partition(s, n);
+        if (s->parts[P].shape[0] > most) {
+            most   = s->parts[P].shape[0];
+            *which = P;
+        }
+    }
+    return most;
+}
+
+// "inference_batches": the short batch sizes, ascending, each at least batch_split and
+// below batch_size. Absent: the powers of two in that range; []: none, so every Predict
+// and Evaluate runs a full batch. A short-batch copy's spec (batch_override) has none.
+static ddl_status parse_buckets(spec_pctx *c, json_t *root)
+{
+    ddl_spec_t *s = c->s;
+    s->nbuckets   = 0;
+    if (c->batch_override > 0) {
+        return DDL_OK;
+    }
+    int     P  = 0;
+    int64_t lo = batch_split(s, &P);
+    json_t *v  = json_object_get(root, "inference_batches");
+    if (v == NULL) {
+        for (int64_t b = 1; b < s->batch && s->nbuckets < SPEC_MAX_BUCKETS; b *= 2) {
+            if (b >= lo) {
+                s->buckets[s->nbuckets++] = b;
+            }
+        }
+        return DDL_OK;
+    }
+    if (!json_is_array(v)) {
+        return spec_fail(c, "inference_batches",
+                         "must be an array of batch sizes, ascending, each below batch_size");
+    }
+    if (json_array_size(v) > SPEC_MAX_BUCKETS) {
+        return spec_fail(c, "inference_batches", "%zu entries; at most %d", json_array_size(v),
+                         SPEC_MAX_BUCKETS);
+    }
+    for (size_t i = 0; i < json_array_size(v); i++) {
+        json_t *e = json_array_get(v, i);
+        char    pe[64];
+        snprintf(pe, sizeof pe, "inference_batches[%zu]", i);
+        if (!json_is_integer(e)) {
+            return spec_fail(c, pe, "must be an integer");
+        }
+        long long b = json_integer_value(e);
+        if (b >= s->batch || b < 1) {
+            return spec_fail(c, pe,
+                             "%lld is not a short batch: it must be in [1, %lld) "
+                             "(batch_size %lld)",
+                             b, (long long)s->batch, (long long)s->batch);
+        }
+        if (b < lo) {
+            return spec_fail(c, pe,
+                             "%lld samples are fewer than the %lld ranks partition "
+                             "\"%s\" splits the batch over; each needs a row",
+                             b, (long long)lo, s->parts[P].name);
+        }
+        if (i > 0 && b <= s->buckets[i - 1]) {
+            return spec_fail(c, pe, "%lld after %lld: the sizes must be ascending", b,
+                             (long long)s->buckets[i - 1]);
+        }
+        s->buckets[s->nbuckets++] = b;
+    }
+    return DDL_OK;
+}
+
 static ddl_status parse_root(spec_pctx *c, json_t *root)
 {
     ddl_spec_t *s = c->s;
     if (!json_is_object(root)) {
         return spec_fail(c, "(top level)", "the spec must be a JSON object");
     }
-    static const char *const keys[] = {"name",  "world_size", "seed", "dtype", "batch_size",
-                                       "input", "partitions", "layers", "loss", "optimizer",
-                                       "data",  NULL};
+    static const char *const keys[] = {
+        "name",  "world_size", "seed",   "dtype", "batch_size", "inference_batches",
+        "input", "partitions", "layers", "loss",  "optimizer",  "data",
+        NULL};
     DDL_CHECK(spec_check_keys(c, root, "", keys));
     int64_t v = 0;
     DDL_CHECK(spec_get_int(c, root, "", "world_size", true, 1, SPEC_MAX_RANKS, &v));
@@ -979,6 +1055,9 @@ static ddl_status parse_root(spec_pctx *c, json_t *root)
     }
     s->batch = 64;
     DDL_CHECK(spec_get_int(c, root, "", "batch_size", false, 1, 1 << 20, &s->batch));
+    if (c->batch_override > 0) {
+        s->batch = c->batch_override;
+    }
     DDL_CHECK(parse_partitions(c, root));
     // input
     json_t *in = json_object_get(root, "input");
@@ -1022,6 +1101,7 @@ static ddl_status parse_root(spec_pctx *c, json_t *root)
     DDL_CHECK(spec_check_size(c, "input.shape", "the batched input", &cur));
     s->in_global = cur;
     DDL_CHECK(parse_layers(c, ls));
+    DDL_CHECK(parse_buckets(c, root));
     cur = s->layers[s->nlayers - 1].y_global;
     // loss
     json_t *lo = json_object_get(root, "loss");
@@ -1100,6 +1180,12 @@ static ddl_status parse_root(spec_pctx *c, json_t *root)
 
 ddl_status ddl_spec_parse(const char *text, const char *source, int world_size, ddl_spec_t **out)
 {
+    return spec_parse_at_batch(text, source, world_size, 0, out);
+}
+
+ddl_status spec_parse_at_batch(const char *text, const char *source, int world_size, int64_t batch,
+                               ddl_spec_t **out)
+{
     DDL_REQUIRE(text != NULL, DDL_EINVAL, "spec: no text");
     ddl_spec_t *s = ddl_calloc(1, sizeof *s);
     if (s == NULL) {
@@ -1120,7 +1206,7 @@ ddl_status ddl_spec_parse(const char *text, const char *source, int world_size, 
     if (root == NULL) {
         st = ddl_set_error(DDL_EINVAL, "%s:%d:%d: %s", s->source, je.line, je.column, je.text);
     } else {
-        spec_pctx c = {.s = s};
+        spec_pctx c = {.s = s, .batch_override = batch};
         index_build(&c, text);
         st = parse_root(&c, root);
         index_free(&c);
@@ -1202,6 +1288,13 @@ int ddl_spec_world_size(const ddl_spec_t *s)
 int64_t ddl_spec_batch_size(const ddl_spec_t *s)
 {
     return s->batch;
+}
+int ddl_spec_inference_batches(const ddl_spec_t *s, const int64_t **sizes)
+{
+    if (sizes != NULL) {
+        *sizes = s->buckets;
+    }
+    return s->nbuckets;
 }
 uint64_t ddl_spec_seed(const ddl_spec_t *s)
 {

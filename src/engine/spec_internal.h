@@ -29,6 +29,9 @@ typedef struct spec_layer_kind spec_layer_kind;
 // A layer's operands: up to SPEC_MAX_INPUTS tensors, each the output of another layer or
 // the model's input (SPEC_INPUT).
 #define SPEC_MAX_INPUTS 32
+// At most this many short batch sizes ("inference_batches"): the powers of two below the
+// largest batch_size (1 << 20) are 20.
+#define SPEC_MAX_BUCKETS 24
 #define SPEC_INPUT      (-1)
 
 typedef struct spec_layer {
@@ -65,6 +68,11 @@ struct ddl_spec {
     uint64_t          seed;
     ddl_dtype         dt;
     int64_t           batch;
+    // "inference_batches": the short batch sizes, ascending and below batch, that Predict
+    // and Evaluate run at without padding to batch (the model builds a forward-only copy
+    // of its layers for each, sharing the parameters).
+    int               nbuckets;
+    int64_t           buckets[SPEC_MAX_BUCKETS];
     ddl_shape         input;       // per sample
     int               input_partition;
     int               nparts;
@@ -87,6 +95,11 @@ struct ddl_spec {
     ddl_synth_params  synth;
     int64_t           synth_n[2]; // training and test samples
 };
+
+// Parses the spec as ddl_spec_parse does, with batch_size replaced by `batch` (> 0) and
+// no inference_batches of its own: the spec of one of a model's short-batch copies.
+ddl_status spec_parse_at_batch(const char *text, const char *source, int world_size, int64_t batch,
+                               ddl_spec_t **out);
 
 // The global shape and partition of node `n`: a layer's output, or the batched input.
 static inline const ddl_shape *spec_node_shape(const ddl_spec_t *s, int n)

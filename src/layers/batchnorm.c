@@ -384,8 +384,11 @@ ddl_status ddl_batchnorm_create(const ddl_partition_t *P_x, ddl_dtype dt,
                        st, fail);
         DDL_CHECK_GOTO(ddl_layer_add_param(L, "bias", &pg, &box, DDL_INIT_ZEROS, x_global->d[1]),
                        st, fail);
-        // PyTorch's initial values, so the layer is usable without ddl_layer_init_params.
-        ddl_init_fill(L->params[0].value, &box, &pg, DDL_INIT_ONES, 0, 0, 0);
+        // PyTorch's initial values, so the layer is usable without ddl_layer_init_params
+        // (not in a copy: its values are another layer's, ddl_layer_lend_params).
+        if (!L->borrowed) {
+            ddl_init_fill(L->params[0].value, &box, &pg, DDL_INIT_ONES, 0, 0, 0);
+        }
     }
     *out = L;
     return DDL_OK;

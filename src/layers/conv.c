@@ -119,6 +119,7 @@ typedef struct conv_impl {
     ddl_conv_geom g;
     void         *ws;
     size_t        ws_bytes;
+    bool          ws_borrowed; // ws is another layer's (forward_only)
     const void   *conv_in;    // the input block the kernel reads: plan-owned, or the
                               // caller's x of the last forward (feature layer, no halo)
     bool          have_forward;  // a forward has run (backward needs its state)
@@ -607,7 +608,9 @@ static void conv_destroy(ddl_layer_t *L)
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) {
         ddl_tensor_destroy(ts[i]);
     }
-    ddl_free(m->ws);
+    if (!m->ws_borrowed) {
+        ddl_free(m->ws);
+    }
     ddl_partition_destroy(&m->P_yr);
     ddl_partition_destroy(&m->P_wr_own);
     ddl_partition_destroy(&m->P_br_own);
@@ -616,10 +619,31 @@ static void conv_destroy(ddl_layer_t *L)
     L->impl = NULL;
 }
 
+// What backward alone reads or writes: the gradient blocks of x, y, w and b. The kernel
+// workspace (per-thread scratch, hardly smaller at a small batch) is from's when that
+// is large enough.
+static void conv_forward_only(ddl_layer_t *L, ddl_layer_t *from)
+{
+    conv_impl       *m = L->impl;
+    const conv_impl *f = from->impl;
+    if (m->ws != NULL && !m->ws_borrowed && f->ws != NULL && f->ws_bytes >= m->ws_bytes) {
+        ddl_free(m->ws);
+        m->ws          = f->ws;
+        m->ws_bytes    = f->ws_bytes;
+        m->ws_borrowed = true;
+    }
+    ddl_tensor_t **ts[] = {&m->dxbuf, &m->dxstage, &m->dxw, &m->dyw,
+                           &m->dw,    &m->db,      &m->gw,  &m->gb};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) {
+        ddl_tensor_destroy(ts[i]);
+    }
+}
+
 static const ddl_layer_ops conv_ops = {
-    .forward  = conv_forward,
-    .backward = conv_backward,
-    .destroy  = conv_destroy,
+    .forward      = conv_forward,
+    .backward     = conv_backward,
+    .destroy      = conv_destroy,
+    .forward_only = conv_forward_only,
 };
 
 // Builds everything of a validated layer. P_y and P_w are P_x for the feature layer.

@@ -52,6 +52,32 @@ ddl_status ddl_layer_set_inputs(ddl_layer_t *L, int n, const ddl_shape *globals,
     return DDL_OK;
 }
 
+// The layer whose parameters ddl_layer_add_param hands out instead of allocating, while a
+// copy of it is built on this thread (ddl_layer_lend_params).
+static _Thread_local const ddl_layer_t *lender;
+
+void ddl_layer_lend_params(const ddl_layer_t *from)
+{
+    lender = from;
+}
+
+// The lender's parameter i for p (name, global shape and box as p's): borrowed, no grad.
+static ddl_status borrow_param(ddl_layer_t *L, ddl_param *p, int i)
+{
+    const ddl_param *q    = i < lender->nparams ? &lender->params[i] : NULL;
+    bool             same = q != NULL && strcmp(q->name, p->name) == 0 &&
+                ddl_shape_equal(&q->global, &p->global) && q->box.ndim == p->box.ndim;
+    for (int d = 0; same && d < p->box.ndim; d++) {
+        same = p->box.start[d] == q->box.start[d] && p->box.stop[d] == q->box.stop[d];
+    }
+    DDL_REQUIRE(same, DDL_EINTERNAL, "%s: parameter %d (%s) differs from the lender's", L->kind, i,
+                p->name);
+    p->value    = q->value;
+    L->borrowed = true;
+    L->nparams++;
+    return DDL_OK;
+}
+
 ddl_status ddl_layer_add_param(ddl_layer_t *L, const char *name, const ddl_shape *global,
                                const ddl_box *box, ddl_init_kind init, int64_t fan_in)
 {
@@ -60,11 +86,14 @@ ddl_status ddl_layer_add_param(ddl_layer_t *L, const char *name, const ddl_shape
     ddl_param *p = &L->params[L->nparams];
     memset(p, 0, sizeof *p);
     snprintf(p->name, sizeof p->name, "%s", name);
-    p->global     = *global;
-    p->box        = *box;
-    p->init       = init;
-    p->fan_in     = fan_in;
-    ddl_shape s   = ddl_box_shape(box);
+    p->global = *global;
+    p->box    = *box;
+    p->init   = init;
+    p->fan_in = fan_in;
+    if (lender != NULL) {
+        return borrow_param(L, p, L->nparams);
+    }
+    ddl_shape  s  = ddl_box_shape(box);
     ddl_status st = ddl_tensor_create(L->dt, &s, &p->value);
     if (st == DDL_OK) {
         st = ddl_tensor_create(L->dt, &s, &p->grad);
@@ -147,6 +176,9 @@ ddl_status ddl_layer_backward(ddl_layer_t *L, const ddl_tensor_t *dy, ddl_tensor
 {
     DDL_REQUIRE(L != NULL, DDL_EINVAL, "layer backward: layer is NULL");
     ddl_status st = check_arity(L, false, "backward", 1);
+    if (st == DDL_OK && L->borrowed) {
+        st = ddl_set_error(DDL_EINVAL, "%s: backward of a forward-only copy", L->kind);
+    }
     if (st == DDL_OK) {
         st = check_io(L, "output gradient", dy, &L->y_shape);
     }
@@ -214,6 +246,9 @@ ddl_status ddl_layer_backward_n(ddl_layer_t *L, const ddl_tensor_t *dy, int n,
 {
     DDL_REQUIRE(L != NULL, DDL_EINVAL, "layer backward_n: layer is NULL");
     ddl_status st = check_arity(L, true, "backward", n);
+    if (st == DDL_OK && L->borrowed) {
+        st = ddl_set_error(DDL_EINVAL, "%s: backward of a forward-only copy", L->kind);
+    }
     if (st == DDL_OK) {
         st = check_io(L, "output gradient", dy, &L->y_shape);
     }
@@ -310,6 +345,19 @@ ddl_shape ddl_layer_input_global(const ddl_layer_t *L, int k)
     return L->in_global != NULL ? L->in_global[k] : L->x_global;
 }
 
+ddl_status ddl_layer_finish_copy(ddl_layer_t *L, ddl_layer_t *from)
+{
+    DDL_REQUIRE(L != NULL && from != NULL && !from->borrowed && strcmp(L->kind, from->kind) == 0 &&
+                    L->nparams == from->nparams && (L->borrowed || L->nparams == 0),
+                DDL_EINTERNAL, "finish_copy: %s is not a copy of %s built against its parameters",
+                L != NULL ? L->kind : "(null)", from != NULL ? from->kind : "(null)");
+    L->borrowed = true;
+    if (L->ops->forward_only != NULL) {
+        L->ops->forward_only(L, from);
+    }
+    return DDL_OK;
+}
+
 void ddl_layer_destroy(ddl_layer_t **L)
 {
     if (L == NULL || *L == NULL) {
@@ -319,6 +367,9 @@ void ddl_layer_destroy(ddl_layer_t **L)
         (*L)->ops->destroy(*L);
     }
     for (int i = 0; i < (*L)->nparams; i++) {
+        if ((*L)->borrowed) {
+            (*L)->params[i].value = NULL; // the lender's
+        }
         ddl_tensor_destroy(&(*L)->params[i].value);
         ddl_tensor_destroy(&(*L)->params[i].grad);
     }
@@ -330,7 +381,7 @@ void ddl_layer_destroy(ddl_layer_t **L)
 
 void ddl_layer_zero_grad(ddl_layer_t *L)
 {
-    for (int i = 0; i < L->nparams; i++) {
+    for (int i = 0; i < L->nparams && !L->borrowed; i++) {
         ddl_tensor_zero(L->params[i].grad);
     }
 }

@@ -27,6 +27,11 @@ typedef struct ddl_layer_ops {
                             ddl_tensor_t *y);
     ddl_status (*backward_n)(ddl_layer_t *L, const ddl_tensor_t *dy, int n,
                              ddl_tensor_t *const *dxs);
+    // Optional: frees the buffers only backward uses, as the layer will run forward only
+    // (ddl_layer_finish_copy calls it), and may use instead of its own the scratch
+    // buffers of `from`, a layer of the same type that never runs at the same time,
+    // whose contents no call leaves for the next.
+    void (*forward_only)(ddl_layer_t *L, ddl_layer_t *from);
 } ddl_layer_ops;
 
 struct ddl_layer {
@@ -48,6 +53,7 @@ struct ddl_layer {
     ddl_param              params[DDL_LAYER_MAX_PARAMS];
     ddl_layer_traffic      traffic;   // kept by ddl_layer_traffic_end
     bool                   dx_unused; // the caller ignores dx (ddl_layer_set_dx_unused)
+    bool                   borrowed;  // params[k].value borrowed, no grad (lend_params)
     void                  *impl;
 };
 
@@ -63,6 +69,16 @@ ddl_status ddl_layer_add_param(ddl_layer_t *L, const char *name, const ddl_shape
 // (which becomes P_in): fills ninputs, in_global, in_shape, x_global and x_shape.
 ddl_status ddl_layer_set_inputs(ddl_layer_t *L, int n, const ddl_shape *globals,
                                 const ddl_partition_t *P);
+
+// Forward-only copies of a layer (a model's short batches). While lend_params(from) is in
+// force on this thread, ddl_layer_add_param of the layer being built takes from's
+// parameter values (same names, shapes and boxes, in order) instead of allocating: no
+// parameter or gradient of its own, not even while it is built; lend_params(NULL) ends
+// it. finish_copy(L, from) then checks L against from and frees the buffers only
+// backward uses (forward_only): L runs forward only (backward is refused), reading
+// from's parameters as they change, and from must outlive it. Local.
+void       ddl_layer_lend_params(const ddl_layer_t *from);
+ddl_status ddl_layer_finish_copy(ddl_layer_t *L, ddl_layer_t *from);
 
 // Fills t, the piece `box` of a tensor of global shape `global`, with the values the
 // global tensor has under init (seeded by (seed, stream), by global flat index).

@@ -2,6 +2,7 @@
 //
 //   bench-infer [--requests N] [--spaced K] [--gap-ms G] [--np 1,2] [--bind-to POLICY]
 //               [--specs DIR] [--data DIR]
+//   bench-infer --curve [--requests N] [--np 1,2] [--bind-to POLICY]
 //
 // For each rank count P (default 1 and 2), on real Fashion-MNIST test images:
 //   in process  `mpirun -np P bench-infer --inproc ...`: every rank calls
@@ -18,10 +19,15 @@
 // logits of the first image are compared bit for bit between the in-process model and
 // the daemon's (same spec and seed, so the same weights): a mismatch fails the bench.
 //
-// What a row shows: the model pads every predict to the spec's batch_size (its
-// activations and communication plans are sized once at create, so a step allocates
-// nothing), so batch 1 with batch_size 64 costs a full batch; the batch_size 1 row is
-// the cost a short batch would have if the model could run one. See docs/PERFORMANCE.md.
+// What a row shows: a predict of n < batch_size images runs at the smallest of the
+// spec's inference batches (by default the powers of two below batch_size) that holds
+// them, so the batch_size 64 rows at batch 1 run the batch-1 copy; the batch_size 1 row
+// (a spec whose full batch is 1) is what that copy should cost. See docs/PERFORMANCE.md.
+//
+// --curve: the cost curve of short batches in process, n = 1, 2, 4, ..., 64, with the
+// shipped spec (its inference batches) and with the same spec set to
+// "inference_batches": [] (every predict padded to batch_size 64), both in the same run:
+// p50 of each, the padded / short ratio, and each p50 relative to the full batch's.
 //
 // --bind-to passes mpirun's --bind-to to both the in-process runs and the daemons (mpirun
 // binds each rank to a core by default at np <= 2; on a loaded node `none` lets the ranks
@@ -75,7 +81,9 @@ static float *load_images(int n)
 }
 
 // The spec text of `path` with batch_size set to bs (NULL on error).
-static char *spec_with_batch(const char *path, int bs)
+// The spec at path with batch_size bs; padded: with "inference_batches": [] (no short
+// batches: every predict runs the full batch).
+static char *spec_with(const char *path, int bs, bool padded)
 {
     json_error_t je;
     json_t      *j = json_load_file(path, 0, &je);
@@ -84,6 +92,9 @@ static char *spec_with_batch(const char *path, int bs)
         return NULL;
     }
     json_object_set_new(j, "batch_size", json_integer(bs));
+    if (padded) {
+        json_object_set_new(j, "inference_batches", json_array());
+    }
     char *text = json_dumps(j, JSON_INDENT(1));
     json_decref(j);
     return text;
@@ -154,8 +165,9 @@ static int inproc_series(ddl_model_t *m, int rank, const float *x, int count, in
     return 0;
 }
 
-// mpirun -np P bench-infer --inproc SPEC BATCH_SIZE REQS
-static int run_inproc(const char *spec_path, int bs, int reqs)
+// mpirun -np P bench-infer --inproc SPEC BATCH_SIZE REQS [curve]: the spec file as
+// given; curve: every count 1, 2, 4, ..., BIG, else 1 and (batch_size BIG) BIG.
+static int run_inproc(const char *spec_path, int bs, int reqs, bool curve)
 {
     MPI_Init(NULL, NULL);
     int rank, size;
@@ -165,7 +177,7 @@ static int run_inproc(const char *spec_path, int bs, int reqs)
     if (rank == 0) {
         ddl_blas_log("bench-infer (in-process)", threads);
     }
-    char        *text = spec_with_batch(spec_path, bs);
+    char        *text = curve ? bench_read_file(spec_path) : spec_with(spec_path, bs, false);
     ddl_spec_t  *spec = NULL;
     ddl_model_t *m    = NULL;
     ddl_status   st   = text ? ddl_spec_parse(text, spec_path, size, &spec) : DDL_EINVAL;
@@ -179,7 +191,10 @@ static int run_inproc(const char *spec_path, int bs, int reqs)
     if (ok) {
         uint64_t h;
         rc = inproc_series(m, rank, x, 1, reqs, &h);
-        if (rc == 0 && bs >= BIG) {
+        for (int n = 2; curve && rc == 0 && n <= BIG; n *= 2) {
+            rc = inproc_series(m, rank, x, n, reqs, &h);
+        }
+        if (rc == 0 && !curve && bs >= BIG) {
             rc = inproc_series(m, rank, x, BIG, reqs, &h);
         }
     } else if (rank == 0) {
@@ -260,25 +275,29 @@ static void print_row(int np, const char *path, int bs, const series *s)
     fflush(stdout);
 }
 
-// The in-process rows for np ranks and batch_size bs; INPROC lines into s[0..2).
-static int inproc_rows(int np, const char *spec, int bs, int reqs, series *s, int *ns)
+#define MAX_ROWS 8 // INPROC lines of one run: the curve's 1, 2, 4, ..., 64
+
+// The in-process rows for np ranks and batch_size bs (curve: the cost curve); INPROC
+// lines into s[0..MAX_ROWS).
+static int inproc_rows(int np, const char *spec, int bs, int reqs, bool curve, series *s, int *ns)
 {
     char        cmd[3 * PATH_MAX + 512];
     const char *exe = bench_self_exe();
     if (exe == NULL) {
         return -1;
     }
-    snprintf(cmd, sizeof cmd, "%s -np %d %s%s %s %s --inproc %s %d %d --data %s 2>&1", DDL_MPIEXEC,
-             np, bind_to ? "--bind-to " : "", bind_to ? bind_to : "", DDL_MPIEXEC_FLAGS, exe,
-             spec, bs, reqs, data_dir);
+    snprintf(cmd, sizeof cmd, "%s -np %d %s%s %s %s --inproc %s %d %d%s --data %s 2>&1",
+             DDL_MPIEXEC, np, bind_to ? "--bind-to " : "", bind_to ? bind_to : "",
+             DDL_MPIEXEC_FLAGS, exe, spec, bs, reqs, curve ? " curve" : "", data_dir);
     FILE *p = popen(cmd, "r");
     char  line[1024];
     *ns = 0;
     while (p && fgets(line, sizeof line, p)) {
         series             r = {.reqs = reqs};
         unsigned long long h;
-        if (*ns < 2 && sscanf(line, "INPROC %d %lf %lf %lf %lf %lf %lf %llx", &r.count, &r.p50,
-                              &r.p99, &r.total, &r.cpu, &r.msgs, &r.bytes, &h) == 8) {
+        if (*ns < MAX_ROWS &&
+            sscanf(line, "INPROC %d %lf %lf %lf %lf %lf %lf %llx", &r.count, &r.p50, &r.p99,
+                   &r.total, &r.cpu, &r.msgs, &r.bytes, &h) == 8) {
             r.hash     = h;
             s[(*ns)++] = r;
         } else if (strstr(line, "bench-infer") != NULL && strstr(line, "BLAS") == NULL) {
@@ -324,6 +343,39 @@ static void cpu_name(char *out, size_t n)
     }
 }
 
+// --curve: per rank count, the short-batch cost curve, short batches against padded.
+static int curve_rows(char (*spec)[3][PATH_MAX], const int *nps, int nnp, int reqs, const char *cpu,
+                      const char *tmp)
+{
+    printf("bench-infer --curve: LeNet-5 f32 predict in process, batch_size %d; %s; %d calls "
+           "per row after %d warm-up; mpirun --bind-to %s; load average %s",
+           BIG, cpu, reqs, WARM, bind_to ? bind_to : "(default)", load_average());
+    printf("np  batch  short p50 ms  padded p50 ms  padded/short  short/full  img/s@p50\n");
+    int rc = 0;
+    for (int i = 0; i < nnp && rc == 0; i++) {
+        series sh[MAX_ROWS], pd[MAX_ROWS];
+        int    nsh = 0, npd = 0;
+        if (inproc_rows(nps[i], spec[i][0], BIG, reqs, true, sh, &nsh) != 0 ||
+            inproc_rows(nps[i], spec[i][2], BIG, reqs, true, pd, &npd) != 0 || nsh != npd) {
+            rc = 1;
+            break;
+        }
+        double full = sh[nsh - 1].p50;
+        for (int r = 0; r < nsh; r++) {
+            printf("%2d %6d  %12.4f  %13.4f  %12.2f  %10.3f  %9.0f\n", nps[i], sh[r].count,
+                   sh[r].p50 * 1e3, pd[r].p50 * 1e3, pd[r].p50 / sh[r].p50, sh[r].p50 / full,
+                   sh[r].count / sh[r].p50);
+        }
+        fflush(stdout);
+    }
+    char cmd[PATH_MAX + 16];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
+    if (system(cmd) != 0) {
+        fprintf(stderr, "bench-infer: could not remove %s\n", tmp);
+    }
+    return rc;
+}
+
 int main(int argc, char **argv)
 {
     ddl_blas_startup(argc, argv); // may re-execute: before MPI, gRPC and children
@@ -333,7 +385,8 @@ int main(int argc, char **argv)
         }
     }
     if (argc >= 5 && strcmp(argv[1], "--inproc") == 0) {
-        return run_inproc(argv[2], atoi(argv[3]), atoi(argv[4]));
+        return run_inproc(argv[2], atoi(argv[3]), atoi(argv[4]),
+                          argc >= 6 && strcmp(argv[5], "curve") == 0);
     }
     int                        reqs = 200, spaced = 20, gap_ms = 150, nps[MAX_NP] = {1, 2},
         nnp                                       = 2;
@@ -345,7 +398,9 @@ int main(int argc, char **argv)
                                                      {"specs", required_argument, 0, 's'},
                                                      {"bind-to", required_argument, 0, 'b'},
                                                      {"data", required_argument, 0, 'd'},
+                                                     {"curve", no_argument, 0, 'c'},
                                                      {0, 0, 0, 0}};
+    bool                       curve              = false;
     int                        ch;
     while ((ch = getopt_long(argc, argv, "", longs, NULL)) != -1) {
         switch (ch) {
@@ -374,9 +429,13 @@ int main(int argc, char **argv)
         case 'b':
             bind_to = optarg;
             break;
+        case 'c':
+            curve = true;
+            break;
         default:
-            fprintf(stderr, "usage: bench-infer [--requests N] [--spaced K] [--gap-ms G] "
-                            "[--np 1,2] [--bind-to POLICY] [--specs DIR] [--data DIR]\n");
+            fprintf(stderr, "usage: bench-infer [--curve] [--requests N] [--spaced K] "
+                            "[--gap-ms G] [--np 1,2] [--bind-to POLICY] [--specs DIR] "
+                            "[--data DIR]\n");
             return 2;
         }
     }
@@ -400,15 +459,18 @@ int main(int argc, char **argv)
     if (x == NULL) {
         return 1;
     }
-    // Spec files: lenet5-P.json as shipped (batch_size 64) and with batch_size 1.
-    char spec[MAX_NP][2][PATH_MAX];
+    // Spec files: lenet5-P.json as shipped (batch_size 64), with batch_size 1, and padded
+    // (batch_size 64 without inference batches).
+    char spec[MAX_NP][3][PATH_MAX];
     for (int i = 0; i < nnp; i++) {
         char src[PATH_MAX];
         snprintf(src, sizeof src, "%s/lenet5-%d.json", specs, nps[i]);
-        for (int b = 0; b < 2; b++) {
-            char *text = spec_with_batch(src, b ? 1 : BIG);
-            snprintf(spec[i][b], sizeof spec[i][b], "%s/lenet5-%d-b%d.json", tmp, nps[i],
-                     b ? 1 : BIG);
+        for (int b = 0; b < 3; b++) {
+            char *text = spec_with(src, b == 1 ? 1 : BIG, b == 2);
+            snprintf(spec[i][b], sizeof spec[i][b], "%s/lenet5-%d-%s.json", tmp, nps[i],
+                     b == 0   ? "b64"
+                     : b == 1 ? "b1"
+                              : "padded");
             FILE *f = text ? fopen(spec[i][b], "w") : NULL;
             if (f == NULL) {
                 return fprintf(stderr, "bench-infer: cannot write %s\n", spec[i][b]), 1;
@@ -420,6 +482,11 @@ int main(int argc, char **argv)
     }
     char cpu[256];
     cpu_name(cpu, sizeof cpu);
+    if (curve) {
+        int rc = curve_rows(spec, nps, nnp, reqs, cpu, tmp);
+        free(x);
+        return rc;
+    }
     printf("bench-infer: LeNet-5 f32 predict on Fashion-MNIST test images; %s; %d calls per "
            "row after %d warm-up (spaced: %d calls, %d ms apart); mpirun --bind-to %s; load "
            "average %s",
@@ -438,10 +505,10 @@ int main(int argc, char **argv)
     }
     for (int i = 0; i < nnp && rc == 0; i++) {
         int    np = nps[i];
-        series in[2], in1[2];
+        series in[MAX_ROWS], in1[MAX_ROWS];
         int    nin = 0, nin1 = 0;
-        if (inproc_rows(np, spec[i][0], BIG, reqs, in, &nin) != 0 ||
-            inproc_rows(np, spec[i][1], 1, reqs, in1, &nin1) != 0) {
+        if (inproc_rows(np, spec[i][0], BIG, reqs, false, in, &nin) != 0 ||
+            inproc_rows(np, spec[i][1], 1, reqs, false, in1, &nin1) != 0) {
             rc = 1;
             break;
         }

@@ -3,9 +3,11 @@
 // for this world size: the estimate of the rank that needs the most lies within 2x of the
 // largest per-rank ddl_alloc_bytes_live() growth across the creation (the ratios are
 // printed); a memory limit below the estimate (DDL_MEMORY_LIMIT) makes ddl_spec_check_memory
-// and ddl_model_create refuse it with DDL_ENOMEM and the estimate in the message, on every
-// rank, having allocated nothing that survives.
+// and ddl_model_create refuse it with DDL_ENOMEM and the estimate in the message (with the
+// share of the short-batch copies and how to drop them), on every rank, having allocated
+// nothing that survives.
 // Usage: test_estimate SPEC_DIR
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -35,9 +37,10 @@ static int check_spec(const char *path)
     double ratio = e.total / (double)(most > 0 ? most : 1);
     if (rank == 0) {
         printf("%-22s estimate %10.0f B (rank %d: params %.0f grads %.0f optim %.0f act %.0f "
-               "work %.0f), allocated %10lld B at most per rank: ratio %.2f\n",
-               strrchr(path, '/') + 1, e.total, e.rank, e.params, e.grads, e.optim,
-               e.activations, e.workspace, (long long)most, ratio);
+               "work %.0f; short-batch copies %.0f), allocated %10lld B at most per rank: "
+               "ratio %.2f\n",
+               strrchr(path, '/') + 1, e.total, e.rank, e.params, e.grads, e.optim, e.activations,
+               e.workspace, e.copies, (long long)most, ratio);
         fflush(stdout);
     }
     ASSERT_TRUE(ratio >= 0.5 && ratio <= 2.0);
@@ -49,6 +52,10 @@ static int check_spec(const char *path)
     ASSERT_STATUS(ddl_spec_check_memory(spec, 0), DDL_ENOMEM);
     ASSERT_TRUE(strstr(ddl_last_error(), "spec needs an estimated") != NULL);
     ASSERT_TRUE(strstr(ddl_last_error(), "is available (DDL_MEMORY_LIMIT=") != NULL);
+    // The short-batch copies are counted, and the message says how to drop them.
+    bool copies = ddl_spec_inference_batches(spec, NULL) > 0;
+    ASSERT_TRUE(copies == (e.copies > 0) && e.copies < e.total / 2);
+    ASSERT_TRUE(copies == (strstr(ddl_last_error(), "\"inference_batches\": [] drops") != NULL));
     before = ddl_alloc_bytes_live();
     ASSERT_STATUS(ddl_model_create(MPI_COMM_WORLD, spec, &m), DDL_ENOMEM);
     ASSERT_TRUE(m == NULL);

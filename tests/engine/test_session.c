@@ -249,8 +249,15 @@ static void test_predict_and_eval(ddl_session_t *s)
     ASSERT_OK(ddl_session_evaluate_batch(s, x, sizeof(float) * (size_t)(N * S), lab, N, &ev));
     ASSERT_EQ(ev.count, N);
     if (rank == 0) {
-        // The rows of a short batch are those of the full one (eval mode, per-row math).
-        ASSERT_TRUE(memcmp(lg, lg5, sizeof(float) * (size_t)(5 * C)) == 0);
+        // The rows of a short batch are those of the full one up to rounding: it runs on
+        // the model's batch-8 copy (inference_batches), whose GEMMs may block them
+        // differently (OpenBLAS gives rows other bits in calls of other shapes).
+        double big = 0, diff = 0;
+        for (int64_t i = 0; i < 5 * C; i++) {
+            big  = fmax(big, fabs((double)lg[i]));
+            diff = fmax(diff, fabs((double)lg[i] - (double)lg5[i]));
+        }
+        ASSERT_TRUE(diff <= 1e-5 * (1.0 + big));
         double  ref  = 0;
         int64_t hits = 0;
         for (int64_t b = 0; b < N; b++) {

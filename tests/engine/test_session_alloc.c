@@ -1,7 +1,8 @@
 // tests/engine/test_session_alloc.c: no allocation per step. For every shipped spec
 // (deploy/specs/*.json) written for this world size -- including lenet5-2-split, whose
 // input partition spans two ranks -- a training step, an evaluation of a short batch and
-// a prediction, through the session and through the model, leave ddl_alloc_count()
+// a prediction (of a full batch and of short ones, which run at the spec's inference
+// batches), through the session and through the model, leave ddl_alloc_count()
 // unchanged once warmed up. Batches and labels move through buffers and Repartition
 // plans allocated when the model is built.
 // Usage: test_session_alloc SPEC_DIR
@@ -72,6 +73,10 @@ static int check_spec(const char *path)
         ASSERT_OK(ddl_model_train_step(m, x, xb, lab, B, &loss, &correct));
         ASSERT_OK(ddl_model_eval(m, x, xb, lab, shortn, &loss, &correct));
         ASSERT_OK(ddl_model_predict(m, x, xb, B, lg, lb));
+        // Short batches (the spec's inference batches) allocate nothing either.
+        ASSERT_OK(ddl_model_eval(m, x, xb, lab, 1, &loss, &correct));
+        ASSERT_OK(ddl_model_predict(m, x, xb, 1, lg, lb));
+        ASSERT_OK(ddl_model_predict(m, x, xb, B > 3 ? 3 : 1, lg, lb));
         uint64_t made = ddl_alloc_count() - before;
         if (round > 0 && made != 0) {
             TEST_FAIL_("%s: %llu allocations in steady-state round %d", path,

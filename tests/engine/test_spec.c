@@ -231,6 +231,53 @@ static void graph_tests(void)
     }
 }
 
+// The short batch sizes Predict and Evaluate run at (issue 17): by default the powers of
+// two below batch_size, from the most ranks that split the batch; or the spec's list.
+static void expect_batches(const char *base, const char *from, const char *to, int n,
+                           const int64_t *want)
+{
+    char       *t = edit(base, from, to);
+    ddl_spec_t *s = NULL;
+    ASSERT_OK(ddl_spec_parse(t, "spec.json", 4, &s));
+    const int64_t *got = NULL;
+    ASSERT_EQ(ddl_spec_inference_batches(s, &got), n);
+    for (int i = 0; i < n; i++) {
+        ASSERT_EQ(got[i], want[i]);
+    }
+    ddl_spec_destroy(&s);
+    free(t);
+}
+
+static void check_inference_batches(const char *base)
+{
+    const char *at = "\"batch_size\": 64";
+    expect_batches(base, at, at, 6, (int64_t[]){1, 2, 4, 8, 16, 32});
+    expect_batches(base, at, "\"batch_size\": 64, \"inference_batches\": [3, 10, 63]", 3,
+                   (int64_t[]){3, 10, 63});
+    expect_batches(base, at, "\"batch_size\": 64, \"inference_batches\": []", 0, NULL);
+    expect_batches(base, at, "\"batch_size\": 1", 0, NULL);
+    expect_batches(base, at, "\"batch_size\": 5", 3, (int64_t[]){1, 2, 4});
+    // A partition that splits the batch over 2 ranks: each needs a row of a short batch.
+    const char *conv = "\"ranks\": [0, 1, 2, 3], \"shape\": [1, 1, 2, 2]";
+    char       *dp   = edit(base, conv, "\"ranks\": [0, 1, 2, 3], \"shape\": [2, 1, 2, 1]");
+    expect_batches(dp, at, at, 5, (int64_t[]){2, 4, 8, 16, 32});
+    refuse(dp, at, "\"batch_size\": 64, \"inference_batches\": [1, 8]", 4, "inference_batches[0]",
+           "1 samples are fewer than the 2 ranks partition \"conv\"");
+    free(dp);
+    refuse(base, at, "\"batch_size\": 64, \"inference_batches\": 8", 4, "inference_batches",
+           "must be an array");
+    refuse(base, at, "\"batch_size\": 64, \"inference_batches\": [8, \"16\"]", 4,
+           "inference_batches[1]", "must be an integer");
+    refuse(base, at, "\"batch_size\": 64, \"inference_batches\": [1, 64]", 4,
+           "inference_batches[1]", "64 is not a short batch: it must be in [1, 64)");
+    refuse(base, at, "\"batch_size\": 64, \"inference_batches\": [0]", 4, "inference_batches[0]",
+           "0 is not a short batch");
+    refuse(base, at, "\"batch_size\": 64, \"inference_batches\": [8, 8]", 4, "inference_batches[1]",
+           "8 after 8: the sizes must be ascending");
+    refuse(base, at, "\"batch_size\": 64, \"inference_batches\": [8, 4]", 4, "inference_batches[1]",
+           "ascending");
+}
+
 int main(int argc, char **argv)
 {
     ASSERT_TRUE(argc == 2);  // the directory of the shipped specs
@@ -277,6 +324,7 @@ int main(int argc, char **argv)
                                   "\"P_y\": \"fc_out\", \"P_w\": \"fc_mtx\"},",
            4, "layers[0]", "flatten it first");
     refuse(base, "{", "[", 4, "spec.json:", NULL);  // not JSON at all
+    check_inference_batches(base);
 
     // ---- hostile sizes (issue 7): bounded before anything is multiplied or sized ----
     // Dimensions up to 2^40 were accepted and their products overflowed.

@@ -8,7 +8,8 @@
 // The estimate sums, for the rank that needs the most, the local blocks of the parameters,
 // their gradients, the optimizer state (Adam: 2 per parameter, SGD with momentum: 1), the
 // activations and their gradients for one batch, and the layers' workspaces (halo and
-// staging buffers, im2col columns, pooling indices, broadcast/reduce blocks of Linear).
+// staging buffers, im2col columns, pooling indices, broadcast/reduce blocks of Linear),
+// and the forward-only copies of the layers for the spec's inference batches.
 // Local blocks are the largest balanced piece (ceil(N / P) per dimension), so it is an
 // upper bound of the data and a close one: the shipped specs measure within 2x of
 // ddl_alloc_bytes_live() after ddl_model_create (tests/engine/test_estimate.c).
@@ -26,6 +27,7 @@ extern "C" {
 
 typedef struct ddl_mem_estimate {
     double params, grads, optim, activations, workspace; // bytes
+    double copies; // of those, the short-batch copies' (spec inference_batches)
     double total;
     int    rank; // the rank that needs the most
 } ddl_mem_estimate;

@@ -47,6 +47,10 @@ DDL_EXTERN const char *ddl_spec_text(const ddl_spec_t *s);
 DDL_EXTERN const char *ddl_spec_name(const ddl_spec_t *s);
 DDL_EXTERN int        ddl_spec_world_size(const ddl_spec_t *s);
 DDL_EXTERN int64_t    ddl_spec_batch_size(const ddl_spec_t *s);
+// The short batch sizes (spec "inference_batches", ascending, each below batch_size) that
+// Predict and Evaluate run at instead of padding to batch_size: a count of n runs at the
+// smallest one >= n. Returns how many; *sizes (may be NULL) points into the spec.
+DDL_EXTERN int        ddl_spec_inference_batches(const ddl_spec_t *s, const int64_t **sizes);
 DDL_EXTERN uint64_t   ddl_spec_seed(const ddl_spec_t *s);
 DDL_EXTERN ddl_dtype  ddl_spec_dtype(const ddl_spec_t *s);
 // Per-sample input shape (without the batch dimension), e.g. [1, 28, 28].
@@ -87,6 +91,10 @@ DDL_EXTERN void       ddl_model_destroy(ddl_model_t **m);
 DDL_EXTERN ddl_status ddl_model_train_step(ddl_model_t *m, const void *x, size_t x_bytes,
                                            const int64_t *labels, int64_t count, double *loss,
                                            int64_t *correct);
+// Evaluation and prediction run `count` samples at the smallest of the spec's inference
+// batches (ddl_spec_inference_batches) that holds them, or at batch_size: a forward-only
+// copy of the layers per inference batch, built at create, shares the parameters and the
+// activation memory, so a short batch costs about its own size and allocates nothing.
 // Evaluation of `count` <= batch_size samples: loss summed over the samples (for
 // segmentation each sample's loss is the mean over its voxels) and argmax hits (per
 // voxel for segmentation). No parameter changes. Layers run in eval mode. Collective.

@@ -1,0 +1,248 @@
+// tests/engine/test_short_batch.c: short batches (issue 17, section 2). For every shipped
+// spec of this world size, two models from one seed: the spec as shipped (its inference
+// batches, by default the powers of two below batch_size) and the same spec with
+// "inference_batches": [] (every prediction padded to the full batch, as before). After a
+// training step on each (the same weights; batch norm's running statistics moved off
+// their initial values):
+//   - predictions and evaluations of n = 1, 2, 3, ..., batch_size samples agree between
+//     the two within rounding (the short batch computes its rows at another batch size,
+//     so a GEMM may block them differently: a tolerance, on every kernel path), and each
+//     evaluation's hits are the argmax hits of the same model's predicted logits;
+//   - after a second step the short batches see the new weights (they share them);
+//   - at 2 ranks or more, predicting 1 sample moves fewer bytes than the padded model
+//     (the short batch ran, not the full one);
+//   - the short-batch copies cost less than half the memory of the model (they share its
+//     parameters and activations; ddl_alloc_bytes_live, this rank).
+// Usage: test_short_batch SPEC_DIR
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ddl/base.h"
+#include "ddl/model.h"
+#include "mpi_test.h"
+
+static int rank, size;
+
+typedef struct batch {
+    int64_t  B, C, L, S; // batch_size, classes, labels per sample, sample elements
+    size_t   es;         // element size
+    void    *x, *lg;     // rank 0: B samples, B samples' logits
+    int64_t *lab;
+} batch;
+
+static double elem(const batch *b, const void *p, int64_t i)
+{
+    return b->es == 4 ? (double)((const float *)p)[i] : ((const double *)p)[i];
+}
+
+static ddl_model_t *make_model(const char *text, const char *path, int64_t *mem, double *secs)
+{
+    ddl_spec_t  *spec = NULL;
+    ddl_model_t *m    = NULL;
+    ASSERT_OK(ddl_spec_parse(text, path, size, &spec));
+    int64_t before = ddl_alloc_bytes_live();
+    double  t0     = MPI_Wtime();
+    ASSERT_OK(ddl_model_create(MPI_COMM_WORLD, spec, &m));
+    *secs = MPI_Wtime() - t0;
+    *mem  = ddl_alloc_bytes_live() - before;
+    ddl_spec_destroy(&spec);
+    return m;
+}
+
+// Predicts n samples on rank 0's buffer: logits into out (rank 0).
+static void predict(ddl_model_t *m, const batch *b, int64_t n, void *out)
+{
+    size_t xb = rank == 0 ? (size_t)(n * b->S) * b->es : 0;
+    size_t lb = rank == 0 ? (size_t)(n * b->C * b->L) * b->es : 0;
+    ASSERT_OK(ddl_model_predict(m, rank == 0 ? b->x : NULL, xb, n, rank == 0 ? out : NULL, lb));
+}
+
+// The largest |a - b| over n samples' logits, against the largest |b| (rank 0; 0 elsewhere).
+static double rel_diff(const batch *b, const void *a, const void *r, int64_t n)
+{
+    double d = 0, big = 0;
+    for (int64_t i = 0; rank == 0 && i < n * b->C * b->L; i++) {
+        d   = fmax(d, fabs(elem(b, a, i) - elem(b, r, i)));
+        big = fmax(big, fabs(elem(b, r, i)));
+    }
+    return d / (1.0 + big);
+}
+
+// Argmax hits of n samples' logits against the labels (per voxel for segmentation).
+static int64_t hits(const batch *b, const void *lg, int64_t n)
+{
+    int64_t h = 0, V = b->L;
+    for (int64_t s = 0; s < n; s++) {
+        for (int64_t v = 0; v < V; v++) {
+            int64_t best = 0;
+            double  bv   = elem(b, lg, (s * b->C) * V + v);
+            for (int64_t c = 1; c < b->C; c++) {
+                double e = elem(b, lg, (s * b->C + c) * V + v);
+                if (e > bv) {
+                    bv   = e;
+                    best = c;
+                }
+            }
+            h += best == b->lab[s * V + v];
+        }
+    }
+    return h;
+}
+
+static uint64_t bytes_moved(const ddl_traffic *a, const ddl_traffic *z)
+{
+    uint64_t n = 0;
+    for (int k = 0; k < DDL_TRAFFIC_NKINDS; k++) {
+        for (int p = 0; p < DDL_TRAFFIC_NPASSES; p++) {
+            n += (z->c[k][p].sent - a->c[k][p].sent) + (z->c[k][p].received - a->c[k][p].received);
+        }
+    }
+    return n;
+}
+
+static void step(ddl_model_t *m, const batch *b)
+{
+    double  loss;
+    int64_t correct;
+    ASSERT_OK(ddl_model_train_step(m, b->x, rank == 0 ? (size_t)(b->B * b->S) * b->es : 0, b->lab,
+                                   b->B, &loss, &correct));
+}
+
+// One spec: returns 1 if it ran (its world size is ours), 0 otherwise.
+static int check_spec(const char *path)
+{
+    ddl_spec_t *spec = NULL;
+    ASSERT_OK(ddl_spec_load(path, 0, &spec));
+    if (ddl_spec_world_size(spec) != size) {
+        ddl_spec_destroy(&spec);
+        return 0;
+    }
+    batch     b  = {.B  = ddl_spec_batch_size(spec),
+                    .C  = ddl_spec_num_classes(spec),
+                    .L  = ddl_spec_label_elems(spec),
+                    .es = ddl_dtype_size(ddl_spec_dtype(spec))};
+    ddl_shape in = ddl_spec_input_shape(spec);
+    b.S          = ddl_shape_numel(&in);
+    ASSERT_TRUE(b.B == 1 || ddl_spec_inference_batches(spec, NULL) > 0); // the default
+    double tol = b.es == 4 ? 1e-4 : 1e-10;
+    // The padded twin: the spec text with "inference_batches": [] after its first brace.
+    const char *text   = ddl_spec_text(spec);
+    const char *brace  = strchr(text, '{');
+    size_t      pre    = (size_t)(brace - text) + 1;
+    char       *padded = malloc(strlen(text) + 64);
+    memcpy(padded, text, pre);
+    sprintf(padded + pre, "\"inference_batches\": [], %s", text + pre);
+    int64_t      mem_s, mem_p;
+    double       t_s, t_p;
+    ddl_model_t *ms = make_model(text, path, &mem_s, &t_s);
+    ddl_model_t *mp = make_model(padded, path, &mem_p, &t_p);
+    ASSERT_EQ(ddl_spec_inference_batches(ddl_model_spec(mp), NULL), 0);
+    void *lg2 = NULL;
+    if (rank == 0) {
+        b.x   = calloc((size_t)(b.B * b.S), b.es);
+        b.lg  = calloc((size_t)(b.B * b.C * b.L), b.es);
+        lg2   = calloc((size_t)(b.B * b.C * b.L), b.es);
+        b.lab = calloc((size_t)(b.B * b.L), sizeof(int64_t));
+        for (int64_t i = 0; i < b.B * b.S; i++) {
+            double v = 2.0 * ddl_rng_uniform(11, 0, (uint64_t)i) - 1.0;
+            if (b.es == 4) {
+                ((float *)b.x)[i] = (float)v;
+            } else {
+                ((double *)b.x)[i] = v;
+            }
+        }
+        for (int64_t i = 0; i < b.B * b.L; i++) {
+            b.lab[i] = (i * 7 + i / 3) % b.C;
+        }
+    }
+    step(ms, &b);
+    step(mp, &b);
+    int64_t ns[]  = {1, 2, 3, 5, b.B / 2, b.B / 2 + 1, b.B - 1, b.B};
+    double  worst = 0;
+    for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++) {
+        int64_t n = ns[k];
+        if (n < 1 || n > b.B || (k > 0 && n <= ns[k - 1])) {
+            continue;
+        }
+        predict(ms, &b, n, b.lg);
+        predict(mp, &b, n, lg2);
+        double d = rel_diff(&b, b.lg, lg2, n);
+        worst    = fmax(worst, d);
+        if (rank == 0 && !(d <= tol)) {
+            TEST_FAIL_("%s: %lld samples: the short batch's logits differ from the padded "
+                       "batch's by %.3g (relative; tolerance %.1g)",
+                       path, (long long)n, d, tol);
+        }
+        double  ls, lp;
+        int64_t cs, cp;
+        size_t  xb = rank == 0 ? (size_t)(n * b.S) * b.es : 0;
+        ASSERT_OK(ddl_model_eval(ms, b.x, xb, b.lab, n, &ls, &cs));
+        ASSERT_OK(ddl_model_eval(mp, b.x, xb, b.lab, n, &lp, &cp));
+        ASSERT_TRUE(fabs(ls - lp) <= tol * (1.0 + fabs(lp)));
+        if (rank == 0) {
+            ASSERT_EQ(cs, hits(&b, b.lg, n));
+            ASSERT_EQ(cp, hits(&b, lg2, n));
+        }
+    }
+    // The copies share the weights: after another step, one sample sees them.
+    predict(ms, &b, 1, lg2);
+    step(ms, &b);
+    step(mp, &b);
+    predict(ms, &b, 1, b.lg);
+    if (rank == 0) {
+        ASSERT_TRUE(rel_diff(&b, b.lg, lg2, 1) > tol); // a step changed the prediction
+    }
+    predict(mp, &b, 1, lg2);
+    ASSERT_TRUE(rel_diff(&b, b.lg, lg2, 1) <= tol);
+    // At 2 ranks or more the padded prediction moves a full batch, the short one less.
+    ddl_traffic t0, t1, t2;
+    ddl_traffic_snapshot(&t0);
+    predict(ms, &b, 1, b.lg);
+    ddl_traffic_snapshot(&t1);
+    predict(mp, &b, 1, lg2);
+    ddl_traffic_snapshot(&t2);
+    uint64_t moved[2] = {bytes_moved(&t0, &t1), bytes_moved(&t1, &t2)};
+    MPI_Allreduce(MPI_IN_PLACE, moved, 2, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+    if (size > 1 && b.B > 1) {
+        ASSERT_TRUE(moved[0] < moved[1]);
+    }
+    // The copies (mem_s - mem_p) cost less than half of the model itself (mem_p).
+    ASSERT_TRUE(mem_s - mem_p < mem_p / 2);
+    if (rank == 0) {
+        printf("%s: %d inference batches; logits within %.2g of the padded model's; predict(1) "
+               "moves %llu bytes (padded %llu); copies +%.0f%% of the model's %lld B (rank 0); "
+               "create %.1f ms (padded %.1f ms)\n",
+               path, ddl_spec_inference_batches(spec, NULL), worst, (unsigned long long)moved[0],
+               (unsigned long long)moved[1], 100.0 * (double)(mem_s - mem_p) / (double)mem_p,
+               (long long)mem_p, t_s * 1e3, t_p * 1e3);
+    }
+    ddl_model_destroy(&ms);
+    ddl_model_destroy(&mp);
+    free(padded);
+    free(b.x);
+    free(b.lg);
+    free(lg2);
+    free(b.lab);
+    ddl_spec_destroy(&spec);
+    return 1;
+}
+
+int main(int argc, char **argv)
+{
+    ddl_test_mpi_init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    ASSERT_TRUE(argc == 2);
+    char names[64][DDL_TEST_NAME_MAX];
+    int  n   = ddl_test_list_dir(argv[1], ".json", names, 64);
+    int  ran = 0;
+    for (int i = 0; i < n; i++) {
+        char path[4096 + 300];
+        snprintf(path, sizeof path, "%.4000s/%.255s", argv[1], names[i]);
+        ran += check_spec(path);
+    }
+    ASSERT_TRUE(ran > 0);
+    return ddl_test_mpi_finalize();
+}

@@ -12,7 +12,9 @@
 //   - at 2 ranks or more, predicting 1 sample moves fewer bytes than the padded model
 //     (the short batch ran, not the full one);
 //   - the short-batch copies cost less than half the memory of the model (they share its
-//     parameters and activations; ddl_alloc_bytes_live, this rank).
+//     parameters and activations; ddl_alloc_bytes_live, this rank);
+//   - an allocation that fails on the last rank alone while the copies are built fails the
+//     create on every rank with DDL_ENOMEM, and nothing it allocated survives.
 // Usage: test_short_batch SPEC_DIR
 #include <math.h>
 #include <stdio.h>
@@ -37,14 +39,17 @@ static double elem(const batch *b, const void *p, int64_t i)
     return b->es == 4 ? (double)((const float *)p)[i] : ((const double *)p)[i];
 }
 
-static ddl_model_t *make_model(const char *text, const char *path, int64_t *mem, double *secs)
+static ddl_model_t *make_model(const char *text, const char *path, int64_t *mem, double *secs,
+                               uint64_t *allocs)
 {
     ddl_spec_t  *spec = NULL;
     ddl_model_t *m    = NULL;
     ASSERT_OK(ddl_spec_parse(text, path, size, &spec));
     int64_t before = ddl_alloc_bytes_live();
-    double  t0     = MPI_Wtime();
+    double   t0     = MPI_Wtime();
+    uint64_t n0     = ddl_alloc_count();
     ASSERT_OK(ddl_model_create(MPI_COMM_WORLD, spec, &m));
+    *allocs = ddl_alloc_count() - n0;
     *secs = MPI_Wtime() - t0;
     *mem  = ddl_alloc_bytes_live() - before;
     ddl_spec_destroy(&spec);
@@ -136,8 +141,26 @@ static int check_spec(const char *path)
     sprintf(padded + pre, "\"inference_batches\": [], %s", text + pre);
     int64_t      mem_s, mem_p;
     double       t_s, t_p;
-    ddl_model_t *ms = make_model(text, path, &mem_s, &t_s);
-    ddl_model_t *mp = make_model(padded, path, &mem_p, &t_p);
+    uint64_t     n_s, n_p;
+    ddl_model_t *ms = make_model(text, path, &mem_s, &t_s, &n_s);
+    ddl_model_t *mp = make_model(padded, path, &mem_p, &t_p, &n_p);
+    // One rank out of memory while the copies are built (its last allocations are the
+    // last copy's; a quarter back lands in an earlier one): every rank fails alike.
+    for (int k = 0; k < 2 && n_s > n_p; k++) {
+        uint64_t     at     = k == 0 ? n_s : n_s - (n_s - n_p) / 4;
+        int64_t      before = ddl_alloc_bytes_live();
+        ddl_spec_t  *sp     = NULL;
+        ddl_model_t *mf     = NULL;
+        ASSERT_OK(ddl_spec_parse(text, path, size, &sp));
+        if (rank == size - 1) {
+            ddl_alloc_fail_after(at, 0);
+        }
+        ASSERT_STATUS(ddl_model_create(MPI_COMM_WORLD, sp, &mf), DDL_ENOMEM);
+        ddl_alloc_fail_after(0, 0);
+        ASSERT_TRUE(mf == NULL);
+        ddl_spec_destroy(&sp);
+        ASSERT_EQ(ddl_alloc_bytes_live(), before);
+    }
     ASSERT_EQ(ddl_spec_inference_batches(ddl_model_spec(mp), NULL), 0);
     void *lg2 = NULL;
     if (rank == 0) {

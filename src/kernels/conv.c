@@ -1185,6 +1185,7 @@ typedef struct conv_par {
     const void          *x, *w, *b, *dy;
     char                *ws;
     int                  T;
+    bool                 whole; // a single part too runs its GEMMs whole (width 1)
 } conv_par;
 
 typedef struct conv_part {
@@ -1234,8 +1235,16 @@ static ddl_status conv_blocks(const char *who, conv_par *c, size_t ws_bytes)
         T = DDL_POOL_MAX_PARTS;
     }
     c->T = T;
-    if (T <= 1) {
+    if (T <= 1 && !c->whole) {
         return conv_part_run(c, 0);
+    }
+    if (T <= 1) {
+        // Parts run their GEMMs whole (below); so does a lone part when asked, as a
+        // sample inside a larger batch would (ddl_conv_forward_rows).
+        int        prev = ddl_blas_set_threads(1);
+        ddl_status st   = conv_part_run(c, 0);
+        ddl_blas_set_threads(prev);
+        return st;
     }
     int        prev = ddl_blas_set_threads(1);
     ddl_status st   = ddl_pool_run(who, T, conv_part_fn, c);
@@ -1253,11 +1262,19 @@ static ddl_status conv_blocks(const char *who, conv_par *c, size_t ws_bytes)
     return DDL_OK;
 }
 
-ddl_status ddl_conv_forward(ddl_dtype dt, const ddl_conv_geom *g, void *y, const void *x,
-                            const void *w, const void *b, void *ws, size_t ws_bytes)
+// rows: batch-invariant (ddl_conv_forward_rows): one sample per block, and every GEMM of
+// a block whole on its thread, so a sample's bits never depend on the batch around it.
+static ddl_status conv_forward(ddl_dtype dt, const ddl_conv_geom *g, void *y, const void *x,
+                               const void *w, const void *b, void *ws, size_t ws_bytes, bool rows)
 {
     conv_plan P;
     DDL_CHECK(conv_args("conv_forward", dt, g, ws, ws_bytes, &P));
+    if (rows && P.nb > 1) {
+        // One sample per block: the wide layout's block is then one sample's Ws columns,
+        // the general one's a sample's ov positions (both within the planned block).
+        P.nb   = 1;
+        P.cols = P.wide ? P.Ws : P.sp.ov;
+    }
     const int64_t N = g->N, Ci = g->C_in, Co = g->C_out, Kc = P.Kc;
     const int64_t iv = P.sp.iv, ov = P.sp.ov;
     const size_t  es = dt_size(dt);
@@ -1288,7 +1305,20 @@ ddl_status ddl_conv_forward(ddl_dtype dt, const ddl_conv_geom *g, void *y, const
     }
     conv_par c = {.dt = dt, .g = g, .P = &P, .backward = false, .y = y, .x = x, .w = w, .b = b,
                   .ws = ws};
+    c.whole    = rows;
     return conv_blocks("conv_forward", &c, ws_bytes);
+}
+
+ddl_status ddl_conv_forward(ddl_dtype dt, const ddl_conv_geom *g, void *y, const void *x,
+                            const void *w, const void *b, void *ws, size_t ws_bytes)
+{
+    return conv_forward(dt, g, y, x, w, b, ws, ws_bytes, false);
+}
+
+ddl_status ddl_conv_forward_rows(ddl_dtype dt, const ddl_conv_geom *g, void *y, const void *x,
+                                 const void *w, const void *b, void *ws, size_t ws_bytes)
+{
+    return conv_forward(dt, g, y, x, w, b, ws, ws_bytes, true);
 }
 
 // ---- backward ---------------------------------------------------------------------

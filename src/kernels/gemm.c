@@ -289,6 +289,72 @@ ddl_status ddl_linear_forward(ddl_dtype dt, void *y, const void *x, const void *
     return ddl_gemm(dt, false, true, B, OC, C, 1.0, x, ld1(C), w, ld1(C), beta, y, OC);
 }
 
+// ---- batch-invariant linear (inference) -------------------------------------
+
+// Rows [lo, hi) of ddl_linear_forward_rows: one GEMV per row, the bias first.
+typedef struct rows_job {
+    ddl_dtype   dt;
+    void       *y;
+    const void *x, *w, *b;
+    int64_t     B, C, OC, chunk;
+} rows_job;
+
+static ddl_status rows_part(void *arg, int p, int nparts)
+{
+    (void)nparts;
+    const rows_job *r  = arg;
+    size_t          es = ddl_dtype_size(r->dt);
+    int64_t         lo = (int64_t)p * r->chunk, hi = lo + r->chunk < r->B ? lo + r->chunk : r->B;
+    for (int64_t i = lo; i < hi; i++) {
+        char       *yi   = (char *)r->y + (size_t)(i * r->OC) * es;
+        const char *xi   = (const char *)r->x + (size_t)(i * r->C) * es;
+        double      beta = 0.0;
+        if (r->b != NULL) {
+            memcpy(yi, r->b, (size_t)r->OC * es);
+            beta = 1.0;
+        }
+        if (r->C == 0) {
+            if (r->b == NULL) {
+                memset(yi, 0, (size_t)r->OC * es);
+            }
+        } else if (r->dt == DDL_F32) {
+            cblas_sgemv(CblasRowMajor, CblasNoTrans, (blasint)r->OC, (blasint)r->C, 1.0f, r->w,
+                        (blasint)r->C, (const float *)xi, 1, (float)beta, (float *)yi, 1);
+        } else {
+            cblas_dgemv(CblasRowMajor, CblasNoTrans, (blasint)r->OC, (blasint)r->C, 1.0, r->w,
+                        (blasint)r->C, (const double *)xi, 1, beta, (double *)yi, 1);
+        }
+    }
+    return DDL_OK;
+}
+
+// Every row is the same call on its own x row, whichever part and thread runs it, so a
+// row's bits depend on that row alone (OpenBLAS runs single-threaded, see above).
+ddl_status ddl_linear_forward_rows(ddl_dtype dt, void *y, const void *x, const void *w,
+                                   const void *b, int64_t B, int64_t C, int64_t OC)
+{
+    DDL_CHECK(linear_check("linear_forward_rows", dt, B, C, OC));
+    if (B == 0 || OC == 0) {
+        return DDL_OK;
+    }
+    DDL_REQUIRE(y != NULL && (C == 0 || (x != NULL && w != NULL)), DDL_EINVAL,
+                "linear_forward_rows: y, x or w is NULL");
+    DDL_REQUIRE(C <= INT_MAX && OC <= INT_MAX, DDL_EINVAL,
+                "linear_forward_rows: in %lld or out %lld features exceed INT_MAX", (long long)C,
+                (long long)OC);
+    rows_job r     = {dt, y, x, w, b, B, C, OC, B};
+    int64_t  parts = ddl_blas_set_threads(0);
+    double   work  = (double)B * (double)C * (double)OC / (double)GEMM_PART_MACS;
+    parts          = parts < DDL_POOL_MAX_PARTS ? parts : DDL_POOL_MAX_PARTS;
+    parts          = parts < B ? parts : B;
+    parts          = (double)parts < work ? parts : (int64_t)work;
+    if (parts <= 1) {
+        return rows_part(&r, 0, 1);
+    }
+    r.chunk = (B + parts - 1) / parts;
+    return ddl_pool_run("linear_forward_rows", (int)((B + r.chunk - 1) / r.chunk), rows_part, &r);
+}
+
 // dx [B, C] += dy [B, OC] · w [OC, C];  dw [OC, C] += dy^T · x [B, C];  db [OC] += colsum(dy).
 ddl_status ddl_linear_backward(ddl_dtype dt, void *dx, void *dw, void *db, const void *dy,
                                const void *x, const void *w, int64_t B, int64_t C, int64_t OC)

@@ -485,7 +485,11 @@ static ddl_status conv_forward(ddl_layer_t *L, const ddl_tensor_t *x, ddl_tensor
         if (m->recv_bias) {
             b = m->b != NULL && !m->b_inplace ? m->b->data : pb->value->data;
         }
-        DDL_CHECK(ddl_conv_forward(dt, &m->g, yout, m->conv_in, w, b, m->ws, m->ws_bytes));
+        // Inference computes each sample alone (batch-invariant bits: dynamic batching).
+        DDL_CHECK(
+            L->training
+                ? ddl_conv_forward(dt, &m->g, yout, m->conv_in, w, b, m->ws, m->ws_bytes)
+                : ddl_conv_forward_rows(dt, &m->g, yout, m->conv_in, w, b, m->ws, m->ws_bytes));
     }
     // Over the ci dimension onto P_y.
     if (m->y_sr != NULL) {

@@ -121,8 +121,9 @@ static ddl_status linear_forward(ddl_layer_t *L, const ddl_tensor_t *x, ddl_tens
     }
     if (m->in_w) {
         const void *b = m->has_bias ? L->params[1].value->data : NULL;
-        DDL_CHECK(ddl_linear_forward(L->dt, m->yw->data, m->x_in, L->params[0].value->data, b,
-                                     m->batch, m->fi, m->fo));
+        // Inference computes each row alone (batch-invariant bits: dynamic batching).
+        DDL_CHECK((L->training ? ddl_linear_forward : ddl_linear_forward_rows)(
+            L->dt, m->yw->data, m->x_in, L->params[0].value->data, b, m->batch, m->fi, m->fo));
     }
     ddl_tensor_t *dst = m->pad_y ? m->ys : y;
     DDL_CHECK(ddl_sum_reduce_forward(m->reduce_y, m->yw, dst));

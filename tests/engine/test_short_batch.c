@@ -4,10 +4,11 @@
 // "inference_batches": [] (every prediction padded to the full batch, as before). After a
 // training step on each (the same weights; batch norm's running statistics moved off
 // their initial values):
-//   - predictions and evaluations of n = 1, 2, 3, ..., batch_size samples agree between
-//     the two within rounding (the short batch computes its rows at another batch size,
-//     so a GEMM may block them differently: a tolerance, on every kernel path), and each
-//     evaluation's hits are the argmax hits of the same model's predicted logits;
+//   - predictions and evaluations of n = 1, 2, 3, ..., batch_size samples agree bit for bit
+//     between the two, and with the rows of a full batch wherever those samples sit in it
+//     (inference is batch-invariant: ddl_linear_forward_rows, ddl_conv_forward_rows; both
+//     sides run in this process, on one kernel path), and each evaluation's hits are the
+//     argmax hits of the same model's predicted logits;
 //   - after a second step the short batches see the new weights (they share them);
 //   - at 2 ranks or more, predicting 1 sample moves fewer bytes than the padded model
 //     (the short batch ran, not the full one);
@@ -193,20 +194,37 @@ static int check_spec(const char *path)
         predict(mp, &b, n, lg2);
         double d = rel_diff(&b, b.lg, lg2, n);
         worst    = fmax(worst, d);
-        if (rank == 0 && !(d <= tol)) {
+        size_t row = (size_t)(b.C * b.L) * b.es;
+        if (rank == 0 && memcmp(b.lg, lg2, (size_t)n * row) != 0) {
             TEST_FAIL_("%s: %lld samples: the short batch's logits differ from the padded "
-                       "batch's by %.3g (relative; tolerance %.1g)",
-                       path, (long long)n, d, tol);
+                       "batch's by %.3g (relative; expected the same bits)",
+                       path, (long long)n, d);
+        }
+        // The same rows anywhere in a batch: samples [o, o + n) of the full batch (rows of
+        // lg2 after a full prediction) against those n samples predicted alone.
+        int64_t o = b.B - n;
+        predict(mp, &b, b.B, lg2);
+        if (o > 0) {
+            batch sub = b;
+            sub.x     = rank == 0 ? (char *)b.x + (size_t)(o * b.S) * b.es : NULL;
+            predict(ms, &sub, n, b.lg);
+            if (rank == 0 && memcmp(b.lg, (char *)lg2 + (size_t)o * row, (size_t)n * row) != 0) {
+                TEST_FAIL_("%s: samples [%lld, %lld) predicted alone differ from the same rows "
+                           "of a full batch (relative %.3g; expected the same bits)",
+                           path, (long long)o, (long long)b.B,
+                           rel_diff(&b, b.lg, (char *)lg2 + (size_t)o * row, n));
+            }
+            predict(ms, &b, n, b.lg); // the first n again, for the hits below
         }
         double  ls, lp;
         int64_t cs, cp;
         size_t  xb = rank == 0 ? (size_t)(n * b.S) * b.es : 0;
         ASSERT_OK(ddl_model_eval(ms, b.x, xb, b.lab, n, &ls, &cs));
         ASSERT_OK(ddl_model_eval(mp, b.x, xb, b.lab, n, &lp, &cp));
-        ASSERT_TRUE(fabs(ls - lp) <= tol * (1.0 + fabs(lp)));
+        ASSERT_TRUE(ls == lp); // the same rows' losses, summed in the same order
         if (rank == 0) {
             ASSERT_EQ(cs, hits(&b, b.lg, n));
-            ASSERT_EQ(cp, hits(&b, lg2, n));
+            ASSERT_EQ(cp, hits(&b, b.lg, n));
         }
     }
     // The copies share the weights: after another step, one sample sees them.
@@ -234,7 +252,7 @@ static int check_spec(const char *path)
     // The copies (mem_s - mem_p) cost less than half of the model itself (mem_p).
     ASSERT_TRUE(mem_s - mem_p < mem_p / 2);
     if (rank == 0) {
-        printf("%s: %d inference batches; logits within %.2g of the padded model's; predict(1) "
+        printf("%s: %d inference batches; logits the padded model's bits (%.2g); predict(1) "
                "moves %llu bytes (padded %llu); copies +%.0f%% of the model's %lld B (rank 0); "
                "create %.1f ms (padded %.1f ms)\n",
                path, ddl_spec_inference_batches(spec, NULL), worst, (unsigned long long)moved[0],

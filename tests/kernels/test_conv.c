@@ -238,6 +238,57 @@ static void run_case(const conv_case *cc, uint64_t seed)
         free(dbr);
 }
 
+// ddl_conv_forward_rows is batch-invariant: sample n of a batch of N has the bits of the
+// same sample run alone and of the samples [n, N) run as a batch, at 1 and 2 kernel
+// threads (the same bits at both), and equals the f64 reference within rounding.
+static void run_rows_case(const conv_case *cc, uint64_t seed)
+{
+    ddl_conv_geom g;
+    ASSERT_OK(
+        ddl_conv_geom_init(&g, cc->nsp, cc->N, cc->Ci, cc->Co, cc->in, cc->k, cc->s, cc->p, cc->d));
+    int64_t xs = g.C_in * g.in[0] * g.in[1] * g.in[2],
+            ys = g.C_out * g.out[0] * g.out[1] * g.out[2];
+    int64_t nw = g.C_out * g.C_in * g.k[0] * g.k[1] * g.k[2];
+    double *x = rand_vec(g.N * xs, seed), *w = rand_vec(nw, seed + 1),
+           *b  = rand_vec(g.C_out, seed + 2);
+    double *yr = zeros(DDL_F64, g.N * ys);
+    ASSERT_OK(ddl_conv_forward_naive(DDL_F64, &g, yr, x, w, cc->bias ? b : NULL));
+    int prev = ddl_blas_set_threads(0);
+    for (int d = 0; d < 2; d++) {
+        ddl_dtype dt = d ? DDL_F64 : DDL_F32;
+        size_t    es = ddl_dtype_size(dt);
+        void     *xd = ddl_test_as_dtype(dt, x, g.N * xs), *wd = ddl_test_as_dtype(dt, w, nw);
+        void     *bd = cc->bias ? ddl_test_as_dtype(dt, b, g.C_out) : NULL;
+        void     *y[2], *yn = zeros(dt, g.N * ys);
+        for (int t = 0; t < 2; t++) {
+            ddl_blas_set_threads(t + 1);
+            size_t wsb = ddl_conv_workspace_bytes(dt, &g);
+            void  *ws  = wsb > 0 ? malloc(wsb) : NULL;
+            y[t]       = zeros(dt, g.N * ys);
+            ASSERT_OK(ddl_conv_forward_rows(dt, &g, y[t], xd, wd, bd, ws, wsb));
+            for (int64_t n = 0; n < g.N; n++) {
+                for (int k = 0; k < 2; k++) { // alone, then [n, N) as a batch
+                    ddl_conv_geom h = g;
+                    h.N             = k == 0 ? 1 : g.N - n;
+                    ASSERT_OK(ddl_conv_forward_rows(dt, &h, yn, (char *)xd + (size_t)(n * xs) * es,
+                                                    wd, bd, ws, wsb));
+                    ASSERT_TRUE(memcmp(yn, (char *)y[t] + (size_t)(n * ys) * es, (size_t)ys * es) ==
+                                0);
+                }
+            }
+            free(ws);
+        }
+        ASSERT_TRUE(memcmp(y[0], y[1], (size_t)(g.N * ys) * es) == 0);
+        for (int64_t i = 0; i < g.N * ys; i++) {
+            double v = d ? ((double *)y[0])[i] : (double)((float *)y[0])[i];
+            ASSERT_TRUE(fabs(v - yr[i]) <= (d ? 1e-12 : 1e-4) * (1.0 + fabs(yr[i])));
+        }
+        free(xd), free(wd), free(bd), free(y[0]), free(y[1]), free(yn);
+    }
+    ddl_blas_set_threads(prev);
+    free(x), free(w), free(b), free(yr);
+}
+
 static void test_cases(void)
 {
     // clang-format off
@@ -273,6 +324,7 @@ static void test_cases(void)
     // clang-format on
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         run_case(&cases[i], 1000 + 10 * i);
+        run_rows_case(&cases[i], 5000 + 10 * i);
     }
 }
 

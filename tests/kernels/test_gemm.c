@@ -218,6 +218,45 @@ static void test_linear(int64_t B, int64_t C, int64_t OC, bool bias, uint64_t se
     free(dx2), free(dw2), free(db2);
 }
 
+// ddl_linear_forward_rows: row i of a batch of B has the bits of row i run alone and of
+// rows [i, B) run as a batch, at 1 and 2 kernel threads, and equals the f64 reference
+// within rounding.
+static void test_linear_rows(int64_t B, int64_t C, int64_t OC, bool bias, uint64_t seed)
+{
+    double *x = rand_vec(B * C, seed), *w = rand_vec(OC * C, seed + 1), *b = rand_vec(OC, seed + 2);
+    double *yr = calloc((size_t)(B * OC), sizeof(double));
+    linear_ref(yr, x, w, bias ? b : NULL, B, C, OC);
+    int prev = ddl_blas_set_threads(0);
+    for (int d = 0; d < 2; d++) {
+        ddl_dtype dt = d ? DDL_F64 : DDL_F32;
+        size_t    es = ddl_dtype_size(dt);
+        void     *xd = ddl_test_as_dtype(dt, x, B * C), *wd = ddl_test_as_dtype(dt, w, OC * C);
+        void     *bd = bias ? ddl_test_as_dtype(dt, b, OC) : NULL;
+        void     *y[2], *yi = calloc((size_t)(B * OC), es);
+        for (int t = 0; t < 2; t++) {
+            ddl_blas_set_threads(t + 1);
+            y[t] = calloc((size_t)(B * OC), es);
+            ASSERT_OK(ddl_linear_forward_rows(dt, y[t], xd, wd, bd, B, C, OC));
+            for (int64_t i = 0; i < B; i++) {
+                for (int k = 0; k < 2; k++) {
+                    ASSERT_OK(ddl_linear_forward_rows(dt, yi, (char *)xd + (size_t)(i * C) * es, wd,
+                                                      bd, k == 0 ? 1 : B - i, C, OC));
+                    ASSERT_TRUE(memcmp(yi, (char *)y[t] + (size_t)(i * OC) * es, (size_t)OC * es) ==
+                                0);
+                }
+            }
+        }
+        ASSERT_TRUE(memcmp(y[0], y[1], (size_t)(B * OC) * es) == 0);
+        for (int64_t i = 0; i < B * OC; i++) {
+            double v = d ? ((double *)y[0])[i] : (double)((float *)y[0])[i];
+            ASSERT_TRUE(fabs(v - yr[i]) <= tol_for(dt) * (1.0 + fabs(yr[i])) * (double)(C + 1));
+        }
+        free(xd), free(wd), free(bd), free(y[0]), free(y[1]), free(yi);
+    }
+    ddl_blas_set_threads(prev);
+    free(x), free(w), free(b), free(yr);
+}
+
 static void test_linear_edges(void)
 {
     // No input features: y is the bias, and the backward still fills db.
@@ -241,6 +280,9 @@ int main(void)
     test_linear(17, 33, 9, true, 300);
     test_linear(4, 65, 130, false, 400);
     test_linear_edges();
+    test_linear_rows(5, 7, 3, true, 500);
+    test_linear_rows(1, 1, 1, false, 600);
+    test_linear_rows(96, 512, 128, true, 700); // rows split over the pool
     printf("test_gemm: ok\n");
     return 0;
 }

@@ -77,6 +77,12 @@ DDL_EXTERN ddl_status ddl_gemm_naive(ddl_dtype dt, bool transA, bool transB, int
 // y [B, OC] (overwritten), x [B, C], w [OC, C], b [OC] or NULL (no bias).
 DDL_EXTERN ddl_status ddl_linear_forward(ddl_dtype dt, void *y, const void *x, const void *w,
                                          const void *b, int64_t B, int64_t C, int64_t OC);
+// The same product, batch-invariant: row i of y depends on row i of x alone, bit for bit
+// the same whatever B and wherever the row sits in the batch (on one BLAS core and
+// kernel path). One GEMV per row (about 2.3x the GEMM's time at LeNet's shapes), rows
+// split over the kernel pool. What inference runs (dynamic batching's isolation).
+DDL_EXTERN ddl_status ddl_linear_forward_rows(ddl_dtype dt, void *y, const void *x, const void *w,
+                                              const void *b, int64_t B, int64_t C, int64_t OC);
 // dx [B, C] += dy · W;  dw [OC, C] += dy^T · x;  db [OC] += sum_b dy[b, :].
 // Each of dx, dw, db may be NULL. x is needed only for dw, w only for dx.
 DDL_EXTERN ddl_status ddl_linear_backward(ddl_dtype dt, void *dx, void *dw, void *db,
@@ -141,6 +147,13 @@ DDL_EXTERN const char *ddl_conv_path(void);
 DDL_EXTERN ddl_status ddl_conv_forward(ddl_dtype dt, const ddl_conv_geom *g, void *y,
                                        const void *x, const void *w, const void *b, void *ws,
                                        size_t ws_bytes);
+// The same convolution, batch-invariant: sample n of y depends on sample n of x alone, bit
+// for bit the same whatever N and wherever the sample sits (on one kernel path): one
+// sample per block and every GEMM whole on one thread (the parts split the samples; a
+// lone large sample gets one thread). What inference runs (dynamic batching's isolation).
+DDL_EXTERN ddl_status ddl_conv_forward_rows(ddl_dtype dt, const ddl_conv_geom *g, void *y,
+                                            const void *x, const void *w, const void *b, void *ws,
+                                            size_t ws_bytes);
 // Adjoint of ddl_conv_forward with respect to each argument, accumulated:
 //   dx [N, C_in, in...] += conv^T(dy, w)   (GEMM into columns, then col2im)
 //   dw [C_out, C_in, k...] += dy · columns(x)^T

@@ -29,6 +29,13 @@ typedef struct ddld_config {
     const char *tls_key;       // --tls-key: its private key (PEM)
     const char *tls_client_ca; // --tls-client-ca: require client certificates from this CA
     bool        insecure;      // --insecure: plaintext, tokenless listen beyond loopback
+    // Dynamic batching (dispatch.c, docs/SERVER.md "Dynamic batching").
+    bool    batching;           // --dynamic-batching on|off (default on)
+    int64_t max_queue_delay_us; // --max-queue-delay-us: longest a request waits for batch-mates
+    int64_t max_batch;          // --max-batch: rows per engine command (0: the spec's batch)
+    int64_t preferred[8];       // --preferred-batch-sizes: run at once on reaching one
+    int     npreferred;
+    bool    serve_during_train; // --serve-during-train on|off (default on)
 } ddld_config;
 
 #endif // DDLD_CONFIG_H

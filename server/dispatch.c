@@ -8,7 +8,10 @@
 // rank 0 on the dispatcher's own duplicate of MPI_COMM_WORLD):
 //   QUIT(code)  CREATE(flags REPLACE)  OPEN_DATA  STEP(count)  TRAIN(steps, epochs)
 //   EVAL_SPLIT(split)  EVAL_BATCH(count)  PREDICT(count)  PULL  PUSH  SAVE  RESTORE(step)
-//   DROP
+//   DROP  RESUME
+// During a TRAIN, at a step boundary, the session may lend the ranks (an interlude,
+// ddl_session_set_interlude): rank 0 then sends PREDICT commands on the channel as usual,
+// and RESUME hands the ranks back to the Train.
 // A rejected request is never broadcast: the workers do not learn of it.
 //
 // Errors, one discipline with the engine's:
@@ -78,6 +81,7 @@ enum {
     DDLD_OP_SAVE,
     DDLD_OP_RESTORE, // arg0 step (-1 latest)
     DDLD_OP_DROP,    // destroy the model (rank 0 could not describe a model just created)
+    DDLD_OP_RESUME,  // ends an interlude: the Train takes its next step
 };
 
 enum { CF_REPLACE = 1 };
@@ -137,6 +141,25 @@ struct ddld_dispatch {
     // over another's durable checkpoints or moves its `latest`.
     char model_ckpt[PATH_MAX];
     char next_ckpt[PATH_MAX]; // the one of the model being created
+    // Dynamic batching (rank 0): validated inference calls waiting to run as one command.
+    struct pending *pend;
+    double         *delays; // per pending call, filled when its command starts
+    int             npend, pcap;
+    int64_t         prows;      // rows pending
+    bool            concurrent; // the last command answered more than one call
+    bool            kept;       // the job being run joined the batch (not freed yet)
+    bool            deferred;   // collecting at a step boundary: never run from join_batch
+    void           *bx, *bo;    // the joined inputs and outputs (grown, reused)
+    size_t          bxcap, bocap;
+};
+
+// A validated Predict or ModelInfer call waiting for its batch.
+struct pending {
+    ddld_job      *job;
+    const char    *datatype; // of raw: the model dtype's wire name or "UINT8"
+    const uint8_t *raw;      // n samples (in the request, or in typed)
+    void          *typed;    // ModelInfer's repacked typed contents (ddl_free), or NULL
+    int64_t        n;
 };
 
 // ---- model info (rank 0) ------------------------------------------------------------------
@@ -295,6 +318,10 @@ static void clear_batches(void)
 // ---- the collective part (every rank) -------------------------------------------------------
 
 static bool progress_cb(const ddl_progress *p, void *ud);
+static void pending_free(struct pending *p);
+static bool interlude_want(void *ud);
+static void interlude_run0(void *ud);
+static void interlude_run(void *ud);
 
 static ddl_status execute(ddld_dispatch *d, const ddld_cmd *cmd, struct payload *p)
 {
@@ -317,9 +344,13 @@ static ddl_status execute(ddld_dispatch *d, const ddld_cmd *cmd, struct payload 
         st = ddl_session_step(d->s, p->x, p->x_bytes, p->labels, cmd->arg[0], &p->step);
         break;
     case DDLD_OP_TRAIN: {
-        ddl_train_request r = {.steps = cmd->arg[0], .epochs = cmd->arg[1]};
+        ddl_train_request r  = {.steps = cmd->arg[0], .epochs = cmd->arg[1]};
+        ddl_interlude     il = {d->rank == 0 ? interlude_want : NULL,
+                            d->rank == 0 ? interlude_run0 : interlude_run, d};
+        ddl_session_set_interlude(d->s, d->cfg->serve_during_train ? &il : NULL);
         st = ddl_session_train(d->s, &r, d->rank == 0 ? progress_cb : NULL, d->rank == 0 ? p : NULL,
                                &p->train);
+        ddl_session_set_interlude(d->s, NULL);
         break;
     }
     case DDLD_OP_EVAL_SPLIT:
@@ -415,7 +446,7 @@ static ddl_status run(ddld_dispatch *d, int op, int flags, int64_t a0, int64_t a
         d->weights_version++;
     }
     ddl_status st = execute(d, &cmd, p);
-    if (op != DDLD_OP_QUIT) {
+    if (op != DDLD_OP_QUIT && op != DDLD_OP_RESUME) {
         note_step_bytes(d, &cmd, p, st); // the workers do the same after each command
         ddld_metrics_collect(d->ctrl);
     }
@@ -432,25 +463,30 @@ static long worker_nap_ns(long nap_ns, double idle_s)
     return nap_ns > cap ? cap : nap_ns < 50000 ? 50000 : nap_ns;
 }
 
+// Ranks > 0: the next command header from rank 0.
+static void recv_cmd(ddld_dispatch *d, ddld_cmd *cmd)
+{
+    MPI_Request req;
+    int         done   = 0;
+    long        nap_ns = 50000;
+    double      t0     = MPI_Wtime();
+    ddld_channel_check(MPI_Ibcast(cmd, (int)sizeof *cmd, MPI_BYTE, 0, d->ctrl, &req), "MPI_Ibcast");
+    for (;;) {
+        ddld_channel_check(MPI_Test(&req, &done, MPI_STATUS_IGNORE), "MPI_Test");
+        if (done) {
+            return;
+        }
+        struct timespec ts = {.tv_sec = 0, .tv_nsec = nap_ns};
+        nanosleep(&ts, NULL);
+        nap_ns = worker_nap_ns(nap_ns, MPI_Wtime() - t0);
+    }
+}
+
 int ddld_dispatch_worker_loop(ddld_dispatch *d)
 {
     for (;;) {
-        ddld_cmd    cmd;
-        MPI_Request req;
-        int         done   = 0;
-        long        nap_ns = 50000;
-        double      t0     = MPI_Wtime();
-        ddld_channel_check(MPI_Ibcast(&cmd, (int)sizeof cmd, MPI_BYTE, 0, d->ctrl, &req),
-                           "MPI_Ibcast");
-        for (;;) {
-            ddld_channel_check(MPI_Test(&req, &done, MPI_STATUS_IGNORE), "MPI_Test");
-            if (done) {
-                break;
-            }
-            struct timespec ts = {.tv_sec = 0, .tv_nsec = nap_ns};
-            nanosleep(&ts, NULL);
-            nap_ns = worker_nap_ns(nap_ns, MPI_Wtime() - t0);
-        }
+        ddld_cmd cmd;
+        recv_cmd(d, &cmd);
         if (cmd.op == DDLD_OP_QUIT) {
             return (int)cmd.arg[0];
         }
@@ -534,6 +570,13 @@ void ddld_dispatch_destroy(ddld_dispatch **pd)
         ddld_g.batches = NULL;
         pthread_mutex_unlock(&ddld_g.mu);
     }
+    for (int i = 0; i < d->npend; i++) { // none unless shutdown skipped the last batch
+        pending_free(&d->pend[i]);
+    }
+    ddl_free(d->pend);
+    ddl_free(d->delays);
+    ddl_free(d->bx);
+    ddl_free(d->bo);
     ddl_free(d->xbuf);
     ddl_free(d->lbuf);
     *pd = NULL;
@@ -565,38 +608,39 @@ static void *grow(void **buf, size_t *cap, size_t need)
     return *buf;
 }
 
+// numel values of a validated input (raw, of datatype) into dst in the model dtype.
+static void convert_input(ddld_dispatch *d, const char *datatype, const uint8_t *raw, int64_t numel,
+                          void *dst)
+{
+    const ddld_model_info *mi = &ddld_g.info; // stable: only this thread replaces it
+    if (strcmp(datatype, "UINT8") != 0) {
+        memcpy(dst, raw, (size_t)numel * ddl_dtype_size(mi->dtype));
+    } else if (mi->dtype == DDL_F64) {
+        double *o = dst;
+        for (int64_t i = 0; i < numel; i++) {
+            o[i] = d->lut[raw[i]];
+        }
+    } else {
+        float *o = dst;
+        for (int64_t i = 0; i < numel; i++) {
+            o[i] = (float)d->lut[raw[i]];
+        }
+    }
+}
+
 // The model-dtype view of a validated input: the request's own bytes when they already are
 // the model dtype (and aligned), otherwise converted once into a reused buffer.
 static const void *input_data(ddld_dispatch *d, const char *datatype, const uint8_t *raw,
                               int64_t numel, size_t *bytes)
 {
-    const ddld_model_info *mi   = &ddld_g.info; // stable: only this thread replaces it
-    size_t                 item = ddl_dtype_size(mi->dtype);
-    *bytes                      = (size_t)numel * item;
-    if (strcmp(datatype, "UINT8") != 0) {
-        if (((uintptr_t)raw % item) == 0) {
-            return raw;
-        }
-        void *x = grow(&d->xbuf, &d->xcap, *bytes);
-        if (x != NULL) {
-            memcpy(x, raw, *bytes);
-        }
-        return x;
+    size_t item = ddl_dtype_size(ddld_g.info.dtype);
+    *bytes      = (size_t)numel * item;
+    if (strcmp(datatype, "UINT8") != 0 && ((uintptr_t)raw % item) == 0) {
+        return raw;
     }
     void *x = grow(&d->xbuf, &d->xcap, *bytes);
-    if (x == NULL) {
-        return NULL;
-    }
-    if (mi->dtype == DDL_F64) {
-        double *o = x;
-        for (int64_t i = 0; i < numel; i++) {
-            o[i] = d->lut[raw[i]];
-        }
-    } else {
-        float *o = x;
-        for (int64_t i = 0; i < numel; i++) {
-            o[i] = (float)d->lut[raw[i]];
-        }
+    if (x != NULL) {
+        convert_input(d, datatype, raw, numel, x);
     }
     return x;
 }
@@ -1223,29 +1267,223 @@ static void on_evaluate(ddld_dispatch *d, ddld_job *job)
     ddld_call_finish(job->call, GRPC_STATUS_OK, NULL, &r.base);
 }
 
-// Runs Predict on a validated input; *logits (malloc'd) receives [n, classes].
-static ddl_status predict(ddld_dispatch *d, const char *datatype, const uint8_t *raw, int64_t n,
-                          void **logits, size_t *logits_bytes)
+// ---- dynamic batching -------------------------------------------------------------------
+// Validated Predict and ModelInfer calls join a batch; one PREDICT command runs it and each
+// caller gets its own rows. Inference is batch-invariant (ddl_conv_forward_rows,
+// ddl_linear_forward_rows), so those rows are bit for bit what the call alone would get.
+// A batch runs when it holds --max-batch rows (default: the spec's batch_size), reaches a
+// --preferred-batch-sizes size, before any other job (order is kept), or when its oldest
+// call has waited --max-queue-delay-us; the delay applies only once concurrency was seen
+// (the last command answered more than one call), so a lone client never waits. During a
+// Train the batch runs at the next step boundary (an interlude). A call that fails
+// validation is refused before it joins; one cancelled or past its deadline while it waits
+// is dropped from its batch; an engine failure fails every call of the command.
+
+static int64_t max_rows(const ddld_dispatch *d)
+{
+    return d->cfg->max_batch > 0 ? d->cfg->max_batch : ddld_g.info.batch_size;
+}
+
+static void respond_predict(ddld_job *job, const void *logits, int64_t n)
+{
+    const ddld_model_info *mi       = &ddld_g.info;
+    int64_t                shape[2] = {n, mi->classes};
+    Distdl__V1__Tensor     t        = DISTDL__V1__TENSOR__INIT;
+    t.name                          = "logits";
+    t.datatype                      = (char *)ddld_dtype_wire(mi->dtype);
+    t.n_shape                       = 2;
+    t.shape                         = shape;
+    t.raw.data                      = (uint8_t *)logits;
+    t.raw.len                       = (size_t)n * (size_t)mi->classes * ddl_dtype_size(mi->dtype);
+    Distdl__V1__PredictResponse r   = DISTDL__V1__PREDICT_RESPONSE__INIT;
+    r.logits                        = &t;
+    ddld_call_finish(job->call, GRPC_STATUS_OK, NULL, &r.base);
+}
+
+static void respond_infer(ddld_job *job, const void *logits, int64_t n)
+{
+    const Inference__ModelInferRequest              *q        = (const void *)job->msg;
+    const ddld_model_info                           *mi       = &ddld_g.info;
+    int64_t                                          shape[2] = {n, mi->classes};
+    Inference__ModelInferResponse__InferOutputTensor o, *op = &o;
+    inference__model_infer_response__infer_output_tensor__init(&o);
+    o.name                  = "logits";
+    o.datatype              = (char *)ddld_dtype_wire(mi->dtype);
+    o.n_shape               = 2;
+    o.shape                 = shape;
+    ProtobufCBinaryData out = {.len  = (size_t)n * (size_t)mi->classes * ddl_dtype_size(mi->dtype),
+                               .data = (uint8_t *)logits};
+    Inference__ModelInferResponse r = INFERENCE__MODEL_INFER_RESPONSE__INIT;
+    r.model_name                    = (char *)mi->name;
+    r.model_version                 = "1";
+    r.id                            = q->id;
+    r.n_outputs                     = 1;
+    r.outputs                       = &op;
+    r.n_raw_output_contents         = 1;
+    r.raw_output_contents           = &out;
+    ddld_call_finish(job->call, GRPC_STATUS_OK, NULL, &r.base);
+}
+
+static const char *job_what(const ddld_job *job)
+{
+    return job->method == DDLD_M_MODEL_INFER ? "ModelInfer" : "Predict";
+}
+
+static void pending_free(struct pending *p)
+{
+    ddl_free(p->typed);
+    ddld_job_free(p->job);
+}
+
+// One command for pending calls [a, b): their rows joined (the call's own bytes when it is
+// alone), one PREDICT, each call answered with its rows.
+static void run_command(ddld_dispatch *d, int a, int b, bool interleaved)
 {
     const ddld_model_info *mi = &ddld_g.info;
-    struct payload         p;
+    size_t                 es = ddl_dtype_size(mi->dtype);
+    int64_t                N  = 0;
+    double                 t  = ddld_now();
+    for (int i = a; i < b; i++) {
+        N += d->pend[i].n;
+        d->delays[i - a] = t - d->pend[i].job->t_arrived;
+    }
+    struct payload p;
     memset(&p, 0, sizeof p);
-    p.x           = input_data(d, datatype, raw, n * mi->sample_numel, &p.x_bytes);
-    *logits_bytes = (size_t)n * (size_t)mi->classes * ddl_dtype_size(mi->dtype);
-    *logits       = ddl_malloc(*logits_bytes);
-    if (p.x == NULL || *logits == NULL) {
-        ddl_free(*logits);
-        *logits = NULL;
-        return ddl_set_error(DDL_ENOMEM, "out of memory for %lld samples", (long long)n);
+    if (b - a == 1) {
+        p.x = input_data(d, d->pend[a].datatype, d->pend[a].raw, N * mi->sample_numel, &p.x_bytes);
+    } else {
+        p.x_bytes = (size_t)(N * mi->sample_numel) * es;
+        if (grow(&d->bx, &d->bxcap, p.x_bytes) != NULL) {
+            char *dst = d->bx;
+            for (int i = a; i < b; i++) {
+                convert_input(d, d->pend[i].datatype, d->pend[i].raw,
+                              d->pend[i].n * mi->sample_numel, dst);
+                dst += (size_t)(d->pend[i].n * mi->sample_numel) * es;
+            }
+            p.x = d->bx;
+        }
     }
-    p.out         = *logits;
-    p.out_bytes   = *logits_bytes;
-    ddl_status st = run(d, DDLD_OP_PREDICT, 0, n, 0, &p);
-    if (st != DDL_OK) {
-        ddl_free(*logits);
-        *logits = NULL;
+    p.out_bytes   = (size_t)N * (size_t)mi->classes * es;
+    p.out         = grow(&d->bo, &d->bocap, p.out_bytes);
+    ddl_status st = DDL_OK;
+    if (p.x == NULL || p.out == NULL) {
+        st = ddl_set_error(DDL_ENOMEM, "out of memory for %lld samples", (long long)N);
+    } else {
+        st = run(d, DDLD_OP_PREDICT, 0, N, 0, &p);
     }
-    return st;
+    ddld_metrics_batch(N, d->delays, b - a, interleaved);
+    const char *row = p.out;
+    for (int i = a; i < b; i++) {
+        ddld_job *job = d->pend[i].job;
+        if (st != DDL_OK) {
+            fail_engine(job, job_what(job), st);
+        } else if (job->method == DDLD_M_MODEL_INFER) {
+            respond_infer(job, row, d->pend[i].n);
+        } else {
+            respond_predict(job, row, d->pend[i].n);
+        }
+        row += (size_t)(d->pend[i].n * mi->classes) * es;
+        pending_free(&d->pend[i]);
+    }
+}
+
+// Runs every pending call: those cancelled meanwhile are dropped, the rest go in commands
+// of at most max_rows rows (a larger call runs alone), in arrival order.
+static void run_batches(ddld_dispatch *d, bool interleaved)
+{
+    int kept = 0;
+    for (int i = 0; i < d->npend; i++) {
+        ddld_job *job = d->pend[i].job;
+        if (job->call != NULL && ddld_call_cancelled(job->call)) {
+            pthread_mutex_lock(&ddld_g.mu);
+            ddld_g.dropped_calls++;
+            pthread_mutex_unlock(&ddld_g.mu);
+            fail(job, GRPC_STATUS_CANCELLED, "cancelled while waiting for its batch");
+            pending_free(&d->pend[i]);
+        } else {
+            d->pend[kept++] = d->pend[i];
+        }
+    }
+    int     a   = 0;
+    int64_t cap = max_rows(d);
+    while (a < kept) {
+        int     b    = a + 1;
+        int64_t rows = d->pend[a].n;
+        while (b < kept && rows + d->pend[b].n <= cap) {
+            rows += d->pend[b++].n;
+        }
+        run_command(d, a, b, interleaved);
+        d->concurrent = b - a > 1;
+        a             = b;
+    }
+    d->npend = 0;
+    d->prows = 0;
+}
+
+static bool preferred_reached(const ddld_dispatch *d)
+{
+    for (int i = 0; i < d->cfg->npreferred; i++) {
+        if (d->prows == d->cfg->preferred[i]) {
+            return true;
+        }
+    }
+    return false;
+}
+
+// A validated call joins the batch (the job is kept until its command answers it).
+static void join_batch(ddld_dispatch *d, ddld_job *job, const char *datatype, const uint8_t *raw,
+                       void *typed, int64_t n)
+{
+    if (!d->deferred && d->npend > 0 && d->prows + n > max_rows(d)) {
+        run_batches(d, false); // it would not fit: the batch so far runs first
+    }
+    if (d->npend == d->pcap) {
+        int             cap = d->pcap > 0 ? 2 * d->pcap : 64;
+        struct pending *np  = ddl_realloc(d->pend, (size_t)cap * sizeof *np);
+        double         *nd  = np != NULL ? ddl_realloc(d->delays, (size_t)cap * sizeof *nd) : NULL;
+        if (np != NULL) {
+            d->pend = np;
+        }
+        if (nd == NULL) {
+            fail(job, GRPC_STATUS_RESOURCE_EXHAUSTED, "%s: out of memory for its batch",
+                 job_what(job));
+            ddl_free(typed);
+            return; // the job is freed by ddld_dispatch_run
+        }
+        d->delays = nd;
+        d->pcap   = cap;
+    }
+    d->pend[d->npend++] = (struct pending){job, datatype, raw, typed, n};
+    d->prows += n;
+    d->kept = true;
+    if (!d->deferred && (!d->cfg->batching || d->prows >= max_rows(d) || preferred_reached(d))) {
+        run_batches(d, false);
+    }
+}
+
+bool ddld_dispatch_batch_wait(ddld_dispatch *d)
+{
+    double delay = (double)d->cfg->max_queue_delay_us * 1e-6;
+    while (d->npend > 0) {
+        double left = d->pend[0].job->t_arrived + delay - ddld_now();
+        if (!d->concurrent || left <= 0) {
+            run_batches(d, false);
+            return false;
+        }
+        if (ddld_service_queue_depth(d->svc) > 0) {
+            return true; // more calls to take in first
+        }
+        struct timespec ts = {.tv_sec = 0, .tv_nsec = left < 20e-6 ? (long)(left * 1e9) : 20000};
+        nanosleep(&ts, NULL);
+    }
+    return false;
+}
+
+void ddld_dispatch_batch_run(ddld_dispatch *d)
+{
+    if (d->npend > 0) {
+        run_batches(d, false);
+    }
 }
 
 static void on_predict(ddld_dispatch *d, ddld_job *job)
@@ -1270,25 +1508,7 @@ static void on_predict(ddld_dispatch *d, ddld_job *job)
         fail(job, code, "Predict: %s", err);
         return;
     }
-    void      *logits;
-    size_t     lb;
-    ddl_status st = predict(d, q->x->datatype, q->x->raw.data, n, &logits, &lb);
-    if (st != DDL_OK) {
-        fail_engine(job, "Predict", st);
-        return;
-    }
-    int64_t            shape[2]   = {n, ddld_g.info.classes};
-    Distdl__V1__Tensor t          = DISTDL__V1__TENSOR__INIT;
-    t.name                        = "logits";
-    t.datatype                    = (char *)ddld_dtype_wire(ddld_g.info.dtype);
-    t.n_shape                     = 2;
-    t.shape                       = shape;
-    t.raw.data                    = logits;
-    t.raw.len                     = lb;
-    Distdl__V1__PredictResponse r = DISTDL__V1__PREDICT_RESPONSE__INIT;
-    r.logits                      = &t;
-    ddld_call_finish(job->call, GRPC_STATUS_OK, NULL, &r.base);
-    ddl_free(logits);
+    join_batch(d, job, q->x->datatype, q->x->raw.data, NULL, n);
 }
 
 static void on_model_infer(ddld_dispatch *d, ddld_job *job)
@@ -1309,33 +1529,52 @@ static void on_model_infer(ddld_dispatch *d, ddld_job *job)
         fail(job, code, "%s", err);
         return;
     }
-    const Inference__ModelInferRequest__InferInputTensor *in = q->inputs[0];
-    void      *logits;
-    size_t     lb;
-    ddl_status st = predict(d, in->datatype, raw, n, &logits, &lb);
-    ddl_free(typed);
-    if (st != DDL_OK) {
-        fail_engine(job, "ModelInfer", st);
-        return;
+    join_batch(d, job, q->inputs[0]->datatype, raw, typed, n);
+}
+
+// ---- answers between training steps (the interlude) -----------------------------------
+
+// Rank 0, at a step boundary: takes every queued inference call in (refusing the bad
+// ones at once); true when some are pending.
+static bool interlude_want(void *ud)
+{
+    ddld_dispatch *d = ud;
+    ddld_job      *job;
+    d->deferred = true;
+    while ((job = ddld_service_pop_inference(d->svc)) != NULL) {
+        ddld_dispatch_run(d, job);
     }
-    int64_t                                          shape[2] = {n, mi->classes};
-    Inference__ModelInferResponse__InferOutputTensor o, *op = &o;
-    inference__model_infer_response__infer_output_tensor__init(&o);
-    o.name                            = "logits";
-    o.datatype                        = (char *)ddld_dtype_wire(mi->dtype);
-    o.n_shape                         = 2;
-    o.shape                           = shape;
-    ProtobufCBinaryData           out = {.len = lb, .data = logits};
-    Inference__ModelInferResponse r   = INFERENCE__MODEL_INFER_RESPONSE__INIT;
-    r.model_name                      = (char *)mi->name;
-    r.model_version                   = "1";
-    r.id                              = q->id;
-    r.n_outputs                       = 1;
-    r.outputs                         = &op;
-    r.n_raw_output_contents           = 1;
-    r.raw_output_contents             = &out;
-    ddld_call_finish(job->call, GRPC_STATUS_OK, NULL, &r.base);
-    ddl_free(logits);
+    d->deferred = false;
+    return d->npend > 0;
+}
+
+static void interlude_run0(void *ud)
+{
+    ddld_dispatch *d = ud;
+    run_batches(d, true);
+    struct payload p;
+    memset(&p, 0, sizeof p);
+    run(d, DDLD_OP_RESUME, 0, 0, 0, &p);
+}
+
+static void recv_cmd(ddld_dispatch *d, ddld_cmd *cmd);
+
+// The workers: the commands rank 0 sends until RESUME.
+static void interlude_run(void *ud)
+{
+    ddld_dispatch *d = ud;
+    for (;;) {
+        ddld_cmd cmd;
+        recv_cmd(d, &cmd);
+        if (cmd.op == DDLD_OP_RESUME) {
+            return;
+        }
+        struct payload p;
+        memset(&p, 0, sizeof p);
+        ddl_status st = execute(d, &cmd, &p);
+        note_step_bytes(d, &cmd, &p, st);
+        ddld_metrics_collect(d->ctrl);
+    }
 }
 
 static void pull_release(void *ud)
@@ -1611,6 +1850,10 @@ void ddld_dispatch_final_checkpoint(ddld_dispatch *d)
 
 void ddld_dispatch_run(ddld_dispatch *d, ddld_job *job)
 {
+    if (d->npend > 0 && !d->deferred && job->method != DDLD_M_PREDICT &&
+        job->method != DDLD_M_MODEL_INFER) {
+        run_batches(d, false); // calls run in arrival order: the batch before this job
+    }
     d->t_popped = ddld_now();
     ddl_clear_error();
     // A call that was cancelled (or passed its deadline) while it waited in the queue is
@@ -1643,7 +1886,10 @@ void ddld_dispatch_run(ddld_dispatch *d, ddld_job *job)
         fail(job, GRPC_STATUS_INTERNAL, "no handler for method %d", job->method);
         break;
     }
-    ddld_job_free(job);
+    if (!d->kept) {
+        ddld_job_free(job);
+    }
+    d->kept = false;
 }
 
 // ---- start-up ---------------------------------------------------------------------------

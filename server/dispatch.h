@@ -30,6 +30,13 @@ void ddld_dispatch_set_hooks(ddld_dispatch *d, ddld_service *svc, void (*poll)(v
 int ddld_dispatch_startup(ddld_dispatch *d);
 // Validates and runs one job; completes its call; frees the job.
 void ddld_dispatch_run(ddld_dispatch *d, ddld_job *job);
+// Dynamic batching (the main loop, after taking in every queued job): runs the pending
+// inference calls when their batch is due, or waits (sleeping in 20 us steps) until it is
+// due or more jobs are queued. True: jobs are queued, take them in and call again; false:
+// nothing is pending any more.
+bool ddld_dispatch_batch_wait(ddld_dispatch *d);
+// Runs whatever inference calls are pending now (before shutdown).
+void ddld_dispatch_batch_run(ddld_dispatch *d);
 // SIGUSR1: asks for a checkpoint into --checkpoint-dir; a running Train takes it at the
 // next step boundary and goes on, otherwise the main loop runs it when the job ends.
 void ddld_dispatch_request_checkpoint(ddld_dispatch *d);

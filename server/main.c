@@ -66,10 +66,40 @@ static const char usage[] =
     "  --tls-cert PEM --tls-key PEM   serve TLS with this certificate chain and key\n"
     "  --tls-client-ca PEM       mutual TLS: require client certificates from this CA\n"
     "  --insecure                allow a non-loopback --listen without TLS or tokens\n"
+    "  --dynamic-batching on|off concurrent Predict/ModelInfer calls run as one engine\n"
+    "                            command (default on)\n"
+    "  --max-queue-delay-us N    longest a request waits for batch-mates once concurrent\n"
+    "                            requests were seen (default 200)\n"
+    "  --max-batch N             rows per batched command (default: the spec's batch_size)\n"
+    "  --preferred-batch-sizes L comma-separated row counts that run at once when reached\n"
+    "  --serve-during-train on|off  answer inference calls at a running Train's step\n"
+    "                            boundaries (default on; off: they wait for the Train)\n"
     "  --watchdog SECONDS        end the job when a rank has not answered for this long\n"
     "                            (stopped or hung; default 60, 0 = off)\n"
     "Signals: SIGTERM/SIGINT to rank 0, or SIGUSR2 to mpirun, shut down gracefully;\n"
     "SIGUSR1 (to mpirun or rank 0) checkpoints now; SIGHUP to rank 0 reloads --token-file.\n";
+
+static bool parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out);
+
+// "8,16,32": up to max sizes in [1, 2^20], ascending.
+static bool parse_sizes(const char *s, int64_t *out, int max, int *n)
+{
+    char buf[256];
+    if (strlen(s) >= sizeof buf) {
+        return false;
+    }
+    strcpy(buf, s);
+    *n = 0;
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t != NULL;
+         t = strtok_r(NULL, ",", &save)) {
+        int64_t v;
+        if (*n >= max || !parse_int(t, 1, 1 << 20, &v) || (*n > 0 && v <= out[*n - 1])) {
+            return false;
+        }
+        out[(*n)++] = v;
+    }
+    return *n > 0;
+}
 
 static bool parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out)
 {
@@ -92,6 +122,9 @@ static int parse_args(int argc, char **argv, ddld_config *cfg, bool print)
     cfg->data_root         = "/usr/share/datasets/fashion-mnist";
     cfg->max_message_bytes = 64 << 20;
     cfg->queue             = 64;
+    cfg->batching           = true;
+    cfg->serve_during_train = true;
+    cfg->max_queue_delay_us = 200;
     cfg->grace_s           = 5;
     cfg->watchdog_s        = 60;
     for (int i = 1; i < argc; i++) {
@@ -136,7 +169,12 @@ static int parse_args(int argc, char **argv, ddld_config *cfg, bool print)
                                                  "--tls-cert",
                                                  "--tls-key",
                                                  "--tls-client-ca",
-                                                 "--watchdog"};
+                                                 "--watchdog",
+                                                 "--dynamic-batching",
+                                                 "--max-queue-delay-us",
+                                                 "--max-batch",
+                                                 "--preferred-batch-sizes",
+                                                 "--serve-during-train"};
         bool                     known        = false;
         for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) {
             known = known || strcmp(name, with_value[k]) == 0;
@@ -196,6 +234,18 @@ static int parse_args(int argc, char **argv, ddld_config *cfg, bool print)
             cfg->tls_key = val;
         } else if (strcmp(name, "--tls-client-ca") == 0) {
             cfg->tls_client_ca = val;
+        } else if (strcmp(name, "--dynamic-batching") == 0 ||
+                   strcmp(name, "--serve-during-train") == 0) {
+            ok = strcmp(val, "on") == 0 || strcmp(val, "off") == 0;
+            *(name[2] == 'd' ? &cfg->batching : &cfg->serve_during_train) = strcmp(val, "on") == 0;
+        } else if (strcmp(name, "--max-queue-delay-us") == 0) {
+            ok                      = parse_int(val, 0, 1000000, &v);
+            cfg->max_queue_delay_us = v;
+        } else if (strcmp(name, "--max-batch") == 0) {
+            ok             = parse_int(val, 1, 1 << 20, &v);
+            cfg->max_batch = v;
+        } else if (strcmp(name, "--preferred-batch-sizes") == 0) {
+            ok = parse_sizes(val, cfg->preferred, 8, &cfg->npreferred);
         } else if (strcmp(name, "--watchdog") == 0) {
             ok              = parse_int(val, 0, 86400, &v);
             cfg->watchdog_s = (double)v;
@@ -415,17 +465,21 @@ static void serve(const ddld_config *cfg, ddld_dispatch *d, int port)
     while (!r0.shutdown) {
         uv_run(&r0.loop, UV_RUN_ONCE);
         ddld_dispatch_checkpoint_pending(d);
-        ddld_job *job;
-        while (!r0.shutdown && (job = ddld_service_pop(r0.svc)) != NULL) {
-            if (job->method == DDLD_M_INTERNAL && job->internal == DDLD_JOB_SHUTDOWN) {
-                r0.shutdown = true;
-                ddld_job_free(job);
-                break;
+        do {
+            ddld_job *job;
+            while (!r0.shutdown && (job = ddld_service_pop(r0.svc)) != NULL) {
+                if (job->method == DDLD_M_INTERNAL && job->internal == DDLD_JOB_SHUTDOWN) {
+                    r0.shutdown = true;
+                    ddld_job_free(job);
+                    break;
+                }
+                ddld_dispatch_run(d, job);
+                ddld_dispatch_checkpoint_pending(d);
             }
-            ddld_dispatch_run(d, job);
-            ddld_dispatch_checkpoint_pending(d);
-        }
+            // Inference calls waiting for batch-mates: more arrive, or their batch runs.
+        } while (!r0.shutdown && ddld_dispatch_batch_wait(d));
     }
+    ddld_dispatch_batch_run(d); // the calls taken in before the shutdown are answered
     // The order gRPC needs (docs/SERVER.md, "Signals and shutdown"): refuse and fail
     // what is queued, then the final checkpoint while the workers are still here, then
     // the gRPC teardown, and only then release the workers.

@@ -55,6 +55,18 @@ static const double buckets[] = {1e-5, 2.5e-5, 5e-5,   1e-4, 2.5e-4, 5e-4, 1e-3,
                                  5e-3, 1e-2,   2.5e-2, 5e-2, 0.1,    0.25, 0.5,  1,
                                  2.5,  5,      10,     30,   60,     120,  300,  600};
 #define NBUCKETS ((int)(sizeof buckets / sizeof buckets[0]))
+_Static_assert(NBUCKETS == 24, "batch_stats.delay_bucket has a slot per latency bucket");
+
+// Batch sizes (rows per batched inference command): powers of two up to 4096.
+#define NROWB 13
+// What dynamic batching did (dispatch.c): rows per command, requests per command, and each
+// request's wait from its arrival to its command's start (the latency buckets).
+typedef struct batch_stats {
+    uint64_t commands, requests, rows, interleaved;
+    uint64_t rows_bucket[NROWB]; // not cumulative
+    uint64_t delay_bucket[24];   // NBUCKETS, not cumulative
+    double   delay_sum;
+} batch_stats;
 
 typedef struct rpc_stats {
     uint64_t count[NMETHODS][NCODES];
@@ -72,6 +84,7 @@ static struct {
     const ddld_config      *cfg;
     pthread_mutex_t         mu;
     rpc_stats               rpc;
+    batch_stats             batch;
     uint64_t                steps, images, checkpoints;
     double                  images_per_s;
     int64_t                *gather; // size * NREC: the gather's receive buffer (rank 0)
@@ -280,6 +293,36 @@ void ddld_metrics_rpc(int method, grpc_status_code code, double seconds)
     pthread_mutex_unlock(&m.mu);
 }
 
+void ddld_metrics_batch(int64_t rows, const double *delays, int n, bool interleaved)
+{
+    if (!m.enabled || n <= 0) {
+        return;
+    }
+    int rb = 0;
+    while (rb < NROWB - 1 && rows > ((int64_t)1 << rb)) {
+        rb++;
+    }
+    pthread_mutex_lock(&m.mu);
+    m.batch.commands++;
+    m.batch.requests += (uint64_t)n;
+    m.batch.rows += (uint64_t)rows;
+    m.batch.interleaved += interleaved ? 1 : 0;
+    if (rows <= ((int64_t)1 << rb)) {
+        m.batch.rows_bucket[rb]++;
+    }
+    for (int i = 0; i < n; i++) {
+        int b = 0;
+        while (b < NBUCKETS && delays[i] > buckets[b]) {
+            b++;
+        }
+        if (b < NBUCKETS) {
+            m.batch.delay_bucket[b]++;
+        }
+        m.batch.delay_sum += delays[i];
+    }
+    pthread_mutex_unlock(&m.mu);
+}
+
 void ddld_metrics_steps(int64_t steps, int64_t images, double images_per_s)
 {
     if (!m.enabled || steps <= 0) {
@@ -313,7 +356,8 @@ void ddld_metrics_attach(ddld_service *svc)
 
 // Everything a scrape prints, copied under the locks and formatted afterwards.
 struct scrape {
-    rpc_stats rpc;
+    rpc_stats   rpc;
+    batch_stats batch;
     uint64_t  steps, images, checkpoints, collects;
     double    images_per_s, collect_s;
     bool      gathered;
@@ -414,6 +458,41 @@ static void render(FILE *f, const struct scrape *s)
         }
     }
 
+    const batch_stats *bs = &s->batch;
+    family(f, "distdl_inference_batch_rows", "histogram",
+           "Rows (samples) per batched inference command: concurrent Predict and ModelInfer "
+           "calls joined into one (dynamic batching).");
+    uint64_t cum = 0;
+    for (int b = 0; b < NROWB; b++) {
+        cum += bs->rows_bucket[b];
+        fprintf(f, "distdl_inference_batch_rows_bucket{le=\"%d\"} %llu\n", 1 << b,
+                (unsigned long long)cum);
+    }
+    fprintf(f, "distdl_inference_batch_rows_bucket{le=\"+Inf\"} %llu\n",
+            (unsigned long long)bs->commands);
+    fprintf(f, "distdl_inference_batch_rows_sum %llu\n", (unsigned long long)bs->rows);
+    fprintf(f, "distdl_inference_batch_rows_count %llu\n", (unsigned long long)bs->commands);
+    family(f, "distdl_inference_batch_requests_total", "counter",
+           "Inference calls answered by batched commands (divide by "
+           "distdl_inference_batch_rows_count for the calls per command).");
+    fprintf(f, "distdl_inference_batch_requests_total %llu\n", (unsigned long long)bs->requests);
+    family(f, "distdl_inference_interleaved_total", "counter",
+           "Batched inference commands run at a Train's step boundary.");
+    fprintf(f, "distdl_inference_interleaved_total %llu\n", (unsigned long long)bs->interleaved);
+    family(f, "distdl_inference_queue_delay_seconds", "histogram",
+           "Time from an inference call's arrival to the start of the command that ran it.");
+    cum = 0;
+    for (int b = 0; b < NBUCKETS; b++) {
+        cum += bs->delay_bucket[b];
+        fprintf(f, "distdl_inference_queue_delay_seconds_bucket{le=\"%g\"} %llu\n", buckets[b],
+                (unsigned long long)cum);
+    }
+    fprintf(f, "distdl_inference_queue_delay_seconds_bucket{le=\"+Inf\"} %llu\n",
+            (unsigned long long)bs->requests);
+    fprintf(f, "distdl_inference_queue_delay_seconds_sum %.9g\n", bs->delay_sum);
+    fprintf(f, "distdl_inference_queue_delay_seconds_count %llu\n",
+            (unsigned long long)bs->requests);
+
     static const char *const pass_names[DDL_TRAFFIC_NPASSES] = {"forward", "adjoint"};
     family(f, "distdl_primitive_bytes_total", "counter",
            "Payload bytes the parallel primitives moved between ranks, summed over all ranks "
@@ -475,6 +554,7 @@ static int take_scrape(struct scrape *s)
     }
     pthread_mutex_lock(&m.mu);
     s->rpc          = m.rpc;
+    s->batch        = m.batch;
     s->steps        = m.steps;
     s->images       = m.images;
     s->checkpoints  = m.checkpoints;

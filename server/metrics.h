@@ -13,6 +13,8 @@
 #ifndef DDLD_METRICS_H
 #define DDLD_METRICS_H
 
+#include <stdbool.h>
+
 #include <mpi.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -58,6 +60,10 @@ void ddld_metrics_stop(void);
 void ddld_metrics_rpc(int method, grpc_status_code code, double seconds);
 // Training advanced by `steps` optimizer steps over `images` samples; images_per_s is the
 // current throughput (<= 0: unknown, keep the previous value).
+// Rank 0, main thread: one batched inference command of `rows` rows answering n calls,
+// which waited delays[i] seconds from arrival to its start; interleaved: at a Train's step
+// boundary.
+void ddld_metrics_batch(int64_t rows, const double *delays, int n, bool interleaved);
 void ddld_metrics_steps(int64_t steps, int64_t images, double images_per_s);
 // A durable checkpoint was written.
 void ddld_metrics_checkpoint(void);

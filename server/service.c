@@ -1266,16 +1266,16 @@ static void on_op(ddld_call *c, bool ok)
     }
 }
 
-// A call that ended before its job left the queue (the client cancelled it, or its
-// deadline passed): take the job out now, so it frees its queue slot at once and can never
-// run on the ranks. Returns the job (NULL: none queued).
-static ddld_job *unqueue(ddld_service *svc, ddld_call *c)
+// Takes the first queued job that match(job, arg) accepts out of the queue, closing the
+// gap (the others keep their order). Returns it, or NULL.
+static ddld_job *take(ddld_service *svc, bool (*match)(const ddld_job *, const void *),
+                      const void   *arg)
 {
     ddld_job *found = NULL;
     pthread_mutex_lock(&svc->mu);
     for (int i = 0; i < svc->count; i++) {
         ddld_job *j = svc->jobs[(svc->head + i) % svc->cap];
-        if (found == NULL && j->call == c) {
+        if (found == NULL && match(j, arg)) {
             found = j;
         } else if (found != NULL) { // close the gap
             svc->jobs[(svc->head + i - 1) % svc->cap] = j;
@@ -1286,6 +1286,30 @@ static ddld_job *unqueue(ddld_service *svc, ddld_call *c)
     }
     pthread_mutex_unlock(&svc->mu);
     return found;
+}
+
+static bool of_call(const ddld_job *j, const void *c)
+{
+    return j->call == c;
+}
+
+// A call that ended before its job left the queue (the client cancelled it, or its
+// deadline passed): take the job out now, so it frees its queue slot at once and can never
+// run on the ranks. Returns the job (NULL: none queued).
+static ddld_job *unqueue(ddld_service *svc, ddld_call *c)
+{
+    return take(svc, of_call, c);
+}
+
+static bool is_inference(const ddld_job *j, const void *unused)
+{
+    (void)unused;
+    return j->method == DDLD_M_PREDICT || j->method == DDLD_M_MODEL_INFER;
+}
+
+ddld_job *ddld_service_pop_inference(ddld_service *svc)
+{
+    return take(svc, is_inference, NULL);
 }
 
 static void on_close(ddld_call *c)

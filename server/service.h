@@ -46,6 +46,9 @@ ddld_service *ddld_service_start(const ddld_config *cfg, void (*wake)(void *), v
 int ddld_service_queue_depth(ddld_service *svc);
 // Takes the next queued job (NULL when empty). Main thread.
 ddld_job *ddld_service_pop(ddld_service *svc);
+// Takes the first queued Predict or ModelInfer job, ahead of the others (NULL: none).
+// Main thread, at a Train's step boundary (the other jobs wait for the Train).
+ddld_job *ddld_service_pop_inference(ddld_service *svc);
 // Queues an internal job at the front (signals). Main thread.
 void ddld_service_push_internal(ddld_service *svc, int internal);
 // True once a Shutdown call was accepted (a running Train stops at its step boundary).

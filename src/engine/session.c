@@ -54,6 +54,7 @@
 #define SESSION_TEXT_MAX ((int64_t)1 << 30)
 
 struct ddl_session {
+    ddl_interlude il;   // ddl_session_set_interlude (every rank alike)
     MPI_Comm     comm; // our duplicate of the caller's communicator
     int          rank, size;
     ddl_model_t *model;
@@ -721,6 +722,12 @@ static ddl_status plan_train(const ddl_session_t *s, const ddl_train_request *re
     return DDL_OK;
 }
 
+void ddl_session_set_interlude(ddl_session_t *s, const ddl_interlude *il)
+{
+    ddl_interlude none = {NULL, NULL, NULL};
+    s->il              = il != NULL && il->run != NULL ? *il : none;
+}
+
 ddl_status ddl_session_train(ddl_session_t *s, const ddl_train_request *req, ddl_progress_cb cb,
                              void *user_data, ddl_train_result *out)
 {
@@ -797,10 +804,17 @@ ddl_status ddl_session_train(ddl_session_t *s, const ddl_train_request *req, ddl
         if (s->rank == 0 && cb != NULL) {
             stop = cb(&p, user_data) ? 1 : 0;
         }
+        if (s->rank == 0 && s->il.want != NULL && s->il.want(s->il.ud)) {
+            stop |= 2;
+        }
         // The callback's decision reaches every rank at this step boundary.
         if (MPI_Bcast(&stop, 1, MPI_INT, 0, s->comm) != MPI_SUCCESS) {
             st = ddl_set_error(DDL_EMPI, "train: broadcast of the stop flag failed");
             break;
+        }
+        if ((stop & 2) && s->il.run != NULL) {
+            s->il.run(s->il.ud); // inference between steps: the weights stay as they are
+            stop &= 1;
         }
         if (p.epoch_end) {
             esum   = 0;

@@ -34,7 +34,10 @@ class Fixture:
     def __init__(self, h, name, queue=64):
         self.h = h
         self.tr = h.tr
-        self.d = h.start(2, ["--queue", str(queue), "--model", h.spec("lenet5-2.json")], name)
+        # The ranks held by a Train are the point here: inference calls wait for it
+        # (answers between steps, serving_test.py, are turned off).
+        self.d = h.start(2, ["--queue", str(queue), "--model", h.spec("lenet5-2.json"),
+                             "--serve-during-train", "off"], name)
         self.raw = Raw(self.d.address)
         self.pid = rank0_pid(self.d)
         rnd = random.Random(3)

@@ -112,6 +112,20 @@ typedef struct ddl_progress {
 // then has .cancelled set unless that was the last planned step anyway).
 typedef bool (*ddl_progress_cb)(const ddl_progress *p, void *user_data);
 
+// An interlude: the ranks lent to the caller at a step boundary of ddl_session_train, for
+// inference between steps (the daemon's answers during a Train). After each step's
+// callback, rank 0 calls want(ud); when it returns true (decided on rank 0, broadcast
+// with the stop flag), every rank calls run(ud), which may make collective session calls
+// that leave the weights, the optimizer and the cursor as they are (ddl_session_predict,
+// ddl_session_evaluate_batch): the training trajectory is then the same bit for bit. run
+// reports its own errors; the Train goes on. Set it alike on every rank; NULL turns it off.
+typedef struct ddl_interlude {
+    bool (*want)(void *ud); // rank 0
+    void (*run)(void *ud);  // every rank
+    void *ud;
+} ddl_interlude;
+DDL_EXTERN void ddl_session_set_interlude(ddl_session_t *s, const ddl_interlude *il);
+
 // Rank 0's request is the one that counts (broadcast). Exactly one field is > 0.
 typedef struct ddl_train_request {
     int64_t steps;  // > 0: exactly this many steps (crossing epochs as needed), or

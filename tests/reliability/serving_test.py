@@ -1,0 +1,293 @@
+#!/usr/bin/python3
+"""Dynamic batching and answers between training steps (issue 17, sections 3 and 4),
+against a 2-rank distdld with LeNet-5, driven from Debian's python3-grpcio:
+
+  batching   concurrent Predict and ModelInfer calls of 1 to 5 samples each, with a 30 ms
+             --max-queue-delay-us so that they meet: every caller gets exactly the bits the
+             same call got alone beforehand (isolation); /metrics shows fewer commands than
+             calls (they were joined) and the queue delay; bad calls in the same burst (NaN,
+             a wrong shape, an unknown model) are refused with their own error while every
+             good call succeeds; a call whose deadline passes while it waits for batch-mates
+             gets DEADLINE_EXCEEDED alone and is counted in dropped_calls; --dynamic-batching
+             off answers the same bits one command per call.
+  train      Predicts sent in a loop during a 60-step Train are answered at step boundaries
+             (each within a few steps' time, not after the Train; latency reported), and
+             the Train's 60 losses are bit for bit those of the same Train with no
+             predictions (the model re-created from its spec in between).
+  trainoff   --serve-during-train off: a Predict during a Train waits for the whole Train.
+
+  serving_test.py --build B --source S --mpiexec M --mpi-flags F SCENARIO
+"""
+import math
+import os
+import random
+import struct
+import sys
+import threading
+import time
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hostile_common import TR, Failure, Harness, Raw, f32, percentile, wait_for  # noqa: E402
+from ddl_daemon import run_scenarios  # noqa: E402
+import grpc  # noqa: E402
+
+SC = grpc.StatusCode
+SAMPLE = 784
+INF = "/inference.GRPCInferenceService/"
+
+
+class Fixture:
+    def __init__(self, h, name, args):
+        self.h = h
+        self.tr, self.inf = h.tr, h.inf
+        mfile = os.path.join(h.work, name + ".metrics")
+        self.d = h.start(2, ["--model", h.spec("lenet5-2.json"), "--metrics-listen", "127.0.0.1:0",
+                             "--metrics-address-file", mfile] + args, name)
+        wait_for(lambda: os.path.exists(mfile) and open(mfile).read().strip(), 30)
+        self.metrics_addr = open(mfile).read().strip()
+        self.raw = Raw(self.d.address)
+
+    def status(self):
+        code, details, resp = self.raw.call(TR + "GetStatus", b"")
+        if code != SC.OK:
+            raise Failure("GetStatus: %s %s" % (code.name, details))
+        return self.tr.GetStatusResponse.FromString(resp[0])
+
+    def metrics(self):
+        out = {}
+        body = urllib.request.urlopen("http://%s/metrics" % self.metrics_addr, timeout=10).read()
+        for line in body.decode().splitlines():
+            if line.startswith("distdl_inference") and " " in line:
+                k, v = line.rsplit(" ", 1)
+                out[k] = float(v)
+        return out
+
+    def predict_req(self, xs):
+        return self.tr.PredictRequest(x=self.tr.Tensor(
+            datatype="FP32", shape=[len(xs) // SAMPLE, 1, 28, 28], raw=f32(xs))).SerializeToString()
+
+    def infer_req(self, xs, model="lenet5-2"):
+        q = self.inf.ModelInferRequest(model_name=model, id="x")
+        t = q.inputs.add()
+        t.name, t.datatype = "x", "FP32"
+        t.shape.extend([len(xs) // SAMPLE, 1, 28, 28])
+        q.raw_input_contents.append(f32(xs))
+        return q.SerializeToString()
+
+    def call(self, kind, payload, timeout=30):
+        path = TR + "Predict" if kind == "p" else INF + "ModelInfer"
+        code, details, resp = self.raw.call(path, payload, timeout=timeout)
+        if code != SC.OK:
+            return code, details, None
+        if kind == "p":
+            return code, "", self.tr.PredictResponse.FromString(resp[0]).logits.raw
+        return code, "", self.inf.ModelInferResponse.FromString(resp[0]).raw_output_contents[0]
+
+    def finish(self):
+        self.raw.call(TR + "Shutdown", b"")
+        self.raw.close()
+        self.d.wait_exit()
+
+
+def requests_for(f, rnd, n):
+    """n good calls: (kind, payload), Predict and ModelInfer alternating, 1-5 samples."""
+    out = []
+    for i in range(n):
+        xs = [rnd.uniform(-1, 1) for _ in range(SAMPLE * rnd.randint(1, 5))]
+        out.append(("p", f.predict_req(xs)) if i % 2 == 0 else ("i", f.infer_req(xs)))
+    return out
+
+
+def burst(f, calls, timeout=30):
+    """Sends every call at once (one thread each, released together); returns results."""
+    res = [None] * len(calls)
+    gate = threading.Barrier(len(calls))
+
+    def one(i):
+        gate.wait()
+        t0 = time.perf_counter()
+        r = f.call(calls[i][0], calls[i][1], timeout=calls[i][2] if len(calls[i]) > 2 else timeout)
+        res[i] = r + (time.perf_counter() - t0,)
+    th = [threading.Thread(target=one, args=(i,)) for i in range(len(calls))]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join(120)
+    return res
+
+
+def sc_batching(h):
+    bad = []
+    rnd = random.Random(5)
+    f = Fixture(h, "batching", ["--max-queue-delay-us", "30000"])
+    good = requests_for(f, rnd, 24)
+    alone = [f.call(k, p)[2] for k, p in good]  # one at a time: each its own command
+    if any(a is None for a in alone):
+        raise Failure("a call alone failed")
+    m0 = f.metrics()
+    st0 = f.status()
+    nan = [rnd.uniform(-1, 1) for _ in range(SAMPLE)]
+    nan[17] = float("nan")
+    refused = [("p", f.predict_req(nan)),
+               ("p", f.tr.PredictRequest(x=f.tr.Tensor(datatype="FP32", shape=[1, 1, 28, 27],
+                                                        raw=f32([0.0] * 756))).SerializeToString()),
+               ("i", f.infer_req([0.5] * SAMPLE, model="no-such-model"))]
+    expect = [SC.INVALID_ARGUMENT, SC.INVALID_ARGUMENT, SC.NOT_FOUND]
+    # Twice: the first burst shows the daemon concurrency, after which the delay applies.
+    for rnd_i in range(2):
+        res = burst(f, good + refused)
+        for i, (code, details, out, dt) in enumerate(res[:len(good)]):
+            if code != SC.OK:
+                bad.append("call %d: %s %s" % (i, code.name, details))
+            elif out != alone[i]:
+                bad.append("call %d (%s): rows differ from the same call alone" % (i, good[i][0]))
+        for j, (code, details, out, dt) in enumerate(res[len(good):]):
+            if code != expect[j]:
+                bad.append("bad call %d: %s %r (expected %s)" % (j, code.name, details, expect[j].name))
+    m1 = f.metrics()
+    cmds = m1["distdl_inference_batch_rows_count"] - m0["distdl_inference_batch_rows_count"]
+    calls = (m1["distdl_inference_batch_requests_total"] -
+             m0["distdl_inference_batch_requests_total"])
+    rows = m1["distdl_inference_batch_rows_sum"] - m0["distdl_inference_batch_rows_sum"]
+    delay = ((m1["distdl_inference_queue_delay_seconds_sum"] -
+              m0["distdl_inference_queue_delay_seconds_sum"]) / max(calls, 1))
+    print("2 bursts of %d good + %d bad calls: %d calls answered by %d commands (%.1f calls, %.1f "
+          "rows each); mean queue delay %.2f ms; every good call bitwise equal to itself alone"
+          % (len(good), len(refused), calls, cmds, calls / max(cmds, 1), rows / max(cmds, 1),
+             delay * 1e3), flush=True)
+    if calls != 2 * len(good) or not cmds < calls / 2:
+        bad.append("%d calls in %d commands: not joined (expected %d calls, under %d commands)" %
+                   (calls, cmds, 2 * len(good), len(good)))
+    # A deadline that passes while the call waits for batch-mates (the delay is 30 ms and
+    # the daemon has seen concurrency): that call alone fails, its batch-mates succeed.
+    res = burst(f, [good[0] + (0.010,), good[1], good[2]])
+    st1 = f.status()
+    print("deadline 10 ms inside a 30 ms batching delay: %s after %.1f ms; the others %s; "
+          "dropped_calls %d -> %d" % (res[0][0].name, res[0][3] * 1e3,
+                                      [r[0].name for r in res[1:]], st0.dropped_calls,
+                                      st1.dropped_calls), flush=True)
+    if res[0][0] != SC.DEADLINE_EXCEEDED or any(r[0] != SC.OK or r[2] != alone[i + 1]
+                                                 for i, r in enumerate(res[1:])):
+        bad.append("deadline in the batch: %s, others %s" % (res[0][0].name,
+                                                              [r[0].name for r in res[1:]]))
+    if not wait_for(lambda: f.status().dropped_calls > st0.dropped_calls, 5, 0.05):
+        bad.append("the expired call was not counted in dropped_calls")
+    f.finish()
+    # Batching off: the same bits, one command per call.
+    f = Fixture(h, "nobatch", ["--dynamic-batching", "off"])
+    m0 = f.metrics()
+    res = burst(f, good)
+    m1 = f.metrics()
+    cmds = m1["distdl_inference_batch_rows_count"] - m0["distdl_inference_batch_rows_count"]
+    print("--dynamic-batching off: %d calls, %d commands" % (len(good), cmds), flush=True)
+    if any(r[0] != SC.OK or r[2] != alone[i] for i, r in enumerate(res)) or cmds != len(good):
+        bad.append("batching off: %d commands for %d calls, or other bits" % (cmds, len(good)))
+    f.finish()
+    if bad:
+        raise Failure("; ".join(bad[:8]))
+
+
+def train_losses(f, steps):
+    call = f.raw.ch.unary_stream(TR + "Train")(
+        f.tr.TrainRequest(steps=steps, progress_every=1).SerializeToString(), timeout=600)
+    losses, t_first = [], None
+    for r in call:
+        rec = f.tr.TrainProgress.FromString(r)
+        if not rec.finished:
+            losses.append(rec.loss)
+            t_first = t_first or time.perf_counter()
+    return losses
+
+
+def recreate(f):
+    spec = open(f.h.spec("lenet5-2.json")).read()
+    code, details, _ = f.raw.call(TR + "CreateModel", f.tr.CreateModelRequest(
+        spec_json=spec, replace=True).SerializeToString(), timeout=120)
+    if code != SC.OK:
+        raise Failure("CreateModel: %s %s" % (code.name, details))
+
+
+def sc_train(h):
+    bad = []
+    steps = 60
+    f = Fixture(h, "train", [])
+    rnd = random.Random(9)
+    x1 = f.predict_req([rnd.uniform(-1, 1) for _ in range(SAMPLE)])
+    train_losses(f, 1)  # opens the dataset; then the same start for both runs
+    recreate(f)
+    t0 = time.perf_counter()
+    quiet = train_losses(f, steps)
+    t_quiet = time.perf_counter() - t0
+    recreate(f)
+    lat, stop = [], threading.Event()
+    state = {}
+
+    def predictor():
+        while not stop.is_set():
+            s = time.perf_counter()
+            code, details, out = f.call("p", x1, timeout=60)
+            if code != SC.OK:
+                state["err"] = "%s %s" % (code.name, details)
+                return
+            lat.append(time.perf_counter() - s)
+    th = threading.Thread(target=predictor)
+    t0 = time.perf_counter()
+    th.start()
+    busy = train_losses(f, steps)
+    t_busy = time.perf_counter() - t0
+    stop.set()
+    th.join(60)
+    m = f.metrics()
+    step_ms = t_quiet / steps * 1e3
+    print("Train of %d steps: %.1f ms per step alone, %.1f ms with predictions; %d Predicts "
+          "answered during it: p50 %.1f ms, p99 %.1f ms, max %.1f ms; interleaved commands %d"
+          % (steps, step_ms, t_busy / steps * 1e3, len(lat), percentile(lat, 50) * 1e3,
+             percentile(lat, 99) * 1e3, max(lat or [0]) * 1e3,
+             m.get("distdl_inference_interleaved_total", 0)), flush=True)
+    if "err" in state:
+        bad.append("a Predict during the Train failed: " + state["err"])
+    if len(quiet) != steps or busy != quiet:
+        diff = [i for i in range(min(len(quiet), len(busy))) if quiet[i] != busy[i]]
+        bad.append("the losses differ with interleaved predictions (%d and %d records; first "
+                   "differing step %s)" % (len(quiet), len(busy), diff[:1]))
+    # Answered between steps, not after the Train: many answers, none near the Train's length.
+    if len(lat) < steps / 4 or max(lat or [1e9]) > max(0.5 * t_quiet, 20 * step_ms / 1e3):
+        bad.append("%d Predicts during %d steps, slowest %.1f ms (Train %.0f ms)" %
+                   (len(lat), steps, max(lat or [0]) * 1e3, t_quiet * 1e3))
+    if m.get("distdl_inference_interleaved_total", 0) < 1:
+        bad.append("no interleaved command counted")
+    f.finish()
+    if bad:
+        raise Failure("; ".join(bad))
+
+
+def sc_trainoff(h):
+    f = Fixture(h, "trainoff", ["--serve-during-train", "off"])
+    rnd = random.Random(9)
+    x1 = f.predict_req([rnd.uniform(-1, 1) for _ in range(SAMPLE)])
+    train_losses(f, 1)
+    res = {}
+
+    def trainer():
+        t0 = time.perf_counter()
+        train_losses(f, 300)
+        res["train"] = time.perf_counter()
+        res["t0"] = t0
+    th = threading.Thread(target=trainer)
+    th.start()
+    wait_for(lambda: f.status().state == "training", 30, 0.01)
+    code, details, _ = f.call("p", x1, timeout=120)
+    t_ans = time.perf_counter()
+    th.join(120)
+    print("--serve-during-train off: the Predict (%s) answered %.1f ms after the Train ended "
+          "(Train %.0f ms)" % (code.name, (t_ans - res["train"]) * 1e3,
+                               (res["train"] - res["t0"]) * 1e3), flush=True)
+    f.finish()
+    if code != SC.OK or t_ans < res["train"] - 0.05:
+        raise Failure("with --serve-during-train off the Predict came back before the Train ended")
+
+
+if __name__ == "__main__":
+    sys.exit(run_scenarios(Harness, {"batching": sc_batching, "train": sc_train,
+                                     "trainoff": sc_trainoff}))

@@ -13,15 +13,15 @@ $SUDO apt-get install -y -q --no-install-recommends \
     libopenmpi-dev openmpi-bin \
     libopenblas-dev \
     libgrpc-dev protobuf-c-compiler libprotobuf-c-dev \
-    libuv1-dev libjansson-dev zlib1g-dev libssl-dev openssl libmicrohttpd-dev \
+    libuv1-dev libjansson-dev zlib1g-dev libssl-dev openssl libmicrohttpd-dev libgnutls28-dev \
     dataset-fashion-mnist \
     python3 python3-numpy python3-torch \
-    python3-grpcio python3-protobuf protobuf-compiler \
+    python3-grpcio python3-protobuf protobuf-compiler curl python3-requests \
     python3-matplotlib python3-nbconvert python3-ipykernel jupyter-nbconvert \
     tmux iproute2 python3-yaml slurm-wlm munge systemd \
     clang libfuzzer-14-dev libclang-rt-14-dev valgrind
 # What each group is for: the build (compiler, MPI, OpenBLAS, gRPC core + protobuf-c, libuv,
-# jansson, zlib, OpenSSL's libcrypto for TLS checks, libmicrohttpd for /metrics); the data;
+# jansson, zlib, OpenSSL's libcrypto for TLS checks, libmicrohttpd and GnuTLS for /metrics and KServe over HTTP); the data;
 # the PyTorch and grpcio cross-checks; the notebook (Jupyter, matplotlib); the tests of
 # the CLI's progress bar (tmux), two simulated hosts (iproute2), the Kubernetes manifest
 # (python3-yaml), Slurm (slurm-wlm, munge) and the systemd unit (systemd-analyze); and the

@@ -47,7 +47,8 @@
     X(SERVER_READY,   "/inference.GRPCInferenceService/ServerReady",   UNARY,         INFER, CQ,     inference__server_ready_request,   kserve)        \
     X(MODEL_READY,    "/inference.GRPCInferenceService/ModelReady",    UNARY,         INFER, CQ,     inference__model_ready_request,    kserve)        \
     X(MODEL_METADATA, "/inference.GRPCInferenceService/ModelMetadata", UNARY,         INFER, CQ,     inference__model_metadata_request, kserve)        \
-    X(MODEL_INFER,    "/inference.GRPCInferenceService/ModelInfer",    UNARY,         INFER, ENGINE, inference__model_infer_request,    model_infer)
+    X(MODEL_INFER,    "/inference.GRPCInferenceService/ModelInfer",    UNARY,         INFER, ENGINE, inference__model_infer_request,    model_infer)    \
+    X(SERVER_METADATA, "/inference.GRPCInferenceService/ServerMetadata", UNARY,        INFER, CQ,     inference__server_metadata_request, kserve)
 // clang-format on
 
 // The kind column as values (DDL_RPC_<kind>).

@@ -121,45 +121,33 @@ static const char *short_name(const char *path)
     return s != NULL ? s + 1 : (path != NULL ? path : "?");
 }
 
-grpc_status_code ddld_auth_check(const ddld_auth *a, int method, const char *path,
-                                 const grpc_metadata_array *md, char *msg, size_t len)
+grpc_status_code ddld_auth_check_value(const ddld_auth *a, int method, const char *path,
+                                       const char *v, size_t vl, int count, char *msg, size_t len)
 {
     msg[0]         = '\0';
     ddld_role need = ddld_auth_required_role(method);
     if (a == NULL || !a->use_tokens || need == DDLD_ROLE_NONE) {
         return GRPC_STATUS_OK;
     }
-    const grpc_slice *value = NULL;
-    int               n     = 0;
-    for (size_t i = 0; i < md->count; i++) {
-        if (grpc_slice_str_cmp(md->metadata[i].key, "authorization") == 0) {
-            value = &md->metadata[i].value;
-            n++;
-        }
-    }
     grpc_status_code code = GRPC_STATUS_UNAUTHENTICATED;
     ddld_role        got  = DDLD_ROLE_NONE;
-    if (n == 0) {
+    if (count == 0) {
         snprintf(msg, len, "%s needs a bearer token (authorization: Bearer <token>)",
                  short_name(path));
-    } else if (n > 1) {
+    } else if (count > 1) {
         snprintf(msg, len, "more than one authorization header");
+    } else if (vl < 7 || strncasecmp(v, "Bearer ", 7) != 0) {
+        snprintf(msg, len, "the authorization header is not \"Bearer <token>\"");
     } else {
-        const char *v  = (const char *)GRPC_SLICE_START_PTR(*value);
-        size_t      vl = GRPC_SLICE_LENGTH(*value);
-        if (vl < 7 || strncasecmp(v, "Bearer ", 7) != 0) {
-            snprintf(msg, len, "the authorization header is not \"Bearer <token>\"");
+        got = ddld_auth_lookup(a, v + 7, vl - 7);
+        if (got == DDLD_ROLE_NONE) {
+            snprintf(msg, len, "invalid token");
+        } else if (got < need) {
+            code = GRPC_STATUS_PERMISSION_DENIED;
+            snprintf(msg, len, "a token of role %s may not call %s (needs role %s)",
+                     ddld_role_name(got), short_name(path), ddld_role_name(need));
         } else {
-            got = ddld_auth_lookup(a, v + 7, vl - 7);
-            if (got == DDLD_ROLE_NONE) {
-                snprintf(msg, len, "invalid token");
-            } else if (got < need) {
-                code = GRPC_STATUS_PERMISSION_DENIED;
-                snprintf(msg, len, "a token of role %s may not call %s (needs role %s)",
-                         ddld_role_name(got), short_name(path), ddld_role_name(need));
-            } else {
-                code = GRPC_STATUS_OK;
-            }
+            code = GRPC_STATUS_OK;
         }
     }
     if (a->verbose) {
@@ -169,6 +157,22 @@ grpc_status_code ddld_auth_check(const ddld_auth *a, int method, const char *pat
                  ddld_role_name(got));
     }
     return code;
+}
+
+grpc_status_code ddld_auth_check(const ddld_auth *a, int method, const char *path,
+                                 const grpc_metadata_array *md, char *msg, size_t len)
+{
+    const grpc_slice *value = NULL;
+    int               n     = 0;
+    for (size_t i = 0; i < md->count; i++) {
+        if (grpc_slice_str_cmp(md->metadata[i].key, "authorization") == 0) {
+            value = &md->metadata[i].value;
+            n++;
+        }
+    }
+    return ddld_auth_check_value(a, method, path,
+                                 value != NULL ? (const char *)GRPC_SLICE_START_PTR(*value) : NULL,
+                                 value != NULL ? GRPC_SLICE_LENGTH(*value) : 0, n, msg, len);
 }
 
 // ---- files ----------------------------------------------------------------------------------
@@ -533,6 +537,13 @@ int ddld_auth_reload_tokens(ddld_auth *a, char *err, size_t errlen)
 bool ddld_auth_uses_tls(const ddld_auth *a)
 {
     return a != NULL && a->cert_pem != NULL;
+}
+
+void ddld_auth_tls_pem(const ddld_auth *a, const char **cert, const char **key, const char **ca)
+{
+    *cert = a != NULL ? a->cert_pem : NULL;
+    *key  = a != NULL ? a->key_pem : NULL;
+    *ca   = a != NULL ? a->client_ca_pem : NULL;
 }
 
 grpc_server_credentials *ddld_auth_server_credentials(ddld_auth *a)

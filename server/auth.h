@@ -79,6 +79,10 @@ int ddld_auth_reload_tokens(ddld_auth *a, char *err, size_t errlen);
 int  ddld_auth_token_count(const ddld_auth *a);
 bool ddld_auth_uses_tls(const ddld_auth *a);
 
+// The PEM texts of --tls-cert, --tls-key and --tls-client-ca (NULL: not given), for the
+// HTTP side's TLS (http.c). The key is NULL once ddld_auth_server_credentials ran.
+void ddld_auth_tls_pem(const ddld_auth *a, const char **cert, const char **key, const char **ca);
+
 // The server credentials for grpc_server_add_http2_port: TLS (requiring and verifying a
 // client certificate when a client CA was given) or insecure. The caller releases them.
 // The private key is wiped from our memory afterwards (gRPC keeps its own copy).
@@ -101,6 +105,11 @@ const char *ddld_role_name(ddld_role r);
 // tokenless auth admits every call. `path` names the method in messages.
 grpc_status_code ddld_auth_check(const ddld_auth *a, int method, const char *path,
                                  const grpc_metadata_array *md, char *msg, size_t len);
+
+// The same decision from the authorization value itself (v, vl bytes; count: how many
+// authorization headers came, 0 or more than 1 refusing the call): the HTTP side's check.
+grpc_status_code ddld_auth_check_value(const ddld_auth *a, int method, const char *path,
+                                       const char *v, size_t vl, int count, char *msg, size_t len);
 
 // Constant-time equality of two n-byte buffers: the time depends on n only.
 bool ddld_ct_equal(const void *a, const void *b, size_t n);

@@ -23,6 +23,8 @@ typedef struct ddld_config {
     double      watchdog_s; // --watchdog: a rank silent this long ends the job (0: off)
     const char *metrics_listen;       // --metrics-listen: Prometheus endpoint (NULL: off)
     const char *metrics_address_file; // --metrics-address-file: its host:port once serving
+    const char *http_listen;          // --http-listen: KServe v2 over HTTP/REST (http.c; NULL: off)
+    const char *http_address_file;    // --http-address-file: its host:port once serving
     // Authentication and TLS (auth.c): files read on rank 0 before serving.
     const char *token_file;    // --token-file: "ROLE TOKEN" lines
     const char *tls_cert;      // --tls-cert: server certificate chain (PEM)

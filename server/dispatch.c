@@ -1319,8 +1319,23 @@ static void respond_infer(ddld_job *job, const void *logits, int64_t n)
     r.id                            = q->id;
     r.n_outputs                     = 1;
     r.outputs                       = &op;
-    r.n_raw_output_contents         = 1;
-    r.raw_output_contents           = &out;
+    // Typed contents on request (binary_data = false); the logits are of the model dtype,
+    // float or double, and the arrays point at them (packed on the wire, no copy here).
+    Inference__InferTensorContents tc = INFERENCE__INFER_TENSOR_CONTENTS__INIT;
+    if (ddld_infer_typed_output(q)) {
+        size_t count = (size_t)n * (size_t)mi->classes;
+        if (mi->dtype == DDL_F64) {
+            tc.n_fp64_contents = count;
+            tc.fp64_contents   = (double *)logits;
+        } else {
+            tc.n_fp32_contents = count;
+            tc.fp32_contents   = (float *)logits;
+        }
+        o.contents = &tc;
+    } else {
+        r.n_raw_output_contents = 1;
+        r.raw_output_contents   = &out;
+    }
     ddld_call_finish(job->call, GRPC_STATUS_OK, NULL, &r.base);
 }
 
@@ -1371,7 +1386,7 @@ static void run_command(ddld_dispatch *d, int a, int b, bool interleaved)
     } else {
         st = run(d, DDLD_OP_PREDICT, 0, N, 0, &p);
     }
-    ddld_metrics_batch(N, d->delays, b - a, interleaved);
+    ddld_metrics_batch(N, d->delays, b - a, interleaved, st == DDL_OK, ddld_now() - t);
     const char *row = p.out;
     for (int i = a; i < b; i++) {
         ddld_job *job = d->pend[i].job;
@@ -1518,6 +1533,12 @@ static void on_model_infer(ddld_dispatch *d, ddld_job *job)
     if (d->s == NULL || (q->model_name[0] != '\0' && strcmp(q->model_name, mi->name) != 0)) {
         fail(job, GRPC_STATUS_NOT_FOUND, "ModelInfer: model \"%.128s\" not found%s", q->model_name,
              d->s == NULL ? " (no model loaded)" : "");
+        return;
+    }
+    if (!ddld_version_served(q->model_version)) {
+        fail(job, GRPC_STATUS_NOT_FOUND,
+             "ModelInfer: model \"%.128s\" has no version \"%.32s\" (only \"1\")", mi->name,
+             q->model_version);
         return;
     }
     const uint8_t   *raw   = NULL;

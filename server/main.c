@@ -34,6 +34,8 @@
 #include "ddl/model.h"
 #include "dispatch.h"
 #include "exit_codes.h"
+#include "http.h"
+#include "listen.h"
 #include "log.h"
 #include "methods.h"
 #include "metrics.h"
@@ -61,6 +63,10 @@ static const char usage[] =
     "  --metrics-listen H:PORT   serve Prometheus metrics at http://H:PORT/metrics (numeric\n"
     "                            address; port 0 picks a free one; off by default)\n"
     "  --metrics-address-file F  write the metrics host:port here once serving\n"
+    "  --http-listen H:PORT      serve the KServe v2 protocol over HTTP/REST at\n"
+    "                            http(s)://H:PORT/v2 (numeric address; port 0 picks a free\n"
+    "                            one; off by default; the same TLS and token rules as gRPC)\n"
+    "  --http-address-file F     write the HTTP host:port here once serving\n"
     "  --token-file FILE         bearer tokens, one \"ROLE TOKEN\" per line (roles admin,\n"
     "                            train, infer; mode 600); calls then need a token\n"
     "  --tls-cert PEM --tls-key PEM   serve TLS with this certificate chain and key\n"
@@ -165,6 +171,8 @@ static int parse_args(int argc, char **argv, ddld_config *cfg, bool print)
                                                  "--grace",
                                                  "--metrics-listen",
                                                  "--metrics-address-file",
+                                                 "--http-listen",
+                                                 "--http-address-file",
                                                  "--token-file",
                                                  "--tls-cert",
                                                  "--tls-key",
@@ -226,6 +234,10 @@ static int parse_args(int argc, char **argv, ddld_config *cfg, bool print)
             cfg->metrics_listen = val; // checked after MPI_Init (ddld_metrics_check_config)
         } else if (strcmp(name, "--metrics-address-file") == 0) {
             cfg->metrics_address_file = val;
+        } else if (strcmp(name, "--http-listen") == 0) {
+            cfg->http_listen = val; // checked after MPI_Init (ddld_http_check_config)
+        } else if (strcmp(name, "--http-address-file") == 0) {
+            cfg->http_address_file = val;
         } else if (strcmp(name, "--token-file") == 0) {
             cfg->token_file = val;
         } else if (strcmp(name, "--tls-cert") == 0) {
@@ -272,6 +284,10 @@ static int parse_args(int argc, char **argv, ddld_config *cfg, bool print)
         // argv only (no files yet), so every rank refuses a non-loopback plaintext listen.
         problem = ddld_auth_config_problem(&ao, cfg->listen, cfg->insecure, auth_problem,
                                            sizeof auth_problem);
+        if (problem == NULL && cfg->http_listen != NULL) { // the same rule for HTTP
+            problem = ddld_auth_config_problem(&ao, cfg->http_listen, cfg->insecure, auth_problem,
+                                               sizeof auth_problem);
+        }
     }
     if (problem != NULL) {
         if (print) {
@@ -355,24 +371,7 @@ static int write_address(const ddld_config *cfg, int port)
     if (cfg->address_file == NULL) {
         return 0;
     }
-    char tmp[PATH_MAX];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", cfg->address_file, (int)getpid());
-    FILE *f = fopen(tmp, "w");
-    if (f == NULL || fputs(text, f) < 0 || fflush(f) != 0 || fsync(fileno(f)) != 0) {
-        ddld_log("--address-file %s: %s", tmp, strerror(errno));
-        if (f != NULL) {
-            fclose(f);
-        }
-        unlink(tmp);
-        return -1;
-    }
-    fclose(f);
-    if (rename(tmp, cfg->address_file) != 0) {
-        ddld_log("--address-file %s: %s", cfg->address_file, strerror(errno));
-        unlink(tmp);
-        return -1;
-    }
-    return 0;
+    return ddld_write_text("--address-file", cfg->address_file, text);
 }
 
 static void close_handle(uv_handle_t *h, void *arg)
@@ -486,6 +485,7 @@ static void serve(const ddld_config *cfg, ddld_dispatch *d, int port)
     ddld_service_close(r0.svc);
     ddld_dispatch_final_checkpoint(d);
     ddld_metrics_stop(); // scrapes see the final checkpoint; the service outlives them
+    ddld_http_stop();    // its calls were all answered by ddld_service_close
 }
 
 static int run_rank0(const ddld_config *cfg, ddld_dispatch *d)
@@ -511,17 +511,25 @@ static int run_rank0(const ddld_config *cfg, ddld_dispatch *d)
         code = DDLD_EXIT_START; // a bad or busy --metrics-listen: before gRPC serves anything
         goto out_metrics;
     }
+    // HTTP before gRPC: TLS takes its copy of the key first (gRPC's credentials wipe ours),
+    // and answers 503 until the service is attached.
+    if (ddld_http_start(cfg) != 0) {
+        code = DDLD_EXIT_START;
+        goto out_http;
+    }
     int port = 0;
     r0.svc   = ddld_service_start(cfg, wake_from_grpc, NULL, &port);
     if (r0.svc == NULL) {
         code = DDLD_EXIT_START;
-        goto out_metrics;
+        goto out_http;
     }
     ddld_metrics_attach(r0.svc);
+    ddld_http_attach(r0.svc);
     if (write_address(cfg, port) != 0) {
         code = DDLD_EXIT_START;
         ddld_metrics_stop();
         ddld_service_close(r0.svc);
+        ddld_http_stop();
         goto out_service;
     }
     serve(cfg, d, port);
@@ -529,7 +537,10 @@ static int run_rank0(const ddld_config *cfg, ddld_dispatch *d)
     // The way out, in the reverse order of the way in; a failed start-up enters it at the
     // label after the last thing it acquired.
 out_service:
+    ddld_http_stop(); // every HTTP call was answered by ddld_service_close
     ddld_service_stop(&r0.svc, code == 0 ? cfg->grace_s : 0);
+out_http:
+    ddld_http_stop(); // NULL-safe and idempotent
 out_metrics:
     ddld_metrics_stop(); // NULL-safe and idempotent
 out_auth:
@@ -613,7 +624,8 @@ int main(int argc, char **argv)
     // The metrics options are checked here, where rank 0 can report them before any rank
     // leaves (MPI_Finalize waits for all): every rank reaches the same verdict alone.
     char why[512];
-    if (ddld_metrics_check_config(&cfg, why, sizeof why) != 0) {
+    if (ddld_metrics_check_config(&cfg, why, sizeof why) != 0 ||
+        ddld_http_check_config(&cfg, why, sizeof why) != 0) {
         if (rank == 0) {
             ddld_log("%s (see --help)", why);
         }

@@ -29,6 +29,7 @@
 #include "channel.h"
 #include "ddl/base.h"
 #include "ddl/primitives.h"
+#include "listen.h"
 #include "log.h"
 #include "methods.h"
 #include "metrics.h"
@@ -100,74 +101,10 @@ static struct {
 
 // ---- the listen address ---------------------------------------------------------------
 
-// Splits and parses HOST:PORT into ss. Pure.
-static int parse_listen(const char *s, struct sockaddr_storage *ss, socklen_t *len, char *err,
-                        size_t errlen)
-{
-    char        host[64];
-    const char *port;
-    memset(ss, 0, sizeof *ss);
-    if (s[0] == '[') {
-        const char *rb = strchr(s, ']');
-        if (rb == NULL || rb[1] != ':' || (size_t)(rb - s - 1) >= sizeof host) {
-            snprintf(err, errlen, "expected [IPV6]:PORT");
-            return -1;
-        }
-        memcpy(host, s + 1, (size_t)(rb - s - 1));
-        host[rb - s - 1] = '\0';
-        port             = rb + 2;
-    } else {
-        const char *colon = strrchr(s, ':');
-        if (colon == NULL || (size_t)(colon - s) >= sizeof host) {
-            snprintf(err, errlen, "expected HOST:PORT with a numeric address, e.g. 127.0.0.1:9090");
-            return -1;
-        }
-        memcpy(host, s, (size_t)(colon - s));
-        host[colon - s] = '\0';
-        port            = colon + 1;
-    }
-    char *end;
-    errno  = 0;
-    long p = strtol(port, &end, 10);
-    if (port[0] < '0' || port[0] > '9' || *end != '\0' || errno != 0 || p < 0 || p > 65535) {
-        snprintf(err, errlen, "port \"%s\" is not a number in 0..65535", port);
-        return -1;
-    }
-    struct sockaddr_in  *v4 = (struct sockaddr_in *)ss;
-    struct sockaddr_in6 *v6 = (struct sockaddr_in6 *)ss;
-    if (s[0] != '[' && inet_pton(AF_INET, host, &v4->sin_addr) == 1) {
-        v4->sin_family = AF_INET;
-        v4->sin_port   = htons((uint16_t)p);
-        *len           = sizeof *v4;
-    } else if (s[0] == '[' && inet_pton(AF_INET6, host, &v6->sin6_addr) == 1) {
-        v6->sin6_family = AF_INET6;
-        v6->sin6_port   = htons((uint16_t)p);
-        *len            = sizeof *v6;
-    } else {
-        snprintf(err, errlen,
-                 "\"%s\" is not a numeric IPv4 address (or a bracketed IPv6 one); names are "
-                 "not resolved",
-                 host);
-        return -1;
-    }
-    return 0;
-}
-
 int ddld_metrics_check_config(const ddld_config *cfg, char *err, size_t errlen)
 {
-    struct sockaddr_storage ss;
-    socklen_t               len;
-    char                    why[256];
-    if (cfg->metrics_address_file != NULL && cfg->metrics_listen == NULL) {
-        snprintf(err, errlen, "--metrics-address-file needs --metrics-listen");
-        return -1;
-    }
-    if (cfg->metrics_listen != NULL &&
-        parse_listen(cfg->metrics_listen, &ss, &len, why, sizeof why) != 0) {
-        snprintf(err, errlen, "--metrics-listen: bad value \"%s\": %s", cfg->metrics_listen, why);
-        return -1;
-    }
-    return 0;
+    return ddld_listen_check("--metrics-listen", cfg->metrics_listen, "--metrics-address-file",
+                             cfg->metrics_address_file, err, errlen);
 }
 
 // ---- lifecycle ----------------------------------------------------------------------------
@@ -273,8 +210,40 @@ void ddld_metrics_collect(MPI_Comm comm)
 
 // ---- hooks ----------------------------------------------------------------------------------
 
+// The inference statistics (the KServe statistics extension, http.c): kept with or without
+// --metrics-listen, under their own mutex.
+static struct {
+    pthread_mutex_t  mu;
+    ddld_infer_stats s;
+} st = {.mu = PTHREAD_MUTEX_INITIALIZER};
+
+static double now_unix(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+void ddld_metrics_infer_stats(ddld_infer_stats *out)
+{
+    pthread_mutex_lock(&st.mu);
+    *out = st.s;
+    pthread_mutex_unlock(&st.mu);
+}
+
 void ddld_metrics_rpc(int method, grpc_status_code code, double seconds)
 {
+    if (method == DDLD_M_PREDICT || method == DDLD_M_MODEL_INFER) {
+        pthread_mutex_lock(&st.mu);
+        if (code == GRPC_STATUS_OK) {
+            st.s.success_count++;
+            st.s.success_s += seconds;
+        } else {
+            st.s.fail_count++;
+            st.s.fail_s += seconds;
+        }
+        pthread_mutex_unlock(&st.mu);
+    }
     if (!m.enabled) {
         return;
     }
@@ -293,9 +262,37 @@ void ddld_metrics_rpc(int method, grpc_status_code code, double seconds)
     pthread_mutex_unlock(&m.mu);
 }
 
-void ddld_metrics_batch(int64_t rows, const double *delays, int n, bool interleaved)
+void ddld_metrics_batch(int64_t rows, const double *delays, int n, bool interleaved, bool ok,
+                        double exec_s)
 {
-    if (!m.enabled || n <= 0) {
+    if (n <= 0) {
+        return;
+    }
+    if (ok) {
+        pthread_mutex_lock(&st.mu);
+        ddld_infer_stats *s = &st.s;
+        s->exec_count++;
+        s->inference_count += (uint64_t)rows;
+        s->exec_s += exec_s;
+        s->last_unix = now_unix();
+        for (int i = 0; i < n; i++) {
+            s->queue_s += delays[i];
+        }
+        s->queue_count += (uint64_t)n;
+        int k = 0;
+        while (k < s->nsizes && s->sizes[k].rows != rows) {
+            k++;
+        }
+        if (k == s->nsizes && k < DDLD_STATS_SIZES) {
+            s->sizes[s->nsizes++].rows = rows;
+        }
+        if (k < DDLD_STATS_SIZES) {
+            s->sizes[k].count++;
+            s->sizes[k].exec_s += exec_s;
+        }
+        pthread_mutex_unlock(&st.mu);
+    }
+    if (!m.enabled) {
         return;
     }
     int rb = 0;
@@ -647,80 +644,23 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     return reply(conn, MHD_HTTP_OK, text, len, true);
 }
 
-static void mhd_log(void *cls, const char *fmt, va_list ap)
-{
-    (void)cls;
-    char msg[512];
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    size_t n = strlen(msg);
-    while (n > 0 && msg[n - 1] == '\n') {
-        msg[--n] = '\0';
-    }
-    ddld_log("metrics: %s", msg);
-}
-
-// host:port, written to a temp file and renamed into place (as --address-file).
-static int write_address(const char *path, const char *addr, int port)
-{
-    char        text[128];
-    const char *colon = strrchr(addr, ':');
-    snprintf(text, sizeof text, "%.*s:%d\n", (int)(colon - addr), addr, port);
-    char tmp[PATH_MAX];
-    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
-    FILE *f = fopen(tmp, "w");
-    if (f == NULL || fputs(text, f) < 0 || fflush(f) != 0 || fsync(fileno(f)) != 0) {
-        ddld_log("--metrics-address-file %s: %s", tmp, strerror(errno));
-        if (f != NULL) {
-            fclose(f);
-        }
-        unlink(tmp);
-        return -1;
-    }
-    fclose(f);
-    if (rename(tmp, path) != 0) {
-        ddld_log("--metrics-address-file %s: %s", path, strerror(errno));
-        unlink(tmp);
-        return -1;
-    }
-    return 0;
-}
-
 int ddld_metrics_start(void)
 {
     if (!m.enabled || m.rank != 0) {
         return 0;
     }
-    const char             *addr = m.cfg->metrics_listen;
-    struct sockaddr_storage ss;
-    socklen_t               len;
-    char                    err[256];
-    if (parse_listen(addr, &ss, &len, err, sizeof err) != 0) {
-        ddld_log("--metrics-listen %s: %s", addr, err);
+    const char *addr = m.cfg->metrics_listen;
+    int         family, port;
+    int         fd = ddld_listen_open("--metrics-listen", addr, &family, &port);
+    if (fd < 0) {
         return -1;
     }
-    // Our own listening socket, so a busy port is reported with its errno and the port
-    // chosen for :0 is known before anyone is told.
-    int fd  = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    int one = 1;
-    if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one) != 0 ||
-        bind(fd, (struct sockaddr *)&ss, len) != 0 || listen(fd, 64) != 0) {
-        ddld_log("--metrics-listen %s: cannot listen: %s", addr, strerror(errno));
-        if (fd >= 0) {
-            close(fd);
-        }
-        return -1;
-    }
-    struct sockaddr_storage bound;
-    socklen_t               blen = sizeof bound;
-    getsockname(fd, (struct sockaddr *)&bound, &blen);
-    int port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port
-                                                 : ((struct sockaddr_in *)&bound)->sin_port);
     unsigned int flags = MHD_USE_AUTO_INTERNAL_THREAD | MHD_USE_ERROR_LOG;
-    if (ss.ss_family == AF_INET6) {
+    if (family == AF_INET6) {
         flags |= MHD_USE_IPv6;
     }
     m.mhd = MHD_start_daemon(flags, 0, NULL, NULL, on_request, NULL, MHD_OPTION_EXTERNAL_LOGGER,
-                             mhd_log, NULL, MHD_OPTION_LISTEN_SOCKET, fd,
+                             ddld_mhd_log, "metrics", MHD_OPTION_LISTEN_SOCKET, fd,
                              MHD_OPTION_CONNECTION_LIMIT, (unsigned int)16,
                              MHD_OPTION_CONNECTION_TIMEOUT, (unsigned int)10, MHD_OPTION_END);
     if (m.mhd == NULL) {
@@ -729,7 +669,8 @@ int ddld_metrics_start(void)
         return -1;
     }
     if (m.cfg->metrics_address_file != NULL &&
-        write_address(m.cfg->metrics_address_file, addr, port) != 0) {
+        ddld_write_address("--metrics-address-file", m.cfg->metrics_address_file, addr, port) !=
+            0) {
         ddld_metrics_stop();
         return -1;
     }

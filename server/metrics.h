@@ -53,6 +53,28 @@ void ddld_metrics_attach(ddld_service *svc);
 // Rank 0: stops the HTTP thread (waits for scrapes in progress). Idempotent.
 void ddld_metrics_stop(void);
 
+// ---- inference statistics (the KServe statistics extension; kept without --metrics-listen)
+
+#define DDLD_STATS_SIZES 64 // distinct command sizes counted (later new sizes are not)
+typedef struct ddld_infer_stats {
+    uint64_t success_count, fail_count;   // Predict and ModelInfer calls, by outcome
+    double   success_s, fail_s;           // their time from arrival to answer
+    uint64_t queue_count;                 // calls that ran in a successful command
+    double   queue_s;                     // their wait from arrival to the command's start
+    uint64_t exec_count, inference_count; // successful commands, and the rows they ran
+    double   exec_s;                      // the commands' time on the ranks
+    double   last_unix;                   // end of the last successful command (0: none)
+    int      nsizes;
+    struct {
+        int64_t  rows;
+        uint64_t count;
+        double   exec_s;
+    } sizes[DDLD_STATS_SIZES]; // per command size, in the order first seen
+} ddld_infer_stats;
+
+// A copy of the statistics since start. Any thread.
+void ddld_metrics_infer_stats(ddld_infer_stats *out);
+
 // ---- hooks (rank 0, any thread) ---------------------------------------------------------
 
 // A call ended with `code` after `seconds` since it arrived. method: a ddld_method, or
@@ -63,7 +85,9 @@ void ddld_metrics_rpc(int method, grpc_status_code code, double seconds);
 // Rank 0, main thread: one batched inference command of `rows` rows answering n calls,
 // which waited delays[i] seconds from arrival to its start; interleaved: at a Train's step
 // boundary.
-void ddld_metrics_batch(int64_t rows, const double *delays, int n, bool interleaved);
+// ok: the command succeeded, taking exec_s seconds (the statistics below count only those).
+void ddld_metrics_batch(int64_t rows, const double *delays, int n, bool interleaved, bool ok,
+                        double exec_s);
 void ddld_metrics_steps(int64_t steps, int64_t images, double images_per_s);
 // A durable checkpoint was written.
 void ddld_metrics_checkpoint(void);

@@ -588,6 +588,17 @@ grpc_status_code ddld_infer_input(const ddld_model_info *mi, const Inference__Mo
                      q->outputs[i]->name);
             return GRPC_STATUS_INVALID_ARGUMENT;
         }
+        for (size_t k = 0; k < q->outputs[i]->n_parameters; k++) {
+            const Inference__ModelInferRequest__InferRequestedOutputTensor__ParametersEntry *e =
+                q->outputs[i]->parameters[k];
+            if (strcmp(e->key, "binary_data") == 0 &&
+                (e->value == NULL || e->value->parameter_choice_case !=
+                                         INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_BOOL_PARAM)) {
+                snprintf(err, errlen,
+                         "ModelInfer: output \"logits\": parameter binary_data must be a bool");
+                return GRPC_STATUS_INVALID_ARGUMENT;
+            }
+        }
     }
     if (q->n_inputs != 1) {
         snprintf(err, errlen, "ModelInfer: expected 1 input, got %zu", q->n_inputs);
@@ -660,4 +671,26 @@ grpc_status_code ddld_infer_input(const ddld_model_info *mi, const Inference__Mo
     *raw_out   = raw;
     *typed_out = typed;
     return GRPC_STATUS_OK;
+}
+
+bool ddld_infer_typed_output(const Inference__ModelInferRequest *q)
+{
+    for (size_t i = 0; i < q->n_outputs; i++) {
+        for (size_t k = 0; k < q->outputs[i]->n_parameters; k++) {
+            const Inference__ModelInferRequest__InferRequestedOutputTensor__ParametersEntry *e =
+                q->outputs[i]->parameters[k];
+            if (strcmp(e->key, "binary_data") == 0 && e->value != NULL &&
+                e->value->parameter_choice_case ==
+                    INFERENCE__INFER_PARAMETER__PARAMETER_CHOICE_BOOL_PARAM &&
+                !e->value->bool_param) {
+                return true;
+            }
+        }
+    }
+    return false;
+}
+
+bool ddld_version_served(const char *version)
+{
+    return version[0] == '\0' || strcmp(version, "1") == 0;
 }

@@ -92,6 +92,15 @@ grpc_status_code ddld_infer_input(const ddld_model_info *mi, const Inference__Mo
                                   const uint8_t **raw, void **typed, int64_t *count, char *err,
                                   size_t errlen);
 
+// True when the request asks for typed outputs: an output "logits" with parameter
+// binary_data = false (validated by ddld_infer_input). Otherwise the logits come as
+// raw_output_contents, as Triton sends them.
+bool ddld_infer_typed_output(const Inference__ModelInferRequest *q);
+
+// The served model has one version, "1" (ModelMetadata lists it): true for it and for ""
+// (the request names none).
+bool ddld_version_served(const char *version);
+
 // A dataset name relative to the data root root_real (itself already resolved): no absolute
 // paths, nothing that climbs out of the root, lexically or through symbolic links. abs
 // (PATH_MAX) receives the resolved path. NOT_FOUND when it does not exist.

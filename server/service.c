@@ -112,6 +112,9 @@ struct ddld_call {
     grpc_byte_buffer *ring[SEND_RING];
     int               nring;
     ddld_call        *next_watch;
+    // Another transport's call (ddld_service_submit): no grpc_call; the outcome goes to done.
+    ddld_call_done done;
+    void          *done_ud;
 
     // SubmitBatch
     int accepted;
@@ -250,9 +253,33 @@ static void send_locked(ddld_call *c, grpc_byte_buffer *bb)
     start_batch(c, ops, n);
 }
 
+// A transport call's outcome: once, then the op side's reference goes.
+static void finish_external(ddld_call *c, grpc_status_code code, const char *msg,
+                            const ProtobufCMessage *resp)
+{
+    pthread_mutex_lock(&c->mu);
+    bool first = !c->dead;
+    c->dead    = true;
+    pthread_mutex_unlock(&c->mu);
+    if (!first) {
+        return;
+    }
+    ddld_metrics_rpc(c->method, code, ddld_now() - c->t_arrived);
+    if (c->live) {
+        c->live = false;
+        atomic_fetch_sub(&active_calls, 1);
+    }
+    c->done(c->done_ud, code, msg, code == GRPC_STATUS_OK ? resp : NULL);
+    call_unref(c);
+}
+
 void ddld_call_finish(ddld_call *c, grpc_status_code code, const char *msg,
                       const ProtobufCMessage *resp)
 {
+    if (c->done != NULL) {
+        finish_external(c, code, msg, resp);
+        return;
+    }
     grpc_byte_buffer *bb = (resp != NULL && code == GRPC_STATUS_OK) ? pack_message(resp) : NULL;
     pthread_mutex_lock(&c->mu);
     if (c->dead) {
@@ -688,10 +715,22 @@ static void kserve_reply(ddld_call *c, const ProtobufCMessage *req)
         ddld_call_finish(c, GRPC_STATUS_OK, NULL, &r.base);
         return;
     }
+    case DDLD_M_SERVER_METADATA: {
+        pthread_mutex_unlock(&ddld_g.mu);
+        Inference__ServerMetadataResponse r            = INFERENCE__SERVER_METADATA_RESPONSE__INIT;
+        char                             *extensions[] = {"binary_tensor_data", "statistics"};
+        r.name                                         = "distdld";
+        r.version                                      = DDLD_VERSION;
+        r.n_extensions                                 = sizeof extensions / sizeof extensions[0];
+        r.extensions                                   = extensions;
+        ddld_call_finish(c, GRPC_STATUS_OK, NULL, &r.base);
+        return;
+    }
     case DDLD_M_MODEL_READY: {
         const Inference__ModelReadyRequest *q = (const void *)req;
         Inference__ModelReadyResponse       r = INFERENCE__MODEL_READY_RESPONSE__INIT;
-        r.ready = serving && has && (q->name[0] == '\0' || strcmp(q->name, name) == 0);
+        r.ready = serving && has && (q->name[0] == '\0' || strcmp(q->name, name) == 0) &&
+                  ddld_version_served(q->version);
         pthread_mutex_unlock(&ddld_g.mu);
         ddld_call_finish(c, GRPC_STATUS_OK, NULL, &r.base);
         return;
@@ -704,6 +743,12 @@ static void kserve_reply(ddld_call *c, const ProtobufCMessage *req)
             pthread_mutex_unlock(&ddld_g.mu);
             finish_code(c, GRPC_STATUS_NOT_FOUND, "model \"%s\" not found%s", qn,
                         has ? "" : " (no model loaded)");
+            return;
+        }
+        if (!ddld_version_served(q->version)) {
+            pthread_mutex_unlock(&ddld_g.mu);
+            finish_code(c, GRPC_STATUS_NOT_FOUND,
+                        "model \"%.128s\" has no version \"%.32s\" (only \"1\")", name, q->version);
             return;
         }
         const ddld_model_info *mi = &ddld_g.info;
@@ -733,7 +778,12 @@ static void kserve_reply(ddld_call *c, const ProtobufCMessage *req)
         r.inputs                                     = &tip;
         r.n_outputs                                  = 1;
         r.outputs                                    = &top;
-        grpc_byte_buffer *bb                         = pack_message(&r.base);
+        if (c->done != NULL) { // r points into the snapshot: answered under its mutex
+            ddld_call_finish(c, GRPC_STATUS_OK, NULL, &r.base);
+            pthread_mutex_unlock(&ddld_g.mu);
+            return;
+        }
+        grpc_byte_buffer *bb = pack_message(&r.base);
         pthread_mutex_unlock(&ddld_g.mu);
         pthread_mutex_lock(&c->mu);
         finish_locked(c, GRPC_STATUS_OK, NULL, bb);
@@ -1035,6 +1085,35 @@ static void queue_call(ddld_call *c, ProtobufCMessage *m)
     }
 }
 
+// Runs a decoded request: the table's where column decides, CQ rows are answered here,
+// ENGINE rows queued for the ranks. STAGED rows never get here (their messages are parsed
+// in place as they arrive). Owns m.
+static void run_message(ddld_call *c, ProtobufCMessage *m)
+{
+    switch (c->method) {
+#define ON_CQ(name, handler)                                                                       \
+    case DDLD_M_##name:                                                                            \
+        answer_##handler(c, m);                                                                    \
+        return;
+#define ON_ENGINE(name, handler)                                                                   \
+    case DDLD_M_##name:                                                                            \
+        queue_call(c, m);                                                                          \
+        return;
+#define ON_STAGED(name, handler)
+#define X(name, path, kind, role, where, request, handler) ON_##where(name, handler)
+        DDL_RPC_METHODS(X)
+#undef X
+#undef ON_CQ
+#undef ON_ENGINE
+#undef ON_STAGED
+    default:
+        protobuf_c_message_free_unpacked(m, NULL);
+        finish_code(c, GRPC_STATUS_UNIMPLEMENTED, "%s: no handler for a whole request message",
+                    methods[c->method].path);
+        return;
+    }
+}
+
 static void on_message(ddld_call *c)
 {
     const struct method_desc *md = &methods[c->method];
@@ -1069,29 +1148,7 @@ static void on_message(ddld_call *c)
                     md->path, md->req->name, len);
         return;
     }
-    // The table's where column decides: CQ rows are answered here, ENGINE rows queued for
-    // the ranks. STAGED rows never get here (their messages are parsed in place above).
-    switch (c->method) {
-#define ON_CQ(name, handler)                                                                       \
-    case DDLD_M_##name:                                                                            \
-        answer_##handler(c, m);                                                                    \
-        return;
-#define ON_ENGINE(name, handler)                                                                   \
-    case DDLD_M_##name:                                                                            \
-        queue_call(c, m);                                                                          \
-        return;
-#define ON_STAGED(name, handler)
-#define X(name, path, kind, role, where, request, handler) ON_##where(name, handler)
-        DDL_RPC_METHODS(X)
-#undef X
-#undef ON_CQ
-#undef ON_ENGINE
-#undef ON_STAGED
-    default:
-        protobuf_c_message_free_unpacked(m, NULL);
-        finish_code(c, GRPC_STATUS_INTERNAL, "%s: no handler on the cq thread", md->path);
-        return;
-    }
+    run_message(c, m);
 }
 
 static void call_free(ddld_call *c)
@@ -1344,6 +1401,50 @@ static void on_close(ddld_call *c)
         }
     }
     call_unref(c);
+}
+
+// ---- calls from other transports (HTTP) ---------------------------------------------------
+
+void ddld_service_submit(ddld_service *svc, ddld_method method, ProtobufCMessage *m,
+                         ddld_call_done done, void *ud)
+{
+    ddld_call *c = method < DDLD_M_COUNT ? ddl_calloc(1, sizeof *c) : NULL;
+    if (c == NULL) {
+        protobuf_c_message_free_unpacked(m, NULL);
+        done(ud, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory for the call", NULL);
+        return;
+    }
+    c->svc       = svc;
+    c->method    = (int)method;
+    c->state     = ST_IDLE;
+    c->done      = done;
+    c->done_ud   = ud;
+    c->t_arrived = ddld_now();
+    c->live      = true;
+    atomic_init(&c->refs, 1); // the op side: dropped by finish_external
+    atomic_fetch_add(&active_calls, 1);
+    pthread_mutex_init(&c->mu, NULL);
+    grpc_metadata_array_init(&c->md);
+    grpc_call_details_init(&c->details);
+    pthread_mutex_lock(&svc->mu);
+    bool closing = svc->closing || svc->stopping;
+    pthread_mutex_unlock(&svc->mu);
+    if (closing && methods[method].where == DDL_RPC_ENGINE) {
+        protobuf_c_message_free_unpacked(m, NULL);
+        finish_code(c, GRPC_STATUS_UNAVAILABLE, "distdld is shutting down");
+        return;
+    }
+    run_message(c, m);
+}
+
+const char *ddld_method_path(ddld_method method)
+{
+    return method < DDLD_M_COUNT ? methods[method].path : "unknown";
+}
+
+const ProtobufCMessageDescriptor *ddld_method_request(ddld_method method)
+{
+    return method < DDLD_M_COUNT ? methods[method].req : NULL;
 }
 
 static void *cq_thread(void *arg)

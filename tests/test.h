@@ -72,11 +72,11 @@ void ddl_test_fail(void) __attribute__((noreturn));
         }                                                                                     \
     } while (0)
 
-// The files of `dir` whose names end in `suffix`, sorted: up to `max` names of at most
-// 255 characters each, written into names[] (name only, no directory). Returns the count;
-// fails the test when dir cannot be read.
-#define DDL_TEST_NAME_MAX 256
-int ddl_test_list_dir(const char *dir, const char *suffix, char (*names)[DDL_TEST_NAME_MAX],
-                      int max);
+// Calls fn("dir/name", ud) for every file of `dir` whose name ends in `suffix`, in sorted
+// name order (so every run and every rank visits them alike). fn returns 1 for a file it
+// checked and 0 for one it passed over (a spec for another world size, say). Returns the
+// sum: the files checked. Fails the test when dir cannot be read.
+int ddl_test_each_file(const char *dir, const char *suffix, int (*fn)(const char *path, void *ud),
+                       void *ud);
 
 #endif // DDL_TEST_H

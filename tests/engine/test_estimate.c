@@ -18,8 +18,10 @@
 
 static int rank, size;
 
-static int check_spec(const char *path)
+// One spec (ddl_test_each_file): returns 1 if it ran (its world size is ours), 0 otherwise.
+static int check_spec(const char *path, void *unused)
 {
+    (void)unused;
     ddl_spec_t *spec = NULL;
     ASSERT_OK(ddl_spec_load(path, 0, &spec));
     if (ddl_spec_world_size(spec) != size) {
@@ -74,13 +76,7 @@ int main(int argc, char **argv)
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     ASSERT_TRUE(argc == 2);
-    char names[64][DDL_TEST_NAME_MAX], path[4400];
-    int  n = ddl_test_list_dir(argv[1], ".json", names, 64);
-    int ran = 0;
-    for (int i = 0; i < n; i++) {
-        snprintf(path, sizeof path, "%.4000s/%.255s", argv[1], names[i]);
-        ran += check_spec(path);
-    }
+    int ran = ddl_test_each_file(argv[1], ".json", check_spec, NULL);
     if (ran == 0) {
         if (rank == 0) {
             printf("SKIP: no spec for %d ranks in %s\n", size, argv[1]);

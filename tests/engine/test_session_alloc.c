@@ -16,8 +16,9 @@
 
 static int rank, size;
 
-// One spec: returns 1 if it ran (its world size is ours), 0 otherwise.
-static int check_spec(const char *path)
+// One spec (ddl_test_each_file): returns 1 if it ran (its world size is ours), 0
+// otherwise; *split counts the specs that ran whose name says "split".
+static int check_spec(const char *path, void *split)
 {
     ddl_spec_t *spec = NULL;
     ASSERT_OK(ddl_spec_load(path, 0, &spec));
@@ -28,7 +29,7 @@ static int check_spec(const char *path)
     }
     // L labels per sample (one per output voxel for a segmentation spec); C * L logits.
     int64_t        B = ddl_spec_batch_size(spec), C = ddl_spec_num_classes(spec);
-    int64_t        L = ddl_spec_label_elems(spec);
+    int64_t        L  = ddl_spec_label_elems(spec);
     ddl_shape      in = ddl_spec_input_shape(spec);
     int64_t        S  = ddl_shape_numel(&in);
     size_t         es = ddl_dtype_size(ddl_spec_dtype(spec));
@@ -92,6 +93,7 @@ static int check_spec(const char *path)
     if (rank == 0) {
         printf("%s: no allocation per step, eval or predict\n", path);
     }
+    *(int *)split += strstr(strrchr(path, '/') + 1, "split") != NULL;
     return 1;
 }
 
@@ -101,16 +103,8 @@ int main(int argc, char **argv)
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     ASSERT_TRUE(argc == 2);
-    char names[64][DDL_TEST_NAME_MAX];
-    int  n = ddl_test_list_dir(argv[1], ".json", names, 64);
-    int ran = 0, split = 0;
-    for (int i = 0; i < n; i++) {
-        char path[4096 + 300];
-        snprintf(path, sizeof path, "%.4000s/%.255s", argv[1], names[i]);
-        int r = check_spec(path);
-        ran += r;
-        split += r && strstr(names[i], "split") != NULL;
-    }
+    int split = 0;
+    int ran   = ddl_test_each_file(argv[1], ".json", check_spec, &split);
     // Every world size we run at has at least one spec; at 2 ranks the split input too.
     ASSERT_TRUE(ran > 0);
     if (size == 2) {

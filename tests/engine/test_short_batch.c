@@ -46,13 +46,13 @@ static ddl_model_t *make_model(const char *text, const char *path, int64_t *mem,
     ddl_spec_t  *spec = NULL;
     ddl_model_t *m    = NULL;
     ASSERT_OK(ddl_spec_parse(text, path, size, &spec));
-    int64_t before = ddl_alloc_bytes_live();
+    int64_t  before = ddl_alloc_bytes_live();
     double   t0     = MPI_Wtime();
     uint64_t n0     = ddl_alloc_count();
     ASSERT_OK(ddl_model_create(MPI_COMM_WORLD, spec, &m));
     *allocs = ddl_alloc_count() - n0;
-    *secs = MPI_Wtime() - t0;
-    *mem  = ddl_alloc_bytes_live() - before;
+    *secs   = MPI_Wtime() - t0;
+    *mem    = ddl_alloc_bytes_live() - before;
     ddl_spec_destroy(&spec);
     return m;
 }
@@ -116,9 +116,10 @@ static void step(ddl_model_t *m, const batch *b)
                                    b->B, &loss, &correct));
 }
 
-// One spec: returns 1 if it ran (its world size is ours), 0 otherwise.
-static int check_spec(const char *path)
+// One spec (ddl_test_each_file): returns 1 if it ran (its world size is ours), 0 otherwise.
+static int check_spec(const char *path, void *unused)
 {
+    (void)unused;
     ddl_spec_t *spec = NULL;
     ASSERT_OK(ddl_spec_load(path, 0, &spec));
     if (ddl_spec_world_size(spec) != size) {
@@ -192,8 +193,8 @@ static int check_spec(const char *path)
         }
         predict(ms, &b, n, b.lg);
         predict(mp, &b, n, lg2);
-        double d = rel_diff(&b, b.lg, lg2, n);
-        worst    = fmax(worst, d);
+        double d   = rel_diff(&b, b.lg, lg2, n);
+        worst      = fmax(worst, d);
         size_t row = (size_t)(b.C * b.L) * b.es;
         if (rank == 0 && memcmp(b.lg, lg2, (size_t)n * row) != 0) {
             TEST_FAIL_("%s: %lld samples: the short batch's logits differ from the padded "
@@ -276,14 +277,6 @@ int main(int argc, char **argv)
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     ASSERT_TRUE(argc == 2);
-    char names[64][DDL_TEST_NAME_MAX];
-    int  n   = ddl_test_list_dir(argv[1], ".json", names, 64);
-    int  ran = 0;
-    for (int i = 0; i < n; i++) {
-        char path[4096 + 300];
-        snprintf(path, sizeof path, "%.4000s/%.255s", argv[1], names[i]);
-        ran += check_spec(path);
-    }
-    ASSERT_TRUE(ran > 0);
+    ASSERT_TRUE(ddl_test_each_file(argv[1], ".json", check_spec, NULL) > 0);
     return ddl_test_mpi_finalize();
 }

@@ -1,7 +1,9 @@
 // tests/support/test_kit.c: the failure path and small helpers shared by unit and MPI tests.
 #include <dirent.h>
+#include <errno.h>
 #include <mpi.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "test.h"
@@ -19,29 +21,50 @@ void ddl_test_fail(void)
     exit(1);
 }
 
-static int by_name(const void *a, const void *b)
+static int by_path(const void *a, const void *b)
 {
-    return strcmp((const char *)a, (const char *)b);
+    return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-int ddl_test_list_dir(const char *dir, const char *suffix, char (*names)[DDL_TEST_NAME_MAX],
-                      int max)
+// The paths live on the C heap, not ddl_malloc's: tests that count the engine's
+// allocations (ddl_alloc_count, ddl_alloc_bytes_live) call fn while they are held.
+int ddl_test_each_file(const char *dir, const char *suffix, int (*fn)(const char *path, void *ud),
+                       void *ud)
 {
     DIR *d = opendir(dir);
     if (d == NULL) {
-        fprintf(stderr, "cannot read the directory %s\n", dir);
-        ddl_test_fail();
+        TEST_FAIL_("cannot read the directory %s: %s", dir, strerror(errno));
     }
-    size_t         sl = strlen(suffix);
-    int            n  = 0;
+    size_t         sl = strlen(suffix), dl = strlen(dir);
+    char         **paths = NULL;
+    int            n = 0, cap = 0;
     struct dirent *e;
-    while ((e = readdir(d)) != NULL && n < max) {
+    while ((e = readdir(d)) != NULL) {
         size_t len = strlen(e->d_name);
-        if (len > sl && len < DDL_TEST_NAME_MAX && strcmp(e->d_name + len - sl, suffix) == 0) {
-            snprintf(names[n++], DDL_TEST_NAME_MAX, "%s", e->d_name);
+        if (len <= sl || strcmp(e->d_name + len - sl, suffix) != 0) {
+            continue;
         }
+        if (n == cap) {
+            cap         = cap > 0 ? 2 * cap : 32;
+            char **grow = realloc(paths, (size_t)cap * sizeof *paths);
+            if (grow == NULL) {
+                TEST_FAIL_("out of memory listing %s", dir);
+            }
+            paths = grow;
+        }
+        size_t bytes = dl + 1 + len + 1;
+        if ((paths[n] = malloc(bytes)) == NULL) {
+            TEST_FAIL_("out of memory listing %s", dir);
+        }
+        snprintf(paths[n++], bytes, "%s/%s", dir, e->d_name);
     }
     closedir(d);
-    qsort(names, (size_t)n, sizeof names[0], by_name);
-    return n;
+    qsort(paths, (size_t)n, sizeof *paths, by_path); // one directory: the order of the names
+    int checked = 0;
+    for (int i = 0; i < n; i++) {
+        checked += fn(paths[i], ud);
+        free(paths[i]);
+    }
+    free(paths);
+    return checked;
 }

@@ -1403,7 +1403,8 @@ static void run_command(ddld_dispatch *d, int a, int b, bool interleaved)
 }
 
 // Runs every pending call: those cancelled meanwhile are dropped, the rest go in commands
-// of at most max_rows rows (a larger call runs alone), in arrival order.
+// of at most max_rows rows (a larger call runs alone), in arrival order; with
+// --dynamic-batching off, one command per call (also at a Train's step boundary).
 static void run_batches(ddld_dispatch *d, bool interleaved)
 {
     int kept = 0;
@@ -1424,7 +1425,7 @@ static void run_batches(ddld_dispatch *d, bool interleaved)
     while (a < kept) {
         int     b    = a + 1;
         int64_t rows = d->pend[a].n;
-        while (b < kept && rows + d->pend[b].n <= cap) {
+        while (d->cfg->batching && b < kept && rows + d->pend[b].n <= cap) {
             rows += d->pend[b++].n;
         }
         run_command(d, a, b, interleaved);

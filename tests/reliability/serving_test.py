@@ -15,6 +15,8 @@ against a 2-rank distdld with LeNet-5, driven from Debian's python3-grpcio:
              the Train's 60 losses are bit for bit those of the same Train with no
              predictions (the model re-created from its spec in between).
   trainoff   --serve-during-train off: a Predict during a Train waits for the whole Train.
+  trainsolo  --dynamic-batching off: calls answered at a Train's step boundaries still run one
+             command each, with 4 clients predicting concurrently.
 
   serving_test.py --build B --source S --mpiexec M --mpi-flags F SCENARIO
 """
@@ -262,6 +264,46 @@ def sc_train(h):
         raise Failure("; ".join(bad))
 
 
+def sc_trainsolo(h):
+    """--dynamic-batching off during a Train: 4 concurrent predictors, and every command
+    answered at a step boundary still carries one call."""
+    f = Fixture(h, "trainsolo", ["--dynamic-batching", "off"])
+    rnd = random.Random(5)
+    x1 = f.predict_req([rnd.uniform(-1, 1) for _ in range(SAMPLE)])
+    train_losses(f, 1)
+    m0 = f.metrics()
+    stop, state, count = threading.Event(), {}, [0]
+
+    def predictor():
+        while not stop.is_set():
+            code, details, _ = f.call("p", x1, timeout=60)
+            if code != SC.OK:
+                state["err"] = "%s %s" % (code.name, details)
+                return
+            count[0] += 1
+    ths = [threading.Thread(target=predictor) for _ in range(4)]
+    for t in ths:
+        t.start()
+    train_losses(f, 40)
+    stop.set()
+    for t in ths:
+        t.join(60)
+    m1 = f.metrics()
+    cmds = m1["distdl_inference_batch_rows_count"] - m0["distdl_inference_batch_rows_count"]
+    calls = (m1["distdl_inference_batch_requests_total"] -
+             m0["distdl_inference_batch_requests_total"])
+    inter = (m1.get("distdl_inference_interleaved_total", 0) -
+             m0.get("distdl_inference_interleaved_total", 0))
+    print("--dynamic-batching off, 4 predictors during a 40-step Train: %d calls in %d "
+          "commands, %d of them at step boundaries" % (calls, cmds, inter), flush=True)
+    f.finish()
+    if "err" in state:
+        raise Failure("a Predict during the Train failed: " + state["err"])
+    if calls != cmds or inter < 2:
+        raise Failure("with --dynamic-batching off, %d calls ran in %d commands (%d interleaved)"
+                      % (calls, cmds, inter))
+
+
 def sc_trainoff(h):
     f = Fixture(h, "trainoff", ["--serve-during-train", "off"])
     rnd = random.Random(9)
@@ -290,4 +332,4 @@ def sc_trainoff(h):
 
 if __name__ == "__main__":
     sys.exit(run_scenarios(Harness, {"batching": sc_batching, "train": sc_train,
-                                     "trainoff": sc_trainoff}))
+                                     "trainoff": sc_trainoff, "trainsolo": sc_trainsolo}))

@@ -67,7 +67,6 @@ struct req {
     // the route, decided from the URL and the headers
     int  method; // a ddld_method, ROUTE_STATS, or -1 (answered from `status` at once)
     char model[256], version[64];
-    bool head_only;
     // the body
     char  *body;
     size_t len, cap;
@@ -798,7 +797,6 @@ static void route(struct req *r, const char *url, const char *method)
     bool get =
         strcmp(method, MHD_HTTP_METHOD_GET) == 0 || strcmp(method, MHD_HTTP_METHOD_HEAD) == 0;
     bool post    = strcmp(method, MHD_HTTP_METHOD_POST) == 0;
-    r->head_only = strcmp(method, MHD_HTTP_METHOD_HEAD) == 0;
     r->method    = -1;
     int  want    = -1;
     bool is_post = false;

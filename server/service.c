@@ -1442,11 +1442,6 @@ const char *ddld_method_path(ddld_method method)
     return method < DDLD_M_COUNT ? methods[method].path : "unknown";
 }
 
-const ProtobufCMessageDescriptor *ddld_method_request(ddld_method method)
-{
-    return method < DDLD_M_COUNT ? methods[method].req : NULL;
-}
-
 static void *cq_thread(void *arg)
 {
     ddld_service *svc = arg;

@@ -72,7 +72,7 @@ void ddld_job_free(ddld_job *job);
 // answered from the snapshot or refused at once), or the main thread.
 typedef void (*ddld_call_done)(void *ud, grpc_status_code code, const char *msg,
                                const ProtobufCMessage *resp);
-// Runs request m (owned; a message of ddld_method_request(method)) exactly as a gRPC call
+// Runs request m (owned; a message of the method's request type) exactly as a gRPC call
 // of `method` would run: a CQ row is answered here, from the snapshot; an ENGINE row is
 // queued for the ranks (refused RESOURCE_EXHAUSTED when --queue jobs wait, UNAVAILABLE
 // once shutdown began) and joins dynamic batching like any other. The caller has already
@@ -80,9 +80,8 @@ typedef void (*ddld_call_done)(void *ud, grpc_status_code code, const char *msg,
 // cancelled. Any thread.
 void ddld_service_submit(ddld_service *svc, ddld_method method, ProtobufCMessage *m,
                          ddld_call_done done, void *ud);
-// The method's gRPC path and request descriptor (the table, proto/rpc_methods.h).
-const char                       *ddld_method_path(ddld_method method);
-const ProtobufCMessageDescriptor *ddld_method_request(ddld_method method);
+// The method's gRPC path (the table, proto/rpc_methods.h).
+const char *ddld_method_path(ddld_method method);
 
 // Completes a call: status, message (NULL: none) and an optional response. Any thread;
 // never while another batch of the call is outstanding.

@@ -368,11 +368,7 @@ static int curve_rows(char (*spec)[3][PATH_MAX], const int *nps, int nnp, int re
         }
         fflush(stdout);
     }
-    char cmd[PATH_MAX + 16];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
-    if (system(cmd) != 0) {
-        fprintf(stderr, "bench-infer: could not remove %s\n", tmp);
-    }
+    bench_tmp_done("bench-infer", tmp, 0); // removed whatever rc says, as before
     return rc;
 }
 
@@ -563,14 +559,6 @@ int main(int argc, char **argv)
         bench_daemon_stop(&d[i]);
     }
     free(x);
-    if (rc == 0) {
-        char cmd[PATH_MAX + 16];
-        snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
-        if (system(cmd) != 0) {
-            fprintf(stderr, "bench-infer: could not remove %s\n", tmp);
-        }
-    } else {
-        fprintf(stderr, "bench-infer: logs in %s\n", tmp);
-    }
+    bench_tmp_done("bench-infer", tmp, rc);
     return rc;
 }

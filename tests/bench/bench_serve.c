@@ -1400,15 +1400,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench-serve: %d row(s) or checks with errors (see above)\n", g_errors);
         rc = 1;
     }
-    if (rc == 0) {
-        char cmd[PATH_MAX + 16];
-        snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
-        if (system(cmd) != 0) {
-            fprintf(stderr, "bench-serve: could not remove %s\n", tmp);
-        }
-    } else {
-        fprintf(stderr, "bench-serve: logs in %s\n", tmp);
-    }
+    bench_tmp_done("bench-serve", tmp, rc);
     free(ph.infer_req);
     free(ph.ready_req);
     free(test_px);

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <limits.h>
 #include <math.h>
 #include <signal.h>
 #include <spawn.h>
@@ -208,4 +209,17 @@ void bench_daemon_stop(bench_daemon *d)
     kill(d->pid, SIGKILL); // our own child, after 30 s of a shutdown not taking
     waitpid(d->pid, NULL, 0);
     d->pid = 0;
+}
+
+void bench_tmp_done(const char *prog, const char *tmp, int rc)
+{
+    if (rc != 0) {
+        fprintf(stderr, "%s: logs in %s\n", prog, tmp);
+        return;
+    }
+    char cmd[PATH_MAX + 16];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
+    if (system(cmd) != 0) {
+        fprintf(stderr, "%s: could not remove %s\n", prog, tmp);
+    }
 }

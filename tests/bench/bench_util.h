@@ -26,6 +26,10 @@ typedef struct bench_proc_sample {
 
 bench_proc_sample bench_proc_read(pid_t pid);
 
+// The end of a bench's temporary directory: removed when rc is 0, else kept and named on
+// stderr ("<prog>: logs in DIR") for the daemons' logs.
+void bench_tmp_done(const char *prog, const char *tmp, int rc);
+
 // This program's path (/proc/self/exe: links resolved); NULL when it cannot be read.
 const char *bench_self_exe(void);
 

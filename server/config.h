@@ -38,6 +38,8 @@ typedef struct ddld_config {
     int64_t preferred[8];       // --preferred-batch-sizes: run at once on reaching one
     int     npreferred;
     bool    serve_during_train; // --serve-during-train on|off (default on)
+    int     serve_share_pct;    // --serve-during-train-share: most of a Train's time spent
+                                // answering (percent; 100: at every step boundary)
 } ddld_config;
 
 #endif // DDLD_CONFIG_H

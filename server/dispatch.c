@@ -151,6 +151,9 @@ struct ddld_dispatch {
     bool            deferred;   // collecting at a step boundary: never run from join_batch
     void           *bx, *bo;    // the joined inputs and outputs (grown, reused)
     size_t          bxcap, bocap;
+    // The running Train's answers (rank 0): when it started and the time its interludes
+    // took, against --serve-during-train-share.
+    double train_t0, il_spent;
 };
 
 // A validated Predict or ModelInfer call waiting for its batch.
@@ -1156,6 +1159,8 @@ static void on_train(ddld_dispatch *d, ddld_job *job)
     double         loss_sum = 0, acc_sum = 0, seconds = 0;
     ddl_status     st;
     set_state("training");
+    d->train_t0 = ddld_now();
+    d->il_spent = 0;
     for (;;) {
         memset(&p, 0, sizeof p);
         p.tctx      = &t;
@@ -1557,7 +1562,14 @@ static void on_model_infer(ddld_dispatch *d, ddld_job *job)
 // ---- answers between training steps (the interlude) -----------------------------------
 
 // Rank 0, at a step boundary: takes every queued inference call in (refusing the bad
-// ones at once); true when some are pending.
+// ones at once); true when some are pending and the Train's answers so far took at most
+// --serve-during-train-share of its time. An interlude costs about the same whether it
+// answers one call or a full batch (the command round trips, the forward's fixed part,
+// and on a small host the callers' own CPU), so under load the budget spaces the
+// interludes out and each one answers every call that waited; a call arriving at a Train
+// not under load is answered at the next boundary. What is left when the Train ends runs
+// at once after it (ddld_dispatch_batch_wait: those calls are past their delay).
+#define IL_CREDIT_S 0.02
 static bool interlude_want(void *ud)
 {
     ddld_dispatch *d = ud;
@@ -1567,16 +1579,29 @@ static bool interlude_want(void *ud)
         ddld_dispatch_run(d, job);
     }
     d->deferred = false;
-    return d->npend > 0;
+    if (d->npend == 0) {
+        return false;
+    }
+    // The budget is of the recent past: a Train that ran long without calls has saved at
+    // most IL_CREDIT_S of answering, so a burst of calls does not stop its steps for long.
+    double allowed = 0.01 * d->cfg->serve_share_pct * (ddld_now() - d->train_t0);
+    if (allowed - d->il_spent > IL_CREDIT_S) {
+        d->il_spent = allowed - IL_CREDIT_S;
+    }
+    return d->il_spent <= allowed;
 }
 
 static void interlude_run0(void *ud)
 {
-    ddld_dispatch *d = ud;
+    ddld_dispatch *d  = ud;
+    double         t0 = ddld_now();
     run_batches(d, true);
     struct payload p;
     memset(&p, 0, sizeof p);
     run(d, DDLD_OP_RESUME, 0, 0, 0, &p);
+    double dt = ddld_now() - t0;
+    d->il_spent += dt;
+    ddld_metrics_interlude(dt);
 }
 
 static void recv_cmd(ddld_dispatch *d, ddld_cmd *cmd);

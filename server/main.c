@@ -80,6 +80,8 @@ static const char usage[] =
     "  --preferred-batch-sizes L comma-separated row counts that run at once when reached\n"
     "  --serve-during-train on|off  answer inference calls at a running Train's step\n"
     "                            boundaries (default on; off: they wait for the Train)\n"
+    "  --serve-during-train-share PCT  most of a running Train's time its answers may\n"
+    "                            take, in percent (default 5; 100: every step boundary)\n"
     "  --watchdog SECONDS        end the job when a rank has not answered for this long\n"
     "                            (stopped or hung; default 60, 0 = off)\n"
     "Signals: SIGTERM/SIGINT to rank 0, or SIGUSR2 to mpirun, shut down gracefully;\n"
@@ -130,6 +132,7 @@ static int parse_args(int argc, char **argv, ddld_config *cfg, bool print)
     cfg->queue             = 64;
     cfg->batching           = true;
     cfg->serve_during_train = true;
+    cfg->serve_share_pct    = 5;
     cfg->max_queue_delay_us = 200;
     cfg->grace_s           = 5;
     cfg->watchdog_s        = 60;
@@ -182,7 +185,8 @@ static int parse_args(int argc, char **argv, ddld_config *cfg, bool print)
                                                  "--max-queue-delay-us",
                                                  "--max-batch",
                                                  "--preferred-batch-sizes",
-                                                 "--serve-during-train"};
+                                                 "--serve-during-train",
+                                                 "--serve-during-train-share"};
         bool                     known        = false;
         for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) {
             known = known || strcmp(name, with_value[k]) == 0;
@@ -250,6 +254,9 @@ static int parse_args(int argc, char **argv, ddld_config *cfg, bool print)
                    strcmp(name, "--serve-during-train") == 0) {
             ok = strcmp(val, "on") == 0 || strcmp(val, "off") == 0;
             *(name[2] == 'd' ? &cfg->batching : &cfg->serve_during_train) = strcmp(val, "on") == 0;
+        } else if (strcmp(name, "--serve-during-train-share") == 0) {
+            ok                   = parse_int(val, 1, 100, &v);
+            cfg->serve_share_pct = (int)v;
         } else if (strcmp(name, "--max-queue-delay-us") == 0) {
             ok                      = parse_int(val, 0, 1000000, &v);
             cfg->max_queue_delay_us = v;

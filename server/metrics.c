@@ -64,6 +64,7 @@ _Static_assert(NBUCKETS == 24, "batch_stats.delay_bucket has a slot per latency 
 // request's wait from its arrival to its command's start (the latency buckets).
 typedef struct batch_stats {
     uint64_t commands, requests, rows, interleaved;
+    double   interlude_s; // time the Trains lent to answers (interludes, first command to RESUME)
     uint64_t rows_bucket[NROWB]; // not cumulative
     uint64_t delay_bucket[24];   // NBUCKETS, not cumulative
     double   delay_sum;
@@ -259,6 +260,16 @@ void ddld_metrics_rpc(int method, grpc_status_code code, double seconds)
     if (b < NBUCKETS) {
         m.rpc.bucket[mi][ci][b]++;
     }
+    pthread_mutex_unlock(&m.mu);
+}
+
+void ddld_metrics_interlude(double seconds)
+{
+    if (!m.enabled) {
+        return;
+    }
+    pthread_mutex_lock(&m.mu);
+    m.batch.interlude_s += seconds;
     pthread_mutex_unlock(&m.mu);
 }
 
@@ -476,6 +487,10 @@ static void render(FILE *f, const struct scrape *s)
     family(f, "distdl_inference_interleaved_total", "counter",
            "Batched inference commands run at a Train's step boundary.");
     fprintf(f, "distdl_inference_interleaved_total %llu\n", (unsigned long long)bs->interleaved);
+    family(f, "distdl_inference_interlude_seconds_total", "counter",
+           "Time Trains lent the ranks to inference at step boundaries (bounded by "
+           "--serve-during-train-share).");
+    fprintf(f, "distdl_inference_interlude_seconds_total %.9g\n", bs->interlude_s);
     family(f, "distdl_inference_queue_delay_seconds", "histogram",
            "Time from an inference call's arrival to the start of the command that ran it.");
     cum = 0;

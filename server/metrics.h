@@ -88,6 +88,8 @@ void ddld_metrics_rpc(int method, grpc_status_code code, double seconds);
 // ok: the command succeeded, taking exec_s seconds (the statistics below count only those).
 void ddld_metrics_batch(int64_t rows, const double *delays, int n, bool interleaved, bool ok,
                         double exec_s);
+// Rank 0, main thread: a Train lent the ranks to inference for `seconds` at a step boundary.
+void ddld_metrics_interlude(double seconds);
 void ddld_metrics_steps(int64_t steps, int64_t images, double images_per_s);
 // A durable checkpoint was written.
 void ddld_metrics_checkpoint(void);

@@ -5,11 +5,12 @@
 //
 //   bench-serve [--seconds D] [--clients 1,8,32,100] [--np 1,2] [--batching off,on]
 //               [--train-steps K] [--train-rounds R] [--max-queue-delay-us U] [--queue N]
-//               [--no-http] [--bind-to POLICY] [--specs DIR] [--data DIR]
+//               [--serve-share PCT] [--no-http] [--bind-to POLICY] [--specs DIR] [--data DIR]
 //
 // It starts one distdld per (np, batching) pair itself, under mpirun like bench-infer:
 // `--model SPECS/lenet5-NP.json --queue N --dynamic-batching off|on --max-queue-delay-us U
-// --serve-during-train on --metrics-listen 127.0.0.1:0`, listening on 127.0.0.1 port 0 for
+// --serve-during-train on --serve-during-train-share PCT (default 5, the daemon's)
+// --metrics-listen 127.0.0.1:0`, listening on 127.0.0.1 port 0 for
 // gRPC and (without --no-http) `--http-listen 127.0.0.1:0 --http-address-file F` for HTTP.
 // Per daemon:
 //   full batch  one client, Predict of batch_size test images (UINT8), median of 20 after
@@ -763,6 +764,7 @@ typedef struct options {
     int         max_clients; // connections opened (the Train interleave needs TRAIN_CLIENTS)
     int         train_steps, train_rounds;
     int         delay_us, queue;
+    int         share; // --serve-during-train-share
     bool        http;
     const char *bind_to;
 } options;
@@ -971,9 +973,10 @@ static double median(double *v, int n)
 // more alone at the end: medians of each, so the host's drift shows and mostly cancels.
 static int train_interleave(const config *cf, const options *o, ddl_client_t *c, worker *pool)
 {
-    printf("\ntrain interleave: np %d, batching on, serve-during-train on: %d rounds of a Train "
-           "of %d steps alone, then with %d closed-loop Predict clients; a last one alone; %s\n",
-           cf->np, o->train_rounds, o->train_steps, TRAIN_CLIENTS, load_average());
+    printf("\ntrain interleave: np %d, batching on, serve-during-train on, share %d %%: %d rounds "
+           "of a Train of %d steps alone, then with %d closed-loop Predict clients; a last one "
+           "alone; %s\n",
+           cf->np, o->share, o->train_rounds, o->train_steps, TRAIN_CLIENTS, load_average());
     double    alone[MAX_ROUNDS + 1], with[MAX_ROUNDS], p50[MAX_ROUNDS], p99[MAX_ROUNDS];
     double    calls[MAX_ROUNDS];
     train_run warm = {c, 10, 0};
@@ -1195,7 +1198,8 @@ static void usage(void)
     fprintf(stderr,
             "usage: bench-serve [--seconds D] [--clients 1,8,32,100] [--np 1,2] "
             "[--batching off,on] [--train-steps K] [--train-rounds R] [--max-queue-delay-us U] "
-            "[--queue N] [--no-http] [--bind-to POLICY] [--specs DIR] [--data DIR]\n");
+            "[--queue N] [--serve-share PCT] [--no-http] [--bind-to POLICY] [--specs DIR] "
+            "[--data DIR]\n");
 }
 
 int main(int argc, char **argv)
@@ -1207,6 +1211,7 @@ int main(int argc, char **argv)
                                  .train_rounds = 3,
                                  .delay_us     = 200,
                                  .queue        = 1024,
+                                 .share        = 5,
                                  .http         = true};
     int         nps[MAX_LIST] = {1, 2}, nnp = 2;
     bool        batching[2] = {false, true};
@@ -1221,6 +1226,7 @@ int main(int argc, char **argv)
         O_ROUNDS,
         O_DELAY,
         O_QUEUE,
+        O_SHARE,
         O_NOHTTP,
         O_BIND,
         O_SPECS,
@@ -1234,6 +1240,7 @@ int main(int argc, char **argv)
                                           {"train-rounds", required_argument, 0, O_ROUNDS},
                                           {"max-queue-delay-us", required_argument, 0, O_DELAY},
                                           {"queue", required_argument, 0, O_QUEUE},
+                                          {"serve-share", required_argument, 0, O_SHARE},
                                           {"no-http", no_argument, 0, O_NOHTTP},
                                           {"bind-to", required_argument, 0, O_BIND},
                                           {"specs", required_argument, 0, O_SPECS},
@@ -1273,6 +1280,9 @@ int main(int argc, char **argv)
         case O_QUEUE:
             o.queue = atoi(optarg);
             break;
+        case O_SHARE:
+            o.share = atoi(optarg);
+            break;
         case O_NOHTTP:
             o.http = false;
             break;
@@ -1291,7 +1301,7 @@ int main(int argc, char **argv)
     }
     if (optind != argc || o.seconds <= 0 || o.nclients < 1 || nnp < 1 || nbatching < 1 ||
         o.train_steps < 0 || o.train_rounds < 1 || o.train_rounds > MAX_ROUNDS || o.delay_us < 0 ||
-        o.queue < 1) {
+        o.queue < 1 || o.share < 1 || o.share > 100) {
         return usage(), 2;
     }
     for (int i = 0; i < o.nclients; i++) {
@@ -1330,7 +1340,7 @@ int main(int argc, char **argv)
             config *cf   = &cfg[ncfg++];
             cf->np       = nps[i];
             cf->batching = batching[b];
-            char spec[PATH_MAX], delay[32], queue[32];
+            char spec[PATH_MAX], delay[32], queue[32], share[32];
             snprintf(spec, sizeof spec, "%s/lenet5-%d.json", specs, cf->np);
             snprintf(cf->dir, sizeof cf->dir, "%s/np%d-%s", tmp, cf->np,
                      cf->batching ? "on" : "off");
@@ -1338,6 +1348,7 @@ int main(int argc, char **argv)
             snprintf(cf->metrics_file, sizeof cf->metrics_file, "%s/metrics-addr", cf->dir);
             snprintf(delay, sizeof delay, "%d", o.delay_us);
             snprintf(queue, sizeof queue, "%d", o.queue);
+            snprintf(share, sizeof share, "%d", o.share);
             if (spec_name(spec, cf->model, sizeof cf->model) != 0 || mkdir(cf->dir, 0700) != 0) {
                 rc = 1;
                 break;
@@ -1352,6 +1363,8 @@ int main(int argc, char **argv)
                                   delay,
                                   "--serve-during-train",
                                   "on",
+                                  "--serve-during-train-share",
+                                  share,
                                   "--metrics-listen",
                                   "127.0.0.1:0",
                                   "--metrics-address-file",

@@ -17,11 +17,16 @@ against a 2-rank distdld with LeNet-5, driven from Debian's python3-grpcio:
   trainoff   --serve-during-train off: a Predict during a Train waits for the whole Train.
   trainsolo  --dynamic-batching off: calls answered at a Train's step boundaries still run one
              command each, with 4 clients predicting concurrently.
+  trainshare --serve-during-train-share: bad values are refused (exit 2, naming the flag);
+             with 4 clients predicting through a 200-step Train, every call is answered and
+             the interludes (distdl_inference_interlude_seconds_total) take at most the
+             share of the Train's time, plus the last one, at shares 100 and 1.
 
   serving_test.py --build B --source S --mpiexec M --mpi-flags F SCENARIO
 """
 import math
 import os
+import subprocess
 import random
 import struct
 import sys
@@ -264,12 +269,12 @@ def sc_train(h):
         raise Failure("; ".join(bad))
 
 
-def sc_trainsolo(h):
-    """--dynamic-batching off during a Train: 4 concurrent predictors, and every command
-    answered at a step boundary still carries one call."""
-    f = Fixture(h, "trainsolo", ["--dynamic-batching", "off"])
+def predictors_during_train(f, n, steps, samples=1):
+    """n clients predicting `samples` samples in a loop through a Train of `steps` steps;
+    every call must succeed. Returns the calls made, the Train's wall time (s) and the
+    change of every distdl_inference_* metric."""
     rnd = random.Random(5)
-    x1 = f.predict_req([rnd.uniform(-1, 1) for _ in range(SAMPLE)])
+    x1 = f.predict_req([rnd.uniform(-1, 1) for _ in range(SAMPLE * samples)])
     train_losses(f, 1)
     m0 = f.metrics()
     stop, state, count = threading.Event(), {}, [0]
@@ -281,27 +286,75 @@ def sc_trainsolo(h):
                 state["err"] = "%s %s" % (code.name, details)
                 return
             count[0] += 1
-    ths = [threading.Thread(target=predictor) for _ in range(4)]
+    ths = [threading.Thread(target=predictor) for _ in range(n)]
     for t in ths:
         t.start()
-    train_losses(f, 40)
+    wait_for(lambda: count[0] >= 2 * n or "err" in state, 30, 0.005)  # all of them calling
+    t0 = time.perf_counter()
+    train_losses(f, steps)
+    t_train = time.perf_counter() - t0
     stop.set()
     for t in ths:
         t.join(60)
     m1 = f.metrics()
-    cmds = m1["distdl_inference_batch_rows_count"] - m0["distdl_inference_batch_rows_count"]
-    calls = (m1["distdl_inference_batch_requests_total"] -
-             m0["distdl_inference_batch_requests_total"])
-    inter = (m1.get("distdl_inference_interleaved_total", 0) -
-             m0.get("distdl_inference_interleaved_total", 0))
-    print("--dynamic-batching off, 4 predictors during a 40-step Train: %d calls in %d "
-          "commands, %d of them at step boundaries" % (calls, cmds, inter), flush=True)
-    f.finish()
     if "err" in state:
         raise Failure("a Predict during the Train failed: " + state["err"])
+    return count[0], t_train, {k: m1[k] - m0.get(k, 0) for k in m1}
+
+
+def sc_trainsolo(h):
+    """--dynamic-batching off during a Train: 4 concurrent predictors, and every command
+    answered at a step boundary still carries one call."""
+    f = Fixture(h, "trainsolo", ["--dynamic-batching", "off"])
+    _, _, dm = predictors_during_train(f, 4, 40)
+    f.finish()
+    cmds = dm["distdl_inference_batch_rows_count"]
+    calls = dm["distdl_inference_batch_requests_total"]
+    inter = dm.get("distdl_inference_interleaved_total", 0)
+    print("--dynamic-batching off, 4 predictors during a 40-step Train: %d calls in %d "
+          "commands, %d of them at step boundaries" % (calls, cmds, inter), flush=True)
     if calls != cmds or inter < 2:
         raise Failure("with --dynamic-batching off, %d calls ran in %d commands (%d interleaved)"
                       % (calls, cmds, inter))
+
+
+def sc_trainshare(h):
+    for bad in ["0", "101", "5%", ""]:
+        cmd = ([h.mpiexec, "-np", "2"] + h.mpi_flags +
+               [h.distdld, "--listen", "127.0.0.1:0", "--serve-during-train-share", bad])
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        want = '--serve-during-train-share: bad value "%s"' % bad
+        if r.returncode != 2 or want not in r.stdout + r.stderr:
+            raise Failure("--serve-during-train-share %r: expected exit 2 naming it, got %d:\n%s"
+                          % (bad, r.returncode, (r.stdout + r.stderr)[-2000:]))
+        print("  refused (exit 2): --serve-during-train-share %r" % bad, flush=True)
+    # The interludes take at most the share of the Train's time, plus the last one (the
+    # budget is checked before each; 30 ms of slack). 4 clients of 32 samples each keep
+    # share 100 busy (25-35 % of the Train here), far above share 1's bound, so a budget
+    # that did not hold would fail.
+    steps, bad, spent = 200, [], {}
+    for share in [100, 1]:
+        f = Fixture(h, "share%d" % share, ["--serve-during-train-share", str(share)])
+        calls, t_train, dm = predictors_during_train(f, 4, steps, 32)
+        f.finish()
+        inter = int(dm.get("distdl_inference_interleaved_total", 0))
+        spent[share] = dm.get("distdl_inference_interlude_seconds_total", 0)
+        bound = 0.01 * t_train + 0.03
+        print("--serve-during-train-share %d: 4 predictors during a %d-step Train of %.0f ms: "
+              "%d calls, %d interleaved commands taking %.1f ms (%.1f %%; share 1's bound "
+              "%.1f ms)" % (share, steps, t_train * 1e3, calls, inter, spent[share] * 1e3,
+                            100 * spent[share] / t_train, bound * 1e3), flush=True)
+        if inter < 1 or spent[share] <= 0:
+            bad.append("share %d: no answer between steps (%d commands, %.1f ms)"
+                       % (share, inter, spent[share] * 1e3))
+        if share == 100 and spent[share] <= bound:
+            bad.append("share 100 spent %.1f ms, not above share 1's bound (%.1f ms): the "
+                       "load does not test the budget" % (spent[share] * 1e3, bound * 1e3))
+        if share == 1 and spent[share] > bound:
+            bad.append("share 1: interludes took %.1f ms of a %.0f ms Train (bound %.1f ms)"
+                       % (spent[share] * 1e3, t_train * 1e3, bound * 1e3))
+    if bad:
+        raise Failure("; ".join(bad))
 
 
 def sc_trainoff(h):
@@ -332,4 +385,5 @@ def sc_trainoff(h):
 
 if __name__ == "__main__":
     sys.exit(run_scenarios(Harness, {"batching": sc_batching, "train": sc_train,
-                                     "trainoff": sc_trainoff, "trainsolo": sc_trainsolo}))
+                                     "trainoff": sc_trainoff, "trainsolo": sc_trainsolo,
+                                     "trainshare": sc_trainshare}))

@@ -431,6 +431,7 @@ struct flat {
     const char *dt;
     size_t      n, cap, es;
     void       *v;
+    bool        oom; // the error is a shortage (500), not the request's (400)
     char        err[256];
 };
 
@@ -441,6 +442,7 @@ static bool flat_push(struct flat *fl, json_t *x, size_t at)
         void  *nv   = ddl_realloc(fl->v, ncap * fl->es);
         if (nv == NULL) {
             snprintf(fl->err, sizeof fl->err, "out of memory for the input's data");
+            fl->oom = true;
             return false;
         }
         fl->v   = nv;
@@ -592,6 +594,11 @@ static ProtobufCMessage *infer_request(struct req *r, unsigned int *status, char
     }
     json_error_t je;
     json_t *root = json_loadb(r->body != NULL ? r->body : "", jlen, JSON_REJECT_DUPLICATES, &je);
+    if (root == NULL && json_error_code(&je) == json_error_out_of_memory) {
+        *status = MHD_HTTP_INTERNAL_SERVER_ERROR;
+        snprintf(err, errlen, "out of memory for the JSON request");
+        return NULL;
+    }
     if (root == NULL) {
         snprintf(err, errlen, "malformed JSON at line %d, column %d: %s", je.line, je.column,
                  je.text);
@@ -709,7 +716,12 @@ static ProtobufCMessage *infer_request(struct req *r, unsigned int *status, char
         bool        ok = flatten(&fl, data, 0);
         owned[i]       = fl.v;
         if (!ok) {
-            snprintf(err, errlen, "inputs[%zu].%s", i, fl.err);
+            // A path for the request's mistakes (inputs[0].data[3]: ...), a sentence for
+            // a shortage of the server's.
+            snprintf(err, errlen, fl.oom ? "inputs[%zu]: %s" : "inputs[%zu].%s", i, fl.err);
+            if (fl.oom) {
+                *status = MHD_HTTP_INTERNAL_SERVER_ERROR;
+            }
             nin++;
             goto out;
         }

@@ -9,16 +9,17 @@ the daemon: the K-th ddl_malloc of that rank from the start of the daemon's own 
 returns NULL, once. A first run without a failure counts rank 0's allocations (N) over
 start-up (--model, --token-file, --metrics-listen) and a representative session:
 
-  GetStatus, Step (inline batch), Predict, ModelInfer (typed contents), PullWeights,
-  PushWeights (the pulled weights back), a /metrics scrape, CreateModel (replace),
-  Shutdown.
+  GetStatus, Step (inline batch), Predict, ModelInfer (typed contents), the same rows
+  through KServe v2 over HTTP (--http-listen: POST .../infer with JSON tensors, then GET
+  .../stats), PullWeights, PushWeights (the pulled weights back), a /metrics scrape,
+  CreateModel (replace), Shutdown.
 
 Then one daemon per K. Every run must end in one of two ways, within RUN_BUDGET s:
   - start-up refused: mpirun exits 2 (DDLD_EXIT_START) without serving, with a log line
     that names the shortage, and no process of the job is left;
   - served: every call ends OK with a correct answer (shapes, finite values, Predict ==
-    ModelInfer on the same rows, the pulled bytes pushed back) or with RESOURCE_EXHAUSTED
-    / INTERNAL and a message, a Shutdown (asked again once if it was the one refused)
+    ModelInfer == HTTP infer on the same rows, the pulled bytes pushed back) or with
+    RESOURCE_EXHAUSTED / INTERNAL and a message (HTTP: 429 / 500 with {"error": ...}), a Shutdown (asked again once if it was the one refused)
     ends the job, and mpirun exits 0: every rank left with the same status.
 Never a crash, a hang, a sanitizer report or another exit code.
 
@@ -33,6 +34,7 @@ Shutdown), and RANK1 on rank 1 (the engine's agreement carries it to rank 0). Th
 strided K move with the counts, so the sweep lands on other allocations as code changes.
 """
 import argparse
+import json
 import os
 import re
 import shlex
@@ -81,6 +83,7 @@ class Run:
         self.dir = tempfile.mkdtemp(prefix=name + "-", dir=work)
         self.addr_file = os.path.join(self.dir, "addr")
         self.maddr = os.path.join(self.dir, "maddr")
+        self.haddr = os.path.join(self.dir, "haddr")
         self.log_path = os.path.join(self.dir, "daemon.log")
         tokens = os.path.join(self.dir, "tokens")
         with open(tokens, "w") as f:
@@ -91,6 +94,7 @@ class Run:
             os.path.join(a.build, "bin", "distdld"), "--listen", "127.0.0.1:0",
             "--address-file", self.addr_file, "--model", spec, "--token-file", tokens,
             "--metrics-listen", "127.0.0.1:0", "--metrics-address-file", self.maddr,
+            "--http-listen", "127.0.0.1:0", "--http-address-file", self.haddr,
             "--watchdog", "0", "--grace", "1"]
         env = dict(os.environ, DDLD_TEST_ALLOC_FAIL=inject)
         self.log = open(self.log_path, "w")
@@ -107,12 +111,14 @@ class Run:
         return RUN_BUDGET - (time.time() - self.t0)
 
     def wait_address(self):
-        """The address, or None when the daemon exited before serving."""
+        """The addresses (gRPC, metrics, HTTP), or None when the daemon exited before
+        serving."""
         while self.left() > 0:
-            if os.path.exists(self.addr_file) and os.path.exists(self.maddr):
-                a, m = open(self.addr_file).read().strip(), open(self.maddr).read().strip()
-                if a and m:
-                    return a, m
+            files = (self.addr_file, self.maddr, self.haddr)
+            if all(os.path.exists(f) for f in files):
+                got = tuple(open(f).read().strip() for f in files)
+                if all(got):
+                    return got
             if self.proc.poll() is not None:
                 return None
             time.sleep(0.02)
@@ -148,7 +154,29 @@ def call(c, fn, *args):
         return None, (e.code(), e.details())
 
 
-def session(addr, maddr, left, create=True):
+def http(haddr, method, path, body, t):
+    """(status, parsed JSON body) of an HTTP call to the KServe v2 endpoint."""
+    req = urllib.request.Request("http://%s%s" % (haddr, path), method=method,
+                                 data=None if body is None else json.dumps(body).encode(),
+                                 headers={"Authorization": "Bearer " + TOKEN,
+                                          "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=t) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def http_allowed(code, js, what):
+    """None for 200; the error for 429 / 500 with a message (the gRPC rule); else Failure."""
+    if code == 200:
+        return None
+    if code not in (429, 500) or not isinstance(js.get("error"), str) or not js["error"]:
+        raise Failure("%s: HTTP %d %r (only 429 or 500 with an error message)" % (what, code, js))
+    return "%s: HTTP %d %s" % (what, code, js["error"])
+
+
+def session(addr, maddr, haddr, left, create=True):
     """The representative calls; checks every answer; returns the errors seen."""
     c = ddld_rpc.Client(addr)
     tr, inf = c.tr, c.inf
@@ -201,6 +229,25 @@ def session(addr, maddr, left, create=True):
         out = np.frombuffer(ir.raw_output_contents[0], np.float32).reshape(5, K)
         if logits is not None and not np.allclose(out, logits, rtol=1e-5, atol=1e-6):
             raise Failure("ModelInfer and Predict disagree on the same rows")
+    code, js = http(haddr, "POST", "/v2/models/lenet5-2/infer",
+                    {"id": "h", "inputs": [{"name": "x", "datatype": "FP32", "shape": [5] + shp,
+                                            "data": x[:5].ravel().tolist()}]}, t())
+    err = http_allowed(code, js, "HTTP infer")
+    if err is not None:
+        errors.append(err)
+    else:
+        o = js.get("outputs", [{}])[0]
+        out = np.array(o.get("data", []), np.float32)
+        if o.get("shape") != [5, K] or out.size != 5 * K or (
+                logits is not None and not np.allclose(out.reshape(5, K), logits, rtol=1e-5,
+                                                       atol=1e-6)):
+            raise Failure("HTTP infer: %r disagrees with Predict on the same rows" % (o,))
+    code, js = http(haddr, "GET", "/v2/models/lenet5-2/stats", None, t())
+    err = http_allowed(code, js, "HTTP stats")
+    if err is not None:
+        errors.append(err)
+    elif not js.get("model_stats") or js["model_stats"][0].get("name") != "lenet5-2":
+        raise Failure("HTTP stats: %r" % (js,))
     weights, order = {}, []
     try:
         f = c.ch.unary_stream("/distdl.v1.Trainer/PullWeights",
@@ -270,7 +317,7 @@ def one(a, work, inject, name, create=True):
                 raise Failure("start-up ended with %d without naming the shortage" % rc)
             outcome = "start-up refused (exit 2)"
         else:
-            errors = session(got[0], got[1], run.left, create)
+            errors = session(got[0], got[1], got[2], run.left, create)
             rc = run.wait_exit()
             if rc != 0:
                 raise Failure("mpirun exited %d after the session" % rc)

@@ -922,7 +922,15 @@ static ddl_status create_model(ddld_dispatch *d, const char *what, const char *t
         snprintf(err, errlen, "%s: its checkpoint directory %s (choose another name)", what, why);
         return DDL_EBUSY;
     }
-    if (st == DDL_OK && ddl_spec_output_shape(spec).ndim > 1) {
+    if (st == DDL_OK && ddl_spec_dense_targets(spec)) {
+        // Batch.labels, Evaluate and the logits [n, classes] are a classifier's wire
+        // formats; dense targets over the wire are issue 18's next step.
+        st = ddl_set_error(DDL_EINVAL,
+                           "%s: the loss %s trains on dense targets shaped like the output; "
+                           "the daemon serves classifiers only for now: train it with "
+                           "distdl-train",
+                           source != NULL ? source : "spec", ddl_spec_loss_name(spec));
+    } else if (st == DDL_OK && ddl_spec_output_shape(spec).ndim > 1) {
         // The wire formats (labels per sample, logits [n, classes], KServe shapes) and the
         // IDX datasets are a classifier's; segmentation trains with distdl-train.
         st = ddl_set_error(DDL_EINVAL,

@@ -79,4 +79,8 @@ void ddl_test_fail(void) __attribute__((noreturn));
 int ddl_test_each_file(const char *dir, const char *suffix, int (*fn)(const char *path, void *ud),
                        void *ud);
 
+// "0, 1, ..., P-1" into buf (len bytes): the ranks list of a spec partition over a world
+// of P. Returns buf.
+char *ddl_test_rank_list(int P, char *buf, size_t len);
+
 #endif // DDL_TEST_H

@@ -144,7 +144,17 @@ static void add_model(spec_est *a)
         spec_est_add(a, s->input_partition, SPEC_E_ACT,
                      2 * spec_est_local_numel(s, &in, s->input_partition) * a->item);
     }
-    if (s->label_elems > 1 || s->output.ndim > 1) {
+    if (s->dense) {
+        // Dense targets: rank 0 stages the batch, gathers the output and holds the targets
+        // twice (the session's and the target plan's) plus the generator's int64 scratch;
+        // each output rank its values' losses, their gradient and its box of the targets.
+        const spec_layer *last = &s->layers[s->nlayers - 1];
+        double            E    = (double)s->out_elems;
+        a->per[0][SPEC_E_WORK] +=
+            (double)s->batch * ((sample + E) * a->item + E * (2 * a->item + 8));
+        spec_est_add(a, last->P_out, SPEC_E_WORK,
+                     spec_est_local_numel(s, &last->y_global, last->P_out) * 3 * a->item);
+    } else if (s->label_elems > 1 || s->output.ndim > 1) {
         // Segmentation: rank 0 stages the batch, gathers logits [batch, C, spatial...] and
         // holds the labels three times (the session's int64, the label plan's f64, and the
         // caller's); each output rank its voxels' losses, their gradient and labels.

@@ -96,7 +96,10 @@ struct ddl_model {
     // Segmentation (seg): labels [batch, 1, spatial...] as f64 from rank 0 (lab_root) to
     // the output partition (lab_local), and the summed per-class counts of the last
     // step or evaluation: [hits | intersections (classes) | unions (classes)].
-    bool               seg;
+    // Dense targets (dense): the same plan moves rank 0's targets, shaped like the output
+    // [batch, ...] in the spec's dtype, onto the output partition: lab_local is then this
+    // rank's box of them, laid out as the output's (the loss's target).
+    bool               seg, dense;
     int64_t            label_elems;  // labels per sample (1 for a classifier)
     ddl_repartition_t *lab_plan;
     ddl_tensor_t      *lab_root, *lab_local;
@@ -263,7 +266,8 @@ static ddl_status build_tables(ddl_model_t *m, int nparams)
     // for segmentation one per voxel of this rank's output box (labels_local only).
     const ddl_layer_t *last = m->layers[m->nlayers - 1];
     m->label_elems          = s->label_elems;
-    m->seg                  = last->y_global.ndim > 2;
+    m->dense                = s->dense;
+    m->seg                  = !s->dense && last->y_global.ndim > 2;
     int64_t nl              = s->batch;
     if (m->seg) {
         ddl_box ob = ddl_partition_local_box(last->P_out, &last->y_global);
@@ -286,15 +290,16 @@ static ddl_status build_loss(ddl_model_t *m)
     const ddl_spec_t      *s    = m->spec;
     const ddl_layer_t     *last = m->layers[m->nlayers - 1];
     const ddl_partition_t *Po   = last->P_out;
-    DDL_CHECK(ddl_loss_create(Po, s->dt, &last->y_global, DDL_LOSS_CROSS_ENTROPY, s->reduction,
-                              &m->loss));
-    DDL_CHECK(ddl_loss_create(Po, s->dt, &last->y_global, DDL_LOSS_CROSS_ENTROPY,
-                              DDL_REDUCTION_NONE, &m->loss_each));
+    DDL_CHECK(ddl_loss_create(Po, s->dt, &last->y_global, s->loss, s->reduction, &m->loss));
+    DDL_CHECK(
+        ddl_loss_create(Po, s->dt, &last->y_global, s->loss, DDL_REDUCTION_NONE, &m->loss_each));
     m->loss_root  = ddl_partition_ranks(Po)[0];
     m->out_box    = ddl_partition_local_box(Po, &last->y_global);
     ddl_shape es  = ddl_shape_make(1, (int64_t[]){0});
     const int *ix = ddl_partition_index(Po);
-    if (last->y_global.ndim > 2) {
+    if (s->dense) {
+        es = ddl_loss_x_shape(m->loss_each); // per value: the output's local box
+    } else if (last->y_global.ndim > 2) {
         // Per-voxel losses: every rank its own voxels, the output box without dim 1.
         ddl_shape os = ddl_box_shape(&m->out_box);
         es.ndim      = os.ndim - 1;
@@ -354,19 +359,33 @@ static ddl_status build_output_plan(ddl_model_t *m)
 
 // Segmentation: the plan that moves rank 0's labels [batch, 1, spatial...] (f64) onto the
 // output partition, whose dimension 1 is whole, so each rank gets its voxels' labels.
+// Dense targets: rank 0's targets [batch, ...] (the output's shape and dtype) onto the
+// output partition, so each rank gets the targets of its box of the output.
 static ddl_status build_label_plan(ddl_model_t *m)
 {
-    if (!m->seg) {
+    if (!m->seg && !m->dense) {
         return DDL_OK;
     }
     const ddl_layer_t *last = m->layers[m->nlayers - 1];
     ddl_shape          g    = last->y_global;
-    g.d[1]                  = 1;
-    DDL_CHECK(ddl_repartition_create(m->P_out_root, last->P_out, DDL_F64, &g, NULL, &m->lab_plan));
+    ddl_dtype          dt   = m->dense ? m->spec->dt : DDL_F64;
+    if (m->seg) {
+        g.d[1] = 1;
+    }
+    DDL_CHECK(ddl_repartition_create(m->P_out_root, last->P_out, dt, &g, NULL, &m->lab_plan));
     ddl_shape xs = ddl_repartition_x_shape(m->lab_plan);
     ddl_shape ys = ddl_repartition_y_shape(m->lab_plan);
-    DDL_CHECK(ddl_tensor_create(DDL_F64, &xs, &m->lab_root));
-    DDL_CHECK(ddl_tensor_create(DDL_F64, &ys, &m->lab_local));
+    DDL_CHECK(ddl_tensor_create(dt, &xs, &m->lab_root));
+    DDL_CHECK(ddl_tensor_create(dt, &ys, &m->lab_local));
+    if (m->dense) {
+        ddl_shape want = ddl_loss_x_shape(m->loss);
+        char      a[128], b[128];
+        DDL_REQUIRE(ddl_shape_numel(&want) == 0 ? ddl_tensor_numel(m->lab_local) == 0
+                                                : ddl_shape_equal(&ys, &want),
+                    DDL_EINTERNAL, "model: the target plan delivers %s, the loss expects %s",
+                    ddl_shape_str(&ys, a, sizeof a), ddl_shape_str(&want, b, sizeof b));
+        return DDL_OK;
+    }
     DDL_REQUIRE(ddl_tensor_numel(m->lab_local) == ddl_tensor_numel(m->loss_el), DDL_EINTERNAL,
                 "model: the label plan delivers %lld labels, the output box has %lld voxels",
                 (long long)ddl_tensor_numel(m->lab_local), (long long)ddl_tensor_numel(m->loss_el));
@@ -687,18 +706,79 @@ void ddl_model_destroy(ddl_model_t **mp)
 
 // ---- a step ----------------------------------------------------------------------
 
-// Rank 0 checks a batch handed in by the caller before any rank moves data: `count`
-// samples in [lo, hi], x holding at least count samples (x_bytes), labels (when wanted)
-// in [0, classes). Every rank then agrees on the verdict and learns rank 0's count.
-static ddl_status check_batch(ddl_model_t *m, const char *what, const void *x, size_t x_bytes,
-                              const int64_t *labels, bool want_labels, int64_t *count, int64_t lo,
-                              int64_t hi)
+// What a step or evaluation learns from: class labels (cross-entropy; count *
+// label_elems of them) or dense values (count * out_elems in the spec's dtype, `bytes`
+// long). NULL where a command takes none (predict).
+typedef struct targets {
+    const int64_t *labels;
+    const void    *values;
+    size_t         bytes;
+} targets;
+
+// Rank 0: dense targets must be finite, in [0, 1] for the binary cross-entropies and >= 0
+// for the Poisson rate and the KL divergence's probabilities.
+static ddl_status check_values(const ddl_model_t *m, const char *what, const targets *t, int64_t n)
 {
     const ddl_spec_t *s  = m->spec;
-    ddl_status        st = DDL_OK;
-    int64_t           n  = *count;
+    int64_t           E  = s->out_elems;
+    size_t            es = ddl_dtype_size(s->dt);
+    DDL_REQUIRE(n == 0 || t->values != NULL, DDL_EINVAL, "%s: rank 0 must pass the targets", what);
+    DDL_REQUIRE(t->bytes / es / (size_t)E >= (size_t)n, DDL_EINVAL,
+                "%s: %lld samples of %lld target values (%s) need %zu bytes, got %zu", what,
+                (long long)n, (long long)E, ddl_dtype_name(s->dt), (size_t)n * (size_t)E * es,
+                t->bytes);
+    bool   unit = s->loss == DDL_LOSS_BCE || s->loss == DDL_LOSS_BCE_WITH_LOGITS;
+    bool   pos  = s->loss == DDL_LOSS_POISSON_NLL || s->loss == DDL_LOSS_KL_DIV;
+    double lo = unit || pos ? 0.0 : -INFINITY, hi = unit ? 1.0 : INFINITY;
+    for (int64_t i = 0; i < n * E; i++) {
+        double v =
+            s->dt == DDL_F32 ? ((const float *)t->values)[i] : ((const double *)t->values)[i];
+        if (!isfinite(v) || v < lo || v > hi) {
+            return ddl_set_error(DDL_EINVAL,
+                                 "%s: target %g of sample %lld, value %lld is %s (%s targets "
+                                 "must be %s)",
+                                 what, v, (long long)(i / E), (long long)(i % E),
+                                 isfinite(v) ? "out of range" : "not finite", ddl_spec_loss_name(s),
+                                 unit  ? "in [0, 1]"
+                                 : pos ? "finite and >= 0"
+                                       : "finite");
+        }
+    }
+    return DDL_OK;
+}
+
+// Rank 0: labels in [0, classes), one per sample or per output voxel.
+static ddl_status check_labels(const ddl_model_t *m, const char *what, const int64_t *labels,
+                               int64_t n)
+{
+    int64_t C = m->spec->num_classes, L = m->label_elems;
+    DDL_REQUIRE(n == 0 || labels != NULL, DDL_EINVAL, "%s: rank 0 must pass the labels", what);
+    for (int64_t i = 0; i < n * L; i++) {
+        if (labels[i] < 0 || labels[i] >= C) {
+            if (L > 1) {
+                return ddl_set_error(DDL_EINVAL,
+                                     "%s: label %lld of sample %lld, voxel %lld is outside "
+                                     "[0, %lld)",
+                                     what, (long long)labels[i], (long long)(i / L),
+                                     (long long)(i % L), (long long)C);
+            }
+            return ddl_set_error(DDL_EINVAL, "%s: label %lld of sample %lld is outside [0, %lld)",
+                                 what, (long long)labels[i], (long long)i, (long long)C);
+        }
+    }
+    return DDL_OK;
+}
+
+// Rank 0 checks a batch handed in by the caller before any rank moves data: `count`
+// samples in [lo, hi], x holding at least count samples (x_bytes), and the targets the
+// model trains on (when t is not NULL): labels in [0, classes), or dense values. Every
+// rank then agrees on the verdict and learns rank 0's count.
+static ddl_status check_batch(ddl_model_t *m, const char *what, const void *x, size_t x_bytes,
+                              const targets *t, int64_t *count, int64_t lo, int64_t hi)
+{
+    ddl_status st = DDL_OK;
+    int64_t    n  = *count;
     if (m->rank == 0) {
-        int64_t C = s->num_classes;
         if (n < lo || n > hi) {
             st = ddl_set_error(DDL_EINVAL, "%s: count %lld must be in [%lld, %lld] (batch_size)",
                                what, (long long)n, (long long)lo, (long long)hi);
@@ -708,26 +788,10 @@ static ddl_status check_batch(ddl_model_t *m, const char *what, const void *x, s
             st = ddl_set_error(DDL_EINVAL, "%s: %lld samples of %zu bytes need %llu bytes, got %zu",
                                what, (long long)n, m->sample_bytes,
                                (unsigned long long)((uint64_t)n * m->sample_bytes), x_bytes);
-        } else if (want_labels && n > 0 && labels == NULL) {
-            st = ddl_set_error(DDL_EINVAL, "%s: rank 0 must pass the labels", what);
-        } else if (want_labels) {
-            int64_t L = m->label_elems; // one per output voxel for segmentation
-            for (int64_t i = 0; i < n * L; i++) {
-                if (labels[i] < 0 || labels[i] >= C) {
-                    if (L > 1) {
-                        st = ddl_set_error(DDL_EINVAL,
-                                           "%s: label %lld of sample %lld, voxel %lld is outside "
-                                           "[0, %lld)",
-                                           what, (long long)labels[i], (long long)(i / L),
-                                           (long long)(i % L), (long long)C);
-                    } else {
-                        st = ddl_set_error(DDL_EINVAL,
-                                           "%s: label %lld of sample %lld is outside [0, %lld)",
-                                           what, (long long)labels[i], (long long)i, (long long)C);
-                    }
-                    break;
-                }
-            }
+        } else if (t != NULL && m->dense) {
+            st = check_values(m, what, t, n);
+        } else if (t != NULL) {
+            st = check_labels(m, what, t->labels, n);
         }
     }
     DDL_CHECK(ddl_agree(m->comm, st));
@@ -738,9 +802,9 @@ static ddl_status check_batch(ddl_model_t *m, const char *what, const void *x, s
 
 // Rank 0's `count` samples into the input partition, through the model's own batch
 // buffer (the rest of the batch is zero padding, never read from the caller); with
-// labels: rank 0's labels (padded with class 0) to every rank, and this rank's rows.
-static ddl_status stage_input(ddl_model_t *m, const void *x, const int64_t *labels, int64_t count,
-                              bool with_labels)
+// targets: rank 0's labels (padded with class 0) to every rank, and this rank's rows,
+// or its dense targets (padded with zeros) onto the output partition.
+static ddl_status stage_input(ddl_model_t *m, const void *x, const targets *t, int64_t count)
 {
     const ddl_spec_t *s = m->spec;
     if (m->rank == 0) {
@@ -751,13 +815,22 @@ static ddl_status stage_input(ddl_model_t *m, const void *x, const int64_t *labe
         memset((char *)m->xin->data + used, 0, ddl_tensor_bytes(m->xin) - used);
     }
     DDL_CHECK(ddl_repartition_forward(m->in_plan, m->xin, m->act[0]));
-    if (with_labels && m->seg) {
+    if (t != NULL && m->dense) {
+        if (m->rank == 0) {
+            size_t used = (size_t)(count * s->out_elems) * ddl_dtype_size(s->dt);
+            if (used > 0) {
+                memcpy(m->lab_root->data, t->values, used);
+            }
+            memset((char *)m->lab_root->data + used, 0, ddl_tensor_bytes(m->lab_root) - used);
+        }
+        DDL_CHECK(ddl_repartition_forward(m->lab_plan, m->lab_root, m->lab_local));
+    } else if (t != NULL && m->seg) {
         // Class indices as f64 are exact; the padding samples get class 0.
         if (m->rank == 0) {
             double *lr = m->lab_root->data;
             int64_t n  = count * m->label_elems, all = ddl_tensor_numel(m->lab_root);
             for (int64_t i = 0; i < all; i++) {
-                lr[i] = i < n ? (double)labels[i] : 0.0;
+                lr[i] = i < n ? (double)t->labels[i] : 0.0;
             }
         }
         DDL_CHECK(ddl_repartition_forward(m->lab_plan, m->lab_root, m->lab_local));
@@ -765,10 +838,10 @@ static ddl_status stage_input(ddl_model_t *m, const void *x, const int64_t *labe
         for (int64_t i = 0; i < ddl_tensor_numel(m->lab_local); i++) {
             m->labels_local[i] = (int64_t)ll[i];
         }
-    } else if (with_labels) {
+    } else if (t != NULL) {
         if (m->rank == 0) {
             for (int64_t i = 0; i < s->batch; i++) {
-                m->labels_all[i] = i < count ? labels[i] : 0;
+                m->labels_all[i] = i < count ? t->labels[i] : 0;
             }
         }
         DDL_CHECK_MPI(MPI_Bcast(m->labels_all, (int)s->batch, MPI_INT64_T, 0, m->comm));
@@ -888,13 +961,62 @@ static ddl_status count_correct(ddl_model_t *m, int64_t count, int64_t *correct)
     return DDL_OK;
 }
 
-static ddl_status train_step(ddl_model_t *m, const void *x, const int64_t *labels, double *loss,
-                             int64_t *correct)
+// Dense targets: the model's prediction of a target value from an output value, in the
+// target's space (the mean the loss models): the output itself, its sigmoid for
+// bce_with_logits, its exponential for the Poisson log-rate and the KL divergence's
+// log-probabilities (the log-target form compares log-probabilities as they are).
+static double predicted(ddl_loss_kind k, double y)
 {
-    DDL_CHECK(stage_input(m, x, labels, m->spec->batch, true));
+    switch (k) {
+    case DDL_LOSS_BCE_WITH_LOGITS:
+        return 1.0 / (1.0 + exp(-y));
+    case DDL_LOSS_POISSON_NLL:
+    case DDL_LOSS_KL_DIV:
+        return exp(y);
+    default:
+        return y;
+    }
+}
+
+// Dense targets: over this rank's box of the output, the first `count` samples only,
+// summed over every rank: [the loss of each sample under the reduction (from the
+// elementwise losses when `el`), sum (p - t)^2, sum t^2, side-of-1/2 hits].
+static ddl_status dense_sums(ddl_model_t *m, int64_t count, const ddl_tensor_t *el,
+                             ddl_dense_metrics *out)
+{
+    const ddl_spec_t   *s = m->spec;
+    const ddl_tensor_t *y = m->act[m->nlayers], *t = m->lab_local;
+    int64_t             n      = ddl_tensor_numel(t);
+    int64_t             rows   = m->out_box.stop[0] - m->out_box.start[0];
+    int64_t             per    = rows > 0 ? n / rows : 1;
+    int64_t             r0     = m->out_box.start[0];
+    bool                binary = s->loss == DDL_LOSS_BCE || s->loss == DDL_LOSS_BCE_WITH_LOGITS;
+    double              v[4]   = {0, 0, 0, 0};
+    for (int64_t i = 0; i < n && r0 + i / per < count; i++) {
+        double p = predicted(s->loss, ddl_tensor_get(y, i)), tv = ddl_tensor_get(t, i);
+        if (el != NULL) {
+            v[0] += ddl_tensor_get(el, i);
+        }
+        v[1] += (p - tv) * (p - tv);
+        v[2] += tv * tv;
+        v[3] += binary && (p > 0.5) == (tv > 0.5);
+    }
+    if (s->reduction == DDL_REDUCTION_MEAN) {
+        v[0] /= (double)s->out_elems; // a sample's loss is the mean over its values
+    }
+    DDL_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, v, 4, MPI_DOUBLE, MPI_SUM, m->comm));
+    *out = (ddl_dense_metrics){v[0], v[1], v[2], (int64_t)v[3]};
+    return DDL_OK;
+}
+
+static ddl_status train_step(ddl_model_t *m, const void *x, const targets *t, double *loss,
+                             int64_t *correct, ddl_dense_metrics *dm)
+{
+    DDL_CHECK(stage_input(m, x, t, m->spec->batch));
     DDL_CHECK(forward(m, true));
     double value = 0.0;
-    DDL_CHECK(ddl_loss_forward(m->loss, m->act[m->nlayers], NULL, m->labels_local, &value, NULL));
+    DDL_CHECK(ddl_loss_forward(m->loss, m->act[m->nlayers], m->dense ? m->lab_local : NULL,
+                               m->dense ? NULL : m->labels_local, &value, NULL));
     for (int i = 0; i < m->nlayers; i++) {
         ddl_layer_zero_grad(m->layers[i]);
     }
@@ -903,21 +1025,61 @@ static ddl_status train_step(ddl_model_t *m, const void *x, const int64_t *label
     ddl_optimizer_step(m->opt);
     DDL_CHECK_MPI(MPI_Bcast(&value, 1, MPI_DOUBLE, m->loss_root, m->comm));
     *loss = value;
+    if (m->dense) {
+        // The output is this step's forward (before the update), as for the hits below.
+        DDL_CHECK(dense_sums(m, m->spec->batch, NULL, dm));
+        dm->loss_sum =
+            value * (m->spec->reduction == DDL_REDUCTION_SUM ? 1.0 : (double)m->spec->batch);
+        return DDL_OK;
+    }
     return count_correct(m, m->spec->batch, correct);
+}
+
+static ddl_status want_dense(const ddl_model_t *m, const char *what, bool dense)
+{
+    ddl_status st = DDL_OK;
+    if (m->dense != dense) {
+        st = ddl_set_error(DDL_EINVAL,
+                           dense ? "%s: the loss %s trains on class labels, not dense targets"
+                                 : "%s: the loss %s trains on dense targets shaped like the "
+                                   "output, not class labels",
+                           what, ddl_spec_loss_name(m->spec));
+    }
+    return ddl_agree(m->comm, st);
 }
 
 ddl_status ddl_model_train_step(ddl_model_t *m, const void *x, size_t x_bytes,
                                 const int64_t *labels, int64_t count, double *loss,
                                 int64_t *correct)
 {
-    DDL_CHECK(check_batch(m, "train_step", x, x_bytes, labels, true, &count, m->spec->batch,
-                          m->spec->batch));
+    DDL_CHECK(want_dense(m, "train_step", false));
+    targets t = {.labels = labels};
+    DDL_CHECK(check_batch(m, "train_step", x, x_bytes, &t, &count, m->spec->batch, m->spec->batch));
     double     l  = 0.0;
     int64_t    c  = 0;
-    ddl_status st = ddl_agree(m->comm, train_step(m, x, labels, &l, &c));
+    ddl_status st = ddl_agree(m->comm, train_step(m, x, &t, &l, &c, NULL));
     if (st == DDL_OK) {
         *loss    = l;
         *correct = c;
+    }
+    return st;
+}
+
+ddl_status ddl_model_train_step_dense(ddl_model_t *m, const void *x, size_t x_bytes,
+                                      const void *targets_, size_t t_bytes, int64_t count,
+                                      double *loss, ddl_dense_metrics *out)
+{
+    DDL_CHECK(want_dense(m, "train_step", true));
+    targets t = {.values = targets_, .bytes = t_bytes};
+    DDL_CHECK(check_batch(m, "train_step", x, x_bytes, &t, &count, m->spec->batch, m->spec->batch));
+    double            l  = 0.0;
+    ddl_dense_metrics dm = {0};
+    ddl_status        st = ddl_agree(m->comm, train_step(m, x, &t, &l, NULL, &dm));
+    if (st == DDL_OK) {
+        *loss = l;
+        if (out != NULL) {
+            *out = dm;
+        }
     }
     return st;
 }
@@ -942,13 +1104,16 @@ static ddl_model_t *runner(ddl_model_t *m, int64_t count)
     return m;
 }
 
-static ddl_status eval_batch(ddl_model_t *m, const void *x, const int64_t *labels, int64_t count,
-                             double *loss_sum, int64_t *correct)
+static ddl_status eval_batch(ddl_model_t *m, const void *x, const targets *t, int64_t count,
+                             double *loss_sum, int64_t *correct, ddl_dense_metrics *dm)
 {
-    DDL_CHECK(stage_input(m, x, labels, count, true));
+    DDL_CHECK(stage_input(m, x, t, count));
     DDL_CHECK(forward(m, false));
-    DDL_CHECK(ddl_loss_forward(m->loss_each, m->act[m->nlayers], NULL, m->labels_local, NULL,
-                               m->loss_el));
+    DDL_CHECK(ddl_loss_forward(m->loss_each, m->act[m->nlayers], m->dense ? m->lab_local : NULL,
+                               m->dense ? NULL : m->labels_local, NULL, m->loss_el));
+    if (m->dense) {
+        return dense_sums(m, count, m->loss_el, dm);
+    }
     // Per-row losses live on the column-0 ranks: sum the valid rows everywhere. A
     // segmentation sample's loss is the mean over its voxels (each rank holds its own).
     double  local = 0.0;
@@ -968,11 +1133,13 @@ static ddl_status eval_batch(ddl_model_t *m, const void *x, const int64_t *label
 ddl_status ddl_model_eval(ddl_model_t *m, const void *x, size_t x_bytes, const int64_t *labels,
                           int64_t count, double *loss_sum, int64_t *correct)
 {
-    DDL_CHECK(check_batch(m, "eval", x, x_bytes, labels, true, &count, 0, m->spec->batch));
-    double     l  = 0.0;
-    int64_t    c  = 0;
+    DDL_CHECK(want_dense(m, "eval", false));
+    targets t = {.labels = labels};
+    DDL_CHECK(check_batch(m, "eval", x, x_bytes, &t, &count, 0, m->spec->batch));
+    double       l  = 0.0;
+    int64_t      c  = 0;
     ddl_model_t *r  = runner(m, count);
-    ddl_status   st = ddl_agree(m->comm, eval_batch(r, x, labels, count, &l, &c));
+    ddl_status   st = ddl_agree(m->comm, eval_batch(r, x, &t, count, &l, &c, NULL));
     if (st == DDL_OK && r != m && m->seg) { // the counts are the model's (class_counts)
         memcpy(m->counts, r->counts, (1 + 2 * (size_t)m->spec->num_classes) * sizeof *m->counts);
     }
@@ -983,21 +1150,35 @@ ddl_status ddl_model_eval(ddl_model_t *m, const void *x, size_t x_bytes, const i
     return st;
 }
 
+ddl_status ddl_model_eval_dense(ddl_model_t *m, const void *x, size_t x_bytes, const void *targets_,
+                                size_t t_bytes, int64_t count, ddl_dense_metrics *out)
+{
+    DDL_CHECK(want_dense(m, "eval", true));
+    targets t = {.values = targets_, .bytes = t_bytes};
+    DDL_CHECK(check_batch(m, "eval", x, x_bytes, &t, &count, 0, m->spec->batch));
+    ddl_dense_metrics dm = {0};
+    ddl_model_t      *r  = runner(m, count);
+    ddl_status        st = ddl_agree(m->comm, eval_batch(r, x, &t, count, NULL, NULL, &dm));
+    if (st == DDL_OK) {
+        *out = dm;
+    }
+    return st;
+}
+
 ddl_status ddl_model_predict(ddl_model_t *m, const void *x, size_t x_bytes, int64_t count,
                              void *logits, size_t logits_bytes)
 {
-    DDL_CHECK(check_batch(m, "predict", x, x_bytes, NULL, false, &count, 0, m->spec->batch));
-    size_t     need = (size_t)count * (size_t)m->spec->num_classes * (size_t)m->label_elems *
-                  ddl_dtype_size(m->spec->dt);
+    DDL_CHECK(check_batch(m, "predict", x, x_bytes, NULL, &count, 0, m->spec->batch));
+    size_t     need = (size_t)count * (size_t)m->spec->out_elems * ddl_dtype_size(m->spec->dt);
     ddl_status st   = DDL_OK;
     if (m->rank == 0 && count > 0 && (logits == NULL || logits_bytes < need)) {
-        st = ddl_set_error(DDL_EINVAL, "predict: %lld samples of logits need %zu bytes, got %zu%s",
+        st = ddl_set_error(DDL_EINVAL, "predict: %lld samples of outputs need %zu bytes, got %zu%s",
                            (long long)count, need, logits == NULL ? 0 : logits_bytes,
                            logits == NULL ? " (NULL)" : "");
     }
     DDL_CHECK(ddl_agree(m->comm, st));
     ddl_model_t *r = runner(m, count);
-    st             = stage_input(r, x, NULL, count, false);
+    st             = stage_input(r, x, NULL, count);
     if (st == DDL_OK) {
         st = forward(r, false);
     }
@@ -1227,12 +1408,13 @@ ddl_status ddl_model_traffic_local(const ddl_model_t *m, ddl_traffic_row *rows, 
         rows[k].fwd = L->traffic.forward_train;
         rows[k].bwd = L->traffic.backward;
     }
-    traffic_row(&rows[k], "loss", "cross_entropy");
+    traffic_row(&rows[k], "loss", ddl_spec_loss_name(m->spec));
     ddl_loss_traffic(m->loss, false, &rows[k].fwd);
     ddl_loss_traffic(m->loss, true, &rows[k++].bwd);
-    if (m->seg) {
-        // Per-voxel labels move by the label plan, a counted Repartition like the others.
-        traffic_row(&rows[k], "labels", "repartition");
+    if (m->seg || m->dense) {
+        // Per-voxel labels and dense targets move by the label plan, a counted
+        // Repartition like the others.
+        traffic_row(&rows[k], m->dense ? "targets" : "labels", "repartition");
         traffic_plan(&rows[k++], m->lab_plan);
     } else {
         traffic_row(&rows[k], "labels", "mpi_bcast");
@@ -1244,7 +1426,7 @@ ddl_status ddl_model_traffic_local(const ddl_model_t *m, ddl_traffic_row *rows, 
                                  m->rank == 0 ? 0 : lb, 1};
     }
     traffic_row(&rows[k], "output", "repartition");
-    if (!m->seg) {
+    if (!m->seg && !m->dense) {
         // A segmentation step counts its hits on each rank's own voxels (count_voxels):
         // the output plan runs for predictions only, not in a step.
         traffic_plan(&rows[k], m->out_plan);

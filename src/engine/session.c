@@ -31,6 +31,7 @@
 // A restored cursor is validated: integers (not strings or reals) in range, the seed
 // equal to the spec's.
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -63,6 +64,10 @@ struct ddl_session {
     size_t       sample_bytes; // one sample in the spec's dtype
     int          classes;
     int64_t      label_elems;  // labels per sample (segmentation: one per output voxel)
+    bool              dense;        // the loss trains on dense targets (tbuf), not labels
+    bool              binary;       // dense with bce or bce_with_logits: hits count too
+    int64_t           out_elems;    // output values per sample (dense: targets per sample)
+    ddl_target_source target;       // where the data's dense targets come from
     ddl_dtype    dt;
     double       mean, std; // input normalization
     // Checkpoint policy.
@@ -78,7 +83,9 @@ struct ddl_session {
     int64_t    *perm;       // rank 0: the order of perm_epoch (n[TRAIN] entries)
     int64_t     perm_epoch; // -1: none yet
     void       *xbuf;       // rank 0: one batch of samples
-    int64_t    *lbuf;       // rank 0: its labels (batch * label_elems)
+    int64_t    *lbuf;       // rank 0: its labels (batch * label_elems; generated dense
+                            // data: the painting's scratch, batch * out_elems)
+    void       *tbuf;       // rank 0, dense: one batch of targets (batch * out_elems)
     int64_t    *idx;        // rank 0: sample indices of an evaluation batch
     int64_t    *iou;        // segmentation: per-class counts of an evaluation (4 * classes)
     ddl_cursor  cur;
@@ -153,14 +160,19 @@ static int64_t steps_per_epoch(const ddl_session_t *s)
 static ddl_status fill_batch(ddl_session_t *s, int split, const int64_t *idx, int64_t count)
 {
     if (s->synth) {
-        return ddl_synth_batch(&s->synth_params, split, idx, count, s->mean, s->std, s->dt,
-                               s->xbuf, s->lbuf);
+        return ddl_synth_batch_targets(&s->synth_params, split, idx, count, s->mean, s->std, s->dt,
+                                       s->xbuf, s->lbuf, s->target == DDL_TARGET_MASK,
+                                       s->dense ? s->tbuf : NULL);
     }
-    const ddl_dataset *ds = &s->data[split];
+    const ddl_dataset *ds  = &s->data[split];
+    int64_t           *lab = s->dense ? NULL : s->lbuf;
     if (s->dt == DDL_F32) {
-        ddl_dataset_batch_f32(ds, idx, count, s->mean, s->std, s->xbuf, s->lbuf);
+        ddl_dataset_batch_f32(ds, idx, count, s->mean, s->std, s->xbuf, lab);
     } else {
-        ddl_dataset_batch_f64(ds, idx, count, s->mean, s->std, s->xbuf, s->lbuf);
+        ddl_dataset_batch_f64(ds, idx, count, s->mean, s->std, s->xbuf, lab);
+    }
+    if (s->dense) { // the image target (the spec allows no other for IDX data)
+        ddl_dataset_batch_images(ds, idx, count, s->dt, s->tbuf);
     }
     return DDL_OK;
 }
@@ -227,16 +239,25 @@ static ddl_status create_body(ddl_session_t *s, const char *spec_text, const cha
         s->sample_bytes = (size_t)s->sample_numel * ddl_dtype_size(s->dt);
         s->classes      = ddl_spec_num_classes(spec);
         s->label_elems  = ddl_spec_label_elems(spec);
+        s->dense        = ddl_spec_dense_targets(spec);
+        s->binary =
+            ddl_spec_loss(spec) == DDL_LOSS_BCE || ddl_spec_loss(spec) == DDL_LOSS_BCE_WITH_LOGITS;
+        s->out_elems = ddl_spec_output_elems(spec);
+        s->target    = ddl_spec_target_source(spec);
         ddl_spec_normalize(spec, &s->mean, &s->std);
     }
     ddl_spec_destroy(&spec);
     DDL_CHECK(st);
     st = DDL_OK;
     if (s->rank == 0) {
-        s->xbuf = ddl_malloc((size_t)s->batch * s->sample_bytes);
-        s->lbuf = ddl_malloc(sizeof(int64_t) * (size_t)(s->batch * s->label_elems));
-        s->idx  = ddl_malloc(sizeof(int64_t) * (size_t)s->batch);
-        if (s->xbuf == NULL || s->lbuf == NULL || s->idx == NULL) {
+        int64_t nl = s->dense ? s->out_elems : s->label_elems;
+        s->xbuf    = ddl_malloc((size_t)s->batch * s->sample_bytes);
+        s->lbuf    = ddl_malloc(sizeof(int64_t) * (size_t)(s->batch * nl));
+        s->idx     = ddl_malloc(sizeof(int64_t) * (size_t)s->batch);
+        if (s->dense) {
+            s->tbuf = ddl_malloc((size_t)(s->batch * s->out_elems) * ddl_dtype_size(s->dt));
+        }
+        if (s->xbuf == NULL || s->lbuf == NULL || s->idx == NULL || (s->dense && s->tbuf == NULL)) {
             st = ddl_set_error(DDL_ENOMEM, "session: out of memory for the batch buffer");
         }
         if (st == DDL_OK && opts != NULL && opts->checkpoint_dir != NULL) {
@@ -246,7 +267,7 @@ static ddl_status create_body(ddl_session_t *s, const char *spec_text, const cha
             }
         }
     }
-    if (st == DDL_OK && ddl_spec_output_shape(ddl_model_spec(s->model)).ndim > 1) {
+    if (st == DDL_OK && !s->dense && ddl_spec_output_shape(ddl_model_spec(s->model)).ndim > 1) {
         s->iou = ddl_calloc(4 * (size_t)s->classes, sizeof(int64_t));
         if (s->iou == NULL) {
             st = ddl_set_error(DDL_ENOMEM, "session: out of memory");
@@ -300,6 +321,7 @@ void ddl_session_destroy(ddl_session_t **sp)
     ddl_free(s->perm);
     ddl_free(s->xbuf);
     ddl_free(s->lbuf);
+    ddl_free(s->tbuf);
     ddl_free(s->idx);
     ddl_free(s->iou);
     ddl_free(s->ckpt_dir);
@@ -344,7 +366,7 @@ static ddl_status check_split(const ddl_session_t *s, const char *dir, const cha
     DDL_REQUIRE(fits, DDL_EINVAL,
                 "data %s: the %s samples are %s, the model's input is %s (one sample)", dir, name,
                 got, want);
-    DDL_REQUIRE(ds->num_classes <= s->classes, DDL_EINVAL,
+    DDL_REQUIRE(s->dense || ds->num_classes <= s->classes, DDL_EINVAL,
                 "data %s: the %s labels reach %d, the model has %d classes (labels must be in "
                 "[0, %d))",
                 dir, name, ds->num_classes - 1, s->classes, s->classes);
@@ -356,7 +378,7 @@ static ddl_status load_data(const ddl_session_t *s, const char *dir, ddl_dataset
                             ddl_dataset *te, int64_t **perm)
 {
     DDL_REQUIRE(dir != NULL, DDL_EINVAL, "open_data: rank 0 must pass a directory");
-    DDL_REQUIRE(s->label_elems == 1, DDL_EINVAL,
+    DDL_REQUIRE(s->dense || s->label_elems == 1, DDL_EINVAL,
                 "open_data: the model segments (one label per output voxel, %lld per sample) "
                 "but IDX data holds one label per sample; give the spec \"data\": "
                 "{\"synthetic\": ...} instead",
@@ -698,6 +720,43 @@ ddl_status ddl_session_restore(ddl_session_t *s, const char *path, int64_t step)
 
 // ---- training ------------------------------------------------------------------
 
+// The accuracy of `hits` over `samples` samples: argmax hits per label, or for binary
+// dense targets hits per value; -1 where none applies (other dense targets).
+static double accuracy_of(const ddl_session_t *s, double hits, int64_t samples)
+{
+    if (samples <= 0) {
+        return 0.0;
+    }
+    if (s->dense) {
+        return s->binary ? hits / ((double)samples * (double)s->out_elems) : -1.0;
+    }
+    return hits / ((double)samples * (double)s->label_elems);
+}
+
+// The mean squared error of `sq_err` over `samples` samples (dense targets; -1 otherwise).
+static double mse_of(const ddl_session_t *s, double sq_err, int64_t samples)
+{
+    return s->dense && samples > 0 ? sq_err / ((double)samples * (double)s->out_elems) : -1.0;
+}
+
+// One training step on rank 0's batch buffer (labels or dense targets): the loss, the
+// hits (accuracy_of) and, for dense targets, the squared error. Collective.
+static ddl_status train_buffer(ddl_session_t *s, double *loss, int64_t *hits, double *sq_err)
+{
+    size_t xb = s->rank == 0 ? (size_t)s->batch * s->sample_bytes : 0;
+    if (!s->dense) {
+        *sq_err = 0;
+        return ddl_model_train_step(s->model, s->xbuf, xb, s->lbuf, s->batch, loss, hits);
+    }
+    size_t tb = s->rank == 0 ? (size_t)(s->batch * s->out_elems) * ddl_dtype_size(s->dt) : 0;
+    ddl_dense_metrics dm = {0};
+    ddl_status        st =
+        ddl_model_train_step_dense(s->model, s->xbuf, xb, s->tbuf, tb, s->batch, loss, &dm);
+    *hits   = dm.hits;
+    *sq_err = dm.sq_err;
+    return st;
+}
+
 // Rank 0's plan of a train call: the number of steps (broadcast by the caller).
 static ddl_status plan_train(const ddl_session_t *s, const ddl_train_request *req, int64_t *total)
 {
@@ -740,7 +799,7 @@ ddl_status ddl_session_train(ddl_session_t *s, const ddl_train_request *req, ddl
     const int64_t      B    = s->batch;
     const int64_t      ntr  = s->n[DDL_SPLIT_TRAIN];
     const bool         shuf = ddl_spec_shuffle(ddl_model_spec(s->model));
-    double             t0 = now(), te = t0, lsum = 0, esum = 0;
+    double             t0 = now(), te = t0, lsum = 0, esum = 0, sqsum = 0;
     int64_t            hits = 0, esteps = 0;
     for (int64_t done = 0; done < plan && st == DDL_OK;) {
         ddl_status fst = DDL_OK;
@@ -762,10 +821,9 @@ ddl_status ddl_session_train(ddl_session_t *s, const ddl_train_request *req, ddl
         if (st != DDL_OK) {
             break;
         }
-        double  loss = 0;
+        double  loss = 0, sq = 0;
         int64_t c    = 0;
-        st = ddl_model_train_step(s->model, s->xbuf, s->rank == 0 ? (size_t)B * s->sample_bytes : 0,
-                                  s->lbuf, B, &loss, &c);
+        st           = train_buffer(s, &loss, &c, &sq);
         if (st != DDL_OK) {
             break;
         }
@@ -777,7 +835,8 @@ ddl_status ddl_session_train(ddl_session_t *s, const ddl_train_request *req, ddl
                           .done            = done,
                           .total           = plan,
                           .loss            = loss,
-                          .accuracy        = (double)c / (double)(B * s->label_elems)};
+                          .accuracy        = accuracy_of(s, (double)c, B),
+                          .mse             = mse_of(s, sq, B)};
         s->cur.batch++;
         if (s->cur.batch == spe) {
             s->cur.batch = 0;
@@ -786,6 +845,7 @@ ddl_status ddl_session_train(ddl_session_t *s, const ddl_train_request *req, ddl
         }
         lsum += loss;
         hits += c;
+        sqsum += sq;
         esum += loss;
         esteps++;
         res.steps_done = done;
@@ -829,9 +889,8 @@ ddl_status ddl_session_train(ddl_session_t *s, const ddl_train_request *req, ddl
     double dt        = now() - t0;
     res.step         = ddl_model_step(s->model);
     res.mean_loss    = res.steps_done > 0 ? lsum / (double)res.steps_done : 0;
-    res.accuracy     = res.steps_done > 0
-                           ? (double)hits / ((double)(res.steps_done * B) * (double)s->label_elems)
-                           : 0;
+    res.accuracy     = accuracy_of(s, (double)hits, res.steps_done * B);
+    res.mse          = mse_of(s, sqsum, res.steps_done * B);
     res.images_per_s = dt > 0 ? (double)(res.steps_done * B) / dt : 0;
     st               = ddl_agree(s->comm, st);
     if (out != NULL) {
@@ -840,11 +899,23 @@ ddl_status ddl_session_train(ddl_session_t *s, const ddl_train_request *req, ddl
     return st;
 }
 
+// Inline batches carry class labels: a dense model trains and evaluates on its data.
+static ddl_status dense_inline(const ddl_session_t *s, const char *what)
+{
+    return ddl_set_error(DDL_EINVAL,
+                         "%s: the loss %s trains on dense targets shaped like the output; "
+                         "inline batches carry class labels, so train and evaluate it on the "
+                         "session's data",
+                         what, ddl_spec_loss_name(ddl_model_spec(s->model)));
+}
+
 ddl_status ddl_session_step(ddl_session_t *s, const void *x, size_t x_bytes, const int64_t *labels,
                             int64_t count, ddl_step_result *out)
 {
     ddl_status st = DDL_OK;
-    if (s->rank == 0 && (count != s->batch || x_bytes != (size_t)count * s->sample_bytes)) {
+    if (s->rank == 0 && s->dense) {
+        st = dense_inline(s, "step");
+    } else if (s->rank == 0 && (count != s->batch || x_bytes != (size_t)count * s->sample_bytes)) {
         st = ddl_set_error(DDL_EINVAL,
                            "step: expected %lld samples in %zu bytes (the batch size), got %lld "
                            "samples in %zu bytes",
@@ -862,7 +933,7 @@ ddl_status ddl_session_step(ddl_session_t *s, const void *x, size_t x_bytes, con
     st = ddl_agree(s->comm, st);
     if (out != NULL) {
         *out = (ddl_step_result){ddl_model_step(s->model), loss,
-                                 (double)c / ((double)s->batch * (double)s->label_elems), durable};
+                                 accuracy_of(s, (double)c, s->batch), durable};
     }
     return st;
 }
@@ -916,7 +987,7 @@ ddl_status ddl_session_evaluate(ddl_session_t *s, ddl_split split, ddl_eval_resu
     int sp = (int)split;
     DDL_CHECK_MPI(MPI_Bcast(&sp, 1, MPI_INT, 0, s->comm));
     int64_t total = s->n[sp], hits = 0, seen = 0;
-    double  lsum = 0;
+    double  lsum = 0, sqe = 0, sqt = 0;
     if (s->iou != NULL) {
         memset(s->iou, 0, sizeof(int64_t) * 2 * (size_t)s->classes);
     }
@@ -935,8 +1006,18 @@ ddl_status ddl_session_evaluate(ddl_session_t *s, ddl_split split, ddl_eval_resu
         }
         double  l = 0;
         int64_t c = 0;
-        st = ddl_model_eval(s->model, s->xbuf, s->rank == 0 ? (size_t)count * s->sample_bytes : 0,
-                            s->lbuf, count, &l, &c);
+        size_t  xb = s->rank == 0 ? (size_t)count * s->sample_bytes : 0;
+        if (s->dense) {
+            size_t tb = s->rank == 0 ? (size_t)(count * s->out_elems) * ddl_dtype_size(s->dt) : 0;
+            ddl_dense_metrics dm = {0};
+            st = ddl_model_eval_dense(s->model, s->xbuf, xb, s->tbuf, tb, count, &dm);
+            l  = dm.loss_sum;
+            c  = dm.hits;
+            sqe += dm.sq_err;
+            sqt += dm.sq_target;
+        } else {
+            st = ddl_model_eval(s->model, s->xbuf, xb, s->lbuf, count, &l, &c);
+        }
         lsum += l;
         hits += c;
         seen += count;
@@ -944,10 +1025,12 @@ ddl_status ddl_session_evaluate(ddl_session_t *s, ddl_split split, ddl_eval_resu
     }
     st = ddl_agree(s->comm, st);
     if (st == DDL_OK && out != NULL) {
-        *out = (ddl_eval_result){seen, seen > 0 ? lsum / (double)seen : 0,
-                                 seen > 0 ? (double)hits / ((double)seen * (double)s->label_elems)
-                                          : 0,
-                                 seg_iou_mean(s)};
+        *out = (ddl_eval_result){seen,
+                                 seen > 0 ? lsum / (double)seen : 0,
+                                 accuracy_of(s, (double)hits, seen),
+                                 seg_iou_mean(s),
+                                 mse_of(s, sqe, seen),
+                                 s->dense && sqt > 0 ? sqrt(sqe / sqt) : -1.0};
     }
     return st;
 }
@@ -971,7 +1054,8 @@ ddl_status ddl_session_evaluate_batch(ddl_session_t *s, const void *x, size_t x_
 {
     ddl_status st = DDL_OK;
     if (s->rank == 0) {
-        st = check_inline(s, "evaluate", x, x_bytes, count);
+        st =
+            s->dense ? dense_inline(s, "evaluate") : check_inline(s, "evaluate", x, x_bytes, count);
         if (st == DDL_OK && labels == NULL) {
             st = ddl_set_error(DDL_EINVAL, "evaluate: rank 0 must pass the labels");
         }
@@ -1001,8 +1085,8 @@ ddl_status ddl_session_evaluate_batch(ddl_session_t *s, const void *x, size_t x_
     }
     st = ddl_agree(s->comm, st);
     if (st == DDL_OK && out != NULL) {
-        *out = (ddl_eval_result){total, lsum / (double)total,
-                                 (double)hits / ((double)total * (double)s->label_elems), -1.0};
+        *out = (ddl_eval_result){
+            total, lsum / (double)total, accuracy_of(s, (double)hits, total), -1.0, -1.0, -1.0};
     }
     return st;
 }
@@ -1011,15 +1095,15 @@ ddl_status ddl_session_predict(ddl_session_t *s, const void *x, size_t x_bytes, 
                                void *logits, size_t logits_bytes)
 {
     ddl_status st  = DDL_OK;
-    size_t     row = (size_t)s->classes * (size_t)s->label_elems * ddl_dtype_size(s->dt);
+    size_t     row = (size_t)s->out_elems * ddl_dtype_size(s->dt);
     if (s->rank == 0) {
         st = check_inline(s, "predict", x, x_bytes, count);
         if (st == DDL_OK && (logits == NULL || (uint64_t)count > SIZE_MAX / row ||
                              logits_bytes < (size_t)count * row)) {
             st = ddl_set_error(DDL_EINVAL,
-                               "predict: %lld rows of %d logits need %llu bytes, got "
+                               "predict: %lld rows of %lld outputs need %llu bytes, got "
                                "%zu%s",
-                               (long long)count, s->classes,
+                               (long long)count, (long long)s->out_elems,
                                (unsigned long long)count * (unsigned long long)row,
                                logits == NULL ? 0 : logits_bytes, logits == NULL ? " (NULL)" : "");
         }

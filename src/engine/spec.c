@@ -872,6 +872,140 @@ static ddl_status parse_optimizer(spec_pctx *c, json_t *root)
 // data.synthetic: {"kind": "shapes3d", "train": n, "test": n, "noise": s, "seed": k},
 // generated volumes [1, D, H, W] sized by the input shape, one label per voxel, for a
 // model whose output `out` is [batch, classes >= 3, D, H, W].
+// The loss kinds a spec may name, with PyTorch's names and DistDL's reductions.
+static const struct {
+    const char   *name;
+    ddl_loss_kind kind;
+} loss_kinds[] = {
+    {"cross_entropy", DDL_LOSS_CROSS_ENTROPY},
+    {"mse", DDL_LOSS_MSE},
+    {"l1", DDL_LOSS_L1},
+    {"bce", DDL_LOSS_BCE},
+    {"bce_with_logits", DDL_LOSS_BCE_WITH_LOGITS},
+    {"kl_div", DDL_LOSS_KL_DIV},
+    {"poisson_nll", DDL_LOSS_POISSON_NLL},
+};
+
+const char *ddl_spec_loss_name(const ddl_spec_t *s)
+{
+    ddl_loss_kind k = s->loss == DDL_LOSS_KL_DIV_LOG_TARGET ? DDL_LOSS_KL_DIV : s->loss;
+    for (size_t i = 0; i < sizeof loss_kinds / sizeof loss_kinds[0]; i++) {
+        if (loss_kinds[i].kind == k) {
+            return loss_kinds[i].name;
+        }
+    }
+    return "?";
+}
+
+// Cross-entropy: the output is [batch, classes] or [batch, classes, spatial...] with the
+// classes whole on each rank (segmentation), and labels come one per sample or voxel.
+static ddl_status loss_classes(spec_pctx *c, const ddl_shape *cur)
+{
+    ddl_spec_t *s = c->s;
+    char        sbuf[128];
+    if (cur->ndim < 2) {
+        return spec_fail(c, "loss",
+                         "cross_entropy needs the last layer's output to be [batch, "
+                         "classes] or [batch, classes, spatial...], it is %s",
+                         spec_shape_str(cur, sbuf, sizeof sbuf));
+    }
+    const spec_partition *po = &s->parts[s->layers[s->nlayers - 1].P_out];
+    if (cur->ndim > 2 && po->shape[1] != 1) {
+        // Segmentation: the log-softmax of a voxel needs all of its classes on one rank.
+        return spec_fail(c, "loss",
+                         "cross_entropy on the segmentation output %s needs every class "
+                         "on each rank, but its partition \"%s\" splits dimension 1 "
+                         "(classes) over %d ranks; split the batch or spatial dims",
+                         spec_shape_str(cur, sbuf, sizeof sbuf), po->name, po->shape[1]);
+    }
+    if (cur->d[1] > INT32_MAX) {
+        return spec_fail(c, "loss", "%lld classes (the output %s); at most %d are supported",
+                         (long long)cur->d[1], spec_shape_str(cur, sbuf, sizeof sbuf), INT32_MAX);
+    }
+    s->num_classes = (int)cur->d[1];
+    s->label_elems = 1;
+    for (int d = 2; d < cur->ndim; d++) {
+        s->label_elems *= cur->d[d];
+    }
+    return DDL_OK;
+}
+
+// "loss": {"type": T, "reduction": R[, "log_target": b]} against the last layer's output
+// `cur`. Every kind but cross_entropy takes dense targets shaped like the output; bce
+// needs outputs in [0, 1], so the network must end with a sigmoid.
+static ddl_status parse_loss(spec_pctx *c, json_t *root, const ddl_shape *cur)
+{
+    ddl_spec_t *s  = c->s;
+    json_t     *lo = json_object_get(root, "loss");
+    if (lo == NULL || !json_is_object(lo)) {
+        return spec_fail(c, "loss", "missing or not an object {\"type\": \"cross_entropy\", ...}");
+    }
+    static const char *const lk[] = {"type", "reduction", "log_target", NULL};
+    DDL_CHECK(spec_check_keys(c, lo, "loss", lk));
+    const char *lt = NULL, *red = "mean";
+    DDL_CHECK(spec_get_str(c, lo, "loss", "type", true, &lt));
+    size_t k = 0, nk = sizeof loss_kinds / sizeof loss_kinds[0];
+    while (k < nk && strcmp(lt, loss_kinds[k].name) != 0) {
+        k++;
+    }
+    if (k == nk) {
+        return spec_fail(c, "loss.type",
+                         "\"%s\" is not a known loss (cross_entropy, mse, l1, bce, "
+                         "bce_with_logits, kl_div, poisson_nll)",
+                         lt);
+    }
+    s->loss         = loss_kinds[k].kind;
+    s->dense        = s->loss != DDL_LOSS_CROSS_ENTROPY;
+    bool log_target = false;
+    DDL_CHECK(spec_get_bool(c, lo, "loss", "log_target", &log_target));
+    if (json_object_get(lo, "log_target") != NULL && s->loss != DDL_LOSS_KL_DIV) {
+        return spec_fail(c, "loss.log_target", "only kl_div takes log_target, not %s", lt);
+    }
+    if (log_target) {
+        s->loss = DDL_LOSS_KL_DIV_LOG_TARGET;
+    }
+    DDL_CHECK(spec_get_str(c, lo, "loss", "reduction", false, &red));
+    if (strcmp(red, "mean") == 0) {
+        s->reduction = DDL_REDUCTION_MEAN;
+    } else if (strcmp(red, "sum") == 0) {
+        s->reduction = DDL_REDUCTION_SUM;
+    } else if (strcmp(red, "batchmean") == 0 && loss_kinds[k].kind == DDL_LOSS_KL_DIV) {
+        s->reduction = DDL_REDUCTION_BATCHMEAN;
+    } else {
+        return spec_fail(c, "loss.reduction", "\"%s\" is not mean or sum%s", red,
+                         loss_kinds[k].kind == DDL_LOSS_KL_DIV ? " or batchmean" : "");
+    }
+    s->output = (ddl_shape){.ndim = cur->ndim - 1};
+    for (int d = 1; d < cur->ndim; d++) {
+        s->output.d[d - 1] = cur->d[d];
+    }
+    s->out_elems = 1;
+    for (int d = 0; d < s->output.ndim; d++) {
+        s->out_elems *= s->output.d[d];
+    }
+    if (!s->dense) {
+        return loss_classes(c, cur);
+    }
+    char sbuf[128];
+    if (cur->ndim < 2) {
+        return spec_fail(c, "loss",
+                         "%s needs the last layer's output to be [batch, values...], "
+                         "it is %s",
+                         lt, spec_shape_str(cur, sbuf, sizeof sbuf));
+    }
+    const spec_layer *last = &s->layers[s->nlayers - 1];
+    if (s->loss == DDL_LOSS_BCE && strcmp(last->type, "sigmoid") != 0) {
+        return spec_fail(c, "loss",
+                         "bce needs outputs in [0, 1], but the last layer is \"%s\"; "
+                         "end the network with {\"type\": \"sigmoid\"}, or train "
+                         "the logits with bce_with_logits",
+                         last->type);
+    }
+    s->num_classes = 0;
+    s->label_elems = 0;
+    return DDL_OK;
+}
+
 static ddl_status parse_synthetic(spec_pctx *c, json_t *da, const ddl_shape *out)
 {
     ddl_spec_t *s  = c->s;
@@ -905,9 +1039,17 @@ static ddl_status parse_synthetic(spec_pctx *c, json_t *da, const ddl_shape *out
                                          "shape must be [1, D, H, W]; it is %s",
                     ib);
     }
-    bool fits = out->ndim == 5 && out->d[1] >= DDL_SYNTH_CLASSES;
+    bool fits = out->ndim == 5 && (s->dense ? out->d[1] == 1 : out->d[1] >= DDL_SYNTH_CLASSES);
     for (int d = 0; fits && d < 3; d++) {
         fits = out->d[2 + d] == s->input.d[1 + d];
+    }
+    if (!fits && s->dense) {
+        return spec_fail(c, "data.synthetic",
+                         "shapes3d gives %s one value per voxel of the input "
+                         "volume %s, so the last layer's output must be "
+                         "[batch, 1, %lld, %lld, %lld]; it is %s",
+                         ddl_spec_loss_name(s), ib, (long long)s->input.d[1],
+                         (long long)s->input.d[2], (long long)s->input.d[3], ob);
     }
     if (!fits) {
         return spec_fail(c, "data.synthetic", "shapes3d labels every voxel of the input volume %s "
@@ -930,6 +1072,73 @@ static ddl_status parse_synthetic(spec_pctx *c, json_t *da, const ddl_shape *out
     return ddl_synth_validate(&s->synth) == DDL_OK
                ? DDL_OK
                : spec_fail(c, "data.synthetic", "%s", ddl_last_error());
+}
+
+// "data": {"target": T}: where the targets come from, against the loss and the data.
+// Defaults: labels for cross_entropy; for dense losses the image (IDX data) or, for
+// generated volumes, the mask (bce, bce_with_logits) or the clean volume (the others).
+static ddl_status parse_target(spec_pctx *c, json_t *da)
+{
+    ddl_spec_t              *s       = c->s;
+    static const char *const names[] = {"labels", "image", "clean", "mask"};
+    const char              *t       = NULL;
+    if (da != NULL) {
+        DDL_CHECK(spec_get_str(c, da, "data", "target", false, &t));
+    }
+    if (t == NULL) {
+        bool bin  = s->loss == DDL_LOSS_BCE || s->loss == DDL_LOSS_BCE_WITH_LOGITS;
+        s->target = !s->dense       ? DDL_TARGET_LABELS
+                    : !s->has_synth ? DDL_TARGET_IMAGE
+                    : bin           ? DDL_TARGET_MASK
+                                    : DDL_TARGET_CLEAN;
+    } else {
+        int k = 0;
+        while (k < 4 && strcmp(t, names[k]) != 0) {
+            k++;
+        }
+        if (k == 4) {
+            return spec_fail(c, "data.target", "\"%s\" is not labels, image, clean or mask", t);
+        }
+        s->target = (ddl_target_source)k;
+    }
+    const char *loss = ddl_spec_loss_name(s);
+    if (!s->dense && s->target != DDL_TARGET_LABELS) {
+        return spec_fail(c, "data.target",
+                         "cross_entropy trains on class labels, not \"%s\"; "
+                         "give a dense loss (mse, l1, ...) for dense targets",
+                         names[s->target]);
+    }
+    if (s->dense && s->target == DDL_TARGET_LABELS) {
+        return spec_fail(c, "data.target",
+                         "%s trains on dense targets shaped like the output, "
+                         "not class labels (%s)",
+                         loss, s->has_synth ? "clean or mask" : "image");
+    }
+    if (s->has_synth && s->target == DDL_TARGET_IMAGE) {
+        return spec_fail(c, "data.target",
+                         "\"image\" is the target of IDX data; generated "
+                         "volumes give \"clean\" or \"mask\"");
+    }
+    if (!s->has_synth && (s->target == DDL_TARGET_CLEAN || s->target == DDL_TARGET_MASK)) {
+        return spec_fail(c, "data.target",
+                         "\"%s\" needs generated volumes (\"synthetic\"); IDX "
+                         "data gives \"labels\" or \"image\"",
+                         names[s->target]);
+    }
+    int64_t in = 1;
+    for (int d = 0; d < s->input.ndim; d++) {
+        in *= s->input.d[d];
+    }
+    if (s->target == DDL_TARGET_IMAGE && s->out_elems != in) {
+        char ib[128], ob[128];
+        return spec_fail(c, "data.target",
+                         "the image target holds the input's %lld values %s per "
+                         "sample (row-major), so the output must hold as many; "
+                         "it is %s (%lld)",
+                         (long long)in, spec_shape_str(&s->input, ib, sizeof ib),
+                         spec_shape_str(&s->output, ob, sizeof ob), (long long)s->out_elems);
+    }
+    return DDL_OK;
 }
 
 // The most ranks any activation's partition splits the batch dimension over (and that
@@ -1103,55 +1312,7 @@ static ddl_status parse_root(spec_pctx *c, json_t *root)
     DDL_CHECK(parse_layers(c, ls));
     DDL_CHECK(parse_buckets(c, root));
     cur = s->layers[s->nlayers - 1].y_global;
-    // loss
-    json_t *lo = json_object_get(root, "loss");
-    if (lo == NULL || !json_is_object(lo)) {
-        return spec_fail(c, "loss", "missing or not an object {\"type\": \"cross_entropy\", ...}");
-    }
-    static const char *const lk[] = {"type", "reduction", NULL};
-    DDL_CHECK(spec_check_keys(c, lo, "loss", lk));
-    const char *lt = NULL, *red = "mean";
-    DDL_CHECK(spec_get_str(c, lo, "loss", "type", true, &lt));
-    if (strcmp(lt, "cross_entropy") != 0) {
-        return spec_fail(c, "loss.type", "\"%s\": models train classifiers on labelled data, so the "
-                                    "loss must be cross_entropy",
-                    lt);
-    }
-    DDL_CHECK(spec_get_str(c, lo, "loss", "reduction", false, &red));
-    if (strcmp(red, "mean") == 0) {
-        s->reduction = DDL_REDUCTION_MEAN;
-    } else if (strcmp(red, "sum") == 0) {
-        s->reduction = DDL_REDUCTION_SUM;
-    } else {
-        return spec_fail(c, "loss.reduction", "\"%s\" is not mean or sum", red);
-    }
-    if (cur.ndim < 2) {
-        char sbuf[128];
-        return spec_fail(c, "loss", "cross_entropy needs the last layer's output to be [batch, "
-                               "classes] or [batch, classes, spatial...], it is %s",
-                    spec_shape_str(&cur, sbuf, sizeof sbuf));
-    }
-    const spec_partition *po = &s->parts[s->layers[s->nlayers - 1].P_out];
-    if (cur.ndim > 2 && po->shape[1] != 1) {
-        // Segmentation: the log-softmax of a voxel needs all of its classes on one rank.
-        char sbuf[128];
-        return spec_fail(c, "loss", "cross_entropy on the segmentation output %s needs every class "
-                               "on each rank, but its partition \"%s\" splits dimension 1 "
-                               "(classes) over %d ranks; split the batch or spatial dims",
-                    spec_shape_str(&cur, sbuf, sizeof sbuf), po->name, po->shape[1]);
-    }
-    if (cur.d[1] > INT32_MAX) {
-        char sbuf[128];
-        return spec_fail(c, "loss", "%lld classes (the output %s); at most %d are supported",
-                    (long long)cur.d[1], spec_shape_str(&cur, sbuf, sizeof sbuf), INT32_MAX);
-    }
-    s->num_classes = (int)cur.d[1];
-    s->output      = (ddl_shape){.ndim = cur.ndim - 1};
-    s->label_elems = 1;
-    for (int d = 1; d < cur.ndim; d++) {
-        s->output.d[d - 1] = cur.d[d];
-        s->label_elems *= d >= 2 ? cur.d[d] : 1;
-    }
+    DDL_CHECK(parse_loss(c, root, &cur));
     DDL_CHECK(parse_optimizer(c, root));
     // data
     s->mean = 0.0, s->std = 1.0, s->shuffle = true;
@@ -1160,7 +1321,7 @@ static ddl_status parse_root(spec_pctx *c, json_t *root)
         if (!json_is_object(da)) {
             return spec_fail(c, "data", "must be an object");
         }
-        static const char *const dk[] = {"normalize", "shuffle", "synthetic", NULL};
+        static const char *const dk[] = {"normalize", "shuffle", "synthetic", "target", NULL};
         DDL_CHECK(spec_check_keys(c, da, "data", dk));
         DDL_CHECK(parse_synthetic(c, da, &cur));
         DDL_CHECK(spec_get_bool(c, da, "data", "shuffle", &s->shuffle));
@@ -1175,7 +1336,7 @@ static ddl_status parse_root(spec_pctx *c, json_t *root)
             DDL_CHECK(spec_get_num(c, no, "data.normalize", "std", true, 1e-12, 1e9, &s->std));
         }
     }
-    return DDL_OK;
+    return parse_target(c, da);
 }
 
 ddl_status ddl_spec_parse(const char *text, const char *source, int world_size, ddl_spec_t **out)
@@ -1324,6 +1485,22 @@ bool ddl_spec_shuffle(const ddl_spec_t *s)
 int64_t ddl_spec_label_elems(const ddl_spec_t *s)
 {
     return s->label_elems;
+}
+ddl_loss_kind ddl_spec_loss(const ddl_spec_t *s)
+{
+    return s->loss;
+}
+bool ddl_spec_dense_targets(const ddl_spec_t *s)
+{
+    return s->dense;
+}
+int64_t ddl_spec_output_elems(const ddl_spec_t *s)
+{
+    return s->out_elems;
+}
+ddl_target_source ddl_spec_target_source(const ddl_spec_t *s)
+{
+    return s->target;
 }
 ddl_shape ddl_spec_output_shape(const ddl_spec_t *s)
 {

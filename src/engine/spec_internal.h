@@ -81,13 +81,18 @@ struct ddl_spec {
     spec_layer       *layers;
     int              *order;      // a topological order of the layers (file order if possible)
     ddl_shape         in_global;  // the batched input [batch, sample...]
+    ddl_loss_kind     loss;       // DDL_LOSS_CROSS_ENTROPY or an elementwise kind
     ddl_reduction     reduction;
+    bool              dense;     // the loss takes dense targets shaped like the output
+    ddl_target_source target;    // where the data's targets come from
+    int64_t           out_elems; // values per sample of the output
     ddl_optim_params  optim;
     double            mean, std;
     bool              shuffle;
     int               num_classes;
     // The model output per sample: [classes], or [classes, spatial...] for segmentation,
-    // whose labels are one per output voxel (label_elems = prod(spatial); else 1).
+    // whose labels are one per output voxel (label_elems = prod(spatial); else 1). Dense
+    // targets: the output's per-sample shape, num_classes and label_elems 0.
     ddl_shape         output;
     int64_t           label_elems;
     // data.synthetic (has_synth): generated samples instead of a dataset directory.

@@ -572,3 +572,21 @@ void ddl_dataset_batch_f64(const ddl_dataset *ds, const int64_t *idx, int64_t co
         }
     }
 }
+
+void ddl_dataset_batch_images(const ddl_dataset *ds, const int64_t *idx, int64_t count,
+                              ddl_dtype dt, void *targets)
+{
+    int64_t ss = ds->sample_size;
+    for (int64_t b = 0; b < count; b++) {
+        DDL_ASSERT(idx[b] >= 0 && idx[b] < ds->n);
+        const uint8_t *px = ds->pixels + idx[b] * ss;
+        for (int64_t k = 0; k < ss; k++) {
+            double v = px[k] / 255.0;
+            if (dt == DDL_F32) {
+                ((float *)targets)[b * ss + k] = (float)v;
+            } else {
+                ((double *)targets)[b * ss + k] = v;
+            }
+        }
+    }
+}

@@ -126,9 +126,9 @@ static void paint(const ddl_synth_params *p, const ddl_synth_object *objs, int n
     }
 }
 
-ddl_status ddl_synth_batch(const ddl_synth_params *p, int split, const int64_t *idx,
-                           int64_t count, double mean, double std, ddl_dtype dt, void *x,
-                           int64_t *labels)
+ddl_status ddl_synth_batch_targets(const ddl_synth_params *p, int split, const int64_t *idx,
+                                   int64_t count, double mean, double std, ddl_dtype dt, void *x,
+                                   int64_t *labels, bool mask, void *targets)
 {
     DDL_CHECK(ddl_synth_validate(p));
     DDL_REQUIRE(split == 0 || split == 1, DDL_EINVAL, "synthetic data: split %d is not 0 or 1",
@@ -155,8 +155,16 @@ ddl_status ddl_synth_batch(const ddl_synth_params *p, int split, const int64_t *
         paint(p, objs, no, lb);
         uint64_t stream = 4 * (uint64_t)idx[b] + 2 * (uint64_t)split + 1;
         for (int64_t i = 0; i < n; i++) {
-            double val = lb[i] > 0 ? objs[lb[i] - 1].intensity : 0.0;
-            lb[i]      = lb[i] > 0 ? objs[lb[i] - 1].label : DDL_SYNTH_BACKGROUND;
+            double clean = lb[i] > 0 ? objs[lb[i] - 1].intensity : 0.0, val = clean;
+            if (targets != NULL) {
+                double t = mask ? (lb[i] > 0 ? 1.0 : 0.0) : clean;
+                if (dt == DDL_F32) {
+                    ((float *)targets)[b * n + i] = (float)t;
+                } else {
+                    ((double *)targets)[b * n + i] = t;
+                }
+            }
+            lb[i] = lb[i] > 0 ? objs[lb[i] - 1].label : DDL_SYNTH_BACKGROUND;
             if (p->noise > 0) {
                 val += p->noise * ddl_rng_normal(seed, stream, (uint64_t)i);
             }
@@ -169,4 +177,10 @@ ddl_status ddl_synth_batch(const ddl_synth_params *p, int split, const int64_t *
         }
     }
     return DDL_OK;
+}
+
+ddl_status ddl_synth_batch(const ddl_synth_params *p, int split, const int64_t *idx, int64_t count,
+                           double mean, double std, ddl_dtype dt, void *x, int64_t *labels)
+{
+    return ddl_synth_batch_targets(p, split, idx, count, mean, std, dt, x, labels, false, NULL);
 }

@@ -28,10 +28,8 @@ static char *spec_text(int world, bool split)
 {
     int  ps[3][2] = {{1, 1}, {2, 1}, {2, 2}};
     int *s        = ps[world == 1 ? 0 : world == 2 ? 1 : 2];
-    char ranks[32] = "";
-    for (int r = 0; r < world; r++) {
-        snprintf(ranks + strlen(ranks), sizeof ranks - strlen(ranks), "%s%d", r ? ", " : "", r);
-    }
+    char ranks[32];
+    ddl_test_rank_list(world, ranks, sizeof ranks);
     const char *conv = "\"type\": \"conv2d\", \"out_channels\": 4, \"kernel\": [3, 3], "
                        "\"padding\": [1, 1]";
     char       *t    = malloc(8192);

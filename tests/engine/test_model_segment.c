@@ -25,11 +25,9 @@ enum { B = 3, C = 3, D = 8, H = 6, W = 5, V = D * H * W };
 // world of P ranks whose volume is split as `split` ([1, 1, a, b, c]).
 static char *spec_text(int P, const char *split, const char *dtype)
 {
-    char  ranks[64] = "";
+    char  ranks[64];
     char *t         = malloc(4096);
-    for (int r = 0; r < P; r++) {
-        snprintf(ranks + strlen(ranks), sizeof ranks - strlen(ranks), "%s%d", r ? ", " : "", r);
-    }
+    ddl_test_rank_list(P, ranks, sizeof ranks);
     snprintf(t, 4096,
              "{\"world_size\": %d, \"seed\": 5, \"dtype\": \"%s\", \"batch_size\": %d,\n"
              " \"input\": {\"shape\": [1, %d, %d, %d], \"partition\": \"vol\"},\n"
@@ -53,15 +51,10 @@ static char *spec_text(int P, const char *split, const char *dtype)
 
 static ddl_model_t *make_model(MPI_Comm comm, const char *text)
 {
-    int size;
-    MPI_Comm_size(comm, &size);
-    ddl_spec_t  *s = NULL;
-    ddl_model_t *m = NULL;
-    ASSERT_OK(ddl_spec_parse(text, "seg.json", size, &s));
+    ddl_model_t      *m = ddl_test_model(comm, text, "seg.json");
+    const ddl_spec_t *s = ddl_model_spec(m);
     ASSERT_EQ(ddl_spec_label_elems(s), V);
     ASSERT_EQ(ddl_spec_output_shape(s).ndim, 4);
-    ASSERT_OK(ddl_model_create(comm, s, &m));
-    ddl_spec_destroy(&s);
     return m;
 }
 

@@ -29,10 +29,13 @@
 static int rank, size;
 
 typedef struct batch {
-    int64_t  B, C, L, S; // batch_size, classes, labels per sample, sample elements
+    int64_t B, C, L, S;  // batch_size, classes, labels per sample, sample elements
+                         // (dense targets: C 1 and L the output values per sample)
     size_t   es;         // element size
     void    *x, *lg;     // rank 0: B samples, B samples' logits
     int64_t *lab;
+    bool     dense; // the loss takes dense targets: t, B * L values in [0, 1]
+    void    *t;
 } batch;
 
 static double elem(const batch *b, const void *p, int64_t i)
@@ -110,10 +113,16 @@ static uint64_t bytes_moved(const ddl_traffic *a, const ddl_traffic *z)
 
 static void step(ddl_model_t *m, const batch *b)
 {
-    double  loss;
-    int64_t correct;
-    ASSERT_OK(ddl_model_train_step(m, b->x, rank == 0 ? (size_t)(b->B * b->S) * b->es : 0, b->lab,
-                                   b->B, &loss, &correct));
+    double            loss;
+    int64_t           correct;
+    ddl_dense_metrics dm;
+    size_t            xb = rank == 0 ? (size_t)(b->B * b->S) * b->es : 0;
+    if (b->dense) {
+        ASSERT_OK(ddl_model_train_step_dense(
+            m, b->x, xb, b->t, rank == 0 ? (size_t)(b->B * b->L) * b->es : 0, b->B, &loss, &dm));
+        return;
+    }
+    ASSERT_OK(ddl_model_train_step(m, b->x, xb, b->lab, b->B, &loss, &correct));
 }
 
 // One spec (ddl_test_each_file): returns 1 if it ran (its world size is ours), 0 otherwise.
@@ -126,10 +135,15 @@ static int check_spec(const char *path, void *unused)
         ddl_spec_destroy(&spec);
         return 0;
     }
-    batch     b  = {.B  = ddl_spec_batch_size(spec),
-                    .C  = ddl_spec_num_classes(spec),
-                    .L  = ddl_spec_label_elems(spec),
-                    .es = ddl_dtype_size(ddl_spec_dtype(spec))};
+    batch b = {.B     = ddl_spec_batch_size(spec),
+               .C     = ddl_spec_num_classes(spec),
+               .L     = ddl_spec_label_elems(spec),
+               .es    = ddl_dtype_size(ddl_spec_dtype(spec)),
+               .dense = ddl_spec_dense_targets(spec)};
+    if (b.dense) {
+        b.C = 1;
+        b.L = ddl_spec_output_elems(spec);
+    }
     ddl_shape in = ddl_spec_input_shape(spec);
     b.S          = ddl_shape_numel(&in);
     ASSERT_TRUE(b.B == 1 || ddl_spec_inference_batches(spec, NULL) > 0); // the default
@@ -170,16 +184,13 @@ static int check_spec(const char *path, void *unused)
         b.lg  = calloc((size_t)(b.B * b.C * b.L), b.es);
         lg2   = calloc((size_t)(b.B * b.C * b.L), b.es);
         b.lab = calloc((size_t)(b.B * b.L), sizeof(int64_t));
-        for (int64_t i = 0; i < b.B * b.S; i++) {
-            double v = 2.0 * ddl_rng_uniform(11, 0, (uint64_t)i) - 1.0;
-            if (b.es == 4) {
-                ((float *)b.x)[i] = (float)v;
-            } else {
-                ((double *)b.x)[i] = v;
-            }
-        }
+        ddl_test_fill(b.x, b.es, b.B * b.S, 11, -1.0, 1.0);
         for (int64_t i = 0; i < b.B * b.L; i++) {
             b.lab[i] = (i * 7 + i / 3) % b.C;
+        }
+        if (b.dense) {
+            b.t = calloc((size_t)(b.B * b.L), b.es);
+            ddl_test_fill(b.t, b.es, b.B * b.L, 12, 0.0, 1.0);
         }
     }
     step(ms, &b);
@@ -220,6 +231,14 @@ static int check_spec(const char *path, void *unused)
         double  ls, lp;
         int64_t cs, cp;
         size_t  xb = rank == 0 ? (size_t)(n * b.S) * b.es : 0;
+        if (b.dense) {
+            ddl_dense_metrics ds, dp;
+            size_t            tb = rank == 0 ? (size_t)(n * b.L) * b.es : 0;
+            ASSERT_OK(ddl_model_eval_dense(ms, b.x, xb, b.t, tb, n, &ds));
+            ASSERT_OK(ddl_model_eval_dense(mp, b.x, xb, b.t, tb, n, &dp));
+            ASSERT_TRUE(ds.loss_sum == dp.loss_sum && ds.sq_err == dp.sq_err);
+            continue;
+        }
         ASSERT_OK(ddl_model_eval(ms, b.x, xb, b.lab, n, &ls, &cs));
         ASSERT_OK(ddl_model_eval(mp, b.x, xb, b.lab, n, &lp, &cp));
         ASSERT_TRUE(ls == lp); // the same rows' losses, summed in the same order
@@ -267,6 +286,7 @@ static int check_spec(const char *path, void *unused)
     free(b.lg);
     free(lg2);
     free(b.lab);
+    free(b.t);
     ddl_spec_destroy(&spec);
     return 1;
 }

@@ -100,6 +100,103 @@ static void segmentation(void)
     printf("segmentation specs: ok\n");
 }
 
+// Dense losses: every kind with its reductions, the target's source and shape, and the
+// mistakes a user makes (issue 18).
+static void dense_losses(void)
+{
+    const char *vol =
+        "{\"world_size\": 2, \"seed\": 9, \"batch_size\": 2,\n"
+        " \"input\": {\"shape\": [1, 8, 8, 6], \"partition\": \"vol\"},\n"
+        " \"partitions\": {\"vol\": {\"ranks\": [0, 1], \"shape\": [1, 1, 2, 1, 1]}},\n"
+        " \"layers\": [{\"type\": \"conv3d\", \"out_channels\": 1, \"kernel\": [3, 3, 3], "
+        "\"padding\": [1, 1, 1]}],\n"
+        " \"loss\": {\"type\": \"mse\"},\n"
+        " \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.1},\n"
+        " \"data\": {\"synthetic\": {\"kind\": \"shapes3d\", \"train\": 8, \"test\": 4}}}\n";
+    static const struct {
+        const char       *loss;
+        ddl_loss_kind     kind;
+        ddl_target_source target; // the default for generated volumes
+    } kinds[] = {
+        {"{\"type\": \"mse\"}", DDL_LOSS_MSE, DDL_TARGET_CLEAN},
+        {"{\"type\": \"l1\", \"reduction\": \"sum\"}", DDL_LOSS_L1, DDL_TARGET_CLEAN},
+        {"{\"type\": \"bce_with_logits\"}", DDL_LOSS_BCE_WITH_LOGITS, DDL_TARGET_MASK},
+        {"{\"type\": \"kl_div\", \"reduction\": \"batchmean\"}", DDL_LOSS_KL_DIV, DDL_TARGET_CLEAN},
+        {"{\"type\": \"kl_div\", \"log_target\": true}", DDL_LOSS_KL_DIV_LOG_TARGET,
+         DDL_TARGET_CLEAN},
+        {"{\"type\": \"poisson_nll\"}", DDL_LOSS_POISSON_NLL, DDL_TARGET_CLEAN},
+    };
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
+        char       *t = edit(vol, "{\"type\": \"mse\"}", kinds[i].loss);
+        ddl_spec_t *s = NULL;
+        ASSERT_OK(ddl_spec_parse(t, "vol.json", 2, &s));
+        ASSERT_TRUE(ddl_spec_loss(s) == kinds[i].kind && ddl_spec_dense_targets(s));
+        ASSERT_TRUE(ddl_spec_target_source(s) == kinds[i].target);
+        ASSERT_EQ(ddl_spec_output_elems(s), 8 * 8 * 6);
+        ASSERT_EQ(ddl_spec_num_classes(s), 0);
+        ASSERT_EQ(ddl_spec_label_elems(s), 0);
+        ddl_spec_destroy(&s);
+        free(t);
+    }
+    // bce with a sigmoid last; the mask target asked for by name.
+    char       *bce  = edit(vol, "\"padding\": [1, 1, 1]}],",
+                            "\"padding\": [1, 1, 1]}, {\"type\": \"sigmoid\"}],");
+    char       *bce2 = edit(bce, "{\"type\": \"mse\"}", "{\"type\": \"bce\"}");
+    char       *bce3 = edit(bce2, "\"test\": 4}}", "\"test\": 4}, \"target\": \"mask\"}");
+    ddl_spec_t *s    = NULL;
+    ASSERT_OK(ddl_spec_parse(bce3, "vol.json", 2, &s));
+    ASSERT_TRUE(ddl_spec_loss(s) == DDL_LOSS_BCE && ddl_spec_target_source(s) == DDL_TARGET_MASK);
+    ddl_spec_destroy(&s);
+    free(bce);
+    free(bce3);
+    refuse(vol, "{\"type\": \"mse\"}", "{\"type\": \"bce\"}", 2, "spec.json:5: loss",
+           "end the network with {\"type\": \"sigmoid\"}");
+    free(bce2);
+    refuse(vol, "{\"type\": \"mse\"}", "{\"type\": \"huber\"}", 2, "loss.type",
+           "\"huber\" is not a known loss (cross_entropy, mse");
+    refuse(vol, "{\"type\": \"mse\"}", "{\"type\": \"mse\", \"reduction\": \"batchmean\"}", 2,
+           "loss.reduction", "\"batchmean\" is not mean or sum");
+    refuse(vol, "{\"type\": \"mse\"}", "{\"type\": \"kl_div\", \"reduction\": \"none\"}", 2,
+           "loss.reduction", "not mean or sum or batchmean");
+    refuse(vol, "{\"type\": \"mse\"}", "{\"type\": \"mse\", \"log_target\": true}", 2,
+           "loss.log_target", "only kl_div takes log_target");
+    refuse(vol, "{\"type\": \"mse\"}", "{\"type\": \"kl_div\", \"log_target\": 1}", 2,
+           "loss.log_target", NULL);
+    refuse(vol, "\"out_channels\": 1", "\"out_channels\": 3", 2, "data.synthetic",
+           "must be [batch, 1, 8, 8, 6]; it is [2, 3, 8, 8, 6]");
+    refuse(vol, "\"test\": 4}}", "\"test\": 4}, \"target\": \"labels\"}", 2, "data.target",
+           "mse trains on dense targets shaped like the output, not class labels");
+    refuse(vol, "\"test\": 4}}", "\"test\": 4}, \"target\": \"image\"}", 2, "data.target",
+           "generated volumes give \"clean\" or \"mask\"");
+    refuse(vol, "\"test\": 4}}", "\"test\": 4}, \"target\": \"noisy\"}", 2, "data.target",
+           "\"noisy\" is not labels, image, clean or mask");
+    // A classifier asks for labels only.
+    char *ce  = edit(vol, "{\"type\": \"mse\"}", "{\"type\": \"cross_entropy\"}");
+    char *ce3 = edit(ce, "\"out_channels\": 1", "\"out_channels\": 3");
+    refuse(ce3, "\"test\": 4}}", "\"test\": 4}, \"target\": \"clean\"}", 2, "data.target",
+           "cross_entropy trains on class labels, not \"clean\"");
+    free(ce);
+    free(ce3);
+    // IDX data: the image is the target (an autoencoder), as many values as the input.
+    const char *ae =
+        "{\"world_size\": 1, \"batch_size\": 4,\n"
+        " \"input\": {\"shape\": [1, 28, 28], \"partition\": \"p\"},\n"
+        " \"partitions\": {\"p\": {\"ranks\": [0], \"shape\": [1, 1, 1, 1]},\n"
+        "                \"f\": {\"ranks\": [0], \"shape\": [1, 1]}},\n"
+        " \"layers\": [{\"type\": \"flatten\", \"to\": \"f\"},\n"
+        "   {\"type\": \"linear\", \"out_features\": 784, \"P_y\": \"f\", \"P_w\": \"f\"}],\n"
+        " \"loss\": {\"type\": \"mse\"}}\n";
+    ASSERT_OK(ddl_spec_parse(ae, "ae.json", 1, &s));
+    ASSERT_TRUE(ddl_spec_target_source(s) == DDL_TARGET_IMAGE && ddl_spec_output_elems(s) == 784);
+    ddl_spec_destroy(&s);
+    refuse(ae, "\"out_features\": 784", "\"out_features\": 783", 1, "data.target",
+           "the output must hold as many; it is [783] (783)");
+    refuse(ae, "\"loss\": {\"type\": \"mse\"}}",
+           "\"loss\": {\"type\": \"mse\"}, \"data\": {\"target\": \"mask\"}}", 1, "data.target",
+           "\"mask\" needs generated volumes");
+    printf("dense losses: ok\n");
+}
+
 // The line (1-based) of the first occurrence of needle in text.
 static int line_at(const char *text, const char *needle)
 {
@@ -405,6 +502,7 @@ int main(int argc, char **argv)
         ASSERT_STATUS(ddl_spec_load("/", 4, &sp), DDL_EINVAL);
     }
     segmentation();
+    dense_losses();
     printf("test_spec: ok\n");
     return 0;
 }

@@ -68,28 +68,37 @@ int main(int argc, char **argv)
     if (ddl_test_rank == 0) {
         XB  = es * (size_t)(B * S);
         x   = calloc((size_t)(B * S), es);
-        lab = calloc((size_t)(B * LE), sizeof(int64_t));
+        lab = calloc((size_t)(B * LE) + 1, sizeof(int64_t)); // none for dense targets
         ASSERT_TRUE(x != NULL && lab != NULL);
-        for (int64_t i = 0; i < B * S; i++) {
-            double v = 2.0 * ddl_rng_uniform(11, 0, (uint64_t)i) - 1.0;
-            if (es == 4) {
-                ((float *)x)[i] = (float)v;
-            } else {
-                ((double *)x)[i] = v;
-            }
-        }
+        ddl_test_fill(x, es, B * S, 11, -1.0, 1.0);
         for (int64_t b = 0; b < B * LE; b++) {
             lab[b] = (b * 7) % C;
         }
     }
+    // Dense targets (every loss but cross-entropy): B * E values in [0, 1] (x's values,
+    // shifted, where the output holds as many; any valid targets move the same bytes).
+    bool              dense = ddl_spec_dense_targets(spec);
+    int64_t           E     = ddl_spec_output_elems(spec);
+    void             *tg    = NULL;
+    size_t            TB    = 0;
+    ddl_dense_metrics dm;
+    if (dense && ddl_test_rank == 0) {
+        TB = es * (size_t)(B * E);
+        tg = calloc((size_t)(B * E), es);
+        ASSERT_TRUE(tg != NULL);
+        ddl_test_fill(tg, es, B * E, 12, 0.0, 1.0);
+    }
     double  loss;
     int64_t correct;
-    ASSERT_OK(ddl_model_train_step(m, x, XB, lab, B, &loss, &correct));
+#define STEP()                                                                                     \
+    (dense ? ddl_model_train_step_dense(m, x, XB, tg, TB, B, &loss, &dm)                           \
+           : ddl_model_train_step(m, x, XB, lab, B, &loss, &correct))
+    ASSERT_OK(STEP());
 
     // The second step, with the process counters around it.
     ddl_traffic t0, t1, d;
     ddl_traffic_snapshot(&t0);
-    ASSERT_OK(ddl_model_train_step(m, x, XB, lab, B, &loss, &correct));
+    ASSERT_OK(STEP());
     ddl_traffic_snapshot(&t1);
     ddl_traffic_sub(&t1, &t0, &d);
     size_t words = sizeof d / sizeof(uint64_t);
@@ -120,9 +129,14 @@ int main(int argc, char **argv)
     }
 
     // Per step, not cumulative: a third step and an evaluation leave the table as it was.
-    ASSERT_OK(ddl_model_train_step(m, x, XB, lab, B, &loss, &correct));
+    ASSERT_OK(STEP());
     double ls;
-    ASSERT_OK(ddl_model_eval(m, x, XB, lab, B, &ls, &correct));
+    if (dense) {
+        ASSERT_OK(ddl_model_eval_dense(m, x, XB, tg, TB, B, &dm));
+    } else {
+        ASSERT_OK(ddl_model_eval(m, x, XB, lab, B, &ls, &correct));
+    }
+#undef STEP
     int              n2;
     ddl_traffic_row *again = table(m, &n2);
     ASSERT_EQ(n2, n);
@@ -145,6 +159,7 @@ int main(int argc, char **argv)
     free(again);
     free(x);
     free(lab);
+    free(tg);
     ddl_model_destroy(&m);
     ddl_spec_destroy(&spec);
     return ddl_test_mpi_finalize();

@@ -605,13 +605,14 @@ def batchnorm_bytes(L, es, with_bwd):
             L.bwd.ops.append(("fan", "broadcast", [(g, 2 * n * F64) for g, n in gs]))
 
 
-def loss_bytes(P, x, es):
+def loss_bytes(P, x, es, dense=False):
     """Cross-entropy on x [N, C] over P [P_b, P_c] (reduced); on x [N, C, spatial...]
     (per voxel, P not splitting C) every rank's voxels are whole, so only the reduced
-    [local sum, failures] pair of doubles goes to P rank 0 (and back as the adjoint)."""
+    [local sum, failures] pair of doubles goes to P rank 0 (and back as the adjoint). An
+    elementwise loss on dense targets (dense) is local too, on any P: the same pair."""
     fwd, bwd = Bytes(), Bytes()
-    if len(x) > 2:
-        assert P.shape[1] == 1, "the per-voxel loss needs the classes whole"
+    if len(x) > 2 or dense:
+        assert dense or P.shape[1] == 1, "the per-voxel loss needs the classes whole"
         g = len(set(P.ranks))
         fwd.add("sum_reduce/forward", (g - 1) * 2 * F64)
         bwd.add("sum_reduce/adjoint", (g - 1) * 2 * F64)
@@ -657,8 +658,20 @@ def table(spec):
     for L in layers:
         rows.append((L.name, L.fwd, L.bwd))
     last = layers[-1]
-    lf, lb = loss_bytes(last.Pout, last.y, es)
+    dense = spec["loss"]["type"] != "cross_entropy"
+    lf, lb = loss_bytes(last.Pout, last.y, es, dense)
     rows.append(("loss", lf, lb))
+    if dense:
+        # Dense targets shaped like the output (the spec's dtype) from rank 0 to the ranks
+        # holding those values of the output: a Repartition; no gathered output in a step.
+        tgt = Bytes()
+        root_t = Part("root", [0], [1] * len(last.y))
+        tgt.add("repartition/forward", repartition_bytes(last.y, root_t, last.Pout, es))
+        if tgt.sum():
+            tgt.ops.append(("p2p", "repartition", repartition_ops(last.y, root_t, last.Pout, es)))
+        rows.append(("targets", tgt, Bytes()))
+        rows.append(("output", Bytes(), Bytes()))
+        return rows, layers
     seg = len(last.y) > 2
     if seg:
         # Per-voxel labels [B, 1, spatial...] (f64 class indices, exact) from rank 0 to

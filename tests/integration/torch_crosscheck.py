@@ -59,6 +59,35 @@ CASES = [
     ("bce_with_logits sum", 4, {"op": "loss", "kind": "bce_with_logits", "reduction": "sum",
      "P_x": {"ranks": [0, 1, 2, 3], "shape": [1, 4]}, "x_global_shape": [3, 10]}),
 ]
+# Every elementwise loss of a spec (issue 18) with each of its reductions, on a volume
+# [2, 1, 6, 5, 4] split over 2 ranks spatially (as a U-Net's output is), and "none" with
+# an upstream gradient.
+_VOL = {"P_x": {"ranks": [0, 1], "shape": [1, 1, 2, 1, 1]}, "x_global_shape": [2, 1, 6, 5, 4]}
+for _kind, _reds in (("mse", ("mean", "sum", "none")), ("l1", ("mean", "sum", "none")),
+                     ("bce", ("mean", "sum", "none")), ("bce_with_logits", ("mean", "none")),
+                     ("kl_div", ("mean", "sum", "batchmean", "none")),
+                     ("kl_div_log_target", ("mean", "batchmean")),
+                     ("poisson_nll", ("mean", "sum", "none"))):
+    for _red in _reds:
+        CASES.append((f"{_kind} {_red} volume", 2,
+                      dict(_VOL, op="loss", kind=_kind, reduction=_red)))
+
+
+def torch_loss(kind, x, t, reduction):
+    """PyTorch's loss of each kind, with its default arguments."""
+    if kind == "mse":
+        return F.mse_loss(x, t, reduction=reduction)
+    if kind == "l1":
+        return F.l1_loss(x, t, reduction=reduction)
+    if kind == "bce":
+        return F.binary_cross_entropy(x, t, reduction=reduction)
+    if kind == "bce_with_logits":
+        return F.binary_cross_entropy_with_logits(x, t, reduction=reduction)
+    if kind in ("kl_div", "kl_div_log_target"):
+        return F.kl_div(x, t, reduction=reduction, log_target=kind == "kl_div_log_target")
+    if kind == "poisson_nll":
+        return F.poisson_nll_loss(x, t, log_input=True, full=False, reduction=reduction)
+    raise ValueError(kind)
 
 
 def load(d, name):
@@ -106,8 +135,10 @@ def reference(case, d):
         t = load(d, "target").long()
         y = F.cross_entropy(x, t, reduction=case["reduction"])
     elif op == "loss":
-        t = load(d, "target")
-        y = F.binary_cross_entropy_with_logits(x, t, reduction=case["reduction"])
+        y = torch_loss(case["kind"], x, load(d, "target"), case["reduction"])
+        if case["reduction"] == "none":
+            y.backward(load(d, "dloss").reshape(y.shape))
+            return {"loss": y.detach(), "dx": x.grad}
     if op in ("cross_entropy", "loss"):
         y.backward()
         return {"loss": y.detach(), "dx": x.grad}

@@ -115,3 +115,27 @@ void ddl_test_free_guarded(ddl_tensor_t **t)
     ddl_free((*t)->data);
     ddl_tensor_destroy(t);
 }
+
+ddl_model_t *ddl_test_model(MPI_Comm comm, const char *text, const char *source)
+{
+    int size;
+    MPI_Comm_size(comm, &size);
+    ddl_spec_t  *s = NULL;
+    ddl_model_t *m = NULL;
+    ASSERT_OK(ddl_spec_parse(text, source, size, &s));
+    ASSERT_OK(ddl_model_create(comm, s, &m));
+    ddl_spec_destroy(&s);
+    return m;
+}
+
+void ddl_test_fill(void *buf, size_t es, int64_t n, uint64_t seed, double lo, double hi)
+{
+    for (int64_t i = 0; i < n; i++) {
+        double v = lo + (hi - lo) * ddl_rng_uniform(seed, 0, (uint64_t)i);
+        if (es == 4) {
+            ((float *)buf)[i] = (float)v;
+        } else {
+            ((double *)buf)[i] = v;
+        }
+    }
+}

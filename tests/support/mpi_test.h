@@ -5,6 +5,7 @@
 
 #include <mpi.h>
 
+#include "ddl/model.h"
 #include "ddl/primitives.h"
 #include "test.h"
 
@@ -38,5 +39,13 @@ ddl_tensor_t *ddl_test_filled(ddl_dtype dt, const ddl_shape *shape, double fill)
 // loop running over); ddl_test_free_guarded checks the guards and frees it.
 ddl_tensor_t *ddl_test_guarded(ddl_dtype dt, const ddl_shape *shape, double fill);
 void          ddl_test_free_guarded(ddl_tensor_t **t);
+
+// The model of spec `text` (named `source` in messages) over comm, whose size is the
+// spec's world size; fails the test on any error.
+ddl_model_t *ddl_test_model(MPI_Comm comm, const char *text, const char *source);
+
+// n seeded uniform values in [lo, hi) into buf as f32 (es 4) or f64 (es 8): sample i is
+// ddl_rng_uniform(seed, 0, i), the same on every rank.
+void ddl_test_fill(void *buf, size_t es, int64_t n, uint64_t seed, double lo, double hi);
 
 #endif // DDL_MPI_TEST_H

@@ -68,3 +68,13 @@ int ddl_test_each_file(const char *dir, const char *suffix, int (*fn)(const char
     free(paths);
     return checked;
 }
+
+char *ddl_test_rank_list(int P, char *buf, size_t len)
+{
+    size_t n = 0;
+    buf[0]   = '\0';
+    for (int r = 0; r < P && n < len; r++) {
+        n += (size_t)snprintf(buf + n, len - n, "%s%d", r ? ", " : "", r);
+    }
+    return buf;
+}

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "ddl/status.h"
+#include "ddl/tensor.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -51,6 +52,10 @@ DDL_EXTERN void ddl_dataset_batch_f32(const ddl_dataset *ds, const int64_t *idx,
                                       double mean, double std, float *x, int64_t *labels);
 DDL_EXTERN void ddl_dataset_batch_f64(const ddl_dataset *ds, const int64_t *idx, int64_t count,
                                       double mean, double std, double *x, int64_t *labels);
+// The image target of samples idx[0..count): pixel / 255 in [0, 1] (dtype dt, F32 or F64),
+// count * sample_size values row-major, as an autoencoder reconstructs them.
+DDL_EXTERN void ddl_dataset_batch_images(const ddl_dataset *ds, const int64_t *idx, int64_t count,
+                                         ddl_dtype dt, void *targets);
 
 #ifdef __cplusplus
 }

@@ -63,6 +63,26 @@ DDL_EXTERN bool       ddl_spec_shuffle(const ddl_spec_t *s);
 // output voxel. ddl_spec_label_elems: labels per sample, prod(spatial) (1 for a classifier).
 DDL_EXTERN ddl_shape  ddl_spec_output_shape(const ddl_spec_t *s);
 DDL_EXTERN int64_t    ddl_spec_label_elems(const ddl_spec_t *s);
+// The loss ("loss": {"type": ...}): cross_entropy trains on class labels (one per sample,
+// or one per output voxel); every other kind (mse, l1, bce, bce_with_logits, kl_div,
+// poisson_nll) on dense targets shaped like the output, in the spec's dtype
+// (ddl_spec_dense_targets; then ddl_spec_num_classes and ddl_spec_label_elems are 0).
+// ddl_spec_output_elems: values per sample of the output, prod(ddl_spec_output_shape).
+DDL_EXTERN ddl_loss_kind ddl_spec_loss(const ddl_spec_t *s);
+DDL_EXTERN const char   *ddl_spec_loss_name(const ddl_spec_t *s);
+DDL_EXTERN bool          ddl_spec_dense_targets(const ddl_spec_t *s);
+DDL_EXTERN int64_t       ddl_spec_output_elems(const ddl_spec_t *s);
+// Where the data's targets come from ("data": {"target": ...}): class labels, the
+// sample's own pixels scaled to [0, 1] (image; IDX data: an autoencoder's target), or for
+// generated volumes the noise-free intensity (clean: denoising) or the object mask (1
+// inside a sphere or cube, 0 outside).
+typedef enum {
+    DDL_TARGET_LABELS = 0,
+    DDL_TARGET_IMAGE,
+    DDL_TARGET_CLEAN,
+    DDL_TARGET_MASK,
+} ddl_target_source;
+DDL_EXTERN ddl_target_source ddl_spec_target_source(const ddl_spec_t *s);
 // The spec's generated data ("data": {"synthetic": {...}}), when it has some: true, with
 // its parameters and the training and test sample counts (each out may be NULL).
 DDL_EXTERN bool       ddl_spec_synthetic(const ddl_spec_t *s, ddl_synth_params *p,
@@ -101,10 +121,33 @@ DDL_EXTERN ddl_status ddl_model_train_step(ddl_model_t *m, const void *x, size_t
 DDL_EXTERN ddl_status ddl_model_eval(ddl_model_t *m, const void *x, size_t x_bytes,
                                      const int64_t *labels, int64_t count, double *loss_sum,
                                      int64_t *correct);
-// Forward only on `count` <= batch_size samples; the output logits [count, classes] or
-// [count, classes, spatial...] (the spec's dtype) are written on rank 0 into `logits`,
-// which holds logits_bytes (at least count * classes * label_elems * dtype size).
-// Collective.
+// Dense targets (ddl_spec_dense_targets: every loss but cross_entropy) instead of labels:
+// count * ddl_spec_output_elems values in the spec's dtype, shaped like the output
+// ([count, ...] row-major), t_bytes long. Rank 0 checks them first: finite, in [0, 1] for
+// bce and bce_with_logits, >= 0 for poisson_nll and kl_div (without log_target). The
+// label entry points refuse a dense model and these refuse a classifier (EINVAL).
+// The metrics, summed over the samples and valid on every rank: the loss of each sample
+// under the spec's reduction (mean: over its values), and of the prediction p (the
+// output; its sigmoid for bce_with_logits; its exp for poisson_nll and kl_div without
+// log_target) against the target t: sum (p - t)^2, sum t^2 (MSE = sq_err / values;
+// relative L2 error = sqrt(sq_err / sq_target)) and, for bce and bce_with_logits, the
+// values where p and t fall on the same side of 1/2. A training step's metrics are of
+// its forward, before the update.
+typedef struct ddl_dense_metrics {
+    double  loss_sum;
+    double  sq_err, sq_target;
+    int64_t hits;
+} ddl_dense_metrics;
+DDL_EXTERN ddl_status ddl_model_train_step_dense(ddl_model_t *m, const void *x, size_t x_bytes,
+                                                 const void *targets, size_t t_bytes, int64_t count,
+                                                 double *loss, ddl_dense_metrics *out);
+DDL_EXTERN ddl_status ddl_model_eval_dense(ddl_model_t *m, const void *x, size_t x_bytes,
+                                           const void *targets, size_t t_bytes, int64_t count,
+                                           ddl_dense_metrics *out);
+// Forward only on `count` <= batch_size samples; the whole output [count, ...] (logits
+// [count, classes] or [count, classes, spatial...] for a classifier; the spec's dtype) is
+// written on rank 0 into `logits`, which holds logits_bytes (at least count *
+// ddl_spec_output_elems * dtype size). Collective.
 DDL_EXTERN ddl_status ddl_model_predict(ddl_model_t *m, const void *x, size_t x_bytes,
                                         int64_t count, void *logits, size_t logits_bytes);
 

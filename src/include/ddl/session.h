@@ -70,11 +70,15 @@ DDL_EXTERN ddl_model_t *ddl_session_model(const ddl_session_t *s);
 // Loads an IDX directory (rank 0's path) holding both splits and checks each against the
 // model: sample shape (the IDX dims are the input's trailing dims, e.g. 28 x 28 for
 // [1, 28, 28]), label range [0, classes), and at least one batch of training samples.
-// Replaces the current data only on success; the cursor is kept. Collective.
+// A model with dense targets takes the images themselves (pixel / 255) as its targets
+// (the spec's "data.target": "image"). Replaces the current data only on success; the
+// cursor is kept. Collective.
 DDL_EXTERN ddl_status ddl_session_open_data(ddl_session_t *s, const char *dir);
 // Uses the data the spec generates ("data": {"synthetic": {...}}, ddl/synth.h): training
 // and test splits of the spec's sizes, made batch by batch on rank 0 from (seed, split,
-// sample index), shuffled per epoch like a dataset. EINVAL when the spec has none.
+// sample index), shuffled per epoch like a dataset, with the spec's targets (labels, or
+// the clean volume or the object mask, ddl_synth_batch_targets). EINVAL when the spec
+// has none.
 // Replaces the current data only on success; the cursor is kept. Collective.
 DDL_EXTERN ddl_status ddl_session_open_synthetic(ddl_session_t *s);
 DDL_EXTERN bool       ddl_session_has_data(const ddl_session_t *s);
@@ -100,7 +104,10 @@ typedef struct ddl_progress {
     int64_t steps_per_epoch;
     int64_t done, total;  // steps taken in this call, and planned
     double  loss;         // this step's loss
-    double  accuracy;     // this step's batch accuracy
+    double  accuracy;     // this step's batch accuracy (dense targets: of the values for
+                          // bce and bce_with_logits, -1 for the other dense losses)
+    double mse;           // dense targets: this step's mean squared error of the
+                          // prediction (ddl_dense_metrics); -1 for a classifier
     double  mean_loss;    // mean loss over this epoch so far
     double  images_per_s; // over this epoch so far
     bool    epoch_end;    // the step finished an epoch
@@ -137,10 +144,11 @@ typedef struct ddl_train_result {
     int64_t steps_done;
     int64_t step;           // optimizer steps after the call
     double  mean_loss;      // over the steps done
-    double  accuracy;       // over the steps done
+    double  accuracy;       // over the steps done (-1 as in ddl_progress)
     double  images_per_s;
     bool    cancelled;
     int64_t durable_step;   // newest durable checkpoint step (-1: none)
+    double  mse;            // dense targets: over the steps done; -1 for a classifier
 } ddl_train_result;
 
 // Trains over the training split from the cursor, shuffling each epoch by (seed, epoch),
@@ -161,8 +169,9 @@ typedef struct ddl_step_result {
 // One optimizer step on rank 0's inline batch: `count` samples (must equal the spec's
 // batch size) of the spec's input shape in `x` (x_bytes = count * sample * dtype size,
 // the spec's dtype) and count * ddl_spec_label_elems labels in [0, classes) (one per
-// output voxel for a segmentation model). Every size is checked on rank 0 first.
-// Collective.
+// output voxel for a segmentation model). Every size is checked on rank 0 first. A model
+// whose loss takes dense targets (ddl_spec_dense_targets) is refused (EINVAL): inline
+// batches carry labels; it trains and evaluates on the session's data. Collective.
 DDL_EXTERN ddl_status ddl_session_step(ddl_session_t *s, const void *x, size_t x_bytes,
                                        const int64_t *labels, int64_t count,
                                        ddl_step_result *out);
@@ -173,6 +182,9 @@ typedef struct ddl_eval_result {
     double  accuracy; // of the samples, or of the voxels for a segmentation model
     double  fg_iou;   // segmentation (whole splits): mean intersection over union of the
                       // foreground classes 1..classes-1 that occur; -1 otherwise
+    double mse;       // dense targets (whole splits): mean squared error of the
+                      // prediction over every value; -1 otherwise
+    double rel_l2;    // dense targets (whole splits): ||p - t|| / ||t||; -1 otherwise
 } ddl_eval_result;
 
 // Loss and accuracy over a whole split (rank 0's choice; the last batch padded, padding

@@ -18,6 +18,7 @@
 #ifndef DDL_SYNTH_H
 #define DDL_SYNTH_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "ddl/status.h"
@@ -62,6 +63,14 @@ DDL_EXTERN int ddl_synth_objects(const ddl_synth_params *p, int split, int64_t i
 DDL_EXTERN ddl_status ddl_synth_batch(const ddl_synth_params *p, int split, const int64_t *idx,
                                       int64_t count, double mean, double std, ddl_dtype dt,
                                       void *x, int64_t *labels);
+// The same, and dense targets [count, 1, D, H, W] (dtype dt) when targets is not NULL:
+// the noise-free intensity of each voxel (0 outside the objects; not normalized: the
+// denoising target), or with `mask` 1 inside an object and 0 outside. labels is filled
+// as above (it is the painting's scratch too).
+DDL_EXTERN ddl_status ddl_synth_batch_targets(const ddl_synth_params *p, int split,
+                                              const int64_t *idx, int64_t count, double mean,
+                                              double std, ddl_dtype dt, void *x, int64_t *labels,
+                                              bool mask, void *targets);
 
 #ifdef __cplusplus
 }

@@ -10,7 +10,9 @@
 // and feeds batches of the spec's batch size to the model (the last partial batch of
 // an epoch is dropped, as with drop_last). Per epoch it prints the mean training loss,
 // training accuracy, throughput (images/s) and the test loss and accuracy (for a
-// segmentation model: voxel accuracy and the foreground classes' mean IoU); with a
+// segmentation model: voxel accuracy and the foreground classes' mean IoU; for dense
+// targets, regression and masks: the mean squared error and the relative L2 error of
+// the prediction, and for bce / bce_with_logits the voxel accuracy); with a
 // terminal on stderr it draws a progress bar. Checkpoints hold the data cursor, so
 // --resume continues the exact trajectory. With --stats it ends with the bytes a training
 // step moved between ranks, per layer (ddl_model_traffic_table; docs/SCALING.md).
@@ -375,6 +377,7 @@ static int run(const options *o, int size)
     int  rc    = 0;
     bool synth = ddl_spec_synthetic(ddl_model_spec(ddl_session_model(s)), NULL, NULL, NULL);
     bool seg   = ddl_spec_label_elems(ddl_model_spec(ddl_session_model(s))) > 1;
+    bool dense = ddl_spec_dense_targets(ddl_model_spec(ddl_session_model(s)));
     st         = synth ? ddl_session_open_synthetic(s) : ddl_session_open_data(s, o->data);
     if (st != DDL_OK) {
         if (rank == 0) {
@@ -451,7 +454,26 @@ static int run(const options *o, int size)
                 goto done;
             }
         }
-        if (rank == 0 && res.steps_done > 0) {
+        if (rank == 0 && res.steps_done > 0 && dense) {
+            // Regression and dense binary targets: the error of the prediction, and the
+            // accuracy of the values where it applies (bce, bce_with_logits).
+            int64_t seen = res.steps_done * B;
+            printf("epoch %lld: loss %.4f  train mse %.6g", (long long)epoch + 1, res.mean_loss,
+                   res.mse);
+            if (res.accuracy >= 0) {
+                printf("  train voxel acc %.4f", res.accuracy);
+            }
+            printf("  %.1f img/s  %.1f s", (double)seen / dt, dt);
+            if (!o->no_eval) {
+                printf("  test loss %.4f  test mse %.6g  test rel L2 %.4f", ev.loss, ev.mse,
+                       ev.rel_l2);
+                if (ev.accuracy >= 0) {
+                    printf("  test voxel acc %.4f", ev.accuracy);
+                }
+            }
+            printf("\n");
+            fflush(stdout);
+        } else if (rank == 0 && res.steps_done > 0) {
             int64_t seen = res.steps_done * B;
             printf("epoch %lld: loss %.4f  train %sacc %.4f  %.1f img/s  %.1f s",
                    (long long)epoch + 1, res.mean_loss, seg ? "voxel " : "", res.accuracy,

@@ -323,10 +323,11 @@ static int parse_case(vcase *c, lcase *L, int nsp)
     case K_GAP:
         return VERIFY_PASS;
     case K_LOSS: {
-        static const char *const kinds[] = {"mse", "l1", "bce", "bce_with_logits", "kl_div",
-                                            "poisson_nll"};
+        // In ddl_loss_kind order (DDL_LOSS_MSE = 0 ... DDL_LOSS_KL_DIV_LOG_TARGET = 6).
+        static const char *const kinds[] = {
+            "mse", "l1", "bce", "bce_with_logits", "kl_div", "poisson_nll", "kl_div_log_target"};
         int k = 0;
-        if ((rc = parse_enum(c, "kind", true, kinds, 6, &k)) != VERIFY_PASS) {
+        if ((rc = parse_enum(c, "kind", true, kinds, 7, &k)) != VERIFY_PASS) {
             return rc;
         }
         L->loss = (ddl_loss_kind)k;

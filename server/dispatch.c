@@ -245,6 +245,10 @@ static int publish_model(ddld_dispatch *d, const char *name)
         mi.input        = ddl_spec_input_shape(spec);
         mi.sample_numel = ddl_shape_numel(&mi.input);
         mi.classes      = ddl_spec_num_classes(spec);
+        mi.output            = ddl_spec_output_shape(spec);
+        mi.out_elems         = ddl_spec_output_elems(spec);
+        mi.labels_per_sample = !ddl_spec_dense_targets(spec) && mi.output.ndim == 1;
+        snprintf(mi.loss, sizeof mi.loss, "%s", ddl_spec_loss_name(spec));
         ddl_spec_normalize(spec, &mi.norm_mean, &mi.norm_std);
         for (int v = 0; v < 256; v++) {
             d->lut[v] = ((double)v / 255.0 - mi.norm_mean) / mi.norm_std;
@@ -340,8 +344,8 @@ static ddl_status execute(ddld_dispatch *d, const ddld_cmd *cmd, struct payload 
         }
         break;
     }
-    case DDLD_OP_OPEN_DATA:
-        st = ddl_session_open_data(d->s, p->path);
+    case DDLD_OP_OPEN_DATA: // arg 1: the spec's generated data
+        st = cmd->arg[0] ? ddl_session_open_synthetic(d->s) : ddl_session_open_data(d->s, p->path);
         break;
     case DDLD_OP_STEP:
         st = ddl_session_step(d->s, p->x, p->x_bytes, p->labels, cmd->arg[0], &p->step);
@@ -696,7 +700,32 @@ static bool need_model(ddld_dispatch *d, ddld_job *job, const char *what)
 // Opens the dataset when it is not the open one. Rank 0 (collective when it opens).
 static bool ensure_data(ddld_dispatch *d, ddld_job *job, const char *rel, const char *what)
 {
-    char             abs[PATH_MAX], err[768];
+    char abs[PATH_MAX], err[768];
+    if (ddl_spec_synthetic(ddl_model_spec(ddl_session_model(d->s)), NULL, NULL, NULL)) {
+        // The spec makes its own data (data.synthetic), as distdl-train uses it.
+        if (rel != NULL && rel[0] != '\0') {
+            fail(job, GRPC_STATUS_INVALID_ARGUMENT,
+                 "%s: the model generates its data (the spec's data.synthetic): leave out the "
+                 "dataset, got \"%.200s\"",
+                 what, rel);
+            return false;
+        }
+        if (ddl_session_has_data(d->s)) {
+            return true;
+        }
+        struct payload p;
+        memset(&p, 0, sizeof p);
+        ddl_status st = run(d, DDLD_OP_OPEN_DATA, 0, 1, 0, &p);
+        if (st != DDL_OK) {
+            fail_engine(job, what, st);
+            return false;
+        }
+        snprintf(d->data_abs, sizeof d->data_abs, "(generated)");
+        pthread_mutex_lock(&ddld_g.mu);
+        snprintf(ddld_g.data_dir, sizeof ddld_g.data_dir, "(generated)");
+        pthread_mutex_unlock(&ddld_g.mu);
+        return true;
+    }
     grpc_status_code code = ddld_resolve_dataset(d->root_real, rel, abs, err, sizeof err);
     if (code != GRPC_STATUS_OK) {
         fail(job, code, "%s: %s", what, err);
@@ -922,23 +951,6 @@ static ddl_status create_model(ddld_dispatch *d, const char *what, const char *t
         snprintf(err, errlen, "%s: its checkpoint directory %s (choose another name)", what, why);
         return DDL_EBUSY;
     }
-    if (st == DDL_OK && ddl_spec_dense_targets(spec)) {
-        // Batch.labels, Evaluate and the logits [n, classes] are a classifier's wire
-        // formats; dense targets over the wire are issue 18's next step.
-        st = ddl_set_error(DDL_EINVAL,
-                           "%s: the loss %s trains on dense targets shaped like the output; "
-                           "the daemon serves classifiers only for now: train it with "
-                           "distdl-train",
-                           source != NULL ? source : "spec", ddl_spec_loss_name(spec));
-    } else if (st == DDL_OK && ddl_spec_output_shape(spec).ndim > 1) {
-        // The wire formats (labels per sample, logits [n, classes], KServe shapes) and the
-        // IDX datasets are a classifier's; segmentation trains with distdl-train.
-        st = ddl_set_error(DDL_EINVAL,
-                           "%s: the model segments (output [batch, classes, spatial...], one "
-                           "label per voxel); the daemon serves classifiers only for now: train "
-                           "it with distdl-train",
-                           source != NULL ? source : "spec");
-    }
     if (st == DDL_OK) { // its memory, estimated before any rank allocates it
         st = ddl_spec_check_memory(spec, 0);
     }
@@ -1126,6 +1138,7 @@ static bool progress_cb(const ddl_progress *pr, void *ud)
         r.epoch_end                 = pr->epoch_end;
         r.durable                   = pr->durable;
         r.mean_loss                 = pr->mean_loss;
+        r.mse                       = pr->mse;
         ddld_call_send(t->job->call, &r.base);
     }
     if (d->poll != NULL) {
@@ -1164,7 +1177,7 @@ static void on_train(ddld_dispatch *d, ddld_job *job)
         .d = d, .job = job, .every = q->progress_every > 0 ? q->progress_every : 1};
     struct payload p;
     int64_t        steps = q->steps, epochs = q->epochs, done = 0;
-    double         loss_sum = 0, acc_sum = 0, seconds = 0;
+    double         loss_sum = 0, acc_sum = 0, mse_sum = 0, seconds = 0;
     ddl_status     st;
     set_state("training");
     d->train_t0 = ddld_now();
@@ -1182,6 +1195,7 @@ static void on_train(ddld_dispatch *d, ddld_job *job)
         done += p.train.steps_done;
         loss_sum += p.train.mean_loss * (double)p.train.steps_done;
         acc_sum += p.train.accuracy * (double)p.train.steps_done;
+        mse_sum += p.train.mse * (double)p.train.steps_done;
         t.base_done = done;
         if (!t.stop_ckpt || t.stop_shutdown || t.stop_cancel) {
             break;
@@ -1211,6 +1225,7 @@ static void on_train(ddld_dispatch *d, ddld_job *job)
     r.loss                        = done > 0 ? loss_sum / (double)done : 0;
     r.mean_loss                   = r.loss;
     r.accuracy                    = done > 0 ? acc_sum / (double)done : 0;
+    r.mse                         = done > 0 ? mse_sum / (double)done : -1;
     r.images_per_second = seconds > 0 ? (double)done * (double)ddld_g.info.batch_size / seconds : 0;
     r.done              = done;
     r.total             = t.total > 0 ? t.total : done;
@@ -1277,6 +1292,9 @@ static void on_evaluate(ddld_dispatch *d, ddld_job *job)
     r.count                        = p.eval.count;
     r.loss                         = p.eval.loss;
     r.accuracy                     = p.eval.accuracy;
+    r.mse                          = p.eval.mse;
+    r.rel_l2                       = p.eval.rel_l2;
+    r.fg_iou                       = p.eval.fg_iou;
     ddld_call_finish(job->call, GRPC_STATUS_OK, NULL, &r.base);
 }
 
@@ -1297,17 +1315,28 @@ static int64_t max_rows(const ddld_dispatch *d)
     return d->cfg->max_batch > 0 ? d->cfg->max_batch : ddld_g.info.batch_size;
 }
 
+// The output's shape for n samples: [n, output per sample...] ([n, classes] for a
+// classifier); returns its rank.
+static size_t output_shape(const ddld_model_info *mi, int64_t n, int64_t *shape)
+{
+    shape[0] = n;
+    for (int d = 0; d < mi->output.ndim; d++) {
+        shape[1 + d] = mi->output.d[d];
+    }
+    return 1 + (size_t)mi->output.ndim;
+}
+
 static void respond_predict(ddld_job *job, const void *logits, int64_t n)
 {
-    const ddld_model_info *mi       = &ddld_g.info;
-    int64_t                shape[2] = {n, mi->classes};
+    const ddld_model_info *mi = &ddld_g.info;
+    int64_t                shape[DDL_MAX_DIMS + 1];
     Distdl__V1__Tensor     t        = DISTDL__V1__TENSOR__INIT;
     t.name                          = "logits";
     t.datatype                      = (char *)ddld_dtype_wire(mi->dtype);
-    t.n_shape                       = 2;
+    t.n_shape                       = output_shape(mi, n, shape);
     t.shape                         = shape;
     t.raw.data                      = (uint8_t *)logits;
-    t.raw.len                       = (size_t)n * (size_t)mi->classes * ddl_dtype_size(mi->dtype);
+    t.raw.len                       = (size_t)n * (size_t)mi->out_elems * ddl_dtype_size(mi->dtype);
     Distdl__V1__PredictResponse r   = DISTDL__V1__PREDICT_RESPONSE__INIT;
     r.logits                        = &t;
     ddld_call_finish(job->call, GRPC_STATUS_OK, NULL, &r.base);
@@ -1317,14 +1346,14 @@ static void respond_infer(ddld_job *job, const void *logits, int64_t n)
 {
     const Inference__ModelInferRequest              *q        = (const void *)job->msg;
     const ddld_model_info                           *mi       = &ddld_g.info;
-    int64_t                                          shape[2] = {n, mi->classes};
+    int64_t                                          shape[DDL_MAX_DIMS + 1];
     Inference__ModelInferResponse__InferOutputTensor o, *op = &o;
     inference__model_infer_response__infer_output_tensor__init(&o);
     o.name                  = "logits";
     o.datatype              = (char *)ddld_dtype_wire(mi->dtype);
-    o.n_shape               = 2;
+    o.n_shape               = output_shape(mi, n, shape);
     o.shape                 = shape;
-    ProtobufCBinaryData out = {.len  = (size_t)n * (size_t)mi->classes * ddl_dtype_size(mi->dtype),
+    ProtobufCBinaryData out = {.len = (size_t)n * (size_t)mi->out_elems * ddl_dtype_size(mi->dtype),
                                .data = (uint8_t *)logits};
     Inference__ModelInferResponse r = INFERENCE__MODEL_INFER_RESPONSE__INIT;
     r.model_name                    = (char *)mi->name;
@@ -1336,7 +1365,7 @@ static void respond_infer(ddld_job *job, const void *logits, int64_t n)
     // float or double, and the arrays point at them (packed on the wire, no copy here).
     Inference__InferTensorContents tc = INFERENCE__INFER_TENSOR_CONTENTS__INIT;
     if (ddld_infer_typed_output(q)) {
-        size_t count = (size_t)n * (size_t)mi->classes;
+        size_t count = (size_t)n * (size_t)mi->out_elems;
         if (mi->dtype == DDL_F64) {
             tc.n_fp64_contents = count;
             tc.fp64_contents   = (double *)logits;
@@ -1391,7 +1420,7 @@ static void run_command(ddld_dispatch *d, int a, int b, bool interleaved)
             p.x = d->bx;
         }
     }
-    p.out_bytes   = (size_t)N * (size_t)mi->classes * es;
+    p.out_bytes   = (size_t)N * (size_t)mi->out_elems * es;
     p.out         = grow(&d->bo, &d->bocap, p.out_bytes);
     ddl_status st = DDL_OK;
     if (p.x == NULL || p.out == NULL) {
@@ -1410,7 +1439,7 @@ static void run_command(ddld_dispatch *d, int a, int b, bool interleaved)
         } else {
             respond_predict(job, row, d->pend[i].n);
         }
-        row += (size_t)(d->pend[i].n * mi->classes) * es;
+        row += (size_t)(d->pend[i].n * mi->out_elems) * es;
         pending_free(&d->pend[i]);
     }
 }

@@ -27,6 +27,10 @@ typedef struct ddld_model_info {
     ddl_shape         input; // per sample
     int64_t           sample_numel;
     int               classes;
+    ddl_shape         output;    // per sample: [classes], or [C, spatial...] (segmentation, dense)
+    int64_t           out_elems; // values per sample of the output
+    bool              labels_per_sample; // a classifier: inline batches carry its labels
+    char              loss[32];
     double            norm_mean, norm_std;
     int               nweights;
     ddld_weight_info *weights;

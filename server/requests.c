@@ -379,6 +379,15 @@ grpc_status_code ddld_finite_check(const ddld_model_info *mi, const char *what, 
 grpc_status_code ddld_batch_check(const ddld_model_info *mi, const Distdl__V1__Batch *b, bool exact,
                                   int64_t *count, char *err, size_t errlen)
 {
+    if (!mi->labels_per_sample) {
+        // Segmentation (a label per voxel) and dense targets have no inline wire format yet.
+        snprintf(err, errlen,
+                 "batch: inline batches carry one class label per sample, and this model's "
+                 "loss %s trains on %s; train and evaluate it on its data (Train and Evaluate "
+                 "with a dataset, or none when the spec generates its data)",
+                 mi->loss, mi->classes > 0 ? "a label per output voxel" : "dense targets");
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    }
     if (b->x == NULL || b->labels == NULL) {
         snprintf(err, errlen, "batch: both x and labels are required");
         return GRPC_STATUS_INVALID_ARGUMENT;

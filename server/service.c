@@ -752,10 +752,14 @@ static void kserve_reply(ddld_call *c, const ProtobufCMessage *req)
             return;
         }
         const ddld_model_info *mi = &ddld_g.info;
-        int64_t                in[DDL_MAX_DIMS + 1], out[2] = {-1, mi->classes};
-        in[0] = -1;
+        int64_t                in[DDL_MAX_DIMS + 1], out[DDL_MAX_DIMS + 1];
+        in[0]  = -1;
+        out[0] = -1;
         for (int d = 0; d < mi->input.ndim; d++) {
             in[d + 1] = mi->input.d[d];
+        }
+        for (int d = 0; d < mi->output.ndim; d++) { // [classes], or the whole output
+            out[d + 1] = mi->output.d[d];
         }
         Inference__ModelMetadataResponse__TensorMetadata ti, to, *tip = &ti, *top = &to;
         inference__model_metadata_response__tensor_metadata__init(&ti);
@@ -766,7 +770,7 @@ static void kserve_reply(ddld_call *c, const ProtobufCMessage *req)
         ti.shape                                     = in;
         to.name                                      = "logits";
         to.datatype                                  = ti.datatype;
-        to.n_shape                                   = 2;
+        to.n_shape                                   = (size_t)mi->output.ndim + 1;
         to.shape                                     = out;
         char                            *versions[1] = {"1"};
         Inference__ModelMetadataResponse r           = INFERENCE__MODEL_METADATA_RESPONSE__INIT;

@@ -623,10 +623,23 @@ static int cmd_eval(cli *a, ddl_client_t *c)
         json_object_set_new(o, "count", json_integer(r.count));
         json_object_set_new(o, "loss", jreal(r.loss));
         json_object_set_new(o, "accuracy", jreal(r.accuracy));
+        json_object_set_new(o, "mse", jreal(r.mse));
+        json_object_set_new(o, "rel_l2", jreal(r.rel_l2));
+        json_object_set_new(o, "fg_iou", jreal(r.fg_iou));
         emit(o);
+    } else if (r.mse >= 0) { // dense targets: regression, masks
+        printf("%s mse %.6g, relative L2 error %.4f", split, r.mse, r.rel_l2);
+        if (r.accuracy >= 0) {
+            printf(", voxel accuracy %.4f", r.accuracy);
+        }
+        printf(" (loss %.4f, %lld samples)\n", r.loss, (long long)r.count);
     } else {
-        printf("%s accuracy %.4f (loss %.4f, %lld images)\n", split, r.accuracy, r.loss,
+        printf("%s accuracy %.4f (loss %.4f, %lld images)", split, r.accuracy, r.loss,
                (long long)r.count);
+        if (r.fg_iou >= 0) {
+            printf(", foreground IoU %.4f", r.fg_iou);
+        }
+        printf("\n");
     }
     return 0;
 }
@@ -662,7 +675,8 @@ static int cmd_predict(cli *a, ddl_client_t *c)
         ddl_client_tensor_release(&z);
         return rc;
     }
-    int64_t n = z.ndim == 2 ? z.shape[0] : 0, k = z.ndim == 2 ? z.shape[1] : 0;
+    // Classes (argmax) only for a classifier's [n, classes]; a volume's output is the file.
+    int64_t n = z.ndim >= 1 ? z.shape[0] : 0, k = z.ndim == 2 ? z.shape[1] : 0;
     if (g_json) {
         json_t *o = event("predict");
         json_object_set_new(o, "input", jstr(a->input));

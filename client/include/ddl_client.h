@@ -292,7 +292,10 @@ DDL_EXTERN ddl_status ddl_client_train(ddl_client_t *c, const ddl_client_train_r
 typedef struct ddl_client_eval_result {
     int64_t count;
     double  loss;
-    double  accuracy;
+    double  accuracy; // per sample, or per voxel (segmentation, masks); -1: none applies
+    double  mse;      // dense targets: of the prediction; -1 otherwise
+    double  rel_l2;   // dense targets: ||prediction - target|| / ||target||; -1 otherwise
+    double  fg_iou;   // segmentation, a whole split: the foreground mean IoU; -1 otherwise
 } ddl_client_eval_result;
 
 // Evaluate on a dataset split ("test" or "train"; NULL: "test") or, when batch is not

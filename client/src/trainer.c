@@ -397,8 +397,12 @@ ddl_status ddl_client_evaluate(ddl_client_t *c, const char *dataset, const char 
         return st;
     Distdl__V1__EvaluateResponse *r = (Distdl__V1__EvaluateResponse *)m;
     if (out)
-        *out =
-            (ddl_client_eval_result){.count = r->count, .loss = r->loss, .accuracy = r->accuracy};
+        *out = (ddl_client_eval_result){.count    = r->count,
+                                        .loss     = r->loss,
+                                        .accuracy = r->accuracy,
+                                        .mse      = r->mse,
+                                        .rel_l2   = r->rel_l2,
+                                        .fg_iou   = r->fg_iou};
     protobuf_c_message_free_unpacked(m, NULL);
     return DDL_OK;
 }

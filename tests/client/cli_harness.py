@@ -17,6 +17,11 @@ Scenarios:
   help     --help for the tool and every command exits 0 without contacting anything
   aborted  a push racing a create --replace: ABORTED, exit 6 (retryable), nothing changed,
            and the same push run again succeeds
+  volumes  the 3-D U-Nets served (issue 18): the denoising one (mse, dense targets) and the
+           segmenting one (a label per voxel), each created at 16^3, trained and evaluated
+           on the data its spec generates (no dataset), predict returning the whole output
+           [n, C, D, H, W] equal to KServe ModelMetadata's shape; a dataset or an inline
+           batch refused with a message naming why
 
 Exit status: 0 pass, 1 fail, 7 skip (distdld is not built, or tmux is missing for tty).
 """
@@ -52,7 +57,7 @@ FIELDS = {
     "progress": PROGRESS,
     "done": ["step", "loss", "accuracy", "mean_loss", "done", "total", "seconds"],
     "cancelled": ["step", "done", "total"],
-    "eval": ["split", "count", "loss", "accuracy"],
+    "eval": ["split", "count", "loss", "accuracy", "mse", "rel_l2", "fg_iou"],
     "predict": ["input", "output", "count", "shape", "dtype", "classes"],
     "pull": ["output", "tensors", "bytes"],
     "push": ["input", "tensors", "bytes"],
@@ -116,6 +121,34 @@ class Harness(DaemonHarness):
         if not objs:
             raise Failure("--json %s printed nothing" % args[0])
         return objs
+
+    def rpc(self, d):
+        """A raw grpcio client of daemon d (tests/server/ddld_rpc.py), made once."""
+        if getattr(self, "_rpc", (None, None))[0] != d.address:
+            sys.path.insert(0, os.path.join(self.source, "tests", "server"))
+            import ddld_rpc
+            self._rpc = (d.address, ddld_rpc.Client(d.address))
+        return self._rpc[1]
+
+    def raw_model_metadata(self, d, name):
+        """KServe ModelMetadata's output shape for model `name`."""
+        c = self.rpc(d)
+        r = c.unary("/inference.GRPCInferenceService/ModelMetadata",
+                    c.inf.ModelMetadataRequest(name=name), c.inf.ModelMetadataResponse)
+        return list(r.outputs[0].shape)
+
+    def raw_step(self, d, x, labels):
+        """An inline Step of FP32 x and INT64 labels: (status name, details)."""
+        import grpc
+        c = self.rpc(d)
+        b = c.tr.Batch(x=c.tr.Tensor(datatype="FP32", shape=list(x.shape), raw=x.tobytes()),
+                       labels=c.tr.Tensor(datatype="INT64", shape=list(labels.shape),
+                                          raw=labels.tobytes()))
+        try:
+            c.trainer("Step", c.tr.StepRequest(batch=b), "StepResponse")
+            return "OK", ""
+        except grpc.RpcError as e:
+            return e.code().name, e.details()
 
     def one(self, d, *args, event=None, **kw):
         objs = self.js(d, *args, **kw)
@@ -750,6 +783,59 @@ def sc_graph(h):
     d.wait_exit()
 
 
+# ---- the 3-D U-Nets served: dense targets and a label per voxel ------------------------------
+
+def sc_volumes(h):
+    d = h.start(2, ["--model", h.spec("lenet5-2.json")], "volumes")
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((3, 1, 16, 16, 16)).astype(np.float32)
+    xin = os.path.join(h.work, "vol.npy")
+    np.save(xin, x)
+    for name, out_c in (("unet3d-denoise-2", 1), ("unet3d-2", 3)):
+        with open(h.spec(name + ".json")) as f:
+            spec = json.load(f)
+        spec["input"]["shape"] = [1, 16, 16, 16]
+        path = os.path.join(h.work, name + "-16.json")
+        with open(path, "w") as f:
+            json.dump(spec, f)
+        c = h.one(d, "create", path, "--replace", event="create")
+        check(c["name"] == name and c["input_shape"] == [1, 16, 16, 16], "create %r" % c)
+        e0 = h.one(d, "eval", event="eval")
+        done = h.js(d, "train", "--steps", 30)[-1]
+        check(done["event"] == "done" and done["step"] == 30, "train %r" % done)
+        e1 = h.one(d, "eval", event="eval")
+        check(e1["count"] == 64 and e1["loss"] < e0["loss"],
+              "%s: eval before %r, after 30 steps %r" % (name, e0, e1))
+        if out_c == 1:
+            check(0 <= e1["mse"] and 0 < e1["rel_l2"] < e0["rel_l2"] and e1["accuracy"] == -1
+                  and e1["fg_iou"] == -1, "denoising eval %r (before %r)" % (e1, e0))
+        else:
+            check(e1["mse"] == -1 and 0 <= e1["accuracy"] <= 1 and -1 <= e1["fg_iou"] <= 1,
+                  "segmentation eval %r" % e1)
+        zout = os.path.join(h.work, name + "-out.npy")
+        p = h.one(d, "predict", "--input", xin, "--output", zout, event="predict")
+        z = np.load(zout)
+        check(z.shape == (3, out_c, 16, 16, 16) and np.isfinite(z).all() and
+              p["shape"] == list(z.shape), "%s: predict %s %r" % (name, z.shape, p))
+        meta = h.raw_model_metadata(d, name)
+        check(meta == [-1, out_c, 16, 16, 16], "%s: ModelMetadata output shape %r" % (name, meta))
+        print("%s through the daemon: eval loss %.4f -> %.4f after 30 steps (%s), predict %s"
+              % (name, e0["loss"], e1["loss"],
+                 "rel L2 %.3f -> %.3f" % (e0["rel_l2"], e1["rel_l2"]) if out_c == 1
+                 else "voxel acc %.3f, fg IoU %.3f" % (e1["accuracy"], e1["fg_iou"]),
+                 z.shape), flush=True)
+        e = h.js(d, "eval", "--dataset", ".", expect=4)[-1]
+        check(e["code"] == "INVALID_ARGUMENT" and "generates its data" in e["message"],
+              "a dataset for a generating spec: %r" % e)
+    # An inline batch: one label per sample is a classifier's format.
+    st, msg = h.raw_step(d, x[:2], np.zeros(2, np.int64))
+    check(st == "INVALID_ARGUMENT" and "inline batches carry one class label per sample" in msg
+          and "a label per output voxel" in msg, "an inline Step to the segmenting U-Net: %s %s"
+          % (st, msg))
+    h.one(d, "shutdown", event="shutdown")
+    d.wait_exit()
+
+
 # ---- a push that races a create: ABORTED, exit 6 --------------------------------------------
 
 def sc_aborted(h):
@@ -841,6 +927,7 @@ SCENARIOS = {
     "help": sc_help,
     "graph": sc_graph,
     "aborted": sc_aborted,
+    "volumes": sc_volumes,
 }
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@
 #define PROGRESS_FIELDS(F)                                                                    \
     F(step) F(epoch) F(batch) F(steps_per_epoch) F(loss) F(accuracy) F(images_per_second)     \
     F(done) F(total) F(epoch_end) F(durable) F(finished) F(mean_loss)
-#define EVAL_RESULT_FIELDS(F) F(count) F(loss) F(accuracy)
+#define EVAL_RESULT_FIELDS(F) F(count) F(loss) F(accuracy) F(mse) F(rel_l2) F(fg_iou)
 #define CHECKPOINT_RESULT_FIELDS(F) F(step) F(durable) F(path)
 
 static int first_struct = 1;

@@ -149,6 +149,9 @@ class EvalResult(ctypes.Structure):  # ddl_client_eval_result
         ("count", c_int64),
         ("loss", c_double),
         ("accuracy", c_double),
+        ("mse", c_double),
+        ("rel_l2", c_double),
+        ("fg_iou", c_double),
     ]
 
 

@@ -97,7 +97,10 @@ class Progress:
 class EvalResult:
     count: int
     loss: float
-    accuracy: float
+    accuracy: float      # -1 where none applies (regression)
+    mse: float = -1.0    # dense targets: of the prediction
+    rel_l2: float = -1.0  # dense targets: ||prediction - target|| / ||target||
+    fg_iou: float = -1.0  # segmentation (a whole split): the foreground mean IoU
 
 
 @dataclasses.dataclass(frozen=True)
@@ -568,7 +571,7 @@ class Client:
             b, keep = _batch(x, y, "evaluate")
             self._call(self._lib.ddl_client_evaluate, ds, sp, ctypes.byref(b), ctypes.byref(r))
             del keep
-        return EvalResult(r.count, r.loss, r.accuracy)
+        return EvalResult(r.count, r.loss, r.accuracy, r.mse, r.rel_l2, r.fg_iou)
 
     def predict(self, x):
         """Predict: logits [n, classes] for x [n, sample...] (model dtype, or uint8 pixels

@@ -700,9 +700,11 @@ static bool need_model(ddld_dispatch *d, ddld_job *job, const char *what)
 // Opens the dataset when it is not the open one. Rank 0 (collective when it opens).
 static bool ensure_data(ddld_dispatch *d, ddld_job *job, const char *rel, const char *what)
 {
-    char abs[PATH_MAX], err[768];
-    if (ddl_spec_synthetic(ddl_model_spec(ddl_session_model(d->s)), NULL, NULL, NULL)) {
-        // The spec makes its own data (data.synthetic), as distdl-train uses it.
+    char        abs[PATH_MAX], err[768];
+    const char *shown = rel; // what GetStatus says the data is
+    // A spec that makes its own data (data.synthetic) trains on it, as distdl-train does.
+    bool synth = ddl_spec_synthetic(ddl_model_spec(ddl_session_model(d->s)), NULL, NULL, NULL);
+    if (synth) {
         if (rel != NULL && rel[0] != '\0') {
             fail(job, GRPC_STATUS_INVALID_ARGUMENT,
                  "%s: the model generates its data (the spec's data.synthetic): leave out the "
@@ -710,41 +712,30 @@ static bool ensure_data(ddld_dispatch *d, ddld_job *job, const char *rel, const 
                  what, rel);
             return false;
         }
-        if (ddl_session_has_data(d->s)) {
-            return true;
-        }
-        struct payload p;
-        memset(&p, 0, sizeof p);
-        ddl_status st = run(d, DDLD_OP_OPEN_DATA, 0, 1, 0, &p);
-        if (st != DDL_OK) {
-            fail_engine(job, what, st);
+        snprintf(abs, sizeof abs, "(generated)");
+        shown = abs;
+    } else {
+        grpc_status_code code = ddld_resolve_dataset(d->root_real, rel, abs, err, sizeof err);
+        if (code != GRPC_STATUS_OK) {
+            fail(job, code, "%s: %s", what, err);
             return false;
         }
-        snprintf(d->data_abs, sizeof d->data_abs, "(generated)");
-        pthread_mutex_lock(&ddld_g.mu);
-        snprintf(ddld_g.data_dir, sizeof ddld_g.data_dir, "(generated)");
-        pthread_mutex_unlock(&ddld_g.mu);
-        return true;
-    }
-    grpc_status_code code = ddld_resolve_dataset(d->root_real, rel, abs, err, sizeof err);
-    if (code != GRPC_STATUS_OK) {
-        fail(job, code, "%s: %s", what, err);
-        return false;
     }
     if (strcmp(abs, d->data_abs) == 0 && ddl_session_has_data(d->s)) {
         return true;
     }
     struct payload p;
     memset(&p, 0, sizeof p);
-    p.path        = abs;
-    ddl_status st = run(d, DDLD_OP_OPEN_DATA, 0, 0, 0, &p);
+    p.path        = synth ? NULL : abs;
+    ddl_status st = run(d, DDLD_OP_OPEN_DATA, 0, synth, 0, &p);
     if (st != DDL_OK) {
         fail_engine(job, what, st);
         return false;
     }
     snprintf(d->data_abs, sizeof d->data_abs, "%s", abs);
     pthread_mutex_lock(&ddld_g.mu);
-    snprintf(ddld_g.data_dir, sizeof ddld_g.data_dir, "%s", rel);
+    snprintf(ddld_g.data_dir, sizeof ddld_g.data_dir, "%.*s", (int)sizeof ddld_g.data_dir - 1,
+             shown);
     pthread_mutex_unlock(&ddld_g.mu);
     return true;
 }

@@ -16,6 +16,16 @@
 
 static int rank, size;
 
+// Fails unless a steady-state round (round > 0) made no allocation since `before`.
+static void no_allocation(const char *path, int round, uint64_t before)
+{
+    uint64_t made = ddl_alloc_count() - before;
+    if (round > 0 && made != 0) {
+        TEST_FAIL_("%s: %llu allocations in steady-state round %d", path, (unsigned long long)made,
+                   round);
+    }
+}
+
 // A dense-target spec (issue 18): training on its generated data through the session,
 // and the model's dense step, short evaluations and predictions, allocate nothing once
 // warmed up. Targets in [0, 1] suit every dense loss.
@@ -50,11 +60,7 @@ static void check_dense(const ddl_spec_t *spec, const char *path, ddl_session_t 
         ASSERT_OK(ddl_model_eval_dense(m, x, xb, t, tb, 1, &dm));
         ASSERT_OK(ddl_model_predict(m, x, xb, B, y, tb));
         ASSERT_OK(ddl_model_predict(m, x, xb, 1, y, tb));
-        uint64_t made = ddl_alloc_count() - before;
-        if (round > 0 && made != 0) {
-            TEST_FAIL_("%s: %llu allocations in steady-state round %d", path,
-                       (unsigned long long)made, round);
-        }
+        no_allocation(path, round, before);
     }
     ASSERT_EQ(ddl_model_step(m), 6);
     free(x);
@@ -126,11 +132,7 @@ static int check_spec(const char *path, void *split)
         ASSERT_OK(ddl_model_eval(m, x, xb, lab, 1, &loss, &correct));
         ASSERT_OK(ddl_model_predict(m, x, xb, 1, lg, lb));
         ASSERT_OK(ddl_model_predict(m, x, xb, B > 3 ? 3 : 1, lg, lb));
-        uint64_t made = ddl_alloc_count() - before;
-        if (round > 0 && made != 0) {
-            TEST_FAIL_("%s: %llu allocations in steady-state round %d", path,
-                       (unsigned long long)made, round);
-        }
+        no_allocation(path, round, before);
     }
     ASSERT_EQ(ddl_model_step(m), 6);
     free(x);

@@ -94,7 +94,8 @@ struct payload {
     const char            *text, *source, *path;
     const void            *x;
     size_t                 x_bytes;
-    const int64_t         *labels;
+    const void            *targets; // labels (INT64) or dense values (the model dtype)
+    size_t                 t_bytes;
     void                  *out;
     size_t                 out_bytes;
     const ddld_model_info *mi; // PULL: where each weight goes in out
@@ -121,8 +122,8 @@ struct ddld_dispatch {
     double   lut[256];           // UINT8 pixel -> normalized value
     void    *xbuf;               // converted inputs (grown, reused)
     size_t   xcap;
-    int64_t *lbuf; // realigned labels
-    size_t   lcap;
+    void    *tbuf; // realigned labels, or dense targets in the model dtype
+    size_t   tcap;
     // PullWeights snapshot: gathered once per weights version and shared read-only by every
     // stream that serves that version; rewritten only when no stream reads it.
     uint8_t   *pull;
@@ -247,7 +248,12 @@ static int publish_model(ddld_dispatch *d, const char *name)
         mi.classes      = ddl_spec_num_classes(spec);
         mi.output            = ddl_spec_output_shape(spec);
         mi.out_elems         = ddl_spec_output_elems(spec);
-        mi.labels_per_sample = !ddl_spec_dense_targets(spec) && mi.output.ndim == 1;
+        mi.dense             = ddl_spec_dense_targets(spec);
+        mi.target            = mi.output;
+        if (!mi.dense) { // class indices: one per sample, or one per output voxel
+            mi.target.ndim--;
+            memmove(mi.target.d, mi.target.d + 1, sizeof(int64_t) * (size_t)mi.target.ndim);
+        }
         snprintf(mi.loss, sizeof mi.loss, "%s", ddl_spec_loss_name(spec));
         ddl_spec_normalize(spec, &mi.norm_mean, &mi.norm_std);
         for (int v = 0; v < 256; v++) {
@@ -348,7 +354,8 @@ static ddl_status execute(ddld_dispatch *d, const ddld_cmd *cmd, struct payload 
         st = cmd->arg[0] ? ddl_session_open_synthetic(d->s) : ddl_session_open_data(d->s, p->path);
         break;
     case DDLD_OP_STEP:
-        st = ddl_session_step(d->s, p->x, p->x_bytes, p->labels, cmd->arg[0], &p->step);
+        st =
+            ddl_session_step(d->s, p->x, p->x_bytes, p->targets, p->t_bytes, cmd->arg[0], &p->step);
         break;
     case DDLD_OP_TRAIN: {
         ddl_train_request r  = {.steps = cmd->arg[0], .epochs = cmd->arg[1]};
@@ -364,7 +371,8 @@ static ddl_status execute(ddld_dispatch *d, const ddld_cmd *cmd, struct payload 
         st = ddl_session_evaluate(d->s, (ddl_split)cmd->arg[0], &p->eval);
         break;
     case DDLD_OP_EVAL_BATCH:
-        st = ddl_session_evaluate_batch(d->s, p->x, p->x_bytes, p->labels, cmd->arg[0], &p->eval);
+        st = ddl_session_evaluate_batch(d->s, p->x, p->x_bytes, p->targets, p->t_bytes, cmd->arg[0],
+                                        &p->eval);
         break;
     case DDLD_OP_PREDICT:
         st = ddl_session_predict(d->s, p->x, p->x_bytes, cmd->arg[0], p->out, p->out_bytes);
@@ -585,7 +593,7 @@ void ddld_dispatch_destroy(ddld_dispatch **pd)
     ddl_free(d->bx);
     ddl_free(d->bo);
     ddl_free(d->xbuf);
-    ddl_free(d->lbuf);
+    ddl_free(d->tbuf);
     *pd = NULL;
     if (atomic_load(&d->pull_readers) != 0) {
         // gRPC may release a stream's last chunk after its own shutdown returned: leave the
@@ -652,16 +660,41 @@ static const void *input_data(ddld_dispatch *d, const char *datatype, const uint
     return x;
 }
 
-static const int64_t *label_data(ddld_dispatch *d, const uint8_t *raw, int64_t n)
+// The engine's view of a validated batch's targets (ddld_batch_check): its labels, or its
+// dense values in the model dtype; the request's own bytes when they already are that and
+// aligned, otherwise realigned or converted once into a reused buffer. NULL: no memory.
+static const void *target_data(ddld_dispatch *d, const Distdl__V1__Batch *b, size_t *bytes)
 {
-    if (((uintptr_t)raw % 8) == 0) {
-        return (const int64_t *)raw;
+    const Distdl__V1__Tensor *t     = b->targets != NULL ? b->targets : b->labels;
+    const ddld_model_info    *mi    = &ddld_g.info; // stable: only this thread replaces it
+    bool                      label = !mi->dense;   // INT64, validated
+    bool                      same  = label || strcmp(t->datatype, ddld_dtype_wire(mi->dtype)) == 0;
+    size_t                    item  = label ? sizeof(int64_t) : ddl_dtype_size(mi->dtype);
+    size_t                    numel = t->raw.len / (same ? item : (item == 8 ? 4 : 8));
+    *bytes                          = numel * item;
+    if (same && ((uintptr_t)t->raw.data % item) == 0) {
+        return t->raw.data;
     }
-    int64_t *l = grow((void **)&d->lbuf, &d->lcap, (size_t)n * 8);
-    if (l != NULL) {
-        memcpy(l, raw, (size_t)n * 8);
+    void *o = grow(&d->tbuf, &d->tcap, *bytes);
+    if (o == NULL) {
+        return NULL;
     }
-    return l;
+    if (same) {
+        memcpy(o, t->raw.data, *bytes);
+    } else if (mi->dtype == DDL_F64) { // FP32 values for an FP64 model
+        for (size_t i = 0; i < numel; i++) {
+            float v;
+            memcpy(&v, t->raw.data + i * 4, 4);
+            ((double *)o)[i] = v;
+        }
+    } else { // FP64 values for an FP32 model
+        for (size_t i = 0; i < numel; i++) {
+            double v;
+            memcpy(&v, t->raw.data + i * 8, 8);
+            ((float *)o)[i] = (float)v;
+        }
+    }
+    return o;
 }
 
 static void fail(ddld_job *job, grpc_status_code code, const char *fmt, ...)
@@ -1047,8 +1080,8 @@ static void on_step(ddld_dispatch *d, ddld_job *job)
         struct payload p;
         memset(&p, 0, sizeof p);
         p.x      = input_data(d, b->x->datatype, b->x->raw.data, n * mi->sample_numel, &p.x_bytes);
-        p.labels = label_data(d, b->labels->raw.data, n);
-        if (p.x == NULL || p.labels == NULL) {
+        p.targets = target_data(d, b, &p.t_bytes);
+        if (p.x == NULL || p.targets == NULL) {
             fail(job, GRPC_STATUS_RESOURCE_EXHAUSTED, "Step: out of memory");
         } else {
             set_state("training");
@@ -1077,6 +1110,7 @@ static void on_step(ddld_dispatch *d, ddld_job *job)
                 r.loss                     = p.step.loss;
                 r.accuracy                 = p.step.accuracy;
                 r.durable                  = p.step.durable;
+                r.mse                      = p.step.mse;
                 ddld_call_finish(job->call, GRPC_STATUS_OK, NULL, &r.base);
             }
         }
@@ -1253,8 +1287,8 @@ static void on_evaluate(ddld_dispatch *d, ddld_job *job)
         }
         p.x      = input_data(d, q->batch->x->datatype, q->batch->x->raw.data,
                               n * ddld_g.info.sample_numel, &p.x_bytes);
-        p.labels = label_data(d, q->batch->labels->raw.data, n);
-        if (p.x == NULL || p.labels == NULL) {
+        p.targets = target_data(d, q->batch, &p.t_bytes);
+        if (p.x == NULL || p.targets == NULL) {
             fail(job, GRPC_STATUS_RESOURCE_EXHAUSTED, "Evaluate: out of memory");
             return;
         }

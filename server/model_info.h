@@ -29,7 +29,9 @@ typedef struct ddld_model_info {
     int               classes;
     ddl_shape         output;    // per sample: [classes], or [C, spatial...] (segmentation, dense)
     int64_t           out_elems; // values per sample of the output
-    bool              labels_per_sample; // a classifier: inline batches carry its labels
+    bool              dense;     // the loss trains on dense targets (FP values shaped like output)
+    ddl_shape         target;    // per sample: a batch's targets ([] for a classifier's label,
+                                 // [spatial...] for segmentation, the output for dense)
     char              loss[32];
     double            norm_mean, norm_std;
     int               nweights;

@@ -350,14 +350,12 @@ static int64_t first_nonfinite(const uint8_t *raw, int64_t numel, size_t item)
     return -1;
 }
 
-grpc_status_code ddld_finite_check(const ddld_model_info *mi, const char *what, const char *datatype,
-                                   const uint8_t *raw, int64_t n, char *err, size_t errlen)
+// The first non-finite value of numel values of `item` bytes (4 or 8), as an error naming
+// its element, sample and offset (`per` values a sample).
+static grpc_status_code values_finite(const char *what, const uint8_t *raw, int64_t numel,
+                                      size_t item, int64_t per, char *err, size_t errlen)
 {
-    if (strcmp(datatype, "UINT8") == 0) {
-        return GRPC_STATUS_OK; // pixels are always finite
-    }
-    size_t  item = ddl_dtype_size(mi->dtype);
-    int64_t bad  = first_nonfinite(raw, n * mi->sample_numel, item);
+    int64_t bad = first_nonfinite(raw, numel, item);
     if (bad < 0) {
         return GRPC_STATUS_OK;
     }
@@ -371,25 +369,114 @@ grpc_status_code ddld_finite_check(const ddld_model_info *mi, const char *what, 
     }
     snprintf(err, errlen,
              "%s: expected finite values, got %s at element %lld (sample %lld, offset %lld)", what,
-             isnan(v) ? "NaN" : v > 0 ? "+Inf" : "-Inf", (long long)bad,
-             (long long)(bad / mi->sample_numel), (long long)(bad % mi->sample_numel));
+             isnan(v) ? "NaN"
+             : v > 0  ? "+Inf"
+                      : "-Inf",
+             (long long)bad, (long long)(bad / per), (long long)(bad % per));
     return GRPC_STATUS_INVALID_ARGUMENT;
+}
+
+grpc_status_code ddld_finite_check(const ddld_model_info *mi, const char *what,
+                                   const char *datatype, const uint8_t *raw, int64_t n, char *err,
+                                   size_t errlen)
+{
+    if (strcmp(datatype, "UINT8") == 0) {
+        return GRPC_STATUS_OK; // pixels are always finite
+    }
+    return values_finite(what, raw, n * mi->sample_numel, ddl_dtype_size(mi->dtype),
+                         mi->sample_numel, err, errlen);
+}
+
+// The targets of a batch of n samples, in exactly one of batch.targets and batch.labels
+// (the older name, class labels only): INT64 class indices [n, target...] in [0, classes)
+// for a classifier or a segmentation model, or FP32/FP64 values [n, output...], finite,
+// for a loss on dense targets. Their ranges per loss ([0, 1] for bce, >= 0 for
+// poisson_nll) are the engine's to check, on rank 0 before any data moves.
+static grpc_status_code targets_check(const ddld_model_info *mi, const Distdl__V1__Batch *b,
+                                      int64_t n, char *err, size_t errlen)
+{
+    const Distdl__V1__Tensor *t    = b->targets != NULL ? b->targets : b->labels;
+    const char               *what = b->targets != NULL ? "batch.targets" : "batch.labels";
+    if (b->targets != NULL && b->labels != NULL) {
+        snprintf(err, errlen, "batch: give exactly one of targets and labels, got both");
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    if (t == NULL) {
+        snprintf(err, errlen, "batch: both x and targets (or labels) are required");
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    int64_t exp[DDL_MAX_DIMS + 1], per = 1;
+    exp[0] = n;
+    for (int k = 0; k < mi->target.ndim; k++) {
+        exp[k + 1] = mi->target.d[k];
+        per *= mi->target.d[k];
+    }
+    size_t nd = (size_t)mi->target.ndim + 1;
+    char   e[200], g[200];
+    shape_text(exp, nd, e, sizeof e);
+    shape_text(t->shape, t->n_shape < 16 ? t->n_shape : 16, g, sizeof g);
+    if (mi->dense && b->labels != NULL) {
+        snprintf(err, errlen,
+                 "batch.labels: the loss %s trains on dense targets %s, not class labels; send "
+                 "them as batch.targets (FP32 or FP64)",
+                 mi->loss, e);
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    size_t item;
+    if (!mi->dense && strcmp(t->datatype, "INT64") == 0) {
+        item = 8;
+    } else if (mi->dense && strcmp(t->datatype, "FP32") == 0) {
+        item = 4;
+    } else if (mi->dense && strcmp(t->datatype, "FP64") == 0) {
+        item = 8;
+    } else {
+        snprintf(err, errlen, "%s: expected datatype %s (the loss %s), got \"%.32s\"", what,
+                 mi->dense ? "FP32 or FP64" : "INT64", mi->loss, t->datatype);
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    bool ok = t->n_shape == nd;
+    for (size_t k = 0; ok && k < nd; k++) {
+        ok = t->shape[k] == exp[k];
+    }
+    if (!ok) {
+        snprintf(err, errlen, "%s: expected shape %s, got %s", what, e, g);
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    // n and per are bounded by the validated input and the model: no overflow.
+    if ((uint64_t)t->raw.len != (uint64_t)n * (uint64_t)per * item) {
+        snprintf(err, errlen, "%s: expected %llu bytes (%lld x %lld x %zu-byte %s), got %zu", what,
+                 (unsigned long long)((uint64_t)n * (uint64_t)per * item), (long long)n,
+                 (long long)per, item, t->datatype, t->raw.len);
+        return GRPC_STATUS_INVALID_ARGUMENT;
+    }
+    if (mi->dense) {
+        return values_finite(what, t->raw.data, n * per, item, per, err, errlen);
+    }
+    for (int64_t i = 0; i < n * per; i++) {
+        int64_t v;
+        memcpy(&v, t->raw.data + i * 8, 8);
+        if (v < 0 || v >= mi->classes) {
+            if (per > 1) {
+                snprintf(err, errlen,
+                         "%s[%lld]: expected a class in [0, %d), got %lld (sample %lld, voxel "
+                         "%lld)",
+                         what, (long long)i, mi->classes, (long long)v, (long long)(i / per),
+                         (long long)(i % per));
+            } else {
+                snprintf(err, errlen, "%s[%lld]: expected a class in [0, %d), got %lld", what,
+                         (long long)i, mi->classes, (long long)v);
+            }
+            return GRPC_STATUS_INVALID_ARGUMENT;
+        }
+    }
+    return GRPC_STATUS_OK;
 }
 
 grpc_status_code ddld_batch_check(const ddld_model_info *mi, const Distdl__V1__Batch *b, bool exact,
                                   int64_t *count, char *err, size_t errlen)
 {
-    if (!mi->labels_per_sample) {
-        // Segmentation (a label per voxel) and dense targets have no inline wire format yet.
-        snprintf(err, errlen,
-                 "batch: inline batches carry one class label per sample, and this model's "
-                 "loss %s trains on %s; train and evaluate it on its data (Train and Evaluate "
-                 "with a dataset, or none when the spec generates its data)",
-                 mi->loss, mi->classes > 0 ? "a label per output voxel" : "dense targets");
-        return GRPC_STATUS_INVALID_ARGUMENT;
-    }
-    if (b->x == NULL || b->labels == NULL) {
-        snprintf(err, errlen, "batch: both x and labels are required");
+    if (b->x == NULL) {
+        snprintf(err, errlen, "batch: both x and targets (or labels) are required");
         return GRPC_STATUS_INVALID_ARGUMENT;
     }
     int64_t          n;
@@ -403,39 +490,17 @@ grpc_status_code ddld_batch_check(const ddld_model_info *mi, const Distdl__V1__B
                  (long long)mi->batch_size, (long long)n);
         return GRPC_STATUS_INVALID_ARGUMENT;
     }
-    const Distdl__V1__Tensor *l = b->labels;
-    if (strcmp(l->datatype, "INT64") != 0) {
-        snprintf(err, errlen, "batch.labels: expected datatype INT64, got \"%.32s\"", l->datatype);
-        return GRPC_STATUS_INVALID_ARGUMENT;
+    code = targets_check(mi, b, n, err, errlen);
+    if (code != GRPC_STATUS_OK) {
+        return code;
     }
-    if (l->n_shape != 1 || l->shape[0] != n) {
-        char g[200];
-        shape_text(l->shape, l->n_shape < 16 ? l->n_shape : 16, g, sizeof g);
-        snprintf(err, errlen, "batch.labels: expected shape [%lld], got %s", (long long)n, g);
-        return GRPC_STATUS_INVALID_ARGUMENT;
-    }
-    if (l->raw.len != (size_t)n * 8) {
-        snprintf(err, errlen, "batch.labels: expected %lld bytes (%lld x 8), got %zu",
-                 (long long)n * 8, (long long)n, l->raw.len);
-        return GRPC_STATUS_INVALID_ARGUMENT;
-    }
-    for (int64_t i = 0; i < n; i++) {
-        int64_t v;
-        memcpy(&v, l->raw.data + i * 8, 8);
-        if (v < 0 || v >= mi->classes) {
-            snprintf(err, errlen, "batch.labels[%lld]: expected a class in [0, %d), got %lld",
-                     (long long)i, mi->classes, (long long)v);
-            return GRPC_STATUS_INVALID_ARGUMENT;
-        }
-    }
-    grpc_status_code fc = ddld_finite_check(mi, "batch.x", b->x->datatype, b->x->raw.data, n, err, errlen);
-    if (fc != GRPC_STATUS_OK) {
-        return fc;
+    code = ddld_finite_check(mi, "batch.x", b->x->datatype, b->x->raw.data, n, err, errlen);
+    if (code != GRPC_STATUS_OK) {
+        return code;
     }
     *count = n;
     return GRPC_STATUS_OK;
 }
-
 
 // ---- datasets -------------------------------------------------------------------------------
 

@@ -31,9 +31,9 @@ ProtobufCMessage *ddld_request_decode(grpc_byte_buffer *bb, const ProtobufCMessa
 // ---- tensors, batches and inputs against the model -------------------------------------
 
 // Checks a Batch against the model completely (dtype, shape, byte counts with overflow
-// checks, label range). exact: the sample count must equal the batch size. On failure
-// writes a message ("x: expected shape [64,1,28,28], got [3,1,28,28]") and returns the
-// gRPC code. Not collective; any thread (mi borrowed).
+// checks; the targets: class labels in range, dense values finite). exact: the sample count must
+// equal the batch size. On failure writes a message ("x: expected shape [64,1,28,28], got
+// [3,1,28,28]") and returns the gRPC code. Not collective; any thread (mi borrowed).
 grpc_status_code ddld_batch_check(const ddld_model_info *mi, const Distdl__V1__Batch *b, bool exact,
                                   int64_t *count, char *err, size_t errlen);
 // The same for an input tensor alone (Predict, ModelInfer): [n, sample...] of the model

@@ -62,6 +62,7 @@ enum {
     O_OUTPUT,
     O_DIR,
     O_NO_CHECKPOINT,
+    O_TARGETS,
 };
 
 // The global options, accepted before the command and after it.
@@ -91,6 +92,7 @@ static const struct option command_options[] = {
     {"output", required_argument, 0, O_OUTPUT},
     {"dir", required_argument, 0, O_DIR},
     {"no-checkpoint", no_argument, 0, O_NO_CHECKPOINT},
+    {"targets", required_argument, 0, O_TARGETS},
 };
 
 // Everything the command line says.
@@ -99,7 +101,7 @@ typedef struct cli {
     const char *address, *address_file, *tls_ca, *tls_cert, *tls_key, *tls_name, *token_file;
     int         json;
     double      timeout_s;
-    const char *name, *dataset, *split, *input, *output, *dir;
+    const char *name, *dataset, *split, *input, *output, *dir, *targets;
     int         replace, no_checkpoint;
     long long   epochs, steps, every; // 0: not given
     const char *positional[4];
@@ -107,7 +109,8 @@ typedef struct cli {
     // Read before connecting (prepare()): what the command sends.
     char               *spec;         // create
     char               *spec_name;    // create: the spec's "name" when --name is not given
-    ddl_client_tensor   x;            // predict
+    ddl_client_tensor   x;            // predict, step, eval of inline samples
+    ddl_client_tensor   y;            // step, eval of inline samples: the targets
     ddl_client_weights *weights;      // push
     long long           restore_step; // restore: -1 latest
 } cli;
@@ -498,6 +501,7 @@ static json_t *progress_json(const char *name, const ddl_client_progress *p)
     json_object_set_new(o, "total", json_integer(p->total));
     json_object_set_new(o, "epoch_end", json_boolean(p->epoch_end));
     json_object_set_new(o, "durable", json_boolean(p->durable));
+    json_object_set_new(o, "mse", jreal(p->mse));
     return o;
 }
 
@@ -610,16 +614,33 @@ static int cmd_train(cli *a, ddl_client_t *c)
 
 // ---- eval, predict -------------------------------------------------------------------
 
+// The batch of an inline step or evaluation: --input and --targets, read by prepare().
+static ddl_client_batch inline_batch(const cli *a)
+{
+    ddl_client_batch b;
+    memset(&b, 0, sizeof b);
+    b.x       = a->x;
+    b.targets = a->y;
+    return b;
+}
+
 static int cmd_eval(cli *a, ddl_client_t *c)
 {
-    const char            *split = a->split ? a->split : "test";
+    // Inline samples (--input, --targets) or a split of the daemon's data.
+    const char            *split = a->input ? "inline" : a->split ? a->split : "test";
+    ddl_client_batch       b     = inline_batch(a);
     ddl_client_eval_result r;
-    ddl_status st = ddl_client_evaluate(c, a->dataset ? a->dataset : "", split, NULL, &r);
+    ddl_status st = ddl_client_evaluate(c, a->dataset ? a->dataset : "", a->input ? NULL : split,
+                                        a->input ? &b : NULL, &r);
     if (st != DDL_OK)
         return fail_call(st);
     if (g_json) {
         json_t *o = event("eval");
         json_object_set_new(o, "split", jstr(split));
+        if (a->input) {
+            json_object_set_new(o, "input", jstr(a->input));
+            json_object_set_new(o, "targets", jstr(a->targets));
+        }
         json_object_set_new(o, "count", json_integer(r.count));
         json_object_set_new(o, "loss", jreal(r.loss));
         json_object_set_new(o, "accuracy", jreal(r.accuracy));
@@ -640,6 +661,34 @@ static int cmd_eval(cli *a, ddl_client_t *c)
             printf(", foreground IoU %.4f", r.fg_iou);
         }
         printf("\n");
+    }
+    return 0;
+}
+
+static int cmd_step(cli *a, ddl_client_t *c)
+{
+    ddl_client_batch       b = inline_batch(a);
+    ddl_client_step_result r;
+    ddl_status             st = ddl_client_step(c, &b, &r);
+    if (st != DDL_OK)
+        return fail_call(st);
+    if (g_json) {
+        json_t *o = event("step");
+        json_object_set_new(o, "input", jstr(a->input));
+        json_object_set_new(o, "targets", jstr(a->targets));
+        json_object_set_new(o, "step", json_integer(r.step));
+        json_object_set_new(o, "loss", jreal(r.loss));
+        json_object_set_new(o, "accuracy", jreal(r.accuracy));
+        json_object_set_new(o, "mse", jreal(r.mse));
+        json_object_set_new(o, "durable", json_boolean(r.durable));
+        emit(o);
+    } else {
+        printf("step %lld: loss %.4f", (long long)r.step, r.loss);
+        if (r.mse >= 0)
+            printf(", mse %.6g", r.mse);
+        if (r.accuracy >= 0)
+            printf(", accuracy %.4f", r.accuracy);
+        printf("%s\n", r.durable ? " (checkpoint durable)" : "");
     }
     return 0;
 }
@@ -855,13 +904,27 @@ static const command commands[] = {
      "  --progress-every K  a progress record every K steps (default 50)\n"},
     {"eval",
      cmd_eval,
-     {O_SPLIT, O_DATASET, 0},
+     {O_SPLIT, O_DATASET, O_INPUT, O_TARGETS, 0},
      0,
      0,
-     "eval [--split test|train] [--dataset D]",
-     "Evaluate the model on a split of the daemon's dataset: accuracy, loss, count.\n"
-     "  --split S    test (default) or train\n"
-     "  --dataset D  an IDX directory relative to the daemon's --data-root\n"},
+     "eval [--split test|train] [--dataset D] | eval --input X.npy --targets Y.npy",
+     "Evaluate the model on a split of the daemon's dataset, or on inline samples: loss and\n"
+     "the metrics that fit the model (accuracy; foreground IoU; mse and relative L2 error).\n"
+     "  --split S      test (default) or train\n"
+     "  --dataset D    an IDX directory relative to the daemon's --data-root\n"
+     "  --input X.npy  samples [n, sample...] (float32, float64 or uint8 pixels)\n"
+     "  --targets Y.npy  their targets: int64 labels [n] or [n, spatial...], or float32/64\n"
+     "                 values shaped like the model's output\n"},
+    {"step",
+     cmd_step,
+     {O_INPUT, O_TARGETS, 0},
+     0,
+     0,
+     "step --input X.npy --targets Y.npy",
+     "One optimizer step on an inline batch of exactly the spec's batch_size samples.\n"
+     "  --input X.npy    samples [n, sample...] (float32, float64 or uint8 pixels)\n"
+     "  --targets Y.npy  their targets: int64 labels [n] or [n, spatial...], or float32/64\n"
+     "                   values shaped like the model's output\n"},
     {"predict",
      cmd_predict,
      {O_INPUT, O_OUTPUT, 0},
@@ -962,7 +1025,8 @@ static void print_usage(FILE *f, const command *cmd)
 }
 
 #define COMMAND_LIST                                                                               \
-    "status, health, create, train, eval, predict, pull, push, checkpoint, restore, shutdown"
+    "status, health, create, train, eval, step, predict, pull, push, checkpoint, restore, "        \
+    "shutdown"
 
 // ---- parsing the command line ---------------------------------------------------------
 
@@ -1067,6 +1131,9 @@ static int parse(int argc, char **argv, cli *a)
             case O_NO_CHECKPOINT:
                 a->no_checkpoint = 1;
                 break;
+            case O_TARGETS:
+                a->targets = optarg;
+                break;
             case ':':
                 return fail(EXIT_USAGE, "USAGE", "option %s needs an argument", bad);
             default:
@@ -1136,6 +1203,43 @@ static int parse(int argc, char **argv, cli *a)
     return -1;
 }
 
+// --input: samples [n, sample...], n >= 1, of an input dtype. Returns -1 or the exit code.
+static int read_samples(cli *a)
+{
+    if (ddl_client_npy_read(a->input, &a->x) != DDL_OK)
+        return fail(EXIT_FILE, "FILE", "%s", ddl_last_error());
+    if (a->x.dtype == DDL_WIRE_INT64)
+        return fail(EXIT_FILE, "FILE", "%s holds int64; %s takes float32, float64 or uint8 samples",
+                    a->input, a->command);
+    if (a->x.ndim < 2 || a->x.shape[0] < 1)
+        return fail(EXIT_FILE, "FILE", "%s: %s needs [n, sample...] with n >= 1", a->input,
+                    a->command);
+    return -1;
+}
+
+// --input and --targets of an inline step or evaluation: the samples, and as many targets
+// (int64 class indices, or float32/float64 values; the daemon checks their shape).
+static int read_batch(cli *a)
+{
+    if (!a->input || !a->targets)
+        return fail(EXIT_USAGE, "USAGE", "%s needs --input X.npy and --targets Y.npy", a->command);
+    int rc = read_samples(a);
+    if (rc >= 0)
+        return rc;
+    if (ddl_client_npy_read(a->targets, &a->y) != DDL_OK)
+        return fail(EXIT_FILE, "FILE", "%s", ddl_last_error());
+    if (a->y.dtype == DDL_WIRE_UINT8)
+        return fail(EXIT_FILE, "FILE",
+                    "%s holds uint8; targets are int64 class indices or float32/float64 values",
+                    a->targets);
+    if (a->y.ndim < 1 || a->y.shape[0] != a->x.shape[0])
+        return fail(EXIT_FILE, "FILE",
+                    "%s: expected %lld targets (one row per sample of %s), got %lld", a->targets,
+                    (long long)a->x.shape[0], a->input,
+                    a->y.ndim < 1 ? 0LL : (long long)a->y.shape[0]);
+    return -1;
+}
+
 // Checks what the command needs and reads the local files it sends, before any RPC: a bad
 // invocation changes nothing on the daemon and needs no daemon to be reported. Returns -1
 // to go on, else the exit code.
@@ -1147,9 +1251,17 @@ static int prepare(cli *a)
             return fail(EXIT_USAGE, "USAGE", "give --epochs N or --steps N, not both");
         if (!a->epochs && !a->steps)
             return fail(EXIT_USAGE, "USAGE", "train needs --epochs N or --steps N");
+    } else if (strcmp(cmd, "eval") == 0 && (a->input || a->targets)) {
+        if (a->split || a->dataset)
+            return fail(EXIT_USAGE, "USAGE",
+                        "eval takes a split (--split, --dataset) or inline samples (--input, "
+                        "--targets), not both");
+        return read_batch(a);
     } else if (strcmp(cmd, "eval") == 0) {
         if (a->split && strcmp(a->split, "test") != 0 && strcmp(a->split, "train") != 0)
             return fail(EXIT_USAGE, "USAGE", "--split is 'test' or 'train', got '%s'", a->split);
+    } else if (strcmp(cmd, "step") == 0) {
+        return read_batch(a);
     } else if (strcmp(cmd, "restore") == 0) {
         a->restore_step = -1;
         if (strcmp(a->positional[0], "latest") != 0 &&
@@ -1178,14 +1290,7 @@ static int prepare(cli *a)
     } else if (strcmp(cmd, "predict") == 0) {
         if (!a->input || !a->output)
             return fail(EXIT_USAGE, "USAGE", "predict needs --input X.npy and --output LOGITS.npy");
-        if (ddl_client_npy_read(a->input, &a->x) != DDL_OK)
-            return fail(EXIT_FILE, "FILE", "%s", ddl_last_error());
-        if (a->x.dtype == DDL_WIRE_INT64)
-            return fail(EXIT_FILE, "FILE",
-                        "%s holds int64; predict takes float32, float64 or uint8", a->input);
-        if (a->x.ndim < 2 || a->x.shape[0] < 1)
-            return fail(EXIT_FILE, "FILE", "%s: predict needs [n, sample...] with n >= 1",
-                        a->input);
+        return read_samples(a);
     } else if (strcmp(cmd, "pull") == 0) {
         if (!a->output)
             return fail(EXIT_USAGE, "USAGE", "pull needs --output W.safetensors");
@@ -1215,6 +1320,7 @@ int main(int argc, char **argv)
     free(a.spec);
     free(a.spec_name);
     ddl_client_tensor_release(&a.x);
+    ddl_client_tensor_release(&a.y);
     ddl_client_weights_destroy(&a.weights);
     // gRPC keeps threads of its own that grpc_shutdown does not join (a subchannel may still
     // be retrying a failed TLS handshake), and exit() would tear OpenSSL down under them (a

@@ -233,10 +233,16 @@ typedef struct ddl_client_status_info {
 
 DDL_EXTERN ddl_status ddl_client_get_status(ddl_client_t *c, ddl_client_status_info *out);
 
-// One batch: x [n, sample...] (model dtype, or UINT8 pixels) and labels INT64 [n].
+// One batch: x [n, sample...] (model dtype, or UINT8 pixels) and what the loss learns
+// from, in exactly one of (the other left zeroed):
+//   targets  any the model's loss takes: INT64 [n] class labels, INT64 [n, spatial...] a
+//            class per output voxel (segmentation), or FP32/FP64 [n, output...] dense
+//            targets shaped like the model's output (every loss but cross_entropy)
+//   labels   INT64 [n] class labels (the older field; a classifier only)
 typedef struct ddl_client_batch {
     ddl_client_tensor x;
     ddl_client_tensor labels;
+    ddl_client_tensor targets;
 } ddl_client_batch;
 
 // SubmitBatch: streams n batches into the daemon's queue. *accepted (may be NULL) receives
@@ -247,8 +253,9 @@ DDL_EXTERN ddl_status ddl_client_submit_batches(ddl_client_t *c, const ddl_clien
 typedef struct ddl_client_step_result {
     int64_t step;
     double  loss;
-    double  accuracy;
+    double  accuracy; // -1 where none applies (dense targets but bce)
     int     durable;
+    double  mse; // dense targets: of the step's prediction; -1 for a classifier
 } ddl_client_step_result;
 
 // Step: one optimizer step on `batch`, or on the next submitted batch when batch is NULL.
@@ -276,6 +283,7 @@ typedef struct ddl_client_progress {
     int     durable;
     int     finished;
     double  mean_loss;
+    double  mse; // dense targets: this step's mean squared error; -1 for a classifier
 } ddl_client_progress;
 
 // Called on the calling thread for each progress record. Return 0 to go on, nonzero to
@@ -304,7 +312,8 @@ DDL_EXTERN ddl_status ddl_client_evaluate(ddl_client_t *c, const char *dataset, 
                                           const ddl_client_batch *batch,
                                           ddl_client_eval_result *out);
 
-// Predict: logits [n, classes] for x [n, sample...]. The caller releases *logits.
+// Predict: the model's whole output for x [n, sample...]: logits [n, classes], or
+// [n, C, spatial...] for segmentation and dense models. The caller releases *logits.
 DDL_EXTERN ddl_status ddl_client_predict(ddl_client_t *c, const ddl_client_tensor *x,
                                          ddl_client_tensor *logits);
 

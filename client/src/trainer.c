@@ -62,22 +62,42 @@ static ddl_status tensor_from_wire(const Distdl__V1__Tensor *w, const char *what
     return DDL_OK;
 }
 
+// A tensor the caller filled in (a zeroed one is unset).
+static int tensor_set(const ddl_client_tensor *t)
+{
+    return t->ndim > 0 || t->bytes > 0 || t->data != NULL;
+}
+
+// What a batch's loss learns from: its targets, or else its labels.
+static const ddl_client_tensor *batch_targets(const ddl_client_batch *b)
+{
+    return tensor_set(&b->targets) ? &b->targets : &b->labels;
+}
+
 static ddl_status check_batch(const ddl_client_batch *b, const char *what)
 {
+    if (tensor_set(&b->targets) && tensor_set(&b->labels))
+        return ddl__local_error(DDL_EINVAL, "%s: set the batch's targets or its labels, not both",
+                                what);
     ddl_status st = ddl__check_tensor(&b->x, what);
     if (st == DDL_OK)
-        st = ddl__check_tensor(&b->labels, what);
+        st = ddl__check_tensor(batch_targets(b), what);
     return st;
 }
 
+// The batch on the wire: its targets in Batch.targets, or its labels in Batch.labels (so a
+// classifier's batch reaches a daemon that predates targets too).
 static void batch_to_wire(const ddl_client_batch *b, Distdl__V1__Batch *w, Distdl__V1__Tensor *x,
-                          Distdl__V1__Tensor *labels)
+                          Distdl__V1__Tensor *y)
 {
     distdl__v1__batch__init(w);
     tensor_to_wire(&b->x, x);
-    tensor_to_wire(&b->labels, labels);
-    w->x      = x;
-    w->labels = labels;
+    tensor_to_wire(batch_targets(b), y);
+    w->x = x;
+    if (tensor_set(&b->targets))
+        w->targets = y;
+    else
+        w->labels = y;
 }
 
 // ---- health and inference ------------------------------------------------------------
@@ -369,8 +389,11 @@ ddl_status ddl_client_step(ddl_client_t *c, const ddl_client_batch *batch,
         return st;
     Distdl__V1__StepResponse *r = (Distdl__V1__StepResponse *)m;
     if (out)
-        *out = (ddl_client_step_result){
-            .step = r->step, .loss = r->loss, .accuracy = r->accuracy, .durable = r->durable};
+        *out = (ddl_client_step_result){.step     = r->step,
+                                        .loss     = r->loss,
+                                        .accuracy = r->accuracy,
+                                        .durable  = r->durable,
+                                        .mse      = r->mse};
     protobuf_c_message_free_unpacked(m, NULL);
     return DDL_OK;
 }
@@ -550,7 +573,8 @@ ddl_status ddl_client_train(ddl_client_t *c, const ddl_client_train_request *req
                                          .epoch_end         = m->epoch_end,
                                          .durable           = m->durable,
                                          .finished          = m->finished,
-                                         .mean_loss         = m->mean_loss};
+                                         .mean_loss         = m->mean_loss,
+                                         .mse               = m->mse};
             have = 1;
             protobuf_c_message_free_unpacked(&m->base, NULL);
             if (!cancelled && cb && cb(&p, user_data)) {

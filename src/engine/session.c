@@ -899,41 +899,70 @@ ddl_status ddl_session_train(ddl_session_t *s, const ddl_train_request *req, ddl
     return st;
 }
 
-// Inline batches carry class labels: a dense model trains and evaluates on its data.
-static ddl_status dense_inline(const ddl_session_t *s, const char *what)
+// Rank 0's check of the targets of `count` inline samples: exactly
+// ddl_session_target_bytes(s, count) bytes (labels, or dense values in the spec's dtype).
+// The values themselves are the model's to check (ranges, finiteness).
+static ddl_status check_targets(const ddl_session_t *s, const char *what, const void *t,
+                                size_t t_bytes, int64_t count)
 {
-    return ddl_set_error(DDL_EINVAL,
-                         "%s: the loss %s trains on dense targets shaped like the output; "
-                         "inline batches carry class labels, so train and evaluate it on the "
-                         "session's data",
-                         what, ddl_spec_loss_name(ddl_model_spec(s->model)));
+    size_t need = ddl_session_target_bytes(s, count);
+    DDL_REQUIRE(t != NULL, DDL_EINVAL, "%s: rank 0 must pass the %s", what,
+                s->dense ? "targets" : "labels");
+    DDL_REQUIRE(t_bytes == need, DDL_EINVAL, "%s: %lld samples of %lld %s need %zu bytes, got %zu",
+                what, (long long)count, (long long)(s->dense ? s->out_elems : s->label_elems),
+                s->dense ? (s->dt == DDL_F32 ? "FP32 target values" : "FP64 target values")
+                         : "INT64 labels",
+                need, t_bytes);
+    return DDL_OK;
 }
 
-ddl_status ddl_session_step(ddl_session_t *s, const void *x, size_t x_bytes, const int64_t *labels,
-                            int64_t count, ddl_step_result *out)
+size_t ddl_session_target_bytes(const ddl_session_t *s, int64_t count)
+{
+    if (count <= 0) {
+        return 0;
+    }
+    int64_t per  = s->dense ? s->out_elems : s->label_elems;
+    size_t  item = s->dense ? ddl_dtype_size(s->dt) : sizeof(int64_t);
+    return (uint64_t)count > SIZE_MAX / item / (size_t)per ? SIZE_MAX
+                                                           : (size_t)(count * per) * item;
+}
+
+ddl_status ddl_session_step(ddl_session_t *s, const void *x, size_t x_bytes, const void *targets,
+                            size_t t_bytes, int64_t count, ddl_step_result *out)
 {
     ddl_status st = DDL_OK;
-    if (s->rank == 0 && s->dense) {
-        st = dense_inline(s, "step");
-    } else if (s->rank == 0 && (count != s->batch || x_bytes != (size_t)count * s->sample_bytes)) {
-        st = ddl_set_error(DDL_EINVAL,
-                           "step: expected %lld samples in %zu bytes (the batch size), got %lld "
-                           "samples in %zu bytes",
-                           (long long)s->batch, (size_t)s->batch * s->sample_bytes,
-                           (long long)count, x_bytes);
+    if (s->rank == 0) {
+        if (count != s->batch || x_bytes != (size_t)count * s->sample_bytes) {
+            st = ddl_set_error(DDL_EINVAL,
+                               "step: expected %lld samples in %zu bytes (the batch size), got "
+                               "%lld samples in %zu bytes",
+                               (long long)s->batch, (size_t)s->batch * s->sample_bytes,
+                               (long long)count, x_bytes);
+        } else {
+            st = check_targets(s, "step", targets, t_bytes, count);
+        }
     }
     DDL_CHECK(ddl_agree(s->comm, st));
-    double  loss = 0;
+    double  loss = 0, sq = 0;
     int64_t c    = 0;
-    st           = ddl_model_train_step(s->model, x, x_bytes, labels, s->batch, &loss, &c);
+    if (s->dense) {
+        ddl_dense_metrics dm = {0};
+        st = ddl_model_train_step_dense(s->model, x, x_bytes, targets, t_bytes, s->batch, &loss,
+                                        &dm);
+        c  = dm.hits;
+        sq = dm.sq_err;
+    } else {
+        st = ddl_model_train_step(s->model, x, x_bytes, targets, s->batch, &loss, &c);
+    }
     bool durable = false;
     if (st == DDL_OK && s->ckpt_every > 0 && ddl_model_step(s->model) % s->ckpt_every == 0) {
         st = periodic_save(s, &durable);
     }
     st = ddl_agree(s->comm, st);
     if (out != NULL) {
-        *out = (ddl_step_result){ddl_model_step(s->model), loss,
-                                 accuracy_of(s, (double)c, s->batch), durable};
+        *out =
+            (ddl_step_result){ddl_model_step(s->model), loss, accuracy_of(s, (double)c, s->batch),
+                              durable, mse_of(s, sq, s->batch)};
     }
     return st;
 }
@@ -1050,43 +1079,52 @@ static ddl_status check_inline(const ddl_session_t *s, const char *what, const v
 }
 
 ddl_status ddl_session_evaluate_batch(ddl_session_t *s, const void *x, size_t x_bytes,
-                                      const int64_t *labels, int64_t count, ddl_eval_result *out)
+                                      const void *targets, size_t t_bytes, int64_t count,
+                                      ddl_eval_result *out)
 {
     ddl_status st = DDL_OK;
     if (s->rank == 0) {
-        st =
-            s->dense ? dense_inline(s, "evaluate") : check_inline(s, "evaluate", x, x_bytes, count);
-        if (st == DDL_OK && labels == NULL) {
-            st = ddl_set_error(DDL_EINVAL, "evaluate: rank 0 must pass the labels");
-        }
-        for (int64_t i = 0; st == DDL_OK && i < count * s->label_elems; i++) {
-            if (labels[i] < 0 || labels[i] >= s->classes) {
-                st = ddl_set_error(DDL_EINVAL,
-                                   "evaluate: label %lld of sample %lld is outside "
-                                   "[0, %d)",
-                                   (long long)labels[i], (long long)i, s->classes);
-            }
+        st = check_inline(s, "evaluate", x, x_bytes, count);
+        if (st == DDL_OK) {
+            st = check_targets(s, "evaluate", targets, t_bytes, count);
         }
     }
     DDL_CHECK(ddl_agree(s->comm, st));
     int64_t total = count;
     DDL_CHECK_MPI(MPI_Bcast(&total, 1, MPI_INT64_T, 0, s->comm));
-    int64_t hits = 0;
-    double  lsum = 0;
+    if (s->iou != NULL) {
+        memset(s->iou, 0, sizeof(int64_t) * 2 * (size_t)s->classes);
+    }
+    const size_t per  = ddl_session_target_bytes(s, 1);
+    int64_t      hits = 0;
+    double       lsum = 0, sqe = 0, sqt = 0;
     for (int64_t start = 0; start < total && st == DDL_OK; start += s->batch) {
         int64_t     n  = total - start < s->batch ? total - start : s->batch;
-        const char *xp = s->rank == 0 ? (const char *)x + (size_t)start * s->sample_bytes : NULL;
+        bool        r0 = s->rank == 0;
+        const char *xp = r0 ? (const char *)x + (size_t)start * s->sample_bytes : NULL;
+        const char *tp = r0 ? (const char *)targets + (size_t)start * per : NULL;
+        size_t      xb = r0 ? (size_t)n * s->sample_bytes : 0, tb = r0 ? (size_t)n * per : 0;
         double      l  = 0;
         int64_t     c  = 0;
-        st = ddl_model_eval(s->model, xp, s->rank == 0 ? (size_t)n * s->sample_bytes : 0,
-                            s->rank == 0 ? labels + start * s->label_elems : NULL, n, &l, &c);
+        if (s->dense) {
+            ddl_dense_metrics dm = {0};
+            st                   = ddl_model_eval_dense(s->model, xp, xb, tp, tb, n, &dm);
+            l                    = dm.loss_sum;
+            c                    = dm.hits;
+            sqe += dm.sq_err;
+            sqt += dm.sq_target;
+        } else {
+            st = ddl_model_eval(s->model, xp, xb, (const int64_t *)(const void *)tp, n, &l, &c);
+            seg_iou_add(s);
+        }
         lsum += l;
         hits += c;
     }
     st = ddl_agree(s->comm, st);
     if (st == DDL_OK && out != NULL) {
         *out = (ddl_eval_result){
-            total, lsum / (double)total, accuracy_of(s, (double)hits, total), -1.0, -1.0, -1.0};
+            total,           lsum / (double)total,  accuracy_of(s, (double)hits, total),
+            seg_iou_mean(s), mse_of(s, sqe, total), s->dense && sqt > 0 ? sqrt(sqe / sqt) : -1.0};
     }
     return st;
 }

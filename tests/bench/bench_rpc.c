@@ -86,7 +86,8 @@ static int run_inproc(const char *spec_path, int steps)
     for (int i = -3; i < steps; i++) {
         ddl_step_result r;
         double          t0 = bench_now();
-        st                 = ddl_session_step(s, x, xb, labels, rank == 0 ? BATCH : 0, &r);
+        st = ddl_session_step(s, x, xb, labels, rank == 0 ? 8 * BATCH : 0, rank == 0 ? BATCH : 0,
+                              &r);
         if (st != DDL_OK) {
             if (rank == 0)
                 fprintf(stderr, "inproc step: %s\n", ddl_last_error());

@@ -20,8 +20,10 @@ Scenarios:
   volumes  the 3-D U-Nets served (issue 18): the denoising one (mse, dense targets) and the
            segmenting one (a label per voxel), each created at 16^3, trained and evaluated
            on the data its spec generates (no dataset), predict returning the whole output
-           [n, C, D, H, W] equal to KServe ModelMetadata's shape; a dataset or an inline
-           batch refused with a message naming why
+           [n, C, D, H, W] equal to KServe ModelMetadata's shape, a dataset refused; then
+           inline batches from .npy (step, eval --input --targets): FP32/FP64 fields and
+           INT64 classes per voxel, the metrics checked against the predicted volume, bad
+           targets refused with expected versus got
 
 Exit status: 0 pass, 1 fail, 7 skip (distdld is not built, or tmux is missing for tty).
 """
@@ -40,12 +42,12 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
 from ddl_daemon import DaemonHarness, Failure, FMNIST, Skip, run_scenarios  # noqa: E402
 
-COMMANDS = ["status", "health", "create", "train", "eval", "predict", "pull", "push",
+COMMANDS = ["status", "health", "create", "train", "eval", "step", "predict", "pull", "push",
             "checkpoint", "restore", "shutdown"]
 
 # The documented fields of each --json event (docs/CLI.md).
 PROGRESS = ["step", "epoch", "batch", "steps_per_epoch", "loss", "accuracy",
-            "images_per_second", "done", "total", "epoch_end", "durable"]
+            "images_per_second", "done", "total", "epoch_end", "durable", "mse"]
 FIELDS = {
     "status": ["has_model", "model_name", "world_size", "state", "step", "epoch", "batch",
                "last_loss", "durable_step", "queue_depth", "queue_capacity", "batch_size",
@@ -58,6 +60,7 @@ FIELDS = {
     "done": ["step", "loss", "accuracy", "mean_loss", "done", "total", "seconds"],
     "cancelled": ["step", "done", "total"],
     "eval": ["split", "count", "loss", "accuracy", "mse", "rel_l2", "fg_iou"],
+    "step": ["input", "targets", "step", "loss", "accuracy", "mse", "durable"],
     "predict": ["input", "output", "count", "shape", "dtype", "classes"],
     "pull": ["output", "tensors", "bytes"],
     "push": ["input", "tensors", "bytes"],
@@ -137,13 +140,17 @@ class Harness(DaemonHarness):
                     c.inf.ModelMetadataRequest(name=name), c.inf.ModelMetadataResponse)
         return list(r.outputs[0].shape)
 
-    def raw_step(self, d, x, labels):
-        """An inline Step of FP32 x and INT64 labels: (status name, details)."""
+    def raw_step(self, d, x, labels, targets=None):
+        """An inline Step of FP32 x and INT64 labels (and FP32 targets when given): (status
+        name, details)."""
         import grpc
         c = self.rpc(d)
         b = c.tr.Batch(x=c.tr.Tensor(datatype="FP32", shape=list(x.shape), raw=x.tobytes()),
                        labels=c.tr.Tensor(datatype="INT64", shape=list(labels.shape),
                                           raw=labels.tobytes()))
+        if targets is not None:
+            b.targets.CopyFrom(c.tr.Tensor(datatype="FP32", shape=list(targets.shape),
+                                           raw=targets.astype(np.float32).tobytes()))
         try:
             c.trainer("Step", c.tr.StepRequest(batch=b), "StepResponse")
             return "OK", ""
@@ -827,13 +834,81 @@ def sc_volumes(h):
         e = h.js(d, "eval", "--dataset", ".", expect=4)[-1]
         check(e["code"] == "INVALID_ARGUMENT" and "generates its data" in e["message"],
               "a dataset for a generating spec: %r" % e)
-    # An inline batch: one label per sample is a classifier's format.
-    st, msg = h.raw_step(d, x[:2], np.zeros(2, np.int64))
-    check(st == "INVALID_ARGUMENT" and "inline batches carry one class label per sample" in msg
-          and "a label per output voxel" in msg, "an inline Step to the segmenting U-Net: %s %s"
-          % (st, msg))
+        inline_targets(h, d, name, x, z, out_c)
     h.one(d, "shutdown", event="shutdown")
     d.wait_exit()
+
+
+def inline_targets(h, d, name, x, z, out_c):
+    """Inline batches with the targets a volume model learns from, as .npy files through
+    `distdl step` and `distdl eval --input --targets`: FP32 (and FP64) fields shaped like
+    the output for the denoiser, INT64 classes per voxel for the segmenter. The daemon's
+    metrics are checked against the predicted volume z of the same samples, and each bad
+    target is refused with expected versus got and changes nothing."""
+    rng = np.random.default_rng(5)
+    dense = out_c == 1
+    if dense:
+        t = np.clip(x + 0.1 * rng.standard_normal(x.shape), 0, None).astype(np.float32)
+    else:
+        t = rng.integers(0, out_c, size=(x.shape[0],) + x.shape[2:]).astype(np.int64)
+    xin, tin = (os.path.join(h.work, name + s) for s in ("-x.npy", "-t.npy"))
+    np.save(xin, x)
+    np.save(tin, t)
+    # Evaluate the 3 samples inline: the metrics of the prediction z the client holds.
+    e = h.one(d, "eval", "--input", xin, "--targets", tin, event="eval")
+    check(e["split"] == "inline" and e["count"] == 3, "inline eval %r" % e)
+    if dense:
+        err = z.astype(np.float64) - t
+        mse, rel = np.mean(err ** 2), np.linalg.norm(err) / np.linalg.norm(t)
+        check(abs(e["mse"] - mse) <= 1e-5 * mse and abs(e["rel_l2"] - rel) <= 1e-5 * rel,
+              "%s inline eval %r, the prediction gives mse %.8g rel L2 %.8g" % (name, e, mse, rel))
+        # FP64 targets for the FP32 model: converted, the same figures.
+        t64 = os.path.join(h.work, name + "-t64.npy")
+        np.save(t64, t.astype(np.float64))
+        e64 = h.one(d, "eval", "--input", xin, "--targets", t64, event="eval")
+        check(abs(e64["mse"] - e["mse"]) <= 1e-6 * e["mse"], "FP64 targets %r vs %r" % (e64, e))
+    else:
+        acc = np.mean(np.argmax(z, axis=1) == t)
+        check(abs(e["accuracy"] - acc) <= 1e-9 and -1 <= e["fg_iou"] <= 1 and e["mse"] == -1,
+              "%s inline eval %r, the prediction gives voxel accuracy %.6f" % (name, e, acc))
+    # One step on the spec's batch (2 samples).
+    np.save(xin, x[:2])
+    np.save(tin, t[:2])
+    before = h.status(d)["step"]
+    r = h.one(d, "step", "--input", xin, "--targets", tin, event="step")
+    check(r["step"] == before + 1 and np.isfinite(r["loss"]) and
+          ((r["mse"] >= 0 and r["accuracy"] == -1) if dense else
+           (r["mse"] == -1 and 0 <= r["accuracy"] <= 1)), "%s step %r" % (name, r))
+    # Bad targets: refused INVALID_ARGUMENT, expected versus got, the step unchanged.
+    bad = []
+    if dense:
+        tn = t[:2].copy()
+        tn[1, 0, 3, 4, 5] = np.nan
+        bad = [(tn, "expected finite values, got NaN at element"),
+               (t[:2, :, :8], "expected shape [2, 1, 16, 16, 16], got [2, 1, 8, 16, 16]"),
+               (np.zeros(2, np.int64), "expected datatype FP32 or FP64 (the loss mse), got "
+                                       "\"INT64\"")]
+    else:
+        to = t[:2].copy()
+        to[1, 2, 3, 4] = out_c
+        bad = [(to, "expected a class in [0, 3), got 3 (sample 1"),
+               (t[:2].astype(np.float32), "expected datatype INT64 (the loss cross_entropy)"),
+               (np.zeros(2, np.int64), "expected shape [2, 16, 16, 16], got [2]")]
+    for tb, words in bad:
+        np.save(tin, tb)
+        for cmd in ("step", "eval"):
+            f = h.js(d, cmd, "--input", xin, "--targets", tin, expect=4)[-1]
+            check(f["code"] == "INVALID_ARGUMENT" and words in f["message"],
+                  "%s %s with bad targets: %r (expected %r)" % (name, cmd, f, words))
+    check(h.status(d)["step"] == before + 1, "bad targets changed the step")
+    # Both targets and labels in one batch (the raw wire): refused.
+    st, msg = h.raw_step(d, x[:2], np.zeros(2, np.int64), targets=t[:2])
+    check(st == "INVALID_ARGUMENT" and "exactly one of targets and labels" in msg,
+          "targets and labels: %s %s" % (st, msg))
+    print("%s inline: eval %s, step %d loss %.4f; %d bad targets refused"
+          % (name, "mse %.5g rel L2 %.4f" % (e["mse"], e["rel_l2"]) if dense
+             else "voxel acc %.4f" % e["accuracy"], r["step"], r["loss"], 2 * len(bad)),
+          flush=True)
 
 
 # ---- a push that races a create: ABORTED, exit 6 --------------------------------------------

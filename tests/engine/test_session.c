@@ -246,7 +246,8 @@ static void test_predict_and_eval(ddl_session_t *s)
     ASSERT_OK(ddl_session_predict(s, gx, sizeof(float) * (size_t)(5 * S), 5, lg5,
                                   sizeof(float) * (size_t)(5 * C)));
     ddl_eval_result ev;
-    ASSERT_OK(ddl_session_evaluate_batch(s, x, sizeof(float) * (size_t)(N * S), lab, N, &ev));
+    ASSERT_OK(ddl_session_evaluate_batch(s, x, sizeof(float) * (size_t)(N * S), lab,
+                                         sizeof(int64_t) * (size_t)N, N, &ev));
     ASSERT_EQ(ev.count, N);
     if (rank == 0) {
         // The rows of a short batch are those of the full one up to rounding: it runs on
@@ -290,15 +291,19 @@ static void test_predict_and_eval(ddl_session_t *s)
     ASSERT_STATUS(ddl_session_predict(s, rx, rank == 0 ? xb : 0, N, rl, rank == 0 ? lb - 4 : 0),
                   DDL_EINVAL);
     ASSERT_STATUS(ddl_session_predict(s, rx, 0, rank == 0 ? 0 : 3, rl, 0), DDL_EINVAL);
-    ASSERT_STATUS(ddl_session_step(s, rx, rank == 0 ? xb : 0, lab, N, NULL), DDL_EINVAL);
+    ASSERT_STATUS(
+        ddl_session_step(s, rx, rank == 0 ? xb : 0, lab, rank == 0 ? 8 * (size_t)N : 0, N, NULL),
+        DDL_EINVAL);
     ASSERT_TRUE(strstr(ddl_last_error(), "batch") != NULL);
     if (rank == 0) {
         lab[7] = C;
     }
-    ASSERT_STATUS(ddl_session_evaluate_batch(s, rx, rank == 0 ? xb : 0, lab, N, &ev), DDL_EINVAL);
-    ASSERT_STATUS(
-        ddl_session_step(s, rx, rank == 0 ? sizeof(float) * (size_t)(B * S) : 0, lab, B, NULL),
-        DDL_EINVAL);
+    ASSERT_STATUS(ddl_session_evaluate_batch(s, rx, rank == 0 ? xb : 0, lab,
+                                             rank == 0 ? 8 * (size_t)N : 0, N, &ev),
+                  DDL_EINVAL);
+    ASSERT_STATUS(ddl_session_step(s, rx, rank == 0 ? sizeof(float) * (size_t)(B * S) : 0, lab,
+                                   rank == 0 ? 8 * (size_t)B : 0, B, NULL),
+                  DDL_EINVAL);
     ASSERT_TRUE(strstr(ddl_last_error(), "label") != NULL);
     ASSERT_EQ(ddl_model_step(ddl_session_model(s)), step);
     // A good inline step moves the step counter on every rank.
@@ -306,8 +311,8 @@ static void test_predict_and_eval(ddl_session_t *s)
         lab[7] = 1;
     }
     ddl_step_result sr;
-    ASSERT_OK(
-        ddl_session_step(s, rx, rank == 0 ? sizeof(float) * (size_t)(B * S) : 0, lab, B, &sr));
+    ASSERT_OK(ddl_session_step(s, rx, rank == 0 ? sizeof(float) * (size_t)(B * S) : 0, lab,
+                               rank == 0 ? 8 * (size_t)B : 0, B, &sr));
     ASSERT_EQ(sr.step, step + 1);
     assert_same((long long)(sr.loss * 1e6));
     free(x);

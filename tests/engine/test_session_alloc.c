@@ -49,12 +49,19 @@ static void check_dense(const ddl_spec_t *spec, const char *path, ddl_session_t 
     ASSERT_OK(ddl_session_open_synthetic(s));
     ddl_train_request req = {.steps = 1};
     ddl_train_result  tr;
+    ddl_step_result   sr;
+    ddl_eval_result   ev;
     ddl_dense_metrics dm;
     double            loss;
     int64_t           shortn = B > 3 ? B - 3 : 1;
     for (int round = 0; round < 3; round++) {
         uint64_t before = ddl_alloc_count();
         ASSERT_OK(ddl_session_train(s, &req, NULL, NULL, &tr));
+        // Inline dense targets through the session (the daemon's Step and Evaluate).
+        ASSERT_OK(ddl_session_step(s, x, xb, t, tb, B, &sr));
+        ASSERT_OK(ddl_session_evaluate_batch(s, x, rank == 0 ? (size_t)(shortn * S) * es : 0, t,
+                                             rank == 0 ? (size_t)(shortn * E) * es : 0, shortn,
+                                             &ev));
         ASSERT_OK(ddl_model_train_step_dense(m, x, xb, t, tb, B, &loss, &dm));
         ASSERT_OK(ddl_model_eval_dense(m, x, xb, t, tb, shortn, &dm));
         ASSERT_OK(ddl_model_eval_dense(m, x, xb, t, tb, 1, &dm));
@@ -62,7 +69,7 @@ static void check_dense(const ddl_spec_t *spec, const char *path, ddl_session_t 
         ASSERT_OK(ddl_model_predict(m, x, xb, 1, y, tb));
         no_allocation(path, round, before);
     }
-    ASSERT_EQ(ddl_model_step(m), 6);
+    ASSERT_EQ(ddl_model_step(m), 9);
     free(x);
     free(t);
     free(y);
@@ -120,9 +127,10 @@ static int check_spec(const char *path, void *split)
     int64_t         correct;
     for (int round = 0; round < 3; round++) {
         uint64_t before = ddl_alloc_count();
-        ASSERT_OK(ddl_session_step(s, x, xb, lab, B, &sr));
+        ASSERT_OK(ddl_session_step(s, x, xb, lab, rank == 0 ? (size_t)(B * L) * 8 : 0, B, &sr));
         ASSERT_OK(ddl_session_evaluate_batch(s, x, rank == 0 ? (size_t)shortn * (size_t)S * es : 0,
-                                             lab, shortn, &ev));
+                                             lab, rank == 0 ? (size_t)(shortn * L) * 8 : 0, shortn,
+                                             &ev));
         ASSERT_OK(ddl_session_predict(s, x, rank == 0 ? (size_t)(np * S) * es : 0, np, lg,
                                       rank == 0 ? (size_t)(np * C * L) * es : 0));
         ASSERT_OK(ddl_model_train_step(m, x, xb, lab, B, &loss, &correct));

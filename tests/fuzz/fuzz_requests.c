@@ -103,6 +103,10 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     mi.input        = ddl_spec_input_shape(spec);
     mi.sample_numel = ddl_shape_numel(&mi.input);
     mi.classes      = ddl_spec_num_classes(spec);
+    mi.output       = ddl_spec_output_shape(spec);
+    mi.out_elems    = ddl_spec_output_elems(spec);
+    mi.dense        = false; // a classifier: its targets are INT64 [n] (mi.target: [])
+    snprintf(mi.loss, sizeof mi.loss, "%s", ddl_spec_loss_name(spec));
     ddl_spec_normalize(spec, &mi.norm_mean, &mi.norm_std);
     ddl_spec_destroy(&spec);
     lenet5_weights();
@@ -167,9 +171,11 @@ static void check_batch(const Distdl__V1__Batch *b, bool exact)
     if (n < 1 || (exact && n != mi.batch_size)) {
         fatal("ddld_batch_check accepted a wrong sample count");
     }
-    // input_data and label_data read exactly these bytes.
+    // input_data and target_data read exactly these bytes (a classifier's INT64 labels, in
+    // either field).
+    const Distdl__V1__Tensor *t = b->targets != NULL ? b->targets : b->labels;
     touch(b->x->raw.data, (size_t)n * (size_t)mi.sample_numel * item_of(b->x->datatype));
-    touch(b->labels->raw.data, (size_t)n * 8);
+    touch(t->raw.data, (size_t)n * 8);
 }
 
 static void check_dataset(const char *rel)

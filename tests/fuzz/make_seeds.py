@@ -198,6 +198,10 @@ def requests_seeds():
     # these; Evaluate's inline batch (any n) takes the accepting path.
     put("submit-2.pb", "SubmitBatch", batch(2), cut=7)
     put("step-2.pb", "Step", tr.StepRequest(batch=batch(2)))
+    tb = batch(2)
+    tb.targets.CopyFrom(tb.labels)
+    tb.ClearField("labels")
+    put("step-targets.pb", "Step", tr.StepRequest(batch=tb))
     put("step-empty.pb", "Step", tr.StepRequest())
     put("train.pb", "Train", tr.TrainRequest(epochs=1, dataset="data/sub", progress_every=10))
     put("train-up.pb", "Train", tr.TrainRequest(steps=5, dataset="in/../../up"))

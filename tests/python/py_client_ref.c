@@ -30,12 +30,13 @@
     F(queue_depth) F(queue_capacity) F(state) F(epoch) F(batch) F(batch_size) F(input_ndim)   \
     F(input_shape) F(num_classes) F(datatype) F(data_dir) F(num_partitions) F(active_calls)   \
     F(request_queue_depth) F(dropped_calls) F(bytes_per_step)
-#define BATCH_FIELDS(F) F(x) F(labels)
-#define STEP_RESULT_FIELDS(F) F(step) F(loss) F(accuracy) F(durable)
+#define BATCH_FIELDS(F) F(x) F(labels) F(targets)
+#define STEP_RESULT_FIELDS(F) F(step) F(loss) F(accuracy) F(durable) F(mse)
 #define TRAIN_REQUEST_FIELDS(F) F(steps) F(epochs) F(dataset) F(progress_every)
-#define PROGRESS_FIELDS(F)                                                                    \
-    F(step) F(epoch) F(batch) F(steps_per_epoch) F(loss) F(accuracy) F(images_per_second)     \
-    F(done) F(total) F(epoch_end) F(durable) F(finished) F(mean_loss)
+#define PROGRESS_FIELDS(F)                                                                         \
+    F(step)                                                                                        \
+    F(epoch) F(batch) F(steps_per_epoch) F(loss) F(accuracy) F(images_per_second) F(done) F(total) \
+        F(epoch_end) F(durable) F(finished) F(mean_loss) F(mse)
 #define EVAL_RESULT_FIELDS(F) F(count) F(loss) F(accuracy) F(mse) F(rel_l2) F(fg_iou)
 #define CHECKPOINT_RESULT_FIELDS(F) F(step) F(durable) F(path)
 

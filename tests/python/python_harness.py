@@ -7,6 +7,12 @@ against real distdld daemons under mpirun (tests/support/ddl_daemon.py).
 binding       every Client method on a 2-rank daemon: errors mapped to exceptions, a Train
               generator left early cancels and the daemon serves on, pull -> push gives
               identical results, predict equals the C client's, the context manager closes.
+fields        a regression U-Net trained from Python on numpy fields: the screened Poisson
+              solution operator (client/python/examples/poisson3d.py) at 16^3 on 2 ranks,
+              inline steps with float32 targets, held-out relative L2 error falls, predict
+              returns the volume and its error equals Evaluate's; bad targets (a bce target
+              out of [0, 1], integer targets, a wrong shape) raise InvalidArgument and change
+              nothing.
 notebook      train.py is what sync_script.py makes of train.ipynb; the notebook runs headless
               (jupyter nbconvert --execute, Debian's python3 kernel) on one fresh daemon and
               train.py on another: every cell ran, no errors, figures inline and as PNG files,
@@ -163,7 +169,9 @@ def sc_binding(h):
               "the message names the call and the expected shape")
         expect(dc.InvalidArgument, lambda: c.step(xb, y[:63]), "step with 63 labels for 64")
         expect(TypeError, lambda: c.step(xb.astype(np.float16), yb), "float16 x")
-        expect(TypeError, lambda: c.step(xb, yb.astype(np.float32)), "float labels")
+        expect(dc.InvalidArgument, lambda: c.step(xb, yb.astype(np.float32)),
+               "float targets for a classifier", contains='expected datatype INT64 (the loss '
+               'cross_entropy), got "FP32"')
         expect(ValueError, lambda: c.step(xb), "step with x and no y")
         st, raw = c.status(), h.raw_get_status(d)
         check(st.step == 2, "the bad steps changed nothing (step 2)")
@@ -472,6 +480,83 @@ def sc_notebook(h):
               "%s: the same pixels from the notebook and the script" % name)
 
 
+def volume_spec(h, name, size, **loss):
+    """The shipped spec `name` at size^3, with another loss when given."""
+    with open(h.spec(name + ".json")) as f:
+        spec = json.load(f)
+    spec["input"]["shape"] = [1, size, size, size]
+    if loss:
+        spec["loss"] = dict(spec["loss"], **loss)
+    return spec
+
+
+def sc_fields(h):
+    sys.path.insert(0, h.examples)
+    import poisson3d
+    f, u = poisson3d.make(40, 16, seed=7)
+    ftr, utr, fte, ute = f[:32], u[:32], f[32:], u[32:]
+    d = h.start(2, [], "fields")
+    with dc.Client(d.address, call_timeout=120) as c:
+        info = c.create(volume_spec(h, "unet3d-denoise-2", 16, reduction="mean"))
+        check(info.input_shape == (1, 16, 16, 16) and info.batch_size == 2,
+              "created %r" % (info,))
+        e0 = c.evaluate(fte, ute)
+        check(e0.count == 8 and e0.mse >= 0 and e0.rel_l2 > 0 and e0.accuracy == -1,
+              "held-out before training: %r" % (e0,))
+        steps, losses = 0, []
+        for epoch in range(5):
+            for i in range(0, 32, 2):
+                r = c.step(ftr[i:i + 2], utr[i:i + 2])
+                steps += 1
+                if steps == 1:
+                    check(r.step == 1 and r.mse >= 0 and r.accuracy == -1 and
+                          math.isfinite(r.loss), "the first step: %r" % (r,))
+                losses.append(r.loss)
+        check(r.step == steps, "%d steps taken: %r" % (steps, r))
+        e1 = c.evaluate(fte, ute)
+        first, last = np.mean(losses[:16]), np.mean(losses[-16:])
+        print("poisson 16^3 through Python: train loss %.4f -> %.4f over %d steps, held-out "
+              "rel L2 %.4f -> %.4f" % (first, last, steps, e0.rel_l2, e1.rel_l2), flush=True)
+        check(last < 0.7 * first and e1.rel_l2 < 0.8 * e0.rel_l2,
+              "the regression learns: loss %.4f -> %.4f, rel L2 %.4f -> %.4f"
+              % (first, last, e0.rel_l2, e1.rel_l2))
+        z = c.predict(fte)
+        check(isinstance(z, np.ndarray) and z.shape == ute.shape and z.dtype == np.float32,
+              "predict returns the volumes %s %s" % (z.shape, z.dtype))
+        err = z.astype(np.float64) - ute
+        rel = np.linalg.norm(err) / np.linalg.norm(ute)
+        check(abs(rel - e1.rel_l2) <= 1e-5 * rel and abs(np.mean(err ** 2) - e1.mse) <= 1e-5 * e1.mse,
+              "Evaluate's rel L2 %.7f and mse %.7g are the predicted volume's (%.7f, %.7g)"
+              % (e1.rel_l2, e1.mse, rel, np.mean(err ** 2)))
+        # float64 and float16 targets are converted; the figures stay.
+        e64 = c.evaluate(fte, ute.astype(np.float64))
+        check(abs(e64.mse - e1.mse) <= 1e-6 * e1.mse, "float64 targets: %r" % (e64,))
+        # Bad targets: InvalidArgument with expected versus got, the step unchanged.
+        expect(dc.InvalidArgument, lambda: c.step(ftr[:2], utr[:2, :, :8]), "a wrong shape",
+               contains="expected shape [2, 1, 16, 16, 16], got [2, 1, 8, 16, 16]")
+        expect(dc.InvalidArgument, lambda: c.step(ftr[:2], np.zeros(2, np.int64)),
+               "integer targets for mse", contains="expected datatype FP32 or FP64")
+        expect(TypeError, lambda: c.step(ftr[:2], utr[:2].astype(np.complex64)),
+               "complex targets", contains="targets must be")
+        check(c.status().step == steps, "refused targets changed nothing")
+        # A loss with a target range: bce_with_logits takes targets in [0, 1]; the engine's
+        # check on rank 0, before any data moves, answers for every rank.
+        c.create(volume_spec(h, "unet3d-denoise-2", 16, type="bce_with_logits"), replace=True)
+        mask = (utr[:2] > 0).astype(np.float32)
+        r = c.step(ftr[:2], mask)
+        check(r.step == 1 and 0 <= r.accuracy <= 1, "a bce_with_logits step on a mask: %r" % (r,))
+        bad = mask.copy()
+        bad[1, 0, 2, 3, 4] = 1.5
+        expect(dc.InvalidArgument, lambda: c.step(ftr[:2], bad), "a bce target of 1.5",
+               contains="in [0, 1]")
+        expect(dc.InvalidArgument, lambda: c.evaluate(ftr[:2], bad), "the same in Evaluate",
+               contains="in [0, 1]")
+        check(c.status().step == 1 and c.status().state == "idle",
+              "the refused bce target changed nothing")
+        c.shutdown()
+    d.wait_exit()
+
+
 def sc_notebook_cli(h):
     cli = os.path.join(h.build, "bin", "distdl")
     if not os.path.exists(cli):
@@ -522,5 +607,6 @@ def sc_notebook_cli(h):
 
 
 if __name__ == "__main__":
-    sys.exit(run_scenarios(Harness, {"binding": sc_binding, "notebook": sc_notebook,
+    sys.exit(run_scenarios(Harness, {"binding": sc_binding, "fields": sc_fields,
+                                     "notebook": sc_notebook,
                                      "notebook_cli": sc_notebook_cli}))

@@ -263,11 +263,11 @@ def build_cases(h, spec_text):
             [tr.Batch(x=x, labels=labels(tr, n)).SerializeToString()], SC.INVALID_ARGUMENT,
             "expected 64 samples")
     add("step/empty-batch-message", TR + "Step", tr.StepRequest(batch=tr.Batch()), SC.INVALID_ARGUMENT,
-        "both x and labels are required")
+        "both x and targets (or labels) are required")
     add("step/x-only", TR + "Step", tr.StepRequest(batch=tr.Batch(x=good_x)), SC.INVALID_ARGUMENT,
-        "both x and labels are required")
+        "both x and targets (or labels) are required")
     add("step/labels-only", TR + "Step", tr.StepRequest(batch=tr.Batch(labels=labels(tr))),
-        SC.INVALID_ARGUMENT, "both x and labels are required")
+        SC.INVALID_ARGUMENT, "both x and targets (or labels) are required")
     add("step/no-batch-none-queued", TR + "Step", tr.StepRequest(), SC.FAILED_PRECONDITION,
         "no submitted batch waiting")
     add("predict/no-x", TR + "Predict", tr.PredictRequest(), SC.INVALID_ARGUMENT, "x is required")
@@ -288,11 +288,22 @@ def build_cases(h, spec_text):
         ("value-max", labels(tr, values=[0] * (BATCH - 1) + [(1 << 63) - 1]), "batch.labels[63]"),
         ("value-min", labels(tr, values=[-(1 << 63)] * BATCH), "got -9223372036854775808"),
     ]
-    for name, lab, sub in lab_cases:
-        b = tr.Batch(x=good_x, labels=lab)
-        add("step/labels-" + name, TR + "Step", tr.StepRequest(batch=b), SC.INVALID_ARGUMENT, sub)
-        add("eval/labels-" + name, TR + "Evaluate", tr.EvaluateRequest(batch=b), SC.INVALID_ARGUMENT, sub)
-        add("submit/labels-" + name, TR + "SubmitBatch", [b.SerializeToString()], SC.INVALID_ARGUMENT, sub)
+    # The same in Batch.targets, the field every kind of target travels in.
+    for field in ("labels", "targets"):
+        for name, lab, sub in lab_cases:
+            b = tr.Batch(x=good_x, **{field: lab})
+            sub = sub.replace("batch.labels", "batch." + field)
+            add("step/%s-%s" % (field, name), TR + "Step", tr.StepRequest(batch=b),
+                SC.INVALID_ARGUMENT, sub)
+            add("eval/%s-%s" % (field, name), TR + "Evaluate", tr.EvaluateRequest(batch=b),
+                SC.INVALID_ARGUMENT, sub)
+            add("submit/%s-%s" % (field, name), TR + "SubmitBatch", [b.SerializeToString()],
+                SC.INVALID_ARGUMENT, sub)
+    both = tr.Batch(x=good_x, labels=labels(tr), targets=labels(tr))
+    add("step/targets-and-labels", TR + "Step", tr.StepRequest(batch=both), SC.INVALID_ARGUMENT,
+        "give exactly one of targets and labels, got both")
+    add("submit/targets-and-labels", TR + "SubmitBatch", [both.SerializeToString()],
+        SC.INVALID_ARGUMENT, "give exactly one of targets and labels, got both")
 
     # ---- Train / Evaluate arguments and dataset names ------------------------------------------
     for steps, epochs in [(0, 0), (1, 1), (-1, 0), (0, -1), (-(1 << 63), 0), (5, -5)]:

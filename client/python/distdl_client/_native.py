@@ -105,6 +105,7 @@ class Batch(ctypes.Structure):  # ddl_client_batch
     _fields_ = [
         ("x", Tensor),
         ("labels", Tensor),
+        ("targets", Tensor),
     ]
 
 
@@ -114,6 +115,7 @@ class StepResult(ctypes.Structure):  # ddl_client_step_result
         ("loss", c_double),
         ("accuracy", c_double),
         ("durable", c_int),
+        ("mse", c_double),
     ]
 
 
@@ -141,6 +143,7 @@ class Progress(ctypes.Structure):  # ddl_client_progress
         ("durable", c_int),
         ("finished", c_int),
         ("mean_loss", c_double),
+        ("mse", c_double),
     ]
 
 

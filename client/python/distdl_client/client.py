@@ -67,8 +67,9 @@ class Status:
 class StepResult:
     step: int
     loss: float
-    accuracy: float
+    accuracy: float  # -1 where none applies (dense targets but bce)
     durable: bool
+    mse: float = -1.0  # dense targets: of the step's prediction
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +89,7 @@ class Progress:
     durable: bool
     finished: bool
     mean_loss: float
+    mse: float = -1.0  # dense targets: this step's mean squared error
 
     def as_dict(self):
         return dataclasses.asdict(self)
@@ -139,16 +141,20 @@ def _check(lib, st):
         raise errors.make(code, msg, _s(lib.ddl_status_name(st)))
 
 
-def _as_array(a, what, labels=False):
-    """A C-contiguous native-endian array the library can read as it is. Labels of any
-    integer dtype become int64; other inputs must already have a wire dtype."""
+def _as_array(a, what, targets=False):
+    """A C-contiguous native-endian array the library can read as it is. Targets of any
+    integer dtype (class labels) become int64, and float16 fields float32; other inputs
+    must already have a wire dtype."""
     if not isinstance(a, np.ndarray):
         a = np.asarray(a)
-    if labels:
-        if a.dtype.kind not in "iu":
-            raise TypeError("%s: labels must be integers, got dtype %s" % (what, a.dtype))
-        if a.dtype != np.int64:
-            a = a.astype(np.int64)
+    if targets:
+        if a.dtype.kind in "iub":
+            a = a.astype(np.int64, copy=False)
+        elif a.dtype == np.float16:
+            a = a.astype(np.float32)
+        elif a.dtype.kind != "f":
+            raise TypeError("%s: targets must be integer class indices or float values, got "
+                            "dtype %s" % (what, a.dtype))
     dt = a.dtype.newbyteorder("=")
     if dt not in _WIRE:
         raise TypeError("%s: dtype %s is not supported (float32, float64, uint8, int64)"
@@ -213,18 +219,20 @@ def _check_weights(weights):
 
 
 def _batch(x, y, what):
+    """x [n, sample...] and the targets y: class labels [n] (or [n, spatial...] for
+    segmentation) of any integer dtype, or float values shaped like the model's output."""
     xa = _as_array(x, what + ": x")
-    ya = _as_array(y, what + ": y", labels=True)
+    ya = _as_array(y, what + ": y", targets=True)
     b = N.Batch()
     b.x = _tensor(xa)
-    b.labels = _tensor(ya)
+    b.targets = _tensor(ya)
     return b, (xa, ya)
 
 
 def _progress(p):
     return Progress(p.step, p.epoch, p.batch, p.steps_per_epoch, p.loss, p.accuracy,
                     p.images_per_second, p.done, p.total, bool(p.epoch_end), bool(p.durable),
-                    bool(p.finished), p.mean_loss)
+                    bool(p.finished), p.mean_loss, p.mse)
 
 
 def read_address_file(path):
@@ -447,7 +455,8 @@ class Client:
                       s.active_calls, s.request_queue_depth, s.dropped_calls, s.bytes_per_step)
 
     def submit(self, x, y):
-        """SubmitBatch with one batch (x [n, sample...], labels y [n]); see submit_many."""
+        """SubmitBatch with one batch (x [n, sample...] and its targets y: labels [n], a
+        class per output voxel, or dense values shaped like the output); see submit_many."""
         return self.submit_many([(x, y)])
 
     def submit_many(self, batches):
@@ -468,7 +477,8 @@ class Client:
 
     def step(self, x=None, y=None):
         """Step: one optimizer step on the batch (x, y), or on the next submitted batch
-        when both are None. Returns StepResult(step, loss, accuracy, durable)."""
+        when both are None. y: the targets (see submit). Returns StepResult(step, loss,
+        accuracy, durable, mse)."""
         r = N.StepResult()
         if x is None and y is None:
             self._call(self._lib.ddl_client_step, None, ctypes.byref(r))
@@ -478,7 +488,7 @@ class Client:
             b, keep = _batch(x, y, "step")
             self._call(self._lib.ddl_client_step, ctypes.byref(b), ctypes.byref(r))
             del keep
-        return StepResult(r.step, r.loss, r.accuracy, bool(r.durable))
+        return StepResult(r.step, r.loss, r.accuracy, bool(r.durable), r.mse)
 
     def train(self, steps=0, epochs=0, dataset=None, progress_every=0):
         """Train over the daemon's dataset: a generator of Progress records, every
@@ -559,7 +569,8 @@ class Client:
 
     def evaluate(self, x=None, y=None, dataset=None, split="test"):
         """Evaluate on a daemon dataset split ("test" or "train"), or on the inline samples
-        (x, y) when given. Returns EvalResult(count, loss, accuracy)."""
+        (x, y) when given (y: the targets, see submit). Returns EvalResult(count, loss,
+        accuracy, mse, rel_l2, fg_iou)."""
         r = N.EvalResult()
         ds = None if dataset is None else dataset.encode()
         sp = None if split is None else split.encode()
@@ -574,8 +585,9 @@ class Client:
         return EvalResult(r.count, r.loss, r.accuracy, r.mse, r.rel_l2, r.fg_iou)
 
     def predict(self, x):
-        """Predict: logits [n, classes] for x [n, sample...] (model dtype, or uint8 pixels
-        that the daemon normalises)."""
+        """Predict: the model's whole output for x [n, sample...] (model dtype, or uint8
+        pixels that the daemon normalises): logits [n, classes], or [n, C, spatial...] for
+        segmentation and dense models."""
         xa = _as_array(x, "predict: x")
         t, out = _tensor(xa), N.Tensor()
         self._call(self._lib.ddl_client_predict, ctypes.byref(t), ctypes.byref(out))

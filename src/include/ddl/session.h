@@ -162,18 +162,24 @@ DDL_EXTERN ddl_status ddl_session_train(ddl_session_t *s, const ddl_train_reques
 typedef struct ddl_step_result {
     int64_t step;
     double  loss;
-    double  accuracy; // argmax hits / count
+    double  accuracy; // argmax hits / count (-1 as in ddl_progress)
     bool    durable;  // a checkpoint of this step is durable (checkpoint_every reached)
+    double  mse;      // dense targets: of this step's prediction; -1 for a classifier
 } ddl_step_result;
+
+// The targets of `count` inline samples, in bytes: count * ddl_spec_label_elems INT64
+// labels in [0, classes) (one per sample, or per output voxel for a segmentation model,
+// [count, spatial...] row-major), or for a loss on dense targets (ddl_spec_dense_targets)
+// count * ddl_spec_output_elems values in the spec's dtype, shaped like the output.
+DDL_EXTERN size_t ddl_session_target_bytes(const ddl_session_t *s, int64_t count);
 
 // One optimizer step on rank 0's inline batch: `count` samples (must equal the spec's
 // batch size) of the spec's input shape in `x` (x_bytes = count * sample * dtype size,
-// the spec's dtype) and count * ddl_spec_label_elems labels in [0, classes) (one per
-// output voxel for a segmentation model). Every size is checked on rank 0 first. A model
-// whose loss takes dense targets (ddl_spec_dense_targets) is refused (EINVAL): inline
-// batches carry labels; it trains and evaluates on the session's data. Collective.
+// the spec's dtype) and their targets (t_bytes = ddl_session_target_bytes(s, count)).
+// Every size is checked on rank 0 first, then the values (ranges, finiteness) by the
+// model, still before any data moves. Collective.
 DDL_EXTERN ddl_status ddl_session_step(ddl_session_t *s, const void *x, size_t x_bytes,
-                                       const int64_t *labels, int64_t count,
+                                       const void *targets, size_t t_bytes, int64_t count,
                                        ddl_step_result *out);
 
 typedef struct ddl_eval_result {
@@ -192,15 +198,15 @@ typedef struct ddl_eval_result {
 DDL_EXTERN ddl_status ddl_session_evaluate(ddl_session_t *s, ddl_split split,
                                            ddl_eval_result *out);
 // The same over rank 0's inline samples: count >= 1 samples in exactly x_bytes = count *
-// sample * dtype size, count * label_elems labels in [0, classes); processed batch by
-// batch (fg_iou is -1 here). Collective.
-DDL_EXTERN ddl_status ddl_session_evaluate_batch(ddl_session_t *s, const void *x,
-                                                 size_t x_bytes, const int64_t *labels,
-                                                 int64_t count, ddl_eval_result *out);
-// Logits [count, classes] (or [count, classes, spatial...] for segmentation; the spec's
-// dtype) for rank 0's `count` >= 1 samples, written
-// on rank 0 into `logits` (logits_bytes must hold them). Any count: batch by batch,
-// never reading past x_bytes.
+// sample * dtype size and their targets (t_bytes = ddl_session_target_bytes(s, count)),
+// processed batch by batch; fg_iou, mse and rel_l2 as for a split. Collective.
+DDL_EXTERN ddl_status ddl_session_evaluate_batch(ddl_session_t *s, const void *x, size_t x_bytes,
+                                                 const void *targets, size_t t_bytes, int64_t count,
+                                                 ddl_eval_result *out);
+// The whole output (ddl_spec_output_shape per sample: logits [count, classes], or
+// [count, C, spatial...] for segmentation and dense models; the spec's dtype) for rank 0's
+// `count` >= 1 samples, written on rank 0 into `logits` (logits_bytes must hold them).
+// Any count: batch by batch, never reading past x_bytes.
 DDL_EXTERN ddl_status ddl_session_predict(ddl_session_t *s, const void *x, size_t x_bytes,
                                           int64_t count, void *logits, size_t logits_bytes);
 

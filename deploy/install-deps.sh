@@ -14,6 +14,7 @@ $SUDO apt-get install -y -q --no-install-recommends \
     libopenblas-dev \
     libgrpc-dev protobuf-c-compiler libprotobuf-c-dev \
     libuv1-dev libjansson-dev zlib1g-dev libssl-dev openssl libmicrohttpd-dev libgnutls28-dev \
+    libhdf5-openmpi-dev python3-h5py-mpi \
     dataset-fashion-mnist \
     python3 python3-numpy python3-torch \
     python3-grpcio python3-protobuf protobuf-compiler curl python3-requests \
@@ -21,7 +22,8 @@ $SUDO apt-get install -y -q --no-install-recommends \
     tmux iproute2 python3-yaml slurm-wlm munge systemd \
     clang libfuzzer-14-dev libclang-rt-14-dev valgrind
 # What each group is for: the build (compiler, MPI, OpenBLAS, gRPC core + protobuf-c, libuv,
-# jansson, zlib, OpenSSL's libcrypto for TLS checks, libmicrohttpd and GnuTLS for /metrics and KServe over HTTP); the data;
+# jansson, zlib, OpenSSL's libcrypto for TLS checks, libmicrohttpd and GnuTLS for /metrics and KServe over HTTP,
+# parallel HDF5 for per-rank ingest, h5py to write its files); the data;
 # the PyTorch and grpcio cross-checks; the notebook (Jupyter, matplotlib); the tests of
 # the CLI's progress bar (tmux), two simulated hosts (iproute2), the Kubernetes manifest
 # (python3-yaml), Slurm (slurm-wlm, munge) and the systemd unit (systemd-analyze); and the

@@ -82,6 +82,7 @@ struct ddl_model {
     void                    *scratch[SPEC_MAX_INPUTS]; // slot k's scratch gradients
     bool                    *run_back; // layer i's backward is needed
     ddl_shape          in_global;    // [batch, sample...]
+    ddl_box                  in_box;       // this rank's box of it (act[0])
     size_t             sample_bytes; // one sample in the spec's dtype
     ddl_partition_t   *P_in_root;    // rank 0 alone, with the input's dimension
     ddl_partition_t   *P_out_root;   // rank 0 alone, with the output's dimension
@@ -424,6 +425,7 @@ static ddl_status alloc_layer_tables(ddl_model_t *m)
     m->sample_bytes  = (size_t)ddl_shape_numel(&s->input) * ddl_dtype_size(s->dt);
     ddl_box   in_box = ddl_partition_local_box(m->parts[s->input_partition], &g);
     ddl_shape ls     = ddl_box_shape(&in_box);
+    m->in_box        = in_box;
     if (m->full != NULL) {
         return activation_view(m, &ls, m->full->act[0], &m->act[0]);
     }
@@ -713,10 +715,44 @@ typedef struct targets {
     const int64_t *labels;
     const void    *values;
     size_t         bytes;
+    bool           local; // every rank wrote its own box already (ddl_model_local_input)
 } targets;
 
-// Rank 0: dense targets must be finite, in [0, 1] for the binary cross-entropies and >= 0
-// for the Poisson rate and the KL divergence's probabilities.
+// The values a dense target of the spec's loss may take: finite, in [0, 1] for the
+// binary cross-entropies, >= 0 for the Poisson rate and the KL divergence's
+// probabilities (as text for messages in *rule).
+static void target_range(const ddl_spec_t *s, double *lo, double *hi, const char **rule)
+{
+    bool unit = s->loss == DDL_LOSS_BCE || s->loss == DDL_LOSS_BCE_WITH_LOGITS;
+    bool pos  = s->loss == DDL_LOSS_POISSON_NLL || s->loss == DDL_LOSS_KL_DIV;
+    *lo       = unit || pos ? 0.0 : -INFINITY;
+    *hi       = unit ? 1.0 : INFINITY;
+    *rule     = unit ? "in [0, 1]" : pos ? "finite and >= 0" : "finite";
+}
+
+// The first of n dense target values outside the loss's range: an error naming it as
+// value `(first + i) % per` of sample `row0 + (first + i) / per`.
+static ddl_status check_range(const ddl_spec_t *s, const char *what, const void *values, int64_t n,
+                              int64_t row0, int64_t per)
+{
+    double      lo, hi;
+    const char *rule;
+    target_range(s, &lo, &hi, &rule);
+    for (int64_t i = 0; i < n; i++) {
+        double v = s->dt == DDL_F32 ? ((const float *)values)[i] : ((const double *)values)[i];
+        if (!isfinite(v) || v < lo || v > hi) {
+            return ddl_set_error(DDL_EINVAL,
+                                 "%s: target %g of sample %lld, value %lld is %s (%s targets "
+                                 "must be %s)",
+                                 what, v, (long long)(row0 + i / per), (long long)(i % per),
+                                 isfinite(v) ? "out of range" : "not finite", ddl_spec_loss_name(s),
+                                 rule);
+        }
+    }
+    return DDL_OK;
+}
+
+// Rank 0: count samples of dense targets in range (check_range).
 static ddl_status check_values(const ddl_model_t *m, const char *what, const targets *t, int64_t n)
 {
     const ddl_spec_t *s  = m->spec;
@@ -727,24 +763,7 @@ static ddl_status check_values(const ddl_model_t *m, const char *what, const tar
                 "%s: %lld samples of %lld target values (%s) need %zu bytes, got %zu", what,
                 (long long)n, (long long)E, ddl_dtype_name(s->dt), (size_t)n * (size_t)E * es,
                 t->bytes);
-    bool   unit = s->loss == DDL_LOSS_BCE || s->loss == DDL_LOSS_BCE_WITH_LOGITS;
-    bool   pos  = s->loss == DDL_LOSS_POISSON_NLL || s->loss == DDL_LOSS_KL_DIV;
-    double lo = unit || pos ? 0.0 : -INFINITY, hi = unit ? 1.0 : INFINITY;
-    for (int64_t i = 0; i < n * E; i++) {
-        double v =
-            s->dt == DDL_F32 ? ((const float *)t->values)[i] : ((const double *)t->values)[i];
-        if (!isfinite(v) || v < lo || v > hi) {
-            return ddl_set_error(DDL_EINVAL,
-                                 "%s: target %g of sample %lld, value %lld is %s (%s targets "
-                                 "must be %s)",
-                                 what, v, (long long)(i / E), (long long)(i % E),
-                                 isfinite(v) ? "out of range" : "not finite", ddl_spec_loss_name(s),
-                                 unit  ? "in [0, 1]"
-                                 : pos ? "finite and >= 0"
-                                       : "finite");
-        }
-    }
-    return DDL_OK;
+    return check_range(s, what, t->values, n * E, 0, E);
 }
 
 // Rank 0: labels in [0, classes), one per sample or per output voxel.
@@ -807,6 +826,9 @@ static ddl_status check_batch(ddl_model_t *m, const char *what, const void *x, s
 static ddl_status stage_input(ddl_model_t *m, const void *x, const targets *t, int64_t count)
 {
     const ddl_spec_t *s = m->spec;
+    if (t != NULL && t->local) {
+        return DDL_OK; // each rank wrote its own box of the input and targets
+    }
     if (m->rank == 0) {
         size_t used = (size_t)count * m->sample_bytes;
         if (used > 0) {
@@ -1159,6 +1181,86 @@ ddl_status ddl_model_eval_dense(ddl_model_t *m, const void *x, size_t x_bytes, c
     ddl_dense_metrics dm = {0};
     ddl_model_t      *r  = runner(m, count);
     ddl_status        st = ddl_agree(m->comm, eval_batch(r, x, &t, count, NULL, NULL, &dm));
+    if (st == DDL_OK) {
+        *out = dm;
+    }
+    return st;
+}
+
+// ---- per-rank ingest ----------------------------------------------------------------
+
+void ddl_model_local_input(ddl_model_t *m, ddl_box *box, void **data)
+{
+    *box  = m->in_box;
+    *data = m->act[0]->data;
+}
+
+void ddl_model_local_targets(ddl_model_t *m, ddl_box *box, void **data)
+{
+    *box  = m->dense ? m->out_box : (ddl_box){0};
+    *data = m->dense ? m->lab_local->data : NULL;
+}
+
+ddl_traffic_count ddl_model_scatter_traffic(const ddl_model_t *m)
+{
+    ddl_traffic_count in = ddl_repartition_traffic(m->in_plan, DDL_TRAFFIC_FORWARD);
+    ddl_traffic_count t  = ddl_repartition_traffic(m->lab_plan, DDL_TRAFFIC_FORWARD);
+    bool              tg = m->dense && m->lab_plan != NULL;
+    return (ddl_traffic_count){in.sent + (tg ? t.sent : 0), in.received + (tg ? t.received : 0),
+                               in.calls + (tg ? 1 : 0)};
+}
+
+// Every rank checks the targets of its own box (the first `count` rows), then all agree:
+// a bad value seen by one rank only stops every rank.
+static ddl_status check_local(const ddl_model_t *m, const char *what, int64_t count)
+{
+    ddl_status st = want_dense(m, what, true);
+    if (st != DDL_OK) {
+        return st;
+    }
+    int64_t r0 = m->out_box.start[0], r1 = m->out_box.stop[0];
+    int64_t rows = r1 - r0, n = ddl_tensor_numel(m->lab_local);
+    if (rows > 0 && n > 0) {
+        int64_t per  = n / rows;
+        int64_t keep = (count < r1 ? count : r1) - r0;
+        if (keep > 0) {
+            st = check_range(m->spec, what, m->lab_local->data, keep * per, r0, per);
+        }
+    }
+    return ddl_agree(m->comm, st);
+}
+
+ddl_status ddl_model_train_step_local(ddl_model_t *m, double *loss, ddl_dense_metrics *out)
+{
+    DDL_CHECK(check_local(m, "train_step", m->spec->batch));
+    targets           t  = {.local = true};
+    double            l  = 0.0;
+    ddl_dense_metrics dm = {0};
+    ddl_status        st = ddl_agree(m->comm, train_step(m, NULL, &t, &l, NULL, &dm));
+    if (st == DDL_OK) {
+        *loss = l;
+        if (out != NULL) {
+            *out = dm;
+        }
+    }
+    return st;
+}
+
+ddl_status ddl_model_eval_local(ddl_model_t *m, int64_t count, ddl_dense_metrics *out)
+{
+    ddl_status st = DDL_OK;
+    if (m->rank == 0 && (count < 1 || count > m->spec->batch)) {
+        st = ddl_set_error(DDL_EINVAL, "eval: count %lld must be in [1, %lld] (batch_size)",
+                           (long long)count, (long long)m->spec->batch);
+    }
+    DDL_CHECK(ddl_agree(m->comm, st));
+    DDL_CHECK_MPI(MPI_Bcast(&count, 1, MPI_INT64_T, 0, m->comm));
+    DDL_CHECK(check_local(m, "eval", count));
+    // The full batch's buffers hold the data (rows past count are zero): the model itself
+    // runs them, in evaluation mode.
+    targets           t  = {.local = true};
+    ddl_dense_metrics dm = {0};
+    st                   = ddl_agree(m->comm, eval_batch(m, NULL, &t, count, NULL, NULL, &dm));
     if (st == DDL_OK) {
         *out = dm;
     }

@@ -34,6 +34,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include <jansson.h>
@@ -43,6 +44,7 @@
 #include "ddl/base.h"
 #include "ddl/collect.h"
 #include "ddl/data.h"
+#include "ddl/h5.h"
 #include "ddl/session.h"
 #include "ddl/synth.h"
 #include "engine/model_internal.h"
@@ -87,6 +89,8 @@ struct ddl_session {
                             // data: the painting's scratch, batch * out_elems)
     void       *tbuf;       // rank 0, dense: one batch of targets (batch * out_elems)
     int64_t    *idx;        // rank 0: sample indices of an evaluation batch
+    ddl_h5     *h5;         // every rank: an HDF5 file each reads its own boxes of (or NULL)
+    int64_t    *bidx;       // with h5, every rank: the sample indices of the batch read
     int64_t    *iou;        // segmentation: per-class counts of an evaluation (4 * classes)
     ddl_cursor  cur;
     // The global weights (parameters and buffers), for gather/scatter.
@@ -159,6 +163,9 @@ static int64_t steps_per_epoch(const ddl_session_t *s)
 // status is still agreed on by the caller.
 static ddl_status fill_batch(ddl_session_t *s, int split, const int64_t *idx, int64_t count)
 {
+    if (s->h5 != NULL) {
+        return DDL_OK; // every rank reads its own box (read_local)
+    }
     if (s->synth) {
         return ddl_synth_batch_targets(&s->synth_params, split, idx, count, s->mean, s->std, s->dt,
                                        s->xbuf, s->lbuf, s->target == DDL_TARGET_MASK,
@@ -177,9 +184,32 @@ static ddl_status fill_batch(ddl_session_t *s, int split, const int64_t *idx, in
     return DDL_OK;
 }
 
-// Rank 0's batch, agreed when generated (an IDX batch cannot fail).
-static ddl_status agree_fill(ddl_session_t *s, ddl_status st)
+// Per-rank ingest from an HDF5 file: rank 0's sample indices idx0[0..count) of a split
+// to every rank, then each rank reads its own box of the inputs and the targets into the
+// model's buffers (ddl_h5_read; rows past count are zeroed). Nothing passes through rank
+// 0. Collective; agreed.
+static ddl_status read_local(ddl_session_t *s, int split, const int64_t *idx0, int64_t count)
 {
+    if (s->rank == 0) {
+        memcpy(s->bidx, idx0, sizeof(int64_t) * (size_t)count);
+    }
+    DDL_CHECK_MPI(MPI_Bcast(s->bidx, (int)count, MPI_INT64_T, 0, s->comm));
+    ddl_box bx, by;
+    void   *px, *py;
+    ddl_model_local_input(s->model, &bx, &px);
+    ddl_model_local_targets(s->model, &by, &py);
+    DDL_CHECK(ddl_h5_read(s->h5, split, 0, s->bidx, count, s->batch, &bx, s->dt, px));
+    return ddl_h5_read(s->h5, split, 1, s->bidx, count, s->batch, &by, s->dt, py);
+}
+
+// Rank 0's batch, agreed when generated (an IDX batch cannot fail); an HDF5 batch is
+// read by every rank (read_local).
+static ddl_status agree_fill(ddl_session_t *s, ddl_status st, int split, const int64_t *idx0,
+                             int64_t count)
+{
+    if (s->h5 != NULL) {
+        return read_local(s, split, idx0, count);
+    }
     return s->synth ? ddl_agree(s->comm, st) : st;
 }
 
@@ -323,6 +353,8 @@ void ddl_session_destroy(ddl_session_t **sp)
     ddl_free(s->lbuf);
     ddl_free(s->tbuf);
     ddl_free(s->idx);
+    ddl_h5_close(&s->h5); // collective: every rank destroys its session
+    ddl_free(s->bidx);
     ddl_free(s->iou);
     ddl_free(s->ckpt_dir);
     ddl_free(s->w);
@@ -395,8 +427,114 @@ static ddl_status load_data(const ddl_session_t *s, const char *dir, ddl_dataset
     return DDL_OK;
 }
 
+// The data that replaces the session's once it was opened everywhere: IDX splits (rank
+// 0; zeroed otherwise), rank 0's shuffle order, an HDF5 file with every rank's batch
+// indices (or NULL), whether it is generated, and the split sizes.
+typedef struct new_data {
+    ddl_dataset tr, te;
+    int64_t    *perm;
+    ddl_h5     *h5;
+    int64_t    *bidx;
+    bool        synth;
+    int64_t     n[2];
+} new_data;
+
+// Frees the old data (the HDF5 file on every rank alike: its close is collective) and
+// takes nd's; the cursor is kept. Local but for that close.
+static void replace_data(ddl_session_t *s, new_data *nd)
+{
+    ddl_dataset_free(&s->data[0]);
+    ddl_dataset_free(&s->data[1]);
+    ddl_free(s->perm);
+    ddl_h5_close(&s->h5);
+    ddl_free(s->bidx);
+    s->data[DDL_SPLIT_TRAIN] = nd->tr;
+    s->data[DDL_SPLIT_TEST]  = nd->te;
+    s->perm                  = nd->perm;
+    s->h5                    = nd->h5;
+    s->bidx                  = nd->bidx;
+    s->synth                 = nd->synth;
+    s->perm_epoch            = -1;
+    s->n[0]                  = nd->n[0];
+    s->n[1]                  = nd->n[1];
+    s->has_data              = true;
+}
+
+// An HDF5 file (rank 0's path) that every rank reads its own boxes of: input "x" shaped
+// like the model's input, target "y" like its output (ddl/h5.h). Dense targets only.
+static ddl_status open_h5(ddl_session_t *s, const char *path)
+{
+    const ddl_spec_t *spec = ddl_model_spec(s->model);
+    char             *p    = NULL;
+    DDL_CHECK(bcast_string(s->comm, s->rank, path, &p));
+    ddl_status st = DDL_OK;
+    if (p == NULL) {
+        st = ddl_set_error(DDL_EINVAL, "open_data: rank 0 must pass a path");
+    } else if (!s->dense) { // every rank holds the same spec: the same verdict
+        st = ddl_set_error(DDL_EINVAL,
+                           "data %s: HDF5 datasets carry targets shaped like the output, and "
+                           "the loss %s trains on class labels (give an IDX directory or the "
+                           "spec's generated data)",
+                           p, ddl_spec_loss_name(spec));
+    }
+    ddl_h5       *h = NULL;
+    ddl_h5_expect e = {ddl_spec_input_shape(spec), ddl_spec_output_shape(spec)};
+    if (st == DDL_OK) {
+        st = ddl_h5_open(s->comm, p, &e, &h); // agreed
+    }
+    int64_t n[2] = {0, 0}, *perm = NULL, *bidx = NULL;
+    if (st == DDL_OK) {
+        n[0] = ddl_h5_count(h, DDL_SPLIT_TRAIN);
+        n[1] = ddl_h5_count(h, DDL_SPLIT_TEST);
+        if (n[0] < s->batch) {
+            st = ddl_set_error(DDL_EINVAL,
+                               "data %s: the training split has %lld samples, fewer than one "
+                               "batch (%lld)",
+                               p, (long long)n[0], (long long)s->batch);
+        } else {
+            bidx = ddl_malloc(sizeof(int64_t) * (size_t)s->batch);
+            perm = s->rank == 0 ? ddl_malloc(sizeof(int64_t) * (size_t)n[0]) : NULL;
+            if (bidx == NULL || (s->rank == 0 && perm == NULL)) {
+                st = ddl_set_error(DDL_ENOMEM, "data %s: out of memory for the sample order", p);
+            }
+        }
+        st = ddl_agree(s->comm, st);
+    }
+    ddl_free(p);
+    if (st != DDL_OK) {
+        ddl_h5_close(&h);
+        ddl_free(bidx);
+        ddl_free(perm);
+        return st;
+    }
+    // Only now replace the old data (the call has succeeded everywhere).
+    new_data nd = {.perm = perm, .h5 = h, .bidx = bidx, .n = {n[0], n[1]}};
+    replace_data(s, &nd);
+    return DDL_OK;
+}
+
+uint64_t ddl_session_data_bytes_read(const ddl_session_t *s)
+{
+    return ddl_h5_bytes_read(s->h5);
+}
+
 ddl_status ddl_session_open_data(ddl_session_t *s, const char *dir)
 {
+    // A regular file (or a missing path named .h5, .hdf5 or .he5) is an HDF5 dataset, read
+    // by every rank; a directory holds IDX files, read by rank 0.
+    int         file = 0;
+    struct stat sb;
+    if (s->rank == 0 && dir != NULL) {
+        const char *dot = strrchr(dir, '.');
+        bool        h5n = dot != NULL && (strcmp(dot, ".h5") == 0 || strcmp(dot, ".hdf5") == 0 ||
+                                   strcmp(dot, ".he5") == 0);
+        bool        got = stat(dir, &sb) == 0;
+        file            = (got && S_ISREG(sb.st_mode)) || (!got && h5n);
+    }
+    DDL_CHECK_MPI(MPI_Bcast(&file, 1, MPI_INT, 0, s->comm));
+    if (file) {
+        return open_h5(s, dir);
+    }
     ddl_dataset tr = {0}, te = {0};
     int64_t    *perm = NULL;
     ddl_status  st   = DDL_OK;
@@ -412,22 +550,12 @@ ddl_status ddl_session_open_data(ddl_session_t *s, const char *dir)
     }
     // Only now replace the old data (the call has succeeded everywhere).
     int64_t n[2] = {tr.n, te.n};
-    if (s->rank == 0) {
-        ddl_dataset_free(&s->data[0]);
-        ddl_dataset_free(&s->data[1]);
-        ddl_free(s->perm);
-        s->data[DDL_SPLIT_TRAIN] = tr;
-        s->data[DDL_SPLIT_TEST]  = te;
-        s->perm                  = perm;
-    }
-    s->synth      = false;
-    s->perm_epoch = -1;
-    st            = MPI_Bcast(n, 2, MPI_INT64_T, 0, s->comm) == MPI_SUCCESS
-                        ? DDL_OK
-                        : ddl_set_error(DDL_EMPI, "open_data: broadcast failed");
-    s->n[0]       = n[0];
-    s->n[1]       = n[1];
-    s->has_data   = st == DDL_OK;
+    st           = MPI_Bcast(n, 2, MPI_INT64_T, 0, s->comm) == MPI_SUCCESS
+                       ? DDL_OK
+                       : ddl_set_error(DDL_EMPI, "open_data: broadcast failed");
+    new_data nd  = {.tr = tr, .te = te, .perm = perm, .n = {n[0], n[1]}};
+    replace_data(s, &nd);
+    s->has_data = st == DDL_OK;
     return ddl_agree(s->comm, st);
 }
 
@@ -456,18 +584,9 @@ ddl_status ddl_session_open_synthetic(ddl_session_t *s)
         ddl_free(perm);
         return st;
     }
-    if (s->rank == 0) {
-        ddl_dataset_free(&s->data[0]);
-        ddl_dataset_free(&s->data[1]);
-        ddl_free(s->perm);
-        s->perm = perm;
-    }
-    s->synth        = true;
+    new_data nd = {.perm = perm, .synth = true, .n = {n[0], n[1]}};
+    replace_data(s, &nd);
     s->synth_params = p;
-    s->perm_epoch   = -1;
-    s->n[0]         = n[0];
-    s->n[1]         = n[1];
-    s->has_data     = true;
     return DDL_OK;
 }
 
@@ -750,8 +869,9 @@ static ddl_status train_buffer(ddl_session_t *s, double *loss, int64_t *hits, do
     }
     size_t tb = s->rank == 0 ? (size_t)(s->batch * s->out_elems) * ddl_dtype_size(s->dt) : 0;
     ddl_dense_metrics dm = {0};
-    ddl_status        st =
-        ddl_model_train_step_dense(s->model, s->xbuf, xb, s->tbuf, tb, s->batch, loss, &dm);
+    ddl_status        st = s->h5 != NULL ? ddl_model_train_step_local(s->model, loss, &dm)
+                                         : ddl_model_train_step_dense(s->model, s->xbuf, xb, s->tbuf, tb,
+                                                                      s->batch, loss, &dm);
     *hits   = dm.hits;
     *sq_err = dm.sq_err;
     return st;
@@ -817,7 +937,8 @@ ddl_status ddl_session_train(ddl_session_t *s, const ddl_train_request *req, ddl
             }
             fst = fill_batch(s, DDL_SPLIT_TRAIN, s->perm + s->cur.batch * B, B);
         }
-        st = agree_fill(s, fst);
+        st = agree_fill(s, fst, DDL_SPLIT_TRAIN, s->rank == 0 ? s->perm + s->cur.batch * B : NULL,
+                        B);
         if (st != DDL_OK) {
             break;
         }
@@ -1029,7 +1150,7 @@ ddl_status ddl_session_evaluate(ddl_session_t *s, ddl_split split, ddl_eval_resu
             }
             fst = fill_batch(s, sp, s->idx, count);
         }
-        st = agree_fill(s, fst);
+        st = agree_fill(s, fst, sp, s->idx, count);
         if (st != DDL_OK) {
             break;
         }
@@ -1039,7 +1160,9 @@ ddl_status ddl_session_evaluate(ddl_session_t *s, ddl_split split, ddl_eval_resu
         if (s->dense) {
             size_t tb = s->rank == 0 ? (size_t)(count * s->out_elems) * ddl_dtype_size(s->dt) : 0;
             ddl_dense_metrics dm = {0};
-            st = ddl_model_eval_dense(s->model, s->xbuf, xb, s->tbuf, tb, count, &dm);
+            st                   = s->h5 != NULL
+                                       ? ddl_model_eval_local(s->model, count, &dm)
+                                       : ddl_model_eval_dense(s->model, s->xbuf, xb, s->tbuf, tb, count, &dm);
             l  = dm.loss_sum;
             c  = dm.hits;
             sqe += dm.sq_err;

@@ -9,11 +9,13 @@ smooth random fields (white noise under a Gaussian spectral filter), so each sam
 different right-hand side and the network must learn the solution operator, not a
 picture. Everything is deterministic from the seed.
 
-    poisson3d.py OUT.h5 [--samples N] [--size S] [--seed SEED] [--k K]
+    poisson3d.py OUT.h5 [--train N] [--test M] [--size S] [--seed SEED] [--k K]
 
-writes OUT.h5 with datasets "x" (the sources, float32 [N, 1, S, S, S]) and "y" (the
-solutions, same shape), chunked one sample a chunk, and the parameters as attributes.
-make() returns the same arrays in memory.
+writes OUT.h5 with groups "train" (N samples) and "test" (M samples, from the same
+stream after the training ones), each holding "x" (the sources, float32 [n, 1, S, S, S])
+and "y" (the solutions, same shape), chunked one sample a chunk, and the parameters as
+attributes: the layout distdld reads in parallel (Train and Evaluate with the file's
+name under --data-root). make() returns the arrays in memory.
 """
 import argparse
 import sys
@@ -43,12 +45,15 @@ def make(n, size, seed=0, k=4.0, smooth=0.08):
     return f.astype(np.float32), u.astype(np.float32)
 
 
-def write_h5(path, f, u, **attrs):
-    """Writes the sources and solutions to an HDF5 file, one sample a chunk."""
+def write_h5(path, splits, **attrs):
+    """Writes {"train": (f, u), "test": (f, u)} to an HDF5 file: a group per split with
+    datasets x and y, one sample a chunk."""
     import h5py
     with h5py.File(path, "w") as h:
-        for name, a in (("x", f), ("y", u)):
-            h.create_dataset(name, data=a, chunks=(1,) + a.shape[1:])
+        for split, (f, u) in splits.items():
+            g = h.create_group(split)
+            for name, a in (("x", f), ("y", u)):
+                g.create_dataset(name, data=a, chunks=(1,) + a.shape[1:])
         for key, v in attrs.items():
             h.attrs[key] = v
 
@@ -56,16 +61,20 @@ def write_h5(path, f, u, **attrs):
 def main(argv):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("out")
-    ap.add_argument("--samples", type=int, default=64)
+    ap.add_argument("--train", type=int, default=64)
+    ap.add_argument("--test", type=int, default=16)
     ap.add_argument("--size", type=int, default=32)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--k", type=float, default=4.0)
     a = ap.parse_args(argv)
-    if a.samples < 1 or a.size < 2:
-        ap.error("--samples must be >= 1 and --size >= 2")
-    f, u = make(a.samples, a.size, a.seed, a.k)
-    write_h5(a.out, f, u, seed=a.seed, k=a.k, equation="-laplace(u) + k^2 u = f, periodic")
-    print("%s: x, y float32 %s (seed %d, k %g)" % (a.out, f.shape, a.seed, a.k))
+    if a.train < 1 or a.test < 1 or a.size < 2:
+        ap.error("--train and --test must be >= 1 and --size >= 2")
+    f, u = make(a.train + a.test, a.size, a.seed, a.k)
+    n = a.train
+    write_h5(a.out, {"train": (f[:n], u[:n]), "test": (f[n:], u[n:])}, seed=a.seed, k=a.k,
+             equation="-laplace(u) + k^2 u = f, periodic")
+    print("%s: train %d and test %d samples of x, y float32 [1, %d, %d, %d] (seed %d, k %g)"
+          % (a.out, a.train, a.test, a.size, a.size, a.size, a.seed, a.k))
     return 0
 
 

@@ -144,6 +144,26 @@ DDL_EXTERN ddl_status ddl_model_train_step_dense(ddl_model_t *m, const void *x, 
 DDL_EXTERN ddl_status ddl_model_eval_dense(ddl_model_t *m, const void *x, size_t x_bytes,
                                            const void *targets, size_t t_bytes, int64_t count,
                                            ddl_dense_metrics *out);
+// Per-rank ingest (dense targets): instead of rank 0 passing the whole batch for the
+// model to scatter, every rank writes its own box of the batch straight into the model's
+// buffers (a parallel reader: ddl/h5.h), and the step or evaluation runs on them.
+// ddl_model_local_input: this rank's box of the input batch [batch_size, sample...] and
+// the buffer it fills (box-shaped, row-major, the spec's dtype; an empty box on ranks
+// outside the input partition). ddl_model_local_targets: the same for the dense targets
+// [batch_size, output...] on the output partition (an empty box for a model without
+// dense targets). Rows past the samples an evaluation counts must be zero. Local.
+DDL_EXTERN void ddl_model_local_input(ddl_model_t *m, ddl_box *box, void **data);
+DDL_EXTERN void ddl_model_local_targets(ddl_model_t *m, ddl_box *box, void **data);
+// A training step (a full batch) or an evaluation of the first `count` rows on the
+// buffers the ranks filled: each rank checks its own targets (ranges as for
+// ddl_model_train_step_dense) and every rank agrees, so a bad value one rank holds stops
+// all of them before anything moves. Nothing is scattered from rank 0. Collective.
+DDL_EXTERN ddl_status ddl_model_train_step_local(ddl_model_t *m, double *loss,
+                                                 ddl_dense_metrics *out);
+DDL_EXTERN ddl_status ddl_model_eval_local(ddl_model_t *m, int64_t count, ddl_dense_metrics *out);
+// What one scatter of a batch from rank 0 moves for this rank (the input plan, and the
+// dense targets' plan; sent, received, plans run): what per-rank ingest does not move.
+DDL_EXTERN ddl_traffic_count ddl_model_scatter_traffic(const ddl_model_t *m);
 // Forward only on `count` <= batch_size samples; the whole output [count, ...] (logits
 // [count, classes] or [count, classes, spatial...] for a classifier; the spec's dtype) is
 // written on rank 0 into `logits`, which holds logits_bytes (at least count *

@@ -67,13 +67,24 @@ DDL_EXTERN void       ddl_session_destroy(ddl_session_t **s);
 
 DDL_EXTERN ddl_model_t *ddl_session_model(const ddl_session_t *s);
 
-// Loads an IDX directory (rank 0's path) holding both splits and checks each against the
+// Opens rank 0's path as the session's data. A regular file is an HDF5 dataset (ddl/h5.h:
+// "x" shaped [N, input...] and "y" [N, output...], in groups "train" and "test" or once at
+// the root for both splits), for a model with dense targets: every rank reads only its
+// own box of each sample of a batch straight from the file into its partition's buffers,
+// and nothing is scattered from rank 0 (ddl_session_data_bytes_read counts what this
+// rank read). Every check of the file (datasets, dtypes, shapes, N) is made on every rank
+// before it is accepted, and a value check that fails on one rank's box fails the step
+// on every rank.
+// Otherwise it loads an IDX directory holding both splits and checks each against the
 // model: sample shape (the IDX dims are the input's trailing dims, e.g. 28 x 28 for
 // [1, 28, 28]), label range [0, classes), and at least one batch of training samples.
 // A model with dense targets takes the images themselves (pixel / 255) as its targets
 // (the spec's "data.target": "image"). Replaces the current data only on success; the
 // cursor is kept. Collective.
 DDL_EXTERN ddl_status ddl_session_open_data(ddl_session_t *s, const char *dir);
+// Bytes of data this rank has read from the open HDF5 file since it was opened (0 for
+// other data). Local.
+DDL_EXTERN uint64_t ddl_session_data_bytes_read(const ddl_session_t *s);
 // Uses the data the spec generates ("data": {"synthetic": {...}}, ddl/synth.h): training
 // and test splits of the spec's sizes, made batch by batch on rank 0 from (seed, split,
 // sample index), shuffled per epoch like a dataset, with the spec's targets (labels, or

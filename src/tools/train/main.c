@@ -2,7 +2,7 @@
 // spec generates ("data": {"synthetic": ...}, e.g. volumetric segmentation), as a batch
 // MPI program (a Slurm job with no service).
 //
-//   mpirun -np P distdl-train --model spec.json [--data DIR] --epochs N
+//   mpirun -np P distdl-train --model spec.json [--data DIR|FILE.h5] --epochs N
 //          [--checkpoint-dir D --checkpoint-every K] [--resume] [--max-steps S]
 //          [--print-steps] [--export FILE.safetensors|DIR] [--no-eval] [--stats]
 //
@@ -47,8 +47,9 @@ static int rank;
 
 static void usage(FILE *f)
 {
-    fputs("usage: mpirun -np P distdl-train --model spec.json [--data DIR] --epochs N\n"
-          "         (--data unless the spec generates its data: \"data\": {\"synthetic\": ...})\n"
+    fputs("usage: mpirun -np P distdl-train --model spec.json [--data DIR|FILE.h5] --epochs N\n"
+          "         (--data unless the spec generates its data: \"data\": {\"synthetic\": ...};\n"
+          "         an IDX directory, or an HDF5 file every rank reads its own box of)\n"
           "         [--checkpoint-dir D] [--checkpoint-every K] [--checkpoint-on-exit]\n"
           "         [--resume | --resume-from CHECKPOINT]  (any world size / partitioning)\n"
           "         [--max-steps S (total optimizer steps)] [--print-steps]\n"

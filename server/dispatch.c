@@ -336,6 +336,35 @@ static bool interlude_want(void *ud);
 static void interlude_run0(void *ud);
 static void interlude_run(void *ud);
 
+// HDF5 data, which every rank reads its own boxes of: rank 0 logs the bytes each rank has
+// read from the open file so far (after a Train or an evaluation of a split), the check
+// that no rank reads it whole. Every rank (the command is collective); a failed gather
+// only loses the line.
+static void log_data_read(ddld_dispatch *d)
+{
+    enum { MAX_LOGGED = 512 };
+    uint64_t mine = ddl_session_data_bytes_read(d->s), all[MAX_LOGGED];
+    if (d->size > MAX_LOGGED ||
+        MPI_Gather(&mine, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, 0, d->world) != MPI_SUCCESS ||
+        d->rank != 0) {
+        return;
+    }
+    uint64_t sum = 0;
+    for (int r = 0; r < d->size; r++) {
+        sum += all[r];
+    }
+    if (sum == 0) {
+        return; // not HDF5 data
+    }
+    char   line[MAX_LOGGED * 24];
+    size_t o = 0;
+    for (int r = 0; r < d->size && o < sizeof line; r++) {
+        o += (size_t)snprintf(line + o, sizeof line - o, "%s%d %llu", r ? ", " : "", r,
+                              (unsigned long long)all[r]);
+    }
+    ddld_log("data read from the file per rank (bytes): %s", line);
+}
+
 static ddl_status execute(ddld_dispatch *d, const ddld_cmd *cmd, struct payload *p)
 {
     ddl_status st = DDL_OK;
@@ -365,10 +394,12 @@ static ddl_status execute(ddld_dispatch *d, const ddld_cmd *cmd, struct payload 
         st = ddl_session_train(d->s, &r, d->rank == 0 ? progress_cb : NULL, d->rank == 0 ? p : NULL,
                                &p->train);
         ddl_session_set_interlude(d->s, NULL);
+        log_data_read(d);
         break;
     }
     case DDLD_OP_EVAL_SPLIT:
         st = ddl_session_evaluate(d->s, (ddl_split)cmd->arg[0], &p->eval);
+        log_data_read(d);
         break;
     case DDLD_OP_EVAL_BATCH:
         st = ddl_session_evaluate_batch(d->s, p->x, p->x_bytes, p->targets, p->t_bytes, cmd->arg[0],

@@ -7,6 +7,7 @@
 // global shape G. The estimate adds each tensor's block to every rank of its partition and
 // reports the rank with the largest sum. All sums are in double: a hostile spec may ask for
 // 2^34-element tensors in 4096 layers, which overflows int64 bytes.
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -271,6 +272,48 @@ static double read_number(const char *path)
     return v;
 }
 
+// This process's group of the cgroup v1 memory controller ("N:memory:/path" in
+// /proc/self/cgroup) as a directory under /sys/fs/cgroup/memory, and how many processes it
+// holds; 0 when there is none (cgroup v2, or the root group).
+static int v1_memory_group(char *dir, size_t len)
+{
+    FILE *f = fopen("/proc/self/cgroup", "r");
+    if (f == NULL) {
+        return 0;
+    }
+    char line[PATH_MAX + 64];
+    int  found = 0;
+    while (!found && fgets(line, sizeof line, f) != NULL) {
+        char *c1 = strchr(line, ':'), *c2 = c1 != NULL ? strchr(c1 + 1, ':') : NULL;
+        if (c2 == NULL || (size_t)(c2 - c1 - 1) != strlen("memory") ||
+            strncmp(c1 + 1, "memory", 6) != 0) {
+            continue;
+        }
+        char *path                = c2 + 1;
+        path[strcspn(path, "\n")] = '\0';
+        if (strcmp(path, "/") != 0 &&
+            (size_t)snprintf(dir, len, "/sys/fs/cgroup/memory%s", path) < len) {
+            found = 1;
+        }
+    }
+    fclose(f);
+    if (!found) {
+        return 0;
+    }
+    char procs[PATH_MAX + 32];
+    snprintf(procs, sizeof procs, "%s/cgroup.procs", dir);
+    FILE *p = fopen(procs, "r");
+    if (p == NULL) {
+        return 0;
+    }
+    int n = 0;
+    while (fgets(line, sizeof line, p) != NULL) {
+        n++;
+    }
+    fclose(p);
+    return n;
+}
+
 static double parse_bytes(const char *s)
 {
     char  *end;
@@ -318,6 +361,25 @@ double ddl_mem_available(int ranks_on_host, char *how, size_t howlen)
         snprintf(how, howlen, "cgroup memory.max %.1f GiB - memory.current %.1f GiB over %d ranks",
                  cmax / 1073741824.0, ccur / 1073741824.0, ranks_on_host);
         return (cmax - ccur) / ranks_on_host;
+    }
+    // The v1 memory controller: this process's group (deploy/memcap.sh puts each rank in
+    // its own; a group of one process is that rank's whole budget).
+    char   grp[PATH_MAX];
+    double vmax = -1, vcur = -1;
+    int    procs = v1_memory_group(grp, sizeof grp);
+    if (procs > 0) {
+        char f[PATH_MAX + 32];
+        snprintf(f, sizeof f, "%s/memory.limit_in_bytes", grp);
+        vmax = read_number(f);
+        snprintf(f, sizeof f, "%s/memory.usage_in_bytes", grp);
+        vcur = read_number(f);
+    }
+    int per = procs > 1 ? ranks_on_host : 1;
+    if (vmax > 0 && vcur >= 0 && (avail < 0 || (vmax - vcur) / per < avail / ranks_on_host)) {
+        snprintf(how, howlen, "cgroup v1 %s: memory.limit_in_bytes %.1f MiB - usage %.1f MiB%s",
+                 strrchr(grp, '/') != NULL ? strrchr(grp, '/') + 1 : grp, vmax / 1048576.0,
+                 vcur / 1048576.0, per > 1 ? " over the ranks in it" : ", this rank's own");
+        return (vmax - vcur) / per;
     }
     if (avail < 0) {
         snprintf(how, howlen, "unknown");

@@ -5,7 +5,10 @@ equal those of the same network built in PyTorch (Debian's python3-torch) from t
 Usage: torch_networks.py BIN_DIR SPEC_DIR DATA_DIR MPIRUN [MPIRUN FLAGS...]
        (TORCH_NETWORKS=vgg,resnet limits the families run)
 
-For each shipped spec (LeNet-5, VGG, ResNet; 1 and 4 ranks) and each dtype (f64, f32):
+For each shipped spec (LeNet-5, VGG, ResNet; 1 and 4 ranks) and each dtype (f64, f32), and
+for the PDE surrogate (unet3d-poisson, the 3-D U-Net regressing the screened Poisson
+solution; 1 and 4 ranks, f64, at 16^3, mse on an HDF5 file made by
+client/python/examples/poisson3d.py and read by every rank in parallel):
   1. writes a copy of the spec with that dtype, shuffling off (batches in file order), a
      small batch and a cosine schedule that ends within the run (t_max 12, so the learning
      rate really moves), everything else as shipped;
@@ -61,7 +64,9 @@ import safetensors_tool  # noqa: E402
 STEPS = 10
 BATCH = 16
 T_MAX = 12
-FAMILIES = [("lenet5", (1, 4)), ("vgg", (1, 4)), ("resnet", (1, 4))]
+FAMILIES = [("lenet5", (1, 4)), ("vgg", (1, 4)), ("resnet", (1, 4)), ("unet3d-poisson", (1, 4))]
+POISSON_SIZE = 16  # the surrogate's volume edge here (shipped: 32)
+POISSON_BATCH = 2  # its batch (shipped: 2): 3-D steps cost what 2-D ones of 16 do
 TOL = {"f64": {"loss": 1e-10, "weights": 1e-9}, "f32": {"loss": 1e-4, "weights": 1e-3}}
 
 
@@ -259,7 +264,13 @@ def read_idx(path):
 
 
 def batch(data_dir, spec, dtype, step):
-    """Training batch `step` (0-based) without shuffling: samples [step B, (step + 1) B)."""
+    """Training batch `step` (0-based) without shuffling: samples [step B, (step + 1) B).
+    data_dir: an IDX directory, or the (x, y) arrays of an HDF5 file's training split."""
+    if not isinstance(data_dir, str):
+        B = spec["batch_size"]
+        x, y = (torch.from_numpy(a[step * B:(step + 1) * B].astype(np.float64)).to(dtype)
+                for a in data_dir)
+        return x, y
     x = read_idx(os.path.join(data_dir, "train-images-idx3-ubyte.gz"))
     y = read_idx(os.path.join(data_dir, "train-labels-idx1-ubyte.gz"))
     norm = spec.get("data", {}).get("normalize", {"mean": 0.0, "std": 1.0})
@@ -332,7 +343,10 @@ def torch_run(spec, state, data_dir, t0, steps):
         for g in opt.param_groups:
             g["lr"] = scheduled_lr(o, t)
         opt.zero_grad()
-        loss = F.cross_entropy(net(xb), yb, reduction=red)
+        if spec["loss"]["type"] == "mse":
+            loss = F.mse_loss(net(xb), yb, reduction=red)
+        else:
+            loss = F.cross_entropy(net(xb), yb, reduction=red)
         loss.backward()
         opt.step()
         losses.append(loss.item())
@@ -415,6 +429,27 @@ def model_nrel(a, b):
     return (dd / max(bb, 1e-300)) ** 0.5
 
 
+def poisson_setup(spec_dir, np_, tmp, made):
+    """The surrogate's spec on np_ ranks at POISSON_SIZE^3 and its data: an HDF5 file of
+    poisson3d.make (written once; the engine reads it, every rank its own box) and its
+    training arrays for PyTorch. Returns (spec, marker, (path, (x, y)))."""
+    with open(os.path.join(spec_dir, "unet3d-poisson-4.json")) as f:
+        spec = json.load(f)
+    spec["input"]["shape"] = [1] + [POISSON_SIZE] * 3
+    spec["world_size"] = np_
+    spec["partitions"] = {"vol": {"ranks": list(range(np_)),
+                                  "shape": [1, 1, 1, 1, 1] if np_ == 1 else [1, 1, 2, 2, 1]}}
+    if made is None:
+        sys.path.insert(0, os.path.join(spec_dir, "..", "..", "client", "python", "examples"))
+        import poisson3d
+        n = STEPS * POISSON_BATCH
+        f, u = poisson3d.make(n + 2, POISSON_SIZE, seed=4)
+        path = os.path.join(tmp, "poisson.h5")
+        poisson3d.write_h5(path, {"train": (f[:n], u[:n]), "test": (f[n:], u[n:])})
+        made = (path, (f[:n], u[:n]))
+    return spec, None, made
+
+
 def main(argv):
     if len(argv) < 5:
         print(__doc__)
@@ -426,29 +461,43 @@ def main(argv):
     torch.set_num_threads(1)  # the machine's cores belong to the ranks as well
     only = os.environ.get("TORCH_NETWORKS")
     fams = [f for f in FAMILIES if only is None or f[0] in only.split(",")]
+    if os.environ.get("DDL_CONV_DIRECT") == "0":
+        # The 3-D U-Net has no 1-D/2-D convolution, the only kind with a direct path: the
+        # im2col twin (torch_networks_gemm) would run it unchanged.
+        fams = [f for f in fams if f[0] != "unet3d-poisson"]
+        print("unet3d-poisson: 3-D convolutions only, the same path as the default run; "
+              "not run again")
     failed, runs, worst = 0, 0, {}
     # Checkpoints after every step: on tmpfs when there is one, their fsyncs cost nothing.
     shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
     with tempfile.TemporaryDirectory(dir=shm, prefix="torch_networks.") as tmp:
+        poisson = None
         for fam, nps in fams:
             for np_ in nps:
-                with open(os.path.join(spec_dir, f"{fam}-{np_}.json")) as f:
-                    shipped = json.load(f)
-                for dt in ("f64", "f32"):
+                run_data, dts = data_dir, ("f64", "f32")
+                if fam == "unet3d-poisson":
+                    shipped, run_data, poisson = poisson_setup(spec_dir, np_, tmp, poisson)
+                    dts = ("f64",)
+                else:
+                    with open(os.path.join(spec_dir, f"{fam}-{np_}.json")) as f:
+                        shipped = json.load(f)
+                for dt in dts:
                     t0 = time.time()
                     spec = json.loads(json.dumps(shipped))
                     spec["dtype"] = dt
-                    spec["batch_size"] = BATCH
+                    spec["batch_size"] = POISSON_BATCH if fam == "unet3d-poisson" else BATCH
                     spec.setdefault("data", {})["shuffle"] = False
                     spec["optimizer"]["schedule"] = {"type": "cosine", "t_max": T_MAX}
                     tag = f"{fam}-{np_}-{dt}"
                     path = os.path.join(tmp, tag + ".json")
                     with open(path, "w") as f:
                         json.dump(spec, f, indent=1)
-                    e_loss, e_states, e_final = engine_run(mpi, bin_dir, data_dir, path, np_, tmp,
+                    e_path = run_data if isinstance(run_data, str) else poisson[0]
+                    e_loss, e_states, e_final = engine_run(mpi, bin_dir, e_path, path, np_, tmp,
                                                            tag, dt == "f32")
                     # The whole trajectory from the same initial weights.
-                    t_loss, t_final = torch_run(spec, e_states[0], data_dir, 0, STEPS)
+                    t_data = run_data if isinstance(run_data, str) else poisson[1]
+                    t_loss, t_final = torch_run(spec, e_states[0], t_data, 0, STEPS)
                     dl = max(abs(a - b) / abs(b) for a, b in zip(e_loss, t_loss))
                     dw, wname = worst_tensor(e_final, t_final)
                     w = worst.setdefault(dt, {})
@@ -464,7 +513,7 @@ def main(argv):
                         sl = sm = sn = 0.0
                         sname = ""
                         for s in range(STEPS):
-                            l1, st1 = torch_run(spec, e_states[s], data_dir, s, 1)
+                            l1, st1 = torch_run(spec, e_states[s], run_data, s, 1)
                             sl = max(sl, abs(e_loss[s] - l1[0]) / abs(l1[0]))
                             sm = max(sm, model_nrel(e_states[s + 1], st1))
                             d, n = worst_tensor(e_states[s + 1], st1, nrel)

@@ -18,10 +18,25 @@ hdf5          the new user's path: an HDF5 file written with h5py (poisson3d.wri
               Python on the file by name, each rank reading its own box; held-out relative
               L2 error falls, the predicted volumes come back as numpy and match Evaluate;
               a file that does not fit the model is refused and changes nothing.
+memcap        the headline at CI size: the regression U-Net at 32^3 under a per-rank memory
+              cap of 88 MiB (each rank in a cgroup v1 memory group of its own,
+              deploy/memcap.sh). One rank: CreateModel is refused by the memory estimate,
+              the estimate and the cap in the message, and under a larger cap its steps
+              charge more than 88 MiB (it really does not fit). Four ranks: it trains from an HDF5
+              file that no rank reads whole (the daemon's per-rank byte counts are a
+              quarter each), the held-out error falls, and every rank's peak charge (the
+              group's memory.max_usage_in_bytes) stays under the cap.
 notebook      train.py is what sync_script.py makes of train.ipynb; the notebook runs headless
               (jupyter nbconvert --execute, Debian's python3 kernel) on one fresh daemon and
               train.py on another: every cell ran, no errors, figures inline and as PNG files,
               and the two runs have identical records, test accuracy, weights and pixels.
+poisson_notebook
+              the PDE surrogate notebook (client/python/examples/poisson.ipynb) headless on
+              a fresh 4-rank daemon: it writes the screened Poisson data to HDF5 in the
+              daemon's data root, trains the U-Net on the file, and every cell ran with no
+              error, the loss curve and the slices (true, predicted, error) inline and as
+              PNG files, the held-out relative L2 error fell, and the one it computes from
+              the predicted arrays equals Evaluate's.
 notebook_cli  the notebook's records against the distdl CLI's (`distdl --json train/eval`) on
               a fresh daemon with the same spec and seed. Without build/bin/distdl it prints
               "CLI not built: comparison not run" and fails when DDL_REQUIRE_CLI=1, else skips.
@@ -378,14 +393,23 @@ def run_notebook(h, name):
     out = os.path.join(h.work, name)
     env = jupyter_env(h)
     env.update(run_env(d, out))
-    executed = os.path.join(out, "train.executed.ipynb")
+    execute_notebook(h, nbconvert, "train", out, env, 100, "curves, predictions")
+    shutdown(d)
+    check_files(out)
+    return load_records(out), out
+
+
+def execute_notebook(h, nbconvert, name, out, env, timeout, figures):
+    """Runs examples/NAME.ipynb headless with Debian's kernel into out/NAME.executed.ipynb
+    and checks it: every code cell ran, on /usr/bin/python3, no error output, at least two
+    inline PNG figures (`figures` says which)."""
     h.run(None, nbconvert + ["--to", "notebook", "--execute",
                  "--ExecutePreprocessor.kernel_name=distdl-debian-python3",
-                 "--ExecutePreprocessor.timeout=100", "--output-dir", out,
-                 "--output", "train.executed.ipynb",
-                 os.path.join(h.examples, "train.ipynb")], timeout=120, env_extra=env)
-    shutdown(d)
-    with open(executed) as f:
+                 "--ExecutePreprocessor.timeout=%d" % timeout, "--output-dir", out,
+                 "--output", name + ".executed.ipynb",
+                 os.path.join(h.examples, name + ".ipynb")], timeout=timeout + 100,
+          env_extra=env)
+    with open(os.path.join(out, name + ".executed.ipynb")) as f:
         nb = json.load(f)
     code = [c for c in nb["cells"] if c["cell_type"] == "code"]
     ran = [c.get("execution_count") for c in code]
@@ -395,11 +419,8 @@ def run_notebook(h, name):
     check("python /usr/bin/python3," in first, "the kernel is Debian's python3: %s" % first.strip())
     errs = [o for c in code for o in c.get("outputs", []) if o.get("output_type") == "error"]
     check(not errs, "no error outputs%s" % ("" if not errs else ": %s" % errs[0].get("ename")))
-    pngs = [o["data"]["image/png"] for c in code for o in c.get("outputs", [])
-            if "image/png" in o.get("data", {})]
-    check(len(pngs) >= 2, "%d inline image/png outputs (curves, predictions)" % len(pngs))
-    check_files(out)
-    return load_records(out), out
+    pngs = [o for c in code for o in c.get("outputs", []) if "image/png" in o.get("data", {})]
+    check(len(pngs) >= 2, "%d inline image/png outputs (%s)" % (len(pngs), figures))
 
 
 def png_size(path):
@@ -607,6 +628,176 @@ def sc_hdf5(h):
     d.wait_exit()
 
 
+MEMCAP = 88 * 1024 * 1024
+
+
+def memcap_groups(job):
+    root = "/sys/fs/cgroup/memory/distdl-memcap"
+    return sorted(os.path.join(root, g) for g in os.listdir(root) if g.startswith(job + "-"))
+
+
+def group_peak(job):
+    """The peak charge of each rank's group of a memcap.sh job, in bytes, rank order."""
+    out = []
+    for g in memcap_groups(job):
+        with open(os.path.join(g, "memory.max_usage_in_bytes")) as fh:
+            out.append(int(fh.read()))
+    return out
+
+
+def group_vmhwm(job):
+    """Each rank's peak resident set (VmHWM of /proc/PID/status) of a memcap.sh job still
+    running, in bytes, rank order (the process in each rank's group)."""
+    out = []
+    for g in memcap_groups(job):
+        with open(os.path.join(g, "cgroup.procs")) as fh:
+            pids = [int(x) for x in fh.read().split()]
+        hwm = 0
+        for pid in pids:
+            with open("/proc/%d/status" % pid) as fh:
+                for line in fh:
+                    if line.startswith("VmHWM:"):
+                        hwm = max(hwm, int(line.split()[1]) * 1024)
+        out.append(hwm)
+    return out
+
+
+def memcap_run(h, size, cap, n_train, epochs, one_steps=2):
+    """The headline (issue 18 item 4) at size^3 under `cap` bytes per rank: one rank
+    refused by the estimate; one rank's steps under an 8x cap charging more than `cap`
+    (one_steps of them; 0 skips this); four ranks training from an HDF5 file. Returns the
+    figures; checks what must hold at any size."""
+    if not os.access("/sys/fs/cgroup/memory", os.W_OK):
+        raise Skip("no writable cgroup v1 memory controller (root on Debian 12 has one)")
+    sys.path.insert(0, h.examples)
+    import poisson3d
+    root = os.path.join(h.work, "data")
+    os.makedirs(root, exist_ok=True)
+    f, u = poisson3d.make(n_train + 2, size, seed=3)
+    name = "poisson%d.h5" % size
+    poisson3d.write_h5(os.path.join(root, name),
+                       {"train": (f[:n_train], u[:n_train]), "test": (f[n_train:], u[n_train:])})
+    del f, u
+    tool = os.path.join(h.source, "deploy", "memcap.sh")
+    job = "t%d" % os.getpid()
+    spec4 = volume_spec(h, "unet3d-poisson-4", size)
+    spec1 = dict(spec4, world_size=1, name="unet3d-poisson-1",
+                 partitions={"vol": {"ranks": [0], "shape": [1, 1, 1, 1, 1]}})
+    mib = cap / 2 ** 20
+    fig = {"size": size, "cap_mib": mib}
+    try:
+        d = h.start(1, ["--data-root", root], "memcap1", wrapper=[tool, str(cap)],
+                    env={"MEMCAP_JOB": job + "a"})
+        with dc.Client(d.address, call_timeout=600) as c:
+            e = expect(dc.ResourceExhausted, lambda: c.create(spec1),
+                       "the %d^3 U-Net on one rank under a %.0f MiB cap" % (size, mib),
+                       contains="spec needs an estimated")
+            check("cgroup v1" in e.message and "this rank's own" in e.message,
+                  "the message names the cap it was measured against")
+            fig["refusal"] = e.message
+            c.shutdown()
+        d.wait_exit()
+        if one_steps:
+            # It really does not fit: one rank's steps under a cap 8x larger charge more.
+            d = h.start(1, ["--data-root", root], "memcap1big", wrapper=[tool, str(8 * cap)],
+                        env={"MEMCAP_JOB": job + "c"})
+            with dc.Client(d.address, call_timeout=1800) as c:
+                c.create(spec1)
+                list(c.train(steps=one_steps, dataset=name))
+                c.shutdown()
+            d.wait_exit()
+            one = group_peak(job + "c")[0]
+            fig["one_rank_peak_mib"] = one / 2 ** 20
+            print("one rank's peak charge for %d steps: %.1f MiB" % (one_steps, one / 2 ** 20),
+                  flush=True)
+            check(one > cap, "one rank needs more than the cap: %.1f MiB" % (one / 2 ** 20))
+        d = h.start(4, ["--data-root", root], "memcap4", wrapper=[tool, str(cap)],
+                    env={"MEMCAP_JOB": job + "b"})
+        t0 = time.time()
+        with dc.Client(d.address, call_timeout=3600) as c:
+            c.create(spec4)
+            e0 = c.evaluate(dataset=name)
+            recs = list(c.train(epochs=epochs, dataset=name, progress_every=8))
+            e1 = c.evaluate(dataset=name)
+            hwm = group_vmhwm(job + "b")
+            c.shutdown()
+        d.wait_exit()
+        fig["seconds"] = time.time() - t0
+        ends = [r.mean_loss for r in recs if r.epoch_end]
+        steps = recs[-1].step
+        fig.update(steps=steps, epoch_losses=ends, rel_l2=(e0.rel_l2, e1.rel_l2))
+        print("%d^3 on 4 ranks under %.0f MiB each: %d steps, epoch mean loss %s, held-out rel "
+              "L2 %.4f -> %.4f" % (size, mib, steps, ", ".join("%.4f" % x for x in ends),
+                                   e0.rel_l2, e1.rel_l2), flush=True)
+        check(steps == epochs * (n_train // 2) and len(ends) == epochs and ends[-1] < ends[0],
+              "trains under the cap: epoch losses %s" % (ends,))
+        reads = [line for line in d.log_text().splitlines()
+                 if "data read from the file per rank (bytes):" in line]
+        check(reads, "the daemon logs the bytes each rank read")
+        per = [int(x.split()[1]) for x in reads[-1].split("(bytes):")[1].split(",")]
+        # The training samples and 2 evaluations of the 2 test samples, x and y float32.
+        whole = (steps * 2 + 2 * 2) * size ** 3 * 4 * 2
+        fig.update(bytes_per_rank=per, bytes_whole=whole)
+        check(len(per) == 4 and sum(per) == whole and all(p == whole // 4 for p in per),
+              "every rank read a quarter of each sample (its box), none the file: %s of %d"
+              % (per, whole))
+        peaks = group_peak(job + "b")
+        fig["peak_mib"] = [p / 2 ** 20 for p in peaks]
+        fig["vmhwm_mib"] = [p / 2 ** 20 for p in hwm]
+        print("per rank, peak charge (MiB): %s; peak RSS (VmHWM, shared pages included, MiB): "
+              "%s; cap %.0f MiB" %
+              (", ".join("%.1f" % (p / 2 ** 20) for p in peaks),
+               ", ".join("%.1f" % (p / 2 ** 20) for p in hwm), mib), flush=True)
+        # The cap is on the group's charge (its private memory and page cache). VmHWM also
+        # counts the shared pages every process maps (libraries, MPI's shared-memory
+        # segments), charged once to whichever group touched them first: informative only.
+        check(len(peaks) == 4 and max(peaks) < cap and len(hwm) == 4,
+              "every rank's charge stayed under the cap")
+    finally:
+        for g in memcap_groups(job + "a") + memcap_groups(job + "b") + memcap_groups(job + "c"):
+            try:
+                os.rmdir(g)
+            except OSError:
+                pass
+    return fig
+
+
+def sc_memcap(h):
+    fig = memcap_run(h, 32, MEMCAP, 16, 4)
+    check(fig["epoch_losses"][-1] < 0.5 * fig["epoch_losses"][0] and
+          fig["rel_l2"][1] < fig["rel_l2"][0],
+          "the loss halves and the held-out error falls: %s, %s" % (fig["epoch_losses"],
+                                                                    fig["rel_l2"]))
+
+
+def sc_poisson_notebook(h):
+    nbconvert = nbconvert_command()
+    root = os.path.join(h.work, "pde")
+    os.makedirs(root)
+    d = h.start(4, ["--data-root", root], "poisson-nb")
+    out = os.path.join(h.work, "poisson-out")
+    env = jupyter_env(h)
+    env.update({"DDL_ADDRESS": d.address, "DDL_DATA_ROOT": root, "DDL_OUT": out,
+                "DDL_SIZE": "16", "DDL_TRAIN": "32", "DDL_TEST": "8", "DDL_EPOCHS": "4"})
+    execute_notebook(h, nbconvert, "poisson", out, env, 200, "loss curve, slices")
+    shutdown(d)
+    for name in ("loss.png", "slices.png"):
+        w, hgt = png_size(os.path.join(out, name))
+        check(w >= 300 and hgt >= 200, "%s is a %dx%d PNG" % (name, w, hgt))
+    with open(os.path.join(out, "records.json")) as f:
+        rec = json.load(f)
+    ends = [r["mean_loss"] for r in rec["records"] if r["epoch_end"]]
+    b, a = rec["before"]["rel_l2"], rec["after"]["rel_l2"]
+    print("poisson notebook: epoch losses %s, held-out rel L2 %.4f -> %.4f, per sample %s"
+          % (["%.4f" % x for x in ends], b, a,
+             ["%.3f" % x for x in rec["per_sample_rel_l2"]]), flush=True)
+    check(len(ends) == 4 and ends[-1] < 0.5 * ends[0] and a < 0.8 * b,
+          "the surrogate learns: epoch losses %s, rel L2 %.4f -> %.4f" % (ends, b, a))
+    check(abs(rec["rel_l2_from_arrays"] - a) <= 1e-5 * a and rec["after"]["count"] == 8,
+          "the error from the predicted arrays %.7f is Evaluate's %.7f"
+          % (rec["rel_l2_from_arrays"], a))
+
+
 def sc_notebook_cli(h):
     cli = os.path.join(h.build, "bin", "distdl")
     if not os.path.exists(cli):
@@ -658,5 +849,6 @@ def sc_notebook_cli(h):
 
 if __name__ == "__main__":
     sys.exit(run_scenarios(Harness, {"binding": sc_binding, "fields": sc_fields, "hdf5": sc_hdf5,
+                                     "memcap": sc_memcap, "poisson_notebook": sc_poisson_notebook,
                                      "notebook": sc_notebook,
                                      "notebook_cli": sc_notebook_cli}))

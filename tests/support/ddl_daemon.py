@@ -34,10 +34,12 @@ SANITIZER = bool(os.environ.get("DDL_SANITIZER_BUILD"))
 
 class Daemon:
     def __init__(self, h, np, args, name, listen="127.0.0.1:0", prefix=(), mpi_flags=None,
-                 extra_mpi_flags=(), env=None):
+                 extra_mpi_flags=(), env=None, wrapper=None):
         """prefix: argv put before mpirun (e.g. ip netns exec NS); mpi_flags replace the
         harness's flags, extra_mpi_flags are added after them; env: variables added to (or
-        overriding) this process's environment for mpirun and the ranks."""
+        overriding) this process's environment for mpirun and the ranks; wrapper: argv
+        every rank runs distdld under (e.g. deploy/memcap.sh CAP), instead of
+        $DDL_DAEMON_WRAPPER."""
         self.h = h
         self.np = np
         self.dir = tempfile.mkdtemp(prefix="ddl-daemon-%s-" % name, dir=h.work)
@@ -46,7 +48,9 @@ class Daemon:
         flags = (h.mpi_flags if mpi_flags is None else list(mpi_flags)) + list(extra_mpi_flags)
         # DDL_DAEMON_WRAPPER runs every rank under a tool (tests/sanitize/valgrind_daemon.sh:
         # valgrind memcheck).
-        wrapper = shlex.split(os.environ.get("DDL_DAEMON_WRAPPER", ""))
+        if wrapper is None:
+            wrapper = shlex.split(os.environ.get("DDL_DAEMON_WRAPPER", ""))
+        wrapper = list(wrapper)
         cmd = list(prefix) + [h.mpiexec, "-np", str(np)] + flags + wrapper + [
             h.distdld, "--listen", listen, "--address-file", self.addr_file,
             "--data-root", FMNIST] + args

@@ -1,19 +1,21 @@
 #!/usr/bin/python3
-"""Generates train.py, the plain-script twin of train.ipynb, from the notebook: markdown
-cells become comments, code cells are copied as they are, in order.
+"""Generates the plain-script twin of each notebook here (train.py of train.ipynb,
+poisson.py of poisson.ipynb): markdown cells become comments, code cells are copied as
+they are, in order.
 
-  sync_script.py            rewrite train.py from train.ipynb
-  sync_script.py --check    exit 1 (and say so) when train.py is not what the notebook gives
+  sync_script.py            rewrite every twin from its notebook
+  sync_script.py --check    exit 1 (and say so) when a twin is not what its notebook gives
 
-Edit the notebook, never train.py; the test suite runs --check.
+Edit the notebooks, never the twins; the test suite runs --check.
 """
 import json
 import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+NOTEBOOKS = ("train", "poisson")
 HEADER = '''#!/usr/bin/python3
-# train.py: the plain-script twin of train.ipynb, generated from it by sync_script.py.
+# %s.py: the plain-script twin of %s.ipynb, generated from it by sync_script.py.
 # Do not edit: edit the notebook, then run `python3 sync_script.py`.
 '''
 
@@ -21,7 +23,8 @@ HEADER = '''#!/usr/bin/python3
 def script(nb_path):
     with open(nb_path) as f:
         nb = json.load(f)
-    parts = [HEADER]
+    name = os.path.splitext(os.path.basename(nb_path))[0]
+    parts = [HEADER % (name, name)]
     for cell in nb["cells"]:
         src = "".join(cell["source"]).rstrip("\n")
         if cell["cell_type"] == "markdown":
@@ -33,28 +36,31 @@ def script(nb_path):
 
 
 def main(argv):
-    nb_path = os.path.join(HERE, "train.ipynb")
-    py_path = os.path.join(HERE, "train.py")
-    want = script(nb_path)
-    if argv[1:] == ["--check"]:
-        try:
-            with open(py_path) as f:
-                have = f.read()
-        except FileNotFoundError:
-            have = None
-        if have != want:
-            print("%s is out of date with %s: run %s" % (py_path, nb_path, __file__))
-            return 1
-        print("%s matches %s" % (py_path, nb_path))
-        return 0
-    if argv[1:]:
+    if argv[1:] not in ([], ["--check"]):
         print("usage: sync_script.py [--check]", file=sys.stderr)
         return 2
-    with open(py_path, "w") as f:
-        f.write(want)
-    os.chmod(py_path, 0o755)
-    print("wrote", py_path)
-    return 0
+    stale = 0
+    for name in NOTEBOOKS:
+        nb_path = os.path.join(HERE, name + ".ipynb")
+        py_path = os.path.join(HERE, name + ".py")
+        want = script(nb_path)
+        if argv[1:] == ["--check"]:
+            try:
+                with open(py_path) as f:
+                    have = f.read()
+            except FileNotFoundError:
+                have = None
+            if have != want:
+                print("%s is out of date with %s: run %s" % (py_path, nb_path, __file__))
+                stale += 1
+            else:
+                print("%s matches %s" % (py_path, nb_path))
+            continue
+        with open(py_path, "w") as f:
+            f.write(want)
+        os.chmod(py_path, 0o755)
+        print("wrote", py_path)
+    return 1 if stale else 0
 
 
 if __name__ == "__main__":

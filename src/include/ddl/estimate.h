@@ -37,8 +37,10 @@ typedef struct ddl_mem_estimate {
 DDL_EXTERN ddl_status ddl_spec_estimate(const ddl_spec_t *spec, ddl_mem_estimate *out);
 
 // Bytes available to one rank: DDL_MEMORY_LIMIT (bytes per rank, suffixes K/M/G allowed)
-// when set; otherwise MemAvailable (/proc/meminfo), or the cgroup's memory.max minus
-// memory.current when lower, divided by ranks_on_host. `how` (may be NULL) receives a short
+// when set; otherwise MemAvailable (/proc/meminfo) divided by ranks_on_host, or when lower
+// the cgroup's memory.max minus memory.current (v2) divided by ranks_on_host, or the v1
+// memory group's memory.limit_in_bytes minus memory.usage_in_bytes (deploy/memcap.sh puts
+// each rank in a group of its own: then not divided). `how` (may be NULL) receives a short
 // description of where the figure came from. Returns -1 when nothing could be read.
 DDL_EXTERN double ddl_mem_available(int ranks_on_host, char *how, size_t howlen);
 

@@ -15,7 +15,9 @@
 //    extent, N that differs between x and y, a train group without a test group; an
 //    allocation that fails on the last rank only;
 //  - a NaN under one rank's box only: the Train stops on every rank with the same
-//    status, before the step, and training goes on from the good file afterwards.
+//    status, before the step, and training goes on from the good file afterwards;
+//  - resumable: a checkpoint mid-epoch restored into a new session on the same file goes
+//    on with the same losses, bitwise (one machine, one kernel path).
 #include <hdf5.h>
 #include <math.h>
 #include <stdio.h>
@@ -314,6 +316,40 @@ static void refused(ddl_session_t *s, const char *file, ddl_status want, const c
     ASSERT_OK(ddl_session_train(s, &req, NULL, NULL, NULL));
 }
 
+// Resumable as any data: a checkpoint after 3 steps (mid-epoch), restored into a new
+// session that reopens the file, continues with the same losses as the run it came from.
+static void resumes(const char *text)
+{
+    char good[512], ck[512];
+    path_of("good.h5", good, sizeof good);
+    path_of("ck", ck, sizeof ck);
+    double            ref[6], got[6];
+    ddl_train_request req = {.steps = 3};
+    ddl_session_t    *s = NULL, *r = NULL;
+    ASSERT_OK(ddl_session_create(MPI_COMM_WORLD, text, "h5.json", NULL, &s));
+    ASSERT_OK(ddl_session_open_data(s, ddl_test_rank == 0 ? good : NULL));
+    ASSERT_OK(ddl_session_train(s, &req, ddl_test_rank == 0 ? record : NULL, ref, NULL));
+    int64_t step = -1;
+    ASSERT_OK(ddl_session_save(s, ddl_test_rank == 0 ? ck : NULL, &step));
+    ASSERT_EQ(step, 3);
+    ASSERT_OK(ddl_session_train(s, &req, ddl_test_rank == 0 ? record : NULL, ref, NULL));
+    ddl_session_destroy(&s);
+    ASSERT_OK(ddl_session_create(MPI_COMM_WORLD, text, "h5.json", NULL, &r));
+    ASSERT_OK(ddl_session_open_data(r, ddl_test_rank == 0 ? good : NULL));
+    ASSERT_OK(ddl_session_restore(r, ddl_test_rank == 0 ? ck : NULL, -1));
+    ddl_cursor c = ddl_session_cursor(r);
+    ASSERT_TRUE(c.epoch == 0 && c.batch == 3);
+    ASSERT_OK(ddl_session_train(r, &req, ddl_test_rank == 0 ? record : NULL, got, NULL));
+    if (ddl_test_rank == 0) {
+        for (int i = 3; i < 6; i++) {
+            ASSERT_TRUE(got[i] == ref[i]); // the same path on the same machine: bitwise
+        }
+        printf("np %d: resumed at step 3 (epoch 0, batch 3): steps 4-6 bitwise as before\n",
+               size);
+    }
+    ddl_session_destroy(&r);
+}
+
 static void bad_files(const char *text, const char *split)
 {
     ddl_session_t *s = NULL;
@@ -409,6 +445,7 @@ int main(int argc, char **argv)
                                     : "[1, 1, 2, 2, 1]";
     char       *text  = spec_text(size, split, "mse");
     same_as_inline(text);
+    resumes(text);
     bad_files(text, split);
     free(text);
     MPI_Barrier(MPI_COMM_WORLD);

@@ -10,9 +10,12 @@ against a 2-rank distdld with LeNet-5, driven from Debian's python3-grpcio:
              good call succeeds; a call whose deadline passes while it waits for batch-mates
              gets DEADLINE_EXCEEDED alone and is counted in dropped_calls; --dynamic-batching
              off answers the same bits one command per call.
-  train      Predicts sent in a loop during a 60-step Train are answered at step boundaries
-             (each within a few steps' time, not after the Train; latency reported), and
-             the Train's 60 losses are bit for bit those of the same Train with no
+  train      Predicts sent in a loop during a 200-step Train are answered at step boundaries
+             (each within a few steps' time, not after the Train; latency reported; with
+             --serve-during-train-share 100, so that every boundary may answer: under the
+             default 5 % the count of answers depends on how fast a step is, and trainshare
+             tests the budget), and
+             the Train's 200 losses are bit for bit those of the same Train with no
              predictions (the model re-created from its spec in between).
   trainoff   --serve-during-train off: a Predict during a Train waits for the whole Train.
   trainsolo  --dynamic-batching off: calls answered at a Train's step boundaries still run one
@@ -24,11 +27,10 @@ against a 2-rank distdld with LeNet-5, driven from Debian's python3-grpcio:
 
   serving_test.py --build B --source S --mpiexec M --mpi-flags F SCENARIO
 """
-import math
+import json
 import os
 import subprocess
 import random
-import struct
 import sys
 import threading
 import time
@@ -207,6 +209,39 @@ def train_losses(f, steps):
     return losses
 
 
+# The predictor of sc_train, run as `python3 -c PREDICTOR ADDRESS PATH`: reads the request
+# (hex) from stdin, answers "ready" after its first good call, then calls in a closed loop
+# until stdin closes, and prints {"calls": [[start, seconds], ...], "err": ...} (start on
+# time.perf_counter's clock, CLOCK_MONOTONIC, which the parent shares).
+PREDICTOR = r"""
+import json, sys, threading, time
+import grpc
+addr, path = sys.argv[1], sys.argv[2]
+req = bytes.fromhex(sys.stdin.readline().strip())
+call = grpc.insecure_channel(addr).unary_unary(path)
+stop, calls, err = threading.Event(), [], []
+def closed():
+    sys.stdin.read()
+    stop.set()
+threading.Thread(target=closed, daemon=True).start()
+first = True
+while not stop.is_set():
+    s = time.perf_counter()
+    try:
+        call(req, timeout=60)
+    except grpc.RpcError as e:
+        err.append("%s %s" % (e.code().name, e.details()))
+        break
+    calls.append([s, time.perf_counter() - s])
+    if first:
+        print("ready", flush=True)
+        first = False
+if first:
+    print("failed: " + "; ".join(err), flush=True)
+print(json.dumps({"calls": calls, "err": "; ".join(err)}), flush=True)
+"""
+
+
 def recreate(f):
     spec = open(f.h.spec("lenet5-2.json")).read()
     code, details, _ = f.raw.call(TR + "CreateModel", f.tr.CreateModelRequest(
@@ -217,8 +252,14 @@ def recreate(f):
 
 def sc_train(h):
     bad = []
-    steps = 60
-    f = Fixture(h, "train", [])
+    # 200 steps (0.35-0.6 s): long enough that a call answered within a few steps and
+    # one held to the Train's end differ by far more than the hosts' scheduling noise
+    # (callers stalled 25-50 ms at times on a 2-core host with both ranks busy).
+    steps = 200
+    # Share 100: every boundary may answer. Under the default share of 5 % a 1.8 ms step
+    # (Zen 5) leaves room for only ~12 interludes in 60 steps, a property of the budget
+    # (trainshare's test), not of the boundaries tested here.
+    f = Fixture(h, "train", ["--serve-during-train-share", "100"])
     rnd = random.Random(9)
     x1 = f.predict_req([rnd.uniform(-1, 1) for _ in range(SAMPLE)])
     # The same start for both runs: a new model, and one step that opens the dataset (a
@@ -231,24 +272,30 @@ def sc_train(h):
     t_quiet = time.perf_counter() - t0
     recreate(f)
     train_losses(f, 1)
-    lat, stop = [], threading.Event()
-    state = {}
-
-    def predictor():
-        while not stop.is_set():
-            s = time.perf_counter()
-            code, details, out = f.call("p", x1, timeout=60)
-            if code != SC.OK:
-                state["err"] = "%s %s" % (code.name, details)
-                return
-            lat.append(time.perf_counter() - s)
-    th = threading.Thread(target=predictor)
+    # The predictor is a process of its own: in one Python process, grpcio's client at
+    # times delivered an answer that had reached the socket 30-100 ms late while the same
+    # process read the Train's stream (seen on a capture of loopback, Zen 5: the daemon
+    # answered within a step), which measured the client, not the boundaries.
+    pred = subprocess.Popen([sys.executable, "-c", PREDICTOR, f.d.address, TR + "Predict"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    pred.stdin.write(x1.hex() + "\n")
+    pred.stdin.flush()
+    ready = pred.stdout.readline().strip()
+    if ready != "ready":
+        pred.kill()
+        raise Failure("the predictor process did not start: %r" % ready)
     t0 = time.perf_counter()
-    th.start()
     busy = train_losses(f, steps)
     t_busy = time.perf_counter() - t0
-    stop.set()
-    th.join(60)
+    try:
+        out, _ = pred.communicate(timeout=60)  # closes its stdin: the predictor stops
+    except subprocess.TimeoutExpired:
+        pred.kill()
+        raise Failure("the predictor process did not stop")
+    res = json.loads(out)
+    state = {"err": res["err"]} if res.get("err") else {}
+    # The calls that started while the Train ran.
+    lat = [l for s0, l in res["calls"] if t0 <= s0 < t0 + t_busy]
     m = f.metrics()
     step_ms = t_quiet / steps * 1e3
     print("Train of %d steps: %.1f ms per step alone, %.1f ms with predictions; %d Predicts "
@@ -262,10 +309,15 @@ def sc_train(h):
         diff = [i for i in range(min(len(quiet), len(busy))) if quiet[i] != busy[i]]
         bad.append("the losses differ with interleaved predictions (%d and %d records; first "
                    "differing step %s)" % (len(quiet), len(busy), diff[:1]))
-    # Answered between steps, not after the Train: many answers, none near the Train's length.
-    if len(lat) < steps / 4 or max(lat or [1e9]) > max(0.5 * t_quiet, 20 * step_ms / 1e3):
-        bad.append("%d Predicts during %d steps, slowest %.1f ms (Train %.0f ms)" %
-                   (len(lat), steps, max(lat or [0]) * 1e3, t_quiet * 1e3))
+    # Answered between steps, not after the Train: many answers, the median within a few
+    # steps, none as long as the Train. (Only these: a 2-core host with both ranks busy
+    # leaves the caller unscheduled for up to ~0.1 s at times, so the slowest call measures
+    # the host's scheduler; a call held to the Train's end would show in all three.)
+    p50 = percentile(lat, 50)
+    if (len(lat) < steps / 4 or p50 > max(5 * step_ms / 1e3, 0.010) or
+            max(lat or [1e9]) >= t_quiet):
+        bad.append("%d Predicts during %d steps, median %.1f ms, slowest %.1f ms (Train %.0f ms)"
+                   % (len(lat), steps, p50 * 1e3, max(lat or [0]) * 1e3, t_quiet * 1e3))
     if m.get("distdl_inference_interleaved_total", 0) < 1:
         bad.append("no interleaved command counted")
     f.finish()

@@ -712,16 +712,14 @@ static const void *target_data(ddld_dispatch *d, const Distdl__V1__Batch *b, siz
     }
     if (same) {
         memcpy(o, t->raw.data, *bytes);
-    } else if (mi->dtype == DDL_F64) { // FP32 values for an FP64 model
-        for (size_t i = 0; i < numel; i++) {
-            float v;
-            memcpy(&v, t->raw.data + i * 4, 4);
+        return o;
+    }
+    // FP32 values for an FP64 model, or FP64 values for an FP32 one.
+    for (size_t i = 0; i < numel; i++) {
+        double v = ddl_value_at(t->raw.data, (int64_t)i, item == 8 ? 4 : 8);
+        if (item == 8) {
             ((double *)o)[i] = v;
-        }
-    } else { // FP64 values for an FP32 model
-        for (size_t i = 0; i < numel; i++) {
-            double v;
-            memcpy(&v, t->raw.data + i * 8, 8);
+        } else {
             ((float *)o)[i] = (float)v;
         }
     }

@@ -83,4 +83,14 @@ int ddl_test_each_file(const char *dir, const char *suffix, int (*fn)(const char
 // of P. Returns buf.
 char *ddl_test_rank_list(int P, char *buf, size_t len);
 
+// A spec of a world of P ranks whose 1-channel volume vol[0] x vol[1] x vol[2] is split as
+// `split` (partition "vol"): `layers` (JSON objects, comma-separated) and `rest` (the
+// spec's remaining keys: loss, optimizer, data) around the common head. Malloc'd (free
+// it); fails the test when it does not fit in 4 KiB.
+char *ddl_test_vol_spec(int P, const char *split, int seed, const char *dtype, int batch,
+                        const int vol[3], const char *layers, const char *rest);
+// The 3-D regression chain of the dense-target tests: conv3d to 4 channels, tanh, conv3d
+// to 1 channel (3x3x3, padding 1), for ddl_test_vol_spec's `layers`.
+extern const char *const ddl_test_conv3d_pair;
+
 #endif // DDL_TEST_H

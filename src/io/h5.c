@@ -63,17 +63,6 @@ static const char *split_name(const ddl_h5 *h, int split)
     return h->shared ? "" : split == 0 ? "train/" : "test/";
 }
 
-static void shape_text(const hsize_t *d, int n, char *buf, size_t len)
-{
-    size_t o = (size_t)snprintf(buf, len, "[");
-    for (int i = 0; i < n && o < len; i++) {
-        o += (size_t)snprintf(buf + o, len - o, i ? ", %llu" : "%llu", (unsigned long long)d[i]);
-    }
-    if (o < len) {
-        snprintf(buf + o, len - o, "]");
-    }
-}
-
 // Opens and checks dataset `name` ("x" or "y", under `group`) against the sample shape.
 static ddl_status open_dataset(ddl_h5 *h, h5_set *s, int which, const char *group,
                                const ddl_shape *sample)
@@ -122,9 +111,18 @@ static ddl_status open_dataset(ddl_h5 *h, h5_set *s, int which, const char *grou
         fit         = fit && dims[d + 1] == want[d + 1];
     }
     if (!fit) {
-        char e[160], g[160];
-        shape_text(want, sample->ndim + 1, e, sizeof e);
-        shape_text(dims, nd, g, sizeof g);
+        char    e[160], g[160];
+        int64_t we[DDL_MAX_DIMS + 1], ge[H5S_MAX_RANK];
+        for (int d = 0; d < nd || d <= sample->ndim; d++) {
+            if (d <= sample->ndim) {
+                we[d] = (int64_t)want[d];
+            }
+            if (d < nd) {
+                ge[d] = (int64_t)dims[d];
+            }
+        }
+        ddl_shape_text(we, (size_t)sample->ndim + 1, e, sizeof e);
+        ddl_shape_text(ge, (size_t)nd, g, sizeof g);
         return ddl_set_error(DDL_EPROTO,
                              "data %s: dataset \"%s\": expected shape %s (N, then the model's "
                              "%s), got %s",
@@ -281,18 +279,6 @@ uint64_t ddl_h5_bytes_read(const ddl_h5 *h)
     return h != NULL ? h->bytes_read : 0;
 }
 
-// The first non-finite of n values, or -1.
-static int64_t first_nonfinite(const void *p, int64_t n, ddl_dtype dt)
-{
-    for (int64_t i = 0; i < n; i++) {
-        double v = dt == DDL_F32 ? ((const float *)p)[i] : ((const double *)p)[i];
-        if (!isfinite(v)) {
-            return i;
-        }
-    }
-    return -1;
-}
-
 ddl_status ddl_h5_read(ddl_h5 *h, int split, int which, const int64_t *idx, int64_t count,
                        int64_t rows, const ddl_box *box, ddl_dtype dt, void *dst)
 {
@@ -352,9 +338,9 @@ ddl_status ddl_h5_read(ddl_h5 *h, int split, int which, const int64_t *idx, int6
                                h5_reason(why));
         } else if (mine) {
             h->bytes_read += (uint64_t)slab * s->fsize[which];
-            int64_t bad = first_nonfinite(row, slab, dt);
+            int64_t bad = ddl_first_nonfinite(row, slab, es);
             if (bad >= 0) {
-                double v = dt == DDL_F32 ? ((float *)row)[bad] : ((double *)row)[bad];
+                double v = ddl_value_at(row, bad, es);
                 st       = ddl_set_error(DDL_EINVAL,
                                          "data %s: %s%s sample %lld holds %s (value %lld of this "
                                                "rank's box): expected finite values",

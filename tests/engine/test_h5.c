@@ -36,25 +36,15 @@ enum { B = 3, D = 8, H = 6, W = 4, V = D * H * W, NTR = 12, NTE = 5, STEPS = 4 }
 static int  size;
 static char dir[256];
 
+// The dense-target chain on the volume, f64, Adam; `loss` by name.
 static char *spec_text(int P, const char *split, const char *loss)
 {
-    char  ranks[64];
-    char *t = malloc(4096);
-    ddl_test_rank_list(P, ranks, sizeof ranks);
-    snprintf(t, 4096,
-             "{\"world_size\": %d, \"seed\": 5, \"dtype\": \"f64\", \"batch_size\": %d,\n"
-             " \"input\": {\"shape\": [1, %d, %d, %d], \"partition\": \"vol\"},\n"
-             " \"partitions\": {\"vol\": {\"ranks\": [%s], \"shape\": %s}},\n"
-             " \"layers\": [\n"
-             "  {\"type\": \"conv3d\", \"out_channels\": 4, \"kernel\": [3, 3, 3], "
-             "\"padding\": [1, 1, 1]},\n"
-             "  {\"type\": \"tanh\"},\n"
-             "  {\"type\": \"conv3d\", \"out_channels\": 1, \"kernel\": [3, 3, 3], "
-             "\"padding\": [1, 1, 1]}],\n"
-             " \"loss\": {\"type\": \"%s\"},\n"
-             " \"optimizer\": {\"type\": \"adam\", \"lr\": 0.01}}\n",
-             P, B, D, H, W, ranks, split, loss);
-    return t;
+    const int vol[3] = {D, H, W};
+    char      rest[256];
+    snprintf(rest, sizeof rest,
+             " \"loss\": {\"type\": \"%s\"},\n \"optimizer\": {\"type\": \"adam\", \"lr\": 0.01}",
+             loss);
+    return ddl_test_vol_spec(P, split, 5, "f64", B, vol, ddl_test_conv3d_pair, rest);
 }
 
 // Sample i's input (a smooth field) and target (its pointwise square, a nonlinear map

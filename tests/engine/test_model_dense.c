@@ -53,26 +53,17 @@ static const kind kinds[] = {
 // volume is split as `split`; SGD so that a step is -lr times the gradient.
 static char *spec_text(int P, const char *split, const kind *k)
 {
-    char  ranks[64];
-    char *t = malloc(4096);
-    ddl_test_rank_list(P, ranks, sizeof ranks);
-    snprintf(t, 4096,
-             "{\"world_size\": %d, \"seed\": 3, \"dtype\": \"f64\", \"batch_size\": %d,\n"
-             " \"input\": {\"shape\": [1, %d, %d, %d], \"partition\": \"vol\"},\n"
-             " \"partitions\": {\"vol\": {\"ranks\": [%s], \"shape\": %s}},\n"
-             " \"layers\": [\n"
-             "  {\"type\": \"conv3d\", \"out_channels\": 4, \"kernel\": [3, 3, 3], "
-             "\"padding\": [1, 1, 1]},\n"
-             "  {\"type\": \"tanh\"},\n"
-             "  {\"type\": \"conv3d\", \"out_channels\": 1, \"kernel\": [3, 3, 3], "
-             "\"padding\": [1, 1, 1]}%s],\n"
+    const int vol[3] = {D, H, W};
+    char      layers[512], rest[512];
+    snprintf(layers, sizeof layers, "%s%s", ddl_test_conv3d_pair,
+             k->sigmoid ? ", {\"type\": \"sigmoid\"}" : "");
+    snprintf(rest, sizeof rest,
              " \"loss\": %s,\n"
              " \"optimizer\": {\"type\": \"sgd\", \"lr\": %g},\n"
              " \"data\": {\"synthetic\": {\"kind\": \"shapes3d\", \"train\": 12, \"test\": 5, "
-             "\"noise\": 0.2}, \"target\": \"%s\"}}\n",
-             P, B, D, H, W, ranks, split, k->sigmoid ? ", {\"type\": \"sigmoid\"}" : "",
+             "\"noise\": 0.2}, \"target\": \"%s\"}",
              k->loss_json, LR, k->mask ? "mask" : "clean");
-    return t;
+    return ddl_test_vol_spec(P, split, 3, "f64", B, vol, layers, rest);
 }
 
 static ddl_model_t *make_model(MPI_Comm comm, const char *text)

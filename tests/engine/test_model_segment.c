@@ -25,14 +25,9 @@ enum { B = 3, C = 3, D = 8, H = 6, W = 5, V = D * H * W };
 // world of P ranks whose volume is split as `split` ([1, 1, a, b, c]).
 static char *spec_text(int P, const char *split, const char *dtype)
 {
-    char  ranks[64];
-    char *t         = malloc(4096);
-    ddl_test_rank_list(P, ranks, sizeof ranks);
-    snprintf(t, 4096,
-             "{\"world_size\": %d, \"seed\": 5, \"dtype\": \"%s\", \"batch_size\": %d,\n"
-             " \"input\": {\"shape\": [1, %d, %d, %d], \"partition\": \"vol\"},\n"
-             " \"partitions\": {\"vol\": {\"ranks\": [%s], \"shape\": %s}},\n"
-             " \"layers\": [\n"
+    const int vol[3] = {D, H, W};
+    char      layers[1024];
+    snprintf(layers, sizeof layers,
              "  {\"type\": \"conv3d\", \"out_channels\": 4, \"kernel\": [3, 3, 3], "
              "\"padding\": [1, 1, 1]},\n"
              "  {\"type\": \"batchnorm\"}, {\"type\": \"relu\"},\n"
@@ -40,13 +35,13 @@ static char *spec_text(int P, const char *split, const char *dtype)
              "  {\"type\": \"conv3d\", \"out_channels\": 4, \"kernel\": [3, 3, 3], "
              "\"padding\": [1, 1, 1]},\n"
              "  {\"type\": \"upsample\", \"mode\": \"linear\", \"size\": [%d, %d, %d]},\n"
-             "  {\"type\": \"conv3d\", \"out_channels\": %d, \"kernel\": [1, 1, 1]}],\n"
-             " \"loss\": {\"type\": \"cross_entropy\"},\n"
-             " \"optimizer\": {\"type\": \"adam\", \"lr\": 0.01},\n"
-             " \"data\": {\"synthetic\": {\"kind\": \"shapes3d\", \"train\": 12, \"test\": 5, "
-             "\"noise\": 0.2}}}\n",
-             P, dtype, B, D, H, W, ranks, split, D, H, W, C);
-    return t;
+             "  {\"type\": \"conv3d\", \"out_channels\": %d, \"kernel\": [1, 1, 1]}",
+             D, H, W, C);
+    return ddl_test_vol_spec(P, split, 5, dtype, B, vol, layers,
+                             " \"loss\": {\"type\": \"cross_entropy\"},\n"
+                             " \"optimizer\": {\"type\": \"adam\", \"lr\": 0.01},\n"
+                             " \"data\": {\"synthetic\": {\"kind\": \"shapes3d\", \"train\": "
+                             "12, \"test\": 5, \"noise\": 0.2}}");
 }
 
 static ddl_model_t *make_model(MPI_Comm comm, const char *text)

@@ -78,3 +78,31 @@ char *ddl_test_rank_list(int P, char *buf, size_t len)
     }
     return buf;
 }
+
+char *ddl_test_vol_spec(int P, const char *split, int seed, const char *dtype, int batch,
+                        const int vol[3], const char *layers, const char *rest)
+{
+    char  ranks[64];
+    char *t = malloc(4096);
+    if (t == NULL) {
+        TEST_FAIL_("out of memory for a spec");
+    }
+    ddl_test_rank_list(P, ranks, sizeof ranks);
+    int n = snprintf(t, 4096,
+                     "{\"world_size\": %d, \"seed\": %d, \"dtype\": \"%s\", \"batch_size\": %d,\n"
+                     " \"input\": {\"shape\": [1, %d, %d, %d], \"partition\": \"vol\"},\n"
+                     " \"partitions\": {\"vol\": {\"ranks\": [%s], \"shape\": %s}},\n"
+                     " \"layers\": [\n%s],\n%s}\n",
+                     P, seed, dtype, batch, vol[0], vol[1], vol[2], ranks, split, layers, rest);
+    if (n < 0 || n >= 4096) {
+        TEST_FAIL_("a spec of %d bytes does not fit in 4096", n);
+    }
+    return t;
+}
+
+const char *const ddl_test_conv3d_pair =
+    "  {\"type\": \"conv3d\", \"out_channels\": 4, \"kernel\": [3, 3, 3], "
+    "\"padding\": [1, 1, 1]},\n"
+    "  {\"type\": \"tanh\"},\n"
+    "  {\"type\": \"conv3d\", \"out_channels\": 1, \"kernel\": [3, 3, 3], "
+    "\"padding\": [1, 1, 1]}";

@@ -68,6 +68,15 @@ DDL_EXTERN void ddl_log(ddl_log_level level, const char *fmt, ...) __attribute__
 // it names a directory and a URL path segment.
 DDL_EXTERN bool ddl_name_is_portable(const char *name, size_t max_len);
 
+// ---- values and shapes in messages -------------------------------------------
+// The index of the first of n floating-point values of `item` bytes (4: float, 8: double;
+// unaligned is fine) that is NaN or +-Inf, or -1. No allocation.
+DDL_EXTERN int64_t ddl_first_nonfinite(const void *values, int64_t n, size_t item);
+// Value i of such an array, as a double.
+DDL_EXTERN double ddl_value_at(const void *values, int64_t i, size_t item);
+// "[a, b, c]" of n extents into buf (truncated to len).
+DDL_EXTERN void ddl_shape_text(const int64_t *d, size_t n, char *buf, size_t len);
+
 // ---- errors ----------------------------------------------------------------
 // Records an error message for this thread and returns code; used by DDL_REQUIRE.
 DDL_EXTERN ddl_status ddl_set_error(ddl_status code, const char *fmt, ...)

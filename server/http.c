@@ -38,6 +38,7 @@
 
 #include "auth.h"
 #include "ddl/base.h"
+#include "ddl/format.h"
 #include "http.h"
 #include "inference/grpc_service.pb-c.h"
 #include "listen.h"
@@ -58,6 +59,11 @@ static struct {
     pthread_mutex_t         mu; // outstanding
     pthread_cond_t          cv;
     int                     outstanding; // submitted calls not answered yet
+    // DDLD_HTTP_JSON=tree in the environment: every infer body through jansson's tree (the
+    // tests' and the benchmark's reference for the data-span fast path)
+    bool tree_only;
+    // the answer to a request whose own state could not be allocated
+    struct MHD_Response *oom;
 } h = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
 
 // One HTTP request.
@@ -571,39 +577,55 @@ static bool param_bool(json_t *params, const char *key, bool *out, char *err, si
     return true;
 }
 
-// The body as a ModelInferRequest (packed, then decoded by the gRPC path's decoder, so it
-// owns its memory as every request does). NULL: *status and the error are set.
-static ProtobufCMessage *infer_request(struct req *r, unsigned int *status, char *err,
-                                       size_t errlen)
+// The JSON contents type of a datatype, for ddl_fmt_jdata_convert; false: none (BOOL,
+// BYTES, unknown: the tree path reads or refuses them).
+static bool jdata_type(const char *dt, ddl_fmt_jtype *t)
 {
-    *status          = MHD_HTTP_BAD_REQUEST;
-    size_t      jlen = r->len;
-    const char *hdr =
-        MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Inference-Header-Content-Length");
-    if (hdr != NULL) {
-        char              *end;
-        unsigned long long v = strtoull(hdr, &end, 10);
-        if (hdr[0] < '0' || hdr[0] > '9' || *end != '\0' || v > r->len) {
-            snprintf(err, errlen,
-                     "Inference-Header-Content-Length: \"%.32s\" is not a length within the "
-                     "%zu-byte body",
-                     hdr, r->len);
-            return NULL;
+    static const struct {
+        const char   *dt;
+        ddl_fmt_jtype t;
+    } types[] = {
+        {"FP32", DDL_FMT_J_F32},  {"FP64", DDL_FMT_J_F64},  {"INT64", DDL_FMT_J_I64},
+        {"UINT64", DDL_FMT_J_U64}, {"INT8", DDL_FMT_J_I32},  {"INT16", DDL_FMT_J_I32},
+        {"INT32", DDL_FMT_J_I32},  {"UINT8", DDL_FMT_J_U32}, {"UINT16", DDL_FMT_J_U32},
+        {"UINT32", DDL_FMT_J_U32},
+    };
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        if (strcmp(dt, types[i].dt) == 0) {
+            *t = types[i].t;
+            return true;
         }
-        jlen = (size_t)v;
     }
-    json_error_t je;
-    json_t *root = json_loadb(r->body != NULL ? r->body : "", jlen, JSON_REJECT_DUPLICATES, &je);
-    if (root == NULL && json_error_code(&je) == json_error_out_of_memory) {
-        *status = MHD_HTTP_INTERNAL_SERVER_ERROR;
-        snprintf(err, errlen, "out of memory for the JSON request");
-        return NULL;
+    return false;
+}
+
+// Input i's data from its span of the JSON text (the tree holds 0 there): into fl, as
+// flatten would have put it. false: declined (the caller takes the tree path).
+static bool span_data(struct flat *fl, const char *jtext, ddl_fmt_jspan span)
+{
+    ddl_fmt_jtype t;
+    if (!jdata_type(fl->dt, &t)) {
+        return false;
     }
-    if (root == NULL) {
-        snprintf(err, errlen, "malformed JSON at line %d, column %d: %s", je.line, je.column,
-                 je.text);
-        return NULL;
+    size_t cap = ddl_fmt_jdata_count(jtext, span);
+    fl->v      = ddl_malloc((cap > 0 ? cap : 1) * fl->es);
+    if (fl->v == NULL) {
+        return false; // the tree path reports the shortage
     }
+    fl->cap = cap;
+    return ddl_fmt_jdata_convert(jtext, span, t, fl->v, cap, &fl->n) == 0;
+}
+
+// The request's tree (root) as a ModelInferRequest (packed, then decoded by the gRPC path's
+// decoder, so it owns its memory as every request does). spans (or NULL): the data arrays
+// read from jtext, blanked to 0 in the tree. NULL: *status and the error are set, or with
+// spans, *declined: a data array the spans cannot give as the tree would (the caller then
+// builds the request from the whole tree).
+static ProtobufCMessage *build_infer(struct req *r, json_t *root, size_t jlen,
+                                     const ddl_fmt_jspan *spans, const char *jtext,
+                                     unsigned int *status, char *err, size_t errlen,
+                                     bool *declined)
+{
     ProtobufCMessage                              *m = NULL;
     Inference__ModelInferRequest                   q = INFERENCE__MODEL_INFER_REQUEST__INIT;
     Inference__ModelInferRequest__InferInputTensor in[MAX_INPUTS], *inp[MAX_INPUTS];
@@ -713,8 +735,19 @@ static ProtobufCMessage *infer_request(struct req *r, unsigned int *status, char
             goto out;
         }
         struct flat fl = {.dt = in[i].datatype, .es = es};
-        bool        ok = flatten(&fl, data, 0);
-        owned[i]       = fl.v;
+        bool        ok;
+        if (spans != NULL && spans[i].end > spans[i].begin) {
+            ok       = span_data(&fl, jtext, spans[i]);
+            owned[i] = fl.v;
+            if (!ok) {
+                *declined = true;
+                nin++;
+                goto out;
+            }
+        } else {
+            ok       = flatten(&fl, data, 0);
+            owned[i] = fl.v;
+        }
         if (!ok) {
             // A path for the request's mistakes (inputs[0].data[3]: ...), a sentence for
             // a shortage of the server's.
@@ -783,6 +816,77 @@ out:
         ddl_free(in[i].shape);
         ddl_free(owned[i]);
     }
+    return m;
+}
+
+// The body as a ModelInferRequest. NULL: *status and the error are set.
+//
+// The fast way first: the data arrays are read straight from the text (ddl_fmt_jdata_spans)
+// and blanked in a copy that jansson then parses, so it builds no object per number. Its
+// result is taken only when it succeeds; a text it declines, a copy jansson refuses, and
+// any error of the request are all done again from the whole body, the slow way, so the
+// answer and every error message are those of the slow way.
+static ProtobufCMessage *infer_request(struct req *r, unsigned int *status, char *err,
+                                       size_t errlen)
+{
+    *status          = MHD_HTTP_BAD_REQUEST;
+    size_t      jlen = r->len;
+    const char *hdr =
+        MHD_lookup_connection_value(r->conn, MHD_HEADER_KIND, "Inference-Header-Content-Length");
+    if (hdr != NULL) {
+        char              *end;
+        unsigned long long v = strtoull(hdr, &end, 10);
+        if (hdr[0] < '0' || hdr[0] > '9' || *end != '\0' || v > r->len) {
+            snprintf(err, errlen,
+                     "Inference-Header-Content-Length: \"%.32s\" is not a length within the "
+                     "%zu-byte body",
+                     hdr, r->len);
+            return NULL;
+        }
+        jlen = (size_t)v;
+    }
+    const char   *text = r->body != NULL ? r->body : "";
+    ddl_fmt_jspan spans[MAX_INPUTS];
+    bool          any = false;
+    if (!h.tree_only && ddl_fmt_jdata_spans(text, jlen, spans, MAX_INPUTS) == 0) {
+        for (size_t i = 0; i < MAX_INPUTS; i++) {
+            any = any || spans[i].end > spans[i].begin;
+        }
+    }
+    char *copy = any ? ddl_malloc(jlen + 1) : NULL;
+    if (copy != NULL) {
+        memcpy(copy, text, jlen);
+        for (size_t i = 0; i < MAX_INPUTS; i++) {
+            ddl_fmt_jdata_blank(copy, spans[i]);
+        }
+        json_t *root = json_loadb(copy, jlen, JSON_REJECT_DUPLICATES, NULL);
+        if (root != NULL) {
+            bool              declined = false;
+            ProtobufCMessage *m =
+                build_infer(r, root, jlen, spans, text, status, err, errlen, &declined);
+            json_decref(root);
+            if (m != NULL) {
+                ddl_free(copy);
+                return m;
+            }
+        }
+        ddl_free(copy);
+        *status = MHD_HTTP_BAD_REQUEST;
+    }
+    json_error_t je;
+    json_t      *root = json_loadb(text, jlen, JSON_REJECT_DUPLICATES, &je);
+    if (root == NULL && json_error_code(&je) == json_error_out_of_memory) {
+        *status = MHD_HTTP_INTERNAL_SERVER_ERROR;
+        snprintf(err, errlen, "out of memory for the JSON request");
+        return NULL;
+    }
+    if (root == NULL) {
+        snprintf(err, errlen, "malformed JSON at line %d, column %d: %s", je.line, je.column,
+                 je.text);
+        return NULL;
+    }
+    bool              declined = false;
+    ProtobufCMessage *m = build_infer(r, root, jlen, NULL, text, status, err, errlen, &declined);
     json_decref(root);
     return m;
 }
@@ -899,6 +1003,9 @@ static bool admit(struct req *r)
 }
 
 // ---- the request handler (libmicrohttpd's threads) ---------------------------------------------
+
+static const char oom_body[] = "{\"error\": \"out of memory for the request\"}";
+static char       oom_marker; // *con_cls of a request answered with h.oom
 
 // Packs a stack-built message and decodes it back into owned memory.
 static ProtobufCMessage *owned_copy(const ProtobufCMessage *q)
@@ -1023,11 +1130,19 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
 {
     (void)cls;
     (void)version;
+    if (*con_cls == &oom_marker) { // refused for want of memory: the body is dropped
+        *upload_size = 0;
+        return MHD_YES;
+    }
     struct req *r = *con_cls;
     if (r == NULL) { // the headers: route and admit now, answer once the body is in
         r = ddl_calloc(1, sizeof *r);
         if (r == NULL) {
-            return MHD_NO; // out of memory: the connection is closed
+            // Out of memory for the request itself: the 500 made at start-up, which needs
+            // none (without it, the connection is closed).
+            *con_cls = &oom_marker;
+            return h.oom != NULL ? MHD_queue_response(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, h.oom)
+                                 : MHD_NO;
         }
         pthread_mutex_init(&r->mu, NULL);
         r->conn  = conn;
@@ -1084,7 +1199,8 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     (void)conn;
     (void)why;
     struct req *r = *con_cls;
-    if (r == NULL) {
+    if (r == NULL || *con_cls == &oom_marker) {
+        *con_cls = NULL;
         return;
     }
     free(r->out);
@@ -1104,7 +1220,9 @@ int ddld_http_check_config(const ddld_config *cfg, char *err, size_t errlen)
 
 int ddld_http_start(const ddld_config *cfg)
 {
-    h.cfg = cfg;
+    h.cfg            = cfg;
+    const char *mode = getenv("DDLD_HTTP_JSON");
+    h.tree_only      = mode != NULL && strcmp(mode, "tree") == 0;
     if (cfg->http_listen == NULL) {
         return 0;
     }
@@ -1126,6 +1244,11 @@ int ddld_http_start(const ddld_config *cfg)
     }
     h.mtls = cert != NULL && ca != NULL;
     // The TLS options come last and only with TLS (MHD refuses them without it).
+    h.oom = MHD_create_response_from_buffer(sizeof oom_body - 1, (void *)oom_body,
+                                            MHD_RESPMEM_PERSISTENT);
+    if (h.oom != NULL) {
+        MHD_add_response_header(h.oom, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+    }
     h.mhd = MHD_start_daemon(
         flags, 0, NULL, NULL, on_request, NULL, MHD_OPTION_EXTERNAL_LOGGER, ddld_mhd_log, "http",
         MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL, MHD_OPTION_LISTEN_SOCKET, fd,
@@ -1137,6 +1260,10 @@ int ddld_http_start(const ddld_config *cfg)
         ddld_log("--http-listen %s: libmicrohttpd did not start%s", addr,
                  cert != NULL ? " (TLS)" : "");
         close(fd);
+        if (h.oom != NULL) {
+            MHD_destroy_response(h.oom);
+            h.oom = NULL;
+        }
         return -1;
     }
     if (cfg->http_address_file != NULL &&
@@ -1177,5 +1304,9 @@ void ddld_http_stop(void)
     }
     MHD_stop_daemon(h.mhd);
     h.mhd = NULL;
+    if (h.oom != NULL) {
+        MHD_destroy_response(h.oom);
+        h.oom = NULL;
+    }
     atomic_store(&h.svc, NULL);
 }

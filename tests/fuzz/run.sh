@@ -24,7 +24,7 @@ jobs="${DDL_FUZZ_JOBS:-2}"
 deadline="${DDL_FUZZ_DEADLINE:-}"
 start_s=$(date +%s)
 build="${DDL_FUZZ_BUILD:-$repo/build-fuzz}"
-all_targets=(fuzz_requests fuzz_spec fuzz_safetensors fuzz_npy fuzz_idx fuzz_manifest)
+all_targets=(fuzz_requests fuzz_spec fuzz_safetensors fuzz_npy fuzz_idx fuzz_manifest fuzz_jdata)
 if [ $# -gt 0 ]; then
     targets=("$@")
 else

@@ -154,6 +154,7 @@ def sc_kserve(h):
 
     # Predictions: JSON, nested, UINT8, several samples, binary, typed gRPC; all equal gRPC.
     rnd = random.Random(17)
+    infer_path = "/v2/models/%s/infer" % MODEL
     for n in (1, 3):
         xs = [rnd.uniform(-1, 1) for _ in range(SAMPLE * n)]
         want = f.grpc_infer(xs, n)
@@ -169,6 +170,21 @@ def sc_kserve(h):
     if json_logits(expect(f.infer_json(px, 2, dt="UINT8"), 200, "infer UINT8"), 2) != want8:
         raise Failure("UINT8 JSON logits differ from gRPC's")
     ok_calls, rows = ok_calls + 2, rows + 4
+    # The numbers as clients print them, in every JSON form the daemon's fast reading of
+    # "data" takes (src/format/jdata.c: 9 significant digits, exponents, -0, integers,
+    # 17 digits), with white space and line breaks: the same bits as gRPC given the values.
+    forms = ["%.9g", "%.17g", "%.3e", "%.6f", "%.0f", "%.9E"]
+    xs = [rnd.uniform(-3, 3) * 10 ** rnd.randrange(-7, 3) for _ in range(SAMPLE)]
+    xs[:4] = [0.0, -0.0, 1e-45, -2.0]
+    texts = [forms[i % len(forms)] % x for i, x in enumerate(xs)]
+    body = ('{"inputs" : [ {"name": "input", "shape": [1, 1, 28, 28], "datatype": "FP32",\n'
+            '  "data": [ ' + " ,\n ".join(texts) + ' ] } ] }')
+    want = f.grpc_infer([float(t) for t in texts], 1)
+    got = json_logits(expect(f.post(infer_path, body, headers={"Content-Type": "application/json"}),
+                             200, "infer in every number form"), 1)
+    if got != want:
+        raise Failure("logits of JSON numbers in every form differ in bits from gRPC's")
+    ok_calls, rows = ok_calls + 2, rows + 2
     # binary_tensor_data: the input's bytes after the JSON, the output's after the answer's.
     xs = [rnd.uniform(-1, 1) for _ in range(SAMPLE)]
     head = json.dumps({"id": "bin-1", "inputs": [{"name": "input", "shape": [1, 1, 28, 28],

@@ -191,6 +191,46 @@ typedef struct ddl_fmt_span {
 } ddl_fmt_span;
 const uint8_t *ddl_fmt_span_seg(const void *spans, size_t i, size_t *len);
 
+// ---- KServe REST tensor data (format/jdata.c) -------------------------------------------
+// The "data" arrays of a KServe v2 REST inference request (root.inputs[i].data), read
+// without a JSON tree. These functions decline (-1) whatever they cannot read exactly as
+// the daemon's jansson path would; the caller then takes that path, so an answer or an
+// error never depends on which one ran. They set no error message and allocate nothing.
+
+typedef struct ddl_fmt_jspan {
+    size_t begin, end; // [begin, end): '[' .. ']' of one data array; begin == end: none
+} ddl_fmt_jspan;
+
+// The element types of JSON contents, as the daemon stores them: FP32, FP64, INT64, UINT64,
+// INT8/16/32 (into int32), UINT8/16/32 (into uint32).
+typedef enum {
+    DDL_FMT_J_F32,
+    DDL_FMT_J_F64,
+    DDL_FMT_J_I64,
+    DDL_FMT_J_U64,
+    DDL_FMT_J_I32,
+    DDL_FMT_J_U32,
+} ddl_fmt_jtype;
+
+// Walks json[0..len) as JSON and sets spans[i] for every i < max whose inputs[i] is an
+// object with a "data" key (no escapes in the key) whose value is an array of numbers and
+// arrays of them. 0, or -1 when the text is not JSON, nests deeper than 64, or has a data
+// array holding anything else or arrays more than 32 levels inside it: then no span may
+// be used.
+int ddl_fmt_jdata_spans(const char *json, size_t len, ddl_fmt_jspan *spans, size_t max);
+// Overwrites a span with "0" and spaces, keeping its line breaks: the text stays JSON
+// with the same lines and columns, and the value is the integer 0.
+void ddl_fmt_jdata_blank(char *json, ddl_fmt_jspan span);
+// The numbers a span holds (an upper bound for ddl_fmt_jdata_convert's cap; exact for a
+// span from ddl_fmt_jdata_spans).
+size_t ddl_fmt_jdata_count(const char *json, ddl_fmt_jspan span);
+// The span's numbers, flattened in order, into dst (cap elements of the type): 0 and
+// *count, or -1 for a number the type does not take as jansson reads it (a real or an
+// integer past int64 for an integer type, a negative for an unsigned one, a value past
+// 32 bits for a 32-bit one, a real that overflows a double).
+int ddl_fmt_jdata_convert(const char *json, ddl_fmt_jspan span, ddl_fmt_jtype type, void *dst,
+                          size_t cap, size_t *count);
+
 #ifdef __cplusplus
 }
 #endif

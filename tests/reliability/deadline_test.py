@@ -39,6 +39,11 @@ class Fixture:
         self.d = h.start(2, ["--queue", str(queue), "--model", h.spec("lenet5-2.json"),
                              "--serve-during-train", "off"], name)
         self.raw = Raw(self.d.address)
+        # GetStatus on a connection of its own: the test's bursts of Predicts share one
+        # HTTP/2 connection, and a Python client starved of CPU beside a busy Train can
+        # leave that connection unread for seconds (seen: 1-6 s with CPU hogs beside it,
+        # while a loopback capture showed the daemon answering within a millisecond).
+        self.status_raw = Raw(self.d.address)
         self.pid = rank0_pid(self.d)
         rnd = random.Random(3)
         tr = self.tr
@@ -56,7 +61,7 @@ class Fixture:
         self.train_records = 0
 
     def status(self):
-        code, details, resp = self.raw.call(TR + "GetStatus", b"")
+        code, details, resp = self.status_raw.call(TR + "GetStatus", b"")
         if code != SC.OK:
             raise Failure("GetStatus: %s %s" % (code.name, details))
         return self.tr.GetStatusResponse.FromString(resp[0])
@@ -90,6 +95,7 @@ class Fixture:
         self.idle = True
 
     def finish(self):
+        self.status_raw.close()
         self.raw.call(TR + "Shutdown", b"")
         self.raw.close()
         self.d.wait_exit()
@@ -329,9 +335,17 @@ def backpressure_round(f, n=500):
         fut = fn.future(f.x1, timeout=120)
         fut.add_done_callback(on_done(i))
         futs.append(fut)
-    # Every rejection arrives while the Train still holds the ranks.
-    wait_for(lambda: sum(1 for c in list(codes.values()) if c == SC.RESOURCE_EXHAUSTED) >= n - 64, 30,
-             0.05)
+    # Every rejection arrives while the Train still holds the ranks (it never ends by
+    # itself: 1,000,000 steps).
+    def rejected():
+        return sum(1 for c in list(codes.values()) if c == SC.RESOURCE_EXHAUSTED)
+    if not wait_for(lambda: rejected() >= n - 64, 60, 0.05):
+        st = f.status()
+        raise Failure("after 60 s, %d of the %d calls beyond --queue 64 were refused and %d "
+                      "answered otherwise (GetStatus: state %s, active_calls %d, "
+                      "request_queue_depth %d)" % (rejected(), n - 64, len(codes) - rejected(),
+                                                   st.state, st.active_calls,
+                                                   st.request_queue_depth))
     st = f.status()
     rss_peak = vm_rss_kb(f.pid)
     with lock:
@@ -373,12 +387,14 @@ def sc_backpressure(h):
                    (n - 64, n, ok, re, other))
     if depth != 64:
         bad.append("request_queue_depth %d while full (expected 64)" % depth)
-    # Quickly: the median rejection within 100 ms of its issue, the slowest within 2 s
-    # (issuing 500 calls from one Python thread alone takes tens of ms on this machine).
-    # Quickly: long before the Train frees the ranks. The figure includes the time the one
-    # issuing Python thread holds the GIL (the callbacks wait for it): 2-14 ms p50 on a quiet
-    # machine, 213 ms at load average 10; hence the margin.
-    if not lat or percentile(lat, 50) > 1000 or max(lat) > 3000:
+    # Quickly: long before the Train frees the ranks (backpressure_round fails a rejection
+    # that waits for it). The figures are taken in Python, so they include the time the one
+    # issuing thread holds the GIL (the callbacks wait for it) and any time the client is
+    # starved of CPU beside the Train's two busy ranks: 2-50 ms p50 on a quiet machine, 213
+    # ms at load average 10, and single stalls of 1-6 s with 2-3 CPU hogs beside the test
+    # (Zen 5), during which a loopback capture showed the daemon's answers already sent.
+    # Hence a median bound, and a wide one on the slowest.
+    if not lat or percentile(lat, 50) > 1000 or max(lat) > 15000:
         bad.append("rejections slow: p50 %.1f ms, max %.1f ms" % (percentile(lat, 50),
                                                                   max(lat) if lat else -1))
     # Bounded: 3 x 500 more concurrent calls after a warm-up round leave under 12 MB in all

@@ -307,6 +307,8 @@ def run_scenarios(harness_cls, scenarios, argv=None):
         print("SKIP: %s: %s" % (a.scenario, e), flush=True)
         return 7
     except Failure as e:
+        for d in getattr(h, "daemons", []):  # what each daemon said, for the CI log
+            d.dump()
         print("FAIL: %s: %s" % (a.scenario, e), flush=True)
         return 1
     finally:

@@ -628,11 +628,12 @@ static void test_periodic_checkpoints(const char *spec_text, const char *tmp)
 // first those of at least 4 KiB (tensors: weights, activations, gradients, optimizer
 // state, plan buffers -- where a huge layer fails), then all of them.
 // Every rank must return the same error, nothing may hang, and a failed creation must
-// free everything it made.
-static void sweep_create(const char *spec_text, long long first, long long last, size_t min_bytes)
+// free everything it made. `stride` > 1 fails every stride-th allocation only.
+static void sweep_create(const char *spec_text, long long first, long long last, size_t min_bytes,
+                         long long stride)
 {
     const int victim = size - 1;
-    for (long long n = first; n <= last; n++) {
+    for (long long n = first; n <= last; n += stride) {
         int64_t        live = ddl_alloc_bytes_live();
         ddl_session_t *t    = NULL;
         if (getenv("DDL_TEST_VERBOSE") != NULL && rank == 0) {
@@ -769,10 +770,14 @@ static void test_one_rank_failure(ddl_session_t *s, const char *spec_text, const
         sweep_op(s, "export npy", op_export, npy_dir, who, DDL_ENOMEM);
         sweep_op(s, "import npy", op_import, npy_dir, who, DDL_ENOMEM);
     }
-    sweep_create(spec_text, 1, LLONG_MAX, 4096);
-    // And every allocation of any size (DDL_TEST_SWEEP_FROM=n starts at the n-th).
-    const char *from = getenv("DDL_TEST_SWEEP_FROM");
-    sweep_create(spec_text, from != NULL ? atoll(from) : 1, LLONG_MAX, 0);
+    sweep_create(spec_text, 1, LLONG_MAX, 4096, 1);
+    // And every allocation of any size (DDL_TEST_SWEEP_FROM=n starts at the n-th), or every
+    // DDL_TEST_SWEEP_STRIDE-th: at 4 ranks (tests/engine/CMakeLists.txt) each of the 2,304
+    // creations takes ~80 ms on 2 cores, and the sweep at 1 and 2 ranks fails every one.
+    const char *from   = getenv("DDL_TEST_SWEEP_FROM");
+    const char *stride = getenv("DDL_TEST_SWEEP_STRIDE");
+    sweep_create(spec_text, from != NULL ? atoll(from) : 1, LLONG_MAX, 0,
+                 stride != NULL && atoll(stride) > 1 ? atoll(stride) : 1);
 }
 
 int main(int argc, char **argv)

@@ -123,6 +123,51 @@ static void test_alloc_counting(void)
     ASSERT_EQ(ddl_alloc_bytes_live(), live);
 }
 
+// Zeroed blocks of 64 MiB and more have a mapping of their own (alloc.c): zero at every
+// page, writable to the last byte, counted, resized both ways by ddl_realloc, released
+// by ddl_free, and failed by the fault injection like any other.
+static void test_big_zeroed(void)
+{
+    int64_t live  = ddl_alloc_bytes_live();
+    size_t  sizes[] = {((size_t)64 << 20) - 64, (size_t)64 << 20, ((size_t)64 << 20) + 4097,
+                       (size_t)130 << 20};
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        size_t         n = sizes[k];
+        unsigned char *b = ddl_calloc(n, 1);
+        ASSERT_TRUE(b != NULL);
+        ASSERT_EQ(((uintptr_t)b) % 64, 0);
+        ASSERT_EQ(ddl_alloc_bytes_live(), live + (int64_t)n);
+        int nonzero = 0;
+        for (size_t i = 0; i < n; i += 4096) {
+            nonzero |= b[i];
+        }
+        ASSERT_EQ(nonzero | b[n - 1], 0);
+        b[0]     = 0x5a;
+        b[n - 1] = 0xa5;
+        unsigned char *g = ddl_realloc(b, n + 1000); // a heap block now
+        ASSERT_TRUE(g != NULL);
+        ASSERT_EQ(g[0], 0x5a);
+        ASSERT_EQ(g[n - 1], 0xa5);
+        ASSERT_EQ(ddl_alloc_bytes_live(), live + (int64_t)n + 1000);
+        ddl_free(g);
+        ASSERT_EQ(ddl_alloc_bytes_live(), live);
+    }
+    float *f = ddl_calloc((size_t)20 << 20, sizeof(float)); // 80 MiB of floats
+    ASSERT_TRUE(f != NULL);
+    ASSERT_EQ(f[((size_t)20 << 20) - 1], 0.0f);
+    unsigned char *small = ddl_realloc(f, 16); // shrinks onto the heap
+    ASSERT_TRUE(small != NULL);
+    ASSERT_EQ(ddl_alloc_bytes_live(), live + 16);
+    ddl_free(small);
+    ddl_alloc_fail_after(1, (size_t)64 << 20);
+    ASSERT_TRUE(ddl_calloc((size_t)64 << 20, 1) == NULL);
+    ASSERT_EQ(ddl_alloc_bytes_live(), live);
+    void *again = ddl_calloc((size_t)64 << 20, 1); // the injection fired once
+    ASSERT_TRUE(again != NULL);
+    ddl_free(again);
+    ASSERT_EQ(ddl_alloc_bytes_live(), live);
+}
+
 static void test_rng(void)
 {
     // Counter-based: the same (seed, stream, index) gives the same value.
@@ -170,6 +215,7 @@ int main(void)
     test_pack_unpack(DDL_F64);
     test_pack_unpack(DDL_F32);
     test_alloc_counting();
+    test_big_zeroed();
     test_rng();
     printf("test_tensor: ok\n");
     return 0;

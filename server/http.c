@@ -528,34 +528,40 @@ static bool flatten(struct flat *fl, json_t *x, int depth)
     return true;
 }
 
-// Where the typed contents go, by datatype: the element size, and the contents' count and
-// array fields. NULL: a datatype with no JSON contents (BYTES) or an unknown one.
+// Where the typed contents go, by datatype: the element size, the contents' count and array
+// fields, and the type ddl_fmt_jdata_convert reads its numbers as (*jt false: BOOL, which
+// the tree path reads). false: a datatype with no JSON contents (BYTES) or an unknown one.
 static bool contents_slot(Inference__InferTensorContents *c, const char *dt, size_t **n, void ***v,
-                          size_t *es)
+                          size_t *es, ddl_fmt_jtype *jt, bool *has_jt)
 {
     struct {
-        const char *dt;
-        size_t     *n;
-        void      **v;
-        size_t      es;
+        const char   *dt;
+        size_t       *n;
+        void        **v;
+        size_t        es;
+        ddl_fmt_jtype jt;
+        bool          has_jt;
     } slots[] = {
-        {"FP32", &c->n_fp32_contents, (void **)&c->fp32_contents, 4},
-        {"FP64", &c->n_fp64_contents, (void **)&c->fp64_contents, 8},
-        {"BOOL", &c->n_bool_contents, (void **)&c->bool_contents, sizeof(protobuf_c_boolean)},
-        {"INT8", &c->n_int_contents, (void **)&c->int_contents, 4},
-        {"INT16", &c->n_int_contents, (void **)&c->int_contents, 4},
-        {"INT32", &c->n_int_contents, (void **)&c->int_contents, 4},
-        {"INT64", &c->n_int64_contents, (void **)&c->int64_contents, 8},
-        {"UINT8", &c->n_uint_contents, (void **)&c->uint_contents, 4},
-        {"UINT16", &c->n_uint_contents, (void **)&c->uint_contents, 4},
-        {"UINT32", &c->n_uint_contents, (void **)&c->uint_contents, 4},
-        {"UINT64", &c->n_uint64_contents, (void **)&c->uint64_contents, 8},
+        {"FP32", &c->n_fp32_contents, (void **)&c->fp32_contents, 4, DDL_FMT_J_F32, true},
+        {"FP64", &c->n_fp64_contents, (void **)&c->fp64_contents, 8, DDL_FMT_J_F64, true},
+        {"BOOL", &c->n_bool_contents, (void **)&c->bool_contents, sizeof(protobuf_c_boolean),
+         DDL_FMT_J_I32, false},
+        {"INT8", &c->n_int_contents, (void **)&c->int_contents, 4, DDL_FMT_J_I32, true},
+        {"INT16", &c->n_int_contents, (void **)&c->int_contents, 4, DDL_FMT_J_I32, true},
+        {"INT32", &c->n_int_contents, (void **)&c->int_contents, 4, DDL_FMT_J_I32, true},
+        {"INT64", &c->n_int64_contents, (void **)&c->int64_contents, 8, DDL_FMT_J_I64, true},
+        {"UINT8", &c->n_uint_contents, (void **)&c->uint_contents, 4, DDL_FMT_J_U32, true},
+        {"UINT16", &c->n_uint_contents, (void **)&c->uint_contents, 4, DDL_FMT_J_U32, true},
+        {"UINT32", &c->n_uint_contents, (void **)&c->uint_contents, 4, DDL_FMT_J_U32, true},
+        {"UINT64", &c->n_uint64_contents, (void **)&c->uint64_contents, 8, DDL_FMT_J_U64, true},
     };
     for (size_t i = 0; i < sizeof slots / sizeof slots[0]; i++) {
         if (strcmp(dt, slots[i].dt) == 0) {
-            *n  = slots[i].n;
-            *v  = slots[i].v;
-            *es = slots[i].es;
+            *n      = slots[i].n;
+            *v      = slots[i].v;
+            *es     = slots[i].es;
+            *jt     = slots[i].jt;
+            *has_jt = slots[i].has_jt;
             return true;
         }
     }
@@ -577,36 +583,10 @@ static bool param_bool(json_t *params, const char *key, bool *out, char *err, si
     return true;
 }
 
-// The JSON contents type of a datatype, for ddl_fmt_jdata_convert; false: none (BOOL,
-// BYTES, unknown: the tree path reads or refuses them).
-static bool jdata_type(const char *dt, ddl_fmt_jtype *t)
+// Input i's data from its span of the JSON text (the tree holds 0 there), read as type t:
+// into fl, as flatten would have put it. false: declined (the caller takes the tree path).
+static bool span_data(struct flat *fl, const char *jtext, ddl_fmt_jspan span, ddl_fmt_jtype t)
 {
-    static const struct {
-        const char   *dt;
-        ddl_fmt_jtype t;
-    } types[] = {
-        {"FP32", DDL_FMT_J_F32},  {"FP64", DDL_FMT_J_F64},  {"INT64", DDL_FMT_J_I64},
-        {"UINT64", DDL_FMT_J_U64}, {"INT8", DDL_FMT_J_I32},  {"INT16", DDL_FMT_J_I32},
-        {"INT32", DDL_FMT_J_I32},  {"UINT8", DDL_FMT_J_U32}, {"UINT16", DDL_FMT_J_U32},
-        {"UINT32", DDL_FMT_J_U32},
-    };
-    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
-        if (strcmp(dt, types[i].dt) == 0) {
-            *t = types[i].t;
-            return true;
-        }
-    }
-    return false;
-}
-
-// Input i's data from its span of the JSON text (the tree holds 0 there): into fl, as
-// flatten would have put it. false: declined (the caller takes the tree path).
-static bool span_data(struct flat *fl, const char *jtext, ddl_fmt_jspan span)
-{
-    ddl_fmt_jtype t;
-    if (!jdata_type(fl->dt, &t)) {
-        return false;
-    }
     size_t cap = ddl_fmt_jdata_count(jtext, span);
     fl->v      = ddl_malloc((cap > 0 ? cap : 1) * fl->es);
     if (fl->v == NULL) {
@@ -619,12 +599,11 @@ static bool span_data(struct flat *fl, const char *jtext, ddl_fmt_jspan span)
 // The request's tree (root) as a ModelInferRequest (packed, then decoded by the gRPC path's
 // decoder, so it owns its memory as every request does). spans (or NULL): the data arrays
 // read from jtext, blanked to 0 in the tree. NULL: *status and the error are set, or with
-// spans, *declined: a data array the spans cannot give as the tree would (the caller then
-// builds the request from the whole tree).
+// spans, possibly no error: a data array the spans cannot give as the tree would (the
+// caller then builds the request from the whole tree, which sets them).
 static ProtobufCMessage *build_infer(struct req *r, json_t *root, size_t jlen,
                                      const ddl_fmt_jspan *spans, const char *jtext,
-                                     unsigned int *status, char *err, size_t errlen,
-                                     bool *declined)
+                                     unsigned int *status, char *err, size_t errlen)
 {
     ProtobufCMessage                              *m = NULL;
     Inference__ModelInferRequest                   q = INFERENCE__MODEL_INFER_REQUEST__INIT;
@@ -725,10 +704,12 @@ static ProtobufCMessage *build_infer(struct req *r, json_t *root, size_t jlen,
             nin++;
             goto out;
         }
-        size_t *cn;
-        void  **cv;
-        size_t  es;
-        if (!contents_slot(&ct[i], in[i].datatype, &cn, &cv, &es)) {
+        size_t       *cn;
+        void        **cv;
+        size_t        es;
+        ddl_fmt_jtype jt;
+        bool          has_jt;
+        if (!contents_slot(&ct[i], in[i].datatype, &cn, &cv, &es, &jt, &has_jt)) {
             snprintf(err, errlen, "inputs[%zu]: datatype \"%.32s\" cannot be given as JSON data", i,
                      in[i].datatype);
             nin++;
@@ -737,10 +718,9 @@ static ProtobufCMessage *build_infer(struct req *r, json_t *root, size_t jlen,
         struct flat fl = {.dt = in[i].datatype, .es = es};
         bool        ok;
         if (spans != NULL && spans[i].end > spans[i].begin) {
-            ok       = span_data(&fl, jtext, spans[i]);
+            ok       = has_jt && span_data(&fl, jtext, spans[i], jt);
             owned[i] = fl.v;
-            if (!ok) {
-                *declined = true;
+            if (!ok) { // declined: the tree path reads it
                 nin++;
                 goto out;
             }
@@ -861,9 +841,7 @@ static ProtobufCMessage *infer_request(struct req *r, unsigned int *status, char
         }
         json_t *root = json_loadb(copy, jlen, JSON_REJECT_DUPLICATES, NULL);
         if (root != NULL) {
-            bool              declined = false;
-            ProtobufCMessage *m =
-                build_infer(r, root, jlen, spans, text, status, err, errlen, &declined);
+            ProtobufCMessage *m = build_infer(r, root, jlen, spans, text, status, err, errlen);
             json_decref(root);
             if (m != NULL) {
                 ddl_free(copy);
@@ -885,8 +863,7 @@ static ProtobufCMessage *infer_request(struct req *r, unsigned int *status, char
                  je.text);
         return NULL;
     }
-    bool              declined = false;
-    ProtobufCMessage *m = build_infer(r, root, jlen, NULL, text, status, err, errlen, &declined);
+    ProtobufCMessage *m = build_infer(r, root, jlen, NULL, text, status, err, errlen);
     json_decref(root);
     return m;
 }

@@ -184,10 +184,7 @@ static int value(jd *p, enum where w, int depth);
 static int object(jd *p, enum where w, int depth)
 {
     size_t tensor = p->n_inputs - 1; // which tensor, at W_TENSOR
-    p->i++;                          // '{'
-    skip_ws(p);
-    if (p->i < p->n && p->s[p->i] == '}') {
-        p->i++;
+    if (opened_empty(p, '}')) {
         return 0;
     }
     for (;;) {

@@ -103,25 +103,20 @@ static ddl_status open_dataset(ddl_h5 *h, h5_set *s, int which, const char *grou
     DDL_REQUIRE(nd >= 0 && nd <= H5S_MAX_RANK, DDL_EIO, "data %s: dataset \"%s\": bad dataspace",
                 h->path, path);
     H5Sget_simple_extent_dims(s->space[which], dims, NULL);
-    hsize_t want[DDL_MAX_DIMS + 1];
-    want[0]  = nd > 0 ? dims[0] : 0;
+    int64_t want[DDL_MAX_DIMS + 1];
+    want[0]  = nd > 0 ? (int64_t)dims[0] : 0;
     bool fit = nd == sample->ndim + 1 && nd > 0;
     for (int d = 0; d < sample->ndim; d++) {
-        want[d + 1] = (hsize_t)sample->d[d];
-        fit         = fit && dims[d + 1] == want[d + 1];
+        want[d + 1] = sample->d[d];
+        fit         = fit && (int64_t)dims[d + 1] == want[d + 1];
     }
     if (!fit) {
         char    e[160], g[160];
-        int64_t we[DDL_MAX_DIMS + 1], ge[H5S_MAX_RANK];
-        for (int d = 0; d < nd || d <= sample->ndim; d++) {
-            if (d <= sample->ndim) {
-                we[d] = (int64_t)want[d];
-            }
-            if (d < nd) {
-                ge[d] = (int64_t)dims[d];
-            }
+        int64_t ge[H5S_MAX_RANK];
+        for (int d = 0; d < nd; d++) {
+            ge[d] = (int64_t)dims[d];
         }
-        ddl_shape_text(we, (size_t)sample->ndim + 1, e, sizeof e);
+        ddl_shape_text(want, (size_t)sample->ndim + 1, e, sizeof e);
         ddl_shape_text(ge, (size_t)nd, g, sizeof g);
         return ddl_set_error(DDL_EPROTO,
                              "data %s: dataset \"%s\": expected shape %s (N, then the model's "

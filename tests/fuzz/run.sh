@@ -16,6 +16,7 @@
 #   DDL_FUZZ_MERGE=1   merge the inputs that found new coverage back into the repo's
 #                      corpus (tests/fuzz/corpus/<target>); off by default
 #   DDL_FUZZ_ARGS      extra libFuzzer flags (e.g. "-max_len=65536")
+#   DDL_FUZZ_BUILD_ONLY=1  build the targets and stop (tests/run.sh does, before ctest)
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
@@ -55,6 +56,9 @@ fi
 cmake --build "$build" -j "$jobs" --target fuzz_all >"$probe/build.log" 2>&1 ||
     { tail -50 "$probe/build.log"; echo "fuzz: FAIL: build"; exit 1; }
 echo "fuzz: built in $(( $(date +%s) - t0 )) s ($build)"
+if [ "${DDL_FUZZ_BUILD_ONLY:-0}" = 1 ]; then
+    exit 0
+fi
 
 # ---- run --------------------------------------------------------------------------------
 work="$(mktemp -d /tmp/ddl-fuzz.XXXXXX)"

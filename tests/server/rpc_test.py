@@ -7,6 +7,7 @@ usage: rpc_test.py MPIEXEC [mpiexec flags...] -- DISTDLD NP SPEC
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -355,7 +356,9 @@ def main():
             proc.wait()
         log.close()
         print(open(log_path).read())
-    print("OK" if ok else "FAILED")
+        if ok:  # the log and checkpoints stay for a failure
+            shutil.rmtree(tmp, ignore_errors=True)
+    print("OK" if ok else "FAILED (work directory kept: %s)" % tmp)
     return 0 if ok else 1
 
 

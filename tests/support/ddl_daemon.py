@@ -9,6 +9,7 @@ rank -- to exit 0. Tests put tests/support on sys.path to import this module.
 import argparse
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -301,17 +302,22 @@ def run_scenarios(harness_cls, scenarios, argv=None):
     if not os.path.exists(h.distdld):
         print("SKIP: %s is not built" % h.distdld)
         return 7
+    keep = True  # the work directory (daemon logs, checkpoints) stays for a failure only
     try:
         scenarios[a.scenario](h)
+        keep = False
     except Skip as e:
+        keep = False
         print("SKIP: %s: %s" % (a.scenario, e), flush=True)
         return 7
     except Failure as e:
         for d in getattr(h, "daemons", []):  # what each daemon said, for the CI log
             d.dump()
-        print("FAIL: %s: %s" % (a.scenario, e), flush=True)
+        print("FAIL: %s: %s (work directory kept: %s)" % (a.scenario, e, h.work), flush=True)
         return 1
     finally:
         h.cleanup()
+        if not keep:
+            shutil.rmtree(h.work, ignore_errors=True)
     print("PASS: %s" % a.scenario)
     return 0

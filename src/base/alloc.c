@@ -106,12 +106,13 @@ void *ddl_calloc(size_t count, size_t size)
     if (size != 0 && count > SIZE_MAX / size) {
         return NULL;
     }
-    if (count * size >= BIG_ZEROED) {
-        return map_zeroed(count * size);
+    size_t bytes = count * size;
+    if (bytes >= BIG_ZEROED) {
+        return map_zeroed(bytes);
     }
-    void *p = ddl_malloc(count * size);
+    void *p = ddl_malloc(bytes);
     if (p != NULL) {
-        memset(p, 0, count * size);
+        memset(p, 0, bytes);
     }
     return p;
 }

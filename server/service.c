@@ -72,6 +72,18 @@ enum { TAG_OP, TAG_CLOSE, TAG_SHUTDOWN };
 enum { ST_NEW, ST_RECV, ST_IDLE, ST_SEND, ST_FINISH };
 #define SEND_RING 16
 #define REARM_MS 50 // retry period of a method request_new could not arm
+// Requests kept outstanding per method. gRPC matches an arriving call to one of them on
+// its own thread; a call that finds none waits in gRPC's pending list until we ask again.
+// With a single request per method (as before), every call of a burst waited for one
+// round trip through the cq thread, and a method whose one request never came back was
+// dead for good: all its later calls sat in that list until their deadlines, while other
+// methods answered. gRPC core 1.51 can consume a request without reporting it (its
+// matcher drops the request it paired with a pending call that had become a zombie; later
+// releases put it back), and a request that completes without a call while the server
+// is up is now asked again (on_op). Several outstanding requests per method, as gRPC's
+// own wrapped-language servers keep, make a burst go through gRPC's fast path and leave
+// a method served when one request is lost.
+#define ARMED_PER_METHOD 8
 
 struct tag {
     ddld_call *call;
@@ -159,9 +171,10 @@ struct ddld_service {
     // fails, and the DDLD_JOB_* that ddld_service_push_internal asked for (0: none).
     ddld_job *internal_job;
     int       internal_pending;
-    // Methods whose next call could not be requested for want of memory (request_new):
-    // the cq thread tries again every REARM_MS while any is set.
-    bool        rearm[DDLD_M_COUNT + 1];
+    // Per method, the requests to ask again: those request_new could not make for want of
+    // memory, and those that came back without a call while serving (on_op). The cq
+    // thread tries again every REARM_MS while any is set.
+    int         rearm[DDLD_M_COUNT + 1];
     atomic_bool rearm_any;
 
     void (*wake)(void *);
@@ -1235,7 +1248,26 @@ static void on_op(ddld_call *c, bool ok)
     ddld_service *svc = c->svc;
     switch (c->state) {
     case ST_NEW: {
-        if (!ok) { // the server is shutting down: this request never got a call
+        if (!ok) { // this request never got a call
+            // At shutdown (torn_down), as expected. Otherwise gRPC failed one request of
+            // ours while serving: ask again (in the cq thread's next REARM_MS round, so a
+            // gRPC that kept failing them could not spin it), or the method would have one
+            // fewer.
+            pthread_mutex_lock(&svc->mu);
+            bool serving = !svc->torn_down;
+            if (serving) {
+                svc->rearm[c->method]++;
+            }
+            pthread_mutex_unlock(&svc->mu);
+            if (serving) {
+                static atomic_int said;
+                if (atomic_fetch_add(&said, 1) < 5) {
+                    ddld_log("gRPC returned a request for %s without a call while serving; "
+                             "asking again",
+                             c->method == M_GENERIC ? "unknown methods" : methods[c->method].path);
+                }
+                atomic_store(&svc->rearm_any, true);
+            }
             call_free(c);
             return;
         }
@@ -1448,7 +1480,8 @@ const char *ddld_method_path(ddld_method method)
 
 static void *cq_thread(void *arg)
 {
-    ddld_service *svc = arg;
+    ddld_service *svc        = arg;
+    double        last_rearm = 0; // at most one round of asking again per REARM_MS
     for (;;) {
         gpr_timespec until = atomic_load(&svc->rearm_any)
                                  ? gpr_time_add(gpr_now(GPR_CLOCK_REALTIME),
@@ -1458,7 +1491,8 @@ static void *cq_thread(void *arg)
         if (ev.type == GRPC_QUEUE_SHUTDOWN) {
             break;
         }
-        if (atomic_load(&svc->rearm_any)) {
+        if (atomic_load(&svc->rearm_any) && ddld_now() - last_rearm >= REARM_MS * 1e-3) {
+            last_rearm = ddld_now();
             rearm_methods(svc);
         }
         if (ev.type != GRPC_OP_COMPLETE) {
@@ -1479,10 +1513,10 @@ static void *cq_thread(void *arg)
     return NULL;
 }
 
-// Keeps one request outstanding per method (gRPC holds further calls until we ask).
-// Returns false when out of memory for the call: the method is then marked for the cq
-// thread to ask again (gRPC holds its calls meanwhile), so one failed allocation does not
-// leave a method unserved.
+// Adds one request for `method` (gRPC holds calls beyond those requested until we ask);
+// each arrival asks for its replacement, keeping ARMED_PER_METHOD outstanding. Returns false when
+// out of memory for the call: the method is then marked for the cq thread to ask again (gRPC holds
+// its calls meanwhile), so one failed allocation does not leave a method unserved.
 static bool request_new(ddld_service *svc, int method)
 {
     pthread_mutex_lock(&svc->mu);
@@ -1496,7 +1530,7 @@ static bool request_new(ddld_service *svc, int method)
         ddld_log("out of memory for the next call of %s (once serving, asked again every %d ms)",
                  method == M_GENERIC ? "unknown methods" : methods[method].path, REARM_MS);
         pthread_mutex_lock(&svc->mu);
-        svc->rearm[method] = true;
+        svc->rearm[method]++;
         pthread_mutex_unlock(&svc->mu);
         atomic_store(&svc->rearm_any, true);
         return false;
@@ -1533,10 +1567,10 @@ static void rearm_methods(ddld_service *svc)
     atomic_store(&svc->rearm_any, false);
     for (int m = 0; m <= M_GENERIC; m++) {
         pthread_mutex_lock(&svc->mu);
-        bool again    = svc->rearm[m];
-        svc->rearm[m] = false;
+        int again     = svc->rearm[m];
+        svc->rearm[m] = 0;
         pthread_mutex_unlock(&svc->mu);
-        if (again) {
+        while (again-- > 0) {
             request_new(svc, m); // marks it again when it fails again
         }
     }
@@ -1634,9 +1668,11 @@ ddld_service *ddld_service_start(const ddld_config *cfg, void (*wake)(void *), v
     // Every method armed before the cq thread runs: at start-up a failure stops the daemon
     // (later, request_new's retry covers it).
     for (int m = 0; m <= M_GENERIC; m++) {
-        if (!request_new(svc, m)) {
-            ddld_log("start-up: out of memory arming the gRPC methods");
-            goto fail_started;
+        for (int k = 0; k < ARMED_PER_METHOD; k++) {
+            if (!request_new(svc, m)) {
+                ddld_log("start-up: out of memory arming the gRPC methods");
+                goto fail_started;
+            }
         }
     }
     int err = pthread_create(&svc->thread, NULL, cq_thread, svc);

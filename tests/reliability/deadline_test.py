@@ -22,7 +22,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from hostile_common import (HE, TR, Failure, Harness, Raw, f32, percentile, rank0_pid,  # noqa
-                            vm_rss_kb, wait_for)
+                            tcp_queues, vm_rss_kb, wait_for)
 from ddl_daemon import SANITIZER, run_scenarios  # noqa: E402
 import grpc  # noqa: E402
 
@@ -39,11 +39,19 @@ class Fixture:
         self.d = h.start(2, ["--queue", str(queue), "--model", h.spec("lenet5-2.json"),
                              "--serve-during-train", "off"], name)
         self.raw = Raw(self.d.address)
+        # The burst channel's connectivity states, for a failure's account of a stall.
+        self.t0 = time.perf_counter()
+        self.states = []
+        self.on_state = lambda st: self.states.append(
+            "%s at %.1f s" % (st.name, time.perf_counter() - self.t0))
+        self.raw.ch.subscribe(self.on_state)
         # GetStatus on a connection of its own: the test's bursts of Predicts share one
         # HTTP/2 connection, and a Python client starved of CPU beside a busy Train can
         # leave that connection unread for seconds (seen: 1-6 s with CPU hogs beside it,
         # while a loopback capture showed the daemon answering within a millisecond).
-        self.status_raw = Raw(self.d.address)
+        # (Until this session's mend it was not its own: grpcio had given both channels
+        # the same connection, see Raw.)
+        self.status_raw = Raw(self.d.address, own_connection=True)
         self.pid = rank0_pid(self.d)
         rnd = random.Random(3)
         tr = self.tr
@@ -95,6 +103,7 @@ class Fixture:
         self.idle = True
 
     def finish(self):
+        self.raw.ch.unsubscribe(self.on_state)
         self.status_raw.close()
         self.raw.call(TR + "Shutdown", b"")
         self.raw.close()
@@ -340,12 +349,25 @@ def backpressure_round(f, n=500):
     def rejected():
         return sum(1 for c in list(codes.values()) if c == SC.RESOURCE_EXHAUSTED)
     if not wait_for(lambda: rejected() >= n - 64, 60, 0.05):
+        # Where it stopped (two CI runs stalled here, not reproduced on a loaded Zen 5):
+        # the server's view, the client's (do the Train's records still arrive on the same
+        # channel?), the kernel's socket queues, and a Predict on a second connection (a
+        # method whose calls gRPC no longer hands to the daemon answers it late or never).
         st = f.status()
+        r0, tr0 = rejected(), f.train_records
+        queues = tcp_queues(int(f.d.address.rsplit(":", 1)[1]))
+        t0 = time.perf_counter()
+        code, _, _ = f.status_raw.call(TR + "Predict", f.x1, timeout=10)
+        probe = "%s after %.0f ms" % (code.name, (time.perf_counter() - t0) * 1e3)
+        time.sleep(5)
         raise Failure("after 60 s, %d of the %d calls beyond --queue 64 were refused and %d "
                       "answered otherwise (GetStatus: state %s, active_calls %d, "
-                      "request_queue_depth %d)" % (rejected(), n - 64, len(codes) - rejected(),
-                                                   st.state, st.active_calls,
-                                                   st.request_queue_depth))
+                      "request_queue_depth %d); 5 s later %d refused; Train records on the same "
+                      "channel %d, 5 s later %d; a Predict on another connection: %s; sockets: %s; "
+                      "the burst channel's states: %s"
+                      % (r0, n - 64, len(codes) - r0, st.state, st.active_calls,
+                         st.request_queue_depth, rejected(), tr0, f.train_records, probe, queues,
+                         ", ".join(f.states)))
     st = f.status()
     rss_peak = vm_rss_kb(f.pid)
     with lock:

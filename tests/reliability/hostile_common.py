@@ -66,12 +66,16 @@ def f32(values):
 class Raw:
     """A grpcio channel that sends and receives raw bytes."""
 
-    def __init__(self, target, max_bytes=256 << 20):
+    def __init__(self, target, max_bytes=256 << 20, own_connection=False):
+        """own_connection: a TCP connection of this channel's alone. By default grpcio
+        shares one connection among its channels to the same target with the same
+        options (its global subchannel pool)."""
         self.target = target
         self.ch = grpc.insecure_channel(target, options=[
             ("grpc.max_receive_message_length", max_bytes),
             ("grpc.max_send_message_length", max_bytes),
-            ("grpc.enable_retries", 0)])
+            ("grpc.enable_retries", 0)] + ([("grpc.use_local_subchannel_pool", 1)]
+                                           if own_connection else []))
 
     def call(self, path, payload, timeout=30):
         """payload: bytes (unary / server stream) or a list of bytes (client stream).
@@ -112,6 +116,31 @@ def vm_rss_kb(pid):
 
 def fd_count(pid):
     return len(os.listdir("/proc/%d/fd" % pid))
+
+
+def tcp_queues(port):
+    """The loopback TCP sockets of `port` from /proc/net/tcp: 'local>remote state tx/rx'
+    with the bytes each kernel queue holds (tx unacknowledged or unsent, rx unread by its
+    process). A stalled call then shows which side stopped: data waiting in the server's
+    rx queue (it does not read), in the client's (it does not read), or in neither (the
+    sender holds it back)."""
+    states = {"01": "ESTABLISHED", "06": "TIME_WAIT", "08": "CLOSE_WAIT", "0A": "LISTEN"}
+    out = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):  # gRPC's sockets may be dual-stack
+        try:
+            with open(table) as f:
+                next(f)
+                for line in f:
+                    p = line.split()
+                    lport, rport = int(p[1].split(":")[1], 16), int(p[2].split(":")[1], 16)
+                    if port not in (lport, rport):
+                        continue
+                    tx, rx = (int(x, 16) for x in p[4].split(":"))
+                    out.append("%d>%d %s tx %d rx %d" % (lport, rport, states.get(p[3], p[3]),
+                                                         tx, rx))
+        except OSError as e:
+            out.append("%s: %s" % (table, e))
+    return "; ".join(out) or "no socket of port %d" % port
 
 
 def percentile(values, p):

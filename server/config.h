@@ -22,6 +22,7 @@ typedef struct ddld_config {
     double      grace_s; // shutdown grace for in-flight calls
     double      watchdog_s; // --watchdog: a rank silent this long ends the job (0: off)
     const char *metrics_listen;       // --metrics-listen: Prometheus endpoint (NULL: off)
+    const char *tensorboard_dir;      // --tensorboard-dir: TensorBoard event files (NULL: off)
     const char *metrics_address_file; // --metrics-address-file: its host:port once serving
     const char *http_listen;          // --http-listen: KServe v2 over HTTP/REST (http.c; NULL: off)
     const char *http_address_file;    // --http-address-file: its host:port once serving

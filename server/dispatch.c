@@ -46,6 +46,7 @@
 #include "ddl/base.h"
 #include "ddl/estimate.h"
 #include "ddl/session.h"
+#include "ddl/tbevents.h"
 #include "dispatch.h"
 #include "inference/grpc_service.pb-c.h"
 #include "log.h"
@@ -126,16 +127,18 @@ struct ddld_dispatch {
     size_t   tcap;
     // PullWeights snapshot: gathered once per weights version and shared read-only by every
     // stream that serves that version; rewritten only when no stream reads it.
-    uint8_t   *pull;
-    size_t     pull_cap;
-    atomic_int pull_readers;
-    uint64_t   pull_version;     // weights_version the snapshot holds (0: none)
-    uint64_t   weights_version;  // bumps with every command that may change weights
-    bool       verbose;          // DDLD_VERBOSE=1: timings of the weight paths
-    bool       ckpt_requested;   // SIGUSR1: checkpoint at the next step boundary or when idle
-    double     t_popped;         // when the current job left the queue (DDLD_VERBOSE)
-    bool       step_bytes_known; // ddld_g.step_bytes is measured for the current model
-    bool       no_more_ckpt;     // Shutdown(checkpoint=false): no final or pending checkpoint
+    uint8_t       *pull;
+    size_t         pull_cap;
+    atomic_int     pull_readers;
+    uint64_t       pull_version;     // weights_version the snapshot holds (0: none)
+    uint64_t       weights_version;  // bumps with every command that may change weights
+    bool           verbose;          // DDLD_VERBOSE=1: timings of the weight paths
+    bool           ckpt_requested;   // SIGUSR1: checkpoint at the next step boundary or when idle
+    double         t_popped;         // when the current job left the queue (DDLD_VERBOSE)
+    bool           step_bytes_known; // ddld_g.step_bytes is measured for the current model
+    bool           no_more_ckpt;     // Shutdown(checkpoint=false): no final or pending checkpoint
+    ddl_tb_writer *tb;               // --tensorboard-dir (NULL: off, or stopped by a write error)
+    double         tb_flushed;       // when its events last reached the file
     // Where the current model checkpoints by default ("": no --checkpoint-dir): the
     // daemon's first model in --checkpoint-dir itself (what --resume reads), a model that
     // replaced another in --checkpoint-dir/models/<name>, so that no model ever writes
@@ -330,6 +333,8 @@ static void clear_batches(void)
 
 // ---- the collective part (every rank) -------------------------------------------------------
 
+static void tb_train(ddld_dispatch *d, int64_t step, double loss, double accuracy, double mse,
+                     double images_per_s, bool flush);
 static bool progress_cb(const ddl_progress *p, void *ud);
 static void pending_free(struct pending *p);
 static bool interlude_want(void *ud);
@@ -570,12 +575,23 @@ ddld_dispatch *ddld_dispatch_create(const ddld_config *cfg, MPI_Comm world)
         ddld_log("start-up: out of memory for the dispatcher%s",
                  rank == 0 ? " and its batch queue" : "");
     }
+    ddl_tb_writer *tb = NULL;
+    if (!bad && rank == 0 && cfg->tensorboard_dir != NULL &&
+        ddl_tb_open(cfg->tensorboard_dir, &tb) != DDL_OK) {
+        ddld_log("start-up: --tensorboard-dir %s: %s", cfg->tensorboard_dir, ddl_last_error());
+        bad = 1;
+    }
     MPI_Allreduce(&bad, &any_bad, 1, MPI_INT, MPI_MAX, world);
     if (any_bad) {
+        ddl_tb_close(tb);
         ddl_free(batches);
         ddl_free(d);
         return NULL;
     }
+    if (tb != NULL) {
+        ddld_log("TensorBoard events: %s", ddl_tb_path(tb));
+    }
+    d->tb    = tb;
     d->cfg   = cfg;
     d->world = world;
     d->rank  = rank;
@@ -607,6 +623,7 @@ void ddld_dispatch_destroy(ddld_dispatch **pd)
         return;
     }
     ddl_session_destroy(&d->s);
+    ddl_tb_close(d->tb);
     ddld_channel_check(MPI_Comm_free(&d->ctrl), "MPI_Comm_free");
     if (d->rank == 0) {
         clear_batches();
@@ -1131,6 +1148,8 @@ static void on_step(ddld_dispatch *d, ddld_job *job)
                 publish_progress(d);
                 double dt = ddld_now() - t0;
                 ddld_metrics_steps(1, n, dt > 0 ? (double)n / dt : 0);
+                tb_train(d, p.step.step, p.step.loss, p.step.accuracy, p.step.mse,
+                         dt > 0 ? (double)n / dt : 0, true);
                 if (p.step.durable) {
                     ddld_metrics_checkpoint();
                 }
@@ -1159,6 +1178,36 @@ struct train_ctx {
     bool           stop_shutdown, stop_cancel, stop_ckpt;
 };
 
+// --tensorboard-dir (rank 0): the outcome of writing an event (st), and a flush if asked
+// or a second has passed (a live TensorBoard follows a Train). A write that fails (a full
+// disk) stops the events, said once in the log; the command it came from goes on.
+static void tb_done(ddld_dispatch *d, ddl_status st, bool flush)
+{
+    if (d->tb == NULL) {
+        return;
+    }
+    double now = ddld_now();
+    if (st == DDL_OK && (flush || now - d->tb_flushed >= 1.0)) {
+        st            = ddl_tb_flush(d->tb);
+        d->tb_flushed = now;
+    }
+    if (st != DDL_OK) {
+        ddld_log("%s: no more TensorBoard events", ddl_last_error());
+        ddl_tb_close(d->tb);
+        d->tb = NULL;
+    }
+}
+
+// A training step's scalars (Train's steps and Step calls).
+static void tb_train(ddld_dispatch *d, int64_t step, double loss, double accuracy, double mse,
+                     double images_per_s, bool flush)
+{
+    if (d->tb != NULL) {
+        double lr = ddl_optimizer_lr(ddl_model_optimizer(ddl_session_model(d->s)));
+        tb_done(d, ddl_tb_train_step(d->tb, step, loss, accuracy, mse, images_per_s, lr), flush);
+    }
+}
+
 static bool progress_cb(const ddl_progress *pr, void *ud)
 {
     struct payload   *p    = ud;
@@ -1174,6 +1223,7 @@ static bool progress_cb(const ddl_progress *pr, void *ud)
     pthread_mutex_unlock(&ddld_g.mu);
     ddld_metrics_steps(done - t->counted, (done - t->counted) * ddld_g.info.batch_size,
                        pr->images_per_s);
+    tb_train(d, pr->step, pr->loss, pr->accuracy, pr->mse, pr->images_per_s, false);
     t->counted = done;
     if (pr->durable) {
         ddld_metrics_checkpoint();
@@ -1263,6 +1313,7 @@ static void on_train(ddld_dispatch *d, ddld_job *job)
     }
     set_state("idle");
     publish_progress(d);
+    tb_done(d, DDL_OK, true); // the Train's last events reach the file
     if (st != DDL_OK) {
         const char *m = ddl_last_error();
         char        msg[1024];
@@ -1349,6 +1400,12 @@ static void on_evaluate(ddld_dispatch *d, ddld_job *job)
     r.mse                          = p.eval.mse;
     r.rel_l2                       = p.eval.rel_l2;
     r.fg_iou                       = p.eval.fg_iou;
+    if (d->tb != NULL) {
+        pthread_mutex_lock(&ddld_g.mu);
+        int64_t step = ddld_g.step;
+        pthread_mutex_unlock(&ddld_g.mu);
+        tb_done(d, ddl_tb_eval(d->tb, step, r.loss, r.accuracy, r.mse, r.rel_l2, r.fg_iou), true);
+    }
     ddld_call_finish(job->call, GRPC_STATUS_OK, NULL, &r.base);
 }
 

@@ -63,6 +63,8 @@ static const char usage[] =
     "  --metrics-listen H:PORT   serve Prometheus metrics at http://H:PORT/metrics (numeric\n"
     "                            address; port 0 picks a free one; off by default)\n"
     "  --metrics-address-file F  write the metrics host:port here once serving\n"
+    "  --tensorboard-dir DIR     write TensorBoard event files (scalars: training loss,\n"
+    "                            accuracy, images/s, learning rate; evaluations) in DIR\n"
     "  --http-listen H:PORT      serve the KServe v2 protocol over HTTP/REST at\n"
     "                            http(s)://H:PORT/v2 (numeric address; port 0 picks a free\n"
     "                            one; off by default; the same TLS and token rules as gRPC)\n"
@@ -174,6 +176,7 @@ static int parse_args(int argc, char **argv, ddld_config *cfg, bool print)
                                                  "--grace",
                                                  "--metrics-listen",
                                                  "--metrics-address-file",
+                                                 "--tensorboard-dir",
                                                  "--http-listen",
                                                  "--http-address-file",
                                                  "--token-file",
@@ -238,6 +241,9 @@ static int parse_args(int argc, char **argv, ddld_config *cfg, bool print)
             cfg->metrics_listen = val; // checked after MPI_Init (ddld_metrics_check_config)
         } else if (strcmp(name, "--metrics-address-file") == 0) {
             cfg->metrics_address_file = val;
+        } else if (strcmp(name, "--tensorboard-dir") == 0) {
+            cfg->tensorboard_dir = val; // opened by rank 0 at start (ddld_dispatch_create)
+            ok                   = val[0] != '\0';
         } else if (strcmp(name, "--http-listen") == 0) {
             cfg->http_listen = val; // checked after MPI_Init (ddld_http_check_config)
         } else if (strcmp(name, "--http-address-file") == 0) {

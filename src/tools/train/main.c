@@ -36,9 +36,10 @@
 #include "ddl/data.h"
 #include "ddl/model.h"
 #include "ddl/session.h"
+#include "ddl/tbevents.h"
 
 typedef struct options {
-    const char *model, *data, *ckpt_dir, *export_path, *resume_from, *import_path;
+    const char *model, *data, *ckpt_dir, *export_path, *resume_from, *import_path, *tb_dir;
     long long   epochs, ckpt_every, max_steps;
     bool        resume, print_steps, no_eval, ckpt_on_exit, stats;
 } options;
@@ -55,6 +56,8 @@ static void usage(FILE *f)
           "         [--max-steps S (total optimizer steps)] [--print-steps]\n"
           "         [--import FILE.safetensors|DIR] [--export FILE.safetensors|DIR] [--no-eval]\n"
           "         [--stats (bytes moved per training step, per layer)]\n"
+          "         [--tensorboard-dir D (TensorBoard event files: loss, accuracy, img/s,\n"
+          "          learning rate per step; the test figures per epoch)]\n"
           "         [-h | --help]\n",
           f);
 }
@@ -77,6 +80,7 @@ static int parse_args(int argc, char **argv, options *o, char *err, size_t errle
                                           {"import", required_argument, 0, 'I'},
                                           {"checkpoint-on-exit", no_argument, 0, 'E'},
                                           {"stats", no_argument, 0, 'S'},
+                                          {"tensorboard-dir", required_argument, 0, 'T'},
                                           {"help", no_argument, 0, 'h'},
                                           {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
@@ -121,6 +125,13 @@ static int parse_args(int argc, char **argv, options *o, char *err, size_t errle
             break;
         }
         default:
+        case 'T':
+            if (optarg[0] == '\0') {
+                snprintf(err, errlen, "--tensorboard-dir needs a directory, got \"\"");
+                return 2;
+            }
+            o->tb_dir = optarg;
+            break;
             snprintf(err, errlen, "unknown or incomplete option \"%s\"", argv[optind - 1]);
             return 2;
         }
@@ -244,12 +255,42 @@ static void progress_bar(int64_t done, int64_t total, double loss, double rate)
 
 typedef struct printer {
     bool print_steps, tty;
+    // --tensorboard-dir (rank 0; NULL: off, or stopped by a write error) and the session
+    // whose learning rate it records.
+    ddl_tb_writer *tb;
+    ddl_session_t *s;
+    double         tb_flushed;
 } printer;
+
+// The outcome of writing TensorBoard events, and a flush if asked or a second has passed.
+// A write that fails (a full disk) stops the events with a warning; training goes on.
+static void tb_done(printer *pr, ddl_status st, bool flush)
+{
+    if (pr->tb == NULL) {
+        return;
+    }
+    if (st == DDL_OK && (flush || now() - pr->tb_flushed >= 1.0)) {
+        st             = ddl_tb_flush(pr->tb);
+        pr->tb_flushed = now();
+    }
+    if (st != DDL_OK) {
+        fprintf(stderr, "distdl-train: %s: no more TensorBoard events\n", ddl_last_error());
+        ddl_tb_close(pr->tb);
+        pr->tb = NULL;
+    }
+}
 
 // The session's progress callback (rank 0): step lines and the progress bar.
 static bool on_progress(const ddl_progress *p, void *user_data)
 {
-    const printer *pr = user_data;
+    printer *pr = user_data;
+    if (pr->tb != NULL) {
+        double lr = ddl_optimizer_lr(ddl_model_optimizer(ddl_session_model(pr->s)));
+        tb_done(
+            pr,
+            ddl_tb_train_step(pr->tb, p->step, p->loss, p->accuracy, p->mse, p->images_per_s, lr),
+            false);
+    }
     if (pr->print_steps) {
         // 17 digits round-trip a double: f64 runs compare to PyTorch at 1e-10 and below.
         printf("step %lld loss %.17g\n", (long long)p->step, p->loss);
@@ -354,7 +395,12 @@ static int run(const options *o, int size)
                      o->model);
         }
     }
-    ok = err[0] == '\0' && (rank != 0 || check_outputs(o, err, sizeof err));
+    ok                = err[0] == '\0' && (rank != 0 || check_outputs(o, err, sizeof err));
+    ddl_tb_writer *tb = NULL;
+    if (ok && rank == 0 && o->tb_dir != NULL && ddl_tb_open(o->tb_dir, &tb) != DDL_OK) {
+        snprintf(err, sizeof err, "--tensorboard-dir %s: %s", o->tb_dir, ddl_last_error());
+        ok = 0;
+    }
     MPI_Bcast(&ok, 1, MPI_INT, 0, MPI_COMM_WORLD);
     if (!ok) {
         if (rank == 0) {
@@ -373,13 +419,15 @@ static int run(const options *o, int size)
                             &s);
     ddl_spec_destroy(&spec);
     if (st != DDL_OK) {
+        ddl_tb_close(tb);
         return fail("building the model", st, 1);
     }
-    int  rc    = 0;
-    bool synth = ddl_spec_synthetic(ddl_model_spec(ddl_session_model(s)), NULL, NULL, NULL);
-    bool seg   = ddl_spec_label_elems(ddl_model_spec(ddl_session_model(s))) > 1;
-    bool dense = ddl_spec_dense_targets(ddl_model_spec(ddl_session_model(s)));
-    st         = synth ? ddl_session_open_synthetic(s) : ddl_session_open_data(s, o->data);
+    printer pr    = {o->print_steps, rank == 0 && isatty(2), tb, s, now()}; // owns tb from here
+    int     rc    = 0;
+    bool    synth = ddl_spec_synthetic(ddl_model_spec(ddl_session_model(s)), NULL, NULL, NULL);
+    bool    seg   = ddl_spec_label_elems(ddl_model_spec(ddl_session_model(s))) > 1;
+    bool    dense = ddl_spec_dense_targets(ddl_model_spec(ddl_session_model(s)));
+    st            = synth ? ddl_session_open_synthetic(s) : ddl_session_open_data(s, o->data);
     if (st != DDL_OK) {
         if (rank == 0) {
             fprintf(stderr, "distdl-train: %s\n", ddl_last_error());
@@ -417,7 +465,6 @@ static int run(const options *o, int size)
     const ddl_spec_t *sp  = ddl_model_spec(m);
     int64_t           B   = ddl_spec_batch_size(sp);
     int64_t           spe = ddl_session_steps_per_epoch(s);
-    printer           pr  = {o->print_steps, rank == 0 && isatty(2)};
     if (rank == 0) {
         printf("model %s on %d ranks (%d BLAS thread%s each): %d parameter tensors, batch %lld, "
                "%lld steps per epoch\n",
@@ -454,7 +501,14 @@ static int run(const options *o, int size)
                 rc = fail("evaluating", st, 1);
                 goto done;
             }
+            if (pr.tb != NULL) {
+                tb_done(&pr,
+                        ddl_tb_eval(pr.tb, ddl_model_step(m), ev.loss, ev.accuracy, ev.mse,
+                                    ev.rel_l2, ev.fg_iou),
+                        true);
+            }
         }
+        tb_done(&pr, DDL_OK, true); // the epoch's events reach the file
         if (rank == 0 && res.steps_done > 0 && dense) {
             // Regression and dense binary targets: the error of the prediction, and the
             // accuracy of the values where it applies (bce, bce_with_logits).
@@ -518,6 +572,8 @@ static int run(const options *o, int size)
         }
     }
 done:
+    tb_done(&pr, DDL_OK, true);
+    ddl_tb_close(pr.tb);
     ddl_session_destroy(&s);
     return rc;
 }

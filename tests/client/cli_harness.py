@@ -32,7 +32,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -40,7 +39,7 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
-from ddl_daemon import DaemonHarness, Failure, FMNIST, Skip, run_scenarios  # noqa: E402
+from ddl_daemon import DaemonHarness, Failure, FMNIST, Skip, free_port, run_scenarios  # noqa: E402
 
 COMMANDS = ["status", "health", "create", "train", "eval", "step", "predict", "pull", "push",
             "checkpoint", "restore", "shutdown"]
@@ -328,14 +327,6 @@ def sc_session(h):
 
 
 # ---- exit codes -------------------------------------------------------------------------
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
-
 
 def sc_exit(h):
     ck = os.path.join(h.work, "ckpt")

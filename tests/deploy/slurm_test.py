@@ -25,17 +25,11 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "support"))
 sys.path.insert(0, HERE)
-from ddl_daemon import DaemonHarness, Failure, Skip, run_scenarios  # noqa: E402
+from ddl_daemon import DaemonHarness, Failure, Skip, free_port, run_scenarios  # noqa: E402
 from deploy_client import run_client  # noqa: E402
 from distdld_run_test import our_distdld_pids, expect  # noqa: E402
 
 NEEDED = ["munged", "mungekey", "slurmctld", "slurmd", "sbatch", "sinfo", "squeue", "scancel", "scontrol"]
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def tail(path, n=2500):

@@ -10,6 +10,7 @@ import argparse
 import os
 import shlex
 import shutil
+import socket
 import signal
 import subprocess
 import sys
@@ -193,6 +194,15 @@ def kill_job(d):
         if time.time() > end:
             raise Failure("processes %s outlived the SIGKILL of their job" % job_pids(d))
         time.sleep(0.05)
+
+
+def free_port():
+    """A loopback port where nothing listens (bound then closed)."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
 
 
 class DaemonHarness:

@@ -63,6 +63,7 @@ enum {
     O_DIR,
     O_NO_CHECKPOINT,
     O_TARGETS,
+    O_READY,
 };
 
 // The global options, accepted before the command and after it.
@@ -93,6 +94,7 @@ static const struct option command_options[] = {
     {"dir", required_argument, 0, O_DIR},
     {"no-checkpoint", no_argument, 0, O_NO_CHECKPOINT},
     {"targets", required_argument, 0, O_TARGETS},
+    {"ready", no_argument, 0, O_READY},
 };
 
 // Everything the command line says.
@@ -102,7 +104,7 @@ typedef struct cli {
     int         json;
     double      timeout_s;
     const char *name, *dataset, *split, *input, *output, *dir, *targets;
-    int         replace, no_checkpoint;
+    int         replace, no_checkpoint, ready;
     long long   epochs, steps, every; // 0: not given
     const char *positional[4];
     int         npositional;
@@ -131,6 +133,7 @@ static const command *find_command(const char *name);
 // ---- output --------------------------------------------------------------------------
 
 static int         g_json;
+static double      g_t0; // when the tool started (wait counts --timeout from it)
 static const char *g_command = "";
 
 // Prints one JSON object as one line on stdout and frees it.
@@ -308,7 +311,9 @@ static int connect_daemon(const cli *a, ddl_client_t **c)
         tok = file_token;
     }
     ddl_client_options o = ddl_client_options_default();
-    o.connect_timeout_s  = wait;
+    // One budget for finding the address and reaching the daemon, counted from the start.
+    double left          = wait - (ddl_cli_now() - g_t0);
+    o.connect_timeout_s  = left > 0.1 ? left : 0.1;
     o.tls_ca_file        = a->tls_ca;
     o.tls_cert_file      = a->tls_cert;
     o.tls_key_file       = a->tls_key;
@@ -442,6 +447,48 @@ static char *read_text_file(const char *path, int *rc)
     }
     buf[n] = '\0';
     return buf;
+}
+
+// Reached once connected: the daemon answers. --ready: until it also serves (health
+// SERVING) with a model loaded, asked every 0.2 s; all within --timeout of the start.
+static int cmd_wait(cli *a, ddl_client_t *c)
+{
+    double                 limit = a->timeout_s > 0 ? a->timeout_s : 10.0;
+    ddl_client_status_info s;
+    ddl_health_status      h  = DDL_HEALTH_UNKNOWN;
+    const char            *why = "";
+    for (;;) {
+        ddl_status st = ddl_client_get_status(c, &s);
+        if (st == DDL_OK && a->ready)
+            st = ddl_client_health_check(c, "", &h);
+        int code = ddl_client_last_code();
+        if (st != DDL_OK && code != DDL_RPC_UNAVAILABLE)
+            return fail_call(st); // refused (a token's role, TLS): waiting will not help
+        if (st == DDL_OK && (!a->ready || (h == DDL_HEALTH_SERVING && s.has_model)))
+            break;
+        why = st != DDL_OK                ? "is unavailable"
+              : h != DDL_HEALTH_SERVING ? "does not serve (NOT_SERVING: shutting down?)"
+                                        : "has no model loaded";
+        if (ddl_cli_now() - g_t0 + 0.2 > limit)
+            return fail(EXIT_UNREACHABLE, "UNAVAILABLE", "distdld %s after %g s (--timeout)",
+                        why, limit);
+        usleep(200 * 1000);
+    }
+    double waited = ddl_cli_now() - g_t0;
+    if (g_json) {
+        json_t *o = event(a->ready ? "ready" : "reachable");
+        json_object_set_new(o, "has_model", json_boolean(s.has_model));
+        json_object_set_new(o, "model_name", jstr(s.model_name));
+        json_object_set_new(o, "state", jstr(s.state));
+        json_object_set_new(o, "step", json_integer(s.step));
+        json_object_set_new(o, "waited_seconds", json_real(waited));
+        emit(o);
+    } else {
+        printf("%s after %.1f s: %s%s, state %s, step %lld\n", a->ready ? "ready" : "reachable",
+               waited, s.has_model ? "model " : "no model", s.has_model ? s.model_name : "",
+               s.state, (long long)s.step);
+    }
+    return 0;
 }
 
 static int cmd_create(cli *a, ddl_client_t *c)
@@ -880,6 +927,16 @@ static const command commands[] = {
      0,
      "health",
      "grpc.health.v1 Check: prints SERVING (exit 0) or NOT_SERVING (exit 4).\n"},
+    {"wait",
+     cmd_wait,
+     {O_READY, 0},
+     0,
+     0,
+     "wait [--ready]",
+     "Wait until distdld answers, at most --timeout seconds (default 10) from the start (an\n"
+     "--address-file that does not exist yet is waited for too). For workflows: exit 0 once\n"
+     "it is there, 3 when the time runs out (retryable, like every 3).\n"
+     "  --ready   wait also until it serves (health SERVING) with a model loaded\n"},
     {"create",
      cmd_create,
      {O_NAME, O_REPLACE, 0},
@@ -1025,8 +1082,8 @@ static void print_usage(FILE *f, const command *cmd)
 }
 
 #define COMMAND_LIST                                                                               \
-    "status, health, create, train, eval, step, predict, pull, push, checkpoint, restore, "        \
-    "shutdown"
+    "status, health, wait, create, train, eval, step, predict, pull, push, checkpoint, "          \
+    "restore, shutdown"
 
 // ---- parsing the command line ---------------------------------------------------------
 
@@ -1133,6 +1190,9 @@ static int parse(int argc, char **argv, cli *a)
                 break;
             case O_TARGETS:
                 a->targets = optarg;
+                break;
+            case O_READY:
+                a->ready = 1;
                 break;
             case ':':
                 return fail(EXIT_USAGE, "USAGE", "option %s needs an argument", bad);
@@ -1305,6 +1365,7 @@ static int prepare(cli *a)
 
 int main(int argc, char **argv)
 {
+    g_t0   = ddl_cli_now();
     cli a  = {0};
     int rc = parse(argc, argv, &a);
     if (rc >= 0)

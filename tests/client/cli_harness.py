@@ -53,6 +53,8 @@ FIELDS = {
                "input_shape", "num_classes", "datatype", "active_calls",
                "request_queue_depth", "dropped_calls", "bytes_per_step"],
     "health": ["status", "serving"],
+    "reachable": ["has_model", "model_name", "state", "step", "waited_seconds"],
+    "ready": ["has_model", "model_name", "state", "step", "waited_seconds"],
     "create": ["name", "world_size", "num_parameters", "batch_size", "input_shape",
                "num_classes", "datatype"],
     "progress": PROGRESS,
@@ -679,13 +681,24 @@ def sc_sigint(h):
 
 def sc_unix(h):
     """A daemon on --listen unix:PATH started without a model: --address-file names the
-    socket, --address unix:PATH dials it; status says there is no model, train is refused
-    (exit 4), create makes one, then it trains."""
+    socket, --address unix:PATH dials it; status says there is no model, `wait` finds it
+    reachable but `wait --ready` runs out of time (exit 3, naming the missing model), train
+    is refused (exit 4), create makes one, `wait --ready` then succeeds, and it trains."""
     sock = os.path.join(h.work, "distdld.sock")
     d = h.start(2, [], "unix", listen="unix:" + sock)
     check(d.address == "unix:" + sock, "address file says %r" % d.address)
     s = h.one(None, "--address-file", d.addr_file, "status", event="status")
     check(s["has_model"] is False and s["world_size"] == 2, "status without a model %r" % s)
+    # wait: reachable at once; --ready runs out of time without a model (3, retryable,
+    # naming why, after the --timeout and not much later); nothing there at all is 3 too.
+    w = h.one(None, "--address-file", d.addr_file, "wait", event="reachable")
+    check(w["has_model"] is False and w["waited_seconds"] < 10, "wait %r" % w)
+    t0 = time.time()
+    e = h.js(None, "--address-file", d.addr_file, "--timeout", 1.5, "wait", "--ready",
+             expect=3)[-1]
+    check(e["code"] == "UNAVAILABLE" and "no model" in e["message"] and
+          1.3 < time.time() - t0 < 10, "wait --ready without a model: %r" % e)
+    h.js(None, "--address", "unix:" + sock + ".none", "--timeout", 1, "wait", expect=3)
     out, _ = h.cli(None, "--address", "unix:" + sock, "status")
     check("model      none" in out, "status text without a model %r" % out)
     e = h.js(None, "--address", "unix:" + sock, "train", "--steps", 5, expect=4)[-1]
@@ -693,6 +706,8 @@ def sc_unix(h):
     out, _ = h.cli(None, "--address", "unix:" + sock, "create", h.spec("lenet5-2.json"))
     check(out.startswith("created model 'lenet5-2': 61706 parameters on 2 ranks"),
           "create prints %r" % out)
+    w = h.one(None, "--address", "unix:" + sock, "wait", "--ready", event="ready")
+    check(w["has_model"] is True and w["model_name"] == "lenet5-2", "wait --ready %r" % w)
     done = h.js(None, "--address", "unix:" + sock, "train", "--steps", 20)[-1]
     check(done["event"] == "done" and done["step"] == 20, "train over the socket %r" % done)
     h.cli(None, "--address", "unix:" + sock, "shutdown")

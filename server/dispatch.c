@@ -138,7 +138,6 @@ struct ddld_dispatch {
     bool           step_bytes_known; // ddld_g.step_bytes is measured for the current model
     bool           no_more_ckpt;     // Shutdown(checkpoint=false): no final or pending checkpoint
     ddl_tb_writer *tb;               // --tensorboard-dir (NULL: off, or stopped by a write error)
-    double         tb_flushed;       // when its events last reached the file
     // Where the current model checkpoints by default ("": no --checkpoint-dir): the
     // daemon's first model in --checkpoint-dir itself (what --resume reads), a model that
     // replaced another in --checkpoint-dir/models/<name>, so that no model ever writes
@@ -1186,10 +1185,8 @@ static void tb_done(ddld_dispatch *d, ddl_status st, bool flush)
     if (d->tb == NULL) {
         return;
     }
-    double now = ddld_now();
-    if (st == DDL_OK && (flush || now - d->tb_flushed >= 1.0)) {
-        st            = ddl_tb_flush(d->tb);
-        d->tb_flushed = now;
+    if (st == DDL_OK) {
+        st = ddl_tb_flush_due(d->tb, flush);
     }
     if (st != DDL_OK) {
         ddld_log("%s: no more TensorBoard events", ddl_last_error());

@@ -18,6 +18,7 @@ struct ddl_tb_writer {
     // One event's encoding: grown as needed, kept between events.
     uint8_t *buf;
     size_t   cap;
+    double   flushed; // monotonic seconds of the last flush (ddl_tb_flush_due)
 };
 
 // ---- CRC-32C (Castagnoli, reflected polynomial 0x82f63b78), table-driven ----------------
@@ -105,9 +106,8 @@ static size_t varint_len(uint64_t v)
 }
 
 // Summary.Value{tag = 1, simple_value = 2}: its encoded length.
-static size_t value_len(const char *tag, float v)
+static size_t value_len(const char *tag)
 {
-    (void)v;
     size_t t = strlen(tag);
     return 1 + varint_len(t) + t + 1 + 4;
 }
@@ -130,7 +130,7 @@ static void encode_event(struct enc *e, double wall, int64_t step, const char *v
     }
     size_t summary = 0;
     for (size_t i = 0; i < n; i++) {
-        size_t v = value_len(tags[i], (float)values[i]);
+        size_t v = value_len(tags[i]);
         summary += 1 + varint_len(v) + v;
     }
     put_key(e, 5, 2);
@@ -140,17 +140,17 @@ static void encode_event(struct enc *e, double wall, int64_t step, const char *v
         uint32_t fb;
         memcpy(&fb, &f, sizeof fb);
         put_key(e, 1, 2);
-        put_varint(e, value_len(tags[i], f));
+        put_varint(e, value_len(tags[i]));
         put_bytes(e, 1, tags[i], strlen(tags[i]));
         put_key(e, 2, 5);
         put_le(e, fb, 4);
     }
 }
 
-static double wall_now(void)
+static double clock_now(clockid_t id)
 {
     struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
+    clock_gettime(id, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
@@ -158,7 +158,7 @@ static double wall_now(void)
 static ddl_status write_event(ddl_tb_writer *w, int64_t step, const char *version, size_t n,
                               const char *const *tags, const double *values)
 {
-    double     wall = wall_now();
+    double     wall = clock_now(CLOCK_REALTIME);
     struct enc e    = {.p = w->buf, .cap = w->cap};
     encode_event(&e, wall, step, version, n, tags, values);
     if (e.n > w->cap) {
@@ -170,15 +170,11 @@ static ddl_status write_event(ddl_tb_writer *w, int64_t step, const char *versio
         e      = (struct enc){.p = w->buf, .cap = w->cap};
         encode_event(&e, wall, step, version, n, tags, values);
     }
-    uint8_t head[12];
-    for (int i = 0; i < 8; i++) {
-        head[i] = (uint8_t)((uint64_t)e.n >> (8 * i));
-    }
-    uint32_t hc = ddl_tb_masked_crc(head, 8), dc = ddl_tb_masked_crc(e.p, e.n);
-    for (int i = 0; i < 4; i++) {
-        head[8 + i] = (uint8_t)(hc >> (8 * i));
-    }
-    uint8_t tail[4] = {(uint8_t)dc, (uint8_t)(dc >> 8), (uint8_t)(dc >> 16), (uint8_t)(dc >> 24)};
+    uint8_t    head[12], tail[4];
+    struct enc h = {.p = head, .cap = sizeof head}, t = {.p = tail, .cap = sizeof tail};
+    put_le(&h, e.n, 8);
+    put_le(&h, ddl_tb_masked_crc(head, 8), 4);
+    put_le(&t, ddl_tb_masked_crc(e.p, e.n), 4);
     if (fwrite(head, 1, 12, w->f) != 12 || fwrite(e.p, 1, e.n, w->f) != e.n ||
         fwrite(tail, 1, 4, w->f) != 4) {
         return ddl_set_error(ddl__write_errno_status(errno), "tensorboard: cannot write %s: %s",
@@ -272,6 +268,17 @@ ddl_status ddl_tb_flush(ddl_tb_writer *w)
                              w->path, strerror(errno));
     }
     return DDL_OK;
+}
+
+ddl_status ddl_tb_flush_due(ddl_tb_writer *w, bool force)
+{
+    DDL_REQUIRE(w != NULL, DDL_EINVAL, "tensorboard: NULL writer");
+    double now = clock_now(CLOCK_MONOTONIC);
+    if (!force && now - w->flushed < 1.0) {
+        return DDL_OK;
+    }
+    w->flushed = now;
+    return ddl_tb_flush(w);
 }
 
 const char *ddl_tb_path(const ddl_tb_writer *w)

@@ -13,6 +13,7 @@
 #ifndef DDL_TBEVENTS_H
 #define DDL_TBEVENTS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -42,6 +43,9 @@ DDL_EXTERN ddl_status ddl_tb_train_step(ddl_tb_writer *w, int64_t step, double l
 DDL_EXTERN ddl_status ddl_tb_eval(ddl_tb_writer *w, int64_t step, double loss, double accuracy,
                                   double mse, double rel_l2, double fg_iou);
 DDL_EXTERN ddl_status ddl_tb_flush(ddl_tb_writer *w);
+// Flushes when `force`, or when a second has passed since the last flush (a live
+// TensorBoard follows a long run; a step costs no write call).
+DDL_EXTERN ddl_status ddl_tb_flush_due(ddl_tb_writer *w, bool force);
 // The event file's path (for logs).
 DDL_EXTERN const char *ddl_tb_path(const ddl_tb_writer *w);
 // Flushes and closes; NULL is a no-op.

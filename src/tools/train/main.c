@@ -259,7 +259,6 @@ typedef struct printer {
     // whose learning rate it records.
     ddl_tb_writer *tb;
     ddl_session_t *s;
-    double         tb_flushed;
 } printer;
 
 // The outcome of writing TensorBoard events, and a flush if asked or a second has passed.
@@ -269,9 +268,8 @@ static void tb_done(printer *pr, ddl_status st, bool flush)
     if (pr->tb == NULL) {
         return;
     }
-    if (st == DDL_OK && (flush || now() - pr->tb_flushed >= 1.0)) {
-        st             = ddl_tb_flush(pr->tb);
-        pr->tb_flushed = now();
+    if (st == DDL_OK) {
+        st = ddl_tb_flush_due(pr->tb, flush);
     }
     if (st != DDL_OK) {
         fprintf(stderr, "distdl-train: %s: no more TensorBoard events\n", ddl_last_error());
@@ -422,7 +420,7 @@ static int run(const options *o, int size)
         ddl_tb_close(tb);
         return fail("building the model", st, 1);
     }
-    printer pr    = {o->print_steps, rank == 0 && isatty(2), tb, s, now()}; // owns tb from here
+    printer pr    = {o->print_steps, rank == 0 && isatty(2), tb, s}; // owns tb from here
     int     rc    = 0;
     bool    synth = ddl_spec_synthetic(ddl_model_spec(ddl_session_model(s)), NULL, NULL, NULL);
     bool    seg   = ddl_spec_label_elems(ddl_model_spec(ddl_session_model(s))) > 1;

@@ -21,7 +21,7 @@ $SUDO apt-get install -y -q --no-install-recommends \
     python3-matplotlib python3-nbconvert python3-ipykernel jupyter-nbconvert \
     tmux iproute2 python3-yaml slurm-wlm munge systemd \
     clang libfuzzer-14-dev libclang-rt-14-dev valgrind \
-    prometheus
+    prometheus snakemake
 # What each group is for: the build (compiler, MPI, OpenBLAS, gRPC core + protobuf-c, libuv,
 # jansson, zlib, OpenSSL's libcrypto for TLS checks, libmicrohttpd and GnuTLS for /metrics and KServe over HTTP,
 # parallel HDF5 for per-rank ingest, h5py to write its files); the data;
@@ -29,4 +29,5 @@ $SUDO apt-get install -y -q --no-install-recommends \
 # the CLI's progress bar (tmux), two simulated hosts (iproute2), the Kubernetes manifest
 # (python3-yaml), Slurm (slurm-wlm, munge) and the systemd unit (systemd-analyze); the
 # fuzzers (clang, libFuzzer) and memcheck (valgrind); and Prometheus with promtool, which
-# scrape /metrics and check the shipped rules (deploy/prometheus/).
+# scrape /metrics and check the shipped rules (deploy/prometheus/); Snakemake, which runs
+# the workflow of deploy/workflows/.

@@ -55,6 +55,7 @@ enum {
     O_REPLACE,
     O_EPOCHS,
     O_STEPS,
+    O_TO_STEP,
     O_DATASET,
     O_EVERY,
     O_SPLIT,
@@ -86,6 +87,7 @@ static const struct option command_options[] = {
     {"replace", no_argument, 0, O_REPLACE},
     {"epochs", required_argument, 0, O_EPOCHS},
     {"steps", required_argument, 0, O_STEPS},
+    {"to-step", required_argument, 0, O_TO_STEP},
     {"dataset", required_argument, 0, O_DATASET},
     {"progress-every", required_argument, 0, O_EVERY},
     {"split", required_argument, 0, O_SPLIT},
@@ -106,6 +108,7 @@ typedef struct cli {
     const char *name, *dataset, *split, *input, *output, *dir, *targets;
     int         replace, no_checkpoint, ready;
     long long   epochs, steps, every; // 0: not given
+    long long   to_step;              // --to-step S; -1: not given
     const char *positional[4];
     int         npositional;
     // Read before connecting (prepare()): what the command sends.
@@ -599,6 +602,45 @@ static int64_t stopped_step(ddl_client_t *c, int64_t fallback)
 
 static int cmd_train(cli *a, ddl_client_t *c)
 {
+    if (a->to_step >= 0) {
+        // Idempotent: the steps still missing from the model's own step. Not atomic with the
+        // Train: a Train of another client in between moves the step (docs/CLI.md).
+        ddl_client_status_info s;
+        ddl_status             st = ddl_client_get_status(c, &s);
+        if (st != DDL_OK)
+            return fail_call(st);
+        if (!s.has_model)
+            return fail(EXIT_SERVER, "FAILED_PRECONDITION", "--to-step %lld: the daemon has no model",
+                        a->to_step);
+        if (s.step > a->to_step)
+            return fail(EXIT_SERVER, "FAILED_PRECONDITION",
+                        "--to-step %lld: model %s is at step %lld already, past it", a->to_step,
+                        s.model_name, (long long)s.step);
+        if (s.step == a->to_step) {
+            if (g_json) {
+                // The fields of a Train's last record, for a Train of no steps: no means
+                // (null), no throughput; steps_per_epoch is not in GetStatus (0).
+                ddl_client_progress p = {.step      = s.step,
+                                         .epoch     = s.epoch,
+                                         .batch     = s.batch,
+                                         .loss      = NAN,
+                                         .accuracy  = NAN,
+                                         .durable   = s.durable_step == s.step,
+                                         .finished  = 1,
+                                         .mean_loss = NAN,
+                                         .mse       = -1};
+                json_t *o           = progress_json("done", &p);
+                json_object_set_new(o, "mean_loss", jreal(p.mean_loss));
+                json_object_set_new(o, "seconds", json_real(0));
+                emit(o);
+            } else {
+                printf("model %s is at step %lld already: nothing to train\n", s.model_name,
+                       (long long)s.step);
+            }
+            return 0;
+        }
+        a->steps = a->to_step - s.step;
+    }
     train_state t = {.every = a->every ? a->every : 50, .show = !g_json};
     ddl_cli_progress_init(&t.bar, stderr, !g_json && isatty(STDERR_FILENO));
     ddl_client_train_request req = {.steps   = a->steps,
@@ -948,15 +990,18 @@ static const command commands[] = {
      "  --replace    replace an existing model (without it that is an error)\n"},
     {"train",
      cmd_train,
-     {O_EPOCHS, O_STEPS, O_DATASET, O_EVERY, 0},
+     {O_EPOCHS, O_STEPS, O_TO_STEP, O_DATASET, O_EVERY, 0},
      0,
      0,
-     "train (--epochs N | --steps N) [--dataset D] [--progress-every K]",
+     "train (--epochs N | --steps N | --to-step S) [--dataset D] [--progress-every K]",
      "Train over the daemon's dataset. On a terminal a progress bar on stderr (step, loss,\n"
      "accuracy, images/s, ETA); otherwise a line per K steps and per epoch end. Ctrl-C\n"
      "cancels the Train at the next step boundary and exits 130.\n"
      "  --epochs N          train N epochs\n"
      "  --steps N           train N optimizer steps\n"
+     "  --to-step S         train until the model is at step S (none when it is there\n"
+     "                      already; an error when it is past S): a retried workflow step\n"
+     "                      goes on from where a restarted daemon resumed\n"
      "  --dataset D         an IDX directory relative to the daemon's --data-root\n"
      "  --progress-every K  a progress record every K steps (default 50)\n"},
     {"eval",
@@ -1166,6 +1211,10 @@ static int parse(int argc, char **argv, cli *a)
                 if (parse_count("--steps", optarg, 1, &a->steps) != 0)
                     return EXIT_USAGE;
                 break;
+            case O_TO_STEP:
+                if (parse_count("--to-step", optarg, 0, &a->to_step) != 0)
+                    return EXIT_USAGE;
+                break;
             case O_EVERY:
                 if (parse_count("--progress-every", optarg, 1, &a->every) != 0)
                     return EXIT_USAGE;
@@ -1307,10 +1356,12 @@ static int prepare(cli *a)
 {
     const char *cmd = a->command;
     if (strcmp(cmd, "train") == 0) {
-        if (a->epochs && a->steps)
-            return fail(EXIT_USAGE, "USAGE", "give --epochs N or --steps N, not both");
-        if (!a->epochs && !a->steps)
-            return fail(EXIT_USAGE, "USAGE", "train needs --epochs N or --steps N");
+        int given = (a->epochs > 0) + (a->steps > 0) + (a->to_step >= 0);
+        if (given > 1)
+            return fail(EXIT_USAGE, "USAGE",
+                        "give one of --epochs N, --steps N and --to-step S, not several");
+        if (given == 0)
+            return fail(EXIT_USAGE, "USAGE", "train needs --epochs N, --steps N or --to-step S");
     } else if (strcmp(cmd, "eval") == 0 && (a->input || a->targets)) {
         if (a->split || a->dataset)
             return fail(EXIT_USAGE, "USAGE",
@@ -1366,7 +1417,7 @@ static int prepare(cli *a)
 int main(int argc, char **argv)
 {
     g_t0   = ddl_cli_now();
-    cli a  = {0};
+    cli a  = {.to_step = -1};
     int rc = parse(argc, argv, &a);
     if (rc >= 0)
         return rc; // --help, or a usage error

@@ -367,8 +367,10 @@ def sc_exit(h):
     expect(2, ["status", "extra"], "unexpected argument", "extra")
     expect(2, ["train", "--steps", "-3"], "--steps", "-3")
     expect(2, ["train", "--steps", "ten"], "--steps", "ten")
-    expect(2, ["train", "--epochs", "1", "--steps", "5"], "--epochs", "--steps", "not both")
-    expect(2, ["train"], "--epochs N or --steps N")
+    expect(2, ["train", "--epochs", "1", "--steps", "5"], "--epochs", "--steps", "not several")
+    expect(2, ["train", "--steps", "5", "--to-step", "40"], "--to-step", "not several")
+    expect(2, ["train", "--to-step", "-1"], "--to-step", "-1")
+    expect(2, ["train"], "--epochs N, --steps N or --to-step S")
     expect(2, ["eval", "--split", "validation"], "--split", "validation")
     expect(2, ["restore", "abc"], "abc")
     expect(2, ["restore", "--dir", ck], "missing argument")
@@ -412,6 +414,14 @@ def sc_exit(h):
     expect(4, ["predict", "--input", x64, "--output", os.path.join(h.work, "z.npy")])
     expect(4, ["eval", "--dataset", "no-such-dataset"], "no-such-dataset")
     expect(4, ["train", "--steps", "5", "--dataset", "no-such-dataset"], "no-such-dataset")
+    e = expect(4, ["train", "--to-step", "19"], "--to-step 19", "at step 20", "past it")
+    check(e["code"] == "FAILED_PRECONDITION", "train --to-step behind the model: %r" % e)
+    # --to-step where the model is: nothing to train (exit 0), nothing changed.
+    out, _ = h.cli(d, "train", "--to-step", 20)
+    check(out.strip() == "model lenet5-2 is at step 20 already: nothing to train", "to-step text %r" % out)
+    done = h.one(d, "train", "--to-step", 20, event="done")
+    check(done["step"] == 20 and done["done"] == 0, "to-step where the model is: %r" % done)
+    unchanged("train --to-step 20")
     # A complete set with one tensor of the wrong shape: refused as a whole.
     w = os.path.join(h.work, "w.safetensors")
     h.cli(d, "pull", "--output", w)
@@ -477,6 +487,9 @@ def sc_exit(h):
     check(h.one(d, "health")["serving"] is True, "not serving after the bad commands")
     h.js(d, "train", "--steps", 5)
     check(h.status(d)["step"] == 25, "the daemon did not train on")
+    done = h.js(d, "train", "--to-step", 32)[-1]
+    check(done["event"] == "done" and done["step"] == 32 and done["done"] == 7,
+          "train --to-step 32 from step 25: %r" % done)
     h.cli(d, "shutdown")
     d.wait_exit()
 

@@ -1199,6 +1199,7 @@ static void tb_done(ddld_dispatch *d, ddl_status st, bool flush)
 static void tb_train(ddld_dispatch *d, int64_t step, double loss, double accuracy, double mse,
                      double images_per_s, bool flush)
 {
+    ddld_metrics_train_point(step, loss, accuracy, images_per_s); // the dashboard's curves
     if (d->tb != NULL) {
         double lr = ddl_optimizer_lr(ddl_model_optimizer(ddl_session_model(d->s)));
         tb_done(d, ddl_tb_train_step(d->tb, step, loss, accuracy, mse, images_per_s, lr), flush);
@@ -1397,10 +1398,11 @@ static void on_evaluate(ddld_dispatch *d, ddld_job *job)
     r.mse                          = p.eval.mse;
     r.rel_l2                       = p.eval.rel_l2;
     r.fg_iou                       = p.eval.fg_iou;
+    pthread_mutex_lock(&ddld_g.mu);
+    int64_t step = ddld_g.step;
+    pthread_mutex_unlock(&ddld_g.mu);
+    ddld_metrics_eval_point(step, r.count, r.loss, r.accuracy);
     if (d->tb != NULL) {
-        pthread_mutex_lock(&ddld_g.mu);
-        int64_t step = ddld_g.step;
-        pthread_mutex_unlock(&ddld_g.mu);
         tb_done(d, ddl_tb_eval(d->tb, step, r.loss, r.accuracy, r.mse, r.rel_l2, r.fg_iou), true);
     }
     ddld_call_finish(job->call, GRPC_STATUS_OK, NULL, &r.base);

@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -98,6 +99,19 @@ static struct {
     struct MHD_Daemon      *mhd;
     double                  start_unix, start_mono;
     long                    page;
+    // the dashboard's history (dashboard_json): the last HIST_TRAIN training records and
+    // HIST_EVAL evaluations, rings indexed by their sequence number modulo the size
+    struct hist_train {
+        uint64_t seq;
+        int64_t  step;
+        double   loss, accuracy, images_per_s, unix_s;
+    } train[DDLD_HIST_TRAIN];
+    struct hist_eval {
+        uint64_t seq;
+        int64_t  step, count;
+        double   loss, accuracy, unix_s;
+    } eval[DDLD_HIST_EVAL];
+    uint64_t ntrain, neval; // records ever added (the next one's seq is n + 1)
 } m = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 // ---- the listen address ---------------------------------------------------------------
@@ -352,6 +366,40 @@ void ddld_metrics_checkpoint(void)
     }
     pthread_mutex_lock(&m.mu);
     m.checkpoints++;
+    pthread_mutex_unlock(&m.mu);
+}
+
+void ddld_metrics_train_point(int64_t step, double loss, double accuracy, double images_per_s)
+{
+    if (!m.enabled) {
+        return;
+    }
+    double t = now_unix();
+    pthread_mutex_lock(&m.mu);
+    struct hist_train *h = &m.train[m.ntrain % DDLD_HIST_TRAIN];
+    *h = (struct hist_train){.seq          = ++m.ntrain,
+                             .step         = step,
+                             .loss         = loss,
+                             .accuracy     = accuracy,
+                             .images_per_s = images_per_s,
+                             .unix_s       = t};
+    pthread_mutex_unlock(&m.mu);
+}
+
+void ddld_metrics_eval_point(int64_t step, int64_t count, double loss, double accuracy)
+{
+    if (!m.enabled) {
+        return;
+    }
+    double t = now_unix();
+    pthread_mutex_lock(&m.mu);
+    struct hist_eval *h = &m.eval[m.neval % DDLD_HIST_EVAL];
+    *h                  = (struct hist_eval){.seq      = ++m.neval,
+                                             .step     = step,
+                                             .count    = count,
+                                             .loss     = loss,
+                                             .accuracy = accuracy,
+                                             .unix_s   = t};
     pthread_mutex_unlock(&m.mu);
 }
 
@@ -622,6 +670,277 @@ static enum MHD_Result reply(struct MHD_Connection *conn, unsigned int status, c
     return ret;
 }
 
+// ---- the dashboard (HTTP thread) -------------------------------------------------------------
+// GET /dashboard is one HTML page (dashboard.html, compiled in by server/CMakeLists.txt) that
+// polls GET /dashboard.json; GET /dashboard/chart.js is Debian's libjs-chart.js read from its
+// file at each request (DDLD_CHARTJS overrides the path), so the daemon starts without it and
+// the page says it is missing. docs/METRICS.md lists the JSON's fields.
+
+extern const unsigned char ddld_dashboard_html[]; // dashboard_page.c, generated
+extern const size_t ddld_dashboard_html_len;
+
+#define CHARTJS_DEFAULT "/usr/share/javascript/chart.js/chart.min.js"
+
+static const char *chartjs_path(void)
+{
+    const char *p = getenv("DDLD_CHARTJS");
+    return p != NULL && p[0] != '\0' ? p : CHARTJS_DEFAULT;
+}
+
+// A JSON number, or null for NaN and infinities (JSON has none).
+static void put_num(FILE *f, double v)
+{
+    if (v == v && v - v == 0) {
+        fprintf(f, "%.17g", v);
+    } else {
+        fputs("null", f);
+    }
+}
+
+// A JSON string of a name from the spec (quotes and control characters escaped).
+static void put_jstr(FILE *f, const char *s)
+{
+    fputc('"', f);
+    for (; *s != '\0'; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') {
+            fprintf(f, "\\%c", c);
+        } else if (c < 0x20) {
+            fprintf(f, "\\u%04x", c);
+        } else {
+            fputc(c, f);
+        }
+    }
+    fputc('"', f);
+}
+
+// The records with seq > since_train (training) and seq > since_eval (evaluations), and the
+// current figures, as one JSON object.
+static void dashboard_json(FILE *f, const struct scrape *s, uint64_t since_train,
+                           uint64_t since_eval)
+{
+    // the rings, copied under m.mu (about 24 KB: on the heap, like the scrape)
+    struct hist_train *tr = ddl_malloc(sizeof m.train);
+    struct hist_eval  *ev = ddl_malloc(sizeof m.eval);
+    uint64_t           ntrain = 0, neval = 0;
+    if (tr != NULL && ev != NULL) {
+        pthread_mutex_lock(&m.mu);
+        memcpy(tr, m.train, sizeof m.train);
+        memcpy(ev, m.eval, sizeof m.eval);
+        ntrain = m.ntrain;
+        neval  = m.neval;
+        pthread_mutex_unlock(&m.mu);
+    }
+    const char *cjs = chartjs_path();
+    fprintf(f, "{\"uptime_seconds\": %.3f, \"world_size\": %d, \"state\": ", now_mono() - m.start_mono,
+            s->world_size);
+    put_jstr(f, s->state);
+    fprintf(f, ",\n \"chart_js\": {\"path\": ");
+    put_jstr(f, cjs);
+    fprintf(f, ", \"present\": %s},\n", access(cjs, R_OK) == 0 ? "true" : "false");
+    fprintf(f, " \"step\": %lld, \"durable_step\": %lld, \"epoch\": %lld, \"last_loss\": ",
+            (long long)s->step, (long long)s->durable_step, (long long)s->epoch);
+    put_num(f, s->last_loss);
+    fprintf(f, ", \"images_per_s\": ");
+    put_num(f, s->images_per_s);
+    fprintf(f,
+            ", \"steps_total\": %llu, \"images_total\": %llu, \"checkpoints_total\": %llu,\n"
+            " \"step_bytes\": %lld, \"queue\": {\"requests\": %d, \"requests_capacity\": %d, "
+            "\"batches\": %d, \"batches_capacity\": %d},\n",
+            (unsigned long long)s->steps, (unsigned long long)s->images,
+            (unsigned long long)s->checkpoints, (long long)s->step_bytes, s->requests,
+            s->request_cap, s->batches, s->batch_cap);
+    fprintf(f, " \"ranks\": [");
+    for (int r = 0; r < s->world_size; r++) {
+        int64_t sent = 0, recv = 0;
+        for (int k = 0; k < DDL_TRAFFIC_NKINDS * DDL_TRAFFIC_NPASSES && s->gathered; k++) {
+            sent += s->ranks[(size_t)r * NREC + (size_t)k * 3];
+            recv += s->ranks[(size_t)r * NREC + (size_t)k * 3 + 1];
+        }
+        int64_t rss =
+            r == 0 ? resident_bytes() : (s->gathered ? s->ranks[(size_t)r * NREC + REC_RSS] : 0);
+        fprintf(f, "%s{\"rank\": %d, \"resident_bytes\": %lld, \"bytes_sent\": %lld, "
+                   "\"bytes_received\": %lld}",
+                r > 0 ? ", " : "", r, (long long)rss, (long long)sent, (long long)recv);
+    }
+    fprintf(f, "],\n \"train_seq\": %llu, \"train\": [", (unsigned long long)ntrain);
+    uint64_t first = ntrain > DDLD_HIST_TRAIN ? ntrain - DDLD_HIST_TRAIN + 1 : 1;
+    if (first <= since_train) {
+        first = since_train + 1;
+    }
+    for (uint64_t q = first; q <= ntrain; q++) {
+        const struct hist_train *h = &tr[(q - 1) % DDLD_HIST_TRAIN];
+        fprintf(f, "%s\n  {\"seq\": %llu, \"step\": %lld, \"loss\": ", q > first ? "," : "",
+                (unsigned long long)h->seq, (long long)h->step);
+        put_num(f, h->loss);
+        fputs(", \"accuracy\": ", f);
+        put_num(f, h->accuracy);
+        fputs(", \"images_per_s\": ", f);
+        put_num(f, h->images_per_s);
+        fprintf(f, ", \"unix_s\": %.3f}", h->unix_s);
+    }
+    fprintf(f, "],\n \"eval_seq\": %llu, \"eval\": [", (unsigned long long)neval);
+    first = neval > DDLD_HIST_EVAL ? neval - DDLD_HIST_EVAL + 1 : 1;
+    if (first <= since_eval) {
+        first = since_eval + 1;
+    }
+    for (uint64_t q = first; q <= neval; q++) {
+        const struct hist_eval *h = &ev[(q - 1) % DDLD_HIST_EVAL];
+        fprintf(f, "%s\n  {\"seq\": %llu, \"step\": %lld, \"count\": %lld, \"loss\": ",
+                q > first ? "," : "", (unsigned long long)h->seq, (long long)h->step,
+                (long long)h->count);
+        put_num(f, h->loss);
+        fputs(", \"accuracy\": ", f);
+        put_num(f, h->accuracy);
+        fprintf(f, ", \"unix_s\": %.3f}", h->unix_s);
+    }
+    ddl_free(tr);
+    ddl_free(ev);
+    // the model and its partitions (the spec's rank grids), under the snapshot's mutex
+    fputs("],\n \"model\": ", f);
+    pthread_mutex_lock(&ddld_g.mu);
+    const ddld_model_info *mi = &ddld_g.info;
+    if (!mi->has_model) {
+        fputs("null", f);
+    } else {
+        fputs("{\"name\": ", f);
+        put_jstr(f, mi->name);
+        fprintf(f, ", \"batch_size\": %lld, \"num_parameters\": %lld, \"partitions\": [",
+                (long long)mi->batch_size, (long long)mi->num_parameters);
+        for (int i = 0; i < mi->npartitions; i++) {
+            fputs(i > 0 ? ",\n  {\"name\": " : "\n  {\"name\": ", f);
+            put_jstr(f, mi->part_name[i]);
+            fputs(", \"shape\": [", f);
+            for (int j = 0; j < mi->part_ndims[i]; j++) {
+                fprintf(f, "%s%lld", j > 0 ? ", " : "", (long long)mi->part_shape[i][j]);
+            }
+            fputs("], \"ranks\": [", f);
+            for (int j = 0; j < mi->part_nranks[i]; j++) {
+                fprintf(f, "%s%d", j > 0 ? ", " : "", (int)mi->part_ranks[i][j]);
+            }
+            fputs("]}", f);
+        }
+        fputs("]}", f);
+    }
+    pthread_mutex_unlock(&ddld_g.mu);
+    fputs("}\n", f);
+}
+
+// The query of /dashboard.json: since (training records) and since_eval, each a decimal
+// count; anything else is a bad request.
+struct dash_query {
+    uint64_t since, since_eval;
+    char     err[160];
+};
+
+static enum MHD_Result dash_arg(void *cls, enum MHD_ValueKind kind, const char *key,
+                                const char *value)
+{
+    (void)kind;
+    struct dash_query *q = cls;
+    uint64_t          *out;
+    if (strcmp(key, "since") == 0) {
+        out = &q->since;
+    } else if (strcmp(key, "since_eval") == 0) {
+        out = &q->since_eval;
+    } else {
+        snprintf(q->err, sizeof q->err,
+                 "bad request: unknown parameter \"%.40s\" (expected since, since_eval)\n", key);
+        return MHD_NO;
+    }
+    char *end;
+    errno = 0;
+    unsigned long long v =
+        value != NULL && value[0] >= '0' && value[0] <= '9' ? strtoull(value, &end, 10) : 0;
+    if (value == NULL || value[0] < '0' || value[0] > '9' || *end != '\0' || errno != 0) {
+        snprintf(q->err, sizeof q->err,
+                 "bad request: %s=\"%.40s\" is not a non-negative decimal integer\n", key,
+                 value != NULL ? value : "");
+        return MHD_NO;
+    }
+    *out = v;
+    return MHD_YES;
+}
+
+// A text answer copied from msg (a stack buffer).
+static enum MHD_Result reply_copy(struct MHD_Connection *conn, unsigned int status,
+                                  const char *msg)
+{
+    char *copy = strdup(msg); // libc malloc: libmicrohttpd frees it with free()
+    if (copy == NULL) {
+        return MHD_NO;
+    }
+    return reply(conn, status, copy, strlen(copy), true);
+}
+
+static enum MHD_Result reply_typed(struct MHD_Connection *conn, struct MHD_Response *r,
+                                   const char *type)
+{
+    if (r == NULL) {
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-store");
+    enum MHD_Result ret = MHD_queue_response(conn, MHD_HTTP_OK, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+static enum MHD_Result dashboard(struct MHD_Connection *conn, const char *url)
+{
+    static char failed[] = "out of memory\n";
+    if (strcmp(url, "/dashboard") == 0 || strcmp(url, "/dashboard/") == 0) {
+        return reply_typed(conn,
+                           MHD_create_response_from_buffer(ddld_dashboard_html_len,
+                                                           (void *)ddld_dashboard_html,
+                                                           MHD_RESPMEM_PERSISTENT),
+                           "text/html; charset=utf-8");
+    }
+    if (strcmp(url, "/dashboard/chart.js") == 0) {
+        const char *path = chartjs_path();
+        int         fd   = open(path, O_RDONLY | O_CLOEXEC);
+        struct stat sb;
+        if (fd < 0 || fstat(fd, &sb) != 0) {
+            if (fd >= 0) {
+                close(fd);
+            }
+            char msg[PATH_MAX + 160];
+            snprintf(msg, sizeof msg,
+                     "not found: Chart.js is not at %s (install Debian's libjs-chart.js, "
+                     "deploy/install-deps.sh, or set DDLD_CHARTJS)\n",
+                     path);
+            return reply_copy(conn, MHD_HTTP_NOT_FOUND, msg);
+        }
+        // libmicrohttpd closes fd with the response
+        return reply_typed(conn, MHD_create_response_from_fd((uint64_t)sb.st_size, fd),
+                           "text/javascript; charset=utf-8");
+    }
+    // /dashboard.json
+    struct dash_query q = {0};
+    MHD_get_connection_values(conn, MHD_GET_ARGUMENT_KIND, dash_arg, &q);
+    if (q.err[0] != '\0') {
+        return reply_copy(conn, MHD_HTTP_BAD_REQUEST, q.err);
+    }
+    struct scrape *s    = ddl_malloc(sizeof *s);
+    char          *text = NULL;
+    size_t         len  = 0;
+    FILE          *f    = NULL;
+    if (s != NULL && take_scrape(s) == 0 && (f = open_memstream(&text, &len)) != NULL) {
+        dashboard_json(f, s, q.since, q.since_eval);
+    }
+    if (s != NULL) {
+        ddl_free(s->ranks);
+    }
+    ddl_free(s);
+    if (f == NULL || fclose(f) != 0) {
+        free(text);
+        return reply(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, failed, strlen(failed), false);
+    }
+    return reply_typed(conn,
+                       MHD_create_response_from_buffer(len, text, MHD_RESPMEM_MUST_FREE),
+                       "application/json");
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const char *url,
                                   const char *method, const char *version, const char *upload_data,
                                   size_t *upload_data_size, void **con_cls)
@@ -631,11 +950,16 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     (void)upload_data;
     (void)upload_data_size;
     (void)con_cls;
-    static char not_found[]   = "not found: the metrics are at /metrics\n";
-    static char not_allowed[] = "method not allowed: GET /metrics\n";
+    static char not_found[] =
+        "not found: the metrics are at /metrics, the dashboard at /dashboard\n";
+    static char not_allowed[] = "method not allowed: GET /metrics, /dashboard\n";
     static char failed[]      = "out of memory\n";
     if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 && strcmp(method, MHD_HTTP_METHOD_HEAD) != 0) {
         return reply(conn, MHD_HTTP_METHOD_NOT_ALLOWED, not_allowed, strlen(not_allowed), false);
+    }
+    if (strcmp(url, "/dashboard") == 0 || strcmp(url, "/dashboard/") == 0 ||
+        strcmp(url, "/dashboard/chart.js") == 0 || strcmp(url, "/dashboard.json") == 0) {
+        return dashboard(conn, url);
     }
     if (strcmp(url, "/metrics") != 0) {
         return reply(conn, MHD_HTTP_NOT_FOUND, not_found, strlen(not_found), false);

@@ -94,4 +94,14 @@ void ddld_metrics_steps(int64_t steps, int64_t images, double images_per_s);
 // A durable checkpoint was written.
 void ddld_metrics_checkpoint(void);
 
+// ---- the dashboard's history (GET /dashboard.json on --metrics-listen) --------------------
+
+#define DDLD_HIST_TRAIN 512 // training records kept (the newest)
+#define DDLD_HIST_EVAL 64   // evaluations kept
+// Rank 0, main thread: a training record (a Step, or a Train's progress report) at the
+// model's step `step`; accuracy is NaN where the loss has none.
+void ddld_metrics_train_point(int64_t step, double loss, double accuracy, double images_per_s);
+// Rank 0, main thread: an evaluation of `count` samples at the model's step `step`.
+void ddld_metrics_eval_point(int64_t step, int64_t count, double loss, double accuracy);
+
 #endif // DDLD_METRICS_H

@@ -1,0 +1,271 @@
+#!/usr/bin/python3
+"""distdld's live dashboard (GET /dashboard on --metrics-listen) in Debian's headless Chromium,
+and its JSON endpoint.
+
+  dashboard_test.py --build BUILD --source SRC --mpiexec MPIEXEC [--mpi-flags "..."] SCENARIO
+
+browser: a 2-rank LeNet-5 daemon with --metrics-listen; `chromium --headless --dump-dom`
+  loads /dashboard (which loads Chart.js from the daemon and polls /dashboard.json) with
+  Chromium's console on stderr (--enable-logging=stderr):
+    - no console message at all from the page (the capture is first checked on a probe page
+      that logs an error and throws), and the page's own error box (window errors, failed
+      polls) empty; Chart.js loaded (no "missing" banner);
+    - while a 3,000-step Train runs, two loads a moment apart show more training points the
+      second time than the first, and more than none;
+    - after the Train and an Evaluate, the figures shown (step, epoch, last loss, state,
+      queue depth) equal GetStatus, the loss bit for bit; one evaluation point; a partition
+      picture per partition of GetStatus, each box naming the ranks GetStatus lists.
+json: /dashboard.json's fields after 50 steps and an evaluation (train records with seq,
+  step, loss, accuracy, images_per_s; since=N returns only the newer ones; the evaluation's
+  count and the GetStatus step); bad requests get 400 with a reason (unknown parameter,
+  non-numeric since), an unknown path 404, a POST 405; /dashboard/chart.js is Debian's file
+  byte for byte, and with DDLD_CHARTJS pointing at no file it is a 404 that says what to
+  install while the daemon runs and the JSON says chart_js.present false.
+
+Exit status: 0 pass, 1 fail, 7 skip (distdld not built; chromium not installed for browser:
+deploy/install-deps.sh installs Debian's `chromium` and `libjs-chart.js`).
+"""
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "support"))
+from ddl_daemon import DaemonHarness, Failure, Skip, run_scenarios  # noqa: E402
+
+CHARTJS = "/usr/share/javascript/chart.js/chart.min.js"
+
+
+def get(url, method="GET", timeout=10):
+    """(status, body) of a request; HTTP errors are answers too."""
+    req = urllib.request.Request(url, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, r.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def start(h, name, env_extra=None):
+    maddr = os.path.join(h.work, name + "-metrics-addr")
+    d = h.start(2, ["--model", h.spec("lenet5-2.json"), "--metrics-listen", "127.0.0.1:0",
+                    "--metrics-address-file", maddr], name, env=env_extra)
+    for _ in range(100):
+        if os.path.exists(maddr) and open(maddr).read().strip():
+            break
+        time.sleep(0.1)
+    return d, "http://" + open(maddr).read().strip()
+
+
+def chromium():
+    for name in ("chromium", "chromium-browser"):
+        p = shutil.which(name)
+        if p is not None:
+            return p
+    raise Skip("chromium is not installed (Debian's chromium; deploy/install-deps.sh)")
+
+
+def load(h, browser, url, budget_ms=2500):
+    """The page's DOM after budget_ms of (virtual) time, and its console errors/warnings."""
+    prof = os.path.join(h.work, "chromium-profile")
+    r = subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu",
+                        "--user-data-dir=" + prof, "--enable-logging=stderr", "--v=0",
+                        "--virtual-time-budget=%d" % budget_ms, "--dump-dom", url],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=60)
+    if r.returncode != 0:
+        raise Failure("chromium exited %d: %s" % (r.returncode, r.stderr[-2000:]))
+    # Chromium prints the page's console as [..:INFO:CONSOLE:line] "message", source: url,
+    # whatever the message's level: the dashboard logs nothing, so any line is a complaint
+    console = [l for l in r.stderr.splitlines() if ":CONSOLE" in l]
+    return r.stdout, console, console
+
+
+def text_of(dom, ident):
+    m = re.search(r'id="%s"[^>]*>([^<]*)<' % re.escape(ident), dom)
+    if m is None:
+        raise Failure("the page has no #%s" % ident)
+    return m.group(1)
+
+
+def check_clean(dom, console, bad, when):
+    errs = text_of(dom, "errors")
+    if bad or errs.strip():
+        raise Failure("%s: console errors %s; the page's error box: %r" % (when, bad, errs))
+    if 'id="banner" style="display: block' in dom:
+        raise Failure("%s: the page says Chart.js is missing" % when)
+    if not re.search(r'<body[^>]*data-polls="[1-9]', dom):
+        raise Failure("%s: the page never polled /dashboard.json" % when)
+    if "<canvas" not in dom or 'id="c-loss"' not in dom:
+        raise Failure("%s: no loss chart" % when)
+
+
+def sc_browser(h):
+    browser = chromium()
+    # the console capture itself: a page's console.error and uncaught error are seen
+    probe = os.path.join(h.work, "probe.html")
+    with open(probe, "w") as f:
+        f.write('<script>console.error("probe-error"); no_such_function();</script>')
+    _, console, _ = load(h, browser, "file://" + probe, 200)
+    if not any("probe-error" in l for l in console) or not any("Uncaught" in l for l in console):
+        raise Failure("chromium's console is not captured (--enable-logging=stderr): %s" % console)
+    d, base = start(h, "dash")
+    cli = os.path.join(h.build, "bin", "distdl")
+    page = base + "/dashboard"
+    dom, console, bad = load(h, browser, page)
+    check_clean(dom, console, bad, "idle")
+    print("idle: page loaded, %d console lines, none an error" % len(console), flush=True)
+
+    # the curves gain points while a Train runs
+    out = {}
+    t = threading.Thread(target=lambda: out.update(o=h.run(
+        d, [cli, "train", "--steps", "3000", "--progress-every", "500"], capture=True)))
+    t.start()
+    try:
+        seen = []
+        deadline = time.time() + 40
+        while len(seen) < 2 and time.time() < deadline and t.is_alive():
+            dom, console, bad = load(h, browser, page, 1200)
+            check_clean(dom, console, bad, "during the Train")
+            n = int(text_of(dom, "train-points"))
+            state = text_of(dom, "state")
+            if state == "training" and n > 0 and (not seen or n > seen[-1]):
+                seen.append(n)
+            time.sleep(0.3)
+    finally:
+        t.join(120)
+    if len(seen) < 2:
+        raise Failure("the curves did not gain points during the Train (seen %s)" % seen)
+    print("during the Train: training points %s" % seen, flush=True)
+    h.run(d, [cli, "eval"])
+
+    st = h.raw_get_status(d)
+    dom, console, bad = load(h, browser, page)
+    check_clean(dom, console, bad, "after the Train")
+    shown = {k: text_of(dom, k) for k in ("step", "epoch", "loss", "state", "queue",
+                                          "train-points", "eval-points")}
+    want = {"step": str(st.step), "epoch": str(st.epoch), "state": st.state,
+            "queue": "%d / %d" % (st.request_queue_depth, st.queue_depth), "eval-points": "1"}
+    bad = ["%s: shown %r, GetStatus %r" % (k, shown[k], v) for k, v in want.items()
+           if shown[k] != v]
+    if float(shown["loss"]) != st.last_loss:
+        bad.append("loss: shown %r, GetStatus %r" % (shown["loss"], st.last_loss))
+    if int(shown["train-points"]) != 512:  # DDLD_HIST_TRAIN: the newest 3,000 records kept
+        bad.append("train points: %s (expected the ring's 512)" % shown["train-points"])
+    svgs = re.findall(r'<svg[^>]*class="partition".*?</svg>', dom, re.S)
+    if len(svgs) != len(st.partitions):
+        bad.append("%d partition pictures for %d partitions" % (len(svgs), len(st.partitions)))
+    for svg, p in zip(svgs, st.partitions):
+        boxes = [int(x) for x in re.findall(r">rank (\d+)<", svg)]
+        if p.name not in svg or boxes != list(p.ranks):
+            bad.append("partition %s: boxes %s, GetStatus ranks %s" % (p.name, boxes,
+                                                                      list(p.ranks)))
+    if bad:
+        raise Failure("; ".join(bad))
+    print("after the Train: shown %s == GetStatus; %d partition pictures" %
+          (shown, len(svgs)), flush=True)
+    h.raw_close(d)
+    h.run(d, [cli, "shutdown", "--no-checkpoint"])
+    d.wait_exit()
+
+
+def sc_json(h):
+    d, base = start(h, "json")
+    cli = os.path.join(h.build, "bin", "distdl")
+    h.run(d, [cli, "train", "--steps", "50", "--progress-every", "50"])
+    h.run(d, [cli, "eval"])
+    st = h.raw_get_status(d)
+    code, body = get(base + "/dashboard.json")
+    if code != 200:
+        raise Failure("GET /dashboard.json: %d %r" % (code, body))
+    j = json.loads(body)
+    bad = []
+    for k in ("uptime_seconds", "world_size", "state", "chart_js", "step", "durable_step",
+              "epoch", "last_loss", "images_per_s", "steps_total", "images_total",
+              "checkpoints_total", "step_bytes", "queue", "ranks", "train_seq", "train",
+              "eval_seq", "eval", "model"):
+        if k not in j:
+            bad.append("no field %s" % k)
+    if bad:
+        raise Failure("; ".join(bad))
+    if j["step"] != st.step or j["last_loss"] != st.last_loss or j["epoch"] != st.epoch:
+        bad.append("step/loss/epoch %s/%r/%s, GetStatus %s/%r/%s" % (
+            j["step"], j["last_loss"], j["epoch"], st.step, st.last_loss, st.epoch))
+    if j["train_seq"] != 50 or [r["step"] for r in j["train"]] != list(range(1, 51)):
+        bad.append("train records: seq %s, steps %s" % (j["train_seq"],
+                                                         [r["step"] for r in j["train"]]))
+    if j["train"] and j["train"][-1]["loss"] != st.last_loss:
+        bad.append("the last record's loss %r != GetStatus %r" % (j["train"][-1]["loss"],
+                                                                 st.last_loss))
+    for r in j["train"]:
+        if set(r) != {"seq", "step", "loss", "accuracy", "images_per_s", "unix_s"} or \
+                not 0 <= r["accuracy"] <= 1 or r["images_per_s"] <= 0:
+            bad.append("bad train record %s" % r)
+            break
+    ev = j["eval"]
+    if j["eval_seq"] != 1 or len(ev) != 1 or ev[0]["step"] != st.step or \
+            ev[0]["count"] != 10000 or not 0 <= ev[0]["accuracy"] <= 1:
+        bad.append("eval records %s (seq %s)" % (ev, j["eval_seq"]))
+    if len(j["ranks"]) != 2 or any(r["resident_bytes"] <= 0 or r["bytes_sent"] <= 0
+                                   for r in j["ranks"]):
+        bad.append("ranks %s" % j["ranks"])
+    if j["step_bytes"] <= 0 or j["queue"]["requests_capacity"] <= 0:
+        bad.append("step_bytes %s, queue %s" % (j["step_bytes"], j["queue"]))
+    parts = [(p["name"], p["ranks"], p["shape"]) for p in j["model"]["partitions"]]
+    want = [(p.name, list(p.ranks), list(p.shape)) for p in st.partitions]
+    if parts != want:
+        bad.append("partitions %s, GetStatus %s" % (parts, want))
+    if j["chart_js"] != {"path": CHARTJS, "present": os.path.exists(CHARTJS)}:
+        bad.append("chart_js %s" % j["chart_js"])
+    code, body = get(base + "/dashboard.json?since=45&since_eval=1")
+    j2 = json.loads(body)
+    if code != 200 or [r["seq"] for r in j2["train"]] != [46, 47, 48, 49, 50] or j2["eval"]:
+        bad.append("since=45&since_eval=1: %d, seqs %s, eval %s" % (
+            code, [r["seq"] for r in j2["train"]], j2["eval"]))
+    for url, method, want_code, want_text in [
+            ("/dashboard.json?since=abc", "GET", 400, "not a non-negative decimal integer"),
+            ("/dashboard.json?since=-1", "GET", 400, "not a non-negative decimal integer"),
+            ("/dashboard.json?step=3", "GET", 400, 'unknown parameter "step"'),
+            ("/dashboard.jsonx", "GET", 404, "the dashboard at /dashboard"),
+            ("/dashboard", "POST", 405, "method not allowed")]:
+        code, body = get(base + url, method)
+        if code != want_code or want_text not in body.decode():
+            bad.append("%s %s: %d %r (expected %d, %r)" % (method, url, code, body, want_code,
+                                                          want_text))
+    code, body = get(base + "/dashboard")
+    if code != 200 or b"/dashboard.json" not in body or b"/dashboard/chart.js" not in body:
+        bad.append("GET /dashboard: %d" % code)
+    if os.path.exists(CHARTJS):
+        code, body = get(base + "/dashboard/chart.js")
+        if code != 200 or body != open(CHARTJS, "rb").read():
+            bad.append("GET /dashboard/chart.js: %d, %d bytes (not Debian's file)" %
+                       (code, len(body)))
+    h.raw_close(d)
+    h.run(d, [cli, "shutdown", "--no-checkpoint"])
+    d.wait_exit()
+
+    # Chart.js absent: the daemon serves, the script is a 404 that says what to install
+    missing = os.path.join(h.work, "no-such-chart.js")
+    d, base = start(h, "nochart", {"DDLD_CHARTJS": missing})
+    code, body = get(base + "/dashboard/chart.js")
+    j = json.loads(get(base + "/dashboard.json")[1])
+    if code != 404 or b"libjs-chart.js" not in body or missing.encode() not in body:
+        bad.append("chart.js absent: %d %r" % (code, body))
+    if j["chart_js"] != {"path": missing, "present": False}:
+        bad.append("chart.js absent: chart_js %s" % j["chart_js"])
+    h.run(d, [cli, "shutdown", "--no-checkpoint"])
+    d.wait_exit()
+    if bad:
+        raise Failure("; ".join(bad))
+    print("/dashboard.json: fields, since, bad requests and the absent Chart.js as documented",
+          flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(run_scenarios(DaemonHarness, {"browser": sc_browser, "json": sc_json}))

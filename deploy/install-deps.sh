@@ -21,7 +21,7 @@ $SUDO apt-get install -y -q --no-install-recommends \
     python3-matplotlib python3-nbconvert python3-ipykernel jupyter-nbconvert \
     tmux iproute2 python3-yaml slurm-wlm munge systemd \
     clang libfuzzer-14-dev libclang-rt-14-dev valgrind \
-    prometheus snakemake
+    prometheus snakemake libjs-chart.js chromium
 # What each group is for: the build (compiler, MPI, OpenBLAS, gRPC core + protobuf-c, libuv,
 # jansson, zlib, OpenSSL's libcrypto for TLS checks, libmicrohttpd and GnuTLS for /metrics and KServe over HTTP,
 # parallel HDF5 for per-rank ingest, h5py to write its files); the data;
@@ -30,4 +30,5 @@ $SUDO apt-get install -y -q --no-install-recommends \
 # (python3-yaml), Slurm (slurm-wlm, munge) and the systemd unit (systemd-analyze); the
 # fuzzers (clang, libFuzzer) and memcheck (valgrind); and Prometheus with promtool, which
 # scrape /metrics and check the shipped rules (deploy/prometheus/); Snakemake, which runs
-# the workflow of deploy/workflows/.
+# the workflow of deploy/workflows/; Chart.js, which the daemon serves to its dashboard
+# (/dashboard on --metrics-listen), and Chromium, which the dashboard's test drives headless.

@@ -377,12 +377,12 @@ void ddld_metrics_train_point(int64_t step, double loss, double accuracy, double
     double t = now_unix();
     pthread_mutex_lock(&m.mu);
     struct hist_train *h = &m.train[m.ntrain % DDLD_HIST_TRAIN];
-    *h = (struct hist_train){.seq          = ++m.ntrain,
-                             .step         = step,
-                             .loss         = loss,
-                             .accuracy     = accuracy,
-                             .images_per_s = images_per_s,
-                             .unix_s       = t};
+    *h                   = (struct hist_train){.seq          = ++m.ntrain,
+                                               .step         = step,
+                                               .loss         = loss,
+                                               .accuracy     = accuracy,
+                                               .images_per_s = images_per_s,
+                                               .unix_s       = t};
     pthread_mutex_unlock(&m.mu);
 }
 
@@ -677,7 +677,7 @@ static enum MHD_Result reply(struct MHD_Connection *conn, unsigned int status, c
 // the page says it is missing. docs/METRICS.md lists the JSON's fields.
 
 extern const unsigned char ddld_dashboard_html[]; // dashboard_page.c, generated
-extern const size_t ddld_dashboard_html_len;
+extern const size_t        ddld_dashboard_html_len;
 
 #define CHARTJS_DEFAULT "/usr/share/javascript/chart.js/chart.min.js"
 
@@ -720,8 +720,8 @@ static void dashboard_json(FILE *f, const struct scrape *s, uint64_t since_train
                            uint64_t since_eval)
 {
     // the rings, copied under m.mu (about 24 KB: on the heap, like the scrape)
-    struct hist_train *tr = ddl_malloc(sizeof m.train);
-    struct hist_eval  *ev = ddl_malloc(sizeof m.eval);
+    struct hist_train *tr     = ddl_malloc(sizeof m.train);
+    struct hist_eval  *ev     = ddl_malloc(sizeof m.eval);
     uint64_t           ntrain = 0, neval = 0;
     if (tr != NULL && ev != NULL) {
         pthread_mutex_lock(&m.mu);
@@ -732,7 +732,8 @@ static void dashboard_json(FILE *f, const struct scrape *s, uint64_t since_train
         pthread_mutex_unlock(&m.mu);
     }
     const char *cjs = chartjs_path();
-    fprintf(f, "{\"uptime_seconds\": %.3f, \"world_size\": %d, \"state\": ", now_mono() - m.start_mono,
+    fprintf(f,
+            "{\"uptime_seconds\": %.3f, \"world_size\": %d, \"state\": ", now_mono() - m.start_mono,
             s->world_size);
     put_jstr(f, s->state);
     fprintf(f, ",\n \"chart_js\": {\"path\": ");
@@ -759,8 +760,9 @@ static void dashboard_json(FILE *f, const struct scrape *s, uint64_t since_train
         }
         int64_t rss =
             r == 0 ? resident_bytes() : (s->gathered ? s->ranks[(size_t)r * NREC + REC_RSS] : 0);
-        fprintf(f, "%s{\"rank\": %d, \"resident_bytes\": %lld, \"bytes_sent\": %lld, "
-                   "\"bytes_received\": %lld}",
+        fprintf(f,
+                "%s{\"rank\": %d, \"resident_bytes\": %lld, \"bytes_sent\": %lld, "
+                "\"bytes_received\": %lld}",
                 r > 0 ? ", " : "", r, (long long)rss, (long long)sent, (long long)recv);
     }
     fprintf(f, "],\n \"train_seq\": %llu, \"train\": [", (unsigned long long)ntrain);
@@ -863,8 +865,7 @@ static enum MHD_Result dash_arg(void *cls, enum MHD_ValueKind kind, const char *
 }
 
 // A text answer copied from msg (a stack buffer).
-static enum MHD_Result reply_copy(struct MHD_Connection *conn, unsigned int status,
-                                  const char *msg)
+static enum MHD_Result reply_copy(struct MHD_Connection *conn, unsigned int status, const char *msg)
 {
     char *copy = strdup(msg); // libc malloc: libmicrohttpd frees it with free()
     if (copy == NULL) {
@@ -936,8 +937,7 @@ static enum MHD_Result dashboard(struct MHD_Connection *conn, const char *url)
         free(text);
         return reply(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, failed, strlen(failed), false);
     }
-    return reply_typed(conn,
-                       MHD_create_response_from_buffer(len, text, MHD_RESPMEM_MUST_FREE),
+    return reply_typed(conn, MHD_create_response_from_buffer(len, text, MHD_RESPMEM_MUST_FREE),
                        "application/json");
 }
 

@@ -15,6 +15,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <math.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <stdarg.h>
@@ -375,6 +376,9 @@ void ddld_metrics_train_point(int64_t step, double loss, double accuracy, double
         return;
     }
     double t = now_unix();
+    if (accuracy < 0) {
+        accuracy = NAN; // none (-1: a dense loss without one): null in the JSON
+    }
     pthread_mutex_lock(&m.mu);
     struct hist_train *h = &m.train[m.ntrain % DDLD_HIST_TRAIN];
     *h                   = (struct hist_train){.seq          = ++m.ntrain,
@@ -392,6 +396,9 @@ void ddld_metrics_eval_point(int64_t step, int64_t count, double loss, double ac
         return;
     }
     double t = now_unix();
+    if (accuracy < 0) {
+        accuracy = NAN;
+    }
     pthread_mutex_lock(&m.mu);
     struct hist_eval *h = &m.eval[m.neval % DDLD_HIST_EVAL];
     *h                  = (struct hist_eval){.seq      = ++m.neval,

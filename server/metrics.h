@@ -99,9 +99,10 @@ void ddld_metrics_checkpoint(void);
 #define DDLD_HIST_TRAIN 512 // training records kept (the newest)
 #define DDLD_HIST_EVAL 64   // evaluations kept
 // Rank 0, main thread: a training record (a Step, or a Train's progress report) at the
-// model's step `step`; accuracy is NaN where the loss has none.
+// model's step `step`; accuracy < 0 (the engine's "none", dense losses) is kept as NaN.
 void ddld_metrics_train_point(int64_t step, double loss, double accuracy, double images_per_s);
-// Rank 0, main thread: an evaluation of `count` samples at the model's step `step`.
+// Rank 0, main thread: an evaluation of `count` samples at the model's step `step`
+// (accuracy as above).
 void ddld_metrics_eval_point(int64_t step, int64_t count, double loss, double accuracy);
 
 #endif // DDLD_METRICS_H

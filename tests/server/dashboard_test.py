@@ -10,8 +10,9 @@ browser: a 2-rank LeNet-5 daemon with --metrics-listen; `chromium --headless --d
     - no console message at all from the page (the capture is first checked on a probe page
       that logs an error and throws), and the page's own error box (window errors, failed
       polls) empty; Chart.js loaded (no "missing" banner);
-    - while a 3,000-step Train runs, two loads a moment apart show more training points the
-      second time than the first, and more than none;
+    - while a 5,000-step Train runs (about 10 s here: room for two page loads), two loads
+      a moment apart show more training points the second time than the first, and more
+      than none;
     - after the Train and an Evaluate, the figures shown (step, epoch, last loss, state,
       queue depth) equal GetStatus, the loss bit for bit; one evaluation point; a partition
       picture per partition of GetStatus, each box naming the ranks GetStatus lists.
@@ -125,7 +126,7 @@ def sc_browser(h):
     # the curves gain points while a Train runs
     out = {}
     t = threading.Thread(target=lambda: out.update(o=h.run(
-        d, [cli, "train", "--steps", "3000", "--progress-every", "500"], capture=True)))
+        d, [cli, "train", "--steps", "5000", "--progress-every", "1000"], capture=True)))
     t.start()
     try:
         seen = []
@@ -156,7 +157,7 @@ def sc_browser(h):
            if shown[k] != v]
     if float(shown["loss"]) != st.last_loss:
         bad.append("loss: shown %r, GetStatus %r" % (shown["loss"], st.last_loss))
-    if int(shown["train-points"]) != 512:  # DDLD_HIST_TRAIN: the newest 3,000 records kept
+    if int(shown["train-points"]) != 512:  # DDLD_HIST_TRAIN: the newest of 5,000 records
         bad.append("train points: %s (expected the ring's 512)" % shown["train-points"])
     svgs = re.findall(r'<svg[^>]*class="partition".*?</svg>', dom, re.S)
     if len(svgs) != len(st.partitions):

@@ -369,6 +369,59 @@ static void log_data_read(ddld_dispatch *d)
     ddld_log("data read from the file per rank (bytes): %s", line);
 }
 
+// The dashboard's predictions (--metrics-listen, the same on every rank): after an Evaluate
+// of a split, the model's classes for the split's first DDLD_DASH_SAMPLES samples, kept by
+// metrics.c with the samples themselves. Every rank; collective. A failure (agreed by the
+// session) is logged and changes nothing of the Evaluate's answer.
+static void eval_samples(ddld_dispatch *d, ddl_split split)
+{
+    enum { K = DDLD_DASH_SAMPLES };
+    void     *x = NULL, *out = NULL;
+    int64_t   labels[K], n = 0, numel = 0, classes = 0;
+    size_t    xb = 0, ob = 0, es = 0;
+    ddl_dtype dt = DDL_F32;
+    ddl_shape in = {0};
+    if (d->rank == 0) {
+        pthread_mutex_lock(&ddld_g.mu);
+        dt      = ddld_g.info.dtype;
+        in      = ddld_g.info.input;
+        numel   = ddld_g.info.sample_numel;
+        classes = ddld_g.info.out_elems;
+        pthread_mutex_unlock(&ddld_g.mu);
+        es  = ddl_dtype_size(dt);
+        xb  = (size_t)(K * numel) * es;
+        ob  = (size_t)(K * classes) * es;
+        x   = ddl_malloc(xb);
+        out = ddl_malloc(ob);
+        if (x == NULL || out == NULL) {
+            xb = ob = 0; // the session refuses rank 0's empty buffers, on every rank
+        }
+    }
+    ddl_status st = ddl_session_predict_samples(d->s, split, K, x, xb, labels, out, ob, &n);
+    if (st != DDL_OK && d->rank == 0) {
+        ddld_log("dashboard: no predictions of the evaluated samples: %s", ddl_last_error());
+    } else if (d->rank == 0 && n > 0) {
+        int64_t predicted[K];
+        for (int64_t i = 0; i < n; i++) {
+            int64_t best = 0;
+            for (int64_t c = 1; c < classes; c++) {
+                double v = dt == DDL_F32 ? ((const float *)out)[i * classes + c]
+                                         : ((const double *)out)[i * classes + c];
+                double b = dt == DDL_F32 ? ((const float *)out)[i * classes + best]
+                                         : ((const double *)out)[i * classes + best];
+                if (v > b) {
+                    best = c;
+                }
+            }
+            predicted[i] = best;
+        }
+        ddld_metrics_eval_samples(split == DDL_SPLIT_TEST ? "test" : "train", &in, dt, x, n, labels,
+                                  predicted);
+    }
+    ddl_free(x);
+    ddl_free(out);
+}
+
 static ddl_status execute(ddld_dispatch *d, const ddld_cmd *cmd, struct payload *p)
 {
     ddl_status st = DDL_OK;
@@ -404,6 +457,9 @@ static ddl_status execute(ddld_dispatch *d, const ddld_cmd *cmd, struct payload 
     case DDLD_OP_EVAL_SPLIT:
         st = ddl_session_evaluate(d->s, (ddl_split)cmd->arg[0], &p->eval);
         log_data_read(d);
+        if (st == DDL_OK && d->cfg->metrics_listen != NULL) {
+            eval_samples(d, (ddl_split)cmd->arg[0]);
+        }
         break;
     case DDLD_OP_EVAL_BATCH:
         st = ddl_session_evaluate_batch(d->s, p->x, p->x_bytes, p->targets, p->t_bytes, cmd->arg[0],

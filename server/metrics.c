@@ -113,6 +113,14 @@ static struct {
         double   loss, accuracy, unix_s;
     } eval[DDLD_HIST_EVAL];
     uint64_t ntrain, neval; // records ever added (the next one's seq is n + 1)
+    // the predictions of the last evaluation's first samples (ddld_metrics_eval_samples)
+    struct {
+        uint64_t eval_seq; // the evaluation they belong to (0: none yet)
+        char     split[8];
+        int      n, channels, height, width; // height, width 0: no picture
+        int64_t  label[DDLD_DASH_SAMPLES], predicted[DDLD_DASH_SAMPLES];
+        uint8_t  pixels[DDLD_DASH_SAMPLES][DDLD_DASH_PIXELS]; // first channel, 0..255
+    } samples;
 } m = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 // ---- the listen address ---------------------------------------------------------------
@@ -407,6 +415,52 @@ void ddld_metrics_eval_point(int64_t step, int64_t count, double loss, double ac
                                              .loss     = loss,
                                              .accuracy = accuracy,
                                              .unix_s   = t};
+    pthread_mutex_unlock(&m.mu);
+}
+
+void ddld_metrics_eval_samples(const char *split, const ddl_shape *in, ddl_dtype dt, const void *x,
+                               int64_t n, const int64_t *labels, const int64_t *predicted)
+{
+    if (!m.enabled || n <= 0) {
+        return;
+    }
+    n = n < DDLD_DASH_SAMPLES ? n : DDLD_DASH_SAMPLES;
+    // a picture: [C, H, W] (or [H, W]) with H * W <= DDLD_DASH_PIXELS; its first channel
+    int     h = 0, w = 0, c = 1;
+    int64_t numel = 1;
+    for (int k = 0; k < in->ndim; k++) {
+        numel *= in->d[k];
+    }
+    if ((in->ndim == 3 || in->ndim == 2) &&
+        in->d[in->ndim - 1] * in->d[in->ndim - 2] <= DDLD_DASH_PIXELS) {
+        h = (int)in->d[in->ndim - 2];
+        w = (int)in->d[in->ndim - 1];
+        c = in->ndim == 3 ? (int)in->d[0] : 1;
+    }
+    pthread_mutex_lock(&m.mu);
+    m.samples.eval_seq = m.neval + 1; // this Evaluate's ddld_metrics_eval_point comes after
+    snprintf(m.samples.split, sizeof m.samples.split, "%s", split);
+    m.samples.n        = (int)n;
+    m.samples.channels = c;
+    m.samples.height   = h;
+    m.samples.width    = w;
+    for (int64_t i = 0; i < n; i++) {
+        m.samples.label[i]     = labels[i];
+        m.samples.predicted[i] = predicted[i];
+        // scaled to 0..255 over the sample's own range (the values are normalised)
+        double lo = INFINITY, hi = -INFINITY;
+        for (int64_t k = 0; k < (int64_t)h * w; k++) {
+            double v = dt == DDL_F32 ? ((const float *)x)[i * numel + k]
+                                     : ((const double *)x)[i * numel + k];
+            lo       = v < lo ? v : lo;
+            hi       = v > hi ? v : hi;
+        }
+        for (int64_t k = 0; k < (int64_t)h * w; k++) {
+            double v               = dt == DDL_F32 ? ((const float *)x)[i * numel + k]
+                                                   : ((const double *)x)[i * numel + k];
+            m.samples.pixels[i][k] = hi > lo ? (uint8_t)lround(255.0 * (v - lo) / (hi - lo)) : 0;
+        }
+    }
     pthread_mutex_unlock(&m.mu);
 }
 
@@ -805,8 +859,34 @@ static void dashboard_json(FILE *f, const struct scrape *s, uint64_t since_train
     }
     ddl_free(tr);
     ddl_free(ev);
+    // the predictions of the last evaluation's first samples
+    fputs("],\n \"samples\": ", f);
+    __typeof__(m.samples) *sm = ddl_malloc(sizeof m.samples);
+    if (sm != NULL) {
+        pthread_mutex_lock(&m.mu);
+        memcpy(sm, &m.samples, sizeof m.samples);
+        pthread_mutex_unlock(&m.mu);
+    }
+    if (sm == NULL || sm->eval_seq == 0) {
+        fputs("null", f);
+    } else {
+        fprintf(f, "{\"eval_seq\": %llu, \"split\": ", (unsigned long long)sm->eval_seq);
+        put_jstr(f, sm->split);
+        fprintf(f, ", \"channels\": %d, \"height\": %d, \"width\": %d, \"items\": [", sm->channels,
+                sm->height, sm->width);
+        for (int i = 0; i < sm->n; i++) {
+            fprintf(f, "%s\n  {\"label\": %lld, \"predicted\": %lld, \"pixels\": [",
+                    i > 0 ? "," : "", (long long)sm->label[i], (long long)sm->predicted[i]);
+            for (int k = 0; k < sm->height * sm->width; k++) {
+                fprintf(f, k > 0 ? ",%u" : "%u", (unsigned)sm->pixels[i][k]);
+            }
+            fputs("]}", f);
+        }
+        fputs("]}", f);
+    }
+    ddl_free(sm);
     // the model and its partitions (the spec's rank grids), under the snapshot's mutex
-    fputs("],\n \"model\": ", f);
+    fputs(",\n \"model\": ", f);
     pthread_mutex_lock(&ddld_g.mu);
     const ddld_model_info *mi = &ddld_g.info;
     if (!mi->has_model) {

@@ -22,6 +22,7 @@
 #include <grpc/status.h>
 
 #include "config.h"
+#include "ddl/tensor.h"
 
 typedef struct ddld_service ddld_service; // service.h
 
@@ -104,5 +105,15 @@ void ddld_metrics_train_point(int64_t step, double loss, double accuracy, double
 // Rank 0, main thread: an evaluation of `count` samples at the model's step `step`
 // (accuracy as above).
 void ddld_metrics_eval_point(int64_t step, int64_t count, double loss, double accuracy);
+
+// Rank 0, main thread: the first n (<= DDLD_DASH_SAMPLES) samples of the split just
+// evaluated (input shape `in` per sample, values of dtype dt as the model saw them), their
+// labels and the classes the model predicts for them. The dashboard draws the first channel
+// of samples of at most DDLD_DASH_PIXELS values per channel (a volume or a large image is
+// listed without its picture).
+#define DDLD_DASH_SAMPLES 8
+#define DDLD_DASH_PIXELS 4096
+void ddld_metrics_eval_samples(const char *split, const ddl_shape *in, ddl_dtype dt, const void *x,
+                               int64_t n, const int64_t *labels, const int64_t *predicted);
 
 #endif // DDLD_METRICS_H

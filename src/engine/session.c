@@ -1285,6 +1285,46 @@ ddl_status ddl_session_predict(ddl_session_t *s, const void *x, size_t x_bytes, 
     return ddl_agree(s->comm, st);
 }
 
+ddl_status ddl_session_predict_samples(ddl_session_t *s, ddl_split split, int64_t count, void *x,
+                                       size_t x_bytes, int64_t *labels, void *out, size_t out_bytes,
+                                       int64_t *n)
+{
+    *n = 0;
+    if (s->dense || s->h5 != NULL || s->label_elems != 1 ||
+        (split != DDL_SPLIT_TRAIN && split != DDL_SPLIT_TEST)) {
+        return DDL_OK; // the same verdict on every rank: the spec and the data kind
+    }
+    ddl_status st = DDL_OK;
+    int64_t    k  = 0;
+    if (s->rank == 0) {
+        k = count < s->batch ? count : s->batch;
+        k = k < s->n[split] ? k : s->n[split];
+        k = s->has_data && k > 0 ? k : 0;
+        if (k > 0 && (x == NULL || labels == NULL || x_bytes < (size_t)k * s->sample_bytes)) {
+            st = ddl_set_error(DDL_EINVAL, "predict_samples: %lld samples need %zu bytes, got %zu",
+                               (long long)k, (size_t)k * s->sample_bytes, x == NULL ? 0 : x_bytes);
+        }
+        for (int64_t i = 0; i < k && st == DDL_OK; i++) {
+            s->idx[i] = i;
+        }
+        if (k > 0 && st == DDL_OK) {
+            st = fill_batch(s, (int)split, s->idx, k);
+        }
+        if (k > 0 && st == DDL_OK) {
+            memcpy(x, s->xbuf, (size_t)k * s->sample_bytes);
+            memcpy(labels, s->lbuf, sizeof(int64_t) * (size_t)k);
+        }
+    }
+    DDL_CHECK(ddl_agree(s->comm, st));
+    DDL_CHECK_MPI(MPI_Bcast(&k, 1, MPI_INT64_T, 0, s->comm));
+    if (k == 0) {
+        return DDL_OK;
+    }
+    *n = k;
+    return ddl_session_predict(s, s->rank == 0 ? x : NULL,
+                               s->rank == 0 ? (size_t)k * s->sample_bytes : 0, k, out, out_bytes);
+}
+
 // ---- weights -------------------------------------------------------------------
 
 int ddl_session_nweights(const ddl_session_t *s)

@@ -245,6 +245,31 @@ static void test_predict_and_eval(ddl_session_t *s)
     }
     ASSERT_OK(ddl_session_predict(s, gx, sizeof(float) * (size_t)(5 * S), 5, lg5,
                                   sizeof(float) * (size_t)(5 * C)));
+    // The first 8 samples of the test split with their outputs (the dashboard's
+    // predictions): the same samples and labels as the file's, and the logits of
+    // ddl_session_predict of them (the same batch-8 path: bitwise).
+    {
+        enum { K = 8 };
+        static float px[K * 784], plg[K * 10], qlg[K * 10];
+        int64_t      plab[K], pn = -1;
+        ASSERT_OK(ddl_session_predict_samples(
+            s, DDL_SPLIT_TEST, K, rank == 0 ? px : NULL, rank == 0 ? sizeof px : 0,
+            rank == 0 ? plab : NULL, rank == 0 ? plg : NULL, rank == 0 ? sizeof plg : 0, &pn));
+        ASSERT_EQ(pn, K);
+        ASSERT_OK(ddl_session_predict(s, rank == 0 ? x : NULL, rank == 0 ? sizeof px : 0, K,
+                                      rank == 0 ? qlg : NULL, rank == 0 ? sizeof qlg : 0));
+        if (rank == 0) {
+            ASSERT_TRUE(memcmp(px, x, sizeof px) == 0);
+            ASSERT_TRUE(memcmp(plab, lab, sizeof plab) == 0);
+            ASSERT_TRUE(memcmp(plg, qlg, sizeof plg) == 0);
+        }
+        // rank 0's buffer one sample short: refused on every rank
+        ASSERT_STATUS(ddl_session_predict_samples(s, DDL_SPLIT_TEST, K, rank == 0 ? px : NULL,
+                                                  rank == 0 ? sizeof px - 784 * sizeof(float) : 0,
+                                                  rank == 0 ? plab : NULL, rank == 0 ? plg : NULL,
+                                                  rank == 0 ? sizeof plg : 0, &pn),
+                      DDL_EINVAL);
+    }
     ddl_eval_result ev;
     ASSERT_OK(ddl_session_evaluate_batch(s, x, sizeof(float) * (size_t)(N * S), lab,
                                          sizeof(int64_t) * (size_t)N, N, &ev));

@@ -39,7 +39,7 @@ import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "support"))
-from ddl_daemon import DaemonHarness, Failure, Skip, run_scenarios  # noqa: E402
+from ddl_daemon import FMNIST, DaemonHarness, Failure, Skip, run_scenarios  # noqa: E402
 
 CHARTJS = "/usr/share/javascript/chart.js/chart.min.js"
 
@@ -176,10 +176,16 @@ def sc_browser(h):
         if p.name not in svg or boxes != list(p.ranks):
             bad.append("partition %s: boxes %s, GetStatus ranks %s" % (p.name, boxes,
                                                                       list(p.ranks)))
+    # the predictions of the evaluation's first samples, as /dashboard.json has them
+    sm = json.loads(get(base + "/dashboard.json")[1])["samples"]
+    caps = re.findall(r'id="sample-(\d+)"[^>]*>label (\d+) / predicted (\d+)<', dom)
+    want = [(str(i), str(it["label"]), str(it["predicted"])) for i, it in enumerate(sm["items"])]
+    if caps != want or len(want) != 8 or dom.count('class="sample"') != 8:
+        bad.append("predictions shown %s, /dashboard.json %s" % (caps, want))
     if bad:
         raise Failure("; ".join(bad))
-    print("after the Train: shown %s == GetStatus; %d partition pictures" %
-          (shown, len(svgs)), flush=True)
+    print("after the Train: shown %s == GetStatus; %d partition pictures; %d predictions" %
+          (shown, len(svgs), len(caps)), flush=True)
     h.raw_close(d)
     h.run(d, [cli, "shutdown", "--no-checkpoint"])
     d.wait_exit()
@@ -199,7 +205,7 @@ def sc_json(h):
     for k in ("uptime_seconds", "world_size", "state", "chart_js", "step", "durable_step",
               "epoch", "last_loss", "images_per_s", "steps_total", "images_total",
               "checkpoints_total", "step_bytes", "queue", "ranks", "train_seq", "train",
-              "eval_seq", "eval", "model"):
+              "eval_seq", "eval", "samples", "model"):
         if k not in j:
             bad.append("no field %s" % k)
     if bad:
@@ -227,6 +233,32 @@ def sc_json(h):
         bad.append("ranks %s" % j["ranks"])
     if j["step_bytes"] <= 0 or j["queue"]["requests_capacity"] <= 0:
         bad.append("step_bytes %s, queue %s" % (j["step_bytes"], j["queue"]))
+    # the predictions of the evaluation's first 8 test samples: the IDX file's labels and
+    # pixels, and the classes `distdl predict` gives for the same images
+    import gzip
+    import numpy as np
+    with gzip.open(os.path.join(FMNIST, "t10k-labels-idx1-ubyte.gz")) as f:
+        labels = list(np.frombuffer(f.read(), np.uint8, offset=8)[:8])
+    with gzip.open(os.path.join(FMNIST, "t10k-images-idx3-ubyte.gz")) as f:
+        raw = np.frombuffer(f.read(), np.uint8, offset=16).reshape(-1, 1, 28, 28)[:8].copy()
+    xin, lout = os.path.join(h.work, "x8.npy"), os.path.join(h.work, "l8.npy")
+    np.save(xin, raw)
+    h.run(d, [cli, "predict", "--input", xin, "--output", lout])
+    pred = list(np.load(lout).argmax(axis=1))
+    sm = j["samples"]
+    items = sm["items"] if sm else []
+    if sm is None or (sm["eval_seq"], sm["split"], sm["channels"], sm["height"], sm["width"]) != \
+            (1, "test", 1, 28, 28) or [it["label"] for it in items] != labels or \
+            [it["predicted"] for it in items] != pred:
+        bad.append("samples %s: labels %s (IDX %s), predicted %s (distdl predict %s)" % (
+            sm and {k: v for k, v in sm.items() if k != "items"}, [it["label"] for it in items],
+            labels, [it["predicted"] for it in items], pred))
+    for it, img in zip(items, raw):
+        v = img.reshape(-1).astype(np.float64)
+        want_px = np.rint(255 * (v - v.min()) / (v.max() - v.min()))
+        if len(it["pixels"]) != 784 or np.abs(np.array(it["pixels"]) - want_px).max() > 1:
+            bad.append("the pixels of a sample are not its image")
+            break
     parts = [(p["name"], p["ranks"], p["shape"]) for p in j["model"]["partitions"]]
     want = [(p.name, list(p.ranks), list(p.shape)) for p in st.partitions]
     if parts != want:

@@ -221,6 +221,17 @@ DDL_EXTERN ddl_status ddl_session_evaluate_batch(ddl_session_t *s, const void *x
 DDL_EXTERN ddl_status ddl_session_predict(ddl_session_t *s, const void *x, size_t x_bytes,
                                           int64_t count, void *logits, size_t logits_bytes);
 
+// The first `count` samples of a split with the model's outputs for them, for a look at
+// what the model predicts (the daemon's dashboard). Only for a classifier of one label
+// per sample on IDX or synthetic data: otherwise (segmentation, dense targets, HDF5) *n is
+// 0 and nothing runs. Else *n = min(count, batch size, split size) and rank 0 receives the
+// samples as the model sees them (normalised, the spec's dtype) in x (x_bytes must hold
+// them), their labels in labels and the outputs (logits [*n, classes]) in out (out_bytes
+// likewise); other ranks pass NULL and 0. Collective; agreed.
+DDL_EXTERN ddl_status ddl_session_predict_samples(ddl_session_t *s, ddl_split split, int64_t count,
+                                                  void *x, size_t x_bytes, int64_t *labels,
+                                                  void *out, size_t out_bytes, int64_t *n);
+
 // ---- state ----------------------------------------------------------------------------
 
 // Checkpoints model, optimizer, cursor and RNG state into the session's checkpoint_dir

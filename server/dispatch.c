@@ -222,6 +222,32 @@ static int info_partitions(ddld_model_info *mi, const char *spec_text)
     return rc;
 }
 
+// The spec's layers into mi, each with the index of its output's partition among
+// mi->part_name (after info_partitions). Returns 0, or -1 when out of memory.
+static int info_layers(ddld_model_info *mi, const ddl_spec_t *spec)
+{
+    int n      = ddl_spec_num_layers(spec);
+    mi->layers = ddl_calloc((size_t)n + 1, sizeof *mi->layers);
+    if (mi->layers == NULL) {
+        return -1;
+    }
+    mi->nlayers = n;
+    for (int i = 0; i < n; i++) {
+        const char      *name, *type, *part;
+        ddld_layer_info *L = &mi->layers[i];
+        ddl_spec_layer_output(spec, i, &name, &type, &L->y, &part);
+        snprintf(L->name, sizeof L->name, "%s", name);
+        snprintf(L->type, sizeof L->type, "%s", type);
+        L->part = -1;
+        for (int k = 0; k < mi->npartitions; k++) {
+            if (strcmp(mi->part_name[k], part) == 0) {
+                L->part = k;
+            }
+        }
+    }
+    return 0;
+}
+
 // The name a model is served and checkpointed under: the caller's, else the spec's
 // top-level "name", else "model".
 static const char *served_name(const char *name, const ddl_spec_t *spec)
@@ -284,7 +310,7 @@ static int publish_model(ddld_dispatch *d, const char *name)
             mi.num_parameters += n;
         }
         mi.weights_bytes = off;
-        if (info_partitions(&mi, ddl_spec_text(spec)) != 0) {
+        if (info_partitions(&mi, ddl_spec_text(spec)) != 0 || info_layers(&mi, spec) != 0) {
             ddld_model_info_free(&mi);
             return -1;
         }

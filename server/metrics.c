@@ -30,6 +30,7 @@
 
 #include "channel.h"
 #include "ddl/base.h"
+#include "ddl/decomp.h"
 #include "ddl/primitives.h"
 #include "listen.h"
 #include "log.h"
@@ -775,6 +776,50 @@ static void put_jstr(FILE *f, const char *s)
     fputc('"', f);
 }
 
+// Layer i of mi as JSON: its name, type, output shape, partition and each rank's box of the
+// output (the balanced decomposition the engine uses, ddl_decomp_box); no boxes when the
+// partition's grid has another rank than the tensor.
+static void dashboard_layer(FILE *f, const ddld_model_info *mi, int i)
+{
+    const ddld_layer_info *L = &mi->layers[i];
+    fprintf(f, "%s\n  {\"name\": ", i > 0 ? "," : "");
+    put_jstr(f, L->name);
+    fputs(", \"type\": ", f);
+    put_jstr(f, L->type);
+    fputs(", \"shape\": [", f);
+    for (int k = 0; k < L->y.ndim; k++) {
+        fprintf(f, "%s%lld", k > 0 ? ", " : "", (long long)L->y.d[k]);
+    }
+    fputs("], \"partition\": ", f);
+    if (L->part < 0) {
+        fputs("null, \"boxes\": []}", f);
+        return;
+    }
+    put_jstr(f, mi->part_name[L->part]);
+    fputs(", \"boxes\": [", f);
+    int nd = mi->part_ndims[L->part], pshape[DDL_MAX_DIMS], coord[DDL_MAX_DIMS];
+    if (nd == L->y.ndim) {
+        for (int k = 0; k < nd; k++) {
+            pshape[k] = (int)mi->part_shape[L->part][k];
+        }
+        for (int r = 0; r < mi->part_nranks[L->part]; r++) {
+            ddl_index_unravel(nd, pshape, r, coord);
+            ddl_box b = ddl_decomp_box(&L->y, pshape, coord);
+            fprintf(f, "%s{\"rank\": %d, \"start\": [", r > 0 ? ", " : "",
+                    (int)mi->part_ranks[L->part][r]);
+            for (int k = 0; k < nd; k++) {
+                fprintf(f, "%s%lld", k > 0 ? ", " : "", (long long)b.start[k]);
+            }
+            fputs("], \"size\": [", f);
+            for (int k = 0; k < nd; k++) {
+                fprintf(f, "%s%lld", k > 0 ? ", " : "", (long long)(b.stop[k] - b.start[k]));
+            }
+            fputs("]}", f);
+        }
+    }
+    fputs("]}", f);
+}
+
 // The records with seq > since_train (training) and seq > since_eval (evaluations), and the
 // current figures, as one JSON object.
 static void dashboard_json(FILE *f, const struct scrape *s, uint64_t since_train,
@@ -908,6 +953,10 @@ static void dashboard_json(FILE *f, const struct scrape *s, uint64_t since_train
                 fprintf(f, "%s%d", j > 0 ? ", " : "", (int)mi->part_ranks[i][j]);
             }
             fputs("]}", f);
+        }
+        fputs("],\n \"layers\": [", f);
+        for (int i = 0; i < mi->nlayers; i++) {
+            dashboard_layer(f, mi, i);
         }
         fputs("]}", f);
     }

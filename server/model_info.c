@@ -21,5 +21,6 @@ void ddld_model_info_free(ddld_model_info *mi)
     ddl_free(mi->part_shape);
     ddl_free(mi->part_nranks);
     ddl_free(mi->part_ndims);
+    ddl_free(mi->layers);
     memset(mi, 0, sizeof *mi);
 }

@@ -19,6 +19,13 @@ typedef struct ddld_weight_info {
     size_t    offset; // in the packed all-weights layout (64-byte aligned)
 } ddld_weight_info;
 
+// A layer of the spec: its output's global shape and the partition it is decomposed over.
+typedef struct ddld_layer_info {
+    char      name[64], type[32];
+    int       part; // index into the part_* arrays below; -1: none
+    ddl_shape y;    // the output's global shape, batch first
+} ddld_layer_info;
+
 typedef struct ddld_model_info {
     bool              has_model;
     char              name[128];
@@ -44,6 +51,9 @@ typedef struct ddld_model_info {
     int      *part_nranks, *part_ndims;
     int32_t **part_ranks;
     int64_t **part_shape;
+    // The spec's layers in file order (the dashboard's picture of the partitions).
+    int              nlayers;
+    ddld_layer_info *layers;
 } ddld_model_info;
 
 // Frees every array of mi and zeroes it (model_info.c).

@@ -1446,6 +1446,19 @@ int ddl_spec_world_size(const ddl_spec_t *s)
 {
     return s->world_size;
 }
+int ddl_spec_num_layers(const ddl_spec_t *s)
+{
+    return s->nlayers;
+}
+void ddl_spec_layer_output(const ddl_spec_t *s, int i, const char **name, const char **type,
+                           ddl_shape *y_global, const char **partition)
+{
+    const spec_layer *L = &s->layers[i];
+    *name               = L->name;
+    *type               = L->type;
+    *y_global           = L->y_global;
+    *partition          = L->P_out >= 0 ? s->parts[L->P_out].name : "";
+}
 int64_t ddl_spec_batch_size(const ddl_spec_t *s)
 {
     return s->batch;

@@ -176,16 +176,25 @@ def sc_browser(h):
         if p.name not in svg or boxes != list(p.ranks):
             bad.append("partition %s: boxes %s, GetStatus ranks %s" % (p.name, boxes,
                                                                       list(p.ranks)))
+    # a picture per layer, its boxes naming the ranks /dashboard.json gives
+    dj = json.loads(get(base + "/dashboard.json")[1])
+    lsvgs = re.findall(r'<svg[^>]*class="layer".*?</svg>', dom, re.S)
+    if len(lsvgs) != len(dj["model"]["layers"]):
+        bad.append("%d layer pictures for %d layers" % (len(lsvgs), len(dj["model"]["layers"])))
+    for svg, L in zip(lsvgs, dj["model"]["layers"]):
+        if L["name"] not in svg or [int(x) for x in re.findall(r">rank (\d+)<", svg)] != \
+                [b["rank"] for b in L["boxes"]]:
+            bad.append("layer %s: picture %s" % (L["name"], svg[:300]))
     # the predictions of the evaluation's first samples, as /dashboard.json has them
-    sm = json.loads(get(base + "/dashboard.json")[1])["samples"]
+    sm = dj["samples"]
     caps = re.findall(r'id="sample-(\d+)"[^>]*>label (\d+) / predicted (\d+)<', dom)
     want = [(str(i), str(it["label"]), str(it["predicted"])) for i, it in enumerate(sm["items"])]
     if caps != want or len(want) != 8 or dom.count('class="sample"') != 8:
         bad.append("predictions shown %s, /dashboard.json %s" % (caps, want))
     if bad:
         raise Failure("; ".join(bad))
-    print("after the Train: shown %s == GetStatus; %d partition pictures; %d predictions" %
-          (shown, len(svgs), len(caps)), flush=True)
+    print("after the Train: shown %s == GetStatus; %d partition pictures; %d layer pictures; "
+          "%d predictions" % (shown, len(svgs), len(lsvgs), len(caps)), flush=True)
     h.raw_close(d)
     h.run(d, [cli, "shutdown", "--no-checkpoint"])
     d.wait_exit()
@@ -259,6 +268,34 @@ def sc_json(h):
         if len(it["pixels"]) != 784 or np.abs(np.array(it["pixels"]) - want_px).max() > 1:
             bad.append("the pixels of a sample are not its image")
             break
+    # each layer's output boxes: the balanced decomposition of its global shape over its
+    # partition's grid (computed here from the sizes alone), tiling the tensor exactly
+    with open(h.spec("lenet5-2.json")) as f:
+        spec = json.load(f)
+    layers = j["model"]["layers"]
+    if len(layers) != len(spec["layers"]):
+        bad.append("%d layers, the spec has %d" % (len(layers), len(spec["layers"])))
+    for L in layers:
+        pt = spec["partitions"].get(L["partition"]) if L["partition"] else None
+        if pt is None or len(pt["shape"]) != len(L["shape"]):
+            bad.append("layer %s: partition %s" % (L["name"], L["partition"]))
+            continue
+        want_boxes = []
+        for pos, r in enumerate(pt["ranks"]):
+            coord, rest = [], pos
+            for p in reversed(pt["shape"]):
+                coord.insert(0, rest % p)
+                rest //= p
+            first, size = [], []
+            for n, p, i in zip(L["shape"], pt["shape"], coord):
+                first.append(i * (n // p) + min(i, n % p))
+                size.append(n // p + (1 if i < n % p else 0))
+            want_boxes.append({"rank": r, "start": first, "size": size})
+        if L["boxes"] != want_boxes:
+            bad.append("layer %s: boxes %s, expected %s" % (L["name"], L["boxes"], want_boxes))
+    conv1 = next((L for L in layers if L["name"] == "conv1"), None)
+    if conv1 is None or [b["size"][2] for b in conv1["boxes"]] != [14, 14]:
+        bad.append("conv1's boxes %s: expected 14 rows of 28 on each rank" % conv1)
     parts = [(p["name"], p["ranks"], p["shape"]) for p in j["model"]["partitions"]]
     want = [(p.name, list(p.ranks), list(p.shape)) for p in st.partitions]
     if parts != want:

@@ -46,6 +46,13 @@ DDL_EXTERN const char *ddl_spec_text(const ddl_spec_t *s);
 // The spec's top-level "name": "" when it has none.
 DDL_EXTERN const char *ddl_spec_name(const ddl_spec_t *s);
 DDL_EXTERN int        ddl_spec_world_size(const ddl_spec_t *s);
+// The spec's layers in file order, to describe a model (the daemon's dashboard): their
+// count, and layer i's name, type as written, output's global shape (batch first) and the
+// name of the partition that output is decomposed over ("" for none). i in [0, count).
+DDL_EXTERN int        ddl_spec_num_layers(const ddl_spec_t *s);
+DDL_EXTERN void       ddl_spec_layer_output(const ddl_spec_t *s, int i, const char **name,
+                                            const char **type, ddl_shape *y_global,
+                                            const char **partition);
 DDL_EXTERN int64_t    ddl_spec_batch_size(const ddl_spec_t *s);
 // The short batch sizes (spec "inference_batches", ascending, each below batch_size) that
 // Predict and Evaluate run at instead of padding to batch_size: a count of n runs at the

@@ -431,11 +431,8 @@ static void eval_samples(ddld_dispatch *d, ddl_split split)
         for (int64_t i = 0; i < n; i++) {
             int64_t best = 0;
             for (int64_t c = 1; c < classes; c++) {
-                double v = dt == DDL_F32 ? ((const float *)out)[i * classes + c]
-                                         : ((const double *)out)[i * classes + c];
-                double b = dt == DDL_F32 ? ((const float *)out)[i * classes + best]
-                                         : ((const double *)out)[i * classes + best];
-                if (v > b) {
+                if (ddl_value_at(out, i * classes + c, es) >
+                    ddl_value_at(out, i * classes + best, es)) {
                     best = c;
                 }
             }

@@ -83,6 +83,28 @@ typedef struct rpc_stats {
 // the resident memory.
 enum { REC_TRAFFIC = DDL_TRAFFIC_NKINDS * DDL_TRAFFIC_NPASSES * 3, REC_RSS = REC_TRAFFIC, NREC };
 
+// A record of the dashboard's history: a training record (count unused) or an evaluation
+// (images_per_s unused).
+struct hist {
+    uint64_t seq;
+    int64_t  step, count;
+    double   loss, accuracy, images_per_s, unix_s;
+};
+// The dashboard's history: the last DDLD_HIST_TRAIN training records and DDLD_HIST_EVAL
+// evaluations, rings indexed by their sequence number modulo the size, and the predictions
+// of the last evaluation's first samples (ddld_metrics_eval_samples).
+struct history {
+    struct hist train[DDLD_HIST_TRAIN], eval[DDLD_HIST_EVAL];
+    uint64_t    ntrain, neval; // records ever added (the next one's seq is n + 1)
+    struct {
+        uint64_t eval_seq; // the evaluation they belong to (0: none yet)
+        char     split[8];
+        int      n, channels, height, width; // height, width 0: no picture
+        int64_t  label[DDLD_DASH_SAMPLES], predicted[DDLD_DASH_SAMPLES];
+        uint8_t  pixels[DDLD_DASH_SAMPLES][DDLD_DASH_PIXELS]; // first channel, 0..255
+    } samples;
+};
+
 static struct {
     bool                    enabled;
     int                     rank, size;
@@ -101,27 +123,7 @@ static struct {
     struct MHD_Daemon      *mhd;
     double                  start_unix, start_mono;
     long                    page;
-    // the dashboard's history (dashboard_json): the last HIST_TRAIN training records and
-    // HIST_EVAL evaluations, rings indexed by their sequence number modulo the size
-    struct hist_train {
-        uint64_t seq;
-        int64_t  step;
-        double   loss, accuracy, images_per_s, unix_s;
-    } train[DDLD_HIST_TRAIN];
-    struct hist_eval {
-        uint64_t seq;
-        int64_t  step, count;
-        double   loss, accuracy, unix_s;
-    } eval[DDLD_HIST_EVAL];
-    uint64_t ntrain, neval; // records ever added (the next one's seq is n + 1)
-    // the predictions of the last evaluation's first samples (ddld_metrics_eval_samples)
-    struct {
-        uint64_t eval_seq; // the evaluation they belong to (0: none yet)
-        char     split[8];
-        int      n, channels, height, width; // height, width 0: no picture
-        int64_t  label[DDLD_DASH_SAMPLES], predicted[DDLD_DASH_SAMPLES];
-        uint8_t  pixels[DDLD_DASH_SAMPLES][DDLD_DASH_PIXELS]; // first channel, 0..255
-    } samples;
+    struct history          h; // the dashboard's (dashboard_json copies it whole)
 } m = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
 // ---- the listen address ---------------------------------------------------------------
@@ -379,44 +381,34 @@ void ddld_metrics_checkpoint(void)
     pthread_mutex_unlock(&m.mu);
 }
 
-void ddld_metrics_train_point(int64_t step, double loss, double accuracy, double images_per_s)
+// Adds r to a ring of cap records of which *n were ever added, stamped now; an accuracy
+// < 0 (the engine's "none": a dense loss without one) is kept as NaN (null in the JSON).
+static void hist_add(struct hist *ring, uint64_t cap, uint64_t *n, struct hist r)
 {
     if (!m.enabled) {
         return;
     }
-    double t = now_unix();
-    if (accuracy < 0) {
-        accuracy = NAN; // none (-1: a dense loss without one): null in the JSON
+    r.unix_s = now_unix();
+    if (r.accuracy < 0) {
+        r.accuracy = NAN;
     }
     pthread_mutex_lock(&m.mu);
-    struct hist_train *h = &m.train[m.ntrain % DDLD_HIST_TRAIN];
-    *h                   = (struct hist_train){.seq          = ++m.ntrain,
-                                               .step         = step,
-                                               .loss         = loss,
-                                               .accuracy     = accuracy,
-                                               .images_per_s = images_per_s,
-                                               .unix_s       = t};
+    r.seq                   = ++*n;
+    ring[(r.seq - 1) % cap] = r;
     pthread_mutex_unlock(&m.mu);
+}
+
+void ddld_metrics_train_point(int64_t step, double loss, double accuracy, double images_per_s)
+{
+    hist_add(m.h.train, DDLD_HIST_TRAIN, &m.h.ntrain,
+             (struct hist){
+                 .step = step, .loss = loss, .accuracy = accuracy, .images_per_s = images_per_s});
 }
 
 void ddld_metrics_eval_point(int64_t step, int64_t count, double loss, double accuracy)
 {
-    if (!m.enabled) {
-        return;
-    }
-    double t = now_unix();
-    if (accuracy < 0) {
-        accuracy = NAN;
-    }
-    pthread_mutex_lock(&m.mu);
-    struct hist_eval *h = &m.eval[m.neval % DDLD_HIST_EVAL];
-    *h                  = (struct hist_eval){.seq      = ++m.neval,
-                                             .step     = step,
-                                             .count    = count,
-                                             .loss     = loss,
-                                             .accuracy = accuracy,
-                                             .unix_s   = t};
-    pthread_mutex_unlock(&m.mu);
+    hist_add(m.h.eval, DDLD_HIST_EVAL, &m.h.neval,
+             (struct hist){.step = step, .count = count, .loss = loss, .accuracy = accuracy});
 }
 
 void ddld_metrics_eval_samples(const char *split, const ddl_shape *in, ddl_dtype dt, const void *x,
@@ -425,7 +417,8 @@ void ddld_metrics_eval_samples(const char *split, const ddl_shape *in, ddl_dtype
     if (!m.enabled || n <= 0) {
         return;
     }
-    n = n < DDLD_DASH_SAMPLES ? n : DDLD_DASH_SAMPLES;
+    n         = n < DDLD_DASH_SAMPLES ? n : DDLD_DASH_SAMPLES;
+    size_t es = ddl_dtype_size(dt);
     // a picture: [C, H, W] (or [H, W]) with H * W <= DDLD_DASH_PIXELS; its first channel
     int     h = 0, w = 0, c = 1;
     int64_t numel = 1;
@@ -439,27 +432,25 @@ void ddld_metrics_eval_samples(const char *split, const ddl_shape *in, ddl_dtype
         c = in->ndim == 3 ? (int)in->d[0] : 1;
     }
     pthread_mutex_lock(&m.mu);
-    m.samples.eval_seq = m.neval + 1; // this Evaluate's ddld_metrics_eval_point comes after
-    snprintf(m.samples.split, sizeof m.samples.split, "%s", split);
-    m.samples.n        = (int)n;
-    m.samples.channels = c;
-    m.samples.height   = h;
-    m.samples.width    = w;
+    m.h.samples.eval_seq = m.h.neval + 1; // this Evaluate's ddld_metrics_eval_point comes after
+    snprintf(m.h.samples.split, sizeof m.h.samples.split, "%s", split);
+    m.h.samples.n        = (int)n;
+    m.h.samples.channels = c;
+    m.h.samples.height   = h;
+    m.h.samples.width    = w;
     for (int64_t i = 0; i < n; i++) {
-        m.samples.label[i]     = labels[i];
-        m.samples.predicted[i] = predicted[i];
+        m.h.samples.label[i]     = labels[i];
+        m.h.samples.predicted[i] = predicted[i];
         // scaled to 0..255 over the sample's own range (the values are normalised)
         double lo = INFINITY, hi = -INFINITY;
         for (int64_t k = 0; k < (int64_t)h * w; k++) {
-            double v = dt == DDL_F32 ? ((const float *)x)[i * numel + k]
-                                     : ((const double *)x)[i * numel + k];
+            double v = ddl_value_at(x, i * numel + k, es);
             lo       = v < lo ? v : lo;
             hi       = v > hi ? v : hi;
         }
         for (int64_t k = 0; k < (int64_t)h * w; k++) {
-            double v               = dt == DDL_F32 ? ((const float *)x)[i * numel + k]
-                                                   : ((const double *)x)[i * numel + k];
-            m.samples.pixels[i][k] = hi > lo ? (uint8_t)lround(255.0 * (v - lo) / (hi - lo)) : 0;
+            double v                 = ddl_value_at(x, i * numel + k, es);
+            m.h.samples.pixels[i][k] = hi > lo ? (uint8_t)lround(255.0 * (v - lo) / (hi - lo)) : 0;
         }
     }
     pthread_mutex_unlock(&m.mu);
@@ -820,21 +811,43 @@ static void dashboard_layer(FILE *f, const ddld_model_info *mi, int i)
     fputs("]}", f);
 }
 
+// The records of a ring (cap, n ever added) with seq > since, as JSON array elements.
+static void put_hist(FILE *f, const struct hist *ring, uint64_t cap, uint64_t n, uint64_t since,
+                     bool eval)
+{
+    uint64_t first = n > cap ? n - cap + 1 : 1;
+    if (first <= since) {
+        first = since + 1;
+    }
+    for (uint64_t q = first; q <= n; q++) {
+        const struct hist *h = &ring[(q - 1) % cap];
+        fprintf(f, "%s\n  {\"seq\": %llu, \"step\": %lld", q > first ? "," : "",
+                (unsigned long long)h->seq, (long long)h->step);
+        if (eval) {
+            fprintf(f, ", \"count\": %lld", (long long)h->count);
+        }
+        fputs(", \"loss\": ", f);
+        put_num(f, h->loss);
+        fputs(", \"accuracy\": ", f);
+        put_num(f, h->accuracy);
+        if (!eval) {
+            fputs(", \"images_per_s\": ", f);
+            put_num(f, h->images_per_s);
+        }
+        fprintf(f, ", \"unix_s\": %.3f}", h->unix_s);
+    }
+}
+
 // The records with seq > since_train (training) and seq > since_eval (evaluations), and the
 // current figures, as one JSON object.
 static void dashboard_json(FILE *f, const struct scrape *s, uint64_t since_train,
                            uint64_t since_eval)
 {
-    // the rings, copied under m.mu (about 24 KB: on the heap, like the scrape)
-    struct hist_train *tr     = ddl_malloc(sizeof m.train);
-    struct hist_eval  *ev     = ddl_malloc(sizeof m.eval);
-    uint64_t           ntrain = 0, neval = 0;
-    if (tr != NULL && ev != NULL) {
+    // the history, copied under m.mu (about 60 KB: on the heap, like the scrape)
+    struct history *hc = ddl_calloc(1, sizeof *hc);
+    if (hc != NULL) {
         pthread_mutex_lock(&m.mu);
-        memcpy(tr, m.train, sizeof m.train);
-        memcpy(ev, m.eval, sizeof m.eval);
-        ntrain = m.ntrain;
-        neval  = m.neval;
+        *hc = m.h;
         pthread_mutex_unlock(&m.mu);
     }
     const char *cjs = chartjs_path();
@@ -871,47 +884,18 @@ static void dashboard_json(FILE *f, const struct scrape *s, uint64_t since_train
                 "\"bytes_received\": %lld}",
                 r > 0 ? ", " : "", r, (long long)rss, (long long)sent, (long long)recv);
     }
+    uint64_t ntrain = hc != NULL ? hc->ntrain : 0, neval = hc != NULL ? hc->neval : 0;
     fprintf(f, "],\n \"train_seq\": %llu, \"train\": [", (unsigned long long)ntrain);
-    uint64_t first = ntrain > DDLD_HIST_TRAIN ? ntrain - DDLD_HIST_TRAIN + 1 : 1;
-    if (first <= since_train) {
-        first = since_train + 1;
-    }
-    for (uint64_t q = first; q <= ntrain; q++) {
-        const struct hist_train *h = &tr[(q - 1) % DDLD_HIST_TRAIN];
-        fprintf(f, "%s\n  {\"seq\": %llu, \"step\": %lld, \"loss\": ", q > first ? "," : "",
-                (unsigned long long)h->seq, (long long)h->step);
-        put_num(f, h->loss);
-        fputs(", \"accuracy\": ", f);
-        put_num(f, h->accuracy);
-        fputs(", \"images_per_s\": ", f);
-        put_num(f, h->images_per_s);
-        fprintf(f, ", \"unix_s\": %.3f}", h->unix_s);
+    if (hc != NULL) {
+        put_hist(f, hc->train, DDLD_HIST_TRAIN, ntrain, since_train, false);
     }
     fprintf(f, "],\n \"eval_seq\": %llu, \"eval\": [", (unsigned long long)neval);
-    first = neval > DDLD_HIST_EVAL ? neval - DDLD_HIST_EVAL + 1 : 1;
-    if (first <= since_eval) {
-        first = since_eval + 1;
+    if (hc != NULL) {
+        put_hist(f, hc->eval, DDLD_HIST_EVAL, neval, since_eval, true);
     }
-    for (uint64_t q = first; q <= neval; q++) {
-        const struct hist_eval *h = &ev[(q - 1) % DDLD_HIST_EVAL];
-        fprintf(f, "%s\n  {\"seq\": %llu, \"step\": %lld, \"count\": %lld, \"loss\": ",
-                q > first ? "," : "", (unsigned long long)h->seq, (long long)h->step,
-                (long long)h->count);
-        put_num(f, h->loss);
-        fputs(", \"accuracy\": ", f);
-        put_num(f, h->accuracy);
-        fprintf(f, ", \"unix_s\": %.3f}", h->unix_s);
-    }
-    ddl_free(tr);
-    ddl_free(ev);
     // the predictions of the last evaluation's first samples
     fputs("],\n \"samples\": ", f);
-    __typeof__(m.samples) *sm = ddl_malloc(sizeof m.samples);
-    if (sm != NULL) {
-        pthread_mutex_lock(&m.mu);
-        memcpy(sm, &m.samples, sizeof m.samples);
-        pthread_mutex_unlock(&m.mu);
-    }
+    const __typeof__(m.h.samples) *sm = hc != NULL ? &hc->samples : NULL;
     if (sm == NULL || sm->eval_seq == 0) {
         fputs("null", f);
     } else {
@@ -929,7 +913,7 @@ static void dashboard_json(FILE *f, const struct scrape *s, uint64_t since_train
         }
         fputs("]}", f);
     }
-    ddl_free(sm);
+    ddl_free(hc);
     // the model and its partitions (the spec's rank grids), under the snapshot's mutex
     fputs(",\n \"model\": ", f);
     pthread_mutex_lock(&ddld_g.mu);

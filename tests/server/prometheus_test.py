@@ -208,10 +208,22 @@ def sc_server(h):
         steps = p.value("distdl_steps_total")
         if steps != STEPS:
             bad.append("distdl_steps_total %r, expected %d" % (steps, STEPS))
+        # The counter moves with the steps, not once at the end: the 1 s scrapes during the
+        # Train see it between its value before and STEPS, never falling. Its speed is not
+        # judged against the CLI's beyond a floor: on a shared machine the rate within any
+        # 4 s window may be well above the Train's average, and a peak rate is never below
+        # the average it is the peak of (a third of it allows for the window's edges).
+        raw = p.query_range("distdl_steps_total", t0, t1)
+        seen = [float(v[1]) for v in raw[0]["values"]] if raw else []
+        inner = sorted(set(v for v in seen if 0 < v < STEPS))
+        want = max(1, min(3, int(t1 - t0) - 1))  # scrapes that fall inside a short Train
+        if len(inner) < want or any(b < a for a, b in zip(seen, seen[1:])):
+            bad.append("distdl_steps_total during the %.1f s Train %s: expected at least %d "
+                       "values between 0 and %d, never falling" % (t1 - t0, seen, want, STEPS))
         series = p.query_range("rate(distdl_steps_total[4s])", t0 - 5, t1 + 5)
         rates = [float(v[1]) for v in series[0]["values"]] if series else []
         peak = max(rates) if rates else 0
-        if not (cli_rate / 3 <= peak <= cli_rate * 1.5):
+        if peak < cli_rate / 3:
             bad.append("step rate peak %.1f/s against the CLI's %.1f/s over the Train" %
                        (peak, cli_rate))
         prom_loss = p.value("distdl_train_loss")
@@ -245,10 +257,11 @@ def sc_server(h):
         if len(rules) != 7 or unhealthy or firing:
             bad.append("rules: %d loaded (expected 7), unhealthy %s, firing %s" %
                        (len(rules), unhealthy, firing))
-        print("Prometheus: distdl_steps_total %d; step rate peak %.0f/s (the CLI's %.0f/s); "
+        print("Prometheus: distdl_steps_total %d (%d values seen during the Train); step rate "
+              "peak %.0f/s (the CLI's %.0f/s); "
               "loss %r == GetStatus; GetStatus OK +%d; median GetStatus %.6f s in bucket "
               "[%g, %g] (client-side median %.6f s); %d rules healthy, none firing" %
-              (steps, peak, cli_rate, prom_loss, after - before, p50, lo, hi,
+              (steps, len(inner), peak, cli_rate, prom_loss, after - before, p50, lo, hi,
                sorted(lat)[len(lat) // 2], len(rules)), flush=True)
         if bad:
             p.dump()

@@ -72,6 +72,9 @@ struct req {
     pthread_mutex_t        mu;
     // the route, decided from the URL and the headers
     int  method; // a ddld_method, ROUTE_STATS, or -1 (answered from `status` at once)
+    // a dashboard path (ddld_dashboard_path), answered by metrics.c; method is GetStatus's,
+    // whose role /dashboard.json needs
+    const char *dash;
     char model[256], version[64];
     // the body
     char  *body;
@@ -893,7 +896,16 @@ static void route(struct req *r, const char *url, const char *method)
     r->method    = -1;
     int  want    = -1;
     bool is_post = false;
-    if (strcmp(url, "/v2") == 0 || strcmp(url, "/v2/") == 0) {
+    if ((r->dash = ddld_dashboard_path(url)) != NULL) {
+        if (!ddld_dashboard_enabled()) {
+            answer_errorf(r, MHD_HTTP_NOT_FOUND,
+                          "not found: %s is served while --metrics-listen collects its figures "
+                          "(docs/METRICS.md)",
+                          r->dash);
+            return;
+        }
+        want = DDLD_M_GET_STATUS;
+    } else if (strcmp(url, "/v2") == 0 || strcmp(url, "/v2/") == 0) {
         want = DDLD_M_SERVER_METADATA;
     } else if (strcmp(url, "/v2/health/live") == 0) {
         want = DDLD_M_SERVER_LIVE;
@@ -924,8 +936,8 @@ static void route(struct req *r, const char *url, const char *method)
     }
     if (want < 0) {
         answer_errorf(r, MHD_HTTP_NOT_FOUND,
-                      "not found: %.200s (the KServe v2 endpoints are under /v2; see "
-                      "docs/SERVER.md)",
+                      "not found: %.200s (the KServe v2 endpoints are under /v2, see "
+                      "docs/SERVER.md; the dashboard is at /dashboard)",
                       url);
         return;
     }
@@ -963,6 +975,10 @@ static bool admit(struct req *r)
                          "a client certificate issued by --tls-client-ca is required");
             return false;
         }
+    }
+    if (r->dash != NULL && !ddld_dashboard_private(r->dash)) {
+        return true; // the page and Chart.js: no figure of the model, and a browser navigating
+                     // to a page sends no token (the page sends its own with each poll)
     }
     int count = 0;
     MHD_get_connection_values(r->conn, MHD_HEADER_KIND, count_auth, &count);
@@ -1063,6 +1079,9 @@ static enum MHD_Result run_request(struct req *r)
                       "the request body exceeds %lld bytes (--max-message-bytes)",
                       (long long)h.cfg->max_message_bytes);
         return send_answer(r);
+    }
+    if (r->dash != NULL) {
+        return ddld_dashboard_answer(r->conn, r->dash);
     }
     ddld_service *svc = atomic_load(&h.svc);
     if (svc == NULL) {

@@ -1007,10 +1007,31 @@ static enum MHD_Result reply_typed(struct MHD_Connection *conn, struct MHD_Respo
     return ret;
 }
 
-static enum MHD_Result dashboard(struct MHD_Connection *conn, const char *url)
+bool ddld_dashboard_enabled(void)
+{
+    return m.enabled;
+}
+
+const char *ddld_dashboard_path(const char *url)
+{
+    if (strcmp(url, "/dashboard") == 0 || strcmp(url, "/dashboard/") == 0) {
+        return "/dashboard";
+    }
+    if (strcmp(url, "/dashboard/chart.js") == 0) {
+        return "/dashboard/chart.js";
+    }
+    return strcmp(url, "/dashboard.json") == 0 ? "/dashboard.json" : NULL;
+}
+
+bool ddld_dashboard_private(const char *path)
+{
+    return strcmp(path, "/dashboard.json") == 0;
+}
+
+enum MHD_Result ddld_dashboard_answer(struct MHD_Connection *conn, const char *url)
 {
     static char failed[] = "out of memory\n";
-    if (strcmp(url, "/dashboard") == 0 || strcmp(url, "/dashboard/") == 0) {
+    if (strcmp(url, "/dashboard") == 0) {
         return reply_typed(conn,
                            MHD_create_response_from_buffer(ddld_dashboard_html_len,
                                                            (void *)ddld_dashboard_html,
@@ -1077,9 +1098,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 && strcmp(method, MHD_HTTP_METHOD_HEAD) != 0) {
         return reply(conn, MHD_HTTP_METHOD_NOT_ALLOWED, not_allowed, strlen(not_allowed), false);
     }
-    if (strcmp(url, "/dashboard") == 0 || strcmp(url, "/dashboard/") == 0 ||
-        strcmp(url, "/dashboard/chart.js") == 0 || strcmp(url, "/dashboard.json") == 0) {
-        return dashboard(conn, url);
+    const char *dash = ddld_dashboard_path(url);
+    if (dash != NULL) {
+        return ddld_dashboard_answer(conn, dash);
     }
     if (strcmp(url, "/metrics") != 0) {
         return reply(conn, MHD_HTTP_NOT_FOUND, not_found, strlen(not_found), false);

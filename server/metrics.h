@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include <grpc/status.h>
+#include <microhttpd.h>
 
 #include "config.h"
 #include "ddl/tensor.h"
@@ -94,6 +95,17 @@ void ddld_metrics_interlude(double seconds);
 void ddld_metrics_steps(int64_t steps, int64_t images, double images_per_s);
 // A durable checkpoint was written.
 void ddld_metrics_checkpoint(void);
+
+// ---- the dashboard's pages (libmicrohttpd's threads) ----------------------------------------
+// Served on --metrics-listen, and on --http-listen under that listener's tokens and TLS
+// (http.c) while --metrics-listen collects its figures. ddld_dashboard_path: the canonical
+// path of a dashboard URL ("/dashboard", "/dashboard/chart.js" or "/dashboard.json", a
+// static string), NULL for any other URL. ddld_dashboard_answer answers a GET or HEAD of
+// one. Only /dashboard.json holds the model's figures; the page and Chart.js hold none.
+bool            ddld_dashboard_enabled(void);
+const char     *ddld_dashboard_path(const char *url);
+bool            ddld_dashboard_private(const char *path);
+enum MHD_Result ddld_dashboard_answer(struct MHD_Connection *conn, const char *path);
 
 // ---- the dashboard's history (GET /dashboard.json on --metrics-listen) --------------------
 

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
-"""distdld's live dashboard (GET /dashboard on --metrics-listen) in Debian's headless Chromium,
-and its JSON endpoint.
+"""distdld's live dashboard (GET /dashboard on --metrics-listen and --http-listen) in Debian's
+headless Chromium, its JSON endpoint, and its auth on --http-listen.
 
   dashboard_test.py --build BUILD --source SRC --mpiexec MPIEXEC [--mpi-flags "..."] SCENARIO
 
@@ -22,6 +22,12 @@ json: /dashboard.json's fields after 50 steps and an evaluation (train records w
   non-numeric since), an unknown path 404, a POST 405; /dashboard/chart.js is Debian's file
   byte for byte, and with DDLD_CHARTJS pointing at no file it is a 404 that says what to
   install while the daemon runs and the JSON says chart_js.present false.
+auth: the dashboard on --http-listen with --token-file: the page and Chart.js served without
+  a token (the same bytes as on --metrics-listen), /dashboard.json 401 without a token, with
+  a wrong one or a non-bearer one, 200 with the infer token (the same figures as on
+  --metrics-listen), POST 405; in Chromium the page opened as /dashboard#token=T polls and
+  shows the step with no console message, and without a token shows the 401 and the way to
+  give one; a daemon without --metrics-listen answers /dashboard 404 naming it.
 
 Exit status: 0 pass, 1 fail, 7 skip (distdld not built; chromium not installed for browser:
 deploy/install-deps.sh installs Debian's `chromium` and `libjs-chart.js`).
@@ -44,9 +50,9 @@ from ddl_daemon import FMNIST, DaemonHarness, Failure, Skip, run_scenarios  # no
 CHARTJS = "/usr/share/javascript/chart.js/chart.min.js"
 
 
-def get(url, method="GET", timeout=10):
+def get(url, method="GET", timeout=10, headers=None):
     """(status, body) of a request; HTTP errors are answers too."""
-    req = urllib.request.Request(url, method=method)
+    req = urllib.request.Request(url, method=method, headers=headers or {})
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, r.read()
@@ -54,10 +60,10 @@ def get(url, method="GET", timeout=10):
         return e.code, e.read()
 
 
-def start(h, name, env_extra=None):
+def start(h, name, env_extra=None, args=()):
     maddr = os.path.join(h.work, name + "-metrics-addr")
     d = h.start(2, ["--model", h.spec("lenet5-2.json"), "--metrics-listen", "127.0.0.1:0",
-                    "--metrics-address-file", maddr], name, env=env_extra)
+                    "--metrics-address-file", maddr] + list(args), name, env=env_extra)
     for _ in range(100):
         if os.path.exists(maddr) and open(maddr).read().strip():
             break
@@ -346,5 +352,76 @@ def sc_json(h):
           flush=True)
 
 
+def sc_auth(h):
+    browser = chromium()
+    cli = os.path.join(h.build, "bin", "distdl")
+    tok_i, tok_a = "infer-" + "i" * 20, "admin-" + "a" * 20
+    tf = os.path.join(h.work, "tokens")
+    with open(tf, "w") as f:
+        f.write("infer %s\nadmin %s\n" % (tok_i, tok_a))
+    os.chmod(tf, 0o600)
+    admin = {"DDL_TOKEN": tok_a}
+    hfile = os.path.join(h.work, "auth.http")
+    d, mbase = start(h, "auth", args=["--http-listen", "127.0.0.1:0", "--http-address-file",
+                                      hfile, "--token-file", tf])
+    hbase = "http://" + open(hfile).read().strip()
+    h.run(d, [cli, "train", "--steps", "20", "--progress-every", "20"], env_extra=admin)
+    bad = []
+    # the page and Chart.js hold no figure of the model: served without a token, the same
+    # bytes as on --metrics-listen
+    for path in ["/dashboard"] + (["/dashboard/chart.js"] if os.path.exists(CHARTJS) else []):
+        code, body = get(hbase + path)
+        if code != 200 or body != get(mbase + path)[1]:
+            bad.append("GET %s on --http-listen without a token: %d, %d bytes" %
+                       (path, code, len(body)))
+    # the figures need a token of GetStatus's role (infer or above)
+    for headers, want_code, want_text, what in [
+            ({}, 401, "Bearer", "no token"),
+            ({"Authorization": "Bearer wrong-token-xxxxxxxxxxxx"}, 401, "invalid token",
+             "a wrong token"),
+            ({"Authorization": "Basic abc"}, 401, "Bearer", "not a bearer token")]:
+        code, body = get(hbase + "/dashboard.json", headers=headers)
+        if code != want_code or want_text not in body.decode():
+            bad.append("/dashboard.json with %s: %d %r" % (what, code, body))
+    code, body = get(hbase + "/dashboard.json", headers={"Authorization": "Bearer " + tok_i})
+    j = json.loads(body) if code == 200 else {}
+    jm = json.loads(get(mbase + "/dashboard.json")[1])
+    if code != 200 or [j.get(k) for k in ("step", "last_loss", "train_seq", "model")] != \
+            [jm[k] for k in ("step", "last_loss", "train_seq", "model")] or j["step"] != 20:
+        bad.append("/dashboard.json with the infer token: %d, step %s (--metrics-listen: %s)" %
+                   (code, j.get("step"), jm["step"]))
+    code, body = get(hbase + "/dashboard.json", "POST",
+                     headers={"Authorization": "Bearer " + tok_i})
+    if code != 405:
+        bad.append("POST /dashboard.json: %d %r" % (code, body))
+    # the page in a browser: with the token in the URL's fragment it polls and shows the
+    # figures; without one it says which token it needs
+    dom, console, errs = load(h, browser, hbase + "/dashboard#token=" + tok_i)
+    check_clean(dom, console, errs, "with the token")
+    if text_of(dom, "step") != "20":
+        bad.append("the page with the token shows step %r" % text_of(dom, "step"))
+    dom, _, _ = load(h, browser, hbase + "/dashboard")
+    m = re.search(r'id="banner"[^>]*>([^<]*)<', dom)
+    if m is None or "HTTP 401" not in m.group(1) or "#token=" not in m.group(1) or \
+            text_of(dom, "step") == "20":
+        bad.append("the page without a token: banner %r" % (m and m.group(1)))
+    h.run(d, [cli, "shutdown", "--no-checkpoint"], env_extra=admin)
+    d.wait_exit()
+    # without --metrics-listen nothing collects the figures: the page is not served
+    hfile2 = os.path.join(h.work, "plain.http")
+    d = h.start(2, ["--model", h.spec("lenet5-2.json"), "--http-listen", "127.0.0.1:0",
+                    "--http-address-file", hfile2], "plain")
+    code, body = get("http://" + open(hfile2).read().strip() + "/dashboard")
+    if code != 404 or b"--metrics-listen" not in body:
+        bad.append("GET /dashboard without --metrics-listen: %d %r" % (code, body))
+    h.run(d, [cli, "shutdown", "--no-checkpoint"])
+    d.wait_exit()
+    if bad:
+        raise Failure("; ".join(bad))
+    print("--http-listen: the page and Chart.js open, /dashboard.json behind the infer token "
+          "(401 without), the page polling with the token from its fragment", flush=True)
+
+
 if __name__ == "__main__":
-    sys.exit(run_scenarios(DaemonHarness, {"browser": sc_browser, "json": sc_json}))
+    sys.exit(run_scenarios(DaemonHarness, {"browser": sc_browser, "json": sc_json,
+                                           "auth": sc_auth}))

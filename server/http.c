@@ -11,6 +11,13 @@
 // "submitted and suspended" against "answered", so a connection is resumed only after it
 // was suspended.
 //
+// Clients that go away. libmicrohttpd does not watch a suspended connection's socket, so
+// the `watcher` thread does: every suspended request is on a list, and the thread polls
+// their sockets for the peer's close (POLLRDHUP, POLLHUP) with a WATCH_MS timeout (a new
+// entry is watched from the next round). A closed one's call is cancelled as a gRPC
+// client's cancel cancels it (ddld_call_cancel): out of the queue at once, or dropped
+// before its batch runs, never run on the ranks for nobody.
+//
 // Formats (the Open Inference Protocol's REST binding, with Triton's extensions):
 //   - tensors in JSON: "data" is the row-major contents, flat or nested; FP32 values are
 //     written with 9 significant digits and FP64 with 17, so they read back bit for bit;
@@ -19,6 +26,7 @@
 //     outputs come binary when the request's parameters say binary_data_output or the
 //     output's say binary_data;
 //   - errors: {"error": "<message>"} with the HTTP code of the gRPC status (http_status).
+#define _GNU_SOURCE // POLLRDHUP
 #include <gnutls/gnutls.h>
 #include <grpc/byte_buffer.h>
 #include <grpc/slice.h>
@@ -26,6 +34,7 @@
 #include <jansson.h>
 #include <math.h>
 #include <microhttpd.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -50,6 +59,7 @@
 
 #define MAX_INPUTS 16
 #define ROUTE_STATS DDLD_M_COUNT // the statistics extension (answered here after a metadata call)
+#define WATCH_MS 50              // the watcher's round: a client's close is seen within it
 
 static struct {
     const ddld_config      *cfg;
@@ -64,7 +74,15 @@ static struct {
     bool tree_only;
     // the answer to a request whose own state could not be allocated
     struct MHD_Response *oom;
-} h = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+    // the suspended requests whose sockets the watcher polls (a list through struct req)
+    pthread_mutex_t wmu;
+    struct req     *watched;
+    int             nwatched;
+    bool            wstop, wstarted;
+    pthread_t       wthread;
+} h = {.mu  = PTHREAD_MUTEX_INITIALIZER,
+       .cv  = PTHREAD_COND_INITIALIZER,
+       .wmu = PTHREAD_MUTEX_INITIALIZER};
 
 // One HTTP request.
 struct req {
@@ -90,6 +108,12 @@ struct req {
     const char  *ctype;
     // ModelInfer: which outputs come binary
     bool binary_out;
+    // the submitted call (a reference, for ddld_call_cancel) and, while suspended, the
+    // request's place on the watcher's list (under h.wmu)
+    ddld_call  *call;
+    int         fd;
+    bool        on_list;
+    struct req *wprev, *wnext;
 };
 
 // ---- the HTTP code of a gRPC status -------------------------------------------------------
@@ -386,6 +410,95 @@ static void render_server_metadata(struct req *r, const Inference__ServerMetadat
     end(r, MHD_HTTP_OK);
 }
 
+// ---- the watcher: suspended requests whose clients went away ------------------------------
+
+static void watch(struct req *r) // under r->mu, before the answer
+{
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(r->conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (ci == NULL || r->call == NULL || !h.wstarted) {
+        return; // not watched: such a call runs as if its client stayed
+    }
+    pthread_mutex_lock(&h.wmu);
+    r->fd      = ci->connect_fd;
+    r->on_list = true;
+    r->wprev   = NULL;
+    r->wnext   = h.watched;
+    if (h.watched != NULL) {
+        h.watched->wprev = r;
+    }
+    h.watched = r;
+    h.nwatched++;
+    pthread_mutex_unlock(&h.wmu);
+}
+
+static void unwatch(struct req *r)
+{
+    pthread_mutex_lock(&h.wmu);
+    if (r->on_list) {
+        if (r->wprev != NULL) {
+            r->wprev->wnext = r->wnext;
+        } else {
+            h.watched = r->wnext;
+        }
+        if (r->wnext != NULL) {
+            r->wnext->wprev = r->wprev;
+        }
+        r->on_list = false;
+        h.nwatched--;
+    }
+    pthread_mutex_unlock(&h.wmu);
+}
+
+static void *watcher(void *arg)
+{
+    (void)arg;
+    struct pollfd *pfd   = NULL;
+    ddld_call    **calls = NULL;
+    int            cap   = 0;
+    for (;;) {
+        // a snapshot of the sockets, each call held: the thread never touches a request,
+        // which its connection may free meanwhile
+        pthread_mutex_lock(&h.wmu);
+        if (h.wstop) {
+            pthread_mutex_unlock(&h.wmu);
+            break;
+        }
+        if (h.nwatched > cap) {
+            int            ncap = h.nwatched * 2;
+            struct pollfd *np   = ddl_realloc(pfd, (size_t)ncap * sizeof *np);
+            pfd                 = np != NULL ? np : pfd;
+            ddld_call **nc      = np != NULL ? ddl_realloc(calls, (size_t)ncap * sizeof *nc) : NULL;
+            calls               = nc != NULL ? nc : calls;
+            cap                 = np != NULL && nc != NULL ? ncap : cap; // short: watch fewer
+        }
+        int n = 0;
+        for (struct req *r = h.watched; r != NULL && n < cap; r = r->wnext) {
+            if (!ddld_call_cancelled(r->call)) { // cancelled: its answer is on its way
+                pfd[n]   = (struct pollfd){.fd = r->fd, .events = POLLRDHUP};
+                calls[n] = r->call;
+                ddld_call_hold(r->call);
+                n++;
+            }
+        }
+        pthread_mutex_unlock(&h.wmu);
+        int got = n > 0 ? poll(pfd, (nfds_t)n, WATCH_MS) : 0;
+        if (n == 0) {
+            struct timespec ts = {0, WATCH_MS * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+        for (int i = 0; i < n; i++) {
+            if (got > 0 && (pfd[i].revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) {
+                ddld_call_cancel(calls[i]);
+            }
+            ddld_call_release(calls[i]);
+        }
+    }
+    ddl_free(pfd);
+    ddl_free(calls);
+    return NULL;
+}
+
 // The service's answer to a submitted call (any thread; exactly once).
 static void call_done(void *ud, grpc_status_code code, const char *msg,
                       const ProtobufCMessage *resp)
@@ -423,6 +536,7 @@ static void call_done(void *ud, grpc_status_code code, const char *msg,
     r->answered = true;
     bool resume = r->suspended;
     pthread_mutex_unlock(&r->mu);
+    unwatch(r);
     if (resume) {
         MHD_resume_connection(r->conn);
     }
@@ -1109,12 +1223,13 @@ static enum MHD_Result run_request(struct req *r)
     h.outstanding++;
     pthread_mutex_unlock(&h.mu);
     r->submitted = true;
-    ddld_service_submit(svc, method, m, call_done, r);
+    ddld_service_submit(svc, method, m, call_done, r, &r->call);
     pthread_mutex_lock(&r->mu);
     bool answered = r->answered;
     if (!answered) {
         r->suspended = true;
         MHD_suspend_connection(r->conn);
+        watch(r);
     }
     pthread_mutex_unlock(&r->mu);
     return answered ? send_answer(r) : MHD_YES;
@@ -1199,6 +1314,8 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
         *con_cls = NULL;
         return;
     }
+    unwatch(r); // answered already, so off the list; kept for a connection torn down
+    ddld_call_release(r->call);
     free(r->out);
     ddl_free(r->body);
     pthread_mutex_destroy(&r->mu);
@@ -1262,6 +1379,13 @@ int ddld_http_start(const ddld_config *cfg)
         }
         return -1;
     }
+    h.wstop = false;
+    if (pthread_create(&h.wthread, NULL, watcher, NULL) == 0) {
+        h.wstarted = true;
+    } else {
+        ddld_log("--http-listen: no thread to watch for clients that go away: their calls run "
+                 "as if they stayed");
+    }
     if (cfg->http_address_file != NULL &&
         ddld_write_address("--http-address-file", cfg->http_address_file, addr, port) != 0) {
         ddld_http_stop();
@@ -1297,6 +1421,13 @@ void ddld_http_stop(void)
     pthread_mutex_unlock(&h.mu);
     if (left > 0) {
         ddld_log("http: %d call%s still unanswered at shutdown", left, left == 1 ? "" : "s");
+    }
+    if (h.wstarted) {
+        pthread_mutex_lock(&h.wmu);
+        h.wstop = true;
+        pthread_mutex_unlock(&h.wmu);
+        pthread_join(h.wthread, NULL);
+        h.wstarted = false;
     }
     MHD_stop_daemon(h.mhd);
     h.mhd = NULL;

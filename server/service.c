@@ -1406,18 +1406,25 @@ ddld_job *ddld_service_pop_inference(ddld_service *svc)
     return take(svc, is_inference, NULL);
 }
 
+// A cancelled call whose job still waits in the queue: out of it, answered CANCELLED (a job
+// the main thread took is dropped there, by ddld_call_cancelled).
+static void drop_queued(ddld_call *c)
+{
+    ddld_job *job = unqueue(c->svc, c);
+    if (job != NULL) {
+        pthread_mutex_lock(&ddld_g.mu);
+        ddld_g.dropped_calls++;
+        pthread_mutex_unlock(&ddld_g.mu);
+        ddld_call_finish(c, GRPC_STATUS_CANCELLED, "cancelled while queued", NULL);
+        ddld_job_free(job);
+    }
+}
+
 static void on_close(ddld_call *c)
 {
     atomic_store(&c->cancelled, c->close_cancelled != 0);
     if (c->close_cancelled != 0 && c->method < DDLD_M_COUNT) {
-        ddld_job *job = unqueue(c->svc, c);
-        if (job != NULL) {
-            pthread_mutex_lock(&ddld_g.mu);
-            ddld_g.dropped_calls++;
-            pthread_mutex_unlock(&ddld_g.mu);
-            ddld_call_finish(c, GRPC_STATUS_CANCELLED, "cancelled while queued", NULL);
-            ddld_job_free(job);
-        }
+        drop_queued(c);
     }
     if (c->method == DDLD_M_HEALTH_WATCH) {
         // A watcher that went away: take it off the list and end its op side.
@@ -1443,9 +1450,12 @@ static void on_close(ddld_call *c)
 // ---- calls from other transports (HTTP) ---------------------------------------------------
 
 void ddld_service_submit(ddld_service *svc, ddld_method method, ProtobufCMessage *m,
-                         ddld_call_done done, void *ud)
+                         ddld_call_done done, void *ud, ddld_call **hold)
 {
     ddld_call *c = method < DDLD_M_COUNT ? ddl_calloc(1, sizeof *c) : NULL;
+    if (hold != NULL) {
+        *hold = c;
+    }
     if (c == NULL) {
         protobuf_c_message_free_unpacked(m, NULL);
         done(ud, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory for the call", NULL);
@@ -1458,7 +1468,7 @@ void ddld_service_submit(ddld_service *svc, ddld_method method, ProtobufCMessage
     c->done_ud   = ud;
     c->t_arrived = ddld_now();
     c->live      = true;
-    atomic_init(&c->refs, 1); // the op side: dropped by finish_external
+    atomic_init(&c->refs, hold != NULL ? 2 : 1); // the op side (finish_external) and hold
     atomic_fetch_add(&active_calls, 1);
     pthread_mutex_init(&c->mu, NULL);
     grpc_metadata_array_init(&c->md);
@@ -1472,6 +1482,25 @@ void ddld_service_submit(ddld_service *svc, ddld_method method, ProtobufCMessage
         return;
     }
     run_message(c, m);
+}
+
+void ddld_call_hold(ddld_call *c)
+{
+    atomic_fetch_add(&c->refs, 1);
+}
+
+void ddld_call_release(ddld_call *c)
+{
+    if (c != NULL) {
+        call_unref(c);
+    }
+}
+
+void ddld_call_cancel(ddld_call *c)
+{
+    if (!atomic_exchange(&c->cancelled, true)) {
+        drop_queued(c);
+    }
 }
 
 const char *ddld_method_path(ddld_method method)

@@ -76,10 +76,19 @@ typedef void (*ddld_call_done)(void *ud, grpc_status_code code, const char *msg,
 // of `method` would run: a CQ row is answered here, from the snapshot; an ENGINE row is
 // queued for the ranks (refused RESOURCE_EXHAUSTED when --queue jobs wait, UNAVAILABLE
 // once shutdown began) and joins dynamic batching like any other. The caller has already
-// admitted it (auth). done(ud, ...) always runs exactly once. Such a call is never
-// cancelled. Any thread.
+// admitted it (auth). done(ud, ...) always runs exactly once. With hold non-NULL, *hold
+// receives a reference to the call (NULL when none could be made), for ddld_call_cancel,
+// which the caller drops with ddld_call_release. Any thread.
 void ddld_service_submit(ddld_service *svc, ddld_method method, ProtobufCMessage *m,
-                         ddld_call_done done, void *ud);
+                         ddld_call_done done, void *ud, ddld_call **hold);
+// A reference to a call, and its release (NULL: nothing). Any thread.
+void ddld_call_hold(ddld_call *c);
+void ddld_call_release(ddld_call *c);
+// The transport's client went away: the call is cancelled as a gRPC client's cancel
+// cancels it. Still queued, it leaves the queue and is answered CANCELLED now; waiting for
+// its batch, it is dropped there; already running, it finishes. Once per call counts; any
+// thread, with a reference held.
+void ddld_call_cancel(ddld_call *c);
 // The method's gRPC path (the table, proto/rpc_methods.h).
 const char *ddld_method_path(ddld_method method);
 

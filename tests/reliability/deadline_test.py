@@ -10,6 +10,10 @@ with LeNet-5 while a long Train holds the ranks:
                 empty, rank 0's VmRSS growth is bounded, and valid calls succeed.
   backpressure  --queue 64 and 500 concurrent Predicts: 64 are queued and succeed, the rest
                 get RESOURCE_EXHAUSTED quickly (p50/p99 reported), VmRSS bounded.
+  httpcancel    KServe over HTTP (--http-listen): of two infer requests queued behind the
+                Train, the one whose client closes its connection leaves the queue while the
+                Train still runs (request_queue_depth, dropped_calls); the one whose client
+                stays is answered 200 with its logits once the Train is cancelled.
 
   deadline_test.py --build B --source S --mpiexec M --mpi-flags F SCENARIO
 """
@@ -31,13 +35,13 @@ SAMPLE, BATCH = 784, 64
 
 
 class Fixture:
-    def __init__(self, h, name, queue=64):
+    def __init__(self, h, name, queue=64, args=()):
         self.h = h
         self.tr = h.tr
         # The ranks held by a Train are the point here: inference calls wait for it
         # (answers between steps, serving_test.py, are turned off).
         self.d = h.start(2, ["--queue", str(queue), "--model", h.spec("lenet5-2.json"),
-                             "--serve-during-train", "off"], name)
+                             "--serve-during-train", "off"] + list(args), name)
         self.raw = Raw(self.d.address)
         # The burst channel's connectivity states, for a failure's account of a stall.
         self.t0 = time.perf_counter()
@@ -428,6 +432,69 @@ def sc_backpressure(h):
         raise Failure("; ".join(bad))
 
 
+def sc_httpcancel(h):
+    import json
+    import socket
+    hfile = os.path.join(h.work, "httpcancel.http")
+    f = Fixture(h, "httpcancel", args=["--http-listen", "127.0.0.1:0", "--http-address-file",
+                                      hfile])
+    host, port = open(hfile).read().strip().rsplit(":", 1)
+    body = json.dumps({"inputs": [{"name": "input", "shape": [1, 1, 28, 28],
+                                   "datatype": "FP32", "data": [0.25] * SAMPLE}]}).encode()
+    req = (b"POST /v2/models/lenet5-2/infer HTTP/1.1\r\nHost: %s\r\nContent-Type: "
+           b"application/json\r\nContent-Length: %d\r\n\r\n" % (host.encode(), len(body))) + body
+    f.start_train()
+    st0 = f.status()
+    gone = socket.create_connection((host, int(port)), timeout=60)
+    stays = socket.create_connection((host, int(port)), timeout=60)
+    bad = []
+    try:
+        gone.sendall(req)
+        stays.sendall(req)
+        if not wait_for(lambda: f.status().request_queue_depth == st0.request_queue_depth + 2,
+                        10):
+            raise Failure("the two infer requests never waited in the queue: %s" % f.status())
+        t0 = time.perf_counter()
+        gone.close()
+        ok = wait_for(lambda: f.status().dropped_calls == st0.dropped_calls + 1, 5)
+        dt = time.perf_counter() - t0
+        st = f.status()
+        if not ok or st.request_queue_depth != st0.request_queue_depth + 1 or \
+                st.state != "training":
+            bad.append("after one client closed: dropped_calls %d -> %d, queue %d -> %d, "
+                       "state %s (expected +1, +1 and still training)" % (
+                           st0.dropped_calls, st.dropped_calls, st0.request_queue_depth,
+                           st.request_queue_depth, st.state))
+        else:
+            print("the closed client's call left the queue %.0f ms after the close, during "
+                  "the Train" % (dt * 1e3), flush=True)
+        f.stop_train()
+        data = b""
+        while b"\r\n\r\n" not in data or len(data) < data.index(b"\r\n\r\n") + 4 + int(
+                [l for l in data.split(b"\r\n") if l.lower().startswith(b"content-length:")]
+                [0].split(b":")[1]):
+            chunk = stays.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+        head, _, payload = data.partition(b"\r\n\r\n")
+        out = json.loads(payload) if head.startswith(b"HTTP/1.1 200") else None
+        if out is None or out["outputs"][0]["shape"] != [1, 10]:
+            bad.append("the client that stayed: %r" % data[:300])
+        st = f.status()
+        if st.dropped_calls != st0.dropped_calls + 1 or st.request_queue_depth != 0 or \
+                st.active_calls != 0:
+            bad.append("at the end: dropped_calls %d (expected %d), queue %d, active %d" % (
+                st.dropped_calls, st0.dropped_calls + 1, st.request_queue_depth,
+                st.active_calls))
+    finally:
+        stays.close()
+    f.finish()
+    if bad:
+        raise Failure("; ".join(bad))
+
+
 if __name__ == "__main__":
     sys.exit(run_scenarios(Harness, {"deadline": sc_deadline, "cancel": sc_cancel,
-                                     "backpressure": sc_backpressure}))
+                                     "backpressure": sc_backpressure,
+                                     "httpcancel": sc_httpcancel}))

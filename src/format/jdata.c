@@ -12,8 +12,8 @@
 // daemon's own JSON path would (an escape in a key, true/false in data, an integer past
 // int64, a real that overflows, a value out of the datatype's range, ...) makes them
 // return -1, and the caller parses the request the slow way, which gives the same answer
-// or the same error as before. A span is a complete JSON value, so the caller may blank it
-// out (ddl_fmt_jdata_blank) and let a tree parser read the rest of the request cheaply.
+// or the same error as before. A span is a complete JSON value, so the caller may cut it
+// out (ddl_fmt_jdata_cut) and let a tree parser read the rest of the request cheaply.
 #include <errno.h>
 #include <limits.h>
 #include <math.h>
@@ -297,14 +297,27 @@ int ddl_fmt_jdata_spans(const char *json, size_t len, ddl_fmt_jspan *spans, size
     return 0;
 }
 
-void ddl_fmt_jdata_blank(char *json, ddl_fmt_jspan span)
+size_t ddl_fmt_jdata_cut(const char *json, size_t len, const ddl_fmt_jspan *spans, size_t n,
+                         char *out)
 {
-    // "0" and spaces, the line breaks kept: a tree parser's line and column of anything
-    // after the span stay what they were.
-    for (size_t k = span.begin; k < span.end; k++) {
-        if (json[k] != '\n') {
-            json[k] = k == span.begin ? '0' : ' ';
+    size_t at = 0, k = 0; // read and write positions
+    for (;;) {
+        // the next non-empty span at or after `at` (n is small: a scan per span)
+        const ddl_fmt_jspan *next = NULL;
+        for (size_t i = 0; i < n; i++) {
+            if (spans[i].end > spans[i].begin && spans[i].begin >= at &&
+                (next == NULL || spans[i].begin < next->begin)) {
+                next = &spans[i];
+            }
         }
+        size_t upto = next != NULL ? next->begin : len;
+        memcpy(out + k, json + at, upto - at);
+        k += upto - at;
+        if (next == NULL) {
+            return k;
+        }
+        out[k++] = '0';
+        at       = next->end;
     }
 }
 

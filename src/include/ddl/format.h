@@ -218,9 +218,13 @@ typedef enum {
 // array holding anything else or arrays more than 32 levels inside it: then no span may
 // be used.
 int ddl_fmt_jdata_spans(const char *json, size_t len, ddl_fmt_jspan *spans, size_t max);
-// Overwrites a span with "0" and spaces, keeping its line breaks: the text stays JSON
-// with the same lines and columns, and the value is the integer 0.
-void ddl_fmt_jdata_blank(char *json, ddl_fmt_jspan span);
+// json[0..len) with each non-empty span of spans[0..n) (disjoint, as ddl_fmt_jdata_spans
+// gives them, in any order) cut down to "0", into out (len bytes at least); returns the
+// length written. The text stays JSON whose data values are the integer 0, and a tree
+// parser reads only the rest of the request (its line and column numbers no longer match
+// the original's: a caller reports errors from the original text).
+size_t ddl_fmt_jdata_cut(const char *json, size_t len, const ddl_fmt_jspan *spans, size_t n,
+                         char *out);
 // The numbers a span holds (an upper bound for ddl_fmt_jdata_convert's cap; exact for a
 // span from ddl_fmt_jdata_spans).
 size_t ddl_fmt_jdata_count(const char *json, ddl_fmt_jspan span);

@@ -67,13 +67,17 @@ static double spec_flops(const ddl_spec_t *s, layer_flops *out)
 {
     double params = 0;
     bool  *back   = calloc((size_t)s->nlayers, sizeof *back);
+    if (back == NULL) {
+        fprintf(stderr, "bench-train-worker: out of memory\n");
+        exit(1);
+    }
     for (int t = 0; t < s->nlayers; t++) {
-        const spec_layer *L  = &s->layers[s->order[t]];
-        layer_flops      *f  = &out[t];
-        double            x  = shape_elems(&L->x_global), y = shape_elems(&L->y_global);
+        const spec_layer *L = &s->layers[s->order[t]];
+        layer_flops      *f = &out[t];
+        double            x = shape_elems(&L->x_global), y = shape_elems(&L->y_global);
         int               ns = L->y_global.ndim - 2; // spatial dims (batch and channels first)
         snprintf(f->name, sizeof f->name, "%s %s", L->name, L->type);
-        f->fwd = f->bwd = 0;
+        f->fwd = f->bwd   = 0;
         back[s->order[t]] = L->has_params;
         for (int k = 0; k < L->nin; k++) {
             back[s->order[t]] |= L->in[k] != SPEC_INPUT && back[L->in[k]];
@@ -85,13 +89,13 @@ static double spec_flops(const ddl_spec_t *s, layer_flops *out)
                 kv *= (double)c->kernel[i];
             }
             double ci = (double)L->x_global.d[1], macs = y * ci * kv;
-            f->fwd    = 2 * macs + (c->bias ? y : 0);
-            f->bwd    = 4 * macs + (c->bias ? y : 0);
+            f->fwd = 2 * macs + (c->bias ? y : 0);
+            f->bwd = 4 * macs + (c->bias ? y : 0);
             params += (double)L->y_global.d[1] * (ci * kv + (c->bias ? 1 : 0));
         } else if (strcmp(L->type, "linear") == 0) {
             double in = x / (double)L->x_global.d[0], macs = y * in;
-            f->fwd    = 2 * macs + (L->bias ? y : 0);
-            f->bwd    = 4 * macs + (L->bias ? y : 0);
+            f->fwd = 2 * macs + (L->bias ? y : 0);
+            f->bwd = 4 * macs + (L->bias ? y : 0);
             params += (double)L->y_global.d[1] * (in + (L->bias ? 1 : 0));
         } else if (strncmp(L->type, "adaptive", 8) == 0) {
             f->fwd = f->bwd = x;
@@ -121,8 +125,8 @@ static double spec_flops(const ddl_spec_t *s, layer_flops *out)
     }
     free(back);
     const ddl_optim_params *o = &s->optim;
-    double per = o->kind == DDL_OPTIM_SGD ? 2 + (o->momentum != 0 ? 2 : 0) + (o->nesterov ? 2 : 0)
-                                          : 12;
+    double                  per =
+        o->kind == DDL_OPTIM_SGD ? 2 + (o->momentum != 0 ? 2 : 0) + (o->nesterov ? 2 : 0) : 12;
     return (per + (o->weight_decay != 0 ? 2 : 0)) * params;
 }
 
@@ -141,8 +145,8 @@ static double sgemm_rate(int n)
     for (int r = 0; r < 4; r++) {
         MPI_Barrier(MPI_COMM_WORLD);
         double t0 = MPI_Wtime();
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f,
-                    c, n);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c,
+                    n);
         t[r] = MPI_Wtime() - t0;
     }
     // Median of the 3 timed (t[1..3]).
@@ -161,15 +165,15 @@ static double sgemm_rate(int n)
 // U-Net), else Fashion-MNIST from `dir` normalized as the spec says. Rank 0 only.
 enum { NBATCH = 4 };
 
-static ddl_status make_batches(const ddl_spec_t *spec, const char *dir, int64_t batch,
-                               float *x, int64_t *lab)
+static ddl_status make_batches(const ddl_spec_t *spec, const char *dir, int64_t batch, float *x,
+                               int64_t *lab)
 {
     ddl_shape        in   = ddl_spec_input_shape(spec);
     int64_t          ls   = ddl_spec_label_elems(spec);
     size_t           xs   = (size_t)shape_elems(&in) * (size_t)batch;
     double           mean = 0, std = 1;
     ddl_synth_params p;
-    int64_t          n = 0;
+    int64_t          n   = 0;
     int64_t         *idx = malloc(sizeof(int64_t) * (size_t)batch);
     ddl_dataset      ds  = {0};
     ddl_status       st  = idx == NULL ? DDL_ENOMEM : DDL_OK;
@@ -231,14 +235,14 @@ int main(int argc, char **argv)
     if (batch > 0) {
         json_object_set_new(j, "batch_size", json_integer(batch));
     }
-    char        *text  = json_dumps(j, 0);
-    ddl_spec_t  *spec  = NULL;
-    ddl_status   st    = ddl_spec_parse(text, model, size, &spec);
-    ddl_model_t *m     = NULL;
-    float       *x     = NULL;
-    int64_t     *lab   = NULL;
-    size_t       xs    = 0;
-    int64_t      ls    = 0;
+    char        *text    = json_dumps(j, 0);
+    ddl_spec_t  *spec    = NULL;
+    ddl_status   st      = ddl_spec_parse(text, model, size, &spec);
+    ddl_model_t *m       = NULL;
+    float       *x       = NULL;
+    int64_t     *lab     = NULL;
+    size_t       xs      = 0;
+    int64_t      ls      = 0;
     int          threads = ddl_runtime_divide_cores(MPI_COMM_WORLD);
     if (rank == 0) {
         ddl_blas_log("bench-train-worker", threads);
@@ -247,11 +251,11 @@ int main(int argc, char **argv)
         st = ddl_set_error(DDL_EINVAL, "bench-train-worker: %s is not f32", model);
     }
     if (st == DDL_OK) {
-        batch = (long)ddl_spec_batch_size(spec);
+        batch        = (long)ddl_spec_batch_size(spec);
         ddl_shape in = ddl_spec_input_shape(spec);
-        xs = (size_t)shape_elems(&in) * (size_t)batch;
-        ls = ddl_spec_label_elems(spec) * batch;
-        st = ddl_model_create(MPI_COMM_WORLD, spec, &m);
+        xs           = (size_t)shape_elems(&in) * (size_t)batch;
+        ls           = ddl_spec_label_elems(spec) * batch;
+        st           = ddl_model_create(MPI_COMM_WORLD, spec, &m);
     }
     if (st == DDL_OK && rank == 0) {
         x   = malloc(sizeof(float) * xs * NBATCH);
@@ -277,10 +281,9 @@ int main(int argc, char **argv)
         double  loss;
         int64_t c;
         size_t  b = (size_t)(s % NBATCH);
-        if (ddl_model_train_step(m, rank == 0 ? x + b * xs : NULL,
-                                 rank == 0 ? sizeof(float) * xs : 0,
-                                 rank == 0 ? lab + b * (size_t)ls : NULL, batch, &loss,
-                                 &c) != DDL_OK) {
+        if (ddl_model_train_step(
+                m, rank == 0 ? x + b * xs : NULL, rank == 0 ? sizeof(float) * xs : 0,
+                rank == 0 ? lab + b * (size_t)ls : NULL, batch, &loss, &c) != DDL_OK) {
             if (rank == 0) {
                 fprintf(stderr, "bench-train-worker: %s\n", ddl_last_error());
             }

@@ -1,10 +1,13 @@
-// bench-train-worker: LeNet-style training throughput of one spec under mpirun.
+// bench-train-worker: training throughput of one spec under mpirun.
 //
-//   mpirun -np P bench-train-worker --model spec.json --data DIR [--batch 256] [--steps 30]
+//   mpirun -np P bench-train-worker --model spec.json [--data DIR] [--batch B] [--steps 30]
+//                                   [--warmup 3]
 //
 // Runs warm-up steps, then times `steps` training steps (forward, loss, backward,
-// optimizer) on real batches and prints "images_per_s <value>" on rank 0. The wrapper
-// bench-train runs it at np 1, 2 and 4 next to PyTorch on the same network.
+// optimizer) of the spec's network (f32) at its own batch size or B, and prints
+// "images_per_s <value>" (samples: images or volumes) on rank 0. The batches are the
+// spec's data, made before the timing (see make_batches). The wrapper bench-train runs it
+// for each network at np 1 and 2 next to PyTorch on the same network (torch_train.py).
 //
 // It also counts the floating-point operations of one step from the spec (per layer,
 // forward and backward; see spec_flops) and prints the achieved rate as a fraction of
@@ -13,7 +16,6 @@
 // node they share the cores alike). "sgemm_fraction <value>" = achieved / summed sgemm.
 #include <cblas.h>
 #include <jansson.h>
-#include <math.h>
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -23,132 +25,109 @@
 #include "ddl/blas.h"
 #include "ddl/data.h"
 #include "ddl/model.h"
+#include "ddl/synth.h"
+#include "engine/spec_internal.h" // the parsed layers, for spec_flops
 
-// ---- FLOPs of a step, from the spec ---------------------------------------------------
-// Counted as profilers and papers do: 2 per multiply-add of conv and linear plus the bias
-// add; backward computes dW and dx, each as many multiply-adds as the forward (the
-// layers compute dx even for the first layer), plus db. Activations and dropout 1 per
-// element each way; pooling prod(kernel) per output forward, 1 per output backward;
-// batchnorm 4 per element forward, 6 backward; repartition, flatten and upsample move
-// data only (0). Layers before the first one with parameters run no backward. The
-// optimizer: Adam/AdamW ~12 per parameter, SGD 2 (4 with momentum). Loss: ignored (a
-// few per logit).
+// ---- FLOPs of a step, from the parsed spec ----------------------------------------------
+// Counted as profilers and papers do, on the engine's own parse of the spec (each layer's
+// operands, global input and output shapes, in the order a step runs them), so graphs
+// (from, add, concat) count the shapes the engine builds:
+//   conv, linear  2 per multiply-add plus the bias add; backward dW and dx, each as many
+//                 multiply-adds as the forward (the layers compute dx even for a chain's
+//                 first layer, whose dx nobody reads), plus db;
+//   pooling       prod(kernel) per output forward; backward 1 per output (max) or
+//                 prod(kernel) (avg); adaptive average: 1 per input element each way;
+//   batchnorm     4 per element forward, 6 backward;
+//   upsample      linear: a multiply-add per tap, 2^spatial taps per output, each way;
+//                 nearest: nothing forward, 1 per output backward (the scatter-add);
+//   add           n - 1 per output element forward; backward copies (0);
+//   activations, dropout  1 per element each way;
+//   repartition, flatten, concat  move data only (0).
+// Layers whose backward a step skips (no parameters and no gradient leading to one: the
+// data movement before a chain's first layer with parameters, src/engine/model.c) count
+// no backward. Optimizer per parameter: Adam/AdamW 12 (+2 weight decay), SGD 2 (+2 weight
+// decay, +2 momentum, +2 Nesterov). Loss: ignored (a few per logit).
 
 typedef struct layer_flops {
-    char   name[64];
+    char   name[96];
     double fwd, bwd;
 } layer_flops;
 
-enum { MAX_FLOP_LAYERS = 256 };
-
-// a[i] of a JSON integer array (or the integer itself), `dflt` when absent.
-static int64_t arr_at(const json_t *o, const char *key, int i, int64_t dflt)
+static double shape_elems(const ddl_shape *s)
 {
-    const json_t *v = json_object_get(o, key);
-    if (json_is_integer(v)) {
-        return json_integer_value(v);
+    double e = 1;
+    for (int i = 0; i < s->ndim; i++) {
+        e *= (double)s->d[i];
     }
-    if (json_is_array(v) && (size_t)i < json_array_size(v)) {
-        return json_integer_value(json_array_get(v, (size_t)i));
-    }
-    return dflt;
+    return e;
 }
 
-// Fills out[0..*n) for batch N; returns the optimizer FLOPs of a step.
-static double spec_flops(const json_t *spec, int64_t N, layer_flops *out, int *n)
+// Fills out[0..nlayers) in the order a step runs the layers; returns the optimizer FLOPs.
+static double spec_flops(const ddl_spec_t *s, layer_flops *out)
 {
-    const json_t *shape  = json_object_get(json_object_get(spec, "input"), "shape");
-    int64_t       d[8]   = {0};
-    int           nd     = (int)json_array_size(shape); // per sample: [C, spatial...]
-    double        params = 0;
-    for (int i = 0; i < nd && i < 8; i++) {
-        d[i] = json_integer_value(json_array_get(shape, (size_t)i));
+    double params = 0;
+    bool  *back   = calloc((size_t)s->nlayers, sizeof *back);
+    if (back == NULL) {
+        fprintf(stderr, "bench-train-worker: out of memory\n");
+        exit(1);
     }
-    const json_t *layers = json_object_get(spec, "layers");
-    bool          seen_param = false;
-    *n                       = 0;
-    for (size_t li = 0; li < json_array_size(layers) && *n < MAX_FLOP_LAYERS; li++) {
-        const json_t *L    = json_array_get(layers, li);
-        const char   *type = json_string_value(json_object_get(L, "type"));
-        const char   *name = json_string_value(json_object_get(L, "name"));
-        layer_flops  *f    = &out[(*n)++];
-        snprintf(f->name, sizeof f->name, "%s%s%s", name ? name : "", name ? " " : "",
-                 type ? type : "?");
-        f->fwd = f->bwd = 0;
-        double elems    = 1; // per sample, before the layer
-        for (int i = 0; i < nd; i++) {
-            elems *= (double)d[i];
+    for (int t = 0; t < s->nlayers; t++) {
+        const spec_layer *L = &s->layers[s->order[t]];
+        layer_flops      *f = &out[t];
+        double            x = shape_elems(&L->x_global), y = shape_elems(&L->y_global);
+        int               ns = L->y_global.ndim - 2; // spatial dims (batch and channels first)
+        snprintf(f->name, sizeof f->name, "%s %s", L->name, L->type);
+        f->fwd = f->bwd   = 0;
+        back[s->order[t]] = L->has_params;
+        for (int k = 0; k < L->nin; k++) {
+            back[s->order[t]] |= L->in[k] != SPEC_INPUT && back[L->in[k]];
         }
-        type         = type ? type : "";
-        int  ns      = nd - 1;
-        bool weights = false;
-        if (strncmp(type, "conv", 4) == 0 || strncmp(type, "maxpool", 7) == 0 ||
-            strncmp(type, "avgpool", 7) == 0) {
-            bool    conv = type[0] == 'c';
-            int64_t kv = 1, ov = 1;
-            for (int i = 0; i < ns; i++) {
-                int64_t k   = arr_at(L, "kernel", i, 1);
-                int64_t s   = arr_at(L, "stride", i, conv ? 1 : k);
-                int64_t p   = arr_at(L, "padding", i, 0);
-                int64_t dl  = arr_at(L, "dilation", i, 1);
-                d[1 + i]    = (d[1 + i] + 2 * p - dl * (k - 1) - 1) / s + 1;
-                kv         *= k;
-                ov         *= d[1 + i];
+        if (strncmp(L->type, "conv", 4) == 0) {
+            const ddl_conv_params *c  = &L->conv;
+            double                 kv = 1;
+            for (int i = 0; i < c->nsp; i++) {
+                kv *= (double)c->kernel[i];
             }
-            if (conv) {
-                int64_t ci = d[0], co = json_integer_value(json_object_get(L, "out_channels"));
-                bool    b  = !json_is_false(json_object_get(L, "bias"));
-                double  macs = (double)N * (double)co * (double)ov * (double)ci * (double)kv;
-                double  outs = (double)N * (double)co * (double)ov;
-                f->fwd       = 2 * macs + (b ? outs : 0);
-                f->bwd       = 4 * macs + (b ? outs : 0);
-                params += (double)co * (double)ci * (double)kv + (b ? (double)co : 0);
-                d[0]    = co;
-                weights = true;
-            } else {
-                double outs = (double)N * (double)d[0] * (double)ov;
-                f->fwd      = outs * (double)kv;
-                f->bwd      = outs;
+            double ci = (double)L->x_global.d[1], macs = y * ci * kv;
+            f->fwd = 2 * macs + (c->bias ? y : 0);
+            f->bwd = 4 * macs + (c->bias ? y : 0);
+            params += (double)L->y_global.d[1] * (ci * kv + (c->bias ? 1 : 0));
+        } else if (strcmp(L->type, "linear") == 0) {
+            double in = x / (double)L->x_global.d[0], macs = y * in;
+            f->fwd = 2 * macs + (L->bias ? y : 0);
+            f->bwd = 4 * macs + (L->bias ? y : 0);
+            params += (double)L->y_global.d[1] * (in + (L->bias ? 1 : 0));
+        } else if (strncmp(L->type, "adaptive", 8) == 0) {
+            f->fwd = f->bwd = x;
+        } else if (strncmp(L->type, "maxpool", 7) == 0 || strncmp(L->type, "avgpool", 7) == 0) {
+            double kv = 1;
+            for (int i = 0; i < L->pool.nsp; i++) {
+                kv *= (double)L->pool.kernel[i];
             }
-        } else if (strcmp(type, "linear") == 0) {
-            int64_t in = d[0], outf = json_integer_value(json_object_get(L, "out_features"));
-            bool    b  = !json_is_false(json_object_get(L, "bias"));
-            double  macs = (double)N * (double)in * (double)outf;
-            f->fwd       = 2 * macs + (b ? (double)N * (double)outf : 0);
-            f->bwd       = 4 * macs + (b ? (double)N * (double)outf : 0);
-            params += (double)in * (double)outf + (b ? (double)outf : 0);
-            d[0]    = outf;
-            weights = true;
-        } else if (strcmp(type, "flatten") == 0) {
-            d[0] = (int64_t)elems;
-            nd   = 1;
-        } else if (strcmp(type, "batchnorm") == 0) {
-            f->fwd = 4 * (double)N * elems;
-            f->bwd = 6 * (double)N * elems;
-            params += 2 * (double)d[0];
-            weights = true;
-        } else if (strcmp(type, "upsample") == 0) {
-            for (int i = 0; i < ns; i++) {
-                const json_t *sf = json_object_get(L, "scale_factor");
-                const json_t *e  = json_is_array(sf) ? json_array_get(sf, (size_t)i) : sf;
-                d[1 + i] = e ? (int64_t)floor((double)d[1 + i] * json_number_value(e))
-                             : arr_at(L, "size", i, d[1 + i]);
-            }
-        } else if (strcmp(type, "repartition") != 0) {
-            f->fwd = f->bwd = (double)N * elems; // activations, dropout
+            f->fwd = y * kv;
+            f->bwd = L->type[0] == 'm' ? y : y * kv;
+        } else if (strcmp(L->type, "batchnorm") == 0) {
+            f->fwd = 4 * x;
+            f->bwd = 6 * x;
+            params += L->affine ? 2 * (double)L->x_global.d[1] : 0;
+        } else if (strcmp(L->type, "upsample") == 0) {
+            f->fwd = L->mode == DDL_UPSAMPLE_LINEAR ? 2 * (double)(1 << ns) * y : 0;
+            f->bwd = L->mode == DDL_UPSAMPLE_LINEAR ? f->fwd : y;
+        } else if (strcmp(L->type, "add") == 0) {
+            f->fwd = (double)(L->nin - 1) * y;
+        } else if (strcmp(L->type, "repartition") != 0 && strcmp(L->type, "flatten") != 0 &&
+                   strcmp(L->type, "concat") != 0) {
+            f->fwd = f->bwd = x; // activations, dropout
         }
-        seen_param = seen_param || weights;
-        if (!seen_param) {
+        if (!back[s->order[t]]) {
             f->bwd = 0;
         }
     }
-    const json_t *opt  = json_object_get(spec, "optimizer");
-    const char   *otyp = json_string_value(json_object_get(opt, "type"));
-    double        mom  = json_number_value(json_object_get(opt, "momentum"));
-    if (otyp != NULL && strncmp(otyp, "adam", 4) == 0) {
-        return 12 * params;
-    }
-    return (mom != 0 ? 4 : 2) * params;
+    free(back);
+    const ddl_optim_params *o = &s->optim;
+    double                  per =
+        o->kind == DDL_OPTIM_SGD ? 2 + (o->momentum != 0 ? 2 : 0) + (o->nesterov ? 2 : 0) : 12;
+    return (per + (o->weight_decay != 0 ? 2 : 0)) * params;
 }
 
 // Single-precision GEMM rate of this rank (GFLOP/s), square n x n, the median of 3 after a
@@ -166,8 +145,8 @@ static double sgemm_rate(int n)
     for (int r = 0; r < 4; r++) {
         MPI_Barrier(MPI_COMM_WORLD);
         double t0 = MPI_Wtime();
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f,
-                    c, n);
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, a, n, b, n, 0.0f, c,
+                    n);
         t[r] = MPI_Wtime() - t0;
     }
     // Median of the 3 timed (t[1..3]).
@@ -179,6 +158,47 @@ static double sgemm_rate(int n)
     return 2.0 * (double)n * (double)n * (double)n / med * 1e-9;
 }
 
+// ---- batches ----------------------------------------------------------------------------
+// NBATCH different training batches of the spec's data, made before the timed steps and
+// used in turn, so that neither this worker nor the PyTorch side (torch_train.py) times
+// data preparation: generated volumes for a spec with a "synthetic" data block (the
+// U-Net), else Fashion-MNIST from `dir` normalized as the spec says. Rank 0 only.
+enum { NBATCH = 4 };
+
+static ddl_status make_batches(const ddl_spec_t *spec, const char *dir, int64_t batch, float *x,
+                               int64_t *lab)
+{
+    ddl_shape        in   = ddl_spec_input_shape(spec);
+    int64_t          ls   = ddl_spec_label_elems(spec);
+    size_t           xs   = (size_t)shape_elems(&in) * (size_t)batch;
+    double           mean = 0, std = 1;
+    ddl_synth_params p;
+    int64_t          n   = 0;
+    int64_t         *idx = malloc(sizeof(int64_t) * (size_t)batch);
+    ddl_dataset      ds  = {0};
+    ddl_status       st  = idx == NULL ? DDL_ENOMEM : DDL_OK;
+    ddl_spec_normalize(spec, &mean, &std);
+    bool synth = ddl_spec_synthetic(spec, &p, &n, NULL);
+    if (st == DDL_OK && !synth) {
+        st = ddl_dataset_load_mnist_dir(dir, 1, &ds);
+        n  = ds.n;
+    }
+    for (int b = 0; st == DDL_OK && b < NBATCH; b++) {
+        for (int64_t i = 0; i < batch; i++) {
+            idx[i] = ((int64_t)b * batch + i) % n;
+        }
+        if (synth) {
+            st = ddl_synth_batch(&p, 0, idx, batch, mean, std, DDL_F32, x + b * xs,
+                                 lab + b * batch * ls);
+        } else {
+            ddl_dataset_batch_f32(&ds, idx, batch, mean, std, x + b * xs, lab + b * batch * ls);
+        }
+    }
+    ddl_dataset_free(&ds);
+    free(idx);
+    return st;
+}
+
 int main(int argc, char **argv)
 {
     ddl_blas_startup(argc, argv); // may re-execute: before anything else
@@ -188,7 +208,7 @@ int main(int argc, char **argv)
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     const char *model = NULL, *data = "/usr/share/datasets/fashion-mnist";
-    long        batch = 256, steps = 30, warm = 5;
+    long        batch = 0, steps = 30, warm = 3;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--model") == 0) {
             model = argv[i + 1];
@@ -198,33 +218,50 @@ int main(int argc, char **argv)
             batch = atol(argv[i + 1]);
         } else if (strcmp(argv[i], "--steps") == 0) {
             steps = atol(argv[i + 1]);
+        } else if (strcmp(argv[i], "--warmup") == 0) {
+            warm = atol(argv[i + 1]);
         }
     }
     json_error_t je;
     json_t      *j = model ? json_load_file(model, 0, &je) : NULL;
-    if (j == NULL || batch < 1 || steps < 1) {
+    if (j == NULL || batch < 0 || steps < 1 || warm < 0) {
         if (rank == 0) {
             fprintf(stderr, "usage: bench-train-worker --model spec.json [--data DIR] [--batch B] "
-                            "[--steps S]\n");
+                            "[--steps S] [--warmup W]\n");
         }
         MPI_Finalize();
         return 2;
     }
-    json_object_set_new(j, "batch_size", json_integer(batch));
-    char       *text = json_dumps(j, 0);
-    ddl_spec_t *spec = NULL;
-    ddl_status  st   = ddl_spec_parse(text, model, size, &spec);
-    ddl_model_t *m   = NULL;
-    int threads      = ddl_runtime_divide_cores(MPI_COMM_WORLD);
+    if (batch > 0) {
+        json_object_set_new(j, "batch_size", json_integer(batch));
+    }
+    char        *text    = json_dumps(j, 0);
+    ddl_spec_t  *spec    = NULL;
+    ddl_status   st      = ddl_spec_parse(text, model, size, &spec);
+    ddl_model_t *m       = NULL;
+    float       *x       = NULL;
+    int64_t     *lab     = NULL;
+    size_t       xs      = 0;
+    int64_t      ls      = 0;
+    int          threads = ddl_runtime_divide_cores(MPI_COMM_WORLD);
     if (rank == 0) {
         ddl_blas_log("bench-train-worker", threads);
     }
-    if (st == DDL_OK) {
-        st = ddl_model_create(MPI_COMM_WORLD, spec, &m);
+    if (st == DDL_OK && ddl_spec_dtype(spec) != DDL_F32) {
+        st = ddl_set_error(DDL_EINVAL, "bench-train-worker: %s is not f32", model);
     }
-    ddl_dataset ds = {0};
+    if (st == DDL_OK) {
+        batch        = (long)ddl_spec_batch_size(spec);
+        ddl_shape in = ddl_spec_input_shape(spec);
+        xs           = (size_t)shape_elems(&in) * (size_t)batch;
+        ls           = ddl_spec_label_elems(spec) * batch;
+        st           = ddl_model_create(MPI_COMM_WORLD, spec, &m);
+    }
     if (st == DDL_OK && rank == 0) {
-        st = ddl_dataset_load_mnist_dir(data, 1, &ds);
+        x   = malloc(sizeof(float) * xs * NBATCH);
+        lab = malloc(sizeof(int64_t) * (size_t)ls * NBATCH);
+        st  = x == NULL || lab == NULL ? ddl_set_error(DDL_ENOMEM, "bench-train-worker: batches")
+                                       : make_batches(spec, data, batch, x, lab);
     }
     int ok = st == DDL_OK;
     MPI_Allreduce(MPI_IN_PLACE, &ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
@@ -235,25 +272,18 @@ int main(int argc, char **argv)
         MPI_Finalize();
         return 1;
     }
-    float   *x   = rank == 0 ? malloc(sizeof(float) * (size_t)batch * 784) : NULL;
-    int64_t *lab = rank == 0 ? malloc(sizeof(int64_t) * (size_t)batch) : NULL;
-    int64_t *idx = rank == 0 ? malloc(sizeof(int64_t) * (size_t)batch) : NULL;
-    double   t0 = 0;
+    double t0 = 0;
     for (long s = 0; s < warm + steps; s++) {
-        if (rank == 0) {
-            for (long i = 0; i < batch; i++) {
-                idx[i] = (s * batch + i) % ds.n;
-            }
-            ddl_dataset_batch_f32(&ds, idx, batch, 0.2860, 0.3530, x, lab);
-        }
         if (s == warm) {
             MPI_Barrier(MPI_COMM_WORLD);
             t0 = MPI_Wtime();
         }
         double  loss;
         int64_t c;
-        if (ddl_model_train_step(m, x, rank == 0 ? sizeof(float) * (size_t)batch * 784 : 0, lab,
-                                 batch, &loss, &c) != DDL_OK) {
+        size_t  b = (size_t)(s % NBATCH);
+        if (ddl_model_train_step(
+                m, rank == 0 ? x + b * xs : NULL, rank == 0 ? sizeof(float) * xs : 0,
+                rank == 0 ? lab + b * (size_t)ls : NULL, batch, &loss, &c) != DDL_OK) {
             if (rank == 0) {
                 fprintf(stderr, "bench-train-worker: %s\n", ddl_last_error());
             }
@@ -266,11 +296,11 @@ int main(int argc, char **argv)
     double rate = sgemm_rate(1024), total_rate = 0;
     MPI_Allreduce(&rate, &total_rate, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
     if (rank == 0) {
-        printf("np %d threads/rank %d batch %ld steps %ld: %.3f s, images_per_s %.1f\n", size,
+        printf("np %d threads/rank %d batch %ld steps %ld: %.3f s, images_per_s %.2f\n", size,
                threads, batch, steps, dt, (double)(batch * steps) / dt);
-        layer_flops lf[MAX_FLOP_LAYERS];
-        int         nl;
-        double      fopt = spec_flops(j, batch, lf, &nl), fwd = 0, bwd = 0;
+        int          nl   = spec->nlayers;
+        layer_flops *lf   = malloc(sizeof *lf * (size_t)nl);
+        double       fopt = spec_flops(spec, lf), fwd = 0, bwd = 0;
         for (int i = 0; i < nl; i++) {
             fwd += lf[i].fwd;
             bwd += lf[i].bwd;
@@ -283,19 +313,18 @@ int main(int argc, char **argv)
                achieved / total_rate);
         for (int i = 0; i < nl; i++) {
             if (lf[i].fwd + lf[i].bwd > 0) {
-                printf("  layer %-22s forward %9.2f MFLOP  backward %9.2f MFLOP  %5.1f%%\n",
+                printf("  layer %-26s forward %9.2f MFLOP  backward %9.2f MFLOP  %5.1f%%\n",
                        lf[i].name, lf[i].fwd * 1e-6, lf[i].bwd * 1e-6,
                        100 * (lf[i].fwd + lf[i].bwd) / tot);
             }
         }
-        printf("  %-28s %9.2f MFLOP  %5.1f%%\n", "optimizer", fopt * 1e-6, 100 * fopt / tot);
+        printf("  %-32s %9.2f MFLOP  %5.1f%%\n", "optimizer", fopt * 1e-6, 100 * fopt / tot);
+        free(lf);
     }
     free(x);
     free(lab);
-    free(idx);
     free(text);
     json_decref(j);
-    ddl_dataset_free(&ds);
     ddl_model_destroy(&m);
     ddl_spec_destroy(&spec);
     MPI_Finalize();

@@ -1,43 +1,102 @@
 #!/usr/bin/env bash
-# bench-train: LeNet-5 training throughput (batch 256, f32) of distdl-c at np 1, 2 and 4
-# next to PyTorch on the same network and data with the same total thread count,
-# measured in the same run. Prints images/s, the ratio distdl-c / PyTorch, and the FLOP
-# rate of a step as a fraction of cblas_sgemm measured by the same ranks in the same run,
-# then the step's FLOPs per layer.
+# bench-train: training throughput of the shipped networks (f32) in distdl-c at np 1 and 2
+# next to the same network in PyTorch (tests/bench/torch_train.py, built from the same
+# spec) at 1 thread and at all cores, measured in the same run. Prints one row per
+# network: images/s (samples/s: volumes for the U-Net), the ratios np 1 / PyTorch 1 thread
+# and np 2 / PyTorch all cores (issue 19's targets), and the FLOP rate of a step as a
+# fraction of cblas_sgemm measured by the same ranks in the same run; then each network's
+# FLOPs per layer (from its np 1 run). PyTorch at all cores runs twice, with OpenMP's
+# default wait policy and OMP_WAIT_POLICY=PASSIVE; the faster counts (both are printed).
+# Batch: LeNet-5 256, the others their spec's own (VGG and ResNet 64, U-Net 2).
 # Raw worker output goes to $BENCH_LOG when set.
-# Usage: bench-train [STEPS]   (from the build directory's bin/; PyTorch from Debian's
-# python3-torch: apt-get install python3-torch)
+# Usage: bench-train [--networks lenet5,vgg,resnet,unet3d] [--np 1,2] [STEPS]
+#        (from the build directory's bin/; STEPS timed steps per run, default 20, after 3
+#        warm-up steps; PyTorch from Debian's python3-torch: apt-get install python3-torch)
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 src="@PROJECT_SOURCE_DIR@"
-steps=${1:-30}
+networks=lenet5,vgg,resnet,unet3d
+nps=1,2
+steps=20
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --networks) networks=$2; shift 2 ;;
+        --np) nps=$2; shift 2 ;;
+        -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+        *) steps=$1; shift ;;
+    esac
+done
 mpi=(@MPIEXEC_EXECUTABLE@ @DDL_MPIEXEC_FLAGS_STR@)
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # The CPUs this script may run on (its affinity mask, as taskset or a Slurm cgroup set
 # it), not nproc, which reports OMP_NUM_THREADS instead when that is set.
 cores=$(/usr/bin/python3 -c 'import os; print(len(os.sched_getaffinity(0)))')
+log="${BENCH_LOG:-/dev/null}"
 rate() { sed -n 's/.*images_per_s \([0-9.]*\).*/\1/p'; }
 frac() { sed -n 's/.*sgemm_fraction \([0-9.]*\).*/\1/p'; }
 div() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", a / b }'; }
-echo "bench-train: LeNet-5, batch 256, f32, $steps timed steps, $cores cores (affinity mask)"
-t1=$(/usr/bin/python3 "$src/tests/bench/lenet_torch.py" 256 "$steps" 1 | tee -a "${BENCH_LOG:-/dev/null}" | rate)
-tn=$(/usr/bin/python3 "$src/tests/bench/lenet_torch.py" 256 "$steps" "$cores" | tee -a "${BENCH_LOG:-/dev/null}" | rate)
-for np in 1 2 4; do
-    out=$(OPENBLAS_NUM_THREADS=1 "${mpi[@]}" -np $np "$here/bench-train-worker" \
-        --model "$src/deploy/specs/lenet5-$np.json" --batch 256 --steps "$steps" | tee -a "${BENCH_LOG:-/dev/null}")
-    r=$(rate <<<"$out")
-    printf "distdl-c np=%d (1 BLAS thread/rank): %8.1f img/s   PyTorch 1 thread: %8.1f   ratio %s   PyTorch %d threads: %8.1f   ratio %s   FLOP rate %s of sgemm\n" \
-        $np "$r" "$t1" "$(div "$r" "$t1")" "$cores" "$tn" "$(div "$r" "$tn")" "$(frac <<<"$out")"
-    if [ $np = 1 ]; then
-        split=$(sed -n '/^flops per step/,$p' <<<"$out")
-    fi
-done
-if [ "$cores" -gt 1 ]; then
-    out=$("${mpi[@]}" --bind-to none -np 1 "$here/bench-train-worker" --model "$src/deploy/specs/lenet5-1.json" \
-        --batch 256 --steps "$steps" | tee -a "${BENCH_LOG:-/dev/null}")
-    r=$(rate <<<"$out")
-    printf "distdl-c np=1 (%d BLAS threads): %8.1f img/s   PyTorch %d threads: %8.1f   ratio %s   FLOP rate %s of sgemm\n" \
-        "$cores" "$r" "$cores" "$tn" "$(div "$r" "$tn")" "$(frac <<<"$out")"
+num() { awk -v a="$1" 'BEGIN { printf(a >= 100 ? "%.0f" : "%.2f", a) }'; } # img/s, 3-4 digits
+if ! /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+    echo "skipped: no PyTorch for the reference (apt-get install python3-torch)"
+    exit 7
 fi
-# The FLOPs of a step, per layer (from the np 1 run; the count does not depend on np).
-echo "$split"
+IFS=, read -r -a nets <<<"$networks"
+IFS=, read -r -a npl <<<"$nps"
+echo "bench-train: f32, $steps timed steps per run, $cores cores (affinity mask); distdl-c one" \
+     "BLAS thread per rank; ratio: np 1 / PyTorch 1 thread, np >= 2 / PyTorch $cores threads" \
+     "(the faster of two OpenMP wait policies, below)"
+head="| network | batch | PyTorch 1 thr img/s | PyTorch $cores thr img/s |"
+rule="|---|---|---|---|"
+for np in "${npl[@]}"; do
+    head+=" np $np img/s | ratio | sgemm frac |"
+    rule+="---|---|---|"
+done
+splits=""
+notes=""
+rows=""
+for net in "${nets[@]}"; do
+    spec1="$src/deploy/specs/$net-1.json"
+    if [ ! -f "$spec1" ]; then
+        echo "bench-train: no spec $spec1 (networks: lenet5, vgg, resnet, unet3d)" >&2
+        exit 2
+    fi
+    if [ "$net" = lenet5 ]; then
+        batch=256
+    else
+        batch=$(/usr/bin/python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["batch_size"])' "$spec1")
+    fi
+    t1=$(/usr/bin/python3 "$src/tests/bench/torch_train.py" "$spec1" "$batch" "$steps" 1 | tee -a "$log" | rate)
+    # All cores: the faster of OpenMP's default wait policy and a passive one. The default
+    # spins at its barriers, and on a loaded node (another process on a core) a step then
+    # waits for a descheduled thread: measured 5-16x slower than passive (VGG, load 4).
+    ta=$(/usr/bin/python3 "$src/tests/bench/torch_train.py" "$spec1" "$batch" "$steps" "$cores" | tee -a "$log" | rate)
+    tp=$(OMP_WAIT_POLICY=PASSIVE /usr/bin/python3 "$src/tests/bench/torch_train.py" "$spec1" "$batch" \
+        "$steps" "$cores" | tee -a "$log" | rate)
+    tn=$(awk -v a="$ta" -v b="$tp" 'BEGIN { print (a > b ? a : b) }')
+    notes+="$net: PyTorch $cores threads $(num "$ta") img/s with OpenMP's default wait policy, $(num "$tp") with OMP_WAIT_POLICY=PASSIVE"$'\n'
+    row="| $net | $batch | $(num "$t1") | $(num "$tn") |"
+    for np in "${npl[@]}"; do
+        spec="$src/deploy/specs/$net-$np.json"
+        if [ ! -f "$spec" ]; then
+            row+=" - | - | - |"
+            continue
+        fi
+        out=$(OPENBLAS_NUM_THREADS=1 "${mpi[@]}" -np "$np" "$here/bench-train-worker" \
+            --model "$spec" --batch "$batch" --steps "$steps" | tee -a "$log")
+        r=$(rate <<<"$out")
+        ref=$tn
+        if [ "$np" = 1 ]; then
+            ref=$t1
+            splits+="$net, batch $batch: $(sed -n '/^flops per step/,$p' <<<"$out")"$'\n'
+        fi
+        row+=" $(num "$r") | $(div "$r" "$ref") | $(frac <<<"$out") |"
+    done
+    rows+="$row"$'\n'
+    echo "$row" >&2 # progress, while the rest runs
+done
+echo "$head"
+echo "$rule"
+printf "%s" "$rows"
+printf "%s" "$notes"
+# The FLOPs of a step, per layer (from the np 1 runs; the count does not depend on np).
+printf "%s" "$splits"

@@ -7,6 +7,10 @@
 //   - evaluation of the test split improves after training;
 //   - predict handles count < batch (the samples end at a guard page, so a read past
 //     them crashes) and count > batch, consistently with evaluate_batch;
+//   - predict_samples gives a split's first samples, their targets and the outputs of
+//     ddl_session_predict for them: the IDX file's for LeNet-5, the generator's for a
+//     segmentation and a dense model on generated volumes (bit for bit); short buffers
+//     are refused on every rank;
 //   - save -> train -> restore gives back the weights, the cursor, and then the very
 //     same losses; restored cursors are validated (strings, INT64_MIN, out of range,
 //     a different seed) and a refused restore changes nothing;

@@ -34,8 +34,9 @@ volume: 2-rank daemons of unet3d-2.json (segmentation) and unet3d-denoise-2.json
   middle depth slice of the targets sent and of Predict's output (argmax per voxel; dense:
   the first channel's values, bit for bit through %.9g) and the input's slice as pixels;
   in Chromium (when installed) each sample shows three canvases captioned input, target and
-  prediction under "depth 16 of 32", with no console message; an Evaluate of the test split
-  gives slices of 32 x 32 with labels in [0, classes).
+  prediction under "depth 16 of 32", with no console message; non-finite dense predictions
+  (inputs at FP32's limits) are JSON nulls; an Evaluate of the test split gives slices of
+  32 x 32 with labels in [0, classes).
 
 Exit status: 0 pass, 1 fail, 7 skip (distdld not built; chromium not installed for browser:
 deploy/install-deps.sh installs Debian's `chromium` and `libjs-chart.js`).
@@ -499,6 +500,20 @@ def sc_volume(h):
                         for w in ("input", "target", "prediction")] or \
                     caps != ["depth %d of %d" % (mid, D)] * n:
                 bad.append("%s page: slices %s, captions %s" % (spec, figs[:6], caps))
+
+        if dense:
+            # inputs at FP32's limits overflow the forward pass: the non-finite predictions
+            # are nulls in valid JSON (no NaN or Infinity tokens)
+            big = np.full((1,) + x.shape[1:], 3e38, np.float32)
+            big[0, 0, :, ::2, :] = -3e38
+            c.trainer("Evaluate", tr.EvaluateRequest(batch=tr.Batch(
+                x=tensor(big, "FP32"), targets=tensor(t[:1], "FP32"))), "EvaluateResponse")
+
+            def no_constant(name):
+                raise Failure("/dashboard.json holds %s" % name)
+            sm = json.loads(get(base + "/dashboard.json")[1], parse_constant=no_constant)["samples"]
+            if sm["split"] != "inline" or None not in sm["items"][0]["prediction"]:
+                bad.append("%s: a non-finite prediction is not null" % spec)
 
         # an Evaluate of the test split: the first batch's slices, labels in [0, classes)
         c.trainer("Evaluate", tr.EvaluateRequest(split="test"), "EvaluateResponse", timeout=120)

@@ -505,11 +505,14 @@ void ddld_metrics_eval_samples(const char *split, const ddld_dash_model *dm, con
         scale_pixels(x, i * xn + off, (int64_t)h * w, es, m.h.samples.pixels[i]);
         for (int64_t k = 0; field && k < (int64_t)h * w; k++) {
             int64_t at = i * on + off + k; // the output's first channel (dense: the target's)
-            m.h.samples.target[i][k]     = kind == DASH_LABELS ? (float)lab[i * vox + off + k]
-                                                               : (float)ddl_value_at(targets, at, es);
-            m.h.samples.prediction[i][k] = kind == DASH_LABELS
-                                               ? (float)argmax_at(out, at, vox, o->d[0], es)
-                                               : (float)ddl_value_at(out, at, es);
+            float  *tk = &m.h.samples.target[i][k], *pk = &m.h.samples.prediction[i][k];
+            if (kind == DASH_LABELS) {
+                *tk = (float)lab[i * vox + off + k];
+                *pk = (float)argmax_at(out, at, vox, o->d[0], es);
+            } else {
+                *tk = (float)ddl_value_at(targets, at, es);
+                *pk = (float)ddl_value_at(out, at, es);
+            }
         }
     }
     pthread_mutex_unlock(&m.mu);

@@ -395,53 +395,77 @@ static void log_data_read(ddld_dispatch *d)
     ddld_log("data read from the file per rank (bytes): %s", line);
 }
 
+// Rank 0: the dashboard's view of the current model, from the snapshot.
+static ddld_dash_model dash_model(void)
+{
+    pthread_mutex_lock(&ddld_g.mu);
+    ddld_dash_model dm = {.dt    = ddld_g.info.dtype,
+                          .in    = ddld_g.info.input,
+                          .out   = ddld_g.info.output,
+                          .dense = ddld_g.info.dense};
+    pthread_mutex_unlock(&ddld_g.mu);
+    return dm;
+}
+
+// Rank 0: a buffer of the dashboard's, ddl_malloc'd, its size in *got (NULL and 0 when out of
+// memory: the session then refuses rank 0's empty buffer, on every rank).
+static void *dash_alloc(size_t bytes, size_t *got)
+{
+    void *b = ddl_malloc(bytes);
+    *got    = b != NULL ? bytes : 0;
+    return b;
+}
+
 // The dashboard's predictions (--metrics-listen, the same on every rank): after an Evaluate
-// of a split, the model's classes for the split's first DDLD_DASH_SAMPLES samples, kept by
-// metrics.c with the samples themselves. Every rank; collective. A failure (agreed by the
-// session) is logged and changes nothing of the Evaluate's answer.
+// of a split, the model's outputs for the split's first DDLD_DASH_SAMPLES samples, kept by
+// metrics.c with the samples and their targets. Every rank; collective. A failure (agreed by
+// the session) is logged and changes nothing of the Evaluate's answer.
 static void eval_samples(ddld_dispatch *d, ddl_split split)
 {
     enum { K = DDLD_DASH_SAMPLES };
-    void     *x = NULL, *out = NULL;
-    int64_t   labels[K], n = 0, numel = 0, classes = 0;
-    size_t    xb = 0, ob = 0, es = 0;
-    ddl_dtype dt = DDL_F32;
-    ddl_shape in = {0};
+    void           *x = NULL, *t = NULL, *out = NULL;
+    size_t          xb = 0, tb = 0, ob = 0;
+    int64_t         n  = 0;
+    ddld_dash_model dm = {0};
     if (d->rank == 0) {
-        pthread_mutex_lock(&ddld_g.mu);
-        dt      = ddld_g.info.dtype;
-        in      = ddld_g.info.input;
-        numel   = ddld_g.info.sample_numel;
-        classes = ddld_g.info.out_elems;
-        pthread_mutex_unlock(&ddld_g.mu);
-        es  = ddl_dtype_size(dt);
-        xb  = (size_t)(K * numel) * es;
-        ob  = (size_t)(K * classes) * es;
-        x   = ddl_malloc(xb);
-        out = ddl_malloc(ob);
-        if (x == NULL || out == NULL) {
-            xb = ob = 0; // the session refuses rank 0's empty buffers, on every rank
-        }
+        dm        = dash_model();
+        size_t es = ddl_dtype_size(dm.dt);
+        x         = dash_alloc((size_t)(K * ddl_shape_numel(&dm.in)) * es, &xb);
+        t         = dash_alloc(ddl_session_target_bytes(d->s, K), &tb);
+        out       = dash_alloc((size_t)(K * ddl_shape_numel(&dm.out)) * es, &ob);
     }
-    ddl_status st = ddl_session_predict_samples(d->s, split, K, x, xb, labels, out, ob, &n);
+    ddl_status st = ddl_session_predict_samples(d->s, split, K, x, xb, t, tb, out, ob, &n);
     if (st != DDL_OK && d->rank == 0) {
         ddld_log("dashboard: no predictions of the evaluated samples: %s", ddl_last_error());
     } else if (d->rank == 0 && n > 0) {
-        int64_t predicted[K];
-        for (int64_t i = 0; i < n; i++) {
-            int64_t best = 0;
-            for (int64_t c = 1; c < classes; c++) {
-                if (ddl_value_at(out, i * classes + c, es) >
-                    ddl_value_at(out, i * classes + best, es)) {
-                    best = c;
-                }
-            }
-            predicted[i] = best;
-        }
-        ddld_metrics_eval_samples(split == DDL_SPLIT_TEST ? "test" : "train", &in, dt, x, n, labels,
-                                  predicted);
+        ddld_metrics_eval_samples(split == DDL_SPLIT_TEST ? "test" : "train", &dm, x, t, out, n);
     }
     ddl_free(x);
+    ddl_free(t);
+    ddl_free(out);
+}
+
+// The same after an Evaluate of `count` inline samples (p->x, p->targets on rank 0): the
+// model's outputs for the first DDLD_DASH_SAMPLES of them (ddl_session_predict), split
+// "inline". Every rank; collective; a failure is logged and changes nothing.
+static void eval_inline_samples(ddld_dispatch *d, const struct payload *p, int64_t count)
+{
+    int64_t         k   = count < DDLD_DASH_SAMPLES ? count : DDLD_DASH_SAMPLES;
+    void           *out = NULL;
+    size_t          ob = 0, xb = 0;
+    ddld_dash_model dm = {0};
+    if (d->rank == 0) {
+        dm        = dash_model();
+        size_t es = ddl_dtype_size(dm.dt);
+        xb        = (size_t)(k * ddl_shape_numel(&dm.in)) * es;
+        out       = dash_alloc((size_t)(k * ddl_shape_numel(&dm.out)) * es, &ob);
+    }
+    ddl_status st = ddl_session_predict(d->s, d->rank == 0 ? p->x : NULL, xb, k, out, ob);
+    if (st != DDL_OK && d->rank == 0) {
+        ddld_log("dashboard: no predictions of the evaluated samples: %s", ddl_last_error());
+    } else if (d->rank == 0) {
+        ddld_metrics_eval_samples("inline", &dm, p->x, p->targets, out, k);
+    }
     ddl_free(out);
 }
 
@@ -487,6 +511,9 @@ static ddl_status execute(ddld_dispatch *d, const ddld_cmd *cmd, struct payload 
     case DDLD_OP_EVAL_BATCH:
         st = ddl_session_evaluate_batch(d->s, p->x, p->x_bytes, p->targets, p->t_bytes, cmd->arg[0],
                                         &p->eval);
+        if (st == DDL_OK && d->cfg->metrics_listen != NULL) {
+            eval_inline_samples(d, p, cmd->arg[0]);
+        }
         break;
     case DDLD_OP_PREDICT:
         st = ddl_session_predict(d->s, p->x, p->x_bytes, cmd->arg[0], p->out, p->out_bytes);

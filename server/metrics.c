@@ -90,6 +90,9 @@ struct hist {
     int64_t  step, count;
     double   loss, accuracy, images_per_s, unix_s;
 };
+// What a model's samples are judged by: a class per sample, a class per voxel
+// (segmentation) or dense values.
+enum { DASH_CLASSES, DASH_LABELS, DASH_VALUES };
 // The dashboard's history: the last DDLD_HIST_TRAIN training records and DDLD_HIST_EVAL
 // evaluations, rings indexed by their sequence number modulo the size, and the predictions
 // of the last evaluation's first samples (ddld_metrics_eval_samples).
@@ -100,8 +103,13 @@ struct history {
         uint64_t eval_seq; // the evaluation they belong to (0: none yet)
         char     split[8];
         int      n, channels, height, width; // height, width 0: no picture
-        int64_t  label[DDLD_DASH_SAMPLES], predicted[DDLD_DASH_SAMPLES];
+        int      kind;                       // DASH_CLASSES, DASH_LABELS or DASH_VALUES
+        bool     field;                      // target and prediction kept (segmentation, dense)
+        int      depth, of; // the slice's index in the first spatial dim (of 0: a 2-D sample)
+        int64_t  label[DDLD_DASH_SAMPLES], predicted[DDLD_DASH_SAMPLES]; // a classifier's
         uint8_t  pixels[DDLD_DASH_SAMPLES][DDLD_DASH_PIXELS]; // first channel, 0..255
+        float    target[DDLD_DASH_SAMPLES][DDLD_DASH_PIXELS]; // field: the slice's
+        float    prediction[DDLD_DASH_SAMPLES][DDLD_DASH_PIXELS]; // labels or values
     } samples;
 };
 
@@ -411,26 +419,72 @@ void ddld_metrics_eval_point(int64_t step, int64_t count, double loss, double ac
              (struct hist){.step = step, .count = count, .loss = loss, .accuracy = accuracy});
 }
 
-void ddld_metrics_eval_samples(const char *split, const ddl_shape *in, ddl_dtype dt, const void *x,
-                               int64_t n, const int64_t *labels, const int64_t *predicted)
+// The index of the largest of n values v[first + k * stride] (the first of equals; NaN
+// never wins).
+static int64_t argmax_at(const void *v, int64_t first, int64_t stride, int64_t n, size_t es)
+{
+    int64_t best = 0;
+    for (int64_t k = 1; k < n; k++) {
+        if (ddl_value_at(v, first + k * stride, es) > ddl_value_at(v, first + best * stride, es)) {
+            best = k;
+        }
+    }
+    return best;
+}
+
+// The n values v[first..first + n) scaled to 0..255 over their own range (the inputs are
+// normalised) into px.
+static void scale_pixels(const void *v, int64_t first, int64_t n, size_t es, uint8_t *px)
+{
+    double lo = INFINITY, hi = -INFINITY;
+    for (int64_t k = 0; k < n; k++) {
+        double x = ddl_value_at(v, first + k, es);
+        lo       = x < lo ? x : lo;
+        hi       = x > hi ? x : hi;
+    }
+    for (int64_t k = 0; k < n; k++) {
+        double x = ddl_value_at(v, first + k, es);
+        px[k]    = hi > lo ? (uint8_t)lround(255.0 * (x - lo) / (hi - lo)) : 0;
+    }
+}
+
+void ddld_metrics_eval_samples(const char *split, const ddld_dash_model *dm, const void *x,
+                               const void *targets, const void *out, int64_t n)
 {
     if (!m.enabled || n <= 0) {
         return;
     }
-    n         = n < DDLD_DASH_SAMPLES ? n : DDLD_DASH_SAMPLES;
-    size_t es = ddl_dtype_size(dt);
-    // a picture: [C, H, W] (or [H, W]) with H * W <= DDLD_DASH_PIXELS; its first channel
-    int     h = 0, w = 0, c = 1;
-    int64_t numel = 1;
-    for (int k = 0; k < in->ndim; k++) {
-        numel *= in->d[k];
+    n                   = n < DDLD_DASH_SAMPLES ? n : DDLD_DASH_SAMPLES;
+    const ddl_shape *in = &dm->in, *o = &dm->out;
+    size_t           es = ddl_dtype_size(dm->dt);
+    int64_t          xn = ddl_shape_numel(in), on = ddl_shape_numel(o);
+    int              kind = dm->dense ? DASH_VALUES : o->ndim == 1 ? DASH_CLASSES : DASH_LABELS;
+    // a field: the output holds the input's spatial dims ([C, spatial...], two or more)
+    bool field = kind != DASH_CLASSES && in->ndim >= 3 && o->ndim == in->ndim;
+    for (int k = 1; field && k < in->ndim; k++) {
+        field = o->d[k] == in->d[k];
     }
-    if ((in->ndim == 3 || in->ndim == 2) &&
-        in->d[in->ndim - 1] * in->d[in->ndim - 2] <= DDLD_DASH_PIXELS) {
+    // a picture: [C, H, W] (or [H, W]) with H * W <= DDLD_DASH_PIXELS, its first channel; of a
+    // field, the slice at the middle of every spatial dim but the last two (offset off)
+    int     h = 0, w = 0, c = 1, depth = 0, of = 0;
+    int64_t off = 0, vox = 0; // vox: values per channel
+    bool    fits = in->ndim >= 2 && in->d[in->ndim - 1] * in->d[in->ndim - 2] <= DDLD_DASH_PIXELS;
+    if (fits && (field || in->ndim == 3 || in->ndim == 2)) {
         h = (int)in->d[in->ndim - 2];
         w = (int)in->d[in->ndim - 1];
-        c = in->ndim == 3 ? (int)in->d[0] : 1;
+        c            = in->ndim >= 3 ? (int)in->d[0] : 1;
+        vox          = xn / c;
+        int64_t step = (int64_t)h * w;
+        for (int k = in->ndim - 3; k >= 1; k--) {
+            off += in->d[k] / 2 * step;
+            step *= in->d[k];
+        }
+        if (in->ndim >= 4) {
+            depth = (int)(in->d[1] / 2);
+            of    = (int)in->d[1];
+        }
     }
+    field = field && h > 0;
     pthread_mutex_lock(&m.mu);
     m.h.samples.eval_seq = m.h.neval + 1; // this Evaluate's ddld_metrics_eval_point comes after
     snprintf(m.h.samples.split, sizeof m.h.samples.split, "%s", split);
@@ -438,19 +492,27 @@ void ddld_metrics_eval_samples(const char *split, const ddl_shape *in, ddl_dtype
     m.h.samples.channels = c;
     m.h.samples.height   = h;
     m.h.samples.width    = w;
+    m.h.samples.kind     = kind;
+    m.h.samples.field    = field;
+    m.h.samples.depth    = depth;
+    m.h.samples.of       = of;
+    const int64_t *lab   = targets;
     for (int64_t i = 0; i < n; i++) {
-        m.h.samples.label[i]     = labels[i];
-        m.h.samples.predicted[i] = predicted[i];
-        // scaled to 0..255 over the sample's own range (the values are normalised)
-        double lo = INFINITY, hi = -INFINITY;
-        for (int64_t k = 0; k < (int64_t)h * w; k++) {
-            double v = ddl_value_at(x, i * numel + k, es);
-            lo       = v < lo ? v : lo;
-            hi       = v > hi ? v : hi;
+        if (kind == DASH_CLASSES) {
+            m.h.samples.label[i]     = lab[i];
+            m.h.samples.predicted[i] = argmax_at(out, i * on, 1, on, es);
         }
-        for (int64_t k = 0; k < (int64_t)h * w; k++) {
-            double v                 = ddl_value_at(x, i * numel + k, es);
-            m.h.samples.pixels[i][k] = hi > lo ? (uint8_t)lround(255.0 * (v - lo) / (hi - lo)) : 0;
+        scale_pixels(x, i * xn + off, (int64_t)h * w, es, m.h.samples.pixels[i]);
+        for (int64_t k = 0; field && k < (int64_t)h * w; k++) {
+            int64_t at = i * on + off + k; // the output's first channel (dense: the target's)
+            float  *tk = &m.h.samples.target[i][k], *pk = &m.h.samples.prediction[i][k];
+            if (kind == DASH_LABELS) {
+                *tk = (float)lab[i * vox + off + k];
+                *pk = (float)argmax_at(out, at, vox, o->d[0], es);
+            } else {
+                *tk = (float)ddl_value_at(targets, at, es);
+                *pk = (float)ddl_value_at(out, at, es);
+            }
         }
     }
     pthread_mutex_unlock(&m.mu);
@@ -750,6 +812,24 @@ static void put_num(FILE *f, double v)
     }
 }
 
+// n values of a slice, comma-separated: integers (labels) or %.9g numbers (the floats
+// round-trip), null for NaN and infinities.
+static void put_slice(FILE *f, const float *v, int n, bool labels)
+{
+    for (int k = 0; k < n; k++) {
+        if (k > 0) {
+            fputc(',', f);
+        }
+        if (labels) {
+            fprintf(f, "%lld", (long long)v[k]);
+        } else if (isfinite(v[k])) {
+            fprintf(f, "%.9g", (double)v[k]);
+        } else {
+            fputs("null", f);
+        }
+    }
+}
+
 // A JSON string of a name from the spec (quotes and control characters escaped).
 static void put_jstr(FILE *f, const char *s)
 {
@@ -843,7 +923,7 @@ static void put_hist(FILE *f, const struct hist *ring, uint64_t cap, uint64_t n,
 static void dashboard_json(FILE *f, const struct scrape *s, uint64_t since_train,
                            uint64_t since_eval)
 {
-    // the history, copied under m.mu (about 60 KB: on the heap, like the scrape)
+    // the history, copied under m.mu (about 330 KB: on the heap, like the scrape)
     struct history *hc = ddl_calloc(1, sizeof *hc);
     if (hc != NULL) {
         pthread_mutex_lock(&m.mu);
@@ -901,15 +981,35 @@ static void dashboard_json(FILE *f, const struct scrape *s, uint64_t since_train
     } else {
         fprintf(f, "{\"eval_seq\": %llu, \"split\": ", (unsigned long long)sm->eval_seq);
         put_jstr(f, sm->split);
-        fprintf(f, ", \"channels\": %d, \"height\": %d, \"width\": %d, \"items\": [", sm->channels,
-                sm->height, sm->width);
+        static const char *const kinds[] = {"classifier", "segmentation", "dense"};
+        fprintf(f,
+                ", \"kind\": \"%s\", \"channels\": %d, \"height\": %d, \"width\": %d, "
+                "\"items\": [",
+                kinds[sm->kind], sm->channels, sm->height, sm->width);
+        int hw = sm->height * sm->width;
         for (int i = 0; i < sm->n; i++) {
-            fprintf(f, "%s\n  {\"label\": %lld, \"predicted\": %lld, \"pixels\": [",
-                    i > 0 ? "," : "", (long long)sm->label[i], (long long)sm->predicted[i]);
-            for (int k = 0; k < sm->height * sm->width; k++) {
+            fputs(i > 0 ? ",\n  {" : "\n  {", f);
+            if (sm->kind == DASH_CLASSES) {
+                fprintf(f, "\"label\": %lld, \"predicted\": %lld, ", (long long)sm->label[i],
+                        (long long)sm->predicted[i]);
+            }
+            fputs("\"pixels\": [", f);
+            for (int k = 0; k < hw; k++) {
                 fprintf(f, k > 0 ? ",%u" : "%u", (unsigned)sm->pixels[i][k]);
             }
-            fputs("]}", f);
+            fputc(']', f);
+            if (sm->of > 0) {
+                fprintf(f, ", \"slice\": {\"axis\": \"depth\", \"index\": %d, \"of\": %d}",
+                        sm->depth, sm->of);
+            }
+            if (sm->field) {
+                fputs(", \"target\": [", f);
+                put_slice(f, sm->target[i], hw, sm->kind == DASH_LABELS);
+                fputs("], \"prediction\": [", f);
+                put_slice(f, sm->prediction[i], hw, sm->kind == DASH_LABELS);
+                fputc(']', f);
+            }
+            fputc('}', f);
         }
         fputs("]}", f);
     }

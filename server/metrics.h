@@ -118,14 +118,27 @@ void ddld_metrics_train_point(int64_t step, double loss, double accuracy, double
 // (accuracy as above).
 void ddld_metrics_eval_point(int64_t step, int64_t count, double loss, double accuracy);
 
+// What the dashboard needs to know of the model to read a batch of samples and outputs.
+typedef struct ddld_dash_model {
+    ddl_dtype dt;    // of the samples, the outputs and dense targets
+    ddl_shape in;    // per sample: [C, H, W] (or [H, W]) an image, [C, D, H, W] a volume
+    ddl_shape out;   // per sample: [classes] a classifier, [C, spatial...] otherwise
+    bool      dense; // targets shaped like out in dt; else INT64 labels (one per sample,
+                     // or one per output voxel for segmentation)
+} ddld_dash_model;
+
 // Rank 0, main thread: the first n (<= DDLD_DASH_SAMPLES) samples of the split just
-// evaluated (input shape `in` per sample, values of dtype dt as the model saw them), their
-// labels and the classes the model predicts for them. The dashboard draws the first channel
-// of samples of at most DDLD_DASH_PIXELS values per channel (a volume or a large image is
-// listed without its picture).
+// evaluated ("test", "train" or "inline"), values as the model saw them, with their targets
+// and the model's outputs for them. A classifier keeps each sample's label and predicted
+// class, and the first channel of a picture of at most DDLD_DASH_PIXELS values per channel
+// (a volume or a large image is listed without its picture). A model whose output has the
+// input's spatial dims (segmentation, dense targets) keeps, for spatial slices of at most
+// DDLD_DASH_PIXELS values, the slice at the middle of every spatial dim but the last two
+// of: the input's first channel, the target (labels; dense: its first channel) and the
+// prediction (the argmax over the classes; dense: the output's first channel).
 #define DDLD_DASH_SAMPLES 8
 #define DDLD_DASH_PIXELS 4096
-void ddld_metrics_eval_samples(const char *split, const ddl_shape *in, ddl_dtype dt, const void *x,
-                               int64_t n, const int64_t *labels, const int64_t *predicted);
+void ddld_metrics_eval_samples(const char *split, const ddld_dash_model *dm, const void *x,
+                               const void *targets, const void *out, int64_t n);
 
 #endif // DDLD_METRICS_H

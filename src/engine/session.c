@@ -1286,13 +1286,12 @@ ddl_status ddl_session_predict(ddl_session_t *s, const void *x, size_t x_bytes, 
 }
 
 ddl_status ddl_session_predict_samples(ddl_session_t *s, ddl_split split, int64_t count, void *x,
-                                       size_t x_bytes, int64_t *labels, void *out, size_t out_bytes,
-                                       int64_t *n)
+                                       size_t x_bytes, void *targets, size_t t_bytes, void *out,
+                                       size_t out_bytes, int64_t *n)
 {
     *n = 0;
-    if (s->dense || s->h5 != NULL || s->label_elems != 1 ||
-        (split != DDL_SPLIT_TRAIN && split != DDL_SPLIT_TEST)) {
-        return DDL_OK; // the same verdict on every rank: the spec and the data kind
+    if (s->h5 != NULL || (split != DDL_SPLIT_TRAIN && split != DDL_SPLIT_TEST)) {
+        return DDL_OK; // the same verdict on every rank: the data kind and the argument
     }
     ddl_status st = DDL_OK;
     int64_t    k  = 0;
@@ -1300,9 +1299,14 @@ ddl_status ddl_session_predict_samples(ddl_session_t *s, ddl_split split, int64_
         k = count < s->batch ? count : s->batch;
         k = k < s->n[split] ? k : s->n[split];
         k = s->has_data && k > 0 ? k : 0;
-        if (k > 0 && (x == NULL || labels == NULL || x_bytes < (size_t)k * s->sample_bytes)) {
+        size_t tb = ddl_session_target_bytes(s, k);
+        if (k > 0 && (x == NULL || x_bytes < (size_t)k * s->sample_bytes)) {
             st = ddl_set_error(DDL_EINVAL, "predict_samples: %lld samples need %zu bytes, got %zu",
                                (long long)k, (size_t)k * s->sample_bytes, x == NULL ? 0 : x_bytes);
+        } else if (k > 0 && (targets == NULL || t_bytes < tb)) {
+            st = ddl_set_error(
+                DDL_EINVAL, "predict_samples: the %s of %lld samples need %zu bytes, got %zu",
+                s->dense ? "targets" : "labels", (long long)k, tb, targets == NULL ? 0 : t_bytes);
         }
         for (int64_t i = 0; i < k && st == DDL_OK; i++) {
             s->idx[i] = i;
@@ -1312,7 +1316,7 @@ ddl_status ddl_session_predict_samples(ddl_session_t *s, ddl_split split, int64_
         }
         if (k > 0 && st == DDL_OK) {
             memcpy(x, s->xbuf, (size_t)k * s->sample_bytes);
-            memcpy(labels, s->lbuf, sizeof(int64_t) * (size_t)k);
+            memcpy(targets, s->dense ? s->tbuf : (void *)s->lbuf, tb);
         }
     }
     DDL_CHECK(ddl_agree(s->comm, st));

@@ -7,6 +7,10 @@
 //   - evaluation of the test split improves after training;
 //   - predict handles count < batch (the samples end at a guard page, so a read past
 //     them crashes) and count > batch, consistently with evaluate_batch;
+//   - predict_samples gives a split's first samples, their targets and the outputs of
+//     ddl_session_predict for them: the IDX file's for LeNet-5, the generator's for a
+//     segmentation and a dense model on generated volumes (bit for bit); short buffers
+//     are refused on every rank;
 //   - save -> train -> restore gives back the weights, the cursor, and then the very
 //     same losses; restored cursors are validated (strings, INT64_MIN, out of range,
 //     a different seed) and a refused restore changes nothing;
@@ -28,6 +32,7 @@
 #include "ddl/base.h"
 #include "ddl/data.h"
 #include "ddl/session.h"
+#include "ddl/synth.h"
 #include "mpi_test.h"
 
 #define FASHION_DIR "/usr/share/datasets/fashion-mnist"
@@ -252,9 +257,10 @@ static void test_predict_and_eval(ddl_session_t *s)
         enum { K = 8 };
         static float px[K * 784], plg[K * 10], qlg[K * 10];
         int64_t      plab[K], pn = -1;
-        ASSERT_OK(ddl_session_predict_samples(
-            s, DDL_SPLIT_TEST, K, rank == 0 ? px : NULL, rank == 0 ? sizeof px : 0,
-            rank == 0 ? plab : NULL, rank == 0 ? plg : NULL, rank == 0 ? sizeof plg : 0, &pn));
+        ASSERT_OK(ddl_session_predict_samples(s, DDL_SPLIT_TEST, K, rank == 0 ? px : NULL,
+                                              rank == 0 ? sizeof px : 0, rank == 0 ? plab : NULL,
+                                              rank == 0 ? sizeof plab : 0, rank == 0 ? plg : NULL,
+                                              rank == 0 ? sizeof plg : 0, &pn));
         ASSERT_EQ(pn, K);
         ASSERT_OK(ddl_session_predict(s, rank == 0 ? x : NULL, rank == 0 ? sizeof px : 0, K,
                                       rank == 0 ? qlg : NULL, rank == 0 ? sizeof qlg : 0));
@@ -264,10 +270,17 @@ static void test_predict_and_eval(ddl_session_t *s)
             ASSERT_TRUE(memcmp(plg, qlg, sizeof plg) == 0);
         }
         // rank 0's buffer one sample short: refused on every rank
-        ASSERT_STATUS(ddl_session_predict_samples(s, DDL_SPLIT_TEST, K, rank == 0 ? px : NULL,
-                                                  rank == 0 ? sizeof px - 784 * sizeof(float) : 0,
-                                                  rank == 0 ? plab : NULL, rank == 0 ? plg : NULL,
-                                                  rank == 0 ? sizeof plg : 0, &pn),
+        ASSERT_STATUS(
+            ddl_session_predict_samples(s, DDL_SPLIT_TEST, K, rank == 0 ? px : NULL,
+                                        rank == 0 ? sizeof px - 784 * sizeof(float) : 0,
+                                        rank == 0 ? plab : NULL, rank == 0 ? sizeof plab : 0,
+                                        rank == 0 ? plg : NULL, rank == 0 ? sizeof plg : 0, &pn),
+            DDL_EINVAL);
+        // and its labels one short
+        ASSERT_STATUS(ddl_session_predict_samples(
+                          s, DDL_SPLIT_TEST, K, rank == 0 ? px : NULL, rank == 0 ? sizeof px : 0,
+                          rank == 0 ? plab : NULL, rank == 0 ? sizeof plab - sizeof(int64_t) : 0,
+                          rank == 0 ? plg : NULL, rank == 0 ? sizeof plg : 0, &pn),
                       DDL_EINVAL);
     }
     ddl_eval_result ev;
@@ -344,6 +357,82 @@ static void test_predict_and_eval(ddl_session_t *s)
     free(lab);
     free(lg);
     free(lg5);
+}
+
+// predict_samples of a model whose output is a field, on generated volumes 8 x 6 x 5 split
+// over the ranks: a segmentation (f32, 3 classes, one label per voxel) and a dense
+// denoiser (f64, the clean volume as target). The samples and targets returned are the
+// generator's own (ddl_synth_batch_targets with the spec's parameters) bit for bit, the
+// outputs ddl_session_predict's of those samples bit for bit; a targets buffer one value
+// short is refused on every rank.
+static void test_predict_samples_field(bool dense)
+{
+    enum { B = 3, V = 8 * 6 * 5, K = 8 };
+    static const char *const splits[] = {"", "[1, 1, 1, 1, 1]", "[1, 1, 2, 1, 1]", "",
+                                         "[1, 1, 2, 2, 1]"};
+    const int                vol[3]   = {8, 6, 5};
+    const int                C        = dense ? 1 : 3;
+    ddl_dtype                dt       = dense ? DDL_F64 : DDL_F32;
+    size_t                   es       = ddl_dtype_size(dt);
+    char                     layers[512];
+    const char              *rest =
+        dense ? " \"loss\": {\"type\": \"mse\"},\n"
+                             " \"optimizer\": {\"type\": \"sgd\", \"lr\": 0.01},\n"
+                             " \"data\": {\"synthetic\": {\"kind\": \"shapes3d\", \"train\": 6, \"test\": 5, "
+                             "\"noise\": 0.2}, \"target\": \"clean\"}"
+                           : " \"loss\": {\"type\": \"cross_entropy\"},\n"
+                             " \"optimizer\": {\"type\": \"adam\", \"lr\": 0.01},\n"
+                             " \"data\": {\"synthetic\": {\"kind\": \"shapes3d\", \"train\": 6, \"test\": 5, "
+                             "\"noise\": 0.2}}";
+    snprintf(layers, sizeof layers,
+             "%s,\n  {\"type\": \"conv3d\", \"out_channels\": %d, \"kernel\": [1, 1, 1]}",
+             ddl_test_conv3d_pair, C);
+    char *text =
+        ddl_test_vol_spec(size, splits[size], 7, dense ? "f64" : "f32", B, vol, layers, rest);
+    ddl_session_t *s = NULL;
+    ASSERT_OK(ddl_session_create(MPI_COMM_WORLD, rank == 0 ? text : NULL, "field.json", NULL, &s));
+    ASSERT_OK(ddl_session_open_synthetic(s));
+    size_t tb = ddl_session_target_bytes(s, B);
+    ASSERT_EQ(tb, dense ? B * V * es : B * V * sizeof(int64_t));
+    // rank 0's buffers hold K samples; the session gives the batch size's worth
+    static double  x[K * V], t[K * V], out[K * 3 * V], q[B * 3 * V], rx[B * V], rt[B * V];
+    static int64_t lab[K * V], rlab[B * V];
+    void          *tg = dense ? (void *)t : (void *)lab;
+    int64_t        n  = -1;
+    ASSERT_OK(ddl_session_predict_samples(
+        s, DDL_SPLIT_TEST, K, rank == 0 ? x : NULL, rank == 0 ? sizeof x : 0, rank == 0 ? tg : NULL,
+        rank == 0 ? tb : 0, rank == 0 ? out : NULL, rank == 0 ? sizeof out : 0, &n));
+    ASSERT_EQ(n, B);
+    ASSERT_OK(ddl_session_predict(s, rank == 0 ? x : NULL, rank == 0 ? B * V * es : 0, B,
+                                  rank == 0 ? q : NULL, rank == 0 ? sizeof q : 0));
+    if (rank == 0) {
+        const ddl_spec_t *spec = ddl_model_spec(ddl_session_model(s));
+        ddl_synth_params  p;
+        double            mean, std;
+        ASSERT_TRUE(ddl_spec_synthetic(spec, &p, NULL, NULL));
+        ddl_spec_normalize(spec, &mean, &std);
+        const int64_t idx[B] = {0, 1, 2};
+        ASSERT_OK(ddl_synth_batch_targets(&p, DDL_SPLIT_TEST, idx, B, mean, std, dt, rx, rlab,
+                                          false, dense ? rt : NULL));
+        ASSERT_TRUE(memcmp(x, rx, B * V * es) == 0);
+        ASSERT_TRUE(memcmp(tg, dense ? (void *)rt : (void *)rlab, tb) == 0);
+        ASSERT_TRUE(memcmp(out, q, (size_t)(B * C * V) * es) == 0);
+        int64_t fg = 0; // the generator's volumes hold objects: a check of the check
+        for (int64_t i = 0; i < B * V; i++) {
+            fg += rlab[i] != 0;
+        }
+        ASSERT_TRUE(fg > 0);
+    }
+    ASSERT_STATUS(ddl_session_predict_samples(s, DDL_SPLIT_TEST, K, rank == 0 ? x : NULL,
+                                              rank == 0 ? sizeof x : 0, rank == 0 ? tg : NULL,
+                                              rank == 0 ? tb - es : 0, rank == 0 ? out : NULL,
+                                              rank == 0 ? sizeof out : 0, &n),
+                  DDL_EINVAL);
+    if (rank == 0) {
+        ASSERT_TRUE(strstr(ddl_last_error(), dense ? "targets" : "labels") != NULL);
+    }
+    ddl_session_destroy(&s);
+    free(text);
 }
 
 // Rank 0's logits of the first B test samples (for before/after comparisons).
@@ -885,6 +974,8 @@ int main(int argc, char **argv)
     ASSERT_TRUE(ev1.accuracy > ev0.accuracy);
 
     test_predict_and_eval(s);
+    test_predict_samples_field(false);
+    test_predict_samples_field(true);
     test_save_restore(s, tmp);
     test_weights(s);
     test_one_rank_failure(s, text, tmp);

@@ -28,6 +28,15 @@ auth: the dashboard on --http-listen with --token-file: the page and Chart.js se
   --metrics-listen), POST 405; in Chromium the page opened as /dashboard#token=T polls and
   shows the step with no console message, and without a token shows the 401 and the way to
   give one; a daemon without --metrics-listen answers /dashboard 404 naming it.
+volume: 2-rank daemons of unet3d-2.json (segmentation) and unet3d-denoise-2.json (dense);
+  an Evaluate of inline volumes made here (random values; random per-voxel labels or random
+  targets) and a Predict of the same volumes: /dashboard.json's "inline" items hold the
+  middle depth slice of the targets sent and of Predict's output (argmax per voxel; dense:
+  the first channel's values, bit for bit through %.9g) and the input's slice as pixels;
+  in Chromium (when installed) each sample shows three canvases captioned input, target and
+  prediction under "depth 16 of 32", with no console message; non-finite dense predictions
+  (inputs at FP32's limits) are JSON nulls; an Evaluate of the test split gives slices of
+  32 x 32 with labels in [0, classes).
 
 Exit status: 0 pass, 1 fail, 7 skip (distdld not built; chromium not installed for browser:
 deploy/install-deps.sh installs Debian's `chromium` and `libjs-chart.js`).
@@ -60,9 +69,9 @@ def get(url, method="GET", timeout=10, headers=None):
         return e.code, e.read()
 
 
-def start(h, name, env_extra=None, args=()):
+def start(h, name, env_extra=None, args=(), spec="lenet5-2.json"):
     maddr = os.path.join(h.work, name + "-metrics-addr")
-    d = h.start(2, ["--model", h.spec("lenet5-2.json"), "--metrics-listen", "127.0.0.1:0",
+    d = h.start(2, ["--model", h.spec(spec), "--metrics-listen", "127.0.0.1:0",
                     "--metrics-address-file", maddr] + list(args), name, env=env_extra)
     for _ in range(100):
         if os.path.exists(maddr) and open(maddr).read().strip():
@@ -422,6 +431,115 @@ def sc_auth(h):
           "(401 without), the page polling with the token from its fragment", flush=True)
 
 
+def sc_volume(h):
+    import numpy as np
+    import ddld_rpc
+    bad = []
+    for spec, dense in (("unet3d-2.json", False), ("unet3d-denoise-2.json", True)):
+        d, base = start(h, "vol-" + spec[:-5], spec=spec)
+        c = ddld_rpc.Client(d.address)
+        tr = c.tr
+        st = c.status()
+        shp, K = list(st.input_shape), st.num_classes
+        n, D = 3, shp[1]
+        mid = D // 2
+        rs = np.random.RandomState(7)
+        x = rs.randn(n, *shp).astype(np.float32)
+
+        def tensor(a, dt):
+            return tr.Tensor(datatype=dt, shape=list(a.shape), raw=a.tobytes())
+        # inline samples made here: random volumes, random per-voxel labels (segmentation) or
+        # random targets shaped like the output (dense)
+        if dense:
+            t = rs.rand(n, 1, *shp[1:]).astype(np.float32)
+            batch = tr.Batch(x=tensor(x, "FP32"), targets=tensor(t, "FP32"))
+        else:
+            t = rs.randint(0, K, size=(n,) + tuple(shp[1:])).astype(np.int64)
+            batch = tr.Batch(x=tensor(x, "FP32"), labels=tensor(t, "INT64"))
+        ev = c.trainer("Evaluate", tr.EvaluateRequest(batch=batch), "EvaluateResponse")
+        pr = c.trainer("Predict", tr.PredictRequest(x=tensor(x, "FP32")), "PredictResponse")
+        out = np.frombuffer(pr.logits.raw, np.float32).reshape(list(pr.logits.shape))
+        sm = json.loads(get(base + "/dashboard.json")[1])["samples"]
+        kind = "dense" if dense else "segmentation"
+        items = sm["items"] if sm else []
+        if sm is None or (sm["split"], sm["kind"], sm["height"], sm["width"], len(items)) != \
+                ("inline", kind, shp[2], shp[3], n) or ev.count != n:
+            bad.append("%s inline: samples %s, %d items (expected inline %s %dx%d, %d)" % (
+                spec, sm and {k: v for k, v in sm.items() if k != "items"}, len(items), kind,
+                shp[2], shp[3], n))
+            items = []
+        for i, it in enumerate(items):
+            # the middle slice of Predict's output (argmax per voxel for segmentation; the
+            # first channel's values, which %.9g gives back bit for bit, for dense) and of the
+            # targets sent
+            if dense:
+                want_p, want_t = out[i, 0, mid].ravel(), t[i, 0, mid].ravel()
+                got_p = np.array(it["prediction"], np.float32)
+                got_t = np.array(it["target"], np.float32)
+                same = got_p.tobytes() == want_p.tobytes() and got_t.tobytes() == want_t.tobytes()
+            else:
+                want_p, want_t = out[i].argmax(axis=0)[mid].ravel(), t[i, mid].ravel()
+                same = it["prediction"] == want_p.tolist() and it["target"] == want_t.tolist()
+            v = x[i, 0, mid].ravel().astype(np.float64)
+            want_px = np.rint(255 * (v - v.min()) / (v.max() - v.min()))
+            if not same or it.get("slice") != {"axis": "depth", "index": mid, "of": D} or \
+                    "label" in it or np.abs(np.array(it["pixels"]) - want_px).max() > 1:
+                bad.append("%s inline sample %d: slice %s; prediction/target %s" % (
+                    spec, i, it.get("slice"), "equal" if same else "differ from Predict's"))
+                break
+        # the page draws input, target and prediction side by side, captioned, with no
+        # console message (when Chromium is installed; the JSON checks above stand alone)
+        browser = shutil.which("chromium") or shutil.which("chromium-browser")
+        if browser is not None:
+            dom, console, errs = load(h, browser, base + "/dashboard")
+            check_clean(dom, console, errs, spec + " after an inline Evaluate")
+            figs = re.findall(r'<div class="slice"><canvas width="(\d+)" height="(\d+)">'
+                              r'</canvas><span>(\w+)</span></div>', dom)
+            caps = re.findall(r'id="sample-\d+"[^>]*>([^<]*)<', dom)
+            if figs != [(str(shp[3]), str(shp[2]), w) for _ in range(n)
+                        for w in ("input", "target", "prediction")] or \
+                    caps != ["depth %d of %d" % (mid, D)] * n:
+                bad.append("%s page: slices %s, captions %s" % (spec, figs[:6], caps))
+
+        if dense:
+            # inputs at FP32's limits overflow the forward pass: the non-finite predictions
+            # are nulls in valid JSON (no NaN or Infinity tokens)
+            big = np.full((1,) + x.shape[1:], 3e38, np.float32)
+            big[0, 0, :, ::2, :] = -3e38
+            c.trainer("Evaluate", tr.EvaluateRequest(batch=tr.Batch(
+                x=tensor(big, "FP32"), targets=tensor(t[:1], "FP32"))), "EvaluateResponse")
+
+            def no_constant(name):
+                raise Failure("/dashboard.json holds %s" % name)
+            sm = json.loads(get(base + "/dashboard.json")[1], parse_constant=no_constant)["samples"]
+            if sm["split"] != "inline" or None not in sm["items"][0]["prediction"]:
+                bad.append("%s: a non-finite prediction is not null" % spec)
+
+        # an Evaluate of the test split: the first batch's slices, labels in [0, classes)
+        c.trainer("Evaluate", tr.EvaluateRequest(split="test"), "EvaluateResponse", timeout=120)
+        sm = json.loads(get(base + "/dashboard.json")[1])["samples"]
+        items = sm["items"] if sm else []
+        hw = shp[2] * shp[3]
+        ok = sm is not None and sm["split"] == "test" and len(items) == st.batch_size and all(
+            len(it["pixels"]) == hw and len(it["target"]) == hw and len(it["prediction"]) == hw
+            and it["slice"] == {"axis": "depth", "index": mid, "of": D} for it in items)
+        if ok and not dense:
+            ok = all(0 <= v < K for it in items for v in it["target"] + it["prediction"])
+        if ok and dense:
+            ok = all(isinstance(v, float) or isinstance(v, int)
+                     for it in items for v in it["target"] + it["prediction"])
+        if not ok:
+            bad.append("%s test split: samples %s" % (
+                spec, sm and {k: (v if k != "items" else len(v)) for k, v in sm.items()}))
+        print("%s: inline slices equal Predict's and the targets sent; the test split's %d "
+              "slices of %d x %d" % (spec, len(items), shp[2], shp[3]), flush=True)
+        c.ch.close()
+        h.run(d, [os.path.join(h.build, "bin", "distdl"), "shutdown", "--no-checkpoint"])
+        d.wait_exit()
+    if bad:
+        raise Failure("; ".join(bad))
+
+
 if __name__ == "__main__":
     sys.exit(run_scenarios(DaemonHarness, {"browser": sc_browser, "json": sc_json,
-                                           "auth": sc_auth}))
+                                           "auth": sc_auth, "volume": sc_volume}))

@@ -222,15 +222,19 @@ DDL_EXTERN ddl_status ddl_session_predict(ddl_session_t *s, const void *x, size_
                                           int64_t count, void *logits, size_t logits_bytes);
 
 // The first `count` samples of a split with the model's outputs for them, for a look at
-// what the model predicts (the daemon's dashboard). Only for a classifier of one label
-// per sample on IDX or synthetic data: otherwise (segmentation, dense targets, HDF5) *n is
-// 0 and nothing runs. Else *n = min(count, batch size, split size) and rank 0 receives the
-// samples as the model sees them (normalised, the spec's dtype) in x (x_bytes must hold
-// them), their labels in labels and the outputs (logits [*n, classes]) in out (out_bytes
-// likewise); other ranks pass NULL and 0. Collective; agreed.
+// what the model predicts (the daemon's dashboard), on IDX or generated data. *n =
+// min(count, batch size, split size) and rank 0 receives the samples as the model sees
+// them (normalised, the spec's dtype) in x (x_bytes must hold them), their targets as the
+// model trains on them in targets (t_bytes >= ddl_session_target_bytes(s, *n): INT64
+// labels, label_elems per sample, one per voxel for segmentation; dense targets in the
+// spec's dtype, shaped like the output) and the whole outputs (as ddl_session_predict) in
+// out (out_bytes likewise); other ranks pass NULL and 0. HDF5 data gives *n = 0 and runs
+// nothing: each rank reads only its own box of a sample, so rank 0 never holds one whole.
+// Collective; agreed.
 DDL_EXTERN ddl_status ddl_session_predict_samples(ddl_session_t *s, ddl_split split, int64_t count,
-                                                  void *x, size_t x_bytes, int64_t *labels,
-                                                  void *out, size_t out_bytes, int64_t *n);
+                                                  void *x, size_t x_bytes, void *targets,
+                                                  size_t t_bytes, void *out, size_t out_bytes,
+                                                  int64_t *n);
 
 // ---- state ----------------------------------------------------------------------------
 

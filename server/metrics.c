@@ -1084,6 +1084,33 @@ static enum MHD_Result dash_arg(void *cls, enum MHD_ValueKind kind, const char *
     return MHD_YES;
 }
 
+// A fresh scrape written out: the Prometheus exposition (q NULL) or /dashboard.json for q.
+// The text is open_memstream's (libc malloc: libmicrohttpd frees it with free()); NULL when
+// out of memory.
+static char *scrape_text(const struct dash_query *q, size_t *len)
+{
+    struct scrape *s    = ddl_malloc(sizeof *s); // ~70 KB: not on the HTTP thread's stack
+    char          *text = NULL;
+    FILE          *f    = NULL;
+    *len                = 0;
+    if (s != NULL && take_scrape(s) == 0 && (f = open_memstream(&text, len)) != NULL) {
+        if (q != NULL) {
+            dashboard_json(f, s, q->since, q->since_eval);
+        } else {
+            render(f, s);
+        }
+    }
+    if (s != NULL) {
+        ddl_free(s->ranks);
+    }
+    ddl_free(s);
+    if (f == NULL || fclose(f) != 0) {
+        free(text);
+        return NULL;
+    }
+    return text;
+}
+
 // A text answer copied from msg (a stack buffer).
 static enum MHD_Result reply_copy(struct MHD_Connection *conn, unsigned int status, const char *msg)
 {
@@ -1163,19 +1190,9 @@ enum MHD_Result ddld_dashboard_answer(struct MHD_Connection *conn, const char *u
     if (q.err[0] != '\0') {
         return reply_copy(conn, MHD_HTTP_BAD_REQUEST, q.err);
     }
-    struct scrape *s    = ddl_malloc(sizeof *s);
-    char          *text = NULL;
-    size_t         len  = 0;
-    FILE          *f    = NULL;
-    if (s != NULL && take_scrape(s) == 0 && (f = open_memstream(&text, &len)) != NULL) {
-        dashboard_json(f, s, q.since, q.since_eval);
-    }
-    if (s != NULL) {
-        ddl_free(s->ranks);
-    }
-    ddl_free(s);
-    if (f == NULL || fclose(f) != 0) {
-        free(text);
+    size_t len;
+    char  *text = scrape_text(&q, &len);
+    if (text == NULL) {
         return reply(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, failed, strlen(failed), false);
     }
     return reply_typed(conn, MHD_create_response_from_buffer(len, text, MHD_RESPMEM_MUST_FREE),
@@ -1205,20 +1222,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
     if (strcmp(url, "/metrics") != 0) {
         return reply(conn, MHD_HTTP_NOT_FOUND, not_found, strlen(not_found), false);
     }
-    struct scrape *s    = ddl_malloc(sizeof *s); // ~70 KB: not on the HTTP thread's stack
-    char          *text = NULL;
-    size_t         len  = 0;
-    FILE          *f    = NULL;
-    if (s != NULL && take_scrape(s) == 0 && (f = open_memstream(&text, &len)) != NULL) {
-        render(f, s);
-    }
-    if (s != NULL) {
-        ddl_free(s->ranks);
-    }
-    ddl_free(s);
-    // text is open_memstream's (libc malloc): libmicrohttpd frees it with free().
-    if (f == NULL || fclose(f) != 0) {
-        free(text);
+    size_t len;
+    char  *text = scrape_text(NULL, &len);
+    if (text == NULL) {
         return reply(conn, MHD_HTTP_INTERNAL_SERVER_ERROR, failed, strlen(failed), false);
     }
     return reply(conn, MHD_HTTP_OK, text, len, true);

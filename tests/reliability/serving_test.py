@@ -16,7 +16,8 @@ against a 2-rank distdld with LeNet-5, driven from Debian's python3-grpcio:
              default 5 % the count of answers depends on how fast a step is, and trainshare
              tests the budget), and
              the Train's 200 losses are bit for bit those of the same Train with no
-             predictions (the model re-created from its spec in between).
+             predictions (the model re-created from its spec in between). An attempt in
+             which no Predict was answered between steps is taken again (3 in all).
   trainoff   --serve-during-train off: a Predict during a Train waits for the whole Train.
   trainsolo  --dynamic-batching off: calls answered at a Train's step boundaries still run one
              command each, with 4 clients predicting concurrently (share 100, 200 steps:
@@ -252,26 +253,12 @@ def recreate(f):
         raise Failure("CreateModel: %s %s" % (code.name, details))
 
 
-def sc_train(h):
+def busy_train(f, x1, steps, quiet, t_quiet):
+    """One Train of `steps` steps from the same start as the Train alone (its losses `quiet`,
+    its seconds `t_quiet`), with a predictor process calling in a closed loop throughout.
+    Returns (failures, starved): starved when no Predict was answered between its steps
+    and nothing else failed."""
     bad = []
-    # 200 steps (0.35-0.6 s): long enough that a call answered within a few steps and
-    # one held to the Train's end differ by far more than the hosts' scheduling noise
-    # (callers stalled 25-50 ms at times on a 2-core host with both ranks busy).
-    steps = 200
-    # Share 100: every boundary may answer. Under the default share of 5 % a 1.8 ms step
-    # (Zen 5) leaves room for only ~12 interludes in 60 steps, a property of the budget
-    # (trainshare's test), not of the boundaries tested here.
-    f = Fixture(h, "train", ["--serve-during-train-share", "100"])
-    rnd = random.Random(9)
-    x1 = f.predict_req([rnd.uniform(-1, 1) for _ in range(SAMPLE)])
-    # The same start for both runs: a new model, and one step that opens the dataset (a
-    # new model's first Train loads it, 0.25-0.3 s of Fashion-MNIST on this project's
-    # hosts, during which no step boundary comes; measured here are the boundaries).
-    recreate(f)
-    train_losses(f, 1)
-    t0 = time.perf_counter()
-    quiet = train_losses(f, steps)
-    t_quiet = time.perf_counter() - t0
     recreate(f)
     train_losses(f, 1)
     # The predictor is a process of its own: in one Python process, grpcio's client at
@@ -286,6 +273,7 @@ def sc_train(h):
     if ready != "ready":
         pred.kill()
         raise Failure("the predictor process did not start: %r" % ready)
+    m0 = f.metrics()
     t0 = time.perf_counter()
     busy = train_losses(f, steps)
     t_busy = time.perf_counter() - t0
@@ -295,18 +283,18 @@ def sc_train(h):
         pred.kill()
         raise Failure("the predictor process did not stop")
     res = json.loads(out)
-    state = {"err": res["err"]} if res.get("err") else {}
     # The calls that started while the Train ran.
     lat = [l for s0, l in res["calls"] if t0 <= s0 < t0 + t_busy]
     m = f.metrics()
+    inter = (m.get("distdl_inference_interleaved_total", 0) -
+             m0.get("distdl_inference_interleaved_total", 0))
     step_ms = t_quiet / steps * 1e3
     print("Train of %d steps: %.1f ms per step alone, %.1f ms with predictions; %d Predicts "
           "answered during it: p50 %.1f ms, p99 %.1f ms, max %.1f ms; interleaved commands %d"
           % (steps, step_ms, t_busy / steps * 1e3, len(lat), percentile(lat, 50) * 1e3,
-             percentile(lat, 99) * 1e3, max(lat or [0]) * 1e3,
-             m.get("distdl_inference_interleaved_total", 0)), flush=True)
-    if "err" in state:
-        bad.append("a Predict during the Train failed: " + state["err"])
+             percentile(lat, 99) * 1e3, max(lat or [0]) * 1e3, inter), flush=True)
+    if res.get("err"):
+        bad.append("a Predict during the Train failed: " + res["err"])
     if len(quiet) != steps or busy != quiet:
         diff = [i for i in range(min(len(quiet), len(busy))) if quiet[i] != busy[i]]
         bad.append("the losses differ with interleaved predictions (%d and %d records; first "
@@ -316,16 +304,50 @@ def sc_train(h):
     # leaves the caller unscheduled for up to ~0.1 s at times, so the slowest call measures
     # the host's scheduler; a call held to the Train's end would show in all three.)
     p50 = percentile(lat, 50)
-    if (len(lat) < steps / 4 or p50 > max(5 * step_ms / 1e3, 0.010) or
-            max(lat or [1e9]) >= t_quiet):
+    few = (len(lat) < steps / 4 or p50 > max(5 * step_ms / 1e3, 0.010) or
+           max(lat or [1e9]) >= t_quiet)
+    if few:
         bad.append("%d Predicts during %d steps, median %.1f ms, slowest %.1f ms (Train %.0f ms)"
                    % (len(lat), steps, p50 * 1e3, max(lat or [0]) * 1e3, t_quiet * 1e3))
-    if m.get("distdl_inference_interleaved_total", 0) < 1:
+    if inter < 1:
         bad.append("no interleaved command counted")
+    return bad, few and inter < 1 and len(bad) == 2
+
+
+def sc_train(h):
+    # 200 steps (0.35-0.6 s): long enough that a call answered within a few steps and
+    # one held to the Train's end differ by far more than the hosts' scheduling noise
+    # (callers stalled 25-50 ms at times on a 2-core host with both ranks busy).
+    steps = 200
+    # Share 100: every boundary may answer. Under the default share of 5 % a 1.8 ms step
+    # (Zen 5) leaves room for only ~12 interludes in 60 steps, a property of the budget
+    # (trainshare's test), not of the boundaries tested here.
+    f = Fixture(h, "train", ["--serve-during-train-share", "100"])
+    rnd = random.Random(9)
+    x1 = f.predict_req([rnd.uniform(-1, 1) for _ in range(SAMPLE)])
+    # The same start for every run: a new model, and one step that opens the dataset (a
+    # new model's first Train loads it, 0.25-0.3 s of Fashion-MNIST on this project's
+    # hosts, during which no step boundary comes; measured here are the boundaries).
+    recreate(f)
+    train_losses(f, 1)
+    t0 = time.perf_counter()
+    quiet = train_losses(f, steps)
+    t_quiet = time.perf_counter() - t0
+    # An attempt in which no Predict was answered between steps (none
+    # interleaved, too few calls, nothing else wrong) is taken again, up to 3 in all. Seen
+    # once on the 2-core CI host: no call started and none was counted in a 0.5 s Train,
+    # while trainshare (4 clients) passed there right after; a predictor process left
+    # unscheduled measures the host, not the boundaries. A daemon that holds calls to the
+    # Train's end fails every attempt alike; any other failure ends the test at once.
+    for attempt in range(1, 4):
+        bad, starved = busy_train(f, x1, steps, quiet, t_quiet)
+        if not starved or attempt == 3:
+            break
+        print("attempt %d: no Predict answered between steps; again" % attempt,
+              flush=True)
     f.finish()
     if bad:
         raise Failure("; ".join(bad))
-
 
 def predictors_during_train(f, n, steps, samples=1):
     """n clients predicting `samples` samples in a loop through a Train of `steps` steps;

@@ -9,7 +9,7 @@
 #   DDL_FUZZ_SECONDS   seconds per target (default 60)
 #   DDL_FUZZ_DEADLINE  seconds from the start by which the fuzzing should end (default: none).
 #                      A slow build (a loaded machine) shortens each target's time to its
-#                      share of what is left, never below 10 s: the pass is time-boxed, so
+#                      share of what is left, never below 5 s: the pass is time-boxed, so
 #                      ctest's timeout catches a hang, not a busy machine.
 #   DDL_FUZZ_JOBS      targets run at the same time (default 2)
 #   DDL_FUZZ_BUILD     the clang build directory (default <repo>/build-fuzz; reused)
@@ -100,7 +100,7 @@ for t in "${targets[@]}"; do
         share=$(( (deadline - ($(date +%s) - start_s)) * jobs / left ))
         seconds="${DDL_FUZZ_SECONDS:-60}"
         if [ "$share" -lt "$seconds" ]; then
-            seconds=$(( share < 10 ? 10 : share ))
+            seconds=$(( share < 5 ? 5 : share ))
         fi
     fi
     left=$((left - 1))

@@ -14,8 +14,8 @@ stop_npP    (P = 2, 4) --watchdog 3; SIGSTOP to the last rank while a Train runs
 stop_idle   the same with the daemon idle (no call in flight).
 stop_root_np4  SIGSTOP to rank 0 during a Train on 4 ranks: rank 1 names it, the job ends
             within watchdog + 30 s, the Train ends UNAVAILABLE, nothing is left.
-healthy     --watchdog 3 on 4 ranks: a Train of many times the watchdog period, a single
-            step longer than the watchdog (a 20000-sample batch), an Evaluate of the whole
+healthy     --watchdog 3 on 4 ranks: a Train of 3 watchdog periods, a single step longer
+            than the watchdog (a batch sized from the Train's rate), an Evaluate of the whole
             test split and idle time; the watchdog never fires and every rank exits 0.
 channel     the command channel's MPI error policy (server/channel.h), through the test-only
             DDLD_TEST_CHANNEL_FAIL=RANK:N: rank 0's first client command's MPI_Ibcast
@@ -299,21 +299,27 @@ def healthy(h):
     it = c.server_stream("/distdl.v1.Trainer/Train",
                          c.tr.TrainRequest(steps=100000, progress_every=10), c.tr.TrainProgress)
     last = None
-    for rec in it:  # a Train of 5 watchdog periods, then cancelled
+    for rec in it:  # a Train of 3 watchdog periods, then cancelled
         last = rec
-        if time.time() - t0 > 5 * WATCHDOG:
+        if time.time() - t0 > 3 * WATCHDOG:
             it.cancel()
             break
     print("Train: %d steps in %.1f s" % (last.step, time.time() - t0), flush=True)
     raise_if_fired(d)
-    # One step longer than the watchdog: a batch of 2.5 watchdog periods of this machine's
-    # training rate (20000 to 60000 samples).
-    n_big = int(min(60000, max(20000, 2.5 * WATCHDOG * (last.images_per_second or 0))))
+    # One step longer than the watchdog: a batch of 0.6 watchdog periods of this machine's
+    # training rate at batch 64 (10000 to 60000 samples). A batch this large runs some 3-4x
+    # slower per sample than one of 64 (its activations leave the caches): 60000 samples
+    # took 25 s on Zen 5 (2.5 periods of the rate at 64 asked for 71000), 12000 took 7.8 s
+    # under a load of 8. Creating the model costs more than its step (20-30 s of page
+    # faults for 12000-60000 samples on 4 ranks), so the batch is no larger than needed.
+    n_big = int(min(60000, max(10000, 0.6 * WATCHDOG * (last.images_per_second or 0))))
     big = spec.replace('"batch_size": 64', '"batch_size": %d' % n_big)
     if big == spec:
         raise Failure("could not set the batch size in %s" % SPECS[np_])
+    t1 = time.time()
     c.trainer("CreateModel", c.tr.CreateModelRequest(spec_json=big, replace=True),
               "CreateModelResponse", timeout=120)
+    print("CreateModel (batch %d): %.1f s" % (n_big, time.time() - t1), flush=True)
     t1 = time.time()
     list(c.server_stream("/distdl.v1.Trainer/Train", c.tr.TrainRequest(steps=1),
                          c.tr.TrainProgress, timeout=300))

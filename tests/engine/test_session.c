@@ -738,9 +738,9 @@ static void test_periodic_checkpoints(const char *spec_text, const char *tmp)
     ddl_session_destroy(&t);
 }
 
-// An allocation failure on the last rank only, at every allocation of session creation:
-// first those of at least 4 KiB (tensors: weights, activations, gradients, optimizer
-// state, plan buffers -- where a huge layer fails), then all of them.
+// An allocation failure on the last rank only, at allocations of session creation: those
+// of at least min_bytes, from the first-th to the last-th (test_one_rank_failure: all of
+// them, or those of at least 4 KiB and then every stride-th of any size).
 // Every rank must return the same error, nothing may hang, and a failed creation must
 // free everything it made. `stride` > 1 fails every stride-th allocation only.
 static void sweep_create(const char *spec_text, long long first, long long last, size_t min_bytes,
@@ -884,14 +884,21 @@ static void test_one_rank_failure(ddl_session_t *s, const char *spec_text, const
         sweep_op(s, "export npy", op_export, npy_dir, who, DDL_ENOMEM);
         sweep_op(s, "import npy", op_import, npy_dir, who, DDL_ENOMEM);
     }
-    sweep_create(spec_text, 1, LLONG_MAX, 4096, 1);
-    // And every allocation of any size (DDL_TEST_SWEEP_FROM=n starts at the n-th), or every
+    // Every allocation of any size (DDL_TEST_SWEEP_FROM=n starts at the n-th), or every
     // DDL_TEST_SWEEP_STRIDE-th: at 4 ranks (tests/engine/CMakeLists.txt) each of the 2,304
     // creations takes ~80 ms on 2 cores, and the sweep at 1 and 2 ranks fails every one.
-    const char *from   = getenv("DDL_TEST_SWEEP_FROM");
-    const char *stride = getenv("DDL_TEST_SWEEP_STRIDE");
-    sweep_create(spec_text, from != NULL ? atoll(from) : 1, LLONG_MAX, 0,
-                 stride != NULL && atoll(stride) > 1 ? atoll(stride) : 1);
+    // When it skips some, every allocation of at least 4 KiB fails first (tensors: weights,
+    // activations, gradients, optimizer state, plan buffers -- where a huge layer fails).
+    // A full sweep fails those too, at the same points (the n-th allocation of 4 KiB or
+    // more is the m-th of all, creation being deterministic), so it runs alone.
+    const char *from_s   = getenv("DDL_TEST_SWEEP_FROM");
+    const char *stride_s = getenv("DDL_TEST_SWEEP_STRIDE");
+    long long   from     = from_s != NULL && atoll(from_s) > 1 ? atoll(from_s) : 1;
+    long long   stride   = stride_s != NULL && atoll(stride_s) > 1 ? atoll(stride_s) : 1;
+    if (from > 1 || stride > 1) {
+        sweep_create(spec_text, 1, LLONG_MAX, 4096, 1);
+    }
+    sweep_create(spec_text, from, LLONG_MAX, 0, stride);
 }
 
 int main(int argc, char **argv)

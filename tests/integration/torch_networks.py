@@ -11,23 +11,30 @@ solution; 1 and 4 ranks, f64, at 16^3, mse on an HDF5 file made by
 client/python/examples/poisson3d.py and read by every rank in parallel):
   1. writes a copy of the spec with that dtype, shuffling off (batches in file order), a
      small batch and a cosine schedule that ends within the run (t_max 12, so the learning
-     rate really moves), everything else as shipped;
-  2. distdl-train --max-steps 0 --export init.safetensors (the initial global weights),
-     then --max-steps 10 --print-steps --export final.safetensors (f32: also a checkpoint
-     after every step);
+     rate really moves), everything else as shipped (f64: without short-batch inference
+     copies, which --no-eval never uses; f32 keeps them);
+  2. once per family: distdl-train on 1 rank --max-steps 0 --export (the engine's initial
+     global weights, f64); every run of the family imports them (--import, cast to its
+     dtype) and runs --max-steps 10 --print-steps --export final.safetensors (f32: also a
+     checkpoint after every step). The engine reads the first 10 batches of Fashion-MNIST,
+     written uncompressed to a temporary directory (all that 10 unshuffled batches read);
   3. builds the network in PyTorch from the spec JSON alone (every layer type, from/add/
      concat/adaptive pooling graphs, batch norm in training mode with the spec's momentum
-     and eps), loads init.safetensors, feeds the same Fashion-MNIST batches normalized as
-     the spec's data block says, and runs torch.optim's SGD/Adam/AdamW with the spec's
-     hyper-parameters and the closed-form schedule of src/optim/optim.c;
+     and eps), loads the same initial weights, feeds the same Fashion-MNIST batches
+     normalized as the spec's data block says, and runs torch.optim's SGD/Adam/AdamW with
+     the spec's hyper-parameters and the closed-form schedule of src/optim/optim.c;
   4. compares, relative to PyTorch:
      f64: every step's loss (<= 1e-10) and every final tensor, parameters and batch-norm
-          running statistics (max |a - b| / max |b| per tensor, <= 1e-9);
+          running statistics (max |a - b| / max |b| per tensor, <= 1e-9). The 1- and
+          4-rank specs of a family build one PyTorch graph (SpecNet.signature: the same
+          layers joined alike, only the placement differs), so one PyTorch run of the 10
+          steps serves both engine runs;
      f32: every step taken from the engine's own state after the previous step (its
           checkpoint: weights, running statistics, optimizer moments): the loss (<= 1e-4)
           and the tensors after the step, all together (||a - b|| / ||b|| <= 1e-3; the
           largest single-tensor difference is printed). The free 10-step f32 trajectory
-          is printed, not judged. In f32 one ReLU input can lie within rounding of zero in
+          is not judged, and runs only with TORCH_NETWORKS_FREE_F32=1 (printed). In f32
+          one ReLU input can lie within rounding of zero in
           one computation and not in another (measured: -2.7e-7 in f64, +5.5e-7 in f32,
           vgg-1 step 2, bn3_2; PyTorch in f32 from the same weights makes the same flip):
           it routes one gradient element differently, which moves a batch-norm bias
@@ -92,6 +99,8 @@ class SpecNet(nn.Module):
     # parameters, "<kind>_at_<i>" for the i-th layer otherwise.
     KIND = {"repartition": "repartition", "flatten": "flatten", "linear": "linear",
             "batchnorm": "batchnorm", "upsample": "upsample"}
+    # Where a layer's pieces live, and how layers are named and joined: not in the signature.
+    PLACEMENT = ("name", "from", "to", "P_x", "P_y", "P_w", "partition")
 
     def __init__(self, spec):
         super().__init__()
@@ -137,12 +146,22 @@ class SpecNet(nn.Module):
                 raise ValueError("the spec's graph has a cycle")
             order.append(ready[0])
             done.add(names[ready[0]])
+        # The graph as PyTorch computes it, whatever the partitions (repartitions bypassed):
+        # two specs with one signature train alike here (main shares such runs).
+        canon, sig = {"input": "input"}, []
         for i in order:
             L, name, ins = layers[i], names[i], inputs[i]
             xs = [shapes[x] for x in ins]
             fn, shapes[name] = self._layer(L, name, xs)
             self.nodes.append((name, ins, fn))
+            cins = [canon[x] for x in ins]
+            if L["type"] == "repartition":
+                canon[name] = cins[0]
+                continue
+            canon[name] = len(sig)
+            sig.append([{k: v for k, v in L.items() if k not in self.PLACEMENT}, cins])
         self.output = names[-1]
+        self.signature = json.dumps([sig, canon[self.output], self.mod_names], sort_keys=True)
 
     def _layer(self, L, name, xs):
         t, x = L["type"], xs[0]
@@ -255,7 +274,7 @@ _DATA = {}
 
 def read_idx(path):
     if path not in _DATA:
-        with gzip.open(path, "rb") as f:
+        with (gzip.open if path.endswith(".gz") else open)(path, "rb") as f:
             data = f.read()
         ndim = data[3]
         dims = [int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim)]
@@ -271,14 +290,30 @@ def batch(data_dir, spec, dtype, step):
         x, y = (torch.from_numpy(a[step * B:(step + 1) * B].astype(np.float64)).to(dtype)
                 for a in data_dir)
         return x, y
-    x = read_idx(os.path.join(data_dir, "train-images-idx3-ubyte.gz"))
-    y = read_idx(os.path.join(data_dir, "train-labels-idx1-ubyte.gz"))
+    x = read_idx(os.path.join(data_dir, "train-images-idx3-ubyte"))
+    y = read_idx(os.path.join(data_dir, "train-labels-idx1-ubyte"))
     norm = spec.get("data", {}).get("normalize", {"mean": 0.0, "std": 1.0})
     # src/io/idx.c: (v / 255 - mean) / std in double, then the model's dtype.
     lut = (np.arange(256, dtype=np.float64) / 255.0 - norm["mean"]) / norm["std"]
     B = spec["batch_size"]
     xb = lut[x[step * B:(step + 1) * B]].reshape([B] + list(spec["input"]["shape"]))
     return torch.from_numpy(xb).to(dtype), torch.from_numpy(y[step * B:(step + 1) * B].astype(np.int64))
+
+
+def idx_head(data_dir, out_dir, n_train, n_test):
+    """The first n_train training and n_test test samples of an IDX directory, written
+    uncompressed to out_dir: all that STEPS batches without shuffling read. distdl-train
+    then skips decompressing 60,000 images at every start (about half of a 1-rank
+    --max-steps 0 run)."""
+    os.makedirs(out_dir)
+    for split, n in (("train", n_train), ("t10k", n_test)):
+        for kind in ("images-idx3", "labels-idx1"):
+            d = read_idx(os.path.join(data_dir, f"{split}-{kind}-ubyte.gz"))
+            head = bytes([0, 0, 0x08, d.ndim]) + b"".join(int(k).to_bytes(4, "big") for k in
+                                                          (n,) + d.shape[1:])
+            with open(os.path.join(out_dir, f"{split}-{kind}-ubyte"), "wb") as f:
+                f.write(head + d[:n].tobytes())
+    return out_dir
 
 
 def make_optimizer(o, params):
@@ -303,6 +338,14 @@ def scheduled_lr(o, t):
         tt = min(t, s["t_max"])
         return eta + (lr - eta) * 0.5 * (1.0 + math.cos(math.pi * tt / s["t_max"]))
     return lr
+
+
+def torch_key(spec):
+    """What a PyTorch run of the spec depends on besides its initial state and data: the
+    graph's signature and every top-level field except the placement of the pieces."""
+    rest = {k: v for k, v in spec.items() if k not in ("name", "world_size", "partitions", "layers")}
+    rest["input"] = {k: v for k, v in spec["input"].items() if k != "partition"}
+    return json.dumps([SpecNet(spec).signature, rest], sort_keys=True)
 
 
 def torch_run(spec, state, data_dir, t0, steps):
@@ -385,24 +428,42 @@ def read_checkpoint(step_dir):
     return out
 
 
-def engine_run(mpi, bin_dir, data_dir, spec_path, np_, tmp, tag, checkpoints):
-    def train(*args):
-        cmd = mpi + ["-np", str(np_), os.path.join(bin_dir, "distdl-train"), "--model", spec_path,
-                     "--data", data_dir, "--no-eval"] + list(args)
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-        if r.returncode != 0:
-            raise SystemExit(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
-        return r.stdout
+def train(mpi, bin_dir, data_dir, spec_path, np_, *args):
+    """distdl-train on np_ ranks with --no-eval and args; returns its stdout."""
+    cmd = mpi + ["-np", str(np_), os.path.join(bin_dir, "distdl-train"), "--model", spec_path,
+                 "--data", data_dir, "--no-eval"] + list(args)
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if r.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stdout}\n{r.stderr}")
+    return r.stdout
+
+
+def engine_init(mpi, bin_dir, data_dir, spec_path, tmp, tag):
+    """The engine's initial global weights of a spec (1 rank, --max-steps 0 --export)."""
     init = os.path.join(tmp, tag + "-init.safetensors")
+    train(mpi, bin_dir, data_dir, spec_path, 1, "--max-steps", "0", "--export", init)
+    return safetensors_tool.load(init)
+
+
+def engine_run(mpi, bin_dir, data_dir, spec_path, np_, tmp, tag, init, checkpoints):
+    """STEPS steps of distdl-train on np_ ranks from the weights `init` (every tensor, cast
+    to the spec's dtype, imported from a .npy directory). Returns the losses, the states
+    (the imported one, then with checkpoints the one after every step) and the export."""
+    dt = np.float64 if tag.endswith("f64") else np.float32
+    start = {n: np.ascontiguousarray(t, dtype=dt) for n, t in init.items()}
+    npy = os.path.join(tmp, tag + "-init")
+    os.makedirs(npy)
+    for n, t in start.items():
+        np.save(os.path.join(npy, n + ".npy"), t)
     final = os.path.join(tmp, tag + "-final.safetensors")
     ck = os.path.join(tmp, tag + "-ck")
-    train("--max-steps", "0", "--export", init)
     extra = ["--checkpoint-dir", ck, "--checkpoint-every", "1"] if checkpoints else []
-    out = train("--max-steps", str(STEPS), "--print-steps", "--export", final, *extra)
+    out = train(mpi, bin_dir, data_dir, spec_path, np_, "--import", npy, "--max-steps",
+                str(STEPS), "--print-steps", "--export", final, *extra)
     losses = [float(l.split()[3]) for l in out.splitlines() if l.startswith("step ")]
     if len(losses) != STEPS:
         raise SystemExit(f"{tag}: expected {STEPS} step lines, got:\n{out}")
-    states = [safetensors_tool.load(init)]
+    states = [start]
     if checkpoints:
         states += [read_checkpoint(os.path.join(ck, f"step-{s:09d}")) for s in range(1, STEPS + 1)]
     return losses, states, safetensors_tool.load(final)
@@ -467,53 +528,83 @@ def main(argv):
         fams = [f for f in fams if f[0] != "unet3d-poisson"]
         print("unet3d-poisson: 3-D convolutions only, the same path as the default run; "
               "not run again")
+    free_f32 = os.environ.get("TORCH_NETWORKS_FREE_F32") == "1"
     failed, runs, worst = 0, 0, {}
     # Checkpoints after every step: on tmpfs when there is one, their fsyncs cost nothing.
     shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
     with tempfile.TemporaryDirectory(dir=shm, prefix="torch_networks.") as tmp:
+        # The batches the runs read: the first STEPS batches of the training split.
+        idx_data = idx_head(data_dir, os.path.join(tmp, "fashion-mnist"), STEPS * BATCH, BATCH)
         poisson = None
+
+        def run_spec(fam, np_, dt):
+            """The spec of one run (a file in tmp) and the data the engine and PyTorch read."""
+            nonlocal poisson
+            e_data = t_data = idx_data
+            if fam == "unet3d-poisson":
+                shipped, _, poisson = poisson_setup(spec_dir, np_, tmp, poisson)
+                e_data, t_data = poisson
+            else:
+                with open(os.path.join(spec_dir, f"{fam}-{np_}.json")) as f:
+                    shipped = json.load(f)
+            spec = json.loads(json.dumps(shipped))
+            spec["dtype"] = dt
+            spec["batch_size"] = POISSON_BATCH if fam == "unet3d-poisson" else BATCH
+            spec.setdefault("data", {})["shuffle"] = False
+            spec["optimizer"]["schedule"] = {"type": "cosine", "t_max": T_MAX}
+            if dt == "f64":
+                # No short-batch copies (nothing predicts under --no-eval): building them is
+                # half of a 4-rank ResNet's start. The f32 runs keep them, as shipped, so
+                # training beside them is still judged on every spec.
+                spec["inference_batches"] = []
+            path = os.path.join(tmp, f"{fam}-{np_}-{dt}.json")
+            with open(path, "w") as f:
+                json.dump(spec, f, indent=1)
+            return spec, path, e_data, t_data
+
         for fam, nps in fams:
+            # One set of initial weights per family, the engine's own (1 rank, f64): every
+            # run of the family, any ranks and dtype, imports it (cast to its dtype) and
+            # PyTorch starts from the same tensors.
+            _, path, e_data, _ = run_spec(fam, 1, "f64")
+            init = engine_init(mpi, bin_dir, e_data, path, tmp, fam)
+            trajectories = {}
             for np_ in nps:
-                run_data, dts = data_dir, ("f64", "f32")
-                if fam == "unet3d-poisson":
-                    shipped, run_data, poisson = poisson_setup(spec_dir, np_, tmp, poisson)
-                    dts = ("f64",)
-                else:
-                    with open(os.path.join(spec_dir, f"{fam}-{np_}.json")) as f:
-                        shipped = json.load(f)
-                for dt in dts:
+                for dt in ("f64",) if fam == "unet3d-poisson" else ("f64", "f32"):
                     t0 = time.time()
-                    spec = json.loads(json.dumps(shipped))
-                    spec["dtype"] = dt
-                    spec["batch_size"] = POISSON_BATCH if fam == "unet3d-poisson" else BATCH
-                    spec.setdefault("data", {})["shuffle"] = False
-                    spec["optimizer"]["schedule"] = {"type": "cosine", "t_max": T_MAX}
+                    spec, path, e_data, t_data = run_spec(fam, np_, dt)
                     tag = f"{fam}-{np_}-{dt}"
-                    path = os.path.join(tmp, tag + ".json")
-                    with open(path, "w") as f:
-                        json.dump(spec, f, indent=1)
-                    e_path = run_data if isinstance(run_data, str) else poisson[0]
-                    e_loss, e_states, e_final = engine_run(mpi, bin_dir, e_path, path, np_, tmp,
-                                                           tag, dt == "f32")
-                    # The whole trajectory from the same initial weights.
-                    t_data = run_data if isinstance(run_data, str) else poisson[1]
-                    t_loss, t_final = torch_run(spec, e_states[0], t_data, 0, STEPS)
-                    dl = max(abs(a - b) / abs(b) for a, b in zip(e_loss, t_loss))
-                    dw, wname = worst_tensor(e_final, t_final)
+                    e_loss, e_states, e_final = engine_run(mpi, bin_dir, e_data, path, np_, tmp,
+                                                           tag, init, dt == "f32")
                     w = worst.setdefault(dt, {})
-                    w["traj_loss"] = max(w.get("traj_loss", 0), dl)
-                    w["traj_w"] = max(w.get("traj_w", 0), dw)
                     msgs = []
+                    if dt == "f64" or free_f32:
+                        # The whole trajectory from the same initial weights: one PyTorch run
+                        # for the family's 1- and 4-rank specs when they differ only in where
+                        # the pieces live (same graph, init, data; torch_key).
+                        key = torch_key(spec)
+                        if key not in trajectories:
+                            trajectories[key] = torch_run(spec, e_states[0], t_data, 0, STEPS)
+                        t_loss, t_final = trajectories[key]
+                        dl = max(abs(a - b) / abs(b) for a, b in zip(e_loss, t_loss))
+                        dw, wname = worst_tensor(e_final, t_final)
+                        w["traj_loss"] = max(w.get("traj_loss", 0), dl)
+                        w["traj_w"] = max(w.get("traj_w", 0), dw)
+                        judged = "" if dt == "f64" else ", not judged"
+                        msgs.append(f"max rel diff over {STEPS} steps: loss {dl:.2e}, final "
+                                    f"weights {dw:.2e} ({wname}{judged})")
                     if dt == "f64":
                         ok = dl <= TOL["f64"]["loss"] and dw <= TOL["f64"]["weights"]
                     else:
                         # f32: each step from the engine's own state after the previous
                         # one (its checkpoints), so rounding cannot compound (see the
-                        # module docstring); the free trajectory is printed, not judged.
+                        # module docstring); the free trajectory is not judged.
                         sl = sm = sn = 0.0
                         sname = ""
+                        t_loss = []
                         for s in range(STEPS):
-                            l1, st1 = torch_run(spec, e_states[s], run_data, s, 1)
+                            l1, st1 = torch_run(spec, e_states[s], t_data, s, 1)
+                            t_loss += l1
                             sl = max(sl, abs(e_loss[s] - l1[0]) / abs(l1[0]))
                             sm = max(sm, model_nrel(e_states[s + 1], st1))
                             d, n = worst_tensor(e_states[s + 1], st1, nrel)
@@ -528,18 +619,16 @@ def main(argv):
                         ok = sl <= tol["loss"] and sm <= tol["weights"]
                     failed += not ok
                     runs += 1
-                    judged = "" if dt == "f64" else ", not judged"
-                    print(f"{'ok  ' if ok else 'FAIL'} {tag:15s} {len(t_final):3d} tensors  loss "
-                          f"{t_loss[0]:.5f} -> {t_loss[-1]:.5f}  max rel diff over {STEPS} steps: "
-                          f"loss {dl:.2e}, final weights {dw:.2e} ({wname}{judged})  "
-                          f"{'; '.join(msgs)}  {time.time() - t0:.1f} s", flush=True)
+                    print(f"{'ok  ' if ok else 'FAIL'} {tag:15s} {len(e_final):3d} tensors  loss "
+                          f"{t_loss[0]:.5f} -> {t_loss[-1]:.5f}  {'; '.join(msgs)}  "
+                          f"{time.time() - t0:.1f} s", flush=True)
                     if not ok:
                         for s, (a, b) in enumerate(zip(e_loss, t_loss), 1):
                             print(f"    step {s:2d} engine {a:.17g} torch {b:.17g} "
                                   f"rel {abs(a - b) / abs(b):.2e}")
     for dt, w in worst.items():
         print(f"{dt}: largest relative differences to PyTorch (traj: free {STEPS}-step run; step: "
-              f"one step from the engine's state): " +
+              f"one step from the engine's state, PyTorch's loss of it): " +
               ", ".join(f"{k} {v:.2e}" for k, v in w.items()))
     print(f"{'FAILED' if failed else 'passed'}: {failed} of {runs} runs differ")
     return 1 if failed else 0

@@ -10,7 +10,8 @@
 #     weights only as a whole: in f32 a ReLU input can lie within rounding of zero on one
 #     partitioning and not on another, which routes a gradient differently (measured: resnet,
 #     one such input on 1 rank and not on 4 in the first step, 7.6e-6 over the weights, 4e-3
-#     in one tensor), and a few steps later the f32 runs of these batch-norm networks have
+#     in one tensor; on the 2048-image subset with OPENBLAS_CORETYPE=Haswell, AMD EPYC,
+#     3.7e-5 and 1.4e-2 between 1 and 2 ranks, 4e-8 under SkylakeX), and a few steps later the f32 runs of these batch-norm networks have
 #     parted (see tests/integration/torch_networks.py); the f64 runs above show that this is
 #     rounding, not a difference in what is computed;
 #  3. a checkpoint written on 4 ranks at step 3 resumes on 1 rank, and steps 4..6 there give

@@ -700,11 +700,32 @@ static bool param_bool(json_t *params, const char *key, bool *out, char *err, si
     return true;
 }
 
-// Input i's data from its span of the JSON text (the tree holds 0 there), read as type t:
-// into fl, as flatten would have put it. false: declined (the caller takes the tree path).
-static bool span_data(struct flat *fl, const char *jtext, ddl_fmt_jspan span, ddl_fmt_jtype t)
+// The element count an input's shape declares; 0 when a dimension is negative or the
+// product overflows (the count is then taken from the data).
+static size_t shape_count(const Inference__ModelInferRequest__InferInputTensor *in)
 {
-    size_t cap = ddl_fmt_jdata_count(jtext, span);
+    size_t n = 1;
+    for (size_t k = 0; k < in->n_shape; k++) {
+        if (in->shape[k] < 0 || (in->shape[k] > 0 && n > SIZE_MAX / (size_t)in->shape[k])) {
+            return 0;
+        }
+        n *= (size_t)in->shape[k];
+    }
+    return n;
+}
+
+// Input i's data from its span of the JSON text (the tree holds 0 there), read as type t:
+// into fl, as flatten would have put it. want: the element count its shape declares (0:
+// none usable). A buffer of that size is read into at once; only when the shape promises
+// more numbers than the span could hold does a counting pass size it first. More numbers
+// than the shape declares, or a bad one: false, declined (the caller takes the tree path,
+// which names the mistake).
+static bool span_data(struct flat *fl, const char *jtext, ddl_fmt_jspan span, ddl_fmt_jtype t,
+                      size_t want)
+{
+    // Each number takes a character at least and a separator after all but the last one.
+    size_t fits = (span.end - span.begin + 1) / 2;
+    size_t cap  = want > 0 && want <= fits ? want : ddl_fmt_jdata_count(jtext, span);
     fl->v      = ddl_malloc((cap > 0 ? cap : 1) * fl->es);
     if (fl->v == NULL) {
         return false; // the tree path reports the shortage
@@ -835,7 +856,7 @@ static ProtobufCMessage *build_infer(struct req *r, json_t *root, size_t jlen,
         struct flat fl = {.dt = in[i].datatype, .es = es};
         bool        ok;
         if (spans != NULL && spans[i].end > spans[i].begin) {
-            ok       = has_jt && span_data(&fl, jtext, spans[i], jt);
+            ok       = has_jt && span_data(&fl, jtext, spans[i], jt, shape_count(&in[i]));
             owned[i] = fl.v;
             if (!ok) { // declined: the tree path reads it
                 nin++;

@@ -225,6 +225,9 @@ def sc_kserve(h):
     expect(f.post(infer, with_input(shape=[1, 1, 28, 27], data=[0.5] * 756)), 400, "wrong shape",
            "shape")
     expect(f.post(infer, with_input(data=[0.5] * 100)), 400, "too little data", "bytes")
+    # One number more than the shape declares: the span reader, sized by the shape, declines
+    # and the tree path names the count.
+    expect(f.post(infer, with_input(data=[0.5] * (SAMPLE + 1))), 400, "too much data", "bytes")
     bad = [0.5] * SAMPLE
     bad[5] = "x"
     expect(f.post(infer, with_input(data=bad)), 400, "a string in data", "data[5]")

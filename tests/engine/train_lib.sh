@@ -42,20 +42,7 @@ trap 'rm -rf "$tmp"' EXIT
 # fm_subset SRC DST NTRAIN NTEST: the first NTRAIN training and NTEST test images and
 # labels of the IDX directory SRC (files .gz or not), as uncompressed IDX files in DST.
 fm_subset() {
-    mkdir -p "$2"
-    $py - "$@" <<'EOF'
-import gzip, os, struct, sys
-src, dst, ntrain, ntest = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-for split, n in (("train", ntrain), ("t10k", ntest)):
-    for name, head, rec in (("images-idx3-ubyte", 16, 784), ("labels-idx1-ubyte", 8, 1)):
-        path = "%s/%s-%s" % (src, split, name)
-        f = gzip.open(path + ".gz") if os.path.exists(path + ".gz") else open(path, "rb")
-        data = f.read(head + n * rec)
-        (have,) = struct.unpack(">I", data[4:8])
-        assert have >= n and len(data) == head + n * rec, (path, have, n)
-        with open("%s/%s-%s" % (dst, split, name), "wb") as out:
-            out.write(data[:4] + struct.pack(">I", n) + data[8:])
-EOF
+    $py "$(dirname "${BASH_SOURCE[0]}")/../support/idx_subset.py" "$@"
 }
 if [ -n "$data" ]; then
     fm_subset "$data" "$tmp/fm" 2048 256

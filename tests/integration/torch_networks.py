@@ -67,6 +67,8 @@ except ImportError:
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "engine"))
 import safetensors_tool  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "support"))
+from idx_subset import idx_subset  # noqa: E402
 
 STEPS = 10
 BATCH = 16
@@ -300,22 +302,6 @@ def batch(data_dir, spec, dtype, step):
     return torch.from_numpy(xb).to(dtype), torch.from_numpy(y[step * B:(step + 1) * B].astype(np.int64))
 
 
-def idx_head(data_dir, out_dir, n_train, n_test):
-    """The first n_train training and n_test test samples of an IDX directory, written
-    uncompressed to out_dir: all that STEPS batches without shuffling read. distdl-train
-    then skips decompressing 60,000 images at every start (about half of a 1-rank
-    --max-steps 0 run)."""
-    os.makedirs(out_dir)
-    for split, n in (("train", n_train), ("t10k", n_test)):
-        for kind in ("images-idx3", "labels-idx1"):
-            d = read_idx(os.path.join(data_dir, f"{split}-{kind}-ubyte.gz"))
-            head = bytes([0, 0, 0x08, d.ndim]) + b"".join(int(k).to_bytes(4, "big") for k in
-                                                          (n,) + d.shape[1:])
-            with open(os.path.join(out_dir, f"{split}-{kind}-ubyte"), "wb") as f:
-                f.write(head + d[:n].tobytes())
-    return out_dir
-
-
 def make_optimizer(o, params):
     kind = o["type"]
     wd = o.get("weight_decay", 0.01 if kind == "adamw" else 0.0)
@@ -534,7 +520,7 @@ def main(argv):
     shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
     with tempfile.TemporaryDirectory(dir=shm, prefix="torch_networks.") as tmp:
         # The batches the runs read: the first STEPS batches of the training split.
-        idx_data = idx_head(data_dir, os.path.join(tmp, "fashion-mnist"), STEPS * BATCH, BATCH)
+        idx_data = idx_subset(data_dir, os.path.join(tmp, "fashion-mnist"), STEPS * BATCH, BATCH)
         poisson = None
 
         def run_spec(fam, np_, dt):

@@ -1390,6 +1390,7 @@ static void on_train(ddld_dispatch *d, ddld_job *job)
     set_state("training");
     d->train_t0 = ddld_now();
     d->il_spent = 0;
+    ddld_metrics_train_begin();
     for (;;) {
         memset(&p, 0, sizeof p);
         p.tctx      = &t;

@@ -67,7 +67,8 @@ _Static_assert(NBUCKETS == 24, "batch_stats.delay_bucket has a slot per latency 
 // request's wait from its arrival to its command's start (the latency buckets).
 typedef struct batch_stats {
     uint64_t commands, requests, rows, interleaved;
-    double   interlude_s; // time the Trains lent to answers (interludes, first command to RESUME)
+    double   interlude_s;   // time the Trains lent to answers (interludes, first command to RESUME)
+    double   interlude_max; // the longest interlude of the latest Train
     uint64_t rows_bucket[NROWB]; // not cumulative
     uint64_t delay_bucket[24];   // NBUCKETS, not cumulative
     double   delay_sum;
@@ -304,6 +305,19 @@ void ddld_metrics_interlude(double seconds)
     }
     pthread_mutex_lock(&m.mu);
     m.batch.interlude_s += seconds;
+    if (seconds > m.batch.interlude_max) {
+        m.batch.interlude_max = seconds;
+    }
+    pthread_mutex_unlock(&m.mu);
+}
+
+void ddld_metrics_train_begin(void)
+{
+    if (!m.enabled) {
+        return;
+    }
+    pthread_mutex_lock(&m.mu);
+    m.batch.interlude_max = 0;
     pthread_mutex_unlock(&m.mu);
 }
 
@@ -654,6 +668,10 @@ static void render(FILE *f, const struct scrape *s)
            "Time Trains lent the ranks to inference at step boundaries (bounded by "
            "--serve-during-train-share).");
     fprintf(f, "distdl_inference_interlude_seconds_total %.9g\n", bs->interlude_s);
+    family(f, "distdl_inference_interlude_max_seconds", "gauge",
+           "The longest interlude of the latest Train (0 until one runs): the most by which "
+           "its interludes may exceed --serve-during-train-share.");
+    fprintf(f, "distdl_inference_interlude_max_seconds %.9g\n", bs->interlude_max);
     family(f, "distdl_inference_queue_delay_seconds", "histogram",
            "Time from an inference call's arrival to the start of the command that ran it.");
     cum = 0;

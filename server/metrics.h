@@ -92,6 +92,8 @@ void ddld_metrics_batch(int64_t rows, const double *delays, int n, bool interlea
                         double exec_s);
 // Rank 0, main thread: a Train lent the ranks to inference for `seconds` at a step boundary.
 void ddld_metrics_interlude(double seconds);
+// Rank 0, main thread: a Train begins (distdl_inference_interlude_max_seconds starts anew).
+void ddld_metrics_train_begin(void);
 void ddld_metrics_steps(int64_t steps, int64_t images, double images_per_s);
 // A durable checkpoint was written.
 void ddld_metrics_checkpoint(void);

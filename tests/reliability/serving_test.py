@@ -26,7 +26,8 @@ against a 2-rank distdld with LeNet-5, driven from Debian's python3-grpcio:
   trainshare --serve-during-train-share: bad values are refused (exit 2, naming the flag);
              with 4 clients predicting through a 200-step Train, every call is answered and
              the interludes (distdl_inference_interlude_seconds_total) take at most the
-             share of the Train's time, plus the last one, at shares 100 and 1.
+             share of the Train's time, plus the last one, at share 1, under a load that
+             takes more than that at share 100 (a light load is run again, 3 runs in all).
 
   serving_test.py --build B --source S --mpiexec M --mpi-flags F SCENARIO
 """
@@ -379,7 +380,9 @@ def predictors_during_train(f, n, steps, samples=1):
     m1 = f.metrics()
     if "err" in state:
         raise Failure("a Predict during the Train failed: " + state["err"])
-    return count[0], t_train, {k: m1[k] - m0.get(k, 0) for k in m1}
+    # Counters as their change; the gauge of the longest interlude as it is (the Train's).
+    return count[0], t_train, {k: m1[k] - (0 if k.endswith("_max_seconds") else m0.get(k, 0))
+                               for k in m1}
 
 
 def sc_trainsolo(h):
@@ -408,28 +411,47 @@ def sc_trainshare(h):
             raise Failure("--serve-during-train-share %r: expected exit 2 naming it, got %d:\n%s"
                           % (bad, r.returncode, (r.stdout + r.stderr)[-2000:]))
         print("  refused (exit 2): --serve-during-train-share %r" % bad, flush=True)
-    # The interludes take at most the share of the Train's time, plus the last one (the
-    # budget is checked before each; 30 ms of slack). 4 clients of 32 samples each keep
-    # share 100 busy (25-35 % of the Train here), far above share 1's bound, so a budget
-    # that did not hold would fail.
+    # The interludes take at most the share of the Train's time plus the last one (the
+    # budget is checked before each), so at most the share plus the longest, which the
+    # daemon reports (distdl_inference_interlude_max_seconds): an exact bound, whatever the
+    # host. 4 clients of 32 samples each keep share 100 well above share 1's bound, so a
+    # budget that did not hold would fail. That share-100 run is the precondition: its
+    # load, not the daemon, varies with how the host schedules the 4 Python callers beside
+    # two busy ranks (here 6-46 % of the Train: 69 to 820 calls), so a load under share 1's
+    # bound is taken again, 3 runs in all, as is a run at either share in which no call was
+    # answered between steps (two busy loops beside it starved the callers for a whole
+    # Train). A share 100 that served like share 1, or a daemon that held the calls to the
+    # Train's end, fails all 3; a budget exceeded fails at once.
     steps, bad, spent = 200, [], {}
+    runs = 3
     for share in [100, 1]:
-        f = Fixture(h, "share%d" % share, ["--serve-during-train-share", str(share)])
-        calls, t_train, dm = predictors_during_train(f, 4, steps, 32)
-        f.finish()
-        inter = int(dm.get("distdl_inference_interleaved_total", 0))
-        spent[share] = dm.get("distdl_inference_interlude_seconds_total", 0)
-        bound = 0.01 * t_train + 0.03
-        print("--serve-during-train-share %d: 4 predictors during a %d-step Train of %.0f ms: "
-              "%d calls, %d interleaved commands taking %.1f ms (%.1f %%; share 1's bound "
-              "%.1f ms)" % (share, steps, t_train * 1e3, calls, inter, spent[share] * 1e3,
-                            100 * spent[share] / t_train, bound * 1e3), flush=True)
-        if inter < 1 or spent[share] <= 0:
-            bad.append("share %d: no answer between steps (%d commands, %.1f ms)"
-                       % (share, inter, spent[share] * 1e3))
-        if share == 100 and spent[share] <= bound:
-            bad.append("share 100 spent %.1f ms, not above share 1's bound (%.1f ms): the "
-                       "load does not test the budget" % (spent[share] * 1e3, bound * 1e3))
+        for run in range(1, runs + 1):
+            f = Fixture(h, "share%d" % share, ["--serve-during-train-share", str(share)])
+            calls, t_train, dm = predictors_during_train(f, 4, steps, 32)
+            f.finish()
+            inter = int(dm.get("distdl_inference_interleaved_total", 0))
+            spent[share] = dm.get("distdl_inference_interlude_seconds_total", 0)
+            longest = dm.get("distdl_inference_interlude_max_seconds", 0)
+            bound = 0.01 * t_train + longest + 1e-4  # 0.1 ms for the metrics' rounding
+            print("--serve-during-train-share %d: 4 predictors during a %d-step Train of "
+                  "%.0f ms: %d calls, %d interleaved commands taking %.1f ms (%.1f %%, the "
+                  "longest %.1f ms; share 1's bound %.1f ms)"
+                  % (share, steps, t_train * 1e3, calls, inter, spent[share] * 1e3,
+                     100 * spent[share] / t_train, longest * 1e3, bound * 1e3), flush=True)
+            none = inter < 1 or spent[share] <= 0
+            light = share == 100 and spent[share] <= bound
+            if not (none or light) or run == runs:
+                break
+            print("  run %d: %s; again" % (run, "no call answered between steps" if none else
+                                            "the load stayed under share 1's bound"),
+                  flush=True)
+        if none:
+            bad.append("share %d: no answer between steps (%d commands, %.1f ms) in %d runs"
+                       % (share, inter, spent[share] * 1e3, runs))
+        elif light:
+            bad.append("share 100 spent %.1f ms, not above share 1's bound (%.1f ms) in %d "
+                       "runs: the load does not test the budget"
+                       % (spent[share] * 1e3, bound * 1e3, runs))
         if share == 1 and spent[share] > bound:
             bad.append("share 1: interludes took %.1f ms of a %.0f ms Train (bound %.1f ms)"
                        % (spent[share] * 1e3, t_train * 1e3, bound * 1e3))

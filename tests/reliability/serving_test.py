@@ -16,8 +16,10 @@ against a 2-rank distdld with LeNet-5, driven from Debian's python3-grpcio:
              default 5 % the count of answers depends on how fast a step is, and trainshare
              tests the budget), and
              the Train's 200 losses are bit for bit those of the same Train with no
-             predictions (the model re-created from its spec in between). An attempt in
-             which no Predict was answered between steps is taken again (3 in all).
+             predictions (the model re-created from its spec in between; every per-step
+             record delivered to both, and the final mean). An attempt in which the
+             predictor was starved (none interleaved, or under steps / 4 calls) is taken
+             again (3 in all).
   trainoff   --serve-during-train off: a Predict during a Train waits for the whole Train.
   trainsolo  --dynamic-batching off: calls answered at a Train's step boundaries still run one
              command each, with 4 clients predicting concurrently (share 100, 200 steps:
@@ -202,15 +204,21 @@ def sc_batching(h):
 
 
 def train_losses(f, steps):
+    """Runs a Train of `steps` steps; returns its per-step records as (done, loss) pairs and
+    the final record's (done, mean loss over every step). The daemon may drop a per-step
+    record when this reader falls behind (one send in flight, a ring of 16, then the newest
+    replaces the last: server/service.c), so the pairs can have gaps; the final record is
+    always sent."""
     call = f.raw.ch.unary_stream(TR + "Train")(
         f.tr.TrainRequest(steps=steps, progress_every=1).SerializeToString(), timeout=600)
-    losses, t_first = [], None
+    pairs, final = [], None
     for r in call:
         rec = f.tr.TrainProgress.FromString(r)
-        if not rec.finished:
-            losses.append(rec.loss)
-            t_first = t_first or time.perf_counter()
-    return losses
+        if rec.finished:
+            final = (rec.done, rec.loss)
+        else:
+            pairs.append((rec.done, rec.loss))
+    return pairs, final
 
 
 # The predictor of sc_train, run as `python3 -c PREDICTOR ADDRESS PATH`: reads the request
@@ -257,8 +265,9 @@ def recreate(f):
 def busy_train(f, x1, steps, quiet, t_quiet):
     """One Train of `steps` steps from the same start as the Train alone (its losses `quiet`,
     its seconds `t_quiet`), with a predictor process calling in a closed loop throughout.
-    Returns (failures, starved): starved when no Predict was answered between its steps
-    and nothing else failed."""
+    Returns (failures, starved): starved when the predictor was left without service that
+    the host, not the daemon, explains (no interleaved command, or fewer than one call per
+    4 steps during the Train) and nothing else failed."""
     bad = []
     recreate(f)
     train_losses(f, 1)
@@ -296,10 +305,21 @@ def busy_train(f, x1, steps, quiet, t_quiet):
              percentile(lat, 99) * 1e3, max(lat or [0]) * 1e3, inter), flush=True)
     if res.get("err"):
         bad.append("a Predict during the Train failed: " + res["err"])
-    if len(quiet) != steps or busy != quiet:
-        diff = [i for i in range(min(len(quiet), len(busy))) if quiet[i] != busy[i]]
-        bad.append("the losses differ with interleaved predictions (%d and %d records; first "
-                   "differing step %s)" % (len(quiet), len(busy), diff[:1]))
+    # The same losses bit for bit. Per-step records a slow reader missed (by design) are
+    # not compared; every delivered pair is, and so is the final record's mean over all the
+    # Train's steps, which a change at any step would move: together as strong as all 200.
+    (qp, qfin), (bp, bfin) = quiet, busy
+    qd, bd = dict(qp), dict(bp)
+    common = sorted(set(qd) & set(bd))
+    diff = [i for i in common if qd[i] != bd[i]]
+    order = [d for d, _ in bp] == sorted(set(d for d, _ in bp)) and set(bd) <= set(range(1, steps + 1))
+    if diff or bfin != qfin or qfin is None or qfin[0] != steps or not order:
+        bad.append("the losses differ with interleaved predictions (%d and %d of %d per-step "
+                   "records compared; first differing step %s; final %s vs %s alone; steps in "
+                   "order %s)" % (len(common), len(bp), steps, diff[:1], bfin, qfin, order))
+    elif len(common) < steps:
+        print("  %d of %d per-step records delivered to both runs (a slow reader misses some "
+              "by design); those and the final mean compared" % (len(common), steps), flush=True)
     # Answered between steps, not after the Train: many answers, the median within a few
     # steps, none as long as the Train. (Only these: a 2-core host with both ranks busy
     # leaves the caller unscheduled for up to ~0.1 s at times, so the slowest call measures
@@ -312,7 +332,12 @@ def busy_train(f, x1, steps, quiet, t_quiet):
                    % (len(lat), steps, p50 * 1e3, max(lat or [0]) * 1e3, t_quiet * 1e3))
     if inter < 1:
         bad.append("no interleaved command counted")
-    return bad, few and inter < 1 and len(bad) == 2
+    # A predictor process the host left unscheduled makes few calls, or none that meet a
+    # boundary (CI: none in a 0.5 s Train; a partial stall leaves some, under steps / 4).
+    # A daemon that holds calls to the Train's end shows the same signs in every attempt
+    # (one call during the Train, none interleaved), so it still fails.
+    starved = inter < 1 or len(lat) < steps / 4
+    return bad, starved and len(bad) == few + (inter < 1)
 
 
 def sc_train(h):
@@ -334,8 +359,8 @@ def sc_train(h):
     t0 = time.perf_counter()
     quiet = train_losses(f, steps)
     t_quiet = time.perf_counter() - t0
-    # An attempt in which no Predict was answered between steps (none
-    # interleaved, too few calls, nothing else wrong) is taken again, up to 3 in all. Seen
+    # An attempt in which the predictor was starved (none interleaved, or fewer calls than
+    # steps / 4, nothing else wrong) is taken again, up to 3 in all. Seen
     # once on the 2-core CI host: no call started and none was counted in a 0.5 s Train,
     # while trainshare (4 clients) passed there right after; a predictor process left
     # unscheduled measures the host, not the boundaries. A daemon that holds calls to the
@@ -344,7 +369,7 @@ def sc_train(h):
         bad, starved = busy_train(f, x1, steps, quiet, t_quiet)
         if not starved or attempt == 3:
             break
-        print("attempt %d: no Predict answered between steps; again" % attempt,
+        print("attempt %d: the predictor was starved (%s); again" % (attempt, "; ".join(bad)),
               flush=True)
     f.finish()
     if bad:

@@ -413,17 +413,31 @@ def predictors_during_train(f, n, steps, samples=1):
 def sc_trainsolo(h):
     """--dynamic-batching off during a Train: 4 concurrent predictors, and every command
     answered at a step boundary still carries one call."""
-    f = Fixture(h, "trainsolo", ["--dynamic-batching", "off", "--serve-during-train-share", "100"])
-    _, _, dm = predictors_during_train(f, 4, 200)
-    f.finish()
-    cmds = dm["distdl_inference_batch_rows_count"]
-    calls = dm["distdl_inference_batch_requests_total"]
-    inter = dm.get("distdl_inference_interleaved_total", 0)
-    print("--dynamic-batching off, 4 predictors during a 200-step Train: %d calls in %d "
-          "commands, %d of them at step boundaries" % (calls, cmds, inter), flush=True)
-    if calls != cmds or inter < 2:
-        raise Failure("with --dynamic-batching off, %d calls ran in %d commands (%d interleaved)"
-                      % (calls, cmds, inter))
+    # calls == commands is exact and judged in every run. It needs at least 2 commands at
+    # step boundaries to mean anything (where calls could have met), and how many the 4
+    # Python callers get there depends on how the host schedules them beside two busy
+    # ranks: a run with fewer is taken again, 3 runs in all, as trainshare does. A daemon
+    # that joins calls fails the run it does it in; one that never answers between steps
+    # fails all 3.
+    runs = 3
+    for run in range(1, runs + 1):
+        f = Fixture(h, "trainsolo", ["--dynamic-batching", "off",
+                                     "--serve-during-train-share", "100"])
+        _, _, dm = predictors_during_train(f, 4, 200)
+        f.finish()
+        cmds = dm["distdl_inference_batch_rows_count"]
+        calls = dm["distdl_inference_batch_requests_total"]
+        inter = dm.get("distdl_inference_interleaved_total", 0)
+        print("--dynamic-batching off, 4 predictors during a 200-step Train: %d calls in %d "
+              "commands, %d of them at step boundaries" % (calls, cmds, inter), flush=True)
+        if calls != cmds:
+            raise Failure("with --dynamic-batching off, %d calls ran in %d commands (%d "
+                          "interleaved)" % (calls, cmds, inter))
+        if inter >= 2:
+            return
+        print("  run %d: %d interleaved commands, under 2; again" % (run, inter), flush=True)
+    raise Failure("with --dynamic-batching off, %d interleaved commands in each of %d runs"
+                  % (inter, runs))
 
 
 def sc_trainshare(h):

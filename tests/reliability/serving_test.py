@@ -499,29 +499,67 @@ def sc_trainshare(h):
 
 
 def sc_trainoff(h):
+    """--serve-during-train off: a Predict sent during a Train waits for the Train's end.
+    Judged on the daemon's side, not by two client threads' clocks (which a loaded host
+    skews by tens of ms): with the Predict in its hands (active_calls), the daemon runs 300
+    more steps (its own step count) without answering it and without an interleaved command
+    (/metrics, exact); the Train is then cancelled and the Predict answered."""
     f = Fixture(h, "trainoff", ["--serve-during-train", "off"])
     rnd = random.Random(9)
     x1 = f.predict_req([rnd.uniform(-1, 1) for _ in range(SAMPLE)])
     train_losses(f, 1)
-    res = {}
+    m0 = f.metrics()
+    # A Train far longer than the test (cancelled below), so that the Predict cannot miss it.
+    train = f.raw.ch.unary_stream(TR + "Train")(
+        f.tr.TrainRequest(steps=1000000, progress_every=1000).SerializeToString(), timeout=600)
+    end = {}
 
-    def trainer():
-        t0 = time.perf_counter()
-        train_losses(f, 300)
-        res["train"] = time.perf_counter()
-        res["t0"] = t0
-    th = threading.Thread(target=trainer)
+    def drain():
+        try:
+            for _ in train:
+                pass
+            end["code"] = SC.OK
+        except grpc.RpcError as e:
+            end["code"] = e.code()
+    th = threading.Thread(target=drain)
     th.start()
-    wait_for(lambda: f.status().state == "training", 30, 0.01)
-    code, details, _ = f.call("p", x1, timeout=120)
+    try:
+        if not wait_for(lambda: f.status().state == "training", 60, 0.01):
+            raise Failure("the Train did not start within 60 s")
+        base = f.status().active_calls  # the Train
+        t_sent = time.perf_counter()
+        fut = f.raw.ch.unary_unary(TR + "Predict").future(x1, timeout=300)
+        # 60 s and 120 s are hang detectors only.
+        if not wait_for(lambda: f.status().active_calls > base, 60, 0.005):
+            raise Failure("the Predict did not reach the daemon within 60 s")
+        s0 = f.status()
+        if not wait_for(lambda: f.status().step >= s0.step + 300, 120, 0.01):
+            raise Failure("the Train did not run 300 steps in 120 s")
+        s1 = f.status()
+        held = not fut.done()
+        m1 = f.metrics()
+    finally:
+        t_cancel = time.perf_counter()
+        train.cancel()
+        th.join(120)
+    try:
+        fut.result(timeout=120)
+        code = SC.OK
+    except grpc.RpcError as e:
+        code = e.code()
     t_ans = time.perf_counter()
-    th.join(120)
-    print("--serve-during-train off: the Predict (%s) answered %.1f ms after the Train ended "
-          "(Train %.0f ms)" % (code.name, (t_ans - res["train"]) * 1e3,
-                               (res["train"] - res["t0"]) * 1e3), flush=True)
+    inter = (m1.get("distdl_inference_interleaved_total", 0) -
+             m0.get("distdl_inference_interleaved_total", 0))
+    print("--serve-during-train off: the Predict, in the daemon's hands from step %d, still "
+          "unanswered at step %d (%s, %d interleaved commands); answered (%s) %.1f ms after "
+          "the Train's cancel, %.0f ms after it was sent; the Train ended %s"
+          % (s0.step, s1.step, "held" if held else "ANSWERED", inter, code.name,
+             (t_ans - t_cancel) * 1e3, (t_ans - t_sent) * 1e3, end.get("code")), flush=True)
     f.finish()
-    if code != SC.OK or t_ans < res["train"] - 0.05:
-        raise Failure("with --serve-during-train off the Predict came back before the Train ended")
+    if code != SC.OK or not held or inter != 0 or s1.state != "training":
+        raise Failure("with --serve-during-train off the Predict was answered during the Train "
+                      "(held %s, %d interleaved commands, %s, state %s)"
+                      % (held, inter, code.name, s1.state))
 
 
 if __name__ == "__main__":

@@ -1224,9 +1224,11 @@ static int scenario_lifecycle(ddl_client_t *c)
 // ---- training ------------------------------------------------------------------------
 
 typedef struct loss_log {
-    double loss[4096];
-    int    n;
-    int    finished;
+    double  loss[4096];
+    int     n;
+    int     finished;
+    int64_t last_step; // of the last per-step record
+    int     disorder;  // a per-step record whose step did not increase
 } loss_log;
 
 static int log_cb(const ddl_client_progress *p, void *ud)
@@ -1234,6 +1236,10 @@ static int log_cb(const ddl_client_progress *p, void *ud)
     loss_log *l = ud;
     if (!p->epoch_end && l->n < 4096)
         l->loss[l->n++] = p->loss;
+    if (!p->finished) {
+        l->disorder |= l->last_step != 0 && p->step <= l->last_step;
+        l->last_step = p->step;
+    }
     l->finished |= p->finished;
     return 0;
 }
@@ -1255,7 +1261,13 @@ static int scenario_train(ddl_client_t *c, int64_t steps)
     MUST(ddl_client_train(c, &tr, log_cb, l, &last));
     CHECK(l->finished && last.finished, "no final record");
     CHECK(last.step == s0.step + steps, "final step %lld", (long long)last.step);
-    CHECK(l->n >= steps, "%d records for %lld steps", l->n, (long long)steps);
+    // Not every step's record: the daemon drops older ones when this reader falls behind (one
+    // send in flight, then a ring of 16 whose newest entry is replaced, server/service.c), so
+    // a loaded host decides how many arrive. Those that do are in step order, and a drop
+    // means the ring was full, whose 16 then all arrive: at least 16 for the loss trend.
+    CHECK(!l->disorder && l->n >= 16 && l->last_step <= last.step,
+          "%d records for %lld steps (steps in order: %s)", l->n, (long long)steps,
+          l->disorder ? "no" : "yes");
     int    k = l->n / 5;
     double a = 0, b = 0;
     for (int i = 0; i < k; i++) {

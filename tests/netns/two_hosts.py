@@ -174,8 +174,15 @@ def client(h, d, ns, verb, steps=0, pull=None):
     losses = [(r["step"], repr(r["loss"])) for r in recs if r.get("event") == "progress"]
     ev = call("eval")[-1]
     call("pull", "--output", pull)
-    if len(losses) != steps or ev.get("event") != "eval":
-        raise Failure("train: expected %d progress records and an eval result" % steps)
+    # Not necessarily one record per step: the daemon drops older records when the client
+    # falls behind (one send in flight, then a ring of 16 whose newest entry is replaced,
+    # server/service.c), which a loaded host decides. Those that arrive are in step order,
+    # within the Train, and at least 16 (a drop means the ring was full, and all 16 arrive).
+    st = [s for s, _ in losses]
+    if (len(st) < min(steps, 16) or st != sorted(set(st)) or (st and st[-1] - st[0] >= steps)
+            or ev.get("event") != "eval"):
+        raise Failure("train: expected up to %d progress records in step order and an eval "
+                      "result, got steps %s" % (steps, st))
     return {"losses": losses, "accuracy": float(ev["accuracy"])}
 
 
@@ -395,9 +402,12 @@ def two_hosts(h, np):
     client(h, ref, None, "shutdown")
     ref.wait_exit()
     for i in range(len(parts)):
-        for a, b in zip(runs[i]["losses"], ref_runs[i]["losses"]):
-            if a != b:
-                raise Failure("step %d: loss %s on two hosts, %s on one" % (a[0], a[1], b[1]))
+        # By step: the records each run delivered (the pulled weights below cover every step).
+        ref_by_step = dict(ref_runs[i]["losses"])
+        for st, loss in runs[i]["losses"]:
+            if st in ref_by_step and loss != ref_by_step[st]:
+                raise Failure("step %d: loss %s on two hosts, %s on one" % (st, loss,
+                                                                          ref_by_step[st]))
         if runs[i]["accuracy"] != ref_runs[i]["accuracy"]:
             raise Failure("test accuracy %.4f on two hosts, %.4f on one" %
                           (runs[i]["accuracy"], ref_runs[i]["accuracy"]))

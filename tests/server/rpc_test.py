@@ -288,17 +288,41 @@ def main():
         pid0 = int(re.search(r"listening on \S+ \(pid (\d+)\)", open(log_path).read()).group(1))
         # m2 replaced the daemon's first model: it checkpoints into models/m2.
         mine = os.path.join(ckpt, "models", "m2")
+        # The Train is far longer than the test: a 30-step one could end before its 3rd
+        # record reached a starved client, and the signal then tested nothing. Once the
+        # checkpoint is on disk the stream must still go on (one more record), then it is
+        # cancelled; a daemon that ignores SIGUSR1 writes none within 60 s (a hang detector).
         before = set(os.listdir(mine))
-        recs = []
-        for r in c.server_stream("/distdl.v1.Trainer/Train", tr.TrainRequest(steps=30),
-                                 tr.TrainProgress):
-            recs.append(r)
-            if len(recs) == 3:
-                os.kill(pid0, signal.SIGUSR1)
-        assert [r.done for r in recs[:-1]] == list(range(1, 31)), [r.done for r in recs]
-        assert all(r.total == 30 for r in recs), [r.total for r in recs]
-        assert recs[-1].finished and recs[-1].done == 30, recs[-1]
-        assert len(set(os.listdir(mine)) - before) >= 1, "no checkpoint after SIGUSR1"
+        recs, t_sig, after = [], None, None
+        it = c.server_stream("/distdl.v1.Trainer/Train",
+                             tr.TrainRequest(steps=100000, progress_every=5), tr.TrainProgress)
+        try:
+            for r in it:
+                recs.append(r)
+                if len(recs) == 3:
+                    os.kill(pid0, signal.SIGUSR1)
+                    t_sig = time.monotonic()
+                elif after is not None and r.done > after:
+                    break  # the same stream went on past the checkpoint
+                elif t_sig is not None and after is None and set(os.listdir(mine)) - before:
+                    after = r.done
+                if t_sig is not None and time.monotonic() - t_sig > 60:
+                    break
+        finally:
+            it.cancel()
+        print("  SIGUSR1 at record 3 (done %d): checkpoint seen at done %s, %.2f s later; "
+              "%d records" % (recs[2].done, after, time.monotonic() - t_sig, len(recs)))
+        dones = [r.done for r in recs]
+        # Records every 5 steps and at epoch ends, in order (a slow reader may miss some).
+        assert dones == sorted(set(dones)) and all(
+            r.done % 5 == 0 or r.epoch_end for r in recs), dones
+        assert all(r.total == 100000 and not r.finished for r in recs), recs[-1]
+        assert after is not None and dones[-1] > after, "no checkpoint after SIGUSR1"
+        st = c.status()
+        while st.state != "idle" and time.monotonic() - t_sig < 180:  # hang detector
+            time.sleep(0.05)
+            st = c.status()
+        assert st.state == "idle", st
         ev = c.trainer("Evaluate", tr.EvaluateRequest(), "EvaluateResponse")
         assert ev.count == 10000 and 0 <= ev.accuracy <= 1, ev
         ev = c.trainer("Evaluate", tr.EvaluateRequest(batch=batch(x[:7], y[:7])),

@@ -100,8 +100,12 @@ class Fixture:
 
     def stop_train(self):
         self.train_call.cancel()
-        self.train_thread.join(30)
-        ok = wait_for(lambda: self.status().state == "idle", 30)
+        # The waits on the daemon's completion-queue thread in this file are hang detectors
+        # of 120 s: beside a 1M-step Train on a loaded 2-core host that thread has been left
+        # unscheduled for seconds (cancel lags up to 14.6 s: tests/python/python_harness.py).
+        # The states they wait for stay exact.
+        self.train_thread.join(120)
+        ok = wait_for(lambda: self.status().state == "idle", 120)
         if not ok:
             raise Failure("the Train did not stop after its cancel")
         self.idle = True
@@ -134,7 +138,7 @@ def sc_deadline(h):
     # The server dropped both from its queue by itself (gRPC cancels the call at its
     # deadline; the daemon takes the job out of the queue at that moment).
     t0 = time.time()
-    dropped = wait_for(lambda: f.status().dropped_calls >= st0.dropped_calls + 2, 5, 0.02)
+    dropped = wait_for(lambda: f.status().dropped_calls >= st0.dropped_calls + 2, 120, 0.02)
     st1 = f.status()
     print("dropped_calls %d -> %d, request_queue_depth %d (%.0f ms after the deadlines)" %
           (st0.dropped_calls, st1.dropped_calls, st1.request_queue_depth, (time.time() - t0) * 1e3))
@@ -289,7 +293,7 @@ def sc_cancel(h):
               (rnd + 1, time.time() - t0, ", ".join("%s %d" % kv for kv in sorted(codes.items()))),
               flush=True)
         settled = wait_for(lambda: f.status().active_calls == 0 and
-                           f.status().request_queue_depth == 0, 20, 0.2)
+                           f.status().request_queue_depth == 0, 120, 0.2)
         st1 = f.status()
         time.sleep(1)
         rss1 = vm_rss_kb(f.pid)
@@ -452,11 +456,11 @@ def sc_httpcancel(h):
         gone.sendall(req)
         stays.sendall(req)
         if not wait_for(lambda: f.status().request_queue_depth == st0.request_queue_depth + 2,
-                        10):
+                        120):
             raise Failure("the two infer requests never waited in the queue: %s" % f.status())
         t0 = time.perf_counter()
         gone.close()
-        ok = wait_for(lambda: f.status().dropped_calls == st0.dropped_calls + 1, 5)
+        ok = wait_for(lambda: f.status().dropped_calls == st0.dropped_calls + 1, 120)
         dt = time.perf_counter() - t0
         st = f.status()
         if not ok or st.request_queue_depth != st0.request_queue_depth + 1 or \

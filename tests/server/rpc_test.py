@@ -369,7 +369,14 @@ def main():
                                   request_serializer=lambda m: m.SerializeToString(),
                                   response_deserializer=tr.StepResponse.FromString)
         futs = [step_f.future(tr.StepRequest(batch=batch()), timeout=120) for _ in range(6)]
-        time.sleep(0.5)
+        # Not a fixed sleep: the 6 calls reach the daemon through its completion-queue
+        # thread, which a loaded host starves (0.5 s was not always enough). 60 s is a hang
+        # detector; the state waited for is exact: 4 queued, 2 refused.
+        t_q = time.monotonic()
+        while time.monotonic() - t_q < 60 and not (
+                c.status().request_queue_depth == 4 and sum(f.done() for f in futs) == 2):
+            time.sleep(0.02)
+        print("  4 Steps queued and 2 refused after %.2f s" % (time.monotonic() - t_q))
         sd = c.trainer("Shutdown", tr.ShutdownRequest(checkpoint=True), "ShutdownResponse")
         codes = sorted(f.exception().code().name if f.exception() else "OK" for f in futs)
         print("  queued Steps ended:", codes)

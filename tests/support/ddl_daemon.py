@@ -53,6 +53,9 @@ class Daemon:
         if wrapper is None:
             wrapper = shlex.split(os.environ.get("DDL_DAEMON_WRAPPER", ""))
         wrapper = list(wrapper)
+        # A rank under a tool runs many times slower (valgrind memcheck: start-up and exit
+        # alike), so the default hang detectors below are 5 times as long under one.
+        self.slow = 5 if wrapper else 1
         cmd = list(prefix) + [h.mpiexec, "-np", str(np)] + flags + wrapper + [
             h.distdld, "--listen", listen, "--address-file", self.addr_file,
             "--data-root", FMNIST] + args
@@ -82,7 +85,9 @@ class Daemon:
             raise Failure("DDL_CONV_DIRECT=0, but the daemon's start-up line does not name the "
                           "im2col + GEMM convolutions")
 
-    def wait_address(self, timeout=90):
+    def wait_address(self, timeout=None):
+        if timeout is None:
+            timeout = 90 * self.slow
         end = time.time() + timeout
         while time.time() < end:
             if self.proc.poll() is not None:
@@ -131,7 +136,9 @@ class Daemon:
         with open(self.log_path) as f:
             return f.read()
 
-    def wait_exit(self, timeout=60):
+    def wait_exit(self, timeout=None):
+        if timeout is None:
+            timeout = 60 * self.slow
         try:
             rc = self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:

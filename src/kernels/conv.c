@@ -19,11 +19,14 @@
 // through a staging block. Along the innermost spatial dimension im2col copies contiguous runs
 // (memcpy when the stride is 1) and zero-fills the padding; col2im adds runs back.
 // 1x1 convolutions with stride 1 and no padding skip im2col (x is its own column matrix).
-// Direct path (kernels/conv_direct.h): 1-D/2-D convolutions with stride 1 run without
+// Direct path (kernels/conv_direct.h): 1-D/2-D/3-D convolutions with stride 1 run without
 // a column matrix or GEMM, in AVX2 or AVX-512 register tiles over the padded sample,
 // where the CPU has them: for C_in <= 8 at either width (LeNet: the im2col GEMMs there
 // have K = 25 or M = 6), for any C_in at AVX-512; see conv_plan_make and the figures in
-// docs/PERFORMANCE.md. The im2col path below stays the fallback (DDL_CONV_DIRECT=0).
+// docs/PERFORMANCE.md. 3-D samples use the same grid over the padded volume (see
+// cdir_setup); a sample whose direct workspace would exceed DDL_CDIR_MAX_SLOT (large
+// volumes) takes the im2col path. The im2col path below stays the fallback
+// (DDL_CONV_DIRECT=0).
 // Small 1-D/2-D samples with stride 1 use the "wide" layout instead of runs (see
 // conv_forward_wide): one padded copy of the sample, then one contiguous slice per column
 // row; the workspace then also holds that padded sample.
@@ -74,6 +77,7 @@ typedef struct conv_plan {
     // The "wide" layout (see conv_forward_wide), for small samples with stride 1:
     bool    wide;
     int64_t I2p;         // padded input row length
+    int64_t PL;          // elements per padded depth plane: I1p * I2p (3-D direct path)
     int64_t Ws;          // columns per sample: out[1] * I2p
     int64_t Pp;          // elements per padded channel plane, with its zero tail
     size_t  pad_bytes;   // one padded sample [C_in, Pp]
@@ -198,49 +202,62 @@ static ddl_status conv_plan_make(const char *who, ddl_dtype dt, const ddl_conv_g
     bool cdir_ok = g->C_in <= DDL_CDIR_MAX_CIN ||
                    (ddl_cdir_level() == 2 &&
                     (size_t)g->C_out * (size_t)P->Kc <= DDL_CDIR_MAX_ACC / DDL_CDIR_LANE_BYTES);
-    if (allow_cdir && cdir_ok && sp->out[0] == 1 && sp->k[0] == 1 &&
-        sp->p[0] == 0 && sp->s[1] == 1 && sp->s[2] == 1 &&
-        2 * (sp->k[2] - 1) * sp->d[2] <= I2p && ddl_cdir_enabled()) {
+    // 3-D: the grid spans out[0] planes of PL = I1p I2p positions; the rows past out[1] in
+    // each plane are garbage like the columns past out[2], so at most half of them may be.
+    const int64_t I0p = sp->in[0] + 2 * sp->p[0], PL = I1p * I2p;
+    if (allow_cdir && cdir_ok && sp->s[0] == 1 && sp->s[1] == 1 && sp->s[2] == 1 &&
+        2 * (sp->k[2] - 1) * sp->d[2] <= I2p &&
+        (sp->out[0] == 1 || 2 * (sp->k[1] - 1) * sp->d[1] <= I1p) && ddl_cdir_enabled()) {
         // Direct path: per sample, the padded planes xp and dxp [C_in, Pp], dy (or y) on
         // the wide grid with a zero margin in front [C_out, ldy], the dW mask [nj] and the
         // tap offsets. Pp leaves room for the last run of every tap and for dx's runs.
-        const int64_t A = DDL_CDIR_ALIGN, Ws = sp->out[1] * I2p;
-        P->cdir         = true;
-        P->I2p          = I2p;
-        P->Ws           = Ws;
-        P->nb           = 1;
-        P->cols         = Ws;
+        // Output position j = o0 PL + o1 I2p + o2 (o0 = 0 for 1-D and 2-D).
+        const int64_t A = DDL_CDIR_ALIGN, Ws = (sp->out[0] - 1) * PL + sp->out[1] * I2p;
         // The margin and the row stride are multiples of 16 elements, so that every row
         // of dyw starts on a 64-byte boundary (the workspace is DDL_ALIGN-aligned).
-        P->cd_M         = (sp->k[1] - 1) * sp->d[1] * I2p + (sp->k[2] - 1) * sp->d[2];
-        P->cd_M         = (P->cd_M + 15) / 16 * 16;
-        P->cd_nj        = (Ws + A - 1) / A * A;
-        P->cd_nq        = (I1p * I2p + A - 1) / A * A;
-        int64_t Pp      = I1p * I2p + (sp->k[2] - 1) * sp->d[2];
-        Pp              = Pp > P->cd_M + P->cd_nj ? Pp : P->cd_M + P->cd_nj;
-        Pp              = Pp > P->cd_nq ? Pp : P->cd_nq;
-        P->Pp           = Pp;
-        P->cd_ldy       = P->cd_M + (P->cd_nj > P->cd_nq ? P->cd_nj : P->cd_nq);
-        size_t planes   = ((size_t)g->C_in * (size_t)Pp * es + a - 1) / a * a;
-        size_t dyw      = ((size_t)g->C_out * (size_t)P->cd_ldy * es + a - 1) / a * a;
-        size_t mask     = ((size_t)P->cd_nj * es + a - 1) / a * a;
-        size_t offs     = ((size_t)(P->Kc + sp->kv) * sizeof(int64_t) + a - 1) / a * a;
-        size_t lanes    = (size_t)g->C_out * (size_t)P->Kc * DDL_CDIR_LANE_BYTES;
-        P->col_bytes    = 2 * planes + dyw + mask + offs + lanes;
-        // The direct dx gathers over every padded input position (nq) for every tap,
-        // against ov per tap for the forward: with unpadded small planes (LeNet's conv2:
-        // 224 against 100) that is over twice the work, and the scatter over the wide
-        // grid (nj = 160 per tap) wins (0.93 against 2.1 ms at AVX-512).
-        // With many input channels the scatter's tile (6 channels x 4 vectors, 24 FMAs per
-        // 4 loads and 6 broadcasts) also beats the gather's: 64->64 56x56 at AVX-512,
-        // 41 against 44 ms.
-        P->cd_dx_scatter = 2 * P->cd_nq > 3 * sp->ov || g->C_in >= 6;
-        return DDL_OK;
+        int64_t M = (sp->k[0] - 1) * sp->d[0] * PL + (sp->k[1] - 1) * sp->d[1] * I2p +
+                    (sp->k[2] - 1) * sp->d[2];
+        M          = (M + 15) / 16 * 16;
+        int64_t nj = (Ws + A - 1) / A * A, nq = (I0p * PL + A - 1) / A * A;
+        int64_t Pp     = I0p * PL + (sp->k[2] - 1) * sp->d[2];
+        Pp             = Pp > M + nj ? Pp : M + nj;
+        Pp             = Pp > nq ? Pp : nq;
+        int64_t ldy    = M + (nj > nq ? nj : nq);
+        size_t  planes = ((size_t)g->C_in * (size_t)Pp * es + a - 1) / a * a;
+        size_t  dyw    = ((size_t)g->C_out * (size_t)ldy * es + a - 1) / a * a;
+        size_t  mask   = ((size_t)nj * es + a - 1) / a * a;
+        size_t  offs   = ((size_t)(P->Kc + sp->kv) * sizeof(int64_t) + a - 1) / a * a;
+        size_t  lanes  = (size_t)g->C_out * (size_t)P->Kc * DDL_CDIR_LANE_BYTES;
+        size_t  slot   = 2 * planes + dyw + mask + offs + lanes;
+        if (slot <= DDL_CDIR_MAX_SLOT) {
+            P->cdir      = true;
+            P->I2p       = I2p;
+            P->PL        = PL;
+            P->Ws        = Ws;
+            P->nb        = 1;
+            P->cols      = Ws;
+            P->cd_M      = M;
+            P->cd_nj     = nj;
+            P->cd_nq     = nq;
+            P->Pp        = Pp;
+            P->cd_ldy    = ldy;
+            P->col_bytes = slot;
+            // The direct dx gathers over every padded input position (nq) for every tap,
+            // against ov per tap for the forward: with unpadded small planes (LeNet's conv2:
+            // 224 against 100) that is over twice the work, and the scatter over the wide
+            // grid (nj = 160 per tap) wins (0.93 against 2.1 ms at AVX-512).
+            // With many input channels the scatter's tile (6 channels x 4 vectors, 24 FMAs per
+            // 4 loads and 6 broadcasts) also beats the gather's: 64->64 56x56 at AVX-512,
+            // 41 against 44 ms.
+            P->cd_dx_scatter = 2 * P->cd_nq > 3 * sp->ov || g->C_in >= 6;
+            return DDL_OK;
+        }
     }
     if (sp->out[0] == 1 && sp->k[0] == 1 && sp->p[0] == 0 && sp->s[1] == 1 &&
         sp->s[2] == 1 && 2 * (sp->k[2] - 1) * sp->d[2] <= I2p && sp->out[1] * I2p <= target) {
         P->wide        = true;
         P->I2p         = I2p;
+        P->PL          = PL;
         P->Ws          = sp->out[1] * I2p;
         P->Pp          = I1p * I2p + (sp->k[2] - 1) * sp->d[2];
         P->nb          = target / P->Ws < g->N ? target / P->Ws : g->N;
@@ -775,13 +792,15 @@ static ddl_status conv_args(const char *who, ddl_dtype dt, const ddl_conv_geom *
 // the last slice stays inside it. The GEMMs grow by I2p / out[2] (1.14x and 1.4x for
 // LeNet), cheap next to what the runs cost.
 
-// xp [Ci, Pp] = x_n [Ci, in[1], in[2]] zero-padded.
+// xp [Ci, Pp] = x_n [Ci, in[0], in[1], in[2]] zero-padded (planes PL apart; in[0] = 1 and
+// p[0] = 0 for 1-D and 2-D).
 static void pad_sample(ddl_dtype dt, const conv_plan *P, int64_t Ci, char *xp, const char *xn)
 {
     const sp3    *sp = &P->sp;
     const size_t  es = dt_size(dt);
-    const int64_t I1 = sp->in[1], I2 = sp->in[2], p1 = sp->p[1], p2 = sp->p[2];
-    if (p1 == 0 && p2 == 0) {
+    const int64_t I0 = sp->in[0], I1 = sp->in[1], I2 = sp->in[2];
+    const int64_t p0 = sp->p[0], p1 = sp->p[1], p2 = sp->p[2];
+    if (p0 == 0 && p1 == 0 && p2 == 0) {
         const int64_t tail = P->Pp - sp->iv;
         for (int64_t ci = 0; ci < Ci; ci++) {
             char *dst = xp + (size_t)(ci * P->Pp) * es;
@@ -792,9 +811,12 @@ static void pad_sample(ddl_dtype dt, const conv_plan *P, int64_t Ci, char *xp, c
     }
     memset(xp, 0, (size_t)(Ci * P->Pp) * es);
     for (int64_t ci = 0; ci < Ci; ci++) {
-        for (int64_t i1 = 0; i1 < I1; i1++) {
-            copy_bytes(xp + (size_t)(ci * P->Pp + (i1 + p1) * P->I2p + p2) * es,
-                       xn + (size_t)(ci * sp->iv + i1 * I2) * es, (size_t)I2 * es);
+        for (int64_t i0 = 0; i0 < I0; i0++) {
+            for (int64_t i1 = 0; i1 < I1; i1++) {
+                copy_bytes(xp + (size_t)(ci * P->Pp + (i0 + p0) * P->PL + (i1 + p1) * P->I2p + p2) *
+                                    es,
+                           xn + (size_t)(ci * sp->iv + (i0 * I1 + i1) * I2) * es, (size_t)I2 * es);
+            }
         }
     }
 }
@@ -959,9 +981,11 @@ static void cdir_setup(ddl_dtype dt, const ddl_conv_geom *g, const conv_plan *P,
     d->koff       = d->toff + P->Kc;
     d->acc        = (char *)d->mask + mask +
              ((size_t)(P->Kc + sp->kv) * sizeof(int64_t) + a - 1) / a * a;
-    for (int64_t k1 = 0, kk = 0; k1 < sp->k[1]; k1++) {
-        for (int64_t k2 = 0; k2 < sp->k[2]; k2++, kk++) {
-            d->koff[kk] = k1 * sp->d[1] * P->I2p + k2 * sp->d[2];
+    for (int64_t k0 = 0, kk = 0; k0 < sp->k[0]; k0++) {
+        for (int64_t k1 = 0; k1 < sp->k[1]; k1++) {
+            for (int64_t k2 = 0; k2 < sp->k[2]; k2++, kk++) {
+                d->koff[kk] = k0 * sp->d[0] * P->PL + k1 * sp->d[1] * P->I2p + k2 * sp->d[2];
+            }
         }
     }
     for (int64_t ci = 0; ci < Ci; ci++) {
@@ -969,8 +993,10 @@ static void cdir_setup(ddl_dtype dt, const ddl_conv_geom *g, const conv_plan *P,
             d->toff[ci * sp->kv + kk] = ci * P->Pp + d->koff[kk];
         }
     }
+    // Valid: inside the grid, in one of the first out[1] rows of its plane (always so for
+    // 1-D and 2-D, where Ws <= PL) and of the first out[2] columns of its row.
     for (int64_t j = 0; with_mask && j < P->cd_nj; j++) {
-        bool valid = j < P->Ws && j % P->I2p < sp->out[2];
+        bool valid = j < P->Ws && j % P->PL / P->I2p < sp->out[1] && j % P->I2p < sp->out[2];
         memset(d->mask + (size_t)j * es, valid ? 0xff : 0, es);
     }
     d->c = (ddl_cdir){.Ci = Ci, .Co = Co, .Kc = P->Kc, .kv = sp->kv, .toff = d->toff,
@@ -983,7 +1009,7 @@ static ddl_status conv_forward_cdir(ddl_dtype dt, const ddl_conv_geom *g, const 
                                     char *ws, int64_t n_begin, int64_t n_end)
 {
     const int64_t Ci = g->C_in, Co = g->C_out, iv = P->sp.iv, ov = P->sp.ov;
-    const int64_t O1 = P->sp.out[1], O2 = P->sp.out[2];
+    const int64_t O0 = P->sp.out[0], O1 = P->sp.out[1], O2 = P->sp.out[2];
     const size_t  es = dt_size(dt);
     cdir_ws       d;
     cdir_setup(dt, g, P, ws, false, &d);
@@ -993,9 +1019,12 @@ static ddl_status conv_forward_cdir(ddl_dtype dt, const ddl_conv_geom *g, const 
         ddl_cdir_forward(dt, &d.c, yw, d.xp, w, b); // the bias starts each sum
         char *yn = elem(y, n * Co * ov, es);
         for (int64_t co = 0; co < Co; co++) {
-            for (int64_t o1 = 0; o1 < O1; o1++) {
-                copy_bytes(elem(yn, co * ov + o1 * O2, es),
-                           elem(yw, co * P->cd_ldy + o1 * P->I2p, es), (size_t)O2 * es);
+            for (int64_t o0 = 0; o0 < O0; o0++) {
+                for (int64_t o1 = 0; o1 < O1; o1++) {
+                    copy_bytes(elem(yn, co * ov + (o0 * O1 + o1) * O2, es),
+                               elem(yw, co * P->cd_ldy + o0 * P->PL + o1 * P->I2p, es),
+                               (size_t)O2 * es);
+                }
             }
         }
     }
@@ -1008,7 +1037,7 @@ static ddl_status conv_backward_cdir(ddl_dtype dt, const ddl_conv_geom *g, const
 {
     const sp3    *sp = &P->sp;
     const int64_t Ci = g->C_in, Co = g->C_out, iv = sp->iv, ov = sp->ov;
-    const int64_t O1 = sp->out[1], O2 = sp->out[2];
+    const int64_t O0 = sp->out[0], O1 = sp->out[1], O2 = sp->out[2];
     const size_t  es = dt_size(dt);
     cdir_ws       d;
     cdir_setup(dt, g, P, ws, dw != NULL, &d);
@@ -1021,9 +1050,11 @@ static ddl_status conv_backward_cdir(ddl_dtype dt, const ddl_conv_geom *g, const
     for (int64_t n = n_begin; n < n_end; n++) {
         const char *dyn = elem(dy, n * Co * ov, es);
         for (int64_t co = 0; co < Co; co++) {
-            for (int64_t o1 = 0; o1 < O1; o1++) {
-                copy_bytes(elem(dyw, co * P->cd_ldy + o1 * P->I2p, es),
-                           elem(dyn, co * ov + o1 * O2, es), (size_t)O2 * es);
+            for (int64_t o0 = 0; o0 < O0; o0++) {
+                for (int64_t o1 = 0; o1 < O1; o1++) {
+                    copy_bytes(elem(dyw, co * P->cd_ldy + o0 * P->PL + o1 * P->I2p, es),
+                               elem(dyn, co * ov + (o0 * O1 + o1) * O2, es), (size_t)O2 * es);
+                }
             }
         }
         if (dw != NULL) {
@@ -1039,10 +1070,15 @@ static ddl_status conv_backward_cdir(ddl_dtype dt, const ddl_conv_geom *g, const
             }
             char *dxn = elem(dx, n * Ci * iv, es);
             for (int64_t ci = 0; ci < Ci; ci++) {
-                for (int64_t i1 = 0; i1 < sp->in[1]; i1++) {
-                    add_run(dt, elem(dxn, ci * iv + i1 * sp->in[2], es),
-                            elem(d.dxp, ci * P->Pp + (i1 + sp->p[1]) * P->I2p + sp->p[2], es),
-                            sp->in[2], 1);
+                for (int64_t i0 = 0; i0 < sp->in[0]; i0++) {
+                    for (int64_t i1 = 0; i1 < sp->in[1]; i1++) {
+                        add_run(dt, elem(dxn, ci * iv + (i0 * sp->in[1] + i1) * sp->in[2], es),
+                                elem(d.dxp,
+                                     ci * P->Pp + (i0 + sp->p[0]) * P->PL +
+                                         (i1 + sp->p[1]) * P->I2p + sp->p[2],
+                                     es),
+                                sp->in[2], 1);
+                    }
                 }
             }
         }

@@ -1,20 +1,21 @@
 // kernels/conv_direct.h: internal: direct (no im2col, no GEMM) convolution kernels on
 // the "wide" padded layout of kernels/conv.c, in AVX2 + FMA and AVX-512F: for few input
-// channels at either width, for any number at AVX-512.
+// channels at either width, for any number at AVX-512; 1-D, 2-D and 3-D, stride 1.
 //
 // With C_in * prod(k) small (LeNet's first layer: 1 x 5 x 5 = 25) the im2col GEMM has a
 // tiny K or M: its packing and the column matrix (25x the input) cost more than the
 // multiply-adds, and the backward dx GEMM has K = C_out = 6. These kernels read the
-// zero-padded sample xp [C_in, Pp] directly. Output position j = o1 * I2p + o2 of the
-// wide grid (I2p the padded row length) reads xp at j + toff[t] for tap t = (ci, k1, k2),
-// toff[t] = ci Pp + k1 d1 I2p + k2 d2, so for a run of positions every tap is one
+// zero-padded sample xp [C_in, Pp] directly. Output position j = o0 PL + o1 I2p + o2 of
+// the wide grid (I2p the padded row length, PL = I1p I2p the padded plane; o0 = 0 in 1-D
+// and 2-D) reads xp at j + toff[t] for tap t = (ci, k0, k1, k2),
+// toff[t] = ci Pp + k0 d0 PL + k1 d1 I2p + k2 d2, so for a run of positions every tap is one
 // contiguous vector load, and a register tile of output channels x positions takes one
 // broadcast weight per (channel, tap):
 //   forward  yw [co, j]  = b[co] + sum_t w[co, t] xp[toff[t] + j]    j in [0, nj)
 //   dW       dw [co, t] += sum_j dyw[co, j] (xp[toff[t] + j] & mask[j])   (per lane in
 //            acc over a range of samples, then reduced into dw by ddl_cdir_dw_finish)
 //   dx       dxp[ci, q]  = sum_{co, kk} w[co, ci, kk] dyw[co, q - koff[kk]]   q in [0, nq)
-// where dyw is dy in the wide layout with zeros at the positions past each output row
+// where dyw is dy in the wide layout with zeros at the positions past each output row (and plane)
 // and before (a margin of koff's largest value) and after the valid ones, and mask[j] is
 // all-ones exactly at the valid positions (so an inf or NaN of x at a garbage position
 // never meets a zero of dy: 0 * inf). Each sum runs in a fixed order: results are the same
@@ -42,6 +43,11 @@
 // dW accumulators fit in DDL_CDIR_MAX_ACC bytes.
 #define DDL_CDIR_MAX_CIN 8
 #define DDL_CDIR_MAX_ACC ((size_t)8 << 20)
+// Largest workspace slot (per thread) of the direct path: its padded planes scale with the
+// sample (two copies of C_in padded volumes, one of C_out), so large 3-D volumes (a U-Net
+// level at 128^3: 8 channels of 130^3 floats, 70 MB a copy) keep the im2col path, whose
+// slot is a block of columns (DDL_CONV_BLOCK_BYTES).
+#define DDL_CDIR_MAX_SLOT ((size_t)64 << 20)
 // Positions are processed in runs of at most DDL_CDIR_ALIGN elements (the forward's two
 // vectors of 16 floats at AVX-512; dW and dx step by one vector): nj and nq are
 // multiples of it.

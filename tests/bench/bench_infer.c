@@ -325,24 +325,6 @@ static const char *load_average(void)
     return buf;
 }
 
-static void cpu_name(char *out, size_t n)
-{
-    snprintf(out, n, "unknown CPU");
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    char  line[512];
-    while (f && fgets(line, sizeof line, f)) {
-        char *c = strchr(line, ':');
-        if (strncmp(line, "model name", 10) == 0 && c) {
-            snprintf(out, n, "%s", c + 2);
-            out[strcspn(out, "\n")] = '\0';
-            break;
-        }
-    }
-    if (f) {
-        fclose(f);
-    }
-}
-
 // --curve: per rank count, the short-batch cost curve, short batches against padded.
 static int curve_rows(char (*spec)[3][PATH_MAX], const int *nps, int nnp, int reqs, const char *cpu,
                       const char *tmp)
@@ -477,7 +459,7 @@ int main(int argc, char **argv)
         }
     }
     char cpu[256];
-    cpu_name(cpu, sizeof cpu);
+    bench_cpu_name(cpu, sizeof cpu);
     if (curve) {
         int rc = curve_rows(spec, nps, nnp, reqs, cpu, tmp);
         free(x);

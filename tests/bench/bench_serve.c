@@ -100,40 +100,6 @@ static void sleep_s(double s)
     }
 }
 
-// "load average: 1.00, 0.50, 0.25" from /proc/loadavg, as uptime prints it.
-static const char *load_average(void)
-{
-    static char out[128];
-    double      a = -1, b = -1, c = -1;
-    FILE       *f = fopen("/proc/loadavg", "r");
-    if (f != NULL) {
-        if (fscanf(f, "%lf %lf %lf", &a, &b, &c) != 3) {
-            a = b = c = -1;
-        }
-        fclose(f);
-    }
-    snprintf(out, sizeof out, "load average: %.2f, %.2f, %.2f", a, b, c);
-    return out;
-}
-
-static void cpu_name(char *out, size_t n)
-{
-    snprintf(out, n, "unknown CPU");
-    FILE *f = fopen("/proc/cpuinfo", "r");
-    char  line[512];
-    while (f != NULL && fgets(line, sizeof line, f)) {
-        char *c = strchr(line, ':');
-        if (strncmp(line, "model name", 10) == 0 && c != NULL) {
-            snprintf(out, n, "%s", c + 2);
-            out[strcspn(out, "\n")] = '\0';
-            break;
-        }
-    }
-    if (f != NULL) {
-        fclose(f);
-    }
-}
-
 // "1,8,32": up to MAX_LIST positive integers; the count, or -1.
 static int parse_list(const char *s, int *out)
 {
@@ -976,7 +942,7 @@ static int train_interleave(const config *cf, const options *o, ddl_client_t *c,
     printf("\ntrain interleave: np %d, batching on, serve-during-train on, share %d %%: %d rounds "
            "of a Train of %d steps alone, then with %d closed-loop Predict clients; a last one "
            "alone; %s\n",
-           cf->np, o->share, o->train_rounds, o->train_steps, TRAIN_CLIENTS, load_average());
+           cf->np, o->share, o->train_rounds, o->train_steps, TRAIN_CLIENTS, bench_load_average());
     double    alone[MAX_ROUNDS + 1], with[MAX_ROUNDS], p50[MAX_ROUNDS], p99[MAX_ROUNDS];
     double    calls[MAX_ROUNDS];
     train_run warm = {c, 10, 0};
@@ -1095,7 +1061,7 @@ static int run_config(config *cf, const options *o, bool train)
     double bound = delay + 2 * exec;
     printf("\n== np %d, dynamic batching %s (model %s, %d rank%s; %s)\n", cf->np,
            cf->batching ? "on" : "off", s.model_name, s.world_size, s.world_size > 1 ? "s" : "",
-           load_average());
+           bench_load_average());
     printf("full batch: Predict of %lld images %.3f ms (median of %d, through the client); "
            "--max-queue-delay-us %d%s; p99 target %.3f ms = %.3f + 2 x %.3f\n",
            (long long)s.batch_size, exec * 1e3, EXEC_CALLS, o->delay_us,
@@ -1318,11 +1284,11 @@ int main(int argc, char **argv)
         return 7;
     }
     char cpu[256];
-    cpu_name(cpu, sizeof cpu);
+    bench_cpu_name(cpu, sizeof cpu);
     long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
     printf("bench-serve: LeNet-5, batch-1 closed-loop clients (first Fashion-MNIST test image, "
            "UINT8), %.1f s per row after %.1f s of warm-up; --queue %d; %s; %ld CPUs; %s\n",
-           o.seconds, WARMUP_S, o.queue, cpu, ncpu, load_average());
+           o.seconds, WARMUP_S, o.queue, cpu, ncpu, bench_load_average());
     if (!o.http) {
         printf("HTTP: skipped (--no-http)\n");
     }
@@ -1408,7 +1374,7 @@ int main(int argc, char **argv)
     if (o.train_steps > 0 && train_cfg < 0 && rc == 0) {
         printf("\ntrain interleave: skipped (no daemon with batching on)\n");
     }
-    printf("\nbench-serve: end; %s; %s\n", cpu, load_average());
+    printf("\nbench-serve: end; %s; %s\n", cpu, bench_load_average());
     if (g_errors > 0) {
         fprintf(stderr, "bench-serve: %d row(s) or checks with errors (see above)\n", g_errors);
         rc = 1;

@@ -8,6 +8,8 @@
 #include <stddef.h>
 #include <sys/types.h>
 
+#include "bench_host.h" // bench_cpu_name, bench_load_average
+
 // CLOCK_MONOTONIC in seconds.
 double bench_now(void);
 // User + system CPU seconds of this process.

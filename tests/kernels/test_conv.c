@@ -320,6 +320,13 @@ static void test_cases(void)
         // by scatter, unpadded), the GEMM path otherwise.
         {2, 3, 19, 7, {9, 11},   {3, 3},    {1, 1},    {1, 1},    {1, 1},    true},
         {2, 2, 13, 9, {8, 8},    {3, 2},    {1, 1},    {0, 0},    {2, 1},    false},
+        // 3-D with stride 1: the direct path on the grid over the padded volume. dx by
+        // scatter (p0 != p1 != p2) and by gather (k0 = 1, little padding), dilation in
+        // depth, and 12 input channels (AVX-512 only).
+        {3, 2, 2, 3, {5, 6, 7},  {3, 3, 3}, {1, 1, 1}, {1, 0, 2}, {1, 1, 1}, true},
+        {3, 2, 3, 4, {4, 10, 12}, {1, 3, 3}, {1, 1, 1}, {0, 1, 1}, {1, 1, 1}, false},
+        {3, 1, 3, 2, {7, 5, 6},  {2, 2, 3}, {1, 1, 1}, {1, 1, 0}, {3, 1, 1}, true},
+        {3, 2, 12, 5, {4, 5, 6}, {3, 3, 3}, {1, 1, 1}, {1, 1, 1}, {1, 1, 1}, true},
     };
     // clang-format on
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -383,13 +390,19 @@ static void test_errors(void)
                   DDL_EINVAL);
 
     // A valid geometry with too little workspace, or edited behind the API, is refused.
+    // With the direct path off the query is the im2col path's exact need; with it on, a
+    // workspace too small for both paths is refused (one too small for the direct path
+    // alone takes the im2col path).
     ASSERT_OK(ddl_conv_geom_init(&g, 3, 2, 2, 2, in, k3, NULL, (int64_t[]){1, 1, 1}, NULL));
+    ddl_cdir_set(0);
     size_t wsb = ddl_conv_workspace_bytes(DDL_F32, &g);
     ASSERT_TRUE(wsb > 0);
     ASSERT_TRUE(ddl_conv_workspace_bytes(DDL_F64, &g) > wsb);
     float *buf = calloc(4096, sizeof(float));
     void  *ws  = malloc(wsb);
     ASSERT_STATUS(ddl_conv_forward(DDL_F32, &g, buf, buf, buf, NULL, ws, wsb - 1), DDL_EINVAL);
+    ddl_cdir_set(-1);
+    ASSERT_STATUS(ddl_conv_forward(DDL_F32, &g, buf, buf, buf, NULL, ws, 64), DDL_EINVAL);
     ASSERT_STATUS(ddl_conv_backward(DDL_F32, &g, buf, NULL, NULL, buf, buf, buf, NULL, wsb),
                   DDL_EINVAL);
     ddl_conv_geom bad = g;
@@ -417,18 +430,21 @@ static void test_errors(void)
 }
 
 // The wide layout reads x at positions past each output row ("garbage" columns whose
-// dy is 0). With an inf in x there, dW must still be exactly what the direct loops give
-// (+inf where the inf is reached with dy > 0, finite elsewhere), never 0 * inf = NaN.
-static void test_wide_nonfinite(void)
+// dy is 0), and in 3-D at the rows past each output plane. With an inf in x there, dW must
+// still be exactly what the direct loops give (+inf where the inf is reached with dy > 0,
+// finite elsewhere), never 0 * inf = NaN. x [3, 2, in], w [3, 2, k], no padding; the inf
+// at element inf_at of x.
+static void run_nonfinite_case(int nsp, const int64_t *in, const int64_t *k, int64_t inf_at)
 {
     ddl_conv_geom g;
-    ASSERT_OK(ddl_conv_geom_init(&g, 2, 3, 2, 3, (int64_t[]){6, 7}, (int64_t[]){3, 3}, NULL,
-                                 NULL, NULL));
-    const int64_t nx = 3 * 2 * 6 * 7, ny = 3 * 3 * 4 * 5, nw = 3 * 2 * 9;
+    ASSERT_OK(ddl_conv_geom_init(&g, nsp, 3, 2, 3, in, k, NULL, NULL, NULL));
+    const int64_t nx = 3 * 2 * g.in[0] * g.in[1] * g.in[2];
+    const int64_t ny = 3 * 3 * g.out[0] * g.out[1] * g.out[2];
+    const int64_t nw = 3 * 2 * g.k[0] * g.k[1] * g.k[2];
     for (int d = 0; d < 2; d++) {
         ddl_dtype dt  = d ? DDL_F64 : DDL_F32;
         double   *x   = rand_vec(nx, 77), *one = malloc((size_t)ny * sizeof(double));
-        x[1 * 42 + 2 * 7 + 6] = INFINITY; // sample 0, channel 1, row 2, last column
+        x[inf_at] = INFINITY;
         for (int64_t i = 0; i < ny; i++) {
             one[i] = 1.0;
         }
@@ -444,6 +460,16 @@ static void test_wide_nonfinite(void)
         }
         free(x), free(one), free(xd), free(dyd), free(dw), free(dwr), free(ws);
     }
+}
+
+static void test_wide_nonfinite(void)
+{
+    // 2-D: sample 0, channel 1, row 2, the last column (read by the garbage columns).
+    run_nonfinite_case(2, (int64_t[]){6, 7}, (int64_t[]){3, 3}, 1 * 42 + 2 * 7 + 6);
+    // 3-D: sample 0, channel 1, plane 2, the last row, column 1: read with k1 = 0 only by
+    // the garbage row past the output rows of plane 2 - k0 (k1 = 0 never reaches it from
+    // a valid row), so an unmasked grid would give NaN where the loops give a finite dW.
+    run_nonfinite_case(3, (int64_t[]){5, 6, 7}, (int64_t[]){3, 3, 3}, 1 * 210 + 2 * 42 + 5 * 7 + 1);
 }
 
 // The block loop split over threads (BLAS thread count 2): the same results as one thread
@@ -565,11 +591,12 @@ static void test_direct_vs_gemm(void)
         ddl_cdir_set(-1);
         return;
     }
-    ddl_conv_geom g; // LeNet's conv1 shape, N = 5, and a 1-D case with dilation
-    const int64_t shapes[2][6] = {{2, 5, 1, 6, 28, 5}, {1, 7, 3, 4, 23, 4}};
-    for (int s = 0; s < 2; s++) {
-        const int64_t *c = shapes[s];
-        int64_t        in[2] = {c[4], c[4]}, k[2] = {c[5], c[5]}, p[2] = {2, 2}, d[2] = {1, 2};
+    ddl_conv_geom g; // LeNet's conv1 shape, N = 5, a 1-D case with dilation, a 3-D case
+    const int64_t shapes[3][6] = {{2, 5, 1, 6, 28, 5}, {1, 7, 3, 4, 23, 4}, {3, 2, 4, 5, 10, 3}};
+    for (int s = 0; s < 3; s++) {
+        const int64_t *c     = shapes[s];
+        int64_t        in[3] = {c[4], c[4], c[4]}, k[3] = {c[5], c[5], c[5]};
+        int64_t        p[3] = {2, 2, 2}, d[3] = {1, 2, 1};
         ASSERT_OK(ddl_conv_geom_init(&g, (int)c[0], c[1], c[2], c[3], in, k, NULL, p,
                                      s == 1 ? d : NULL));
         int64_t ov = g.out[0] * g.out[1] * g.out[2], iv = g.in[0] * g.in[1] * g.in[2];

@@ -340,6 +340,20 @@ def busy_train(f, x1, steps, quiet, t_quiet):
     return bad, starved and len(bad) == few + (inter < 1)
 
 
+def until_fed(run_once, runs=3):
+    """Runs run_once() until it says nothing starved it, `runs` times at most. run_once
+    returns (result, why): why None when the run was fed, else what the host left starved,
+    and then the run is taken again (the callers share 2 cores with two busy ranks, and a
+    caller the host leaves unscheduled measures the host, not the daemon). Anything that
+    only the daemon explains is raised by run_once at once. Returns the last (result,
+    why): a daemon that starves its callers shows it in every run."""
+    for run in range(1, runs + 1):
+        res, why = run_once()
+        if why is None or run == runs:
+            return res, why
+        print("  run %d of %d: %s; again" % (run, runs, why), flush=True)
+
+
 def sc_train(h):
     # 200 steps (0.35-0.6 s): long enough that a call answered within a few steps and
     # one held to the Train's end differ by far more than the hosts' scheduling noise
@@ -365,12 +379,10 @@ def sc_train(h):
     # while trainshare (4 clients) passed there right after; a predictor process left
     # unscheduled measures the host, not the boundaries. A daemon that holds calls to the
     # Train's end fails every attempt alike; any other failure ends the test at once.
-    for attempt in range(1, 4):
+    def run_once():
         bad, starved = busy_train(f, x1, steps, quiet, t_quiet)
-        if not starved or attempt == 3:
-            break
-        print("attempt %d: the predictor was starved (%s); again" % (attempt, "; ".join(bad)),
-              flush=True)
+        return bad, ("the predictor was starved (%s)" % "; ".join(bad)) if starved else None
+    bad, _ = until_fed(run_once)
     f.finish()
     if bad:
         raise Failure("; ".join(bad))
@@ -419,8 +431,7 @@ def sc_trainsolo(h):
     # ranks: a run with fewer is taken again, 3 runs in all, as trainshare does. A daemon
     # that joins calls fails the run it does it in; one that never answers between steps
     # fails all 3.
-    runs = 3
-    for run in range(1, runs + 1):
+    def run_once():
         f = Fixture(h, "trainsolo", ["--dynamic-batching", "off",
                                      "--serve-during-train-share", "100"])
         _, _, dm = predictors_during_train(f, 4, 200)
@@ -433,11 +444,11 @@ def sc_trainsolo(h):
         if calls != cmds:
             raise Failure("with --dynamic-batching off, %d calls ran in %d commands (%d "
                           "interleaved)" % (calls, cmds, inter))
-        if inter >= 2:
-            return
-        print("  run %d: %d interleaved commands, under 2; again" % (run, inter), flush=True)
-    raise Failure("with --dynamic-batching off, %d interleaved commands in each of %d runs"
-                  % (inter, runs))
+        return inter, None if inter >= 2 else "%d interleaved commands, under 2" % inter
+    inter, why = until_fed(run_once)
+    if why is not None:
+        raise Failure("with --dynamic-batching off, under 2 interleaved commands in each "
+                      "of 3 runs (the last: %d)" % inter)
 
 
 def sc_trainshare(h):
@@ -464,7 +475,7 @@ def sc_trainshare(h):
     steps, bad, spent = 200, [], {}
     runs = 3
     for share in [100, 1]:
-        for run in range(1, runs + 1):
+        def run_once():
             f = Fixture(h, "share%d" % share, ["--serve-during-train-share", str(share)])
             calls, t_train, dm = predictors_during_train(f, 4, steps, 32)
             f.finish()
@@ -477,13 +488,14 @@ def sc_trainshare(h):
                   "longest %.1f ms; share 1's bound %.1f ms)"
                   % (share, steps, t_train * 1e3, calls, inter, spent[share] * 1e3,
                      100 * spent[share] / t_train, longest * 1e3, bound * 1e3), flush=True)
-            none = inter < 1 or spent[share] <= 0
-            light = share == 100 and spent[share] <= bound
-            if not (none or light) or run == runs:
-                break
-            print("  run %d: %s; again" % (run, "no call answered between steps" if none else
-                                            "the load stayed under share 1's bound"),
-                  flush=True)
+            if inter < 1 or spent[share] <= 0:
+                return (inter, t_train, bound), "no call answered between steps"
+            if share == 100 and spent[share] <= bound:
+                return (inter, t_train, bound), "the load stayed under share 1's bound"
+            return (inter, t_train, bound), None
+        (inter, t_train, bound), why = until_fed(run_once, runs)
+        none = why == "no call answered between steps"
+        light = why == "the load stayed under share 1's bound"
         if none:
             bad.append("share %d: no answer between steps (%d commands, %.1f ms) in %d runs"
                        % (share, inter, spent[share] * 1e3, runs))

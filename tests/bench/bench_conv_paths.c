@@ -1,7 +1,7 @@
 // tests/bench/bench_conv_paths.c: the direct convolution path (kernels/conv_direct.h)
 // against the im2col + GEMM path on the same layers, in the same run: the 3-D U-Net's
-// convolutions (deploy/specs/unet3d-*.json at 32^3, batch 2) and two 2-D references
-// (LeNet-5's conv1, a ResNet 16->16 block conv at 28^2).
+// convolutions (deploy/specs/unet3d-*.json at 32^3, batch 2), two 2-D references
+// (LeNet-5's conv1, a ResNet 16->16 block conv at 28^2) and ResNet's strided ones.
 //
 // Each layer runs forward, then backward (dx, dW, db), on one thread (BLAS and the kernel
 // pool at width 1), once per path in turn, best of REPS rounds; the time is this thread's
@@ -30,7 +30,7 @@ static double cpu_now(void)
 typedef struct layer {
     const char *name;
     int         nsp;
-    int64_t     N, Ci, Co, in, k, pad;
+    int64_t     N, Ci, Co, in, k, pad, stride;
 } layer;
 
 static float *filled(int64_t n, uint64_t seed)
@@ -46,9 +46,9 @@ static float *filled(int64_t n, uint64_t seed)
 static int run_layer(const layer *L, int reps)
 {
     int64_t       in[3] = {L->in, L->in, L->in}, k[3] = {L->k, L->k, L->k};
-    int64_t       p[3] = {L->pad, L->pad, L->pad};
+    int64_t       p[3] = {L->pad, L->pad, L->pad}, s[3] = {L->stride, L->stride, L->stride};
     ddl_conv_geom g;
-    if (ddl_conv_geom_init(&g, L->nsp, L->N, L->Ci, L->Co, in, k, NULL, p, NULL) != DDL_OK) {
+    if (ddl_conv_geom_init(&g, L->nsp, L->N, L->Ci, L->Co, in, k, s, p, NULL) != DDL_OK) {
         fprintf(stderr, "bench-conv-paths: %s: %s\n", L->name, ddl_last_error());
         return 1;
     }
@@ -108,15 +108,19 @@ int main(int argc, char **argv)
     }
     // clang-format off
     static const layer layers[] = {
-        // name                        nsp N   Ci  Co  in  k  pad
-        {"U-Net enc1a 1->8, 32^3",     3,  2,  1,  8,  32, 3, 1},
-        {"U-Net enc1b 8->8, 32^3",     3,  2,  8,  8,  32, 3, 1},
-        {"U-Net enc2b 16->16, 16^3",   3,  2,  16, 16, 16, 3, 1},
-        {"U-Net midb 32->32, 8^3",     3,  2,  32, 32, 8,  3, 1},
-        {"U-Net dec2a 48->16, 16^3",   3,  2,  48, 16, 16, 3, 1},
-        {"U-Net dec1a 24->8, 32^3",    3,  2,  24, 8,  32, 3, 1},
-        {"LeNet-5 conv1 1->6, 28^2",   2,  64, 1,  6,  28, 5, 2},
-        {"ResNet 16->16, 28^2",        2,  64, 16, 16, 28, 3, 1},
+        // name                        nsp N   Ci  Co  in  k  pad stride
+        {"U-Net enc1a 1->8, 32^3",     3,  2,  1,  8,  32, 3, 1, 1},
+        {"U-Net enc1b 8->8, 32^3",     3,  2,  8,  8,  32, 3, 1, 1},
+        {"U-Net enc2b 16->16, 16^3",   3,  2,  16, 16, 16, 3, 1, 1},
+        {"U-Net midb 32->32, 8^3",     3,  2,  32, 32, 8,  3, 1, 1},
+        {"U-Net dec2a 48->16, 16^3",   3,  2,  48, 16, 16, 3, 1, 1},
+        {"U-Net dec1a 24->8, 32^3",    3,  2,  24, 8,  32, 3, 1, 1},
+        {"LeNet-5 conv1 1->6, 28^2",   2,  64, 1,  6,  28, 5, 2, 1},
+        {"ResNet 16->16, 28^2",        2,  64, 16, 16, 28, 3, 1, 1},
+        {"ResNet s2 8->16, 28^2, s2",  2,  64, 8,  16, 28, 3, 1, 2},
+        {"ResNet 1x1 8->16, 28^2, s2", 2,  64, 8,  16, 28, 1, 0, 2},
+        {"ResNet s4 32->64, 7^2, s2",  2,  64, 32, 64, 7,  3, 1, 2},
+        {"ResNet s4 64->64, 4^2",      2,  64, 64, 64, 4,  3, 1, 1},
     };
     // clang-format on
     char cpu[256];

@@ -432,12 +432,13 @@ static void test_errors(void)
 // The wide layout reads x at positions past each output row ("garbage" columns whose
 // dy is 0), and in 3-D at the rows past each output plane. With an inf in x there, dW must
 // still be exactly what the direct loops give (+inf where the inf is reached with dy > 0,
-// finite elsewhere), never 0 * inf = NaN. x [3, 2, in], w [3, 2, k], no padding; the inf
-// at element inf_at of x.
-static void run_nonfinite_case(int nsp, const int64_t *in, const int64_t *k, int64_t inf_at)
+// finite elsewhere), never 0 * inf = NaN. x [3, 2, in], w [3, 2, k], stride s (NULL: 1),
+// no padding; the inf at element inf_at of x.
+static void run_nonfinite_case(int nsp, const int64_t *in, const int64_t *k, const int64_t *s,
+                               int64_t inf_at)
 {
     ddl_conv_geom g;
-    ASSERT_OK(ddl_conv_geom_init(&g, nsp, 3, 2, 3, in, k, NULL, NULL, NULL));
+    ASSERT_OK(ddl_conv_geom_init(&g, nsp, 3, 2, 3, in, k, s, NULL, NULL));
     const int64_t nx = 3 * 2 * g.in[0] * g.in[1] * g.in[2];
     const int64_t ny = 3 * 3 * g.out[0] * g.out[1] * g.out[2];
     const int64_t nw = 3 * 2 * g.k[0] * g.k[1] * g.k[2];
@@ -465,11 +466,17 @@ static void run_nonfinite_case(int nsp, const int64_t *in, const int64_t *k, int
 static void test_wide_nonfinite(void)
 {
     // 2-D: sample 0, channel 1, row 2, the last column (read by the garbage columns).
-    run_nonfinite_case(2, (int64_t[]){6, 7}, (int64_t[]){3, 3}, 1 * 42 + 2 * 7 + 6);
+    run_nonfinite_case(2, (int64_t[]){6, 7}, (int64_t[]){3, 3}, NULL, 1 * 42 + 2 * 7 + 6);
+    // Stride 2 along the rows (the direct path's phase layout): 9 columns give 4 outputs
+    // and a garbage column whose tap k2 = 0 reads column 8, which the valid outputs reach
+    // with k2 = 2 only; the inf at sample 0, channel 1, row 2, column 8.
+    run_nonfinite_case(2, (int64_t[]){6, 9}, (int64_t[]){3, 3}, (int64_t[]){1, 2},
+                       1 * 54 + 2 * 9 + 8);
     // 3-D: sample 0, channel 1, plane 2, the last row, column 1: read with k1 = 0 only by
     // the garbage row past the output rows of plane 2 - k0 (k1 = 0 never reaches it from
     // a valid row), so an unmasked grid would give NaN where the loops give a finite dW.
-    run_nonfinite_case(3, (int64_t[]){5, 6, 7}, (int64_t[]){3, 3, 3}, 1 * 210 + 2 * 42 + 5 * 7 + 1);
+    run_nonfinite_case(3, (int64_t[]){5, 6, 7}, (int64_t[]){3, 3, 3}, NULL,
+                       1 * 210 + 2 * 42 + 5 * 7 + 1);
 }
 
 // The block loop split over threads (BLAS thread count 2): the same results as one thread
@@ -591,14 +598,21 @@ static void test_direct_vs_gemm(void)
         ddl_cdir_set(-1);
         return;
     }
-    ddl_conv_geom g; // LeNet's conv1 shape, N = 5, a 1-D case with dilation, a 3-D case
-    const int64_t shapes[3][6] = {{2, 5, 1, 6, 28, 5}, {1, 7, 3, 4, 23, 4}, {3, 2, 4, 5, 10, 3}};
-    for (int s = 0; s < 3; s++) {
+    // LeNet's conv1 shape, N = 5, a 1-D case with dilation, a 3-D case, and ResNet's
+    // strided convolutions: 3x3 stride 2 (padding 1) and the 1x1 stride-2 shortcut.
+    // {nsp, N, Ci, Co, in, k, stride, pad}
+    ddl_conv_geom g;
+    const int64_t shapes[5][8] = {{2, 5, 1, 6, 28, 5, 1, 2},
+                                  {1, 7, 3, 4, 23, 4, 1, 2},
+                                  {3, 2, 4, 5, 10, 3, 1, 2},
+                                  {2, 3, 8, 16, 28, 3, 2, 1},
+                                  {2, 3, 8, 16, 28, 1, 2, 0}};
+    for (int s = 0; s < 5; s++) {
         const int64_t *c     = shapes[s];
         int64_t        in[3] = {c[4], c[4], c[4]}, k[3] = {c[5], c[5], c[5]};
-        int64_t        p[3] = {2, 2, 2}, d[3] = {1, 2, 1};
-        ASSERT_OK(ddl_conv_geom_init(&g, (int)c[0], c[1], c[2], c[3], in, k, NULL, p,
-                                     s == 1 ? d : NULL));
+        int64_t        st[3] = {c[6], c[6], c[6]}, p[3] = {c[7], c[7], c[7]}, d[3] = {1, 2, 1};
+        ASSERT_OK(
+            ddl_conv_geom_init(&g, (int)c[0], c[1], c[2], c[3], in, k, st, p, s == 1 ? d : NULL));
         int64_t ov = g.out[0] * g.out[1] * g.out[2], iv = g.in[0] * g.in[1] * g.in[2];
         int64_t nx = g.N * g.C_in * iv, ny = g.N * g.C_out * ov;
         int64_t nw = g.C_out * g.C_in * g.k[0] * g.k[1] * g.k[2];

@@ -193,6 +193,19 @@ static void call_unref(ddld_call *c);
 // freed without one (cancelled, or its peer went away).
 static atomic_int active_calls;
 
+// A call that dies before a status is handed to gRPC (its client cancelled it, or went
+// away, so a receive or a send failed): counted once, CANCELLED, as gRPC's own servers do,
+// and no longer active. Called with c->mu held, before c->dead is set; a status sent
+// later is dropped (c->dead), so no call is counted twice.
+static void died_locked(ddld_call *c)
+{
+    if (!c->dead && c->live) {
+        c->live = false;
+        atomic_fetch_sub(&active_calls, 1);
+        ddld_metrics_rpc(c->method, GRPC_STATUS_CANCELLED, ddld_now() - c->t_arrived);
+    }
+}
+
 static void start_batch(ddld_call *c, const grpc_op *ops, size_t n)
 {
     grpc_call_error e = grpc_call_start_batch(c->call, ops, n, &c->op, NULL);
@@ -1311,7 +1324,10 @@ static void on_op(ddld_call *c, bool ok)
     }
     case ST_RECV:
         if (!ok) {
+            pthread_mutex_lock(&c->mu);
+            died_locked(c);
             c->dead = true;
+            pthread_mutex_unlock(&c->mu);
             call_unref(c);
             return;
         }
@@ -1322,6 +1338,7 @@ static void on_op(ddld_call *c, bool ok)
         grpc_byte_buffer_destroy(c->send_bb);
         c->send_bb = NULL;
         if (!ok) {
+            died_locked(c);
             c->dead      = true;
             c->send_busy = false;
             pthread_mutex_unlock(&c->mu);

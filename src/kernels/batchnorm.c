@@ -40,11 +40,24 @@ static ddl_status check_dims(const char *who, ddl_dtype dt, int64_t N, int64_t C
 #define BN_LANES 8
 
 // The entry points that sweep the data are built twice, for AVX2 and for the baseline
-// (SSE2), and the loader picks one per CPU (GCC/clang function multiversioning). Without
-// FMA (nothing to contract) and with the lanes fixed above, both compute the same
-// operations per element: the same bits (checked: y, dx and dgamma hashed on both). AVX2
-// halves the instructions of the float <-> double conversions, 1.5-1.7x per pass.
-#define BN_CLONES __attribute__((target_clones("avx2", "default")))
+// (SSE2), and pick one per call by the CPU (BN_DISPATCH below: GCC's target_clones
+// would do it, but clang 14 leaves the plain name undefined for other files). Without FMA
+// (nothing to contract) and with the lanes fixed above, both compute the same operations
+// per element: the same bits (checked: y, dx and dgamma hashed on both). AVX2 halves the
+// instructions of the float <-> double conversions, 1.5-1.7x per pass.
+#define BN_DISPATCH(name, params, args)                                                            \
+    __attribute__((target("avx2"))) static ddl_status name##_avx2 params                           \
+    {                                                                                              \
+        return name##_body args;                                                                   \
+    }                                                                                              \
+    static ddl_status name##_base params                                                           \
+    {                                                                                              \
+        return name##_body args;                                                                   \
+    }                                                                                              \
+    ddl_status name params                                                                         \
+    {                                                                                              \
+        return __builtin_cpu_supports("avx2") ? name##_avx2 args : name##_base args;               \
+    }
 
 // The lanes' total, in a fixed order (pairwise halves).
 KERNEL double lanes_total(double *a)
@@ -166,8 +179,8 @@ ddl_batchnorm_params ddl_batchnorm_params_default(void)
                                   .training = true};
 }
 
-BN_CLONES ddl_status ddl_batchnorm_sum(ddl_dtype dt, double *sum, const void *x, int64_t N,
-                                       int64_t C, int64_t S)
+KERNEL ddl_status ddl_batchnorm_sum_body(ddl_dtype dt, double *sum, const void *x, int64_t N,
+                                         int64_t C, int64_t S)
 {
     DDL_CHECK(check_dims("batchnorm_sum", dt, N, C, S));
     DDL_REQUIRE(C == 0 || (sum && (x || N * S == 0)), DDL_EINVAL, "batchnorm_sum: NULL buffer");
@@ -177,8 +190,12 @@ BN_CLONES ddl_status ddl_batchnorm_sum(ddl_dtype dt, double *sum, const void *x,
     return DDL_OK;
 }
 
-BN_CLONES ddl_status ddl_batchnorm_sqdev(ddl_dtype dt, double *sqdev, const void *x,
-                                         const double *mean, int64_t N, int64_t C, int64_t S)
+BN_DISPATCH(ddl_batchnorm_sum,
+            (ddl_dtype dt, double *sum, const void *x, int64_t N, int64_t C, int64_t S),
+            (dt, sum, x, N, C, S))
+
+KERNEL ddl_status ddl_batchnorm_sqdev_body(ddl_dtype dt, double *sqdev, const void *x,
+                                           const double *mean, int64_t N, int64_t C, int64_t S)
 {
     DDL_CHECK(check_dims("batchnorm_sqdev", dt, N, C, S));
     DDL_REQUIRE(C == 0 || (sqdev && mean && (x || N * S == 0)), DDL_EINVAL,
@@ -190,10 +207,15 @@ BN_CLONES ddl_status ddl_batchnorm_sqdev(ddl_dtype dt, double *sqdev, const void
     return DDL_OK;
 }
 
-BN_CLONES ddl_status ddl_batchnorm_normalize(ddl_dtype dt, void *y, const void *x,
-                                             const double *mean, const double *invstd,
-                                             const void *gamma, const void *beta, int64_t N,
-                                             int64_t C, int64_t S)
+BN_DISPATCH(ddl_batchnorm_sqdev,
+            (ddl_dtype dt, double *sqdev, const void *x, const double *mean, int64_t N, int64_t C,
+             int64_t S),
+            (dt, sqdev, x, mean, N, C, S))
+
+KERNEL ddl_status ddl_batchnorm_normalize_body(ddl_dtype dt, void *y, const void *x,
+                                               const double *mean, const double *invstd,
+                                               const void *gamma, const void *beta, int64_t N,
+                                               int64_t C, int64_t S)
 {
     DDL_CHECK(check_dims("batchnorm_normalize", dt, N, C, S));
     if (N * C * S == 0) {
@@ -212,11 +234,16 @@ BN_CLONES ddl_status ddl_batchnorm_normalize(ddl_dtype dt, void *y, const void *
     return DDL_OK;
 }
 
-BN_CLONES ddl_status ddl_batchnorm_backward_reduce(ddl_dtype dt, double *sum_dy,
-                                                   double *sum_dy_xhat, const void *dy,
-                                                   const void *x, const double *mean,
-                                                   const double *invstd, int64_t N, int64_t C,
-                                                   int64_t S)
+BN_DISPATCH(ddl_batchnorm_normalize,
+            (ddl_dtype dt, void *y, const void *x, const double *mean, const double *invstd,
+             const void *gamma, const void *beta, int64_t N, int64_t C, int64_t S),
+            (dt, y, x, mean, invstd, gamma, beta, N, C, S))
+
+KERNEL ddl_status ddl_batchnorm_backward_reduce_body(ddl_dtype dt, double *sum_dy,
+                                                     double *sum_dy_xhat, const void *dy,
+                                                     const void *x, const double *mean,
+                                                     const double *invstd, int64_t N, int64_t C,
+                                                     int64_t S)
 {
     DDL_CHECK(check_dims("batchnorm_backward_reduce", dt, N, C, S));
     DDL_REQUIRE(C == 0 || (sum_dy && sum_dy_xhat && mean && invstd && ((dy && x) || N * S == 0)),
@@ -231,11 +258,16 @@ BN_CLONES ddl_status ddl_batchnorm_backward_reduce(ddl_dtype dt, double *sum_dy,
     return DDL_OK;
 }
 
-BN_CLONES ddl_status ddl_batchnorm_backward_apply(ddl_dtype dt, void *dx, const void *dy,
-                                                  const void *x, const double *mean,
-                                                  const double *invstd, const void *gamma,
-                                                  const double *sum_dy, const double *sum_dy_xhat,
-                                                  int64_t V, int64_t N, int64_t C, int64_t S)
+BN_DISPATCH(ddl_batchnorm_backward_reduce,
+            (ddl_dtype dt, double *sum_dy, double *sum_dy_xhat, const void *dy, const void *x,
+             const double *mean, const double *invstd, int64_t N, int64_t C, int64_t S),
+            (dt, sum_dy, sum_dy_xhat, dy, x, mean, invstd, N, C, S))
+
+KERNEL ddl_status ddl_batchnorm_backward_apply_body(ddl_dtype dt, void *dx, const void *dy,
+                                                    const void *x, const double *mean,
+                                                    const double *invstd, const void *gamma,
+                                                    const double *sum_dy, const double *sum_dy_xhat,
+                                                    int64_t V, int64_t N, int64_t C, int64_t S)
 {
     DDL_CHECK(check_dims("batchnorm_backward_apply", dt, N, C, S));
     DDL_REQUIRE((sum_dy == NULL) == (sum_dy_xhat == NULL), DDL_EINVAL,
@@ -258,6 +290,12 @@ BN_CLONES ddl_status ddl_batchnorm_backward_apply(ddl_dtype dt, void *dx, const 
     }
     return DDL_OK;
 }
+
+BN_DISPATCH(ddl_batchnorm_backward_apply,
+            (ddl_dtype dt, void *dx, const void *dy, const void *x, const double *mean,
+             const double *invstd, const void *gamma, const double *sum_dy,
+             const double *sum_dy_xhat, int64_t V, int64_t N, int64_t C, int64_t S),
+            (dt, dx, dy, x, mean, invstd, gamma, sum_dy, sum_dy_xhat, V, N, C, S))
 
 ddl_status ddl_batchnorm_param_grads(ddl_dtype dt, void *dgamma, void *dbeta,
                                      const double *sum_dy, const double *sum_dy_xhat, int64_t C)
@@ -332,12 +370,12 @@ KERNEL void bn_forward_channel(ddl_dtype dt, void *y, double *mean, double *invs
     ch_normalize(dt, y, x, m, invstd[c], g, b, N, C, S, c);
 }
 
-BN_CLONES ddl_status ddl_batchnorm_forward(ddl_dtype dt, void *y, double *mean, double *invstd,
-                                           const void *x, const void *gamma, const void *beta,
-                                           void *running_mean, void *running_var,
-                                           int64_t                    *num_batches_tracked,
-                                           const ddl_batchnorm_params *p, int64_t N, int64_t C,
-                                           int64_t S)
+KERNEL ddl_status ddl_batchnorm_forward_body(ddl_dtype dt, void *y, double *mean, double *invstd,
+                                             const void *x, const void *gamma, const void *beta,
+                                             void *running_mean, void *running_var,
+                                             int64_t                    *num_batches_tracked,
+                                             const ddl_batchnorm_params *p, int64_t N, int64_t C,
+                                             int64_t S)
 {
     DDL_CHECK(check_dims("batchnorm_forward", dt, N, C, S));
     DDL_REQUIRE(p != NULL, DDL_EINVAL, "batchnorm_forward: NULL params");
@@ -374,6 +412,13 @@ BN_CLONES ddl_status ddl_batchnorm_forward(ddl_dtype dt, void *y, double *mean, 
     return DDL_OK;
 }
 
+BN_DISPATCH(ddl_batchnorm_forward,
+            (ddl_dtype dt, void *y, double *mean, double *invstd, const void *x, const void *gamma,
+             const void *beta, void *running_mean, void *running_var, int64_t *num_batches_tracked,
+             const ddl_batchnorm_params *p, int64_t N, int64_t C, int64_t S),
+            (dt, y, mean, invstd, x, gamma, beta, running_mean, running_var, num_batches_tracked, p,
+             N, C, S))
+
 // One channel of the backward.
 KERNEL void bn_backward_channel(ddl_dtype dt, void *dx, void *dgamma, void *dbeta,
                                 const void *dy, const void *x, double mean, double invstd,
@@ -398,10 +443,10 @@ KERNEL void bn_backward_channel(ddl_dtype dt, void *dx, void *dgamma, void *dbet
     }
 }
 
-BN_CLONES ddl_status ddl_batchnorm_backward(ddl_dtype dt, void *dx, void *dgamma, void *dbeta,
-                                            const void *dy, const void *x, const double *mean,
-                                            const double *invstd, const void *gamma,
-                                            bool batch_stats, int64_t N, int64_t C, int64_t S)
+KERNEL ddl_status ddl_batchnorm_backward_body(ddl_dtype dt, void *dx, void *dgamma, void *dbeta,
+                                              const void *dy, const void *x, const double *mean,
+                                              const double *invstd, const void *gamma,
+                                              bool batch_stats, int64_t N, int64_t C, int64_t S)
 {
     DDL_CHECK(check_dims("batchnorm_backward", dt, N, C, S));
     if (C == 0 || (dx == NULL && dgamma == NULL && dbeta == NULL)) {
@@ -421,3 +466,9 @@ BN_CLONES ddl_status ddl_batchnorm_backward(ddl_dtype dt, void *dx, void *dgamma
     }
     return DDL_OK;
 }
+
+BN_DISPATCH(ddl_batchnorm_backward,
+            (ddl_dtype dt, void *dx, void *dgamma, void *dbeta, const void *dy, const void *x,
+             const double *mean, const double *invstd, const void *gamma, bool batch_stats,
+             int64_t N, int64_t C, int64_t S),
+            (dt, dx, dgamma, dbeta, dy, x, mean, invstd, gamma, batch_stats, N, C, S))

@@ -536,8 +536,10 @@ static ddl_status conv_backward(ddl_layer_t *L, const ddl_tensor_t *dy, ddl_tens
     }
 
     // The local adjoint: the input block gradient (overwritten), dw and db accumulated.
-    void *gin = fan ? m->dxw->data : gx;
-    if (fan ? m->in_w : m->in_x) {
+    // When nobody reads dx (a model's first layer, ddl_layer_set_dx_unused) the kernel does
+    // not compute it at all: the U-Net's and ResNet's first convolutions skip their dx pass.
+    void *gin = L->dx_unused ? NULL : (fan ? m->dxw->data : gx);
+    if (gin != NULL && (fan ? m->in_w : m->in_x)) {
         zero_n(dt, gin, fan ? m->nx_leaf : m->nx_blk);
     }
     if (m->dw != NULL) {

@@ -127,8 +127,9 @@ DDL_EXTERN void       ddl_layer_set_rng_step(ddl_layer_t *L, uint64_t step);
 // Tells the layer that its caller ignores the input gradient dx of backward (a model's
 // first layer with parameters: nothing before it needs a gradient). Backward then skips
 // the communication that only assembles dx (Linear's sum-reduce of the partial dx up
-// the columns of P_w, a convolution's halo adjoint and its sum over co), and leaves dx
-// unspecified; parameter gradients are unchanged. Every rank must set the same value.
+// the columns of P_w, a convolution's halo adjoint and its sum over co; a convolution
+// does not compute its local dx either), and leaves dx unspecified; parameter gradients
+// are unchanged. Every rank must set the same value.
 DDL_EXTERN void       ddl_layer_set_dx_unused(ddl_layer_t *L, bool unused);
 // Initializes every parameter from (seed, stream_base + parameter index) by global index.
 DDL_EXTERN void       ddl_layer_init_params(ddl_layer_t *L, uint64_t seed, uint64_t stream_base);

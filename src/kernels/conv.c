@@ -1093,11 +1093,17 @@ static void cdir_setup(ddl_dtype dt, const ddl_conv_geom *g, const conv_plan *P,
             d->toff[ci * sp->kv + kk] = ci * P->Pp + d->koff[kk];
         }
     }
-    // Valid: inside the grid, in one of the first out[1] rows of its plane (always so for
-    // 1-D and 2-D, where Ws <= PL) and of the first out[2] columns of its row.
-    for (int64_t j = 0; with_mask && j < P->cd_nj; j++) {
-        bool valid = j < P->Ws && j % P->PL / P->I2p < sp->out[1] && j % P->I2p < sp->out[2];
-        memset(d->mask + (size_t)j * es, valid ? 0xff : 0, es);
+    // Valid: the first out[2] positions of the first out[1] rows of each of the out[0]
+    // planes of the grid (j = o0 PL + o1 I2p + o2); all others zero. One run per output row,
+    // no division per position (this runs on every backward call).
+    if (with_mask) {
+        memset(d->mask, 0, (size_t)P->cd_nj * es);
+        for (int64_t o0 = 0; o0 < sp->out[0]; o0++) {
+            for (int64_t o1 = 0; o1 < sp->out[1]; o1++) {
+                memset(d->mask + (size_t)(o0 * P->PL + o1 * P->I2p) * es, 0xff,
+                       (size_t)sp->out[2] * es);
+            }
+        }
     }
     d->c = (ddl_cdir){.Ci = Ci, .Co = Co, .Kc = P->Kc, .kv = sp->kv, .toff = d->toff,
                       .koff = d->koff, .Pp = P->Pp, .ldy = P->cd_ldy, .nj = P->cd_nj,

@@ -140,7 +140,6 @@ def sc_batching(h):
     alone = [f.call(k, p)[2] for k, p in good]  # one at a time: each its own command
     if any(a is None for a in alone):
         raise Failure("a call alone failed")
-    m0 = f.metrics()
     st0 = f.status()
     nan = [rnd.uniform(-1, 1) for _ in range(SAMPLE)]
     nan[17] = float("nan")
@@ -149,39 +148,60 @@ def sc_batching(h):
                                                         raw=f32([0.0] * 756))).SerializeToString()),
                ("i", f.infer_req([0.5] * SAMPLE, model="no-such-model"))]
     expect = [SC.INVALID_ARGUMENT, SC.INVALID_ARGUMENT, SC.NOT_FOUND]
-    # Twice: the first burst shows the daemon concurrency, after which the delay applies.
-    for rnd_i in range(2):
-        res = burst(f, good + refused)
-        for i, (code, details, out, dt) in enumerate(res[:len(good)]):
-            if code != SC.OK:
-                bad.append("call %d: %s %s" % (i, code.name, details))
-            elif out != alone[i]:
-                bad.append("call %d (%s): rows differ from the same call alone" % (i, good[i][0]))
-        for j, (code, details, out, dt) in enumerate(res[len(good):]):
-            if code != expect[j]:
-                bad.append("bad call %d: %s %r (expected %s)" % (j, code.name, details, expect[j].name))
-    m1 = f.metrics()
-    cmds = m1["distdl_inference_batch_rows_count"] - m0["distdl_inference_batch_rows_count"]
-    calls = (m1["distdl_inference_batch_requests_total"] -
-             m0["distdl_inference_batch_requests_total"])
-    rows = m1["distdl_inference_batch_rows_sum"] - m0["distdl_inference_batch_rows_sum"]
-    delay = ((m1["distdl_inference_queue_delay_seconds_sum"] -
-              m0["distdl_inference_queue_delay_seconds_sum"]) / max(calls, 1))
-    print("2 bursts of %d good + %d bad calls: %d calls answered by %d commands (%.1f calls, %.1f "
-          "rows each); mean queue delay %.2f ms; every good call bitwise equal to itself alone"
-          % (len(good), len(refused), calls, cmds, calls / max(cmds, 1), rows / max(cmds, 1),
-             delay * 1e3), flush=True)
-    if calls != 2 * len(good) or not cmds < calls / 2:
+
+    # How many calls join depends on how fast the host lets 27 Python threads issue them
+    # into the 30 ms window (CI, beside other tests: 48 calls in 33 commands once): a run
+    # with too few joined is taken again, 3 runs in all (until_fed). A daemon that never
+    # joins fails all 3; wrong rows or codes fail at once.
+    def run_once():
+        m0 = f.metrics()
+        # Twice: the first burst shows the daemon concurrency, after which the delay applies.
+        for rnd_i in range(2):
+            res = burst(f, good + refused)
+            for i, (code, details, out, dt) in enumerate(res[:len(good)]):
+                if code != SC.OK:
+                    bad.append("call %d: %s %s" % (i, code.name, details))
+                elif out != alone[i]:
+                    bad.append("call %d (%s): rows differ from the same call alone" % (i, good[i][0]))
+            for j, (code, details, out, dt) in enumerate(res[len(good):]):
+                if code != expect[j]:
+                    bad.append("bad call %d: %s %r (expected %s)" % (j, code.name, details, expect[j].name))
+        m1 = f.metrics()
+        cmds = m1["distdl_inference_batch_rows_count"] - m0["distdl_inference_batch_rows_count"]
+        calls = (m1["distdl_inference_batch_requests_total"] -
+                 m0["distdl_inference_batch_requests_total"])
+        rows = m1["distdl_inference_batch_rows_sum"] - m0["distdl_inference_batch_rows_sum"]
+        delay = ((m1["distdl_inference_queue_delay_seconds_sum"] -
+                  m0["distdl_inference_queue_delay_seconds_sum"]) / max(calls, 1))
+        print("2 bursts of %d good + %d bad calls: %d calls answered by %d commands (%.1f calls, "
+              "%.1f rows each); mean queue delay %.2f ms; every good call bitwise equal to itself "
+              "alone" % (len(good), len(refused), calls, cmds, calls / max(cmds, 1),
+                         rows / max(cmds, 1), delay * 1e3), flush=True)
+        joined = calls == 2 * len(good) and cmds < calls / 2
+        why = None if joined or bad else "%d calls in %d commands, too few joined" % (calls, cmds)
+        return (calls, cmds, joined), why
+    (calls, cmds, joined), _ = until_fed(run_once)
+    if not joined:
         bad.append("%d calls in %d commands: not joined (expected %d calls, under %d commands)" %
                    (calls, cmds, 2 * len(good), len(good)))
     # A deadline that passes while the call waits for batch-mates (the delay is 30 ms and
     # the daemon has seen concurrency): that call alone fails, its batch-mates succeed.
-    res = burst(f, [good[0] + (0.010,), good[1], good[2]])
-    st1 = f.status()
-    print("deadline 10 ms inside a 30 ms batching delay: %s after %.1f ms; the others %s; "
-          "dropped_calls %d -> %d" % (res[0][0].name, res[0][3] * 1e3,
-                                      [r[0].name for r in res[1:]], st0.dropped_calls,
-                                      st1.dropped_calls), flush=True)
+    # The delay applies once the last command answered more than one call (dispatch.c):
+    # when the host let the previous command answer a lone call, the deadlined call can be
+    # answered at once, OK in under 10 ms, and never meets its deadline. That run measured
+    # the host, so it is taken again (until_fed); a daemon that never holds the call for
+    # batch-mates comes back OK in all 3 and fails below.
+    def deadline_once():
+        res = burst(f, [good[0] + (0.010,), good[1], good[2]])
+        st1 = f.status()
+        print("deadline 10 ms inside a 30 ms batching delay: %s after %.1f ms; the others %s; "
+              "dropped_calls %d -> %d" % (res[0][0].name, res[0][3] * 1e3,
+                                          [r[0].name for r in res[1:]], st0.dropped_calls,
+                                          st1.dropped_calls), flush=True)
+        early = res[0][0] == SC.OK and res[0][3] < 0.010
+        return res, ("answered in %.1f ms, before its deadline" % (res[0][3] * 1e3)
+                     if early else None)
+    res, _ = until_fed(deadline_once)
     if res[0][0] != SC.DEADLINE_EXCEEDED or any(r[0] != SC.OK or r[2] != alone[i + 1]
                                                  for i, r in enumerate(res[1:])):
         bad.append("deadline in the batch: %s, others %s" % (res[0][0].name,

@@ -139,3 +139,15 @@ void ddl_test_fill(void *buf, size_t es, int64_t n, uint64_t seed, double lo, do
         }
     }
 }
+
+ddl_spec_t *ddl_test_spec_for_world(const char *path)
+{
+    int         size;
+    ddl_spec_t *spec = NULL;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    ASSERT_OK(ddl_spec_load(path, 0, &spec));
+    if (ddl_spec_world_size(spec) != size) {
+        ddl_spec_destroy(&spec);
+    }
+    return spec;
+}

@@ -44,6 +44,11 @@ void          ddl_test_free_guarded(ddl_tensor_t **t);
 // spec's world size; fails the test on any error.
 ddl_model_t *ddl_test_model(MPI_Comm comm, const char *text, const char *source);
 
+// The spec at `path` when its world size is this world's (MPI_COMM_WORLD), else NULL: for
+// the callbacks of ddl_test_each_file over a directory of specs, which return 0 for NULL.
+// Fails the test when the spec cannot be loaded.
+ddl_spec_t *ddl_test_spec_for_world(const char *path);
+
 // n seeded uniform values in [lo, hi) into buf as f32 (es 4) or f64 (es 8): sample i is
 // ddl_rng_uniform(seed, 0, i), the same on every rank.
 void ddl_test_fill(void *buf, size_t es, int64_t n, uint64_t seed, double lo, double hi);

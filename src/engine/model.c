@@ -294,6 +294,10 @@ static ddl_status build_loss(ddl_model_t *m)
     DDL_CHECK(ddl_loss_create(Po, s->dt, &last->y_global, s->loss, s->reduction, &m->loss));
     DDL_CHECK(
         ddl_loss_create(Po, s->dt, &last->y_global, s->loss, DDL_REDUCTION_NONE, &m->loss_each));
+    // Its tensors are the model's buffers and its labels were checked on entry (check_batch,
+    // check_local): no agreement on them per call.
+    ddl_loss_set_io_fixed(m->loss, true);
+    ddl_loss_set_io_fixed(m->loss_each, true);
     m->loss_root  = ddl_partition_ranks(Po)[0];
     m->out_box    = ddl_partition_local_box(Po, &last->y_global);
     ddl_shape es  = ddl_shape_make(1, (int64_t[]){0});
@@ -534,6 +538,9 @@ static ddl_status build(ddl_model_t *m)
         if (m->run_back[i] && !read) {
             ddl_layer_set_dx_unused(m->layers[i], true);
         }
+        // The model hands each layer its own buffers, made from the layer's shapes (build_slots):
+        // no agreement on them per call, two allreduces per layer and step fewer.
+        ddl_layer_set_io_fixed(m->layers[i], true);
     }
     STAGE(build_tables(m, nparams));
     STAGE(build_loss(m));
@@ -790,10 +797,12 @@ static ddl_status check_labels(const ddl_model_t *m, const char *what, const int
 
 // Rank 0 checks a batch handed in by the caller before any rank moves data: `count`
 // samples in [lo, hi], x holding at least count samples (x_bytes), and the targets the
-// model trains on (when t is not NULL): labels in [0, classes), or dense values. Every
-// rank then agrees on the verdict and learns rank 0's count.
+// model trains on (when t is not NULL): labels in [0, classes), or dense values; `pre`
+// is rank 0's verdict on anything else it checked first. Every rank then learns the
+// verdict and rank 0's count in one broadcast (ddl_agree_root: only rank 0 checks).
 static ddl_status check_batch(ddl_model_t *m, const char *what, const void *x, size_t x_bytes,
-                              const targets *t, int64_t *count, int64_t lo, int64_t hi)
+                              const targets *t, int64_t *count, int64_t lo, int64_t hi,
+                              ddl_status pre)
 {
     ddl_status st = DDL_OK;
     int64_t    n  = *count;
@@ -812,9 +821,9 @@ static ddl_status check_batch(ddl_model_t *m, const char *what, const void *x, s
         } else if (t != NULL) {
             st = check_labels(m, what, t->labels, n);
         }
+        st = st != DDL_OK ? st : pre;
     }
-    DDL_CHECK(ddl_agree(m->comm, st));
-    DDL_CHECK_MPI(MPI_Bcast(&n, 1, MPI_INT64_T, 0, m->comm));
+    DDL_CHECK(ddl_agree_root(m->comm, 0, st, &n, (int)sizeof n));
     *count = n;
     return DDL_OK;
 }
@@ -955,11 +964,15 @@ static ddl_status count_voxels(ddl_model_t *m, int64_t count, int64_t *correct)
 }
 
 // The output onto rank 0 (the output plan), then argmax hits among the first `count`
-// rows, on every rank (segmentation: count_voxels, no gathering).
-static ddl_status count_correct(ddl_model_t *m, int64_t count, int64_t *correct)
+// rows in *hits on rank 0, zero elsewhere (segmentation: count_voxels, no gathering),
+// for the step's closing sum (the tail below).
+static ddl_status count_correct(ddl_model_t *m, int64_t count, double *hits_out)
 {
     if (m->seg) {
-        return count_voxels(m, count, correct);
+        int64_t all = 0;
+        DDL_CHECK(count_voxels(m, count, &all));
+        *hits_out = m->rank == 0 ? (double)all : 0.0;
+        return DDL_OK;
     }
     DDL_CHECK(ddl_repartition_forward(m->out_plan, m->act[m->nlayers], m->logits));
     int64_t hits = 0;
@@ -978,8 +991,7 @@ static ddl_status count_correct(ddl_model_t *m, int64_t count, int64_t *correct)
             hits += best == m->labels_all[b];
         }
     }
-    DDL_CHECK_MPI(MPI_Bcast(&hits, 1, MPI_INT64_T, 0, m->comm));
-    *correct = hits;
+    *hits_out = (double)hits;
     return DDL_OK;
 }
 
@@ -1001,10 +1013,10 @@ static double predicted(ddl_loss_kind k, double y)
 }
 
 // Dense targets: over this rank's box of the output, the first `count` samples only,
-// summed over every rank: [the loss of each sample under the reduction (from the
-// elementwise losses when `el`), sum (p - t)^2, sum t^2, side-of-1/2 hits].
-static ddl_status dense_sums(ddl_model_t *m, int64_t count, const ddl_tensor_t *el,
-                             ddl_dense_metrics *out)
+// this rank's part of [the loss of each sample under the reduction (from the elementwise
+// losses when `el`), sum (p - t)^2, sum t^2, side-of-1/2 hits] into v[0..4), for the
+// step's closing sum (the tail below).
+static void dense_sums(ddl_model_t *m, int64_t count, const ddl_tensor_t *el, double *v)
 {
     const ddl_spec_t   *s = m->spec;
     const ddl_tensor_t *y = m->act[m->nlayers], *t = m->lab_local;
@@ -1013,7 +1025,9 @@ static ddl_status dense_sums(ddl_model_t *m, int64_t count, const ddl_tensor_t *
     int64_t             per    = rows > 0 ? n / rows : 1;
     int64_t             r0     = m->out_box.start[0];
     bool                binary = s->loss == DDL_LOSS_BCE || s->loss == DDL_LOSS_BCE_WITH_LOGITS;
-    double              v[4]   = {0, 0, 0, 0};
+    for (int k = 0; k < 4; k++) {
+        v[k] = 0.0;
+    }
     for (int64_t i = 0; i < n && r0 + i / per < count; i++) {
         double p = predicted(s->loss, ddl_tensor_get(y, i)), tv = ddl_tensor_get(t, i);
         if (el != NULL) {
@@ -1026,13 +1040,28 @@ static ddl_status dense_sums(ddl_model_t *m, int64_t count, const ddl_tensor_t *
     if (s->reduction == DDL_REDUCTION_MEAN) {
         v[0] /= (double)s->out_elems; // a sample's loss is the mean over its values
     }
-    DDL_CHECK_MPI(MPI_Allreduce(MPI_IN_PLACE, v, 4, MPI_DOUBLE, MPI_SUM, m->comm));
-    *out = (ddl_dense_metrics){v[0], v[1], v[2], (int64_t)v[3]};
-    return DDL_OK;
 }
 
-static ddl_status train_step(ddl_model_t *m, const void *x, const targets *t, double *loss,
-                             int64_t *correct, ddl_dense_metrics *dm)
+// A step or an evaluation ends with one synchronisation: the values some ranks hold (the
+// loss on its root, the hits on rank 0, each rank's part of the dense sums), summed over
+// every rank together with the status (ddl_agree_sum), where a broadcast of the loss, one
+// of the hits or the sums' allreduce, and the agreement were four.
+enum { TAIL_LOSS, TAIL_HITS, TAIL_DENSE, TAIL_N = TAIL_DENSE + 4 };
+
+static ddl_status agree_tail(const ddl_model_t *m, ddl_status st, double *tail)
+{
+    return ddl_agree_sum(m->comm, st, tail, TAIL_N);
+}
+
+static ddl_dense_metrics dense_of(const double *tail)
+{
+    const double *v = tail + TAIL_DENSE;
+    return (ddl_dense_metrics){v[0], v[1], v[2], (int64_t)v[3]};
+}
+
+// The step's local part: tail[TAIL_LOSS] the reduced loss on its root (zero elsewhere),
+// then the hits or the dense sums of its forward (before the update).
+static ddl_status train_step(ddl_model_t *m, const void *x, const targets *t, double *tail)
 {
     DDL_CHECK(stage_input(m, x, t, m->spec->batch));
     DDL_CHECK(forward(m, true));
@@ -1045,16 +1074,22 @@ static ddl_status train_step(ddl_model_t *m, const void *x, const targets *t, do
     DDL_CHECK(ddl_loss_backward(m->loss, 1.0, NULL, m->dact[m->nlayers]));
     DDL_CHECK(backward(m));
     ddl_optimizer_step(m->opt);
-    DDL_CHECK_MPI(MPI_Bcast(&value, 1, MPI_DOUBLE, m->loss_root, m->comm));
-    *loss = value;
+    tail[TAIL_LOSS] = m->rank == m->loss_root ? value : 0.0;
     if (m->dense) {
         // The output is this step's forward (before the update), as for the hits below.
-        DDL_CHECK(dense_sums(m, m->spec->batch, NULL, dm));
-        dm->loss_sum =
-            value * (m->spec->reduction == DDL_REDUCTION_SUM ? 1.0 : (double)m->spec->batch);
+        dense_sums(m, m->spec->batch, NULL, tail + TAIL_DENSE);
         return DDL_OK;
     }
-    return count_correct(m, m->spec->batch, correct);
+    return count_correct(m, m->spec->batch, tail + TAIL_HITS);
+}
+
+// A training step's dense metrics: the loss of each sample from the reduced loss.
+static ddl_dense_metrics train_dense_of(const ddl_model_t *m, const double *tail)
+{
+    ddl_dense_metrics dm = dense_of(tail);
+    dm.loss_sum =
+        tail[TAIL_LOSS] * (m->spec->reduction == DDL_REDUCTION_SUM ? 1.0 : (double)m->spec->batch);
+    return dm;
 }
 
 static ddl_status want_dense(const ddl_model_t *m, const char *what, bool dense)
@@ -1067,7 +1102,7 @@ static ddl_status want_dense(const ddl_model_t *m, const char *what, bool dense)
                                    "output, not class labels",
                            what, ddl_spec_loss_name(m->spec));
     }
-    return ddl_agree(m->comm, st);
+    return st; // m->dense is the spec's, the same on every rank: no agreement needed
 }
 
 ddl_status ddl_model_train_step(ddl_model_t *m, const void *x, size_t x_bytes,
@@ -1076,13 +1111,13 @@ ddl_status ddl_model_train_step(ddl_model_t *m, const void *x, size_t x_bytes,
 {
     DDL_CHECK(want_dense(m, "train_step", false));
     targets t = {.labels = labels};
-    DDL_CHECK(check_batch(m, "train_step", x, x_bytes, &t, &count, m->spec->batch, m->spec->batch));
-    double     l  = 0.0;
-    int64_t    c  = 0;
-    ddl_status st = ddl_agree(m->comm, train_step(m, x, &t, &l, &c, NULL));
+    DDL_CHECK(check_batch(m, "train_step", x, x_bytes, &t, &count, m->spec->batch, m->spec->batch,
+                          DDL_OK));
+    double     tail[TAIL_N] = {0};
+    ddl_status st           = agree_tail(m, train_step(m, x, &t, tail), tail);
     if (st == DDL_OK) {
-        *loss    = l;
-        *correct = c;
+        *loss    = tail[TAIL_LOSS];
+        *correct = (int64_t)tail[TAIL_HITS];
     }
     return st;
 }
@@ -1093,14 +1128,14 @@ ddl_status ddl_model_train_step_dense(ddl_model_t *m, const void *x, size_t x_by
 {
     DDL_CHECK(want_dense(m, "train_step", true));
     targets t = {.values = targets_, .bytes = t_bytes};
-    DDL_CHECK(check_batch(m, "train_step", x, x_bytes, &t, &count, m->spec->batch, m->spec->batch));
-    double            l  = 0.0;
-    ddl_dense_metrics dm = {0};
-    ddl_status        st = ddl_agree(m->comm, train_step(m, x, &t, &l, NULL, &dm));
+    DDL_CHECK(check_batch(m, "train_step", x, x_bytes, &t, &count, m->spec->batch, m->spec->batch,
+                          DDL_OK));
+    double     tail[TAIL_N] = {0};
+    ddl_status st           = agree_tail(m, train_step(m, x, &t, tail), tail);
     if (st == DDL_OK) {
-        *loss = l;
+        *loss = tail[TAIL_LOSS];
         if (out != NULL) {
-            *out = dm;
+            *out = train_dense_of(m, tail);
         }
     }
     return st;
@@ -1126,15 +1161,18 @@ static ddl_model_t *runner(ddl_model_t *m, int64_t count)
     return m;
 }
 
+// The evaluation's local part of the tail: this rank's part of the summed loss, then the
+// hits or the dense sums.
 static ddl_status eval_batch(ddl_model_t *m, const void *x, const targets *t, int64_t count,
-                             double *loss_sum, int64_t *correct, ddl_dense_metrics *dm)
+                             double *tail)
 {
     DDL_CHECK(stage_input(m, x, t, count));
     DDL_CHECK(forward(m, false));
     DDL_CHECK(ddl_loss_forward(m->loss_each, m->act[m->nlayers], m->dense ? m->lab_local : NULL,
                                m->dense ? NULL : m->labels_local, NULL, m->loss_el));
     if (m->dense) {
-        return dense_sums(m, count, m->loss_el, dm);
+        dense_sums(m, count, m->loss_el, tail + TAIL_DENSE);
+        return DDL_OK;
     }
     // Per-row losses live on the column-0 ranks: sum the valid rows everywhere. A
     // segmentation sample's loss is the mean over its voxels (each rank holds its own).
@@ -1147,9 +1185,8 @@ static ddl_status eval_batch(ddl_model_t *m, const void *x, const targets *t, in
             local += ddl_tensor_get(m->loss_el, i);
         }
     }
-    local /= (double)m->label_elems;
-    DDL_CHECK_MPI(MPI_Allreduce(&local, loss_sum, 1, MPI_DOUBLE, MPI_SUM, m->comm));
-    return count_correct(m, count, correct);
+    tail[TAIL_LOSS] = local / (double)m->label_elems;
+    return count_correct(m, count, tail + TAIL_HITS);
 }
 
 ddl_status ddl_model_eval(ddl_model_t *m, const void *x, size_t x_bytes, const int64_t *labels,
@@ -1157,17 +1194,16 @@ ddl_status ddl_model_eval(ddl_model_t *m, const void *x, size_t x_bytes, const i
 {
     DDL_CHECK(want_dense(m, "eval", false));
     targets t = {.labels = labels};
-    DDL_CHECK(check_batch(m, "eval", x, x_bytes, &t, &count, 0, m->spec->batch));
-    double       l  = 0.0;
-    int64_t      c  = 0;
-    ddl_model_t *r  = runner(m, count);
-    ddl_status   st = ddl_agree(m->comm, eval_batch(r, x, &t, count, &l, &c, NULL));
+    DDL_CHECK(check_batch(m, "eval", x, x_bytes, &t, &count, 0, m->spec->batch, DDL_OK));
+    double       tail[TAIL_N] = {0};
+    ddl_model_t *r            = runner(m, count);
+    ddl_status   st           = agree_tail(m, eval_batch(r, x, &t, count, tail), tail);
     if (st == DDL_OK && r != m && m->seg) { // the counts are the model's (class_counts)
         memcpy(m->counts, r->counts, (1 + 2 * (size_t)m->spec->num_classes) * sizeof *m->counts);
     }
     if (st == DDL_OK) {
-        *loss_sum = l;
-        *correct  = c;
+        *loss_sum = tail[TAIL_LOSS];
+        *correct  = (int64_t)tail[TAIL_HITS];
     }
     return st;
 }
@@ -1177,12 +1213,12 @@ ddl_status ddl_model_eval_dense(ddl_model_t *m, const void *x, size_t x_bytes, c
 {
     DDL_CHECK(want_dense(m, "eval", true));
     targets t = {.values = targets_, .bytes = t_bytes};
-    DDL_CHECK(check_batch(m, "eval", x, x_bytes, &t, &count, 0, m->spec->batch));
-    ddl_dense_metrics dm = {0};
-    ddl_model_t      *r  = runner(m, count);
-    ddl_status        st = ddl_agree(m->comm, eval_batch(r, x, &t, count, NULL, NULL, &dm));
+    DDL_CHECK(check_batch(m, "eval", x, x_bytes, &t, &count, 0, m->spec->batch, DDL_OK));
+    double       tail[TAIL_N] = {0};
+    ddl_model_t *r            = runner(m, count);
+    ddl_status   st           = agree_tail(m, eval_batch(r, x, &t, count, tail), tail);
     if (st == DDL_OK) {
-        *out = dm;
+        *out = dense_of(tail);
     }
     return st;
 }
@@ -1233,14 +1269,13 @@ static ddl_status check_local(const ddl_model_t *m, const char *what, int64_t co
 ddl_status ddl_model_train_step_local(ddl_model_t *m, double *loss, ddl_dense_metrics *out)
 {
     DDL_CHECK(check_local(m, "train_step", m->spec->batch));
-    targets           t  = {.local = true};
-    double            l  = 0.0;
-    ddl_dense_metrics dm = {0};
-    ddl_status        st = ddl_agree(m->comm, train_step(m, NULL, &t, &l, NULL, &dm));
+    targets    t            = {.local = true};
+    double     tail[TAIL_N] = {0};
+    ddl_status st           = agree_tail(m, train_step(m, NULL, &t, tail), tail);
     if (st == DDL_OK) {
-        *loss = l;
+        *loss = tail[TAIL_LOSS];
         if (out != NULL) {
-            *out = dm;
+            *out = train_dense_of(m, tail);
         }
     }
     return st;
@@ -1253,16 +1288,15 @@ ddl_status ddl_model_eval_local(ddl_model_t *m, int64_t count, ddl_dense_metrics
         st = ddl_set_error(DDL_EINVAL, "eval: count %lld must be in [1, %lld] (batch_size)",
                            (long long)count, (long long)m->spec->batch);
     }
-    DDL_CHECK(ddl_agree(m->comm, st));
-    DDL_CHECK_MPI(MPI_Bcast(&count, 1, MPI_INT64_T, 0, m->comm));
+    DDL_CHECK(ddl_agree_root(m->comm, 0, st, &count, (int)sizeof count));
     DDL_CHECK(check_local(m, "eval", count));
     // The full batch's buffers hold the data (rows past count are zero): the model itself
     // runs them, in evaluation mode.
-    targets           t  = {.local = true};
-    ddl_dense_metrics dm = {0};
-    st                   = ddl_agree(m->comm, eval_batch(m, NULL, &t, count, NULL, NULL, &dm));
+    targets t            = {.local = true};
+    double  tail[TAIL_N] = {0};
+    st                   = agree_tail(m, eval_batch(m, NULL, &t, count, tail), tail);
     if (st == DDL_OK) {
-        *out = dm;
+        *out = dense_of(tail);
     }
     return st;
 }
@@ -1270,15 +1304,18 @@ ddl_status ddl_model_eval_local(ddl_model_t *m, int64_t count, ddl_dense_metrics
 ddl_status ddl_model_predict(ddl_model_t *m, const void *x, size_t x_bytes, int64_t count,
                              void *logits, size_t logits_bytes)
 {
-    DDL_CHECK(check_batch(m, "predict", x, x_bytes, NULL, &count, 0, m->spec->batch));
-    size_t     need = (size_t)count * (size_t)m->spec->out_elems * ddl_dtype_size(m->spec->dt);
+    // Rank 0's checks of the output buffer, then of the batch, agreed in one broadcast.
+    size_t need =
+        (size_t)(count > 0 ? count : 0) * (size_t)m->spec->out_elems * ddl_dtype_size(m->spec->dt);
     ddl_status st   = DDL_OK;
-    if (m->rank == 0 && count > 0 && (logits == NULL || logits_bytes < need)) {
+    if (m->rank == 0 && count > 0 && count <= m->spec->batch &&
+        (logits == NULL || logits_bytes < need)) {
         st = ddl_set_error(DDL_EINVAL, "predict: %lld samples of outputs need %zu bytes, got %zu%s",
                            (long long)count, need, logits == NULL ? 0 : logits_bytes,
                            logits == NULL ? " (NULL)" : "");
     }
-    DDL_CHECK(ddl_agree(m->comm, st));
+    DDL_CHECK(check_batch(m, "predict", x, x_bytes, NULL, &count, 0, m->spec->batch, st));
+    need           = (size_t)count * (size_t)m->spec->out_elems * ddl_dtype_size(m->spec->dt);
     ddl_model_t *r = runner(m, count);
     st             = stage_input(r, x, NULL, count);
     if (st == DDL_OK) {

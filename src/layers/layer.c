@@ -123,8 +123,19 @@ static ddl_status check_io(const ddl_layer_t *L, const char *what, const ddl_ten
 // Every rank of the layer's base communicator calls forward/backward (inactive ranks
 // with zero-volume tensors), so a check that fails on one rank fails on all of them
 // before the layer's first collective, instead of leaving the others blocked in it.
+// A layer whose caller fixed its tensors (ddl_layer_set_io_fixed) checks them on this
+// rank only: a mismatch is the caller's bug, which no status could report on every rank
+// without the agreement, so it aborts with the check's message.
 static ddl_status agree_io(const ddl_layer_t *L, ddl_status st)
 {
+    if (L->io_fixed) {
+        if (st != DDL_OK) {
+            fprintf(stderr, "ddl: %s: a fixed tensor failed its check: %s\n", L->kind,
+                    ddl_last_error());
+            abort();
+        }
+        return DDL_OK;
+    }
     const ddl_partition_t *P = L->P_in != NULL ? L->P_in : L->P_out;
     return P != NULL ? ddl_agree(ddl_partition_base(P), st) : st;
 }
@@ -400,6 +411,11 @@ void ddl_layer_set_rng_step(ddl_layer_t *L, uint64_t step)
 void ddl_layer_set_dx_unused(ddl_layer_t *L, bool unused)
 {
     L->dx_unused = unused;
+}
+
+void ddl_layer_set_io_fixed(ddl_layer_t *L, bool fixed)
+{
+    L->io_fixed = fixed;
 }
 
 void ddl_layer_init_params(ddl_layer_t *L, uint64_t seed, uint64_t stream_base)

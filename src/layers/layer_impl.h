@@ -53,6 +53,7 @@ struct ddl_layer {
     ddl_param              params[DDL_LAYER_MAX_PARAMS];
     ddl_layer_traffic      traffic;   // kept by ddl_layer_traffic_end
     bool                   dx_unused; // the caller ignores dx (ddl_layer_set_dx_unused)
+    bool                   io_fixed;  // no agreement on the tensors (ddl_layer_set_io_fixed)
     bool                   borrowed;  // params[k].value borrowed, no grad (lend_params)
     void                  *impl;
 };

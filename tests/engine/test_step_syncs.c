@@ -36,24 +36,23 @@ static void mark(counted *c)
     mpi_count_get(&c->mpi);
 }
 
-static void report(const char *spec, const char *what, const counted *a, int nlayers,
-                   uint64_t want)
+static void report(const char *spec, const char *what, const counted *a, int nlayers, uint64_t want)
 {
     counted z;
     mark(&z);
     uint64_t   agreements = z.agreements - a->agreements;
     mpi_counts d          = mpi_count_sub(&z.mpi, &a->mpi);
     if (rank == 0) {
-        printf("%-26s %-8s %2d layers: agreements %llu; collectives %llu (allreduce %llu, "
-               "bcast %llu, reduce %llu, gather %llu, scatter %llu, barrier %llu); messages "
-               "sent %llu\n",
-               spec, what, nlayers, (unsigned long long)agreements,
-               (unsigned long long)mpi_count_collectives(&d),
-               (unsigned long long)d.n[MPI_COUNT_ALLREDUCE],
-               (unsigned long long)d.n[MPI_COUNT_BCAST], (unsigned long long)d.n[MPI_COUNT_REDUCE],
-               (unsigned long long)d.n[MPI_COUNT_GATHER],
-               (unsigned long long)d.n[MPI_COUNT_SCATTER],
-               (unsigned long long)d.n[MPI_COUNT_BARRIER], (unsigned long long)d.n[MPI_COUNT_ISEND]);
+        printf(
+            "%-26s %-8s %2d layers: agreements %llu; collectives %llu (allreduce %llu, "
+            "bcast %llu, reduce %llu, gather %llu, scatter %llu, barrier %llu); messages "
+            "sent %llu\n",
+            spec, what, nlayers, (unsigned long long)agreements,
+            (unsigned long long)mpi_count_collectives(&d),
+            (unsigned long long)d.n[MPI_COUNT_ALLREDUCE], (unsigned long long)d.n[MPI_COUNT_BCAST],
+            (unsigned long long)d.n[MPI_COUNT_REDUCE], (unsigned long long)d.n[MPI_COUNT_GATHER],
+            (unsigned long long)d.n[MPI_COUNT_SCATTER], (unsigned long long)d.n[MPI_COUNT_BARRIER],
+            (unsigned long long)d.n[MPI_COUNT_ISEND]);
         fflush(stdout);
     }
     // The count per call, whatever the number of layers (on every rank of the model).
@@ -63,24 +62,22 @@ static void report(const char *spec, const char *what, const counted *a, int nla
 static int check_spec(const char *path, void *unused)
 {
     (void)unused;
-    ddl_spec_t *spec = NULL;
-    ASSERT_OK(ddl_spec_load(path, 0, &spec));
-    if (ddl_spec_world_size(spec) != size) {
-        ddl_spec_destroy(&spec);
+    ddl_spec_t *spec = ddl_test_spec_for_world(path);
+    if (spec == NULL) {
         return 0;
     }
-    const char *name  = strrchr(path, '/') != NULL ? strrchr(path, '/') + 1 : path;
-    int64_t     B     = ddl_spec_batch_size(spec);
-    size_t      es    = ddl_dtype_size(ddl_spec_dtype(spec));
-    bool        dense = ddl_spec_dense_targets(spec);
-    int64_t     C = ddl_spec_num_classes(spec), L = ddl_spec_label_elems(spec);
-    int64_t     O = ddl_spec_output_elems(spec);
-    ddl_shape   in = ddl_spec_input_shape(spec);
-    int64_t     S  = ddl_shape_numel(&in);
-    ddl_model_t *m = NULL;
+    const char  *name  = strrchr(path, '/') != NULL ? strrchr(path, '/') + 1 : path;
+    int64_t      B     = ddl_spec_batch_size(spec);
+    size_t       es    = ddl_dtype_size(ddl_spec_dtype(spec));
+    bool         dense = ddl_spec_dense_targets(spec);
+    int64_t      C = ddl_spec_num_classes(spec), L = ddl_spec_label_elems(spec);
+    int64_t      O  = ddl_spec_output_elems(spec);
+    ddl_shape    in = ddl_spec_input_shape(spec);
+    int64_t      S  = ddl_shape_numel(&in);
+    ddl_model_t *m  = NULL;
     ASSERT_OK(ddl_model_create(MPI_COMM_WORLD, spec, &m));
-    int      nl  = ddl_spec_num_layers(spec);
-    void    *x   = NULL, *t = NULL, *out = NULL;
+    int      nl = ddl_spec_num_layers(spec);
+    void    *x = NULL, *t = NULL, *out = NULL;
     int64_t *lab = NULL;
     if (rank == 0) {
         x   = calloc((size_t)(B * S), es);

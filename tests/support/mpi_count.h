@@ -14,10 +14,10 @@ typedef enum {
     MPI_COUNT_ALLREDUCE,
     MPI_COUNT_BCAST,
     MPI_COUNT_REDUCE,
-    MPI_COUNT_GATHER,     // MPI_Gather, MPI_Gatherv, MPI_Allgather
-    MPI_COUNT_SCATTER,    // MPI_Scatterv
+    MPI_COUNT_GATHER,  // MPI_Gather, MPI_Gatherv, MPI_Allgather
+    MPI_COUNT_SCATTER, // MPI_Scatterv
     MPI_COUNT_BARRIER,
-    MPI_COUNT_ISEND,      // messages to another rank
+    MPI_COUNT_ISEND, // messages to another rank
     MPI_COUNT_NKINDS
 } mpi_count_kind;
 

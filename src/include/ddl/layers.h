@@ -72,7 +72,8 @@ typedef struct ddl_layer_traffic {
 // Collective over the base communicator of the layer's partitions: every rank of it calls
 // (ranks outside the layer with zero-volume tensors). The local checks of x and y are
 // agreed on (ddl_agree) before the layer communicates, so a wrong tensor on one rank
-// fails every rank with that rank's message (DDL_ESHAPE) and none is left blocked.
+// fails every rank with that rank's message (DDL_ESHAPE) and none is left blocked
+// (unless the caller fixed its tensors: ddl_layer_set_io_fixed).
 DDL_EXTERN ddl_status ddl_layer_forward(ddl_layer_t *L, const ddl_tensor_t *x, ddl_tensor_t *y);
 // dx = (dL/dx)^T dy (overwrites dx); parameter gradients += (dL/dp)^T dy. Needs the
 // state saved by the most recent forward. Collective and agreed like forward.
@@ -131,6 +132,12 @@ DDL_EXTERN void       ddl_layer_set_rng_step(ddl_layer_t *L, uint64_t step);
 // does not compute its local dx either), and leaves dx unspecified; parameter gradients
 // are unchanged. Every rank must set the same value.
 DDL_EXTERN void       ddl_layer_set_dx_unused(ddl_layer_t *L, bool unused);
+// Tells the layer that its caller passes tensors it built from the layer's own shapes
+// and dtype (a model's activation buffers): forward and backward then check them on
+// this rank only and skip the agreement on them, one allreduce over the layer's ranks
+// per call. A tensor that fails the check then is the caller's bug and aborts the
+// process. Every rank must set the same value.
+DDL_EXTERN void ddl_layer_set_io_fixed(ddl_layer_t *L, bool fixed);
 // Initializes every parameter from (seed, stream_base + parameter index) by global index.
 DDL_EXTERN void       ddl_layer_init_params(ddl_layer_t *L, uint64_t seed, uint64_t stream_base);
 // Traffic accounting around one call of a layer's ops (ddl_layer_forward and _backward
@@ -330,6 +337,11 @@ DDL_EXTERN ddl_status ddl_loss_forward(ddl_loss_t *l, const ddl_tensor_t *x,
 // Collective and agreed like forward.
 DDL_EXTERN ddl_status ddl_loss_backward(ddl_loss_t *l, double dvalue,
                                         const ddl_tensor_t *delementwise, ddl_tensor_t *dx);
+// As ddl_layer_set_io_fixed, for a loss whose caller passes tensors of its shapes and
+// labels it checked itself (a model): forward and backward check their arguments on this
+// rank only, with no agreement on them; a failure there aborts. BCE input outside [0, 1]
+// is still agreed on (it depends on the values). Every rank must set the same value.
+DDL_EXTERN void ddl_loss_set_io_fixed(ddl_loss_t *l, bool fixed);
 // What the last forward (backward false) or backward moved for this rank (a delta of the
 // traffic counters, ddl/primitives.h). Not collective.
 DDL_EXTERN void       ddl_loss_traffic(const ddl_loss_t *l, bool backward, ddl_traffic *out);

@@ -33,6 +33,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "ddl/kernels.h" // ddl_conv_geom
 #include "ddl/tensor.h"
 
 // Largest C_in the direct path is taken for at AVX2 width (see conv_plan_make): beyond
@@ -75,6 +76,9 @@ int ddl_cdir_level(void);
 // im2col path), 1 AVX2, 2 AVX-512; -1 back to the default. Returns the previous level.
 // Workspaces need not be resized (ddl_conv_workspace_bytes covers both paths).
 int ddl_cdir_set(int level);
+// For tests and benches: whether a forward (backward false) or backward call of geometry
+// g with a workspace of ws_bytes would run the direct kernels.
+bool ddl_cdir_taken(ddl_dtype dt, const ddl_conv_geom *g, size_t ws_bytes, bool backward);
 
 // The three kernels (dt DDL_F32 or DDL_F64; pointers to element 0 of the wide grid:
 // dyw must be readable and zero from dyw - max(koff) on, see above).

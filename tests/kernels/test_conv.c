@@ -598,16 +598,16 @@ static void test_direct_vs_gemm(void)
         ddl_cdir_set(-1);
         return;
     }
-    // LeNet's conv1 shape, N = 5, a 1-D case with dilation, a 3-D case, and ResNet's
-    // strided convolutions: 3x3 stride 2 (padding 1) and the 1x1 stride-2 shortcut.
+    // LeNet's conv1 shape, N = 5, a 1-D case with dilation, a 3-D case, ResNet's strided
+    // convolutions: 3x3 stride 2 (padding 1) and the 1x1 stride-2 shortcut, and a 4x4
+    // plane (ResNet's last stage), whose backward takes the GEMM path (a grid twice its
+    // outputs) while its forward stays direct.
     // {nsp, N, Ci, Co, in, k, stride, pad}
     ddl_conv_geom g;
-    const int64_t shapes[5][8] = {{2, 5, 1, 6, 28, 5, 1, 2},
-                                  {1, 7, 3, 4, 23, 4, 1, 2},
-                                  {3, 2, 4, 5, 10, 3, 1, 2},
-                                  {2, 3, 8, 16, 28, 3, 2, 1},
-                                  {2, 3, 8, 16, 28, 1, 2, 0}};
-    for (int s = 0; s < 5; s++) {
+    const int64_t shapes[6][8] = {{2, 5, 1, 6, 28, 5, 1, 2},  {1, 7, 3, 4, 23, 4, 1, 2},
+                                  {3, 2, 4, 5, 10, 3, 1, 2},  {2, 3, 8, 16, 28, 3, 2, 1},
+                                  {2, 3, 8, 16, 28, 1, 2, 0}, {2, 3, 8, 8, 4, 3, 1, 1}};
+    for (int s = 0; s < 6; s++) {
         const int64_t *c     = shapes[s];
         int64_t        in[3] = {c[4], c[4], c[4]}, k[3] = {c[5], c[5], c[5]};
         int64_t        st[3] = {c[6], c[6], c[6]}, p[3] = {c[7], c[7], c[7]}, d[3] = {1, 2, 1};
@@ -623,7 +623,10 @@ static void test_direct_vs_gemm(void)
             size_t    es  = ddl_dtype_size(dt);
             void *xd = ddl_test_as_dtype(dt, x, nx), *wd = ddl_test_as_dtype(dt, w, nw);
             void *rd = ddl_test_as_dtype(dt, r, ny);
-            ddl_cdir_set(0);
+            // A workspace sized with the direct path off: the im2col path's block covers
+            // the direct one's slot, except on the 4x4 plane, whose im2col workspace is
+            // smaller; that one is sized with the path on (else every call takes GEMM).
+            ddl_cdir_set(s == 5 ? 2 : 0);
             size_t wsb = ddl_conv_workspace_bytes(dt, &g);
             void  *ws  = malloc(wsb);
             // 0: GEMM; 1 and 2: the widest direct kernels; 3: AVX2 (capped by the CPU).
@@ -639,6 +642,12 @@ static void test_direct_vs_gemm(void)
             ASSERT_TRUE(memcmp(y[1], y[2], (size_t)ny * es) == 0);
             ASSERT_TRUE(memcmp(dx[1], dx[2], (size_t)nx * es) == 0);
             ASSERT_TRUE(memcmp(dw[1], dw[2], (size_t)nw * es) == 0);
+            // Which path ran (the bits cannot tell: on such short sums the direct
+            // kernels and the GEMM can add in the same order): direct but for the 1x1
+            // stride-2 shortcut (one phase of four read) and the 4x4 plane's backward.
+            ddl_cdir_set(2); // the widest the CPU has, whatever DDL_CONV_DIRECT says
+            ASSERT_TRUE(ddl_cdir_taken(dt, &g, wsb, false) == (s != 4));
+            ASSERT_TRUE(ddl_cdir_taken(dt, &g, wsb, true) == (s != 4 && s != 5));
             double *ref = malloc((size_t)(nx + ny + nw) * sizeof(double));
             void   *want[3] = {y[0], dx[0], dw[0]};
             int64_t cnt[3]  = {ny, nx, nw};

@@ -79,6 +79,7 @@ typedef struct conv_plan {
     int64_t I2p;         // padded input row length
     int64_t PL;          // elements per padded depth plane: I1p * I2p (3-D direct path)
     // (Direct path with strides: I2p and PL are those of one phase volume, see below.)
+    int64_t cd_nph;      // direct path: phases of the padded sample, s0 s1 s2 (1: no strides)
     int64_t cd_RV;       // direct path: elements per phase volume (the whole padded sample
                          // when the strides are 1)
     int64_t Ws;          // columns per sample: out[1] * I2p
@@ -266,6 +267,7 @@ static ddl_status conv_plan_make(const char *who, ddl_dtype dt, const ddl_conv_g
             P->cdir      = true;
             P->I2p       = R[2];
             P->PL        = PL;
+            P->cd_nph    = nph;
             P->cd_RV     = RV;
             P->Ws        = Ws;
             P->nb        = 1;
@@ -1026,16 +1028,17 @@ static inline int64_t cdir_at(const conv_plan *P, int64_t g0, int64_t g1, int64_
     return ph * P->cd_RV + g0 / s[0] * P->PL + g1 / s[1] * P->I2p + g2 / s[2];
 }
 
-// With strides: xp [Ci, Pp] = x_n zero-padded in the phase layout (add false), or
-// dx_n += dxp read back from it (add true). Along a row the phase and the place step
-// without a division: element i2 is at row + a2 RV + q2, (q2, a2) = divmod(i2 + p2, s2).
-static void cdir_phase_copy(ddl_dtype dt, const conv_plan *P, int64_t Ci, char *xp, char *xn,
-                            bool add)
+// With strides: to = xp [Ci, Pp], the sample `from` zero-padded in the phase layout (add
+// false), or to = dx_n += the dxp `from` read back from it (add true). Along a row the
+// phase and the place step without a division: element i2 is at row + a2 RV + q2,
+// (q2, a2) = divmod(i2 + p2, s2).
+static void cdir_phase_copy(ddl_dtype dt, const conv_plan *P, int64_t Ci, const char *from,
+                            char *to, bool add)
 {
     const sp3    *sp = &P->sp;
     const int64_t s2 = sp->s[2], RV = P->cd_RV;
     if (!add) {
-        memset(xp, 0, (size_t)(Ci * P->Pp) * dt_size(dt));
+        memset(to, 0, (size_t)(Ci * P->Pp) * dt_size(dt));
     }
     for (int64_t ci = 0; ci < Ci; ci++) {
         for (int64_t i0 = 0; i0 < sp->in[0]; i0++) {
@@ -1046,18 +1049,20 @@ static void cdir_phase_copy(ddl_dtype dt, const conv_plan *P, int64_t Ci, char *
                 for (int64_t i2 = 0; i2 < sp->in[2]; i2++) {
                     int64_t at = row + a2 * RV + q2;
                     if (dt == DDL_F32) {
-                        float *x = (float *)(void *)xn, *p = (float *)(void *)xp;
+                        const float *f = (const float *)(const void *)from;
+                        float       *t = (float *)(void *)to;
                         if (add) {
-                            x[src + i2] += p[at];
+                            t[src + i2] += f[at];
                         } else {
-                            p[at] = x[src + i2];
+                            t[at] = f[src + i2];
                         }
                     } else {
-                        double *x = (double *)(void *)xn, *p = (double *)(void *)xp;
+                        const double *f = (const double *)(const void *)from;
+                        double       *t = (double *)(void *)to;
                         if (add) {
-                            x[src + i2] += p[at];
+                            t[src + i2] += f[at];
                         } else {
-                            p[at] = x[src + i2];
+                            t[at] = f[src + i2];
                         }
                     }
                     if (++a2 == s2) {
@@ -1070,11 +1075,29 @@ static void cdir_phase_copy(ddl_dtype dt, const conv_plan *P, int64_t Ci, char *
     }
 }
 
+// One sample's output rows between the dense layout [Co, ov] and the direct path's grid
+// (channel stride cd_ldy, plane stride PL, row stride I2p): from the dense rows onto the
+// grid (to_grid) or back.
+static void cdir_grid_rows(size_t es, const conv_plan *P, int64_t Co, const char *from, char *to,
+                           bool to_grid)
+{
+    const int64_t O0 = P->sp.out[0], O1 = P->sp.out[1], O2 = P->sp.out[2], ov = P->sp.ov;
+    for (int64_t co = 0; co < Co; co++) {
+        for (int64_t o0 = 0; o0 < O0; o0++) {
+            for (int64_t o1 = 0; o1 < O1; o1++) {
+                size_t gr = (size_t)(co * P->cd_ldy + o0 * P->PL + o1 * P->I2p) * es;
+                size_t de = (size_t)(co * ov + (o0 * O1 + o1) * O2) * es;
+                copy_bytes(to + (to_grid ? gr : de), from + (to_grid ? de : gr), (size_t)O2 * es);
+            }
+        }
+    }
+}
+
 // xp = sample xn zero-padded in the direct path's layout.
 static void cdir_pad(ddl_dtype dt, const conv_plan *P, int64_t Ci, char *xp, const char *xn)
 {
-    if (P->sp.s[0] * P->sp.s[1] * P->sp.s[2] > 1) {
-        cdir_phase_copy(dt, P, Ci, xp, (char *)xn, false); // read only when add is false
+    if (P->cd_nph > 1) {
+        cdir_phase_copy(dt, P, Ci, xn, xp, false);
     } else {
         pad_sample(dt, P, Ci, xp, xn);
     }
@@ -1134,7 +1157,6 @@ static ddl_status conv_forward_cdir(ddl_dtype dt, const ddl_conv_geom *g, const 
                                     char *ws, int64_t n_begin, int64_t n_end)
 {
     const int64_t Ci = g->C_in, Co = g->C_out, iv = P->sp.iv, ov = P->sp.ov;
-    const int64_t O0 = P->sp.out[0], O1 = P->sp.out[1], O2 = P->sp.out[2];
     const size_t  es = dt_size(dt);
     cdir_ws       d;
     cdir_setup(dt, g, P, ws, false, &d);
@@ -1142,16 +1164,7 @@ static ddl_status conv_forward_cdir(ddl_dtype dt, const ddl_conv_geom *g, const 
     for (int64_t n = n_begin; n < n_end; n++) {
         cdir_pad(dt, P, Ci, d.xp, elem(x, n * Ci * iv, es));
         ddl_cdir_forward(dt, &d.c, yw, d.xp, w, b); // the bias starts each sum
-        char *yn = elem(y, n * Co * ov, es);
-        for (int64_t co = 0; co < Co; co++) {
-            for (int64_t o0 = 0; o0 < O0; o0++) {
-                for (int64_t o1 = 0; o1 < O1; o1++) {
-                    copy_bytes(elem(yn, co * ov + (o0 * O1 + o1) * O2, es),
-                               elem(yw, co * P->cd_ldy + o0 * P->PL + o1 * P->I2p, es),
-                               (size_t)O2 * es);
-                }
-            }
-        }
+        cdir_grid_rows(es, P, Co, yw, elem(y, n * Co * ov, es), false);
     }
     return DDL_OK;
 }
@@ -1162,7 +1175,6 @@ static ddl_status conv_backward_cdir(ddl_dtype dt, const ddl_conv_geom *g, const
 {
     const sp3    *sp = &P->sp;
     const int64_t Ci = g->C_in, Co = g->C_out, iv = sp->iv, ov = sp->ov;
-    const int64_t O0 = sp->out[0], O1 = sp->out[1], O2 = sp->out[2];
     const size_t  es = dt_size(dt);
     cdir_ws       d;
     cdir_setup(dt, g, P, ws, dw != NULL, &d);
@@ -1173,15 +1185,7 @@ static ddl_status conv_backward_cdir(ddl_dtype dt, const ddl_conv_geom *g, const
     }
     char *dyw = d.dyw + (size_t)P->cd_M * es;
     for (int64_t n = n_begin; n < n_end; n++) {
-        const char *dyn = elem(dy, n * Co * ov, es);
-        for (int64_t co = 0; co < Co; co++) {
-            for (int64_t o0 = 0; o0 < O0; o0++) {
-                for (int64_t o1 = 0; o1 < O1; o1++) {
-                    copy_bytes(elem(dyw, co * P->cd_ldy + o0 * P->PL + o1 * P->I2p, es),
-                               elem(dyn, co * ov + (o0 * O1 + o1) * O2, es), (size_t)O2 * es);
-                }
-            }
-        }
+        cdir_grid_rows(es, P, Co, elem(dy, n * Co * ov, es), dyw, true);
         if (dw != NULL) {
             cdir_pad(dt, P, Ci, d.xp, elem(x, n * Ci * iv, es));
             ddl_cdir_dw(dt, &d.c, d.acc, dyw, d.xp, d.mask);
@@ -1194,7 +1198,7 @@ static ddl_status conv_backward_cdir(ddl_dtype dt, const ddl_conv_geom *g, const
                 ddl_cdir_dx(dt, &d.c, d.dxp, dyw, w);
             }
             char *dxn = elem(dx, n * Ci * iv, es);
-            if (sp->s[0] * sp->s[1] * sp->s[2] > 1) {
+            if (P->cd_nph > 1) {
                 cdir_phase_copy(dt, P, Ci, d.dxp, dxn, true); // strides
                 continue;
             }

@@ -446,11 +446,12 @@ def step_time(spec, m, parts_out=None):
     for _, f, b in rows:
         for op in f.ops + b.ops:
             comm += t_op(m, op)
-    # Control: every layer call and the loss end with a status agreement (an all-reduce
-    # of one int over all P ranks), and a step broadcasts 4 scalars (count, loss, hits,
-    # the session's stop flag) besides the labels (counted in rows).
-    nagree = len(layers) + sum(L.run_back for L in layers) + 4
-    control = nagree * t_allreduce(m, P, 4) + 4 * t_bcast(m, P, 8)
+    # Control (docs/PERFORMANCE.md, "Synchronisations per step"): the model's layers and
+    # loss take its own buffers without agreeing on them, so a step makes two agreements
+    # over all P ranks: rank 0's batch check with the count (a broadcast of 12 bytes) and
+    # the closing one carrying loss, hits and dense sums (an all-reduce of 7 doubles);
+    # besides, the session broadcasts its stop flag. The labels are counted in rows.
+    control = t_bcast(m, P, 12) + t_allreduce(m, P, 56) + t_bcast(m, P, 4)
     if parts_out is not None:
         parts_out.update(compute=comp, comm=comm, control=control)
     return comp + comm + control

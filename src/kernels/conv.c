@@ -235,23 +235,21 @@ static ddl_status conv_plan_make(const char *who, ddl_dtype dt, const ddl_conv_g
     }
     // With strides, small outputs waste too much of the grid's vectors (ResNet's 7x7 ->
     // 4x4: 32 positions for 16 outputs, backward 0.75x the im2col path's speed): the
-    // grid must stay within 1.5x the outputs.
-    const int64_t Wg = (sp->out[0] - 1) * PL + sp->out[1] * R[2];
-    cdir_ok          = cdir_ok &&
-              (nph == 1 ||
-               2 * ((Wg + DDL_CDIR_ALIGN - 1) / DDL_CDIR_ALIGN * DDL_CDIR_ALIGN) <= 3 * sp->ov);
+    // grid must stay within 1.5x the outputs. The grid: Ws positions (j = o0 PL + o1 R2 + o2,
+    // o0 = 0 for 1-D and 2-D), rounded up to whole runs of DDL_CDIR_ALIGN (nj).
+    const int64_t A = DDL_CDIR_ALIGN, Ws = (sp->out[0] - 1) * PL + sp->out[1] * R[2];
+    const int64_t nj = (Ws + A - 1) / A * A;
+    cdir_ok          = cdir_ok && (nph == 1 || 2 * nj <= 3 * sp->ov);
     if (allow_cdir && cdir_ok && 2 * (R[2] - sp->out[2]) <= R[2] &&
         (sp->out[0] == 1 || 2 * (R[1] - sp->out[1]) <= R[1]) && ddl_cdir_enabled()) {
         // Direct path: per sample, the padded planes xp and dxp [C_in, Pp], dy (or y) on
         // the wide grid with a zero margin in front [C_out, ldy], the dW mask [nj] and the
         // tap offsets. Pp leaves room for the last run of every tap and for dx's runs.
-        // Output position j = o0 PL + o1 R2 + o2 (o0 = 0 for 1-D and 2-D).
-        const int64_t A = DDL_CDIR_ALIGN, Ws = (sp->out[0] - 1) * PL + sp->out[1] * R[2];
         // The margin and the row stride are multiples of 16 elements, so that every row
         // of dyw starts on a 64-byte boundary (the workspace is DDL_ALIGN-aligned).
         int64_t M  = sh[0] * PL + sh[1] * R[2] + sh[2];
         M          = (M + 15) / 16 * 16;
-        int64_t nj = (Ws + A - 1) / A * A, nq = (nph * RV + A - 1) / A * A;
+        int64_t nq = (nph * RV + A - 1) / A * A;
         // The last phase's taps read up to (nph - 1) RV + M + nj.
         int64_t Pp     = nph * RV + sh[2];
         Pp             = Pp > (nph - 1) * RV + M + nj ? Pp : (nph - 1) * RV + M + nj;
@@ -1030,44 +1028,30 @@ static inline int64_t cdir_at(const conv_plan *P, int64_t g0, int64_t g1, int64_
 
 // With strides: to = xp [Ci, Pp], the sample `from` zero-padded in the phase layout (add
 // false), or to = dx_n += the dxp `from` read back from it (add true). Along a row the
-// phase and the place step without a division: element i2 is at row + a2 RV + q2,
-// (q2, a2) = divmod(i2 + p2, s2).
+// elements i2 = i, i + s2, i + 2 s2, ... (i < s2) fall in one phase a2 = (i + p2) mod s2,
+// at consecutive places from (i + p2) div s2 on: one strided run per phase (copy_run,
+// add_run).
 static void cdir_phase_copy(ddl_dtype dt, const conv_plan *P, int64_t Ci, const char *from,
                             char *to, bool add)
 {
     const sp3    *sp = &P->sp;
-    const int64_t s2 = sp->s[2], RV = P->cd_RV;
+    const int64_t s2 = sp->s[2], I2 = sp->in[2];
+    const size_t  es = dt_size(dt);
     if (!add) {
-        memset(to, 0, (size_t)(Ci * P->Pp) * dt_size(dt));
+        memset(to, 0, (size_t)(Ci * P->Pp) * es);
     }
     for (int64_t ci = 0; ci < Ci; ci++) {
         for (int64_t i0 = 0; i0 < sp->in[0]; i0++) {
             for (int64_t i1 = 0; i1 < sp->in[1]; i1++) {
                 int64_t row = ci * P->Pp + cdir_at(P, i0 + sp->p[0], i1 + sp->p[1], 0);
-                int64_t src = ci * sp->iv + (i0 * sp->in[1] + i1) * sp->in[2];
-                int64_t a2 = sp->p[2] % s2, q2 = sp->p[2] / s2;
-                for (int64_t i2 = 0; i2 < sp->in[2]; i2++) {
-                    int64_t at = row + a2 * RV + q2;
-                    if (dt == DDL_F32) {
-                        const float *f = (const float *)(const void *)from;
-                        float       *t = (float *)(void *)to;
-                        if (add) {
-                            t[src + i2] += f[at];
-                        } else {
-                            t[at] = f[src + i2];
-                        }
+                int64_t src = ci * sp->iv + (i0 * sp->in[1] + i1) * I2;
+                for (int64_t i = 0; i < s2 && i < I2; i++) {
+                    int64_t at = row + (i + sp->p[2]) % s2 * P->cd_RV + (i + sp->p[2]) / s2;
+                    int64_t n  = (I2 - i + s2 - 1) / s2;
+                    if (add) {
+                        add_run(dt, to + (size_t)(src + i) * es, from + (size_t)at * es, n, s2);
                     } else {
-                        const double *f = (const double *)(const void *)from;
-                        double       *t = (double *)(void *)to;
-                        if (add) {
-                            t[src + i2] += f[at];
-                        } else {
-                            t[at] = f[src + i2];
-                        }
-                    }
-                    if (++a2 == s2) {
-                        a2 = 0;
-                        q2++;
+                        copy_run(dt, to + (size_t)at * es, from + (size_t)(src + i) * es, n, s2);
                     }
                 }
             }

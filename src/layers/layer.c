@@ -126,15 +126,19 @@ static ddl_status check_io(const ddl_layer_t *L, const char *what, const ddl_ten
 // A layer whose caller fixed its tensors (ddl_layer_set_io_fixed) checks them on this
 // rank only: a mismatch is the caller's bug, which no status could report on every rank
 // without the agreement, so it aborts with the check's message.
+ddl_status ddl_layer_fixed_check(const char *who, ddl_status st)
+{
+    if (st != DDL_OK) {
+        fprintf(stderr, "ddl: %s: a fixed argument failed its check: %s\n", who, ddl_last_error());
+        abort();
+    }
+    return DDL_OK;
+}
+
 static ddl_status agree_io(const ddl_layer_t *L, ddl_status st)
 {
     if (L->io_fixed) {
-        if (st != DDL_OK) {
-            fprintf(stderr, "ddl: %s: a fixed tensor failed its check: %s\n", L->kind,
-                    ddl_last_error());
-            abort();
-        }
-        return DDL_OK;
+        return ddl_layer_fixed_check(L->kind, st);
     }
     const ddl_partition_t *P = L->P_in != NULL ? L->P_in : L->P_out;
     return P != NULL ? ddl_agree(ddl_partition_base(P), st) : st;

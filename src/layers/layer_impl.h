@@ -58,6 +58,11 @@ struct ddl_layer {
     void                  *impl;
 };
 
+// A check of a tensor its caller fixed (ddl_layer_set_io_fixed, ddl_loss_set_io_fixed):
+// DDL_OK passes; a failure is the caller's bug, reported with `who` and the check's
+// message, and aborts (no status could reach every rank without an agreement).
+ddl_status ddl_layer_fixed_check(const char *who, ddl_status st);
+
 // Framework helpers for layer implementations.
 // Allocates a layer with zeroed fields and the given ops/kind.
 ddl_status ddl_layer_alloc(const ddl_layer_ops *ops, const char *kind, ddl_dtype dt,

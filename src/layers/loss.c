@@ -384,14 +384,7 @@ static ddl_status agree(const ddl_loss_t *l, ddl_status st)
 // agreement is skipped.
 static ddl_status agree_args(const ddl_loss_t *l, ddl_status st)
 {
-    if (l->io_fixed) {
-        if (st != DDL_OK) {
-            fprintf(stderr, "ddl: loss: a fixed argument failed its check: %s\n", ddl_last_error());
-            abort();
-        }
-        return DDL_OK;
-    }
-    return agree(l, st);
+    return l->io_fixed ? ddl_layer_fixed_check("loss", st) : agree(l, st);
 }
 
 void ddl_loss_set_io_fixed(ddl_loss_t *l, bool fixed)

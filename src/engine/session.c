@@ -10,9 +10,11 @@
 //               checkpoint interval and the newest durable step.
 // Rank 0 decides (validates arguments, reads data) and the others learn the decision by
 // broadcast. Every public function validates rank 0's arguments and agrees on them
-// (ddl_agree) before data moves, and ends with ddl_agree, so every rank returns the same
-// status and message. The model's own commands agree too, so a failure inside a step
-// ends the loop on every rank at the same step.
+// (ddl_agree, or ddl_agree_root with the arguments the others need) before data moves,
+// and returns an agreed status, so every rank returns the same status and message. The
+// model's own commands end agreed, so a function whose last collective is a model
+// command (predict, evaluate_batch, step without a checkpoint) returns its status without
+// another round, and a failure inside a step ends the loop on every rank at the same step.
 //
 // Nothing here allocates per step: the batch buffer, the permutation and the model's
 // buffers and Repartition plans are all allocated when the session or its data is set
@@ -1077,9 +1079,8 @@ ddl_status ddl_session_step(ddl_session_t *s, const void *x, size_t x_bytes, con
     }
     bool durable = false;
     if (st == DDL_OK && s->ckpt_every > 0 && ddl_model_step(s->model) % s->ckpt_every == 0) {
-        st = periodic_save(s, &durable);
-    }
-    st = ddl_agree(s->comm, st);
+        st = ddl_agree(s->comm, periodic_save(s, &durable));
+    } // otherwise st is the model's, which its step has agreed
     if (out != NULL) {
         *out =
             (ddl_step_result){ddl_model_step(s->model), loss, accuracy_of(s, (double)c, s->batch),
@@ -1212,9 +1213,8 @@ ddl_status ddl_session_evaluate_batch(ddl_session_t *s, const void *x, size_t x_
             st = check_targets(s, "evaluate", targets, t_bytes, count);
         }
     }
-    DDL_CHECK(ddl_agree(s->comm, st));
-    int64_t total = count;
-    DDL_CHECK_MPI(MPI_Bcast(&total, 1, MPI_INT64_T, 0, s->comm));
+    int64_t total = count; // rank 0's verdict and the row count in one broadcast
+    DDL_CHECK(ddl_agree_root(s->comm, 0, st, &total, (int)sizeof total));
     if (s->iou != NULL) {
         memset(s->iou, 0, sizeof(int64_t) * 2 * (size_t)s->classes);
     }
@@ -1243,7 +1243,7 @@ ddl_status ddl_session_evaluate_batch(ddl_session_t *s, const void *x, size_t x_
         lsum += l;
         hits += c;
     }
-    st = ddl_agree(s->comm, st);
+    // The model's commands end agreed: st is the same on every rank without another round.
     if (st == DDL_OK && out != NULL) {
         *out = (ddl_eval_result){
             total,           lsum / (double)total,  accuracy_of(s, (double)hits, total),
@@ -1269,9 +1269,10 @@ ddl_status ddl_session_predict(ddl_session_t *s, const void *x, size_t x_bytes, 
                                logits == NULL ? 0 : logits_bytes, logits == NULL ? " (NULL)" : "");
         }
     }
-    DDL_CHECK(ddl_agree(s->comm, st));
+    // Rank 0's verdict and the row count in one broadcast; the model's commands end agreed,
+    // so the loop's status is already the same on every rank.
     int64_t total = count;
-    DDL_CHECK_MPI(MPI_Bcast(&total, 1, MPI_INT64_T, 0, s->comm));
+    DDL_CHECK(ddl_agree_root(s->comm, 0, st, &total, (int)sizeof total));
     for (int64_t start = 0; start < total && st == DDL_OK; start += s->batch) {
         int64_t n = total - start < s->batch ? total - start : s->batch;
         if (s->rank == 0) {
@@ -1282,7 +1283,7 @@ ddl_status ddl_session_predict(ddl_session_t *s, const void *x, size_t x_bytes, 
             st = ddl_model_predict(s->model, NULL, 0, n, NULL, 0);
         }
     }
-    return ddl_agree(s->comm, st);
+    return st;
 }
 
 ddl_status ddl_session_predict_samples(ddl_session_t *s, ddl_split split, int64_t count, void *x,

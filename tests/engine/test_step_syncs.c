@@ -6,6 +6,9 @@
 // adds one, on its values (BCE input outside [0, 1] fails on the rank that holds it). None
 // per layer: the model's layers and loss take its own buffers without agreeing on them
 // (ddl_layer_set_io_fixed, ddl_loss_set_io_fixed).
+// The session (what the daemon runs for Predict, ModelInfer, Evaluate and Step) adds one
+// to each: the rooted agreement on its own checks of rank 0's arguments, which carries
+// the row count. It closes with the model's agreed status, not a round of its own.
 // The MPI collectives and messages of each are counted by PMPI interposition
 // (mpi_count.c) and printed, for docs/PERFORMANCE.md.
 //
@@ -20,6 +23,7 @@
 #include "ddl/agree.h"
 #include "ddl/base.h"
 #include "ddl/model.h"
+#include "ddl/session.h"
 #include "mpi_count.h"
 #include "mpi_test.h"
 
@@ -36,7 +40,9 @@ static void mark(counted *c)
     mpi_count_get(&c->mpi);
 }
 
-static void report(const char *spec, const char *what, const counted *a, int nlayers, uint64_t want)
+// Prints and checks the agreements since *a; returns the collectives since.
+static uint64_t report(const char *spec, const char *what, const counted *a, int nlayers,
+                       uint64_t want)
 {
     counted z;
     mark(&z);
@@ -57,6 +63,7 @@ static void report(const char *spec, const char *what, const counted *a, int nla
     }
     // The count per call, whatever the number of layers (on every rank of the model).
     ASSERT_EQ(agreements, want);
+    return mpi_count_collectives(&d);
 }
 
 static int check_spec(const char *path, void *unused)
@@ -104,23 +111,56 @@ static int check_spec(const char *path, void *unused)
             ASSERT_OK(ddl_model_train_step(m, x, xb, lab, B, &loss, &hits));
         }
     }
-    report(name, "train", &c, nl, dense ? 3 : 2);
+    uint64_t ctrain = report(name, "train", &c, nl, dense ? 3 : 2);
     mark(&c);
     if (dense) {
         ASSERT_OK(ddl_model_eval_dense(m, x, xb, t, tb, B, &dm));
     } else {
         ASSERT_OK(ddl_model_eval(m, x, xb, lab, B, &loss, &hits));
     }
-    report(name, "eval", &c, nl, dense ? 3 : 2);
+    uint64_t ceval = report(name, "eval", &c, nl, dense ? 3 : 2);
     mark(&c);
     ASSERT_OK(ddl_model_predict(m, x, rank == 0 ? (size_t)S * es : 0, 1, out,
                                 rank == 0 ? (size_t)O * es : 0));
-    report(name, "predict", &c, nl, 2);
+    uint64_t cpred = report(name, "predict", &c, nl, 2);
+    ddl_model_destroy(&m);
+    // The same through a session.
+    char          *text = NULL;
+    ddl_session_t *s    = NULL;
+    if (rank == 0) {
+        FILE *f = fopen(path, "rb");
+        ASSERT_TRUE(f != NULL);
+        ASSERT_TRUE(fseek(f, 0, SEEK_END) == 0);
+        long len = ftell(f);
+        ASSERT_TRUE(len > 0 && fseek(f, 0, SEEK_SET) == 0);
+        text = calloc((size_t)len + 1, 1);
+        ASSERT_TRUE(text != NULL && fread(text, 1, (size_t)len, f) == (size_t)len);
+        fclose(f);
+    }
+    ASSERT_OK(ddl_session_create(MPI_COMM_WORLD, text, name, NULL, &s));
+    const void     *tg  = dense ? t : (const void *)lab;
+    size_t          tgb = rank == 0 ? ddl_session_target_bytes(s, B) : 0;
+    ddl_step_result sr;
+    for (int k = 0; k < 2; k++) {
+        mark(&c);
+        ASSERT_OK(ddl_session_step(s, x, xb, tg, tgb, B, &sr));
+    }
+    uint64_t one = size > 1 ? 1 : 0; // the session's own collective, on more than one rank
+    ASSERT_EQ(report(name, "s.step", &c, nl, dense ? 4 : 3), ctrain + one);
+    ddl_eval_result er;
+    mark(&c);
+    ASSERT_OK(ddl_session_evaluate_batch(s, x, xb, tg, tgb, B, &er));
+    ASSERT_EQ(report(name, "s.eval", &c, nl, dense ? 4 : 3), ceval + one);
+    mark(&c);
+    ASSERT_OK(ddl_session_predict(s, x, rank == 0 ? (size_t)S * es : 0, 1, out,
+                                  rank == 0 ? (size_t)O * es : 0));
+    ASSERT_EQ(report(name, "s.pred", &c, nl, 3), cpred + one);
+    ddl_session_destroy(&s);
+    free(text);
     free(x);
     free(t);
     free(out);
     free(lab);
-    ddl_model_destroy(&m);
     ddl_spec_destroy(&spec);
     return 1;
 }

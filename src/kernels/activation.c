@@ -1,7 +1,8 @@
 // kernels/activation.c: elementwise activations and dropout, forward and backward.
 //
 // n = number of elements; every array is [n] of the dtype given. The math is done in
-// double per element and rounded once on store. Backward accumulates (dx += ...).
+// double per element and rounded once on store. Backward accumulates (dx += ...); the
+// _into form overwrites (dx = ...), with the same bits as accumulating onto zeros.
 //
 // Each kernel body is written once with the dtype as a parameter and force-inlined
 // into a call with a constant dtype (and activation kind), so the compiler emits one
@@ -107,14 +108,14 @@ KERNEL void act_forward_kernel(ddl_dtype dt, ddl_activation act, double a, void 
     }
 }
 
-// dx += dy * f'(x); dx, dy, x, y [n] (only the one the kind needs is read).
+// dx += dy * f'(x) (into: dx = ...); dx, dy, x, y [n] (only the one the kind needs is read).
 KERNEL void act_backward_kernel(ddl_dtype dt, ddl_activation act, double a, void *dx,
-                                const void *dy, const void *x, const void *y, int64_t n)
+                                const void *dy, const void *x, const void *y, int64_t n, bool into)
 {
     for (int64_t i = 0; i < n; i++) {
         double xi = act_needs_x(act) ? ld(dt, x, i) : 0.0;
         double yi = act_needs_x(act) ? 0.0 : ld(dt, y, i);
-        acc(dt, dx, i, ld(dt, dy, i) * act_df(act, a, xi, yi));
+        put(dt, dx, i, ld(dt, dy, i) * act_df(act, a, xi, yi), into);
     }
 }
 
@@ -147,8 +148,9 @@ typedef int32_t ddl_v8i __attribute__((vector_size(32)));
 typedef double  ddl_v4d __attribute__((vector_size(32)));
 typedef int64_t ddl_v4l __attribute__((vector_size(32)));
 
-KERNEL void relu_backward_kernel(ddl_dtype dt, void *dx, const void *dy, const void *y,
-                                 int64_t n)
+// into: dx = 0 + dy * [y > 0] without reading dx (the same bits: the zero is added after).
+KERNEL void relu_backward_kernel(ddl_dtype dt, void *dx, const void *dy, const void *y, int64_t n,
+                                 bool into)
 {
     int64_t i = 0;
     if (dt == DDL_F32) {
@@ -156,30 +158,34 @@ KERNEL void relu_backward_kernel(ddl_dtype dt, void *dx, const void *dy, const v
         float        *d   = dx;
         const ddl_v8f one = {1, 1, 1, 1, 1, 1, 1, 1}, zero = {0};
         for (; i + 8 <= n; i += 8) {
-            ddl_v8f a, b, c;
-            memcpy(&a, d + i, sizeof a);
+            ddl_v8f a = zero, b, c;
+            if (!into) {
+                memcpy(&a, d + i, sizeof a);
+            }
             memcpy(&b, g + i, sizeof b);
             memcpy(&c, ys + i, sizeof c);
             a += b * (ddl_v8f)((c > zero) & (ddl_v8i)one);
             memcpy(d + i, &a, sizeof a);
         }
         for (; i < n; i++) {
-            d[i] += g[i] * (ys[i] > 0.0f ? 1.0f : 0.0f);
+            d[i] = (into ? 0.0f : d[i]) + g[i] * (ys[i] > 0.0f ? 1.0f : 0.0f);
         }
     } else {
         const double  *g = dy, *ys = y;
         double        *d   = dx;
         const ddl_v4d one = {1, 1, 1, 1}, zero = {0};
         for (; i + 4 <= n; i += 4) {
-            ddl_v4d a, b, c;
-            memcpy(&a, d + i, sizeof a);
+            ddl_v4d a = zero, b, c;
+            if (!into) {
+                memcpy(&a, d + i, sizeof a);
+            }
             memcpy(&b, g + i, sizeof b);
             memcpy(&c, ys + i, sizeof c);
             a += b * (ddl_v4d)((c > zero) & (ddl_v4l)one);
             memcpy(d + i, &a, sizeof a);
         }
         for (; i < n; i++) {
-            d[i] += g[i] * (ys[i] > 0.0 ? 1.0 : 0.0);
+            d[i] = (into ? 0.0 : d[i]) + g[i] * (ys[i] > 0.0 ? 1.0 : 0.0);
         }
     }
 }
@@ -200,8 +206,8 @@ KERNEL ddl_status act_forward(ddl_activation act, double a, ddl_dtype dt, void *
     return DDL_OK;
 }
 
-KERNEL ddl_status act_backward(ddl_activation act, double a, ddl_dtype dt, void *dx,
-                               const void *dy, const void *x, const void *y, int64_t n)
+KERNEL ddl_status act_backward(ddl_activation act, double a, ddl_dtype dt, void *dx, const void *dy,
+                               const void *x, const void *y, int64_t n, bool into)
 {
     DDL_CHECK(check_common(act_name(act), dt, n));
     if (dx == NULL || n == 0) {
@@ -211,11 +217,11 @@ KERNEL ddl_status act_backward(ddl_activation act, double a, ddl_dtype dt, void 
     DDL_REQUIRE(dy && saved, DDL_EINVAL, "%s_backward: NULL dy or saved %s", act_name(act),
                 act_needs_x(act) ? "input x" : "output y");
     if (act == DDL_ACTIVATION_RELU) {
-        relu_backward_kernel(dt, dx, dy, y, n);
+        relu_backward_kernel(dt, dx, dy, y, n, into);
     } else if (dt == DDL_F32) {
-        act_backward_kernel(DDL_F32, act, a, dx, dy, x, y, n);
+        act_backward_kernel(DDL_F32, act, a, dx, dy, x, y, n, into);
     } else {
-        act_backward_kernel(DDL_F64, act, a, dx, dy, x, y, n);
+        act_backward_kernel(DDL_F64, act, a, dx, dy, x, y, n, into);
     }
     return DDL_OK;
 }
@@ -229,7 +235,7 @@ ddl_status ddl_relu_forward(ddl_dtype dt, void *y, const void *x, int64_t n)
 
 ddl_status ddl_relu_backward(ddl_dtype dt, void *dx, const void *dy, const void *y, int64_t n)
 {
-    return act_backward(DDL_ACTIVATION_RELU, 0.0, dt, dx, dy, NULL, y, n);
+    return act_backward(DDL_ACTIVATION_RELU, 0.0, dt, dx, dy, NULL, y, n, false);
 }
 
 ddl_status ddl_leaky_relu_forward(ddl_dtype dt, void *y, const void *x, int64_t n,
@@ -241,7 +247,7 @@ ddl_status ddl_leaky_relu_forward(ddl_dtype dt, void *y, const void *x, int64_t 
 ddl_status ddl_leaky_relu_backward(ddl_dtype dt, void *dx, const void *dy, const void *x,
                                    int64_t n, double negative_slope)
 {
-    return act_backward(DDL_ACTIVATION_LEAKY_RELU, negative_slope, dt, dx, dy, x, NULL, n);
+    return act_backward(DDL_ACTIVATION_LEAKY_RELU, negative_slope, dt, dx, dy, x, NULL, n, false);
 }
 
 ddl_status ddl_sigmoid_forward(ddl_dtype dt, void *y, const void *x, int64_t n)
@@ -251,7 +257,7 @@ ddl_status ddl_sigmoid_forward(ddl_dtype dt, void *y, const void *x, int64_t n)
 
 ddl_status ddl_sigmoid_backward(ddl_dtype dt, void *dx, const void *dy, const void *y, int64_t n)
 {
-    return act_backward(DDL_ACTIVATION_SIGMOID, 0.0, dt, dx, dy, NULL, y, n);
+    return act_backward(DDL_ACTIVATION_SIGMOID, 0.0, dt, dx, dy, NULL, y, n, false);
 }
 
 ddl_status ddl_tanh_forward(ddl_dtype dt, void *y, const void *x, int64_t n)
@@ -261,7 +267,7 @@ ddl_status ddl_tanh_forward(ddl_dtype dt, void *y, const void *x, int64_t n)
 
 ddl_status ddl_tanh_backward(ddl_dtype dt, void *dx, const void *dy, const void *y, int64_t n)
 {
-    return act_backward(DDL_ACTIVATION_TANH, 0.0, dt, dx, dy, NULL, y, n);
+    return act_backward(DDL_ACTIVATION_TANH, 0.0, dt, dx, dy, NULL, y, n, false);
 }
 
 ddl_status ddl_gelu_forward(ddl_dtype dt, void *y, const void *x, int64_t n)
@@ -271,7 +277,7 @@ ddl_status ddl_gelu_forward(ddl_dtype dt, void *y, const void *x, int64_t n)
 
 ddl_status ddl_gelu_backward(ddl_dtype dt, void *dx, const void *dy, const void *x, int64_t n)
 {
-    return act_backward(DDL_ACTIVATION_GELU, 0.0, dt, dx, dy, x, NULL, n);
+    return act_backward(DDL_ACTIVATION_GELU, 0.0, dt, dx, dy, x, NULL, n, false);
 }
 
 ddl_status ddl_activation_forward(ddl_activation act, double param, ddl_dtype dt, void *y,
@@ -308,6 +314,22 @@ ddl_status ddl_activation_backward(ddl_activation act, double param, ddl_dtype d
         return ddl_gelu_backward(dt, dx, dy, x, n);
     }
     return ddl_set_error(DDL_EINVAL, "activation_backward: unknown activation %d", (int)act);
+}
+
+ddl_status ddl_activation_backward_into(ddl_activation act, double param, ddl_dtype dt, void *dx,
+                                        const void *dy, const void *x, const void *y, int64_t n)
+{
+    switch (act) {
+    case DDL_ACTIVATION_RELU:
+    case DDL_ACTIVATION_LEAKY_RELU:
+    case DDL_ACTIVATION_SIGMOID:
+    case DDL_ACTIVATION_TANH:
+    case DDL_ACTIVATION_GELU:
+        // The named forms pass NULL for the operand their kind does not read; so does this.
+        return act_backward(act, act == DDL_ACTIVATION_LEAKY_RELU ? param : 0.0, dt, dx, dy,
+                            act_needs_x(act) ? x : NULL, act_needs_x(act) ? NULL : y, n, true);
+    }
+    return ddl_set_error(DDL_EINVAL, "activation_backward_into: unknown activation %d", (int)act);
 }
 
 // ---- dropout ------------------------------------------------------------------------

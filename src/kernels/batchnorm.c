@@ -6,7 +6,7 @@
 // the sums come from an all-reduce):
 //   mean = sum(x)/V,  var = sum((x - mean)^2)/V,  invstd = 1/sqrt(var + eps)
 //   xhat = (x - mean)*invstd,  y = gamma*xhat + beta
-//   dx  += gamma*invstd*(dy - sum(dy)/V - xhat*sum(dy*xhat)/V)
+//   dx  += gamma*invstd*(dy - sum(dy)/V - xhat*sum(dy*xhat)/V)   (the _into form: dx = ...)
 //   dgamma += sum(dy*xhat),  dbeta += sum(dy)
 // The variance takes two passes (sum, then squared deviations about the mean), which
 // is what DistDL does and avoids the cancellation of E[x^2] - E[x]^2. All sums are in
@@ -147,17 +147,17 @@ KERNEL void ch_reduce(ddl_dtype dt, const void *dy, const void *x, double mean, 
 }
 
 // dx += g*invstd*(dy - k1 - xhat*k2) for channel c, with k1 = sum(dy)/V and
-// k2 = sum(dy*xhat)/V (both 0 for frozen statistics).
+// k2 = sum(dy*xhat)/V (both 0 for frozen statistics); into: dx = ... (dtype.h's put).
 KERNEL void ch_apply(ddl_dtype dt, void *dx, const void *dy, const void *x, double mean,
-                     double invstd, double g, double k1, double k2, int64_t N, int64_t C,
-                     int64_t S, int64_t c)
+                     double invstd, double g, double k1, double k2, int64_t N, int64_t C, int64_t S,
+                     int64_t c, bool into)
 {
     double k = g * invstd;
     for (int64_t n = 0; n < N; n++) {
         int64_t row = (n * C + c) * S;
         for (int64_t s = 0; s < S; s++) {
             double xhat = (ld(dt, x, row + s) - mean) * invstd;
-            acc(dt, dx, row + s, k * (ld(dt, dy, row + s) - k1 - xhat * k2));
+            put(dt, dx, row + s, k * (ld(dt, dy, row + s) - k1 - xhat * k2), into);
         }
     }
 }
@@ -263,11 +263,10 @@ BN_DISPATCH(ddl_batchnorm_backward_reduce,
              const double *mean, const double *invstd, int64_t N, int64_t C, int64_t S),
             (dt, sum_dy, sum_dy_xhat, dy, x, mean, invstd, N, C, S))
 
-KERNEL ddl_status ddl_batchnorm_backward_apply_body(ddl_dtype dt, void *dx, const void *dy,
-                                                    const void *x, const double *mean,
-                                                    const double *invstd, const void *gamma,
-                                                    const double *sum_dy, const double *sum_dy_xhat,
-                                                    int64_t V, int64_t N, int64_t C, int64_t S)
+KERNEL ddl_status backward_apply(ddl_dtype dt, void *dx, const void *dy, const void *x,
+                                 const double *mean, const double *invstd, const void *gamma,
+                                 const double *sum_dy, const double *sum_dy_xhat, int64_t V,
+                                 int64_t N, int64_t C, int64_t S, bool into)
 {
     DDL_CHECK(check_dims("batchnorm_backward_apply", dt, N, C, S));
     DDL_REQUIRE((sum_dy == NULL) == (sum_dy_xhat == NULL), DDL_EINVAL,
@@ -283,13 +282,40 @@ KERNEL ddl_status ddl_batchnorm_backward_apply_body(ddl_dtype dt, void *dx, cons
         double k1 = sum_dy ? sum_dy[c] / (double)V : 0.0;
         double k2 = sum_dy ? sum_dy_xhat[c] / (double)V : 0.0;
         if (dt == DDL_F32) {
-            ch_apply(DDL_F32, dx, dy, x, mean[c], invstd[c], g, k1, k2, N, C, S, c);
+            ch_apply(DDL_F32, dx, dy, x, mean[c], invstd[c], g, k1, k2, N, C, S, c, into);
         } else {
-            ch_apply(DDL_F64, dx, dy, x, mean[c], invstd[c], g, k1, k2, N, C, S, c);
+            ch_apply(DDL_F64, dx, dy, x, mean[c], invstd[c], g, k1, k2, N, C, S, c, into);
         }
     }
     return DDL_OK;
 }
+
+KERNEL ddl_status ddl_batchnorm_backward_apply_body(ddl_dtype dt, void *dx, const void *dy,
+                                                    const void *x, const double *mean,
+                                                    const double *invstd, const void *gamma,
+                                                    const double *sum_dy, const double *sum_dy_xhat,
+                                                    int64_t V, int64_t N, int64_t C, int64_t S)
+{
+    return backward_apply(dt, dx, dy, x, mean, invstd, gamma, sum_dy, sum_dy_xhat, V, N, C, S,
+                          false);
+}
+
+KERNEL ddl_status ddl_batchnorm_backward_apply_into_body(ddl_dtype dt, void *dx, const void *dy,
+                                                         const void *x, const double *mean,
+                                                         const double *invstd, const void *gamma,
+                                                         const double *sum_dy,
+                                                         const double *sum_dy_xhat, int64_t V,
+                                                         int64_t N, int64_t C, int64_t S)
+{
+    return backward_apply(dt, dx, dy, x, mean, invstd, gamma, sum_dy, sum_dy_xhat, V, N, C, S,
+                          true);
+}
+
+BN_DISPATCH(ddl_batchnorm_backward_apply_into,
+            (ddl_dtype dt, void *dx, const void *dy, const void *x, const double *mean,
+             const double *invstd, const void *gamma, const double *sum_dy,
+             const double *sum_dy_xhat, int64_t V, int64_t N, int64_t C, int64_t S),
+            (dt, dx, dy, x, mean, invstd, gamma, sum_dy, sum_dy_xhat, V, N, C, S))
 
 BN_DISPATCH(ddl_batchnorm_backward_apply,
             (ddl_dtype dt, void *dx, const void *dy, const void *x, const double *mean,
@@ -433,7 +459,7 @@ KERNEL void bn_backward_channel(ddl_dtype dt, void *dx, void *dgamma, void *dbet
         double V  = (double)(N * S);
         double k1 = batch_stats ? sdy / V : 0.0;
         double k2 = batch_stats ? sdyxh / V : 0.0;
-        ch_apply(dt, dx, dy, x, mean, invstd, g, k1, k2, N, C, S, c);
+        ch_apply(dt, dx, dy, x, mean, invstd, g, k1, k2, N, C, S, c, false);
     }
     if (dgamma) {
         acc(dt, dgamma, c, sdyxh);

@@ -10,6 +10,8 @@
 
 #include "ddl/tensor.h"
 
+#include <stdbool.h>
+
 #define KERNEL static inline __attribute__((always_inline))
 
 // Bytes per element: ddl_dtype_size inlined (it is a library call, and im2col and the
@@ -40,6 +42,18 @@ KERNEL void acc(ddl_dtype dt, void *p, int64_t i, double v)
         ((float *)p)[i] = (float)((double)((float *)p)[i] + v);
     } else {
         ((double *)p)[i] += v;
+    }
+}
+
+// p[i] = v, or p[i] += v when accumulating, rounded once. The store is of v + 0.0, which
+// is what accumulating onto a zeroed p gives bit for bit (-0.0 becomes +0.0): a backward
+// that overwrites its dx returns the same bits as one that adds into a zeroed dx.
+KERNEL void put(ddl_dtype dt, void *p, int64_t i, double v, bool into)
+{
+    if (into) {
+        st(dt, p, i, v + 0.0);
+    } else {
+        acc(dt, p, i, v);
     }
 }
 

@@ -136,13 +136,13 @@ static ddl_status activation_backward(ddl_layer_t *L, const ddl_tensor_t *dy, dd
     if (n == 0) {
         return DDL_OK;
     }
-    ddl_tensor_zero(dx);  // the kernels accumulate
     if (m->kind != DDL_ACT_DROPOUT) {
-        const void *s = m->saved;
-        return ddl_activation_backward(kernel_kind(m->kind), m->alpha, L->dt, dx->data, dy->data,
-                                       saves_input(m->kind) ? s : NULL,
-                                       saves_input(m->kind) ? NULL : s, n);
+        const void *s = m->saved; // the kernel overwrites dx: no zeroing pass
+        return ddl_activation_backward_into(kernel_kind(m->kind), m->alpha, L->dt, dx->data,
+                                            dy->data, saves_input(m->kind) ? s : NULL,
+                                            saves_input(m->kind) ? NULL : s, n);
     }
+    ddl_tensor_zero(dx); // the dropout kernel accumulates
     for (int64_t r = 0, i = 0; i < n; r++, i += m->run_len) {
         DDL_CHECK(ddl_dropout_backward(L->dt, (char *)dx->data + (size_t)i * esz,
                                        (const char *)dy->data + (size_t)i * esz, m->mask + i,

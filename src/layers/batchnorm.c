@@ -196,17 +196,17 @@ static ddl_status bn_backward(ddl_layer_t *L, const ddl_tensor_t *dy, ddl_tensor
                                                 L->params[1].grad->data, r, r + b->C, b->C));
         }
     }
-    ddl_tensor_zero(dx);
+    // dx is overwritten by the kernel (no zeroing pass).
     if (b->batch_stats) {
         DDL_CHECK(ddl_broadcast_forward(b->bc2, b->red2, b->g2));
         const double *g = f64(b->g2);
-        DDL_CHECK(ddl_batchnorm_backward_apply(dt, dx->data, dy->data, b->x_saved, mean,
-                                               invstd, gamma_of(b), g, g + b->C, b->V, b->N,
-                                               b->C, b->S));
+        DDL_CHECK(ddl_batchnorm_backward_apply_into(dt, dx->data, dy->data, b->x_saved, mean,
+                                                    invstd, gamma_of(b), g, g + b->C, b->V, b->N,
+                                                    b->C, b->S));
     } else {
-        DDL_CHECK(ddl_batchnorm_backward_apply(dt, dx->data, dy->data, b->x_saved, mean,
-                                               invstd, gamma_of(b), NULL, NULL, b->V, b->N,
-                                               b->C, b->S));
+        DDL_CHECK(ddl_batchnorm_backward_apply_into(dt, dx->data, dy->data, b->x_saved, mean,
+                                                    invstd, gamma_of(b), NULL, NULL, b->V, b->N,
+                                                    b->C, b->S));
     }
     return DDL_OK;
 }

@@ -396,6 +396,14 @@ static void test_pieces(void)
         memset(ldx[r], 0, sizeof ldx[r]);
         ASSERT_OK(ddl_batchnorm_backward_apply(DDL_F64, ldx[r], ldy[r], lx[r], gm, gis, g, gdy,
                                                gdyx, N * S, ln[r], C, lsz[r]));
+        // The overwriting form over NaN: the same bits as accumulating onto zeros.
+        double odx[V];
+        for (int i = 0; i < V; i++) {
+            odx[i] = NAN;
+        }
+        ASSERT_OK(ddl_batchnorm_backward_apply_into(DDL_F64, odx, ldy[r], lx[r], gm, gis, g, gdy,
+                                                    gdyx, N * S, ln[r], C, lsz[r]));
+        ASSERT_TRUE(memcmp(odx, ldx[r], (size_t)(ln[r] * C * lsz[r]) * sizeof *odx) == 0);
         double wy[V], wdx[V];
         pack(y, wy, pcs[r], C, S);
         pack(dx, wdx, pcs[r], C, S);
@@ -419,11 +427,28 @@ static void test_pieces(void)
     }
     ASSERT_OK(ddl_batchnorm_backward_apply(DDL_F64, fdx, dy, x, gm, gis, g, NULL, NULL, 0, N, C,
                                            S));
+    float odf[V], zdf[V], dyf[V], xf[V];
+    for (int i = 0; i < V; i++) {
+        odf[i] = NAN;
+        zdf[i] = 0.0f;
+        dyf[i] = (float)dy[i];
+        xf[i]  = (float)x[i];
+    }
+    float gf[C];
+    for (int c = 0; c < C; c++) {
+        gf[c] = (float)g[c];
+    }
+    ASSERT_OK(
+        ddl_batchnorm_backward_apply(DDL_F32, zdf, dyf, xf, gm, gis, gf, NULL, NULL, 0, N, C, S));
+    ASSERT_OK(ddl_batchnorm_backward_apply_into(DDL_F32, odf, dyf, xf, gm, gis, gf, NULL, NULL, 0,
+                                                N, C, S));
+    ASSERT_TRUE(memcmp(odf, zdf, sizeof odf) == 0);
     for (int n = 0; n < N; n++) {
         for (int c = 0; c < C; c++) {
             for (int s = 0; s < S; s++) {
                 int i = (n * C + c) * S + s;
                 ASSERT_NEAR(fdx[i], 0.5 + g[c] * gis[c] * dy[i], 1e-15);
+                ASSERT_NEAR(odf[i], g[c] * gis[c] * dy[i], 1e-5);
             }
         }
     }

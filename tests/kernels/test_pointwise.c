@@ -188,7 +188,35 @@ static void test_gradcheck(void)
         }
         // A NULL gradient output is skipped.
         ASSERT_OK(ddl_activation_backward(KINDS[k], SLOPE, DDL_F64, NULL, w, x, y, N));
+        ASSERT_OK(ddl_activation_backward_into(KINDS[k], SLOPE, DDL_F64, NULL, w, x, y, N));
+
+        // The overwriting form: over a dx of NaN, the bits of accumulating onto zeros, in
+        // both types (the f32 ReLU takes its vector loop and its tail), and in place.
+        static double zd[N], od[N];
+        static float  zf[N], of[N];
+        double        nan = NAN;
+        memset(zd, 0, sizeof zd);
+        memset(zf, 0, sizeof zf);
+        for (int i = 0; i < N; i++) {
+            od[i] = nan;
+            of[i] = (float)nan;
+        }
+        w[7]  = -0.0; // a signed zero: 0 + -0 is +0, which the overwriting form must keep
+        wf[7] = -0.0f;
+        ASSERT_OK(ddl_activation_backward(KINDS[k], SLOPE, DDL_F64, zd, w, x, y, N));
+        ASSERT_OK(ddl_activation_backward_into(KINDS[k], SLOPE, DDL_F64, od, w, x, y, N));
+        ASSERT_TRUE(memcmp(zd, od, sizeof zd) == 0);
+        ASSERT_OK(ddl_activation_backward(KINDS[k], SLOPE, DDL_F32, zf, wf, xf, yf, N - 3));
+        ASSERT_OK(ddl_activation_backward_into(KINDS[k], SLOPE, DDL_F32, of, wf, xf, yf, N - 3));
+        ASSERT_TRUE(memcmp(zf, of, (N - 3) * sizeof *zf) == 0);
+        ASSERT_TRUE(isnan(of[N - 3])); // nothing past n is written
+        memcpy(of, wf, sizeof of);
+        ASSERT_OK(ddl_activation_backward_into(KINDS[k], SLOPE, DDL_F32, of, of, xf, yf, N - 3));
+        ASSERT_TRUE(memcmp(zf, of, (N - 3) * sizeof *zf) == 0);
+        fill_uniform(w, N, 3, -1.0, 1.0);
     }
+    ASSERT_STATUS(ddl_activation_backward_into((ddl_activation)99, 0, DDL_F64, dx, w, x, y, N),
+                  DDL_EINVAL);
 }
 
 // ---- dropout ---------------------------------------------------------------------------

@@ -77,6 +77,11 @@ DDL_EXTERN ddl_status ddl_activation_forward(ddl_activation act, double param, d
 DDL_EXTERN ddl_status ddl_activation_backward(ddl_activation act, double param, ddl_dtype dt,
                                               void *dx, const void *dy, const void *x,
                                               const void *y, int64_t n);
+// The same, overwriting: dx = dy * f'(.) without reading dx, the same bits as
+// ddl_activation_backward onto a zeroed dx (a layer's dx needs no memset). dx may alias dy.
+DDL_EXTERN ddl_status ddl_activation_backward_into(ddl_activation act, double param, ddl_dtype dt,
+                                                   void *dx, const void *dy, const void *x,
+                                                   const void *y, int64_t n);
 
 // ---- dropout ----------------------------------------------------------------
 // Training-mode dropout (torch.nn.Dropout) with a counter-based mask, so a distributed
@@ -146,6 +151,14 @@ DDL_EXTERN ddl_status ddl_batchnorm_backward_apply(ddl_dtype dt, void *dx, const
                                                    const double *sum_dy,
                                                    const double *sum_dy_xhat, int64_t V,
                                                    int64_t N, int64_t C, int64_t S);
+// The same, overwriting: dx = gamma*invstd*(...) without reading dx, the same bits as
+// ddl_batchnorm_backward_apply onto a zeroed dx.
+DDL_EXTERN ddl_status ddl_batchnorm_backward_apply_into(ddl_dtype dt, void *dx, const void *dy,
+                                                        const void *x, const double *mean,
+                                                        const double *invstd, const void *gamma,
+                                                        const double *sum_dy,
+                                                        const double *sum_dy_xhat, int64_t V,
+                                                        int64_t N, int64_t C, int64_t S);
 // dgamma += sum_dy_xhat, dbeta += sum_dy (either output may be NULL).
 DDL_EXTERN ddl_status ddl_batchnorm_param_grads(ddl_dtype dt, void *dgamma, void *dbeta,
                                                 const double *sum_dy,

@@ -225,10 +225,26 @@ static ddl_status make_dims(const char *who, ddl_dtype dt, const ddl_interpolate
 
 // ---- kernel ---------------------------------------------------------------------------
 
+// The taps of dims 1 and 2 are the same for every row and every plane: interp_run
+// computes them once per call into these tables when the local output extent fits
+// (TAPS_MAX; a larger one computes them per element as before). The same taps, so the
+// same bits; the per-element coordinate arithmetic (a float division, floorf) was most
+// of the kernel's time.
+#define TAPS_MAX 256
+
+typedef struct tap_tables {
+    const tap *t1, *t2; // [d[1].out_n], [d[2].out_n], or NULL
+} tap_tables;
+
+KERNEL tap tap_of(ddl_dtype dt, const dim_spec *d, const tap *table, int64_t o)
+{
+    return table != NULL ? table[o] : dim_tap(dt, d, d->out_start + o);
+}
+
 // Forward: y = A x (dx, dy unused). Backward: dx += A^T dy (y, x unused).
 // Dims are (D, H, W) after padding; taps are made local by subtracting in_start.
 KERNEL void interp_kernel(ddl_dtype dt, bool backward, void *y, const void *x, void *dx,
-                          const void *dy, const dim_spec *d, int64_t B)
+                          const void *dy, const dim_spec *d, const tap_tables *tt, int64_t B)
 {
     int64_t in_vol  = d[0].in_n * d[1].in_n * d[2].in_n;
     int64_t out_vol = d[0].out_n * d[1].out_n * d[2].out_n;
@@ -237,10 +253,10 @@ KERNEL void interp_kernel(ddl_dtype dt, bool backward, void *y, const void *x, v
         for (int64_t o0 = 0; o0 < d[0].out_n; o0++) {
             tap t0 = dim_tap(dt, &d[0], d[0].out_start + o0);
             for (int64_t o1 = 0; o1 < d[1].out_n; o1++) {
-                tap     t1  = dim_tap(dt, &d[1], d[1].out_start + o1);
+                tap     t1  = tap_of(dt, &d[1], tt->t1, o1);
                 int64_t row = yb + (o0 * d[1].out_n + o1) * d[2].out_n;
                 for (int64_t o2 = 0; o2 < d[2].out_n; o2++) {
-                    tap    t2 = dim_tap(dt, &d[2], d[2].out_start + o2);
+                    tap    t2 = tap_of(dt, &d[2], tt->t2, o2);
                     double g  = backward ? ld(dt, dy, row + o2) : 0.0;
                     double v  = 0.0;
                     for (int a = 0; a < t0.n; a++) {
@@ -315,17 +331,31 @@ static ddl_status interp_run(const char *who, ddl_dtype dt, bool backward, void 
         return DDL_OK;
     }
     DDL_REQUIRE(backward ? dy != NULL : (x && y), DDL_EINVAL, "%s: NULL buffer", who);
+    tap        t1[TAPS_MAX], t2[TAPS_MAX]; // on the stack: a step allocates nothing
+    tap_tables tt = {NULL, NULL};
+    if (d[1].out_n <= TAPS_MAX) {
+        for (int64_t o = 0; o < d[1].out_n; o++) {
+            t1[o] = dim_tap(dt, &d[1], d[1].out_start + o);
+        }
+        tt.t1 = t1;
+    }
+    if (d[2].out_n <= TAPS_MAX) {
+        for (int64_t o = 0; o < d[2].out_n; o++) {
+            t2[o] = dim_tap(dt, &d[2], d[2].out_start + o);
+        }
+        tt.t2 = t2;
+    }
     if (dt == DDL_F32) {
         if (backward) {
-            interp_kernel(DDL_F32, true, NULL, NULL, dx, dy, d, B);
+            interp_kernel(DDL_F32, true, NULL, NULL, dx, dy, d, &tt, B);
         } else {
-            interp_kernel(DDL_F32, false, y, x, NULL, NULL, d, B);
+            interp_kernel(DDL_F32, false, y, x, NULL, NULL, d, &tt, B);
         }
     } else {
         if (backward) {
-            interp_kernel(DDL_F64, true, NULL, NULL, dx, dy, d, B);
+            interp_kernel(DDL_F64, true, NULL, NULL, dx, dy, d, &tt, B);
         } else {
-            interp_kernel(DDL_F64, false, y, x, NULL, NULL, d, B);
+            interp_kernel(DDL_F64, false, y, x, NULL, NULL, d, &tt, B);
         }
     }
     return DDL_OK;

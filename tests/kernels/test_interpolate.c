@@ -435,21 +435,26 @@ typedef struct shape_case {
 static void test_configs(void)
 {
     const shape_case cases[] = {
-        {1, {5}, {10}, {0}},             // upsampling by a size
-        {1, {5}, {0}, {2.0}},            // scale factor 2
-        {1, {7}, {3}, {0}},              // downsampling
-        {1, {5}, {0}, {1.5}},            // fractional scale factor
+        {1, {5}, {10}, {0}},  // upsampling by a size
+        {1, {5}, {0}, {2.0}}, // scale factor 2
+        {1, {7}, {3}, {0}},   // downsampling
+        {1, {5}, {0}, {1.5}}, // fractional scale factor
         {1, {3}, {8}, {0}},
-        {1, {6}, {6}, {0}},              // same size: a copy
-        {1, {4}, {1}, {0}},              // a single output
-        {1, {1}, {5}, {0}},              // a single input
-        {1, {9}, {0}, {0.5}},            // scale factor below 1
+        {1, {6}, {6}, {0}},   // same size: a copy
+        {1, {4}, {1}, {0}},   // a single output
+        {1, {1}, {5}, {0}},   // a single input
+        {1, {9}, {0}, {0.5}}, // scale factor below 1
         {2, {5, 4}, {10, 7}, {0, 0}},
         {2, {7, 3}, {3, 6}, {0, 0}},
         {2, {4, 5}, {0, 0}, {2.0, 1.5}},
         {3, {3, 4, 5}, {6, 3, 7}, {0, 0, 0}},
         {3, {2, 3, 4}, {0, 0, 0}, {2.0, 2.0, 2.0}},
         {3, {4, 2, 3}, {3, 5, 3}, {0, 0, 0}},
+        // Outputs wider than the kernel's tap tables (256): the whole computes the taps per
+        // element, its pieces from the tables, and the forward pieces must equal it exactly.
+        {1, {150}, {300}, {0}},
+        {2, {3, 130}, {0, 0}, {1.5, 2.0}},
+        {2, {131, 2}, {262, 3}, {0, 0}},
     };
     const int ncases = (int)(sizeof cases / sizeof cases[0]);
     for (int c = 0; c < ncases; c++) {

@@ -250,13 +250,44 @@ static bool unpadded(const sp3 *sp)
         return o;                                                                          \
     }
 
+// The same for 2x2x2, stride-2 (in the last dim) windows of 3-D pooling: the taps of plane
+// k0 = 1 sit PL = in[1] * in[2] further, and code 0..7 is the tap index in the rule's order
+// (k0, k1, k2).
+#define DEFINE_MAX222(name, T, VT, VI)                                                             \
+    static int64_t name(const T *restrict r0, int64_t I2, int64_t PL, int64_t row, int64_t n,      \
+                        T *restrict y, int64_t *restrict arg)                                      \
+    {                                                                                              \
+        int64_t o = 0;                                                                             \
+        for (; o + 4 <= n; o += 4) {                                                               \
+            const T *p[4] = {r0 + 2 * o, r0 + I2 + 2 * o, r0 + PL + 2 * o, r0 + PL + I2 + 2 * o};  \
+            VT       m    = {p[0][0], p[0][2], p[0][4], p[0][6]};                                  \
+            VI       code = {0, 0, 0, 0}, t;                                                       \
+            for (int k = 1; k < 8; k++) {                                                          \
+                const T *q = p[k >> 1] + (k & 1);                                                  \
+                VT       v = {q[0], q[2], q[4], q[6]};                                             \
+                t          = (v > m) | (v != v);                                                   \
+                m          = (VT)((t & (VI)v) | (~t & (VI)m));                                     \
+                code       = (t & k) | (~t & code);                                                \
+            }                                                                                      \
+            memcpy(y + o, &m, sizeof m);                                                           \
+            for (int l = 0; l < 4; l++) {                                                          \
+                arg[o + l] = row + 2 * (o + l) + (code[l] & 1) + ((code[l] >> 1) & 1) * I2 +       \
+                             (code[l] >> 2) * PL;                                                  \
+            }                                                                                      \
+        }                                                                                          \
+        return o;                                                                                  \
+    }
+
 typedef float   ddl_v4f __attribute__((vector_size(16)));
 typedef int32_t ddl_v4i __attribute__((vector_size(16)));
 typedef double  ddl_v4d __attribute__((vector_size(32)));
 typedef int64_t ddl_v4l __attribute__((vector_size(32)));
 DEFINE_MAX22(max22_f32, float, ddl_v4f, ddl_v4i)
 DEFINE_MAX22(max22_f64, double, ddl_v4d, ddl_v4l)
+DEFINE_MAX222(max222_f32, float, ddl_v4f, ddl_v4i)
+DEFINE_MAX222(max222_f64, double, ddl_v4d, ddl_v4l)
 #undef DEFINE_MAX22
+#undef DEFINE_MAX222
 
 KERNEL void pool_fwd_unpadded_t(ddl_dtype dt, bool is_max, const sp3 *sp, int64_t planes,
                                 void *y, const void *x, int64_t *restrict arg)
@@ -265,7 +296,8 @@ KERNEL void pool_fwd_unpadded_t(ddl_dtype dt, bool is_max, const sp3 *sp, int64_
     const int64_t K0 = sp->k[0], K1 = sp->k[1], K2 = sp->k[2];
     const int64_t S0 = sp->s[0], S1 = sp->s[1], S2 = sp->s[2];
     const int64_t O0 = sp->out[0], O1 = sp->out[1], O2 = sp->out[2];
-    const bool    k22 = is_max && K0 == 1 && K1 == 2 && K2 == 2 && S2 == 2;
+    const bool    k22  = is_max && K0 == 1 && K1 == 2 && K2 == 2 && S2 == 2;
+    const bool    k222 = is_max && K0 == 2 && K1 == 2 && K2 == 2 && S2 == 2;
     const double  kv  = (double)sp->kv;
     int64_t       oi  = 0;
     for (int64_t pl = 0; pl < planes; pl++) {
@@ -294,7 +326,16 @@ KERNEL void pool_fwd_unpadded_t(ddl_dtype dt, bool is_max, const sp3 *sp, int64_
                     }
                     continue;
                 }
-                for (int64_t o2 = 0; o2 < O2; o2++, oi++) {
+                int64_t o2 = 0;
+                if (k222) { // four windows at a time; the rest below, by the rule itself
+                    const int64_t PL = I1 * I2;
+                    o2 = dt == DDL_F32 ? max222_f32((const float *)x + row, I2, PL, row, O2,
+                                                    (float *)y + oi, arg + oi)
+                                       : max222_f64((const double *)x + row, I2, PL, row, O2,
+                                                    (double *)y + oi, arg + oi);
+                    oi += o2;
+                }
+                for (; o2 < O2; o2++, oi++) {
                     const int64_t start = row + o2 * S2;
                     double        m = is_max ? ld(dt, x, start) : 0.0;
                     int64_t       b = start;

@@ -477,6 +477,23 @@ static void test_errors(void)
     ASSERT_STATUS(ddl_batchnorm_running_update(DDL_F64, rm, rv, m, is, 1, 1, 0.1), DDL_EINVAL);
     ASSERT_STATUS(ddl_batchnorm_backward_apply(DDL_F64, y, x, x, m, is, NULL, m, NULL, 4, 4, 1, 1),
                   DDL_EINVAL);
+    // The overwriting form refuses the same arguments, and writes nothing when it does.
+    double keep[4] = {7, 7, 7, 7};
+    ASSERT_STATUS(
+        ddl_batchnorm_backward_apply_into(DDL_F64, keep, x, x, m, is, NULL, m, NULL, 4, 4, 1, 1),
+        DDL_EINVAL);
+    ASSERT_STATUS(
+        ddl_batchnorm_backward_apply_into(DDL_F64, keep, x, x, m, is, NULL, m, m, 0, 4, 1, 1),
+        DDL_EINVAL);
+    ASSERT_STATUS(ddl_batchnorm_backward_apply_into(DDL_F64, keep, x, NULL, m, is, NULL, NULL, NULL,
+                                                    0, 4, 1, 1),
+                  DDL_EINVAL);
+    ASSERT_STATUS(ddl_batchnorm_backward_apply_into((ddl_dtype)3, keep, x, x, m, is, NULL, NULL,
+                                                    NULL, 0, 4, 1, 1),
+                  DDL_EINVAL);
+    for (int i = 0; i < 4; i++) {
+        ASSERT_TRUE(keep[i] == 7);
+    }
 }
 
 int main(void)

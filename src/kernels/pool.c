@@ -215,54 +215,23 @@ static bool unpadded(const sp3 *sp)
         }                                                                                  \
     } while (0)
 
-// 2x2, stride-2 max windows, four outputs of a row at a time: lane l holds window
-// o2 + l, its taps (0,0), (0,1), (1,0), (1,1) in vectors a, b, c, d, combined in that
-// order with MAX_STEP's rule as branch-free selects (the windows' maxima are data
-// dependent, so branches mispredict). code is the tap index 0..3 of the maximum. The
-// lanes are filled with scalar loads: portable, and cheap next to the mispredictions.
-#define DEFINE_MAX22(name, T, VT, VI)                                                      \
-    static int64_t name(const T *restrict r0, int64_t I2, int64_t row, int64_t n,         \
-                        T *restrict y, int64_t *restrict arg)                              \
-    {                                                                                      \
-        const T *r1 = r0 + I2;                                                             \
-        int64_t  o  = 0;                                                                   \
-        for (; o + 4 <= n; o += 4) {                                                       \
-            const T *p0 = r0 + 2 * o, *p1 = r1 + 2 * o;                                    \
-            VT       m  = {p0[0], p0[2], p0[4], p0[6]};                                    \
-            VT       b  = {p0[1], p0[3], p0[5], p0[7]};                                    \
-            VT       c  = {p1[0], p1[2], p1[4], p1[6]};                                    \
-            VT       d  = {p1[1], p1[3], p1[5], p1[7]};                                    \
-            VI       code = {0, 0, 0, 0}, t;                                               \
-            t    = (b > m) | (b != b);                                                     \
-            m    = (VT)((t & (VI)b) | (~t & (VI)m));                                       \
-            code = (t & 1) | (~t & code);                                                  \
-            t    = (c > m) | (c != c);                                                     \
-            m    = (VT)((t & (VI)c) | (~t & (VI)m));                                       \
-            code = (t & 2) | (~t & code);                                                  \
-            t    = (d > m) | (d != d);                                                     \
-            m    = (VT)((t & (VI)d) | (~t & (VI)m));                                       \
-            code = (t & 3) | (~t & code);                                                  \
-            memcpy(y + o, &m, sizeof m);                                                   \
-            for (int l = 0; l < 4; l++) {                                                  \
-                arg[o + l] = row + 2 * (o + l) + (code[l] & 1) + (code[l] >> 1) * I2;      \
-            }                                                                              \
-        }                                                                                  \
-        return o;                                                                          \
-    }
-
-// The same for 2x2x2, stride-2 (in the last dim) windows of 3-D pooling: the taps of plane
-// k0 = 1 sit PL = in[1] * in[2] further, and code 0..7 is the tap index in the rule's order
-// (k0, k1, k2).
-#define DEFINE_MAX222(name, T, VT, VI)                                                             \
+// 2x2 (NTAPS 4) or 2x2x2 (NTAPS 8) max windows of stride 2 in the last dim, four outputs
+// of a row at a time: lane l holds window o2 + l, its taps taken in the rule's order
+// (k0, k1, k2) and combined with MAX_STEP's rule as branch-free selects (the windows'
+// maxima are data dependent, so branches mispredict). Rows k1 = 1 sit I2 further and the
+// plane k0 = 1 PL = in[1] * in[2] further; code is the tap index of the maximum. The lanes
+// are filled with scalar loads: portable, and cheap next to the mispredictions.
+#define DEFINE_MAXWIN(name, T, VT, VI, NTAPS)                                                      \
     static int64_t name(const T *restrict r0, int64_t I2, int64_t PL, int64_t row, int64_t n,      \
                         T *restrict y, int64_t *restrict arg)                                      \
     {                                                                                              \
         int64_t o = 0;                                                                             \
         for (; o + 4 <= n; o += 4) {                                                               \
-            const T *p[4] = {r0 + 2 * o, r0 + I2 + 2 * o, r0 + PL + 2 * o, r0 + PL + I2 + 2 * o};  \
+            const T *pl   = NTAPS > 4 ? r0 + PL : r0; /* no plane k0 = 1 for 2x2 */                \
+            const T *p[4] = {r0 + 2 * o, r0 + I2 + 2 * o, pl + 2 * o, pl + I2 + 2 * o};            \
             VT       m    = {p[0][0], p[0][2], p[0][4], p[0][6]};                                  \
             VI       code = {0, 0, 0, 0}, t;                                                       \
-            for (int k = 1; k < 8; k++) {                                                          \
+            for (int k = 1; k < NTAPS; k++) {                                                      \
                 const T *q = p[k >> 1] + (k & 1);                                                  \
                 VT       v = {q[0], q[2], q[4], q[6]};                                             \
                 t          = (v > m) | (v != v);                                                   \
@@ -282,12 +251,11 @@ typedef float   ddl_v4f __attribute__((vector_size(16)));
 typedef int32_t ddl_v4i __attribute__((vector_size(16)));
 typedef double  ddl_v4d __attribute__((vector_size(32)));
 typedef int64_t ddl_v4l __attribute__((vector_size(32)));
-DEFINE_MAX22(max22_f32, float, ddl_v4f, ddl_v4i)
-DEFINE_MAX22(max22_f64, double, ddl_v4d, ddl_v4l)
-DEFINE_MAX222(max222_f32, float, ddl_v4f, ddl_v4i)
-DEFINE_MAX222(max222_f64, double, ddl_v4d, ddl_v4l)
-#undef DEFINE_MAX22
-#undef DEFINE_MAX222
+DEFINE_MAXWIN(max22_f32, float, ddl_v4f, ddl_v4i, 4)
+DEFINE_MAXWIN(max22_f64, double, ddl_v4d, ddl_v4l, 4)
+DEFINE_MAXWIN(max222_f32, float, ddl_v4f, ddl_v4i, 8)
+DEFINE_MAXWIN(max222_f64, double, ddl_v4d, ddl_v4l, 8)
+#undef DEFINE_MAXWIN
 
 KERNEL void pool_fwd_unpadded_t(ddl_dtype dt, bool is_max, const sp3 *sp, int64_t planes,
                                 void *y, const void *x, int64_t *restrict arg)
@@ -305,34 +273,21 @@ KERNEL void pool_fwd_unpadded_t(ddl_dtype dt, bool is_max, const sp3 *sp, int64_
         for (int64_t o0 = 0; o0 < O0; o0++) {
             for (int64_t o1 = 0; o1 < O1; o1++) {
                 const int64_t row = xoff + (o0 * S0 * I1 + o1 * S1) * I2;
-                if (k22) {
-                    int64_t o2;
-                    if (dt == DDL_F32) {
-                        o2 = max22_f32((const float *)x + row, I2, row, O2, (float *)y + oi,
-                                       arg + oi);
-                    } else {
-                        o2 = max22_f64((const double *)x + row, I2, row, O2,
-                                       (double *)y + oi, arg + oi);
-                    }
-                    for (oi += o2; o2 < O2; o2++, oi++) {
-                        const int64_t i = row + 2 * o2;
-                        double        m = ld(dt, x, i);
-                        int64_t       b = i;
-                        MAX_STEP(ld(dt, x, i + 1), i + 1);
-                        MAX_STEP(ld(dt, x, i + I2), i + I2);
-                        MAX_STEP(ld(dt, x, i + I2 + 1), i + I2 + 1);
-                        st(dt, y, oi, m);
-                        arg[oi] = b;
-                    }
-                    continue;
-                }
+                // Four windows at a time on the fast paths; the rest below, by the rule itself.
                 int64_t o2 = 0;
-                if (k222) { // four windows at a time; the rest below, by the rule itself
+                if (k22 || k222) {
                     const int64_t PL = I1 * I2;
-                    o2 = dt == DDL_F32 ? max222_f32((const float *)x + row, I2, PL, row, O2,
-                                                    (float *)y + oi, arg + oi)
-                                       : max222_f64((const double *)x + row, I2, PL, row, O2,
-                                                    (double *)y + oi, arg + oi);
+                    if (dt == DDL_F32) {
+                        float       *yf = (float *)y + oi;
+                        const float *xf = (const float *)x + row;
+                        o2              = k22 ? max22_f32(xf, I2, PL, row, O2, yf, arg + oi)
+                                              : max222_f32(xf, I2, PL, row, O2, yf, arg + oi);
+                    } else {
+                        double       *yd = (double *)y + oi;
+                        const double *xd = (const double *)x + row;
+                        o2               = k22 ? max22_f64(xd, I2, PL, row, O2, yd, arg + oi)
+                                               : max222_f64(xd, I2, PL, row, O2, yd, arg + oi);
+                    }
                     oi += o2;
                 }
                 for (; o2 < O2; o2++, oi++) {

@@ -107,8 +107,9 @@ int spec_est_part_dim(const ddl_spec_t *s, int P, int d)
     return s->parts[P].shape[d] > 0 ? s->parts[P].shape[d] : 1;
 }
 
-// The output and its gradient, what the layer's type needs (the registry), and, for an
-// output consumed more than once, the buffer its gradients are summed through.
+// The output and its gradient (none for a fused ReLU), what the layer's type needs (the
+// registry), and, for an output consumed more than once, the buffer its gradients are
+// summed through.
 static void add_layer(spec_est *a, int li)
 {
     const ddl_spec_t *s    = a->s;
@@ -120,8 +121,11 @@ static void add_layer(spec_est *a, int li)
             uses += s->layers[i].in[k] == li;
         }
     }
+    // A ReLU fused into its batch norm (spec_fused_relu_source) holds no output or
+    // gradient of its own, only the scratch of a second consumer.
+    double copies = spec_fused_relu_source(s, li) >= 0 ? 0 : 2;
     if (!a->copy) {
-        spec_est_add(a, L->P_out, SPEC_E_ACT, (uses > 1 ? 3 : 2) * yl * a->item);
+        spec_est_add(a, L->P_out, SPEC_E_ACT, (copies + (uses > 1)) * yl * a->item);
     }
     L->kind->estimate(a, L);
 }

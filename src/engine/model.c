@@ -81,6 +81,9 @@ struct ddl_model {
     ddl_tensor_t           **dx_to, **dx_sum;
     void                    *scratch[SPEC_MAX_INPUTS]; // slot k's scratch gradients
     bool                    *run_back; // layer i's backward is needed
+    // Layer i is a ReLU fused into the batch norm before it (spec_fused_relu_source): it
+    // never runs, and its output and gradient are views of the batch norm's.
+    bool                    *fused;
     ddl_shape          in_global;    // [batch, sample...]
     ddl_box                  in_box;       // this rank's box of it (act[0])
     size_t             sample_bytes; // one sample in the spec's dtype
@@ -174,6 +177,15 @@ static ddl_status build_one_layer(ddl_model_t *m, int i, int *nparams)
                     s->source, i, SL->name, ddl_shape_str(&xs, a, sizeof a),
                     ddl_shape_str(&x->shape, c, sizeof c));
     }
+    int fp = spec_fused_relu_source(s, i);
+    if (fp >= 0) {
+        // The batch norm before this ReLU applies it; their outputs share memory.
+        m->fused[i] = true;
+        DDL_CHECK(ddl_batchnorm_fuse_relu(m->layers[fp], true));
+        DDL_REQUIRE(ddl_shape_equal(&L->y_shape, &m->act[fp + 1]->shape), DDL_EINTERNAL,
+                    "%s: layers[%d] (%s): the fused ReLU's output differs from its batch norm's",
+                    s->source, i, SL->name);
+    }
     if (m->full != NULL) {
         // A short-batch copy: the full model's parameters, and its activation memory
         // (idle outside a step) holds the copy's smaller activations.
@@ -182,8 +194,13 @@ static ddl_status build_one_layer(ddl_model_t *m, int i, int *nparams)
         *nparams += L->nparams;
         return DDL_OK;
     }
-    DDL_CHECK(ddl_tensor_create(s->dt, &L->y_shape, &m->act[i + 1]));
-    DDL_CHECK(ddl_tensor_create(s->dt, &L->y_shape, &m->dact[i + 1]));
+    if (fp >= 0) {
+        DDL_CHECK(ddl_tensor_view(s->dt, &L->y_shape, m->act[fp + 1]->data, &m->act[i + 1]));
+        DDL_CHECK(ddl_tensor_view(s->dt, &L->y_shape, m->dact[fp + 1]->data, &m->dact[i + 1]));
+    } else {
+        DDL_CHECK(ddl_tensor_create(s->dt, &L->y_shape, &m->act[i + 1]));
+        DDL_CHECK(ddl_tensor_create(s->dt, &L->y_shape, &m->dact[i + 1]));
+    }
     // Partition-invariant initialization: streams follow the index among the layers
     // with parameters, so specs that differ only in data movement agree.
     ddl_layer_init_params(L, s->seed, 1000u * (uint64_t)(s->layers[i].param_index + 1));
@@ -416,7 +433,8 @@ static ddl_status alloc_layer_tables(ddl_model_t *m)
     m->layers           = ddl_calloc((size_t)m->nlayers, sizeof *m->layers);
     m->act              = ddl_calloc((size_t)m->nlayers + 1, sizeof *m->act);
     m->dact             = ddl_calloc((size_t)m->nlayers + 1, sizeof *m->dact);
-    if (m->layers == NULL || m->act == NULL || m->dact == NULL) {
+    m->fused            = ddl_calloc((size_t)m->nlayers, sizeof *m->fused);
+    if (m->layers == NULL || m->act == NULL || m->dact == NULL || m->fused == NULL) {
         return ddl_set_error(DDL_ENOMEM, "model: out of memory");
     }
     // The input: [batch, sample...] on the input partition.
@@ -678,6 +696,7 @@ void ddl_model_destroy(ddl_model_t **mp)
     }
     ddl_free(m->slot0);
     ddl_free(m->run_back);
+    ddl_free(m->fused);
     ddl_free(m->x_of);
     ddl_free(m->dx_to);
     ddl_free(m->dx_sum);
@@ -891,6 +910,9 @@ static ddl_status forward(ddl_model_t *m, bool training)
     for (int t = 0; t < m->nlayers; t++) {
         int          i = s->order[t], n = s->layers[i].nin;
         ddl_layer_t *L = m->layers[i];
+        if (m->fused[i]) {
+            continue; // applied by its batch norm
+        }
         ddl_layer_set_training(L, training);
         ddl_layer_set_rng_step(L, step);
         if (n == 1) {
@@ -909,8 +931,8 @@ static ddl_status backward(ddl_model_t *m)
     const ddl_spec_t *s = m->spec;
     for (int t = m->nlayers - 1; t >= 0; t--) {
         int i = s->order[t], n = s->layers[i].nin, j0 = m->slot0[i];
-        if (!m->run_back[i]) {
-            continue;
+        if (!m->run_back[i] || m->fused[i]) {
+            continue; // a fused ReLU's gradient is its batch norm's: nothing to move
         }
         if (n == 1) {
             DDL_CHECK(ddl_layer_backward(m->layers[i], m->dact[i + 1], m->dx_to[j0]));
@@ -1331,6 +1353,15 @@ ddl_status ddl_model_predict(ddl_model_t *m, const void *x, size_t x_bytes, int6
 }
 
 // ---- accessors -------------------------------------------------------------------
+
+int ddl__model_fused_count(const ddl_model_t *m)
+{
+    int n = 0;
+    for (int i = 0; i < m->nlayers; i++) {
+        n += m->fused[i];
+    }
+    return n;
+}
 
 int ddl_model_nparams(const ddl_model_t *m)
 {

@@ -13,4 +13,8 @@
 ddl_status ddl__model_named_state(ddl_model_t *m, bool with_optim, ddl_named_tensor **out, int *n,
                                   void **names);
 
+// How many layers the model runs fused into the layer before them (a ReLU into its batch
+// norm, spec_fused_relu_source). For tests. Local.
+int ddl__model_fused_count(const ddl_model_t *m);
+
 #endif // DDL_ENGINE_MODEL_INTERNAL_H

@@ -1535,3 +1535,29 @@ bool ddl_spec_synthetic(const ddl_spec_t *s, ddl_synth_params *p, int64_t *n_tra
     }
     return s->has_synth;
 }
+
+int spec_fused_relu_source(const ddl_spec_t *s, int j)
+{
+    const char *env = getenv("DDL_FUSE_BN_RELU");
+    if (env != NULL && strcmp(env, "0") == 0) {
+        return -1;
+    }
+    const spec_layer *R = &s->layers[j];
+    if (strcmp(R->kind->stem, "activation") != 0 || R->act != DDL_ACT_RELU || R->nin != 1 ||
+        R->in[0] == SPEC_INPUT) {
+        return -1;
+    }
+    int p = R->in[0];
+    if (strcmp(s->layers[p].kind->stem, "batchnorm") != 0 || p == s->nlayers - 1 ||
+        s->layers[p].P_out != R->P_in) {
+        return -1;
+    }
+    for (int i = 0; i < s->nlayers; i++) {
+        for (int k = 0; k < s->layers[i].nin; k++) {
+            if (s->layers[i].in[k] == p && i != j) {
+                return -1;
+            }
+        }
+    }
+    return p;
+}

@@ -116,4 +116,12 @@ static inline int spec_node_partition(const ddl_spec_t *s, int n)
     return n == SPEC_INPUT ? s->input_partition : s->layers[n].P_out;
 }
 
+// Fusion of a batch norm and the ReLU after it. Layer j is a fused ReLU, and this returns
+// its operand p, when j is a "relu" whose one operand is a batchnorm layer p that no other
+// layer reads and that is not the model's output: the model then runs p with the ReLU
+// fused (ddl_batchnorm_fuse_relu), skips j, and gives j's output and gradient p's memory.
+// Otherwise -1. DDL_FUSE_BN_RELU=0 in the environment turns fusion off (for comparing
+// the two; they give the same bits).
+int spec_fused_relu_source(const ddl_spec_t *s, int j);
+
 #endif // DDL_ENGINE_SPEC_INTERNAL_H

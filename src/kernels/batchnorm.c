@@ -18,6 +18,7 @@
 // batch_norm_backward_reduce / _elemt split of PyTorch's SyncBatchNorm, which is the same
 // decomposition the distributed layer uses.
 #include <math.h>
+#include <string.h>
 
 #include "base/check.h"
 #include "ddl/base.h"
@@ -109,6 +110,62 @@ KERNEL double ch_sqdev(ddl_dtype dt, const void *x, double mean, int64_t N, int6
     return lanes_total(a);
 }
 
+// The gradient a ReLU with output y passes back: dy * [y > 0], the value of relu_backward's
+// dx (activation.c) as the unfused backward reads it. The ReLU stores +0 where this may
+// give -0 (a masked -0 or negative dy); every use below either adds it to a sum that starts
+// at +0 or ends in put's + 0.0, so the bits come out the same.
+KERNEL double relu_dy(ddl_dtype dt, const void *dy, const void *y, int64_t i)
+{
+    return ld(dt, dy, i) * (ld(dt, y, i) > 0.0 ? 1.0 : 0.0);
+}
+
+// The fused ReLU's loops, four elements at a time in GCC/Clang vector types: the compiler
+// leaves the scalar selects as branches (as in activation.c). Each lane does the scalar
+// functions' operations, so the bits are theirs; the [y > 0] factor is the compare mask &
+// 1.0, exactly 1.0 or 0.0 (a multiply, so a masked inf gives NaN as the ReLU's does), taken
+// in the element type (its products with dy are exact in either type).
+// The helpers pass vectors by value; they are always inlined, so GCC's note that a 32-byte
+// vector argument has another ABI without AVX concerns no call that exists.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
+typedef double  bn_v4d __attribute__((vector_size(32)));
+typedef int64_t bn_v4l __attribute__((vector_size(32)));
+typedef float   bn_v4f __attribute__((vector_size(16)));
+typedef int32_t bn_v4i __attribute__((vector_size(16)));
+
+KERNEL bn_v4d splat4(double v)
+{
+    return (bn_v4d){v, v, v, v};
+}
+
+KERNEL bn_v4d ld4(ddl_dtype dt, const void *p, int64_t i)
+{
+    bn_v4d d;
+    if (dt == DDL_F32) {
+        bn_v4f f;
+        memcpy(&f, (const float *)p + i, sizeof f);
+        d = __builtin_convertvector(f, bn_v4d);
+    } else {
+        memcpy(&d, (const double *)p + i, sizeof d);
+    }
+    return d;
+}
+
+// relu_dy on four lanes.
+KERNEL bn_v4d relu_dy4(ddl_dtype dt, const void *dy, const void *y, int64_t i)
+{
+    if (dt == DDL_F32) {
+        bn_v4f       g, v;
+        const bn_v4f zero = {0}, one = {1, 1, 1, 1};
+        memcpy(&g, (const float *)dy + i, sizeof g);
+        memcpy(&v, (const float *)y + i, sizeof v);
+        return __builtin_convertvector(g * (bn_v4f)((v > zero) & (bn_v4i)one), bn_v4d);
+    }
+    const bn_v4d zero = {0}, one = splat4(1.0);
+    return ld4(dt, dy, i) * (bn_v4d)((ld4(dt, y, i) > zero) & (bn_v4l)one);
+}
+
 // y = (x - mean)*invstd*g + b for channel c (y may alias x).
 KERNEL void ch_normalize(ddl_dtype dt, void *y, const void *x, double mean, double invstd,
                          double g, double b, int64_t N, int64_t C, int64_t S, int64_t c)
@@ -122,22 +179,79 @@ KERNEL void ch_normalize(ddl_dtype dt, void *y, const void *x, double mean, doub
     }
 }
 
-// *sdy = sum(dy), *sdyxh = sum(dy*xhat) for channel c.
-KERNEL void ch_reduce(ddl_dtype dt, const void *dy, const void *x, double mean, double invstd,
-                      int64_t N, int64_t C, int64_t S, int64_t c, double *sdy, double *sdyxh)
+// The same, then the ReLU on the value as stored, as relu_forward_kernel does: 0 where it
+// is <= 0, NaN kept (the mask !(v <= 0) & v, in the element type).
+KERNEL void ch_normalize_relu(ddl_dtype dt, void *y, const void *x, double mean, double invstd,
+                              double g, double b, int64_t N, int64_t C, int64_t S, int64_t c)
+{
+    double       k  = invstd * g;
+    const bn_v4d mv = splat4(mean), kv = splat4(k), bv = splat4(b);
+    for (int64_t n = 0; n < N; n++) {
+        int64_t row = (n * C + c) * S, s = 0;
+        for (; s + 4 <= S; s += 4) {
+            bn_v4d v = (ld4(dt, x, row + s) - mv) * kv + bv;
+            if (dt == DDL_F32) {
+                const bn_v4f zero = {0};
+                bn_v4f       f    = __builtin_convertvector(v, bn_v4f);
+                f                 = (bn_v4f)((bn_v4i)f & ~(f <= zero));
+                memcpy((float *)y + row + s, &f, sizeof f);
+            } else {
+                const bn_v4d zero = {0};
+                v                 = (bn_v4d)((bn_v4l)v & ~(v <= zero));
+                memcpy((double *)y + row + s, &v, sizeof v);
+            }
+        }
+        for (; s < S; s++) {
+            st(dt, y, row + s, (ld(dt, x, row + s) - mean) * k + b);
+            if (dt == DDL_F32) {
+                float *v = (float *)y + row + s;
+                *v       = !(*v <= 0.0f) ? *v : 0.0f;
+            } else {
+                double *v = (double *)y + row + s;
+                *v        = !(*v <= 0.0) ? *v : 0.0;
+            }
+        }
+    }
+}
+
+// *sdy = sum(dy), *sdyxh = sum(dy*xhat) for channel c; relu (y non-NULL): of the dy a ReLU
+// with output y passes back (relu_dy).
+KERNEL void ch_reduce(ddl_dtype dt, const void *dy, const void *y, const void *x, double mean,
+                      double invstd, int64_t N, int64_t C, int64_t S, int64_t c, double *sdy,
+                      double *sdyxh, bool relu)
 {
     double a[BN_LANES] = {0}, b[BN_LANES] = {0};
     for (int64_t n = 0; n < N; n++) {
         int64_t row = (n * C + c) * S, s = 0;
-        for (; s + BN_LANES <= S; s += BN_LANES) {
-            for (int l = 0; l < BN_LANES; l++) {
-                double g = ld(dt, dy, row + s + l);
-                a[l] += g;
-                b[l] += g * (ld(dt, x, row + s + l) - mean);
+        if (relu) {
+            // Lanes 0-3 and 4-7 as two vectors each, back in a and b for the row's tail.
+            bn_v4d a0, a1, b0, b1, mv = splat4(mean);
+            memcpy(&a0, a, sizeof a0);
+            memcpy(&a1, a + 4, sizeof a1);
+            memcpy(&b0, b, sizeof b0);
+            memcpy(&b1, b + 4, sizeof b1);
+            for (; s + BN_LANES <= S; s += BN_LANES) {
+                bn_v4d g0 = relu_dy4(dt, dy, y, row + s), g1 = relu_dy4(dt, dy, y, row + s + 4);
+                a0 += g0;
+                a1 += g1;
+                b0 += g0 * (ld4(dt, x, row + s) - mv);
+                b1 += g1 * (ld4(dt, x, row + s + 4) - mv);
+            }
+            memcpy(a, &a0, sizeof a0);
+            memcpy(a + 4, &a1, sizeof a1);
+            memcpy(b, &b0, sizeof b0);
+            memcpy(b + 4, &b1, sizeof b1);
+        } else {
+            for (; s + BN_LANES <= S; s += BN_LANES) {
+                for (int l = 0; l < BN_LANES; l++) {
+                    double g = ld(dt, dy, row + s + l);
+                    a[l] += g;
+                    b[l] += g * (ld(dt, x, row + s + l) - mean);
+                }
             }
         }
         for (int l = 0; s + l < S; l++) {
-            double g = ld(dt, dy, row + s + l);
+            double g = relu ? relu_dy(dt, dy, y, row + s + l) : ld(dt, dy, row + s + l);
             a[l] += g;
             b[l] += g * (ld(dt, x, row + s + l) - mean);
         }
@@ -158,6 +272,34 @@ KERNEL void ch_apply(ddl_dtype dt, void *dx, const void *dy, const void *x, doub
         for (int64_t s = 0; s < S; s++) {
             double xhat = (ld(dt, x, row + s) - mean) * invstd;
             put(dt, dx, row + s, k * (ld(dt, dy, row + s) - k1 - xhat * k2), into);
+        }
+    }
+}
+
+// The same overwriting (into), with dy as a ReLU with output y passes it back (relu_dy).
+// dx may alias dy.
+KERNEL void ch_apply_relu(ddl_dtype dt, void *dx, const void *dy, const void *y, const void *x,
+                          double mean, double invstd, double g, double k1, double k2, int64_t N,
+                          int64_t C, int64_t S, int64_t c)
+{
+    double       k  = g * invstd;
+    const bn_v4d mv = splat4(mean), iv = splat4(invstd), kv = splat4(k), k1v = splat4(k1),
+                 k2v = splat4(k2), zero = {0};
+    for (int64_t n = 0; n < N; n++) {
+        int64_t row = (n * C + c) * S, s = 0;
+        for (; s + 4 <= S; s += 4) {
+            bn_v4d xhat = (ld4(dt, x, row + s) - mv) * iv;
+            bn_v4d v    = kv * (relu_dy4(dt, dy, y, row + s) - k1v - xhat * k2v) + zero;
+            if (dt == DDL_F32) {
+                bn_v4f f = __builtin_convertvector(v, bn_v4f);
+                memcpy((float *)dx + row + s, &f, sizeof f);
+            } else {
+                memcpy((double *)dx + row + s, &v, sizeof v);
+            }
+        }
+        for (; s < S; s++) {
+            double xhat = (ld(dt, x, row + s) - mean) * invstd;
+            put(dt, dx, row + s, k * (relu_dy(dt, dy, y, row + s) - k1 - xhat * k2), true);
         }
     }
 }
@@ -212,20 +354,24 @@ BN_DISPATCH(ddl_batchnorm_sqdev,
              int64_t S),
             (dt, sqdev, x, mean, N, C, S))
 
-KERNEL ddl_status ddl_batchnorm_normalize_body(ddl_dtype dt, void *y, const void *x,
-                                               const double *mean, const double *invstd,
-                                               const void *gamma, const void *beta, int64_t N,
-                                               int64_t C, int64_t S)
+KERNEL ddl_status normalize(ddl_dtype dt, void *y, const void *x, const double *mean,
+                            const double *invstd, const void *gamma, const void *beta, int64_t N,
+                            int64_t C, int64_t S, bool relu)
 {
-    DDL_CHECK(check_dims("batchnorm_normalize", dt, N, C, S));
+    const char *who = relu ? "batchnorm_normalize_relu" : "batchnorm_normalize";
+    DDL_CHECK(check_dims(who, dt, N, C, S));
     if (N * C * S == 0) {
         return DDL_OK;
     }
-    DDL_REQUIRE(y && x && mean && invstd, DDL_EINVAL, "batchnorm_normalize: NULL buffer");
+    DDL_REQUIRE(y && x && mean && invstd, DDL_EINVAL, "%s: NULL buffer", who);
     for (int64_t c = 0; c < C; c++) {
         double g = gamma ? ld(dt, gamma, c) : 1.0;
         double b = beta ? ld(dt, beta, c) : 0.0;
-        if (dt == DDL_F32) {
+        if (relu && dt == DDL_F32) {
+            ch_normalize_relu(DDL_F32, y, x, mean[c], invstd[c], g, b, N, C, S, c);
+        } else if (relu) {
+            ch_normalize_relu(DDL_F64, y, x, mean[c], invstd[c], g, b, N, C, S, c);
+        } else if (dt == DDL_F32) {
             ch_normalize(DDL_F32, y, x, mean[c], invstd[c], g, b, N, C, S, c);
         } else {
             ch_normalize(DDL_F64, y, x, mean[c], invstd[c], g, b, N, C, S, c);
@@ -234,10 +380,50 @@ KERNEL ddl_status ddl_batchnorm_normalize_body(ddl_dtype dt, void *y, const void
     return DDL_OK;
 }
 
-BN_DISPATCH(ddl_batchnorm_normalize,
-            (ddl_dtype dt, void *y, const void *x, const double *mean, const double *invstd,
-             const void *gamma, const void *beta, int64_t N, int64_t C, int64_t S),
-            (dt, y, x, mean, invstd, gamma, beta, N, C, S))
+KERNEL ddl_status ddl_batchnorm_normalize_body(ddl_dtype dt, void *y, const void *x,
+                                               const double *mean, const double *invstd,
+                                               const void *gamma, const void *beta, int64_t N,
+                                               int64_t C, int64_t S)
+{
+    return normalize(dt, y, x, mean, invstd, gamma, beta, N, C, S, false);
+}
+
+KERNEL ddl_status ddl_batchnorm_normalize_relu_body(ddl_dtype dt, void *y, const void *x,
+                                                    const double *mean, const double *invstd,
+                                                    const void *gamma, const void *beta, int64_t N,
+                                                    int64_t C, int64_t S)
+{
+    return normalize(dt, y, x, mean, invstd, gamma, beta, N, C, S, true);
+}
+
+#define BN_NORMALIZE_PARAMS                                                                        \
+    (ddl_dtype dt, void *y, const void *x, const double *mean, const double *invstd,               \
+     const void *gamma, const void *beta, int64_t N, int64_t C, int64_t S)
+#define BN_NORMALIZE_ARGS (dt, y, x, mean, invstd, gamma, beta, N, C, S)
+BN_DISPATCH(ddl_batchnorm_normalize, BN_NORMALIZE_PARAMS, BN_NORMALIZE_ARGS)
+BN_DISPATCH(ddl_batchnorm_normalize_relu, BN_NORMALIZE_PARAMS, BN_NORMALIZE_ARGS)
+
+// relu: dy is a ReLU's output gradient, y its output (relu_dy).
+KERNEL ddl_status backward_reduce(ddl_dtype dt, double *sum_dy, double *sum_dy_xhat, const void *dy,
+                                  const void *y, const void *x, const double *mean,
+                                  const double *invstd, int64_t N, int64_t C, int64_t S, bool relu)
+{
+    const char *who = relu ? "batchnorm_backward_reduce_relu" : "batchnorm_backward_reduce";
+    DDL_CHECK(check_dims(who, dt, N, C, S));
+    DDL_REQUIRE(C == 0 || (sum_dy && sum_dy_xhat && mean && invstd &&
+                           ((dy && x && (y || !relu)) || N * S == 0)),
+                DDL_EINVAL, "%s: NULL buffer", who);
+    for (int64_t c = 0; c < C; c++) {
+        if (dt == DDL_F32) {
+            ch_reduce(DDL_F32, dy, y, x, mean[c], invstd[c], N, C, S, c, &sum_dy[c],
+                      &sum_dy_xhat[c], relu);
+        } else {
+            ch_reduce(DDL_F64, dy, y, x, mean[c], invstd[c], N, C, S, c, &sum_dy[c],
+                      &sum_dy_xhat[c], relu);
+        }
+    }
+    return DDL_OK;
+}
 
 KERNEL ddl_status ddl_batchnorm_backward_reduce_body(ddl_dtype dt, double *sum_dy,
                                                      double *sum_dy_xhat, const void *dy,
@@ -245,17 +431,16 @@ KERNEL ddl_status ddl_batchnorm_backward_reduce_body(ddl_dtype dt, double *sum_d
                                                      const double *invstd, int64_t N, int64_t C,
                                                      int64_t S)
 {
-    DDL_CHECK(check_dims("batchnorm_backward_reduce", dt, N, C, S));
-    DDL_REQUIRE(C == 0 || (sum_dy && sum_dy_xhat && mean && invstd && ((dy && x) || N * S == 0)),
-                DDL_EINVAL, "batchnorm_backward_reduce: NULL buffer");
-    for (int64_t c = 0; c < C; c++) {
-        if (dt == DDL_F32) {
-            ch_reduce(DDL_F32, dy, x, mean[c], invstd[c], N, C, S, c, &sum_dy[c], &sum_dy_xhat[c]);
-        } else {
-            ch_reduce(DDL_F64, dy, x, mean[c], invstd[c], N, C, S, c, &sum_dy[c], &sum_dy_xhat[c]);
-        }
-    }
-    return DDL_OK;
+    return backward_reduce(dt, sum_dy, sum_dy_xhat, dy, NULL, x, mean, invstd, N, C, S, false);
+}
+
+KERNEL ddl_status ddl_batchnorm_backward_reduce_relu_body(ddl_dtype dt, double *sum_dy,
+                                                          double *sum_dy_xhat, const void *dy,
+                                                          const void *y, const void *x,
+                                                          const double *mean, const double *invstd,
+                                                          int64_t N, int64_t C, int64_t S)
+{
+    return backward_reduce(dt, sum_dy, sum_dy_xhat, dy, y, x, mean, invstd, N, C, S, true);
 }
 
 BN_DISPATCH(ddl_batchnorm_backward_reduce,
@@ -263,25 +448,36 @@ BN_DISPATCH(ddl_batchnorm_backward_reduce,
              const double *mean, const double *invstd, int64_t N, int64_t C, int64_t S),
             (dt, sum_dy, sum_dy_xhat, dy, x, mean, invstd, N, C, S))
 
-KERNEL ddl_status backward_apply(ddl_dtype dt, void *dx, const void *dy, const void *x,
-                                 const double *mean, const double *invstd, const void *gamma,
-                                 const double *sum_dy, const double *sum_dy_xhat, int64_t V,
-                                 int64_t N, int64_t C, int64_t S, bool into)
+BN_DISPATCH(ddl_batchnorm_backward_reduce_relu,
+            (ddl_dtype dt, double *sum_dy, double *sum_dy_xhat, const void *dy, const void *y,
+             const void *x, const double *mean, const double *invstd, int64_t N, int64_t C,
+             int64_t S),
+            (dt, sum_dy, sum_dy_xhat, dy, y, x, mean, invstd, N, C, S))
+
+KERNEL ddl_status backward_apply(ddl_dtype dt, void *dx, const void *dy, const void *y,
+                                 const void *x, const double *mean, const double *invstd,
+                                 const void *gamma, const double *sum_dy, const double *sum_dy_xhat,
+                                 int64_t V, int64_t N, int64_t C, int64_t S, bool into, bool relu)
 {
-    DDL_CHECK(check_dims("batchnorm_backward_apply", dt, N, C, S));
+    const char *who = relu ? "batchnorm_backward_apply_relu" : "batchnorm_backward_apply";
+    DDL_CHECK(check_dims(who, dt, N, C, S));
     DDL_REQUIRE((sum_dy == NULL) == (sum_dy_xhat == NULL), DDL_EINVAL,
-                "batchnorm_backward_apply: pass both sum_dy and sum_dy_xhat, or neither");
-    DDL_REQUIRE(sum_dy == NULL || V > 0, DDL_EINVAL,
-                "batchnorm_backward_apply: global count V = %lld must be positive", (long long)V);
+                "%s: pass both sum_dy and sum_dy_xhat, or neither", who);
+    DDL_REQUIRE(sum_dy == NULL || V > 0, DDL_EINVAL, "%s: global count V = %lld must be positive",
+                who, (long long)V);
     if (dx == NULL || N * C * S == 0) {
         return DDL_OK;
     }
-    DDL_REQUIRE(dy && x && mean && invstd, DDL_EINVAL, "batchnorm_backward_apply: NULL buffer");
+    DDL_REQUIRE(dy && x && mean && invstd && (y || !relu), DDL_EINVAL, "%s: NULL buffer", who);
     for (int64_t c = 0; c < C; c++) {
         double g  = gamma ? ld(dt, gamma, c) : 1.0;
         double k1 = sum_dy ? sum_dy[c] / (double)V : 0.0;
         double k2 = sum_dy ? sum_dy_xhat[c] / (double)V : 0.0;
-        if (dt == DDL_F32) {
+        if (relu && dt == DDL_F32) {
+            ch_apply_relu(DDL_F32, dx, dy, y, x, mean[c], invstd[c], g, k1, k2, N, C, S, c);
+        } else if (relu) {
+            ch_apply_relu(DDL_F64, dx, dy, y, x, mean[c], invstd[c], g, k1, k2, N, C, S, c);
+        } else if (dt == DDL_F32) {
             ch_apply(DDL_F32, dx, dy, x, mean[c], invstd[c], g, k1, k2, N, C, S, c, into);
         } else {
             ch_apply(DDL_F64, dx, dy, x, mean[c], invstd[c], g, k1, k2, N, C, S, c, into);
@@ -296,8 +492,8 @@ KERNEL ddl_status ddl_batchnorm_backward_apply_body(ddl_dtype dt, void *dx, cons
                                                     const double *sum_dy, const double *sum_dy_xhat,
                                                     int64_t V, int64_t N, int64_t C, int64_t S)
 {
-    return backward_apply(dt, dx, dy, x, mean, invstd, gamma, sum_dy, sum_dy_xhat, V, N, C, S,
-                          false);
+    return backward_apply(dt, dx, dy, NULL, x, mean, invstd, gamma, sum_dy, sum_dy_xhat, V, N, C, S,
+                          false, false);
 }
 
 KERNEL ddl_status ddl_batchnorm_backward_apply_into_body(ddl_dtype dt, void *dx, const void *dy,
@@ -307,21 +503,32 @@ KERNEL ddl_status ddl_batchnorm_backward_apply_into_body(ddl_dtype dt, void *dx,
                                                          const double *sum_dy_xhat, int64_t V,
                                                          int64_t N, int64_t C, int64_t S)
 {
-    return backward_apply(dt, dx, dy, x, mean, invstd, gamma, sum_dy, sum_dy_xhat, V, N, C, S,
-                          true);
+    return backward_apply(dt, dx, dy, NULL, x, mean, invstd, gamma, sum_dy, sum_dy_xhat, V, N, C, S,
+                          true, false);
 }
 
-BN_DISPATCH(ddl_batchnorm_backward_apply_into,
-            (ddl_dtype dt, void *dx, const void *dy, const void *x, const double *mean,
-             const double *invstd, const void *gamma, const double *sum_dy,
-             const double *sum_dy_xhat, int64_t V, int64_t N, int64_t C, int64_t S),
-            (dt, dx, dy, x, mean, invstd, gamma, sum_dy, sum_dy_xhat, V, N, C, S))
+KERNEL ddl_status ddl_batchnorm_backward_apply_relu_into_body(
+    ddl_dtype dt, void *dx, const void *dy, const void *y, const void *x, const double *mean,
+    const double *invstd, const void *gamma, const double *sum_dy, const double *sum_dy_xhat,
+    int64_t V, int64_t N, int64_t C, int64_t S)
+{
+    return backward_apply(dt, dx, dy, y, x, mean, invstd, gamma, sum_dy, sum_dy_xhat, V, N, C, S,
+                          true, true);
+}
 
-BN_DISPATCH(ddl_batchnorm_backward_apply,
-            (ddl_dtype dt, void *dx, const void *dy, const void *x, const double *mean,
-             const double *invstd, const void *gamma, const double *sum_dy,
+#define BN_APPLY_PARAMS                                                                            \
+    (ddl_dtype dt, void *dx, const void *dy, const void *x, const double *mean,                    \
+     const double *invstd, const void *gamma, const double *sum_dy, const double *sum_dy_xhat,     \
+     int64_t V, int64_t N, int64_t C, int64_t S)
+#define BN_APPLY_ARGS (dt, dx, dy, x, mean, invstd, gamma, sum_dy, sum_dy_xhat, V, N, C, S)
+BN_DISPATCH(ddl_batchnorm_backward_apply_into, BN_APPLY_PARAMS, BN_APPLY_ARGS)
+BN_DISPATCH(ddl_batchnorm_backward_apply, BN_APPLY_PARAMS, BN_APPLY_ARGS)
+
+BN_DISPATCH(ddl_batchnorm_backward_apply_relu_into,
+            (ddl_dtype dt, void *dx, const void *dy, const void *y, const void *x,
+             const double *mean, const double *invstd, const void *gamma, const double *sum_dy,
              const double *sum_dy_xhat, int64_t V, int64_t N, int64_t C, int64_t S),
-            (dt, dx, dy, x, mean, invstd, gamma, sum_dy, sum_dy_xhat, V, N, C, S))
+            (dt, dx, dy, y, x, mean, invstd, gamma, sum_dy, sum_dy_xhat, V, N, C, S))
 
 ddl_status ddl_batchnorm_param_grads(ddl_dtype dt, void *dgamma, void *dbeta,
                                      const double *sum_dy, const double *sum_dy_xhat, int64_t C)
@@ -453,7 +660,7 @@ KERNEL void bn_backward_channel(ddl_dtype dt, void *dx, void *dgamma, void *dbet
 {
     double sdy = 0.0, sdyxh = 0.0;
     if (batch_stats || dgamma || dbeta) {
-        ch_reduce(dt, dy, x, mean, invstd, N, C, S, c, &sdy, &sdyxh);
+        ch_reduce(dt, dy, NULL, x, mean, invstd, N, C, S, c, &sdy, &sdyxh, false);
     }
     if (dx) {
         double V  = (double)(N * S);

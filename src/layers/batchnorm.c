@@ -75,9 +75,12 @@ typedef struct bn_impl {
     ddl_tensor_t     *g2;            // [2 C_loc] f64: [s1 | s2] global, on every P_x rank
     ddl_tensor_t     *ab_src, *ab;   // [2 C_loc] dt: gamma | beta on P_sum, on P_x
     const void       *x_saved;       // the caller's x of the last forward (not a copy)
+    const void       *y_saved;       // and its y, with a fused ReLU (the ReLU's mask)
     ddl_tensor_t     *run_mean, *run_var;  // [C_loc] dt
     bool              have_forward;  // a forward has run (backward needs its state)
     bool              batch_stats;   // the last forward normalized with batch statistics
+    bool              relu;          // a ReLU fused on the output (ddl_batchnorm_fuse_relu)
+    bool              ran;           // a forward was called (on every rank, active or not)
 } bn_impl;
 
 static const char *const KIND = "batchnorm";
@@ -129,11 +132,13 @@ static ddl_status bn_forward(ddl_layer_t *L, const ddl_tensor_t *x, ddl_tensor_t
                 "batchnorm: expected more than 1 value per channel when training, got "
                 "N * prod(spatial) = %lld",
                 (long long)b->V);
+    b->ran = true;
     if (!b->active) {
         return DDL_OK;
     }
     ddl_dtype dt = L->dt;
     b->x_saved   = x->data;  // the caller keeps x unchanged until backward (layers.h)
+    b->y_saved   = y->data;  // and y
     double *mean = f64(b->mean), *invstd = f64(b->invstd);
     if (L->training) {
         DDL_CHECK(ddl_batchnorm_sum(dt, f64(b->loc1), x->data, b->N, b->C, b->S));
@@ -164,8 +169,8 @@ static ddl_status bn_forward(ddl_layer_t *L, const ddl_tensor_t *x, ddl_tensor_t
         }
         DDL_CHECK(ddl_broadcast_forward(b->bc_affine, b->ab_src, b->ab));
     }
-    DDL_CHECK(ddl_batchnorm_normalize(dt, y->data, x->data, mean, invstd, gamma_of(b),
-                                      beta_of(b, dt), b->N, b->C, b->S));
+    DDL_CHECK((b->relu ? ddl_batchnorm_normalize_relu : ddl_batchnorm_normalize)(
+        dt, y->data, x->data, mean, invstd, gamma_of(b), beta_of(b, dt), b->N, b->C, b->S));
     b->batch_stats  = L->training;
     b->have_forward = true;
     return DDL_OK;
@@ -186,9 +191,13 @@ static ddl_status bn_backward(ddl_layer_t *L, const ddl_tensor_t *dy, ddl_tensor
     double       *s      = f64(b->loc2);
     bool          reduce = b->batch_stats || b->affine;
     if (reduce) {
-        // Local [s1 | s2], summed onto P_sum: the parameter gradients there.
-        DDL_CHECK(ddl_batchnorm_backward_reduce(dt, s, s + b->C, dy->data, b->x_saved, mean,
-                                                invstd, b->N, b->C, b->S));
+        // Local [s1 | s2], summed onto P_sum: the parameter gradients there. With a fused
+        // ReLU, of dy masked by the ReLU (recomputed from x).
+        DDL_CHECK(b->relu ? ddl_batchnorm_backward_reduce_relu(dt, s, s + b->C, dy->data,
+                                                               b->y_saved, b->x_saved, mean, invstd,
+                                                               b->N, b->C, b->S)
+                          : ddl_batchnorm_backward_reduce(dt, s, s + b->C, dy->data, b->x_saved,
+                                                          mean, invstd, b->N, b->C, b->S));
         DDL_CHECK(ddl_sum_reduce_forward(b->sr2, b->loc2, b->red2));
         if (b->root && b->affine) {
             const double *r = f64(b->red2);
@@ -197,18 +206,19 @@ static ddl_status bn_backward(ddl_layer_t *L, const ddl_tensor_t *dy, ddl_tensor
         }
     }
     // dx is overwritten by the kernel (no zeroing pass).
+    const double *g = NULL;
     if (b->batch_stats) {
         DDL_CHECK(ddl_broadcast_forward(b->bc2, b->red2, b->g2));
-        const double *g = f64(b->g2);
-        DDL_CHECK(ddl_batchnorm_backward_apply_into(dt, dx->data, dy->data, b->x_saved, mean,
-                                                    invstd, gamma_of(b), g, g + b->C, b->V, b->N,
-                                                    b->C, b->S));
-    } else {
-        DDL_CHECK(ddl_batchnorm_backward_apply_into(dt, dx->data, dy->data, b->x_saved, mean,
-                                                    invstd, gamma_of(b), NULL, NULL, b->V, b->N,
-                                                    b->C, b->S));
+        g = f64(b->g2);
     }
-    return DDL_OK;
+    if (b->relu) {
+        return ddl_batchnorm_backward_apply_relu_into(dt, dx->data, dy->data, b->y_saved,
+                                                      b->x_saved, mean, invstd, gamma_of(b), g,
+                                                      g ? g + b->C : NULL, b->V, b->N, b->C, b->S);
+    }
+    return ddl_batchnorm_backward_apply_into(dt, dx->data, dy->data, b->x_saved, mean, invstd,
+                                             gamma_of(b), g, g ? g + b->C : NULL, b->V, b->N, b->C,
+                                             b->S);
 }
 
 // ---- lifecycle ---------------------------------------------------------------
@@ -409,5 +419,16 @@ ddl_status ddl_batchnorm_running_stats(const ddl_layer_t *L, ddl_tensor_t **mean
     if (var != NULL) {
         *var = b->run_var;
     }
+    return DDL_OK;
+}
+
+ddl_status ddl_batchnorm_fuse_relu(ddl_layer_t *L, bool on)
+{
+    DDL_REQUIRE(L != NULL && L->ops == &bn_ops, DDL_EINVAL,
+                "batchnorm_fuse_relu: the layer is not a batch-norm layer");
+    bn_impl *b = L->impl;
+    DDL_REQUIRE(!b->ran, DDL_EINVAL,
+                "batchnorm_fuse_relu: the layer has already run a forward; fuse before the first");
+    b->relu = on;
     return DDL_OK;
 }

@@ -2,7 +2,8 @@
 // and cumulative), random batches against a naive reference, eval mode, f64
 // finite-difference gradient checks on x, gamma and beta (batch and running
 // statistics), the local pieces over simulated ranks equal to the sequential version,
-// accumulation, and argument errors. x is [N, C, S].
+// accumulation, the fused batch norm + ReLU against the unfused pair (bit for bit) and its
+// own gradient check, and argument errors. x is [N, C, S].
 #include <math.h>
 #include <string.h>
 
@@ -454,6 +455,183 @@ static void test_pieces(void)
     }
 }
 
+// ---- batch norm fused with a ReLU -------------------------------------------------------
+
+enum { FN = 3, FC = 4, FS = 13, FV = FN * FC * FS }; // S = 13: a tail past the 8 lanes
+
+// Element i of two arrays of dt holds the same bits, or NaN in both.
+static void assert_same(ddl_dtype dt, const void *a, const void *b, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        if (dt == DDL_F32) {
+            float u = ((const float *)a)[i], v = ((const float *)b)[i];
+            ASSERT_TRUE(isnan(u) ? isnan(v) : memcmp(&u, &v, sizeof u) == 0);
+        } else {
+            double u = ((const double *)a)[i], v = ((const double *)b)[i];
+            ASSERT_TRUE(isnan(u) ? isnan(v) : memcmp(&u, &v, sizeof u) == 0);
+        }
+    }
+}
+
+static void put_dt(ddl_dtype dt, void *p, int64_t i, double v)
+{
+    if (dt == DDL_F32) {
+        ((float *)p)[i] = (float)v;
+    } else {
+        ((double *)p)[i] = v;
+    }
+}
+
+// One comparison of test_fused_relu: forward, reduce and apply (batch and frozen
+// statistics, and in place), fused against unfused, on [FN, FC, FS] data of dtype dt.
+static void fused_vs_unfused(ddl_dtype dt, const void *x, const void *dy, const double *mean,
+                             const double *invstd, const void *g, const void *b)
+{
+    size_t item = dt == DDL_F32 ? sizeof(float) : sizeof(double);
+    char   y1[FV * 8], y2[FV * 8], yf[FV * 8];
+    ASSERT_OK(ddl_batchnorm_normalize(dt, y1, x, mean, invstd, g, b, FN, FC, FS));
+    ASSERT_OK(ddl_activation_forward(DDL_ACTIVATION_RELU, 0, dt, y2, y1, FV));
+    ASSERT_OK(ddl_batchnorm_normalize_relu(dt, yf, x, mean, invstd, g, b, FN, FC, FS));
+    ASSERT_TRUE(memcmp(y2, yf, FV * item) == 0);
+    ASSERT_TRUE(dt == DDL_F64 || ((float *)yf)[0] == 0.0f); // 1e-50 rounds to 0 in f32
+    ASSERT_TRUE(dt == DDL_F32 || ((double *)yf)[0] == 1e-50);
+    if (g != NULL) { // -0 from gamma < 0 and beta -0 on channel 1, made +0 by the ReLU
+        ASSERT_TRUE(dt == DDL_F64 ? !signbit(((double *)yf)[FS]) && ((double *)y1)[FS] == 0 &&
+                                        signbit(((double *)y1)[FS])
+                                  : !signbit(((float *)yf)[FS]) && signbit(((float *)y1)[FS]));
+    }
+    // Backward: the unfused one reads the ReLU's dx.
+    char   dr[FV * 8];
+    double s1[FC], s2[FC], f1[FC], f2[FC];
+    ASSERT_OK(ddl_activation_backward_into(DDL_ACTIVATION_RELU, 0, dt, dr, dy, y1, y2, FV));
+    ASSERT_OK(ddl_batchnorm_backward_reduce(dt, s1, s2, dr, x, mean, invstd, FN, FC, FS));
+    ASSERT_OK(ddl_batchnorm_backward_reduce_relu(dt, f1, f2, dy, yf, x, mean, invstd, FN, FC, FS));
+    assert_same(DDL_F64, s1, f1, FC);
+    assert_same(DDL_F64, s2, f2, FC);
+    ASSERT_TRUE(isnan(f1[0]) && !isnan(f1[1]) && !isnan(f2[FC - 1]));
+    for (int frozen = 0; frozen < 2; frozen++) {
+        const double *a1 = frozen ? NULL : s1, *a2 = frozen ? NULL : s2;
+        char          dxu[FV * 8], dxf[FV * 8];
+        memset(dxu, 0xff, sizeof dxu); // NaN: overwritten, never read
+        memset(dxf, 0xff, sizeof dxf);
+        ASSERT_OK(ddl_batchnorm_backward_apply_into(dt, dxu, dr, x, mean, invstd, g, a1, a2,
+                                                    FN * FS, FN, FC, FS));
+        ASSERT_OK(ddl_batchnorm_backward_apply_relu_into(dt, dxf, dy, yf, x, mean, invstd, g, a1,
+                                                         a2, FN * FS, FN, FC, FS));
+        assert_same(dt, dxu, dxf, FV);
+        // In place (dx over dy).
+        memcpy(dxf, dy, FV * item);
+        ASSERT_OK(ddl_batchnorm_backward_apply_relu_into(dt, dxf, dxf, yf, x, mean, invstd, g, a1,
+                                                         a2, FN * FS, FN, FC, FS));
+        assert_same(dt, dxu, dxf, FV);
+    }
+}
+
+// The fused kernels against the unfused sequence (normalize, ReLU forward; ReLU backward,
+// reduce, apply) fed the same data: the same bits in f32 and f64, with batch and frozen
+// statistics, in place, and without affine parameters. Channel 0 (n = 0) holds edge cases:
+// an x that normalizes to 1e-50 (positive in double, +0 once rounded to f32, so masked
+// there), a NaN x (kept by the forward, masked by the backward), a dy of -0 and one of
+// +inf at masked places (the ReLU gives +0 and NaN), and a negative dy kept. gamma is
+// negative on channel 1, where an x at the mean and beta -0 normalize to -0 (the ReLU's
+// output is +0). S = 13 leaves a tail after the vector loops.
+static void test_fused_relu(void)
+{
+    for (int k = 0; k < 2; k++) {
+        ddl_dtype dt = k == 0 ? DDL_F32 : DDL_F64;
+        double    xd[FV], dyd[FV], mean[FC], invstd[FC], gd[FC], bd[FC];
+        fill_uniform(xd, FV, 30, -2.0, 2.0);
+        fill_uniform(dyd, FV, 31, -1.0, 1.0);
+        fill_uniform(mean, FC, 32, -0.3, 0.3);
+        fill_uniform(invstd, FC, 33, 0.5, 2.0);
+        fill_uniform(gd, FC, 34, 0.5, 1.5);
+        fill_uniform(bd, FC, 35, -0.5, 0.5);
+        gd[1] = -gd[1];
+        // Channel 0, n = 0: s = 0..4 edge cases.
+        mean[0]   = -1e-50;
+        invstd[0] = 1.0;
+        gd[0]     = 1.0;
+        bd[0]     = 0.0;
+        xd[0]     = 0.0;      // normalizes to 1e-50
+        xd[1]     = NAN;      // kept forward, masked backward
+        xd[2]     = -1.0;     // masked
+        xd[3]     = -0.5;     // masked
+        xd[4]     = 0.5;      // kept
+        dyd[2]    = -0.0;     // a masked -0
+        dyd[3]    = INFINITY; // a masked inf: NaN through the ReLU
+        dyd[4]    = -0.3;     // a kept negative dy
+        // Channel 1 (gamma < 0), n = 0, s = 0: x at the mean and beta -0 normalize to
+        // -0 * |k| + -0 = -0, which the ReLU turns into +0.
+        bd[1]   = -0.0;
+        xd[FS]  = 0.25;
+        mean[1] = 0.25;
+        char x[FV * 8], dy[FV * 8], g[FC * 8], b[FC * 8];
+        for (int i = 0; i < FV; i++) {
+            put_dt(dt, x, i, xd[i]);
+            put_dt(dt, dy, i, dyd[i]);
+        }
+        for (int c = 0; c < FC; c++) {
+            put_dt(dt, g, c, gd[c]);
+            put_dt(dt, b, c, bd[c]);
+        }
+        fused_vs_unfused(dt, x, dy, mean, invstd, g, b);
+        fused_vs_unfused(dt, x, dy, mean, invstd, NULL, NULL); // gamma 1, beta 0
+    }
+}
+
+// f64 finite differences of f = sum w * relu(batchnorm(x)) with batch statistics, through
+// the fused kernels alone (the statistics from ddl_batchnorm_sum and _sqdev).
+typedef struct fr_ctx {
+    double *x, *g, *b, *w, *y, *mean, *invstd;
+} fr_ctx;
+
+static void fr_stats(fr_ctx *c)
+{
+    double var[FC];
+    ASSERT_OK(ddl_batchnorm_sum(DDL_F64, c->mean, c->x, FN, FC, FS));
+    for (int ch = 0; ch < FC; ch++) {
+        c->mean[ch] /= FN * FS;
+    }
+    ASSERT_OK(ddl_batchnorm_sqdev(DDL_F64, var, c->x, c->mean, FN, FC, FS));
+    for (int ch = 0; ch < FC; ch++) {
+        c->invstd[ch] = 1.0 / sqrt(var[ch] / (FN * FS) + EPS);
+    }
+}
+
+static double fr_objective(void *p)
+{
+    fr_ctx *c = p;
+    fr_stats(c);
+    ASSERT_OK(ddl_batchnorm_normalize_relu(DDL_F64, c->y, c->x, c->mean, c->invstd, c->g, c->b, FN,
+                                           FC, FS));
+    double s = 0.0;
+    for (int i = 0; i < FV; i++) {
+        s += c->w[i] * c->y[i];
+    }
+    return s;
+}
+
+static void test_fused_relu_gradcheck(void)
+{
+    double x[FV], w[FV], y[FV], g[FC], b[FC], mean[FC], invstd[FC], dx[FV], s1[FC], s2[FC];
+    fill_uniform(x, FV, 40, -2.0, 2.0);
+    fill_uniform(w, FV, 41, -1.0, 1.0);
+    fill_uniform(g, FC, 42, 0.5, 1.5);
+    fill_uniform(b, FC, 43, -0.3, 0.3);
+    fr_ctx c = {x, g, b, w, y, mean, invstd};
+    fr_objective(&c); // y, mean and invstd
+    ASSERT_OK(
+        ddl_batchnorm_backward_reduce_relu(DDL_F64, s1, s2, w, y, x, mean, invstd, FN, FC, FS));
+    ASSERT_OK(ddl_batchnorm_backward_apply_relu_into(DDL_F64, dx, w, y, x, mean, invstd, g, s1, s2,
+                                                     FN * FS, FN, FC, FS));
+    // dgamma and dbeta are the sums (ddl_batchnorm_param_grads adds them).
+    double dg[FC] = {0}, db[FC] = {0};
+    ASSERT_OK(ddl_batchnorm_param_grads(DDL_F64, dg, db, s1, s2, FC));
+    ASSERT_LE(ddl_test_gradcheck(FV, x, dx, fr_objective, &c, 1e-6, 0), 1e-7);
+    ASSERT_LE(ddl_test_gradcheck(FC, g, dg, fr_objective, &c, 1e-6, 0), 1e-7);
+    ASSERT_LE(ddl_test_gradcheck(FC, b, db, fr_objective, &c, 1e-6, 0), 1e-7);
+}
+
 static void test_errors(void)
 {
     double               x[4] = {1, 2, 3, 4}, y[4], m[4], is[4], rm[4], rv[4];
@@ -491,6 +669,23 @@ static void test_errors(void)
     ASSERT_STATUS(ddl_batchnorm_backward_apply_into((ddl_dtype)3, keep, x, x, m, is, NULL, NULL,
                                                     NULL, 0, 4, 1, 1),
                   DDL_EINVAL);
+    // The fused forms refuse bad arguments alike, writing nothing.
+    ASSERT_STATUS(ddl_batchnorm_backward_apply_relu_into(DDL_F64, keep, x, NULL, x, m, is, NULL,
+                                                         NULL, NULL, 0, 4, 1, 1),
+                  DDL_EINVAL);
+    ASSERT_STATUS(ddl_batchnorm_backward_apply_relu_into(DDL_F64, keep, x, x, x, m, is, NULL, m,
+                                                         NULL, 4, 4, 1, 1),
+                  DDL_EINVAL);
+    ASSERT_STATUS(ddl_batchnorm_normalize_relu(DDL_F64, keep, NULL, m, is, NULL, NULL, 4, 1, 1),
+                  DDL_EINVAL);
+    ASSERT_STATUS(ddl_batchnorm_normalize_relu((ddl_dtype)3, keep, x, m, is, NULL, NULL, 4, 1, 1),
+                  DDL_EINVAL);
+    double s1[1] = {7}, s2[1] = {7};
+    ASSERT_STATUS(ddl_batchnorm_backward_reduce_relu(DDL_F64, s1, s2, x, NULL, x, m, is, 4, 1, 1),
+                  DDL_EINVAL);
+    ASSERT_STATUS(ddl_batchnorm_backward_reduce_relu(DDL_F64, s1, s2, x, x, x, m, is, -1, 1, 1),
+                  DDL_EINVAL);
+    ASSERT_TRUE(s1[0] == 7 && s2[0] == 7);
     for (int i = 0; i < 4; i++) {
         ASSERT_TRUE(keep[i] == 7);
     }
@@ -503,6 +698,8 @@ int main(void)
     test_random();
     test_gradcheck();
     test_pieces();
+    test_fused_relu();
+    test_fused_relu_gradcheck();
     test_errors();
     printf("test_batchnorm_kernel: ok\n");
     return 0;

@@ -6,6 +6,8 @@
 //  - two training steps with non-trivial gamma/beta against the sequential layer: y, dx,
 //    dgamma, dbeta after each step (gradients accumulating), running statistics, then an
 //    eval-mode forward/backward; forward/backward allocate nothing;
+//  - with a fused ReLU: the same checks, and the bits of the unfused layer followed by a
+//    ReLU layer (training and eval);
 //  - PyTorch's running-statistics rule (unbiased variance, momentum and cumulative
 //    average) against values worked out by hand on a tiny case;
 //  - argument validation.
@@ -24,6 +26,7 @@ typedef struct bn_case {
     int64_t          x[DDL_MAX_DIMS];
     double           eps, momentum;
     bool             affine;
+    bool             relu; // a ReLU fused on the output (ddl_batchnorm_fuse_relu)
     ddl_partition_t *P, *P_seq;
     ddl_shape        xg;
 } bn_case;
@@ -64,8 +67,12 @@ static void case_teardown(bn_case *c)
 static ddl_status build(void *ctx, bool sequential, ddl_dtype dt, ddl_layer_t **out)
 {
     bn_case *c = ctx;
-    return ddl_batchnorm_create(sequential ? c->P_seq : c->P, dt, &c->xg, c->eps, c->momentum,
-                                c->affine, out);
+    ddl_status st = ddl_batchnorm_create(sequential ? c->P_seq : c->P, dt, &c->xg, c->eps,
+                                         c->momentum, c->affine, out);
+    if (st == DDL_OK && (st = ddl_batchnorm_fuse_relu(*out, c->relu)) != DDL_OK) {
+        ddl_layer_destroy(out);
+    }
+    return st;
 }
 
 // ---- helpers -------------------------------------------------------------------
@@ -237,6 +244,66 @@ static void check_steps(bn_case *c, ddl_dtype dt)
     ddl_layer_destroy(&Ls);
 }
 
+// ---- fused ReLU: the bits of the batch-norm layer followed by a ReLU layer ------------
+
+static void same_local(const char *what, const ddl_tensor_t *a, const ddl_tensor_t *b)
+{
+    ASSERT_EQ(ddl_tensor_bytes(a), ddl_tensor_bytes(b));
+    if (ddl_tensor_bytes(a) > 0 && memcmp(a->data, b->data, ddl_tensor_bytes(a)) != 0) {
+        TEST_FAIL_("%s: the fused layer's bits differ from batch norm + ReLU", what);
+    }
+}
+
+// Two training steps and an eval step of the fused layer (c->relu) against the unfused
+// layer and a ReLU layer on the same partition, fed the same x and dy: y, dx and the
+// parameter gradients bit for bit (the same kernels' arithmetic, one pass fewer).
+static void check_fused_bits(bn_case *c, ddl_dtype dt)
+{
+    ddl_layer_t *F = NULL, *U = NULL, *R = NULL;
+    ASSERT_OK(build(c, false, dt, &F));
+    bool relu = c->relu;
+    c->relu   = false;
+    ASSERT_OK(build(c, false, dt, &U));
+    c->relu = relu;
+    ASSERT_OK(ddl_activation_create(c->P, dt, &c->xg, DDL_ACT_RELU, 0.0, 0, &R));
+    set_params(F);
+    set_params(U);
+    char what[160];
+    for (int step = 0; step < 3; step++) {
+        bool train = step < 2;
+        ddl_layer_set_training(F, train);
+        ddl_layer_set_training(U, train);
+        step_io f, u;
+        io_make(F, dt, 50 + (uint64_t)step, &f);
+        io_make(U, dt, 50 + (uint64_t)step, &u);
+        ddl_tensor_t *y1 = NULL, *dr = NULL;
+        ASSERT_OK(ddl_tensor_create(dt, ddl_layer_y_shape(U), &y1));
+        ASSERT_OK(ddl_tensor_create(dt, ddl_layer_y_shape(U), &dr));
+        ASSERT_OK(ddl_layer_forward(F, f.x, f.y));
+        ASSERT_OK(ddl_layer_backward(F, f.dy, f.dx));
+        ASSERT_OK(ddl_layer_forward(U, u.x, y1));
+        ASSERT_OK(ddl_layer_forward(R, y1, u.y));
+        ASSERT_OK(ddl_layer_backward(R, u.dy, dr));
+        ASSERT_OK(ddl_layer_backward(U, dr, u.dx));
+        snprintf(what, sizeof what, "%s (%s) fused step %d", c->name, ddl_dtype_name(dt), step);
+        same_local(what, f.y, u.y);
+        same_local(what, f.dx, u.dx);
+        for (int i = 0; i < ddl_layer_nparams(F); i++) {
+            same_local(what, ddl_layer_param(F, i)->grad, ddl_layer_param(U, i)->grad);
+        }
+        ddl_tensor_destroy(&y1);
+        ddl_tensor_destroy(&dr);
+        io_free(&f);
+        io_free(&u);
+    }
+    // Fusing once the layer has run is refused, and changes nothing.
+    ASSERT_STATUS(ddl_batchnorm_fuse_relu(F, false), DDL_EINVAL);
+    ASSERT_STATUS(ddl_batchnorm_fuse_relu(R, true), DDL_EINVAL);
+    ddl_layer_destroy(&F);
+    ddl_layer_destroy(&U);
+    ddl_layer_destroy(&R);
+}
+
 // ---- PyTorch's running-statistics rule, by hand --------------------------------------
 // x [4, 2]: channel 0 = 1, 2, 3, 4 (mean 2.5, biased var 1.25, unbiased 5/3); channel 1 =
 // 2, 0, -2, 4 (mean 1, biased var 5, unbiased 20/3). Decomposed over [2, 2] on 4 ranks
@@ -375,6 +442,12 @@ static void test_validation(void)
         .name = nm, .first = fr, .ndim = nd, .pshape = ps, .x = xs, .eps = ep, .momentum = mo, \
         .affine = af                                                                          \
     }
+// The same with a ReLU fused on the output.
+#define RELU_CASE(nm, fr, nd, ps, xs, ep, mo, af)                                                  \
+    {                                                                                              \
+        .name = nm, .first = fr, .ndim = nd, .pshape = ps, .x = xs, .eps = ep, .momentum = mo,     \
+        .affine = af, .relu = true                                                                 \
+    }
 #define A(...) {__VA_ARGS__}
 
 static bn_case cases[] = {
@@ -396,6 +469,12 @@ static bn_case cases[] = {
     // Partitions with inactive ranks (rank 0 outside P_x; rank 3 outside).
     CASE("inactive-rank0", 1, 3, A(1, 3, 1), A(4, 5, 3), 1e-5, 0.1, true),
     CASE("inactive-rank3", 0, 3, A(3, 1, 1), A(7, 2, 3), 1e-5, 0.1, true),
+    // A fused ReLU (ResNet's and VGG's batch norm + ReLU).
+    RELU_CASE("relu-single-2d", 0, 4, A(1, 1, 1, 1), A(3, 4, 3, 5), 1e-5, 0.1, true),
+    RELU_CASE("relu-spatial-2d", 0, 4, A(1, 1, 2, 2), A(2, 3, 5, 6), 1e-5, 0.1, true),
+    RELU_CASE("relu-channel-spatial", 0, 3, A(1, 2, 2), A(7, 13, 11), 1e-5, 0.01, true),
+    RELU_CASE("relu-no-affine", 0, 3, A(2, 2, 1), A(5, 4, 3), 1e-5, 0.1, false),
+    RELU_CASE("relu-inactive-rank0", 1, 3, A(1, 3, 1), A(4, 5, 3), 1e-5, 0.1, true),
 };
 
 int main(int argc, char **argv)
@@ -419,6 +498,10 @@ int main(int argc, char **argv)
         }
         check_steps(c, DDL_F64);
         check_steps(c, DDL_F32);
+        if (c->relu) {
+            check_fused_bits(c, DDL_F64);
+            check_fused_bits(c, DDL_F32);
+        }
         if (ddl_test_rank == 0) {
             printf("ok %s steps\n", c->name);
         }

@@ -159,6 +159,26 @@ DDL_EXTERN ddl_status ddl_batchnorm_backward_apply_into(ddl_dtype dt, void *dx, 
                                                         const double *sum_dy,
                                                         const double *sum_dy_xhat, int64_t V,
                                                         int64_t N, int64_t C, int64_t S);
+// Batch norm fused with a ReLU on its output, as ResNet and VGG place them:
+//   y = relu(gamma*xhat + beta),
+// the same bits as ddl_batchnorm_normalize followed by ddl_relu_forward (NaN kept). The
+// backward pieces take dy, the gradient of the ReLU's output, and y, that output (the
+// ReLU's own mask, [y > 0]): they give the bits of the unfused pieces fed with
+// ddl_activation_backward_into's ReLU dx. One pass over the data fewer in the forward and
+// one in the backward, and no buffer for the ReLU's input. dx may alias dy.
+DDL_EXTERN ddl_status ddl_batchnorm_normalize_relu(ddl_dtype dt, void *y, const void *x,
+                                                   const double *mean, const double *invstd,
+                                                   const void *gamma, const void *beta, int64_t N,
+                                                   int64_t C, int64_t S);
+DDL_EXTERN ddl_status ddl_batchnorm_backward_reduce_relu(ddl_dtype dt, double *sum_dy,
+                                                         double *sum_dy_xhat, const void *dy,
+                                                         const void *y, const void *x,
+                                                         const double *mean, const double *invstd,
+                                                         int64_t N, int64_t C, int64_t S);
+DDL_EXTERN ddl_status ddl_batchnorm_backward_apply_relu_into(
+    ddl_dtype dt, void *dx, const void *dy, const void *y, const void *x, const double *mean,
+    const double *invstd, const void *gamma, const double *sum_dy, const double *sum_dy_xhat,
+    int64_t V, int64_t N, int64_t C, int64_t S);
 // dgamma += sum_dy_xhat, dbeta += sum_dy (either output may be NULL).
 DDL_EXTERN ddl_status ddl_batchnorm_param_grads(ddl_dtype dt, void *dgamma, void *dbeta,
                                                 const double *sum_dy,

@@ -217,6 +217,12 @@ DDL_EXTERN ddl_status ddl_batchnorm_create(const ddl_partition_t *P_x, ddl_dtype
 // copy of a channel must be written alike). Either output may be NULL. Not collective.
 DDL_EXTERN ddl_status ddl_batchnorm_running_stats(const ddl_layer_t *L, ddl_tensor_t **mean,
                                                   ddl_tensor_t **var);
+// Fuses (on) a ReLU onto the layer's output: forward gives relu(batchnorm(x)) and backward
+// takes the gradient of that, the same bits as this layer followed by a ReLU layer
+// (ddl_batchnorm_normalize_relu). One pass over the activation fewer each way, and the
+// caller needs no buffer for the ReLU's output. Call before the first forward (EINVAL
+// after it). Not collective; every rank of P_x must set the same.
+DDL_EXTERN ddl_status ddl_batchnorm_fuse_relu(ddl_layer_t *L, bool on);
 
 // Upsampling (nearest / linear) of x [N, C, spatial...] (1 to 3 spatial dims), with
 // The largest scale_factor accepted; larger ones are refused (EINVAL), as are outputs

@@ -1,0 +1,163 @@
+// A batch norm and the ReLU after it run fused (spec_fused_relu_source,
+// ddl_batchnorm_fuse_relu): the model with fusion must give exactly the bits of the model
+// without it (DDL_FUSE_BN_RELU=0), in f32 (where the ReLU reads the rounded normalized
+// value) and in f64, on 1, 2 and 4 ranks (the spatial dims split, so the statistics cross
+// ranks). The network has:
+//   - b0 -> r0, fused, whose output r0 is read twice (c1 and the add): the gradient of a
+//     fused ReLU's output is a sum of two consumers';
+//   - b1 -> r1, fused;
+//   - b2 read by r2 and by the add: not fused (the batch norm's own output is needed);
+//   - a ReLU after the add: not fused (no batch norm).
+// Compared, bit for bit: the loss and the hits of three Adam steps, every parameter after
+// them, an evaluation (running statistics: the frozen-statistics backward path is not
+// taken, but the eval forward is), and a prediction of a short batch (a forward-only
+// copy, which fuses on its own). The fused model must report 2 fused layers, the other 0:
+// equal bits from two models that both skipped fusion would prove nothing.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ddl/base.h"
+#include "ddl/model.h"
+#include "engine/model_internal.h"
+#include "mpi_test.h"
+
+enum { B = 4, C_IN = 2, H = 8, W = 8, CLASSES = 3, STEPS = 3 };
+
+static char *spec_text(int world, const char *dtype)
+{
+    int  ps[3][2] = {{1, 1}, {2, 1}, {2, 2}};
+    int *s        = ps[world == 1 ? 0 : world == 2 ? 1 : 2];
+    char ranks[32];
+    ddl_test_rank_list(world, ranks, sizeof ranks);
+    const char *conv = "\"type\": \"conv2d\", \"out_channels\": 4, \"kernel\": [3, 3], "
+                       "\"padding\": [1, 1], \"bias\": false";
+    char       *t    = malloc(8192);
+    snprintf(t, 8192,
+             "{\"world_size\": %d, \"seed\": 7, \"dtype\": \"%s\", \"batch_size\": %d,\n"
+             " \"inference_batches\": [2],\n"
+             " \"input\": {\"shape\": [%d, %d, %d], \"partition\": \"p\"},\n"
+             " \"partitions\": {\"p\": {\"ranks\": [%s], \"shape\": [1, 1, %d, %d]},\n"
+             "   \"chs\": {\"ranks\": [%s], \"shape\": [1, %d, 1, 1]},\n"
+             "   \"flat\": {\"ranks\": [%s], \"shape\": [1, %d]},\n"
+             "   \"out\": {\"ranks\": [0], \"shape\": [1, 1]}},\n"
+             " \"layers\": [\n"
+             "  {%s, \"name\": \"c0\"},\n"
+             "  {\"type\": \"batchnorm\", \"name\": \"b0\"},\n"
+             "  {\"type\": \"relu\", \"name\": \"r0\"},\n"
+             "  {%s, \"name\": \"c1\"},\n"
+             "  {\"type\": \"batchnorm\", \"name\": \"b1\"},\n"
+             "  {\"type\": \"relu\", \"name\": \"r1\"},\n"
+             "  {%s, \"name\": \"c2\"},\n"
+             "  {\"type\": \"batchnorm\", \"name\": \"b2\"},\n"
+             "  {\"type\": \"relu\", \"name\": \"r2\"},\n"
+             "  {\"type\": \"add\", \"name\": \"sum\", \"from\": [\"r2\", \"r0\", \"b2\"]},\n"
+             "  {\"type\": \"relu\", \"name\": \"r3\"},\n"
+             "  {\"type\": \"repartition\", \"to\": \"chs\"},\n"
+             "  {\"type\": \"adaptive_avgpool2d\", \"output_size\": 1},\n"
+             "  {\"type\": \"flatten\", \"to\": \"flat\"},\n"
+             "  {\"type\": \"linear\", \"name\": \"fc\", \"out_features\": %d, \"P_y\": \"out\", "
+             "\"P_w\": \"flat\"}],\n"
+             " \"loss\": {\"type\": \"cross_entropy\"},\n"
+             " \"optimizer\": {\"type\": \"adam\", \"lr\": 0.05}}\n",
+             world, dtype, B, C_IN, H, W, ranks, s[0], s[1], ranks, world, ranks, world, conv, conv,
+             conv, CLASSES);
+    return t;
+}
+
+static ddl_model_t *make(int world, const char *dtype, bool fuse)
+{
+    char        *t    = spec_text(world, dtype);
+    ddl_spec_t  *spec = NULL;
+    ddl_model_t *m    = NULL;
+    if (!fuse) {
+        setenv("DDL_FUSE_BN_RELU", "0", 1);
+    }
+    ASSERT_OK(ddl_spec_parse(t, "fuse.json", world, &spec));
+    ASSERT_OK(ddl_model_create(MPI_COMM_WORLD, spec, &m));
+    unsetenv("DDL_FUSE_BN_RELU");
+    ddl_spec_destroy(&spec);
+    free(t);
+    return m;
+}
+
+static void same_bits(const void *a, const void *b, size_t n, const char *what, int i)
+{
+    if (memcmp(a, b, n) != 0) {
+        fprintf(stderr, "rank %d: %s (%d) differs between the fused and the unfused model\n",
+                ddl_test_rank, what, i);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+}
+
+static void compare(int world, const char *dtype)
+{
+    size_t  item = strcmp(dtype, "f32") == 0 ? sizeof(float) : sizeof(double);
+    size_t  xn   = (size_t)B * C_IN * H * W;
+    char   *xs   = malloc(xn * item);
+    int64_t labels[B];
+    for (size_t i = 0; i < xn; i++) {
+        double v = 2.0 * ddl_rng_uniform(11, 0, (uint64_t)i) - 1.0;
+        if (item == sizeof(float)) {
+            ((float *)xs)[i] = (float)v;
+        } else {
+            ((double *)xs)[i] = v;
+        }
+    }
+    for (int b = 0; b < B; b++) {
+        labels[b] = b % CLASSES;
+    }
+    ddl_model_t *f = make(world, dtype, true), *u = make(world, dtype, false);
+    ASSERT_EQ(ddl__model_fused_count(f), 2);
+    ASSERT_EQ(ddl__model_fused_count(u), 0);
+    for (int s = 0; s < STEPS; s++) {
+        double  lf, lu;
+        int64_t hf, hu;
+        ASSERT_OK(ddl_model_train_step(f, xs, xn * item, labels, B, &lf, &hf));
+        ASSERT_OK(ddl_model_train_step(u, xs, xn * item, labels, B, &lu, &hu));
+        same_bits(&lf, &lu, sizeof lf, "the loss of step", s);
+        ASSERT_EQ(hf, hu);
+    }
+    ASSERT_EQ(ddl_model_nparams(f), ddl_model_nparams(u));
+    for (int i = 0; i < ddl_model_nparams(f); i++) {
+        const ddl_tensor_t *a = ddl_model_param(f, i)->value, *b = ddl_model_param(u, i)->value;
+        ASSERT_EQ(ddl_tensor_bytes(a), ddl_tensor_bytes(b));
+        same_bits(a->data, b->data, ddl_tensor_bytes(a), "a parameter after the steps", i);
+    }
+    double  ef, eu;
+    int64_t cf, cu;
+    ASSERT_OK(ddl_model_eval(f, xs, xn * item, labels, B, &ef, &cf));
+    ASSERT_OK(ddl_model_eval(u, xs, xn * item, labels, B, &eu, &cu));
+    same_bits(&ef, &eu, sizeof ef, "the evaluation loss", 0);
+    ASSERT_EQ(cf, cu);
+    size_t ln = 2 * CLASSES * item;
+    char  *pf = calloc(1, ln), *pu = calloc(1, ln);
+    ASSERT_OK(ddl_model_predict(f, xs, xn * item, 2, pf, ln));
+    ASSERT_OK(ddl_model_predict(u, xs, xn * item, 2, pu, ln));
+    same_bits(pf, pu, ln, "the short-batch prediction", 0);
+    if (ddl_test_rank == 0) {
+        printf("%s on %d ranks: fused == unfused bit for bit (last loss %.9g)\n", dtype, world,
+               ef / B);
+    }
+    free(pf);
+    free(pu);
+    ddl_model_destroy(&f);
+    ddl_model_destroy(&u);
+    free(xs);
+}
+
+int main(int argc, char **argv)
+{
+    ddl_test_mpi_init(&argc, &argv);
+    int world;
+    MPI_Comm_size(MPI_COMM_WORLD, &world);
+    if (world != 1 && world != 2 && world != 4) {
+        return ddl_test_mpi_finalize();
+    }
+    compare(world, "f32");
+    compare(world, "f64");
+    if (ddl_test_rank == 0) {
+        printf("test_fuse_bn_relu: ok on %d ranks\n", world);
+    }
+    return ddl_test_mpi_finalize();
+}

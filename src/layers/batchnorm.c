@@ -43,7 +43,12 @@
 // ranks outside P_x hold zero-volume x and y and return at once (they belong to no
 // group of this layer). Forward and backward allocate nothing: every plan and buffer
 // is built in create. Backward reads the caller's x of the last forward by reference,
-// not from a copy (the saved-tensor contract of ddl/layers.h).
+// not from a copy (the saved-tensor contract of ddl/layers.h), and with a fused ReLU its y
+// as well (the ReLU's mask).
+//
+// Fused ReLU (ddl_batchnorm_fuse_relu): y = relu(B(gamma) * xhat + B(beta)), and backward
+// takes the gradient of that y: the formulas above with dy replaced by dy * [y > 0], which
+// is what a ReLU layer's backward would have passed (the kernels' _relu forms).
 #include <math.h>
 #include <string.h>
 

@@ -3,8 +3,9 @@
   (no hang);
 - --listen unix:PATH serves and writes unix:PATH to the address file;
 - SIGUSR2 to mpirun stops the job gracefully (exit 0);
-- idle is idle: a 4-rank daemon with a model loaded uses under 2% of one core in total
-  (utime + stime of every rank from /proc over IDLE_SECONDS, default 10).
+- idle is idle: a 4-rank daemon with a model loaded uses under 10% of one core in total
+  (utime + stime of every rank from /proc over IDLE_SECONDS, default 10), where one rank
+  spinning would cost 100%.
 
 usage: cli_idle_test.py MPIEXEC [mpiexec flags...] -- DISTDLD SPEC4
 """
@@ -116,9 +117,11 @@ def main():
               (pct, t1 - t0))
         # Idle is idle: each worker tests its pending broadcast ~100 times a second (about
         # 0.7% of a core each here); rank 0 and mpirun sleep in poll. Measured 1.9-2.4% in
-        # all on a quiet AMD EPYC (the bound was 2%, and failed there); a rank that spins
-        # instead of sleeping costs a whole core (100%).
-        assert pct < 5.0, "idle daemon uses %.2f%% of a core" % pct
+        # all on a quiet AMD EPYC (a bound of 2% failed there). The cost of a wake-up is
+        # the CPU's and the cache's, so a slower or busier machine pays more of it: the
+        # bound is 10%, still a tenth of what one rank that spins instead of sleeping
+        # costs (a whole core, 100%).
+        assert pct < 10.0, "idle daemon uses %.2f%% of a core" % pct
         # SIGUSR2 to mpirun: forwarded to every rank at once; rank 0 shuts down gracefully.
         os.kill(proc.pid, signal.SIGUSR2)
         assert proc.wait(timeout=60) == 0, "mpirun exit %s after SIGUSR2" % proc.returncode

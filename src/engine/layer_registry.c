@@ -254,10 +254,13 @@ static double kernel_workspace(const ddl_spec_t *s, const spec_layer *L, bool co
         k[j]              = kk[j];
         dil[j]            = dd[j] > 0 ? dd[j] : 1;
         st[j]  = conv ? L->conv.stride[j] : L->pool.stride[j] ? L->pool.stride[j] : k[j];
-        pad[j] = conv ? L->conv.padding[j] : L->pool.padding[j];
-        in[j]  = (int64_t)spec_est_ceil_div((double)x->d[2 + j],
-                                            spec_est_part_dim(s, L->P_in, 2 + j)) +
-                (k[j] - 1) * dil[j];
+        // A split dimension: the local kernel runs unpadded on the block and its halo;
+        // otherwise on the whole extent with the layer's padding.
+        bool split = spec_est_part_dim(s, L->P_in, 2 + j) > 1;
+        pad[j]     = split ? 0 : conv ? L->conv.padding[j] : L->pool.padding[j];
+        in[j] =
+            (int64_t)spec_est_ceil_div((double)x->d[2 + j], spec_est_part_dim(s, L->P_in, 2 + j)) +
+            (split ? (k[j] - 1) * dil[j] : 0);
         if (st[j] <= 0) {
             st[j] = 1;
         }
@@ -280,22 +283,46 @@ static double kernel_workspace(const ddl_spec_t *s, const spec_layer *L, bool co
     return (double)ddl_pool_workspace_bytes(&g);
 }
 
-// A short-batch copy's halo buffer of x (conv, pool): one block of x when P splits a
-// spatial dimension (there is a halo), else none.
-static double copy_halo(const ddl_spec_t *s, const spec_layer *L, double xl)
+// True when P splits a spatial dimension of x (a conv's halo layouts).
+static bool splits_space(const ddl_spec_t *s, const spec_layer *L)
 {
     for (int d = 2; d < L->x_global.ndim; d++) {
         if (spec_est_part_dim(s, L->P_in, d) > 1) {
-            return xl;
+            return true;
         }
     }
-    return 0;
+    return false;
 }
 
+// x's halo-padded buffers and needed crops (conv and pool): `n` each (spec_est_add_halo).
+static void add_window_halo(spec_est *e, const spec_layer *L, bool conv, double n)
+{
+    int64_t k[3] = {1, 1, 1}, st[3] = {1, 1, 1}, pad[3] = {0, 0, 0}, dil[3] = {1, 1, 1};
+    for (int j = 0; j < L->x_global.ndim - 2 && j < 3; j++) {
+        k[j]   = conv ? L->conv.kernel[j] : L->pool.kernel[j];
+        st[j]  = conv ? L->conv.stride[j] : L->pool.stride[j] ? L->pool.stride[j] : k[j];
+        pad[j] = conv ? L->conv.padding[j] : L->pool.padding[j];
+        dil[j] = conv ? L->conv.dilation[j] : L->pool.dilation[j];
+        st[j]  = st[j] > 0 ? st[j] : 1;
+        dil[j] = dil[j] > 0 ? dil[j] : 1;
+    }
+    spec_est_add_halo(e, L->P_in, &L->x_global, k, st, pad, dil, n, n);
+}
+
+// What conv_setup (layers/conv.c) allocates on each rank:
+// - the parameter blocks; in the halo layouts (P_x splits space) a working copy of the
+//   weight block, its gradient and the gathered gradient besides (three blocks);
+// - in the halo layouts, x's halo-padded buffer and its gradient's, and the crops of both
+//   where the window needs only part of the buffer;
+// - in the channel and general layouts (P_w given), the fans' blocks on P_w: x's block
+//   broadcast down the output channels and its gradient, y's partial block and its
+//   gradient;
+// - the kernel's workspace.
+// A short-batch copy keeps the working weight, the x side and the y block, and borrows
+// the workspace (conv_forward_only).
 static void conv_estimate(spec_est *e, const spec_layer *L)
 {
     const ddl_spec_t *s  = spec_est_spec(e);
-    double            xl = spec_est_local_numel(s, &L->x_global, L->P_in);
     double            kp = 1;
     for (int j = 0; j < L->x_global.ndim - 2; j++) {
         kp *= (double)L->conv.kernel[j];
@@ -303,26 +330,37 @@ static void conv_estimate(spec_est *e, const spec_layer *L)
     int    Pw = L->P_w >= 0 ? L->P_w : L->P_in;
     double w  = (double)L->conv.out_channels * (double)L->x_global.d[1] * kp;
     double b  = L->conv.bias ? (double)L->conv.out_channels : 0;
-    double sp = L->P_w >= 0 ? (double)spec_est_part_dim(s, Pw, 0) * spec_est_part_dim(s, Pw, 1)
-                            : 1;
-    // + working block, gathered grad; x's halo buffer and its gradient's, the kernel's
-    // workspace. A short-batch copy keeps the working block and x's halo buffer, and
-    // borrows the workspace (conv_forward_only).
-    if (spec_est_copy(e)) {
-        spec_est_add_param(e, Pw, spec_est_ceil_div(w + b, sp), 1);
-        spec_est_add(e, L->P_in, SPEC_E_WORK, copy_halo(s, L, xl) * spec_est_item(e));
-        return;
+    double sp = L->P_w >= 0 ? (double)spec_est_part_dim(s, Pw, 0) * spec_est_part_dim(s, Pw, 1) : 1;
+    bool   halo = splits_space(s, L), copy = spec_est_copy(e);
+    double n = copy ? 1 : 2; // a buffer and (not in a copy) its gradient
+    spec_est_add_param(e, Pw, spec_est_ceil_div(w + b, sp), halo ? (copy ? 1 : 1.5) : 0);
+    if (halo) {
+        add_window_halo(e, L, true, n);
     }
-    spec_est_add_param(e, Pw, spec_est_ceil_div(w + b, sp), 2);
-    spec_est_add(e, L->P_in, SPEC_E_WORK, 2 * xl * spec_est_item(e) + kernel_workspace(s, L, true));
+    if (L->P_w >= 0) {
+        double xs = spec_est_local_numel(s, &L->x_global, L->P_in) /
+                    spec_est_ceil_div((double)L->x_global.d[1], spec_est_part_dim(s, L->P_in, 1));
+        double ys = spec_est_local_numel(s, &L->y_global, L->P_out) /
+                    spec_est_ceil_div((double)L->y_global.d[1], spec_est_part_dim(s, L->P_out, 1));
+        double ci = spec_est_ceil_div((double)L->x_global.d[1], spec_est_part_dim(s, Pw, 1));
+        double co = spec_est_ceil_div((double)L->conv.out_channels, spec_est_part_dim(s, Pw, 0));
+        spec_est_add(e, Pw, SPEC_E_WORK, n * (xs * ci + ys * co) * spec_est_item(e));
+    }
+    if (!copy) {
+        spec_est_add(e, Pw, SPEC_E_WORK, kernel_workspace(s, L, true));
+    }
 }
 
+// pool_setup (layers/pool.c): on more than one rank, x's halo-padded buffer and its
+// gradient's (and their crops); the kernel's workspace.
 static void pool_estimate(spec_est *e, const spec_layer *L)
 {
-    const ddl_spec_t *s  = spec_est_spec(e);
-    double            xl = spec_est_local_numel(s, &L->x_global, L->P_in);
-    double            halo = spec_est_copy(e) ? copy_halo(s, L, xl) : 2 * xl;
-    spec_est_add(e, L->P_in, SPEC_E_WORK, halo * spec_est_item(e) + kernel_workspace(s, L, false));
+    const ddl_spec_t *s     = spec_est_spec(e);
+    bool              alone = L->P_in < 0 || L->P_in >= s->nparts || s->parts[L->P_in].nranks <= 1;
+    if (!alone) {
+        add_window_halo(e, L, false, spec_est_copy(e) ? 1 : 2);
+    }
+    spec_est_add(e, L->P_in, SPEC_E_WORK, kernel_workspace(s, L, false));
 }
 
 // ---- adaptive_avgpool1d|2d|3d ------------------------------------------------------------
@@ -493,8 +531,11 @@ static ddl_status activation_build(const spec_build_ctx *b, const spec_layer *L,
 
 static void activation_estimate(spec_est *e, const spec_layer *L)
 {
-    const ddl_spec_t *s = spec_est_spec(e);
-    spec_est_add(e, L->P_in, SPEC_E_WORK, spec_est_local_numel(s, &L->x_global, L->P_in));  // mask
+    // Only dropout keeps state of its own: a byte per element (its mask).
+    if (L->act == DDL_ACT_DROPOUT) {
+        const ddl_spec_t *s = spec_est_spec(e);
+        spec_est_add(e, L->P_in, SPEC_E_WORK, spec_est_local_numel(s, &L->x_global, L->P_in));
+    }
 }
 
 // ---- batchnorm ---------------------------------------------------------------------------
@@ -534,14 +575,13 @@ static ddl_status batchnorm_build(const spec_build_ctx *b, const spec_layer *L,
 static void batchnorm_estimate(spec_est *e, const spec_layer *L)
 {
     const ddl_spec_t *s    = spec_est_spec(e);
-    double            xl   = spec_est_local_numel(s, &L->x_global, L->P_in);
     double            c    = spec_est_ceil_div((double)L->x_global.d[1], spec_est_part_dim(s, L->P_in, 1));
     double            item = spec_est_item(e);
     if (L->affine) {
         spec_est_add_param(e, L->P_in, 2 * c, 0);
     }
-    // A short-batch copy: the per-channel vectors only (it saves nothing of x).
-    spec_est_add(e, L->P_in, SPEC_E_WORK, 2 * c * item + (spec_est_copy(e) ? 0 : 2 * xl * item));
+    // The per-channel vectors: the layer saves x and y by reference (layers/batchnorm.c).
+    spec_est_add(e, L->P_in, SPEC_E_WORK, 2 * c * item);
 }
 
 static ddl_status batchnorm_buffers(const ddl_layer_t *L, ddl_tensor_t **out)
@@ -694,9 +734,9 @@ static void none_estimate(spec_est *e, const spec_layer *L)
 
 static const spec_layer_kind kinds[] = {
     {TYPES("repartition"), "repartition", "repartition", 1, 1, NULL, reshape_parse,
-     repartition_build, copy_estimate, NULL, NULL},
+     repartition_build, none_estimate, NULL, NULL},
     {TYPES("flatten"), "flatten", "flatten", 1, 1, NULL, reshape_parse, flatten_build,
-     copy_estimate, NULL, NULL},
+     none_estimate, NULL, NULL},
     {TYPES("conv1d", "conv2d", "conv3d"), "conv1d|2d|3d", "conv", 1, 1, always, conv_parse,
      conv_build, conv_estimate, NULL, NULL},
     {TYPES("maxpool1d", "maxpool2d", "maxpool3d"), "maxpool1d|2d|3d", "pool", 1, 1, NULL,
@@ -706,14 +746,13 @@ static const spec_layer_kind kinds[] = {
     {TYPES("adaptive_avgpool1d", "adaptive_avgpool2d", "adaptive_avgpool3d"),
      "adaptive_avgpool1d|2d|3d", "pool", 1, 1, NULL, adaptive_parse, adaptive_build,
      adaptive_estimate, NULL, NULL},
-    {TYPES("linear"), "linear", "linear", 1, 1, always, linear_parse, linear_build,
-     linear_estimate, NULL, NULL},
+    {TYPES("linear"), "linear", "linear", 1, 1, always, linear_parse, linear_build, linear_estimate,
+     NULL, NULL},
     {TYPES("relu", "leaky_relu", "sigmoid", "tanh", "gelu", "dropout"),
-     "relu, leaky_relu, sigmoid, tanh, gelu, dropout", "activation", 1, 1, NULL,
-     activation_parse, activation_build, activation_estimate, NULL, NULL},
+     "relu, leaky_relu, sigmoid, tanh, gelu, dropout", "activation", 1, 1, NULL, activation_parse,
+     activation_build, activation_estimate, NULL, NULL},
     {TYPES("batchnorm"), "batchnorm", "batchnorm", 1, 1, batchnorm_has_params, batchnorm_parse,
-     batchnorm_build, batchnorm_estimate, TYPES("running_mean", "running_var"),
-     batchnorm_buffers},
+     batchnorm_build, batchnorm_estimate, TYPES("running_mean", "running_var"), batchnorm_buffers},
     {TYPES("upsample"), "upsample", "upsample", 1, 1, NULL, upsample_parse, upsample_build,
      copy_estimate, NULL, NULL},
     {TYPES("add"), "add", "add", 2, SPEC_MAX_INPUTS, NULL, join_parse, add_build, none_estimate,

@@ -56,6 +56,10 @@ char      *spec_shape_str(const ddl_shape *s, char *buf, size_t n);
 // ---- the estimate's helpers (estimate.c) --------------------------------------------
 
 enum { SPEC_E_PARAMS, SPEC_E_GRADS, SPEC_E_OPTIM, SPEC_E_ACT, SPEC_E_WORK, SPEC_E_COUNT };
+// Bookkeeping counted per layer (estimate.c), and more per halo exchange (its plan and
+// slab descriptions), as measured with ddl_alloc_bytes_live.
+#define SPEC_E_LAYER_BYTES 3072.0
+#define SPEC_E_HALO_BYTES 12288.0
 typedef struct spec_est spec_est;
 const ddl_spec_t *spec_est_spec(const spec_est *e);
 double            spec_est_item(const spec_est *e);  // bytes per element
@@ -72,6 +76,11 @@ bool spec_est_copy(const spec_est *e);
 double            spec_est_local_numel(const ddl_spec_t *s, const ddl_shape *g, int P);
 int               spec_est_part_dim(const ddl_spec_t *s, int P, int d);
 double            spec_est_ceil_div(double n, double p);
+// A window operation's input x of global shape g on P, per rank: `bufs` halo-padded
+// buffers and, where the window needs only part of one, `crops` copies of that part
+// (k, s, p, d: the spatial window, g->ndim - 2 entries each).
+void spec_est_add_halo(spec_est *e, int P, const ddl_shape *g, const int64_t *k, const int64_t *s,
+                       const int64_t *p, const int64_t *d, double bufs, double crops);
 
 // ---- the registry --------------------------------------------------------------------
 

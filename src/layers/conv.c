@@ -625,18 +625,34 @@ static void conv_destroy(ddl_layer_t *L)
     L->impl = NULL;
 }
 
-// What backward alone reads or writes: the gradient blocks of x, y, w and b. The kernel
-// workspace (per-thread scratch, hardly smaller at a small batch) is from's when that
+static const ddl_layer_ops conv_ops; // below: a copy's source is a conv when its ops are these
+
+// Uses the kernel workspace of `from` (a conv layer that never runs at the same time as
+// m's: per-thread scratch, hardly smaller at a small batch) instead of one of m's own
+// when it is large enough; frees m's own then. True if m's workspace is from's.
+static bool borrow_ws(conv_impl *m, const ddl_layer_t *from)
+{
+    const conv_impl *f = from != NULL && from->ops == &conv_ops ? from->impl : NULL;
+    if (f == NULL || f->ws == NULL || f->ws_bytes < m->ws_bytes) {
+        return m->ws_borrowed;
+    }
+    if (!m->ws_borrowed) {
+        ddl_free(m->ws);
+    }
+    m->ws          = f->ws;
+    m->ws_bytes    = f->ws_bytes;
+    m->ws_borrowed = true;
+    return true;
+}
+
+// What backward alone reads or writes: the gradient blocks of x, y, w and b (a copy
+// built under ddl_layer_lend_params has none), and the workspace is from's when that
 // is large enough.
 static void conv_forward_only(ddl_layer_t *L, ddl_layer_t *from)
 {
-    conv_impl       *m = L->impl;
-    const conv_impl *f = from->impl;
-    if (m->ws != NULL && !m->ws_borrowed && f->ws != NULL && f->ws_bytes >= m->ws_bytes) {
-        ddl_free(m->ws);
-        m->ws          = f->ws;
-        m->ws_bytes    = f->ws_bytes;
-        m->ws_borrowed = true;
+    conv_impl *m = L->impl;
+    if (m->ws != NULL) {
+        borrow_ws(m, from);
     }
     ddl_tensor_t **ts[] = {&m->dxbuf, &m->dxstage, &m->dxw, &m->dyw,
                            &m->dw,    &m->db,      &m->gw,  &m->gb};
@@ -662,6 +678,7 @@ static ddl_status conv_setup(ddl_layer_t *L, conv_impl *m, const ddl_partition_t
     bool            fan = c->kind != CONV_FEATURE;
     bool            rep = c->halo;  // parameters replicated along the spatial dims
     int             nd  = c->ndim;
+    bool            grads = ddl_layer_copy_source() == NULL; // a forward-only copy: no gradients
 
     ddl_shape yg = {.ndim = nd, .d = {c->N, c->C_out}};
     for (int j = 0; j < c->nsp; j++) {
@@ -711,7 +728,9 @@ static ddl_status conv_setup(ddl_layer_t *L, conv_impl *m, const ddl_partition_t
             m->bulk      = ddl_halo_exchange_bulk_box(m->halo);
             m->need      = ddl_halo_exchange_needed_box(m->halo);
             LOCAL(ddl_tensor_create(dt, &hs, &m->xbuf)); // pads: zero, and stay zero
-            LOCAL(ddl_tensor_create(dt, &hs, &m->dxbuf));
+            if (grads) {
+                LOCAL(ddl_tensor_create(dt, &hs, &m->dxbuf));
+            }
         }
         m->nx_blk = m->in_x ? ddl_box_numel(&m->need) : 0;
     } else {
@@ -787,15 +806,19 @@ static ddl_status conv_setup(ddl_layer_t *L, conv_impl *m, const ddl_partition_t
     if (rep) {
         DDL_CHECK(ddl_agree(U, ddl_broadcast_create(P_wr, P_w, false, false, dt, &wblk, &m->w_bc)));
         LOCAL(ddl_tensor_create(dt, &wblk, &m->w));
-        LOCAL(ddl_tensor_create(dt, &wblk, &m->dw));
-        LOCAL(ddl_tensor_create(dt, &L->params[0].value->shape, &m->gw));
+        if (grads) {
+            LOCAL(ddl_tensor_create(dt, &wblk, &m->dw));
+            LOCAL(ddl_tensor_create(dt, &L->params[0].value->shape, &m->gw));
+        }
         m->w_inplace = ddl_broadcast_in_place_ok(m->w_bc);
         if (c->bias) {
             ddl_shape bblk = ddl_shape_make(1, (int64_t[]){m->recv_bias ? co_loc : 0});
             DDL_CHECK(ddl_agree(U, ddl_broadcast_create(P_br, P_b, false, false, dt, &bblk, &m->b_bc)));
             LOCAL(ddl_tensor_create(dt, &bblk, &m->b));
-            LOCAL(ddl_tensor_create(dt, &bblk, &m->db));
-            LOCAL(ddl_tensor_create(dt, &L->params[1].value->shape, &m->gb));
+            if (grads) {
+                LOCAL(ddl_tensor_create(dt, &bblk, &m->db));
+                LOCAL(ddl_tensor_create(dt, &L->params[1].value->shape, &m->gb));
+            }
             m->b_inplace = ddl_broadcast_in_place_ok(m->b_bc);
         }
     }
@@ -819,9 +842,11 @@ static ddl_status conv_setup(ddl_layer_t *L, conv_impl *m, const ddl_partition_t
         s = ddl_sum_reduce_y_shape(m->y_sr);
         m->ny_root = ddl_shape_numel(&s);
         LOCAL(flat_create(dt, m->nx_leaf, &m->xw));
-        LOCAL(flat_create(dt, m->nx_leaf, &m->dxw));
+        if (grads) {
+            LOCAL(flat_create(dt, m->nx_leaf, &m->dxw));
+            LOCAL(flat_create(dt, m->ny_leaf, &m->dyw));
+        }
         LOCAL(flat_create(dt, m->ny_leaf, &m->yw));
-        LOCAL(flat_create(dt, m->ny_leaf, &m->dyw));
         if (y_env) {
             LOCAL(flat_create(dt, m->ny_root, &m->ystage));
         }
@@ -847,7 +872,9 @@ static ddl_status conv_setup(ddl_layer_t *L, conv_impl *m, const ddl_partition_t
     }
     int64_t cap = m->nx_blk > m->nx_root ? m->nx_blk : m->nx_root;
     DDL_CHECK(flat_create(dt, m->x_staged ? cap : 0, &m->xstage));
-    DDL_CHECK(flat_create(dt, m->dx_staged ? cap : 0, &m->dxstage));
+    if (grads) {
+        DDL_CHECK(flat_create(dt, m->dx_staged ? cap : 0, &m->dxstage));
+    }
 
     // 7. The local kernel on P_w, and the block it reads.
     if (m->in_w) {
@@ -868,7 +895,7 @@ static ddl_status conv_setup(ddl_layer_t *L, conv_impl *m, const ddl_partition_t
                             L->kind, (long long)m->g.out[j], (long long)out_ext[j], j);
             }
             m->ws_bytes = ddl_conv_workspace_bytes(dt, &m->g);
-            if (m->ws_bytes > 0) {
+            if (m->ws_bytes > 0 && !borrow_ws(m, ddl_layer_copy_source())) {
                 m->ws = ddl_malloc(m->ws_bytes);
                 if (m->ws == NULL) {
                     return ddl_set_error(DDL_ENOMEM, "%s: cannot allocate a %zu-byte workspace",

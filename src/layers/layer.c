@@ -61,6 +61,11 @@ void ddl_layer_lend_params(const ddl_layer_t *from)
     lender = from;
 }
 
+const ddl_layer_t *ddl_layer_copy_source(void)
+{
+    return lender;
+}
+
 // The lender's parameter i for p (name, global shape and box as p's): borrowed, no grad.
 static ddl_status borrow_param(ddl_layer_t *L, ddl_param *p, int i)
 {

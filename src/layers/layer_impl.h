@@ -83,7 +83,12 @@ ddl_status ddl_layer_set_inputs(ddl_layer_t *L, int n, const ddl_shape *globals,
 // it. finish_copy(L, from) then checks L against from and frees the buffers only
 // backward uses (forward_only): L runs forward only (backward is refused), reading
 // from's parameters as they change, and from must outlive it. Local.
-void       ddl_layer_lend_params(const ddl_layer_t *from);
+// While lend_params is in force, ddl_layer_copy_source returns `from` (NULL otherwise):
+// the layer being built allocates none of the buffers only backward uses, and takes
+// from's scratch where it can, so a copy never holds, not even for a moment, what
+// finish_copy would free (such transients made the model's peak: 5 MB per rank for vgg-4).
+void               ddl_layer_lend_params(const ddl_layer_t *from);
+const ddl_layer_t *ddl_layer_copy_source(void);
 ddl_status ddl_layer_finish_copy(ddl_layer_t *L, ddl_layer_t *from);
 
 // Fills t, the piece `box` of a tensor of global shape `global`, with the values the

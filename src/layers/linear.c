@@ -341,7 +341,9 @@ ddl_status ddl_linear_create(const ddl_partition_t *P_x, const ddl_partition_t *
     DDL_CHECK_GOTO(ddl_tensor_create(dt, m->pad_x ? &xs_shape : &none, &m->xs), st, fail);
     DDL_CHECK_GOTO(ddl_tensor_create(dt, m->pad_y ? &ys_shape : &none, &m->ys), st, fail);
     DDL_CHECK_GOTO(ddl_tensor_create(dt, &xw_shape, &m->xw), st, fail);
-    DDL_CHECK_GOTO(ddl_tensor_create(dt, &xw_shape, &m->dxw), st, fail);
+    if (ddl_layer_copy_source() == NULL) { // a forward-only copy: no gradient block
+        DDL_CHECK_GOTO(ddl_tensor_create(dt, &xw_shape, &m->dxw), st, fail);
+    }
     DDL_CHECK_GOTO(ddl_tensor_create(dt, &yw_shape, &m->yw), st, fail);
     if (U != MPI_COMM_NULL) {
         MPI_Comm_free(&U);

@@ -232,7 +232,10 @@ static ddl_status pool_setup(ddl_layer_t *L, pool_impl *m, const ddl_partition_t
         m->bulk      = ddl_halo_exchange_bulk_box(m->halo);
         m->need      = ddl_halo_exchange_needed_box(m->halo);
         DDL_CHECK(ddl_tensor_create(dt, &hs, &m->xbuf));
-        DDL_CHECK(ddl_tensor_create(dt, &hs, &m->dxbuf));
+        bool grads = ddl_layer_copy_source() == NULL; // a forward-only copy: no gradients
+        if (grads) {
+            DDL_CHECK(ddl_tensor_create(dt, &hs, &m->dxbuf));
+        }
         if (gg->mode == DDL_POOL_MAX) {
             // Pads at -inf, once; ghosts are overwritten by every exchange, the bulk by
             // every forward (tensors are created zero, which is average pooling's pad).
@@ -244,7 +247,9 @@ static ddl_status pool_setup(ddl_layer_t *L, pool_impl *m, const ddl_partition_t
         m->staged    = m->in_x && !ddl_shape_equal(&ns, &hs);
         ddl_shape z  = {.ndim = nd};
         DDL_CHECK(ddl_tensor_create(dt, m->staged ? &ns : &z, &m->xneed));
-        DDL_CHECK(ddl_tensor_create(dt, m->staged ? &ns : &z, &m->dxneed));
+        if (grads) {
+            DDL_CHECK(ddl_tensor_create(dt, m->staged ? &ns : &z, &m->dxneed));
+        }
         m->work = m->in_x && ddl_shape_numel(&L->y_shape) > 0;
         if (m->work) {
             int64_t zero[3] = {0, 0, 0};

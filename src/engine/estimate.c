@@ -92,12 +92,37 @@ void spec_est_add(spec_est *a, int P, int cat, double bytes)
 // ghost_lo | pad_lo | bulk | pad_hi | ghost_hi) and, where the window needs only part of
 // the buffer, `crops` copies of that part (ddl_halo_dim's need range). The same
 // ddl_halo_dim_compute the exchange runs, so the figures are the layer's own.
+void spec_est_scratch(spec_est *a, int P, double bytes)
+{
+    const ddl_spec_t *s = a->s;
+    for (int r = 0; r < s->world_size; r++) {
+        bool in = P < 0 || P >= s->nparts;
+        for (int i = 0; !in && i < s->parts[P].nranks; i++) {
+            in = s->parts[P].ranks[i] == r;
+        }
+        if (in && bytes > a->per[r][SPEC_E_SCRATCH]) {
+            a->per[r][SPEC_E_SCRATCH] = bytes;
+        }
+    }
+}
+
+bool spec_est_shares(const spec_est *a)
+{
+    (void)a;
+    return spec_share_scratch();
+}
+
 void spec_est_add_halo(spec_est *a, int P, const ddl_shape *g, const int64_t *k, const int64_t *s,
-                       const int64_t *p, const int64_t *d, double bufs, double crops)
+                       const int64_t *p, const int64_t *d, double bufs, double crops, double shared)
 {
     const ddl_spec_t *sp = a->s;
     if (P < 0 || P >= sp->nparts || sp->parts[P].ndim != g->ndim) {
-        spec_est_add(a, P, SPEC_E_WORK, bufs * spec_est_local_numel(sp, g, P) * a->item);
+        double xl = spec_est_local_numel(sp, g, P) * a->item;
+        if (shared >= 0) {
+            spec_est_scratch(a, P, xl + shared);
+        } else {
+            spec_est_add(a, P, SPEC_E_WORK, bufs * xl);
+        }
         return;
     }
     const spec_partition *part = &sp->parts[P];
@@ -133,14 +158,21 @@ void spec_est_add_halo(spec_est *a, int P, const ddl_shape *g, const int64_t *k,
                 slab[t] = fmax(slab[t], f[t] * face);
             }
         }
-        double bytes = (bufs * buf + (need != buf ? crops * need : 0) + slab[0] + slab[1] +
-                        slab[2] + slab[3]) *
-                           a->item +
-                       SPEC_E_HALO_BYTES;
-        int r = part->ranks[i];
-        if (r >= 0 && r < sp->world_size) {
-            a->per[r][SPEC_E_WORK] += bytes;
+        double crop  = need != buf ? need : 0;
+        double bytes = (slab[0] + slab[1] + slab[2] + slab[3]) * a->item + SPEC_E_HALO_BYTES;
+        int    r     = part->ranks[i];
+        if (r < 0 || r >= sp->world_size) {
+            continue;
         }
+        if (shared >= 0) {
+            double n = (buf + crop) * a->item + shared;
+            if (n > a->per[r][SPEC_E_SCRATCH]) {
+                a->per[r][SPEC_E_SCRATCH] = n;
+            }
+        } else {
+            bytes += (bufs * buf + crops * crop) * a->item;
+        }
+        a->per[r][SPEC_E_WORK] += bytes;
     }
 }
 
@@ -291,7 +323,7 @@ ddl_status ddl_spec_estimate(const ddl_spec_t *s, ddl_mem_estimate *out)
             out->grads       = a.per[r][SPEC_E_GRADS];
             out->optim       = a.per[r][SPEC_E_OPTIM];
             out->activations = a.per[r][SPEC_E_ACT];
-            out->workspace   = a.per[r][SPEC_E_WORK];
+            out->workspace   = a.per[r][SPEC_E_WORK] + a.per[r][SPEC_E_SCRATCH];
             out->copies      = t - own[r];
         }
     }

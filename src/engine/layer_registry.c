@@ -10,6 +10,7 @@
 #include "ddl/base.h"
 #include "ddl/kernels.h"
 #include "engine/layer_registry.h"
+#include "layers/layer_impl.h"
 
 // "<path>.<key>", the key path of a message.
 static void key_path(char *out, size_t n, const char *path, const char *key)
@@ -294,8 +295,9 @@ static bool splits_space(const ddl_spec_t *s, const spec_layer *L)
     return false;
 }
 
-// x's halo-padded buffers and needed crops (conv and pool): `n` each (spec_est_add_halo).
-static void add_window_halo(spec_est *e, const spec_layer *L, bool conv, double n)
+// x's halo-padded buffers and needed crops (conv and pool): `n` each, or with `shared`
+// >= 0 one of each and `shared` bytes more in the shared scratch (spec_est_add_halo).
+static void add_window_halo(spec_est *e, const spec_layer *L, bool conv, double n, double shared)
 {
     int64_t k[3] = {1, 1, 1}, st[3] = {1, 1, 1}, pad[3] = {0, 0, 0}, dil[3] = {1, 1, 1};
     for (int j = 0; j < L->x_global.ndim - 2 && j < 3; j++) {
@@ -306,7 +308,7 @@ static void add_window_halo(spec_est *e, const spec_layer *L, bool conv, double 
         st[j]  = st[j] > 0 ? st[j] : 1;
         dil[j] = dil[j] > 0 ? dil[j] : 1;
     }
-    spec_est_add_halo(e, L->P_in, &L->x_global, k, st, pad, dil, n, n);
+    spec_est_add_halo(e, L->P_in, &L->x_global, k, st, pad, dil, n, n, shared);
 }
 
 // What conv_setup (layers/conv.c) allocates on each rank:
@@ -334,8 +336,23 @@ static void conv_estimate(spec_est *e, const spec_layer *L)
     bool   halo = splits_space(s, L), copy = spec_est_copy(e);
     double n = copy ? 1 : 2; // a buffer and (not in a copy) its gradient
     spec_est_add_param(e, Pw, spec_est_ceil_div(w + b, sp), halo ? (copy ? 1 : 1.5) : 0);
+    // The feature layer (no P_w) keeps its workspace in the shared scratch, and its padded
+    // input and crop when the input is large (their gradients over the same bytes), a
+    // copy's as well (conv_setup).
+    double ranks = L->P_in >= 0 && L->P_in < s->nparts ? s->parts[L->P_in].nranks : 1;
+    double big   = spec_est_local_numel(s, &L->x_global, -1) * spec_est_item(e) / ranks >=
+                 ddl_layer_share_min_bytes();
+    if (L->P_w < 0 && spec_est_shares(e) && (!halo || big)) {
+        double ws = kernel_workspace(s, L, true);
+        if (halo) {
+            add_window_halo(e, L, true, 1, ws);
+        } else {
+            spec_est_scratch(e, L->P_in, ws);
+        }
+        return;
+    }
     if (halo) {
-        add_window_halo(e, L, true, n);
+        add_window_halo(e, L, true, n, -1);
     }
     if (L->P_w >= 0) {
         double xs = spec_est_local_numel(s, &L->x_global, L->P_in) /
@@ -358,7 +375,8 @@ static void pool_estimate(spec_est *e, const spec_layer *L)
     const ddl_spec_t *s     = spec_est_spec(e);
     bool              alone = L->P_in < 0 || L->P_in >= s->nparts || s->parts[L->P_in].nranks <= 1;
     if (!alone) {
-        add_window_halo(e, L, false, spec_est_copy(e) ? 1 : 2);
+        // Shared: [padded x | crop] in forward, their gradients over them in backward.
+        add_window_halo(e, L, false, spec_est_copy(e) ? 1 : 2, spec_est_shares(e) ? 0 : -1);
     }
     spec_est_add(e, L->P_in, SPEC_E_WORK, kernel_workspace(s, L, false));
 }

@@ -55,7 +55,16 @@ char      *spec_shape_str(const ddl_shape *s, char *buf, size_t n);
 
 // ---- the estimate's helpers (estimate.c) --------------------------------------------
 
-enum { SPEC_E_PARAMS, SPEC_E_GRADS, SPEC_E_OPTIM, SPEC_E_ACT, SPEC_E_WORK, SPEC_E_COUNT };
+// SPEC_E_SCRATCH: the layers' shared scratch block, the largest need (spec_est_scratch).
+enum {
+    SPEC_E_PARAMS,
+    SPEC_E_GRADS,
+    SPEC_E_OPTIM,
+    SPEC_E_ACT,
+    SPEC_E_WORK,
+    SPEC_E_SCRATCH,
+    SPEC_E_COUNT
+};
 // Bookkeeping counted per layer (estimate.c), and more per halo exchange (its plan and
 // slab descriptions), as measured with ddl_alloc_bytes_live.
 #define SPEC_E_LAYER_BYTES 3072.0
@@ -78,9 +87,15 @@ int               spec_est_part_dim(const ddl_spec_t *s, int P, int d);
 double            spec_est_ceil_div(double n, double p);
 // A window operation's input x of global shape g on P, per rank: `bufs` halo-padded
 // buffers and, where the window needs only part of one, `crops` copies of that part
-// (k, s, p, d: the spatial window, g->ndim - 2 entries each).
+// (k, s, p, d: the spatial window, g->ndim - 2 entries each); with `shared` >= 0 instead
+// one of each in the shared scratch, with `shared` bytes more (a kernel workspace).
 void spec_est_add_halo(spec_est *e, int P, const ddl_shape *g, const int64_t *k, const int64_t *s,
-                       const int64_t *p, const int64_t *d, double bufs, double crops);
+                       const int64_t *p, const int64_t *d, double bufs, double crops,
+                       double shared);
+// A need of the shared scratch block on every rank of P: the block is the largest need.
+void spec_est_scratch(spec_est *e, int P, double bytes);
+// Whether the model shares the layers' scratch (spec_share_scratch).
+bool spec_est_shares(const spec_est *e);
 
 // ---- the registry --------------------------------------------------------------------
 

@@ -80,6 +80,9 @@ struct ddl_model {
     const ddl_tensor_t     **x_of;
     ddl_tensor_t           **dx_to, **dx_sum;
     void                    *scratch[SPEC_MAX_INPUTS]; // slot k's scratch gradients
+    // The block the layers (and the copies' layers) share for what lives only within a
+    // call (ddl_layer_share_scratch): the model's own, sized to the largest need.
+    void                    *layer_scratch;
     bool                    *run_back; // layer i's backward is needed
     // Layer i is a ReLU fused into the batch norm before it (spec_fused_relu_source): it
     // never runs, and its output and gradient are views of the batch norm's.
@@ -541,9 +544,14 @@ static ddl_status build(ddl_model_t *m)
     STAGE(alloc_layer_tables(m));
     int nparams = 0;
     // In topological order: a layer's operands exist before it is checked against them.
-    for (int t = 0; t < m->nlayers; t++) {
-        STAGE(build_one_layer(m, m->spec->order[t], &nparams));
+    // They share one scratch block (give_scratch, once the copies are built too).
+    ddl_layer_share_scratch(spec_share_scratch());
+    ddl_status lst = DDL_OK;
+    for (int t = 0; t < m->nlayers && lst == DDL_OK; t++) {
+        lst = ddl_agree(m->comm, build_one_layer(m, m->spec->order[t], &nparams));
     }
+    ddl_layer_share_scratch(false);
+    DDL_CHECK(lst);
     STAGE(build_slots(m));
     // A layer whose backward runs but whose operands' gradients nobody reads (a chain's
     // first layer with parameters) skips assembling them (ddl_layer_set_dx_unused).
@@ -573,6 +581,34 @@ static ddl_status build(ddl_model_t *m)
     STAGE(build_input_plan(m));
     STAGE(build_output_plan(m));
     STAGE(build_label_plan(m));
+    return DDL_OK;
+}
+
+// The layers' shared scratch: one block as large as the largest need among the model's
+// layers and its copies' (they run one call at a time), handed to every one of them.
+static ddl_status give_scratch(ddl_model_t *m)
+{
+    size_t need = 0;
+    for (int k = -1; k < m->nbuckets; k++) {
+        const ddl_model_t *c = k < 0 ? m : m->bucket[k];
+        for (int i = 0; i < c->nlayers; i++) {
+            need = c->layers[i]->scratch_bytes > need ? c->layers[i]->scratch_bytes : need;
+        }
+    }
+    if (need == 0) {
+        return DDL_OK;
+    }
+    m->layer_scratch = ddl_malloc(need);
+    if (m->layer_scratch == NULL) {
+        return ddl_set_error(DDL_ENOMEM, "model: cannot allocate the layers' %zu-byte scratch",
+                             need);
+    }
+    for (int k = -1; k < m->nbuckets; k++) {
+        ddl_model_t *c = k < 0 ? m : m->bucket[k];
+        for (int i = 0; i < c->nlayers; i++) {
+            ddl_layer_set_scratch(c->layers[i], m->layer_scratch);
+        }
+    }
     return DDL_OK;
 }
 
@@ -644,6 +680,9 @@ ddl_status ddl_model_create(MPI_Comm comm, const ddl_spec_t *spec, ddl_model_t *
     if (st == DDL_OK) {
         st = build_buckets(m);
     }
+    if (st == DDL_OK) {
+        st = ddl_agree(m->comm, give_scratch(m));
+    }
     if (st != DDL_OK) {
         ddl_model_destroy(&m);
         return st;
@@ -694,6 +733,7 @@ void ddl_model_destroy(ddl_model_t **mp)
     for (int k = 0; k < SPEC_MAX_INPUTS; k++) {
         ddl_free(m->scratch[k]);
     }
+    ddl_free(m->layer_scratch); // the model's (a copy has none)
     ddl_free(m->slot0);
     ddl_free(m->run_back);
     ddl_free(m->fused);
@@ -1353,6 +1393,20 @@ ddl_status ddl_model_predict(ddl_model_t *m, const void *x, size_t x_bytes, int6
 }
 
 // ---- accessors -------------------------------------------------------------------
+
+size_t ddl__model_scratch_bytes(const ddl_model_t *m, int *users)
+{
+    size_t need = 0;
+    *users      = 0;
+    for (int k = -1; k < m->nbuckets; k++) {
+        const ddl_model_t *c = k < 0 ? m : m->bucket[k];
+        for (int i = 0; i < c->nlayers; i++) {
+            need = c->layers[i]->scratch_bytes > need ? c->layers[i]->scratch_bytes : need;
+            *users += c->layers[i]->scratch_set;
+        }
+    }
+    return m->layer_scratch != NULL ? need : 0;
+}
 
 int ddl__model_fused_count(const ddl_model_t *m)
 {

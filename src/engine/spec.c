@@ -1536,6 +1536,12 @@ bool ddl_spec_synthetic(const ddl_spec_t *s, ddl_synth_params *p, int64_t *n_tra
     return s->has_synth;
 }
 
+bool spec_share_scratch(void)
+{
+    const char *env = getenv("DDL_SHARE_SCRATCH");
+    return env == NULL || strcmp(env, "0") != 0;
+}
+
 int spec_fused_relu_source(const ddl_spec_t *s, int j)
 {
     const char *env = getenv("DDL_FUSE_BN_RELU");

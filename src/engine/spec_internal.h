@@ -123,5 +123,9 @@ static inline int spec_node_partition(const ddl_spec_t *s, int n)
 // Otherwise -1. DDL_FUSE_BN_RELU=0 in the environment turns fusion off (for comparing
 // the two; they give the same bits).
 int spec_fused_relu_source(const ddl_spec_t *s, int j);
+// Whether the model's layers share one scratch block for what lives only within a call
+// (ddl_layer_share_scratch; the estimate counts the largest need, not the sum).
+// DDL_SHARE_SCRATCH=0 gives every layer its own, to compare.
+bool spec_share_scratch(void);
 
 #endif // DDL_ENGINE_SPEC_INTERNAL_H

@@ -123,6 +123,13 @@ typedef struct conv_impl {
     const void   *conv_in;    // the input block the kernel reads: plan-owned, or the
                               // caller's x of the last forward (feature layer, no halo)
     bool          have_forward;  // a forward has run (backward needs its state)
+
+    // The shared scratch (ddl_layer_share_scratch; the feature layer): the workspace and
+    // the halo layouts' padded buffers and crops live in the model's one block, and
+    // backward rebuilds the padded input from the x of the last forward.
+    bool        shared;
+    const void *x_saved; // that x (the caller keeps it, layers.h)
+    size_t      off_ws, off_x, off_xs, off_dx, off_dxs;
 } conv_impl;
 
 // ---- configuration -------------------------------------------------------------
@@ -429,6 +436,9 @@ static ddl_status input_block(conv_impl *m, ddl_dtype dt, const ddl_tensor_t *x,
     *out = NULL;
     if (m->halo != NULL) {
         if (m->in_x) {
+            if (m->shared) {
+                ddl_halo_exchange_fill_pads(m->halo, m->xbuf, 0); // other layers wrote here
+            }
             ddl_box full = ddl_box_full(&x->shape);
             ddl_tensor_copy_box(x, &full, m->xbuf, &m->bulk);
         }
@@ -464,7 +474,10 @@ static ddl_status conv_forward(ddl_layer_t *L, const ddl_tensor_t *x, ddl_tensor
     if (m->b_bc != NULL) {
         DDL_CHECK(ddl_broadcast_forward(m->b_bc, pb->value, m->b_inplace ? pb->value : m->b));
     }
+    DDL_REQUIRE(!m->shared || L->scratch_set || L->scratch_bytes == 0, DDL_EINTERNAL,
+                "%s: built to share scratch, but none was set (ddl_layer_set_scratch)", L->kind);
     m->have_forward = true;
+    m->x_saved      = x->data;
     const void *xin;
     DDL_CHECK(input_block(m, dt, x, &xin));
     if (m->x_bc == NULL) {
@@ -512,6 +525,11 @@ static ddl_status conv_backward(ddl_layer_t *L, const ddl_tensor_t *dy, ddl_tens
     ddl_param *pw = &L->params[0], *pb = m->c.bias ? &L->params[1] : NULL;
     bool       fan = m->x_bc != NULL;
     DDL_REQUIRE(m->have_forward, DDL_EINVAL, "%s: backward called before any forward", L->kind);
+    if (m->shared && m->halo != NULL) {
+        // The padded input lives in the shared scratch: rebuilt from the forward's x.
+        ddl_tensor_t xv = {.dtype = dt, .shape = L->x_shape, .data = (void *)m->x_saved};
+        DDL_CHECK(input_block(m, dt, &xv, &m->conv_in));
+    }
 
     // dy back onto P_w (R* broadcasts over ci).
     const void *gy = dy->data;
@@ -538,8 +556,12 @@ static ddl_status conv_backward(ddl_layer_t *L, const ddl_tensor_t *dy, ddl_tens
     // The local adjoint: the input block gradient (overwritten), dw and db accumulated.
     // When nobody reads dx (a model's first layer, ddl_layer_set_dx_unused) the kernel does
     // not compute it at all: the U-Net's and ResNet's first convolutions skip their dx pass.
-    void *gin = L->dx_unused ? NULL : (fan ? m->dxw->data : gx);
-    if (gin != NULL && (fan ? m->in_w : m->in_x)) {
+    // With the shared scratch in a halo layout the input's gradient takes the padded
+    // input's place: dw and db first, from the input, then dx (which reads only dy and
+    // w) over it.
+    bool  alias = m->shared && m->halo != NULL;
+    void *gin   = L->dx_unused ? NULL : (fan ? m->dxw->data : gx);
+    if (gin != NULL && (fan ? m->in_w : m->in_x) && !alias) {
         zero_n(dt, gin, fan ? m->nx_leaf : m->nx_blk);
     }
     if (m->dw != NULL) {
@@ -555,8 +577,16 @@ static ddl_status conv_backward(ddl_layer_t *L, const ddl_tensor_t *dy, ddl_tens
         if (m->recv_bias) {
             db = m->db != NULL ? m->db->data : pb->grad->data;
         }
-        DDL_CHECK(ddl_conv_backward(dt, &m->g, gin, dw, db, gy, m->conv_in, w, m->ws,
+        DDL_CHECK(ddl_conv_backward(dt, &m->g, alias ? NULL : gin, dw, db, gy, m->conv_in, w, m->ws,
                                     m->ws_bytes));
+    }
+    if (alias && gin != NULL && m->in_x) {
+        zero_n(dt, gin, m->nx_blk);
+        if (m->work) {
+            const void *w = m->w != NULL && !m->w_inplace ? m->w->data : pw->value->data;
+            DDL_CHECK(
+                ddl_conv_backward(dt, &m->g, gin, NULL, NULL, gy, NULL, w, m->ws, m->ws_bytes));
+        }
     }
 
     // Parameter gradients onto their owners (B_w*, B_b*: sums along the spatial dims).
@@ -626,6 +656,7 @@ static void conv_destroy(ddl_layer_t *L)
 }
 
 static const ddl_layer_ops conv_ops; // below: a copy's source is a conv when its ops are these
+static void                conv_set_scratch(ddl_layer_t *L, void *p);
 
 // Uses the kernel workspace of `from` (a conv layer that never runs at the same time as
 // m's: per-thread scratch, hardly smaller at a small batch) instead of one of m's own
@@ -651,7 +682,7 @@ static bool borrow_ws(conv_impl *m, const ddl_layer_t *from)
 static void conv_forward_only(ddl_layer_t *L, ddl_layer_t *from)
 {
     conv_impl *m = L->impl;
-    if (m->ws != NULL) {
+    if (m->ws != NULL && !m->shared) {
         borrow_ws(m, from);
     }
     ddl_tensor_t **ts[] = {&m->dxbuf, &m->dxstage, &m->dxw, &m->dyw,
@@ -666,6 +697,7 @@ static const ddl_layer_ops conv_ops = {
     .backward     = conv_backward,
     .destroy      = conv_destroy,
     .forward_only = conv_forward_only,
+    .set_scratch  = conv_set_scratch,
 };
 
 // Builds everything of a validated layer. P_y and P_w are P_x for the feature layer.
@@ -679,6 +711,12 @@ static ddl_status conv_setup(ddl_layer_t *L, conv_impl *m, const ddl_partition_t
     bool            rep = c->halo;  // parameters replicated along the spatial dims
     int             nd  = c->ndim;
     bool            grads = ddl_layer_copy_source() == NULL; // a forward-only copy: no gradients
+    // The feature layer shares its workspace, and its halo buffers when its input is
+    // large (ddl_layer_share_min_bytes; decided from global sizes, alike on every rank).
+    double per_rank =
+        (double)ddl_shape_numel(xg) * (double)ddl_dtype_size(dt) / (double)ddl_partition_size(P_x);
+    m->shared = ddl_layer_scratch_shared() && c->kind == CONV_FEATURE &&
+                (!c->halo || per_rank >= ddl_layer_share_min_bytes());
 
     ddl_shape yg = {.ndim = nd, .d = {c->N, c->C_out}};
     for (int j = 0; j < c->nsp; j++) {
@@ -727,9 +765,10 @@ static ddl_status conv_setup(ddl_layer_t *L, conv_impl *m, const ddl_partition_t
             ddl_shape hs = ddl_halo_exchange_shape(m->halo);
             m->bulk      = ddl_halo_exchange_bulk_box(m->halo);
             m->need      = ddl_halo_exchange_needed_box(m->halo);
-            LOCAL(ddl_tensor_create(dt, &hs, &m->xbuf)); // pads: zero, and stay zero
+            // Pads: zero, and stay zero (shared: restored before each use).
+            LOCAL(ddl_scratch_tensor(dt, &hs, m->shared, &m->xbuf));
             if (grads) {
-                LOCAL(ddl_tensor_create(dt, &hs, &m->dxbuf));
+                LOCAL(ddl_scratch_tensor(dt, &hs, m->shared, &m->dxbuf));
             }
         }
         m->nx_blk = m->in_x ? ddl_box_numel(&m->need) : 0;
@@ -870,10 +909,12 @@ static ddl_status conv_setup(ddl_layer_t *L, conv_impl *m, const ddl_partition_t
             m->dx_staged = m->x_staged;
         }
     }
-    int64_t cap = m->nx_blk > m->nx_root ? m->nx_blk : m->nx_root;
-    DDL_CHECK(flat_create(dt, m->x_staged ? cap : 0, &m->xstage));
+    int64_t   cap = m->nx_blk > m->nx_root ? m->nx_blk : m->nx_root;
+    ddl_shape xs  = {.ndim = 1, .d = {m->x_staged ? cap : 0}};
+    ddl_shape dxs = {.ndim = 1, .d = {m->dx_staged ? cap : 0}};
+    DDL_CHECK(ddl_scratch_tensor(dt, &xs, m->shared, &m->xstage));
     if (grads) {
-        DDL_CHECK(flat_create(dt, m->dx_staged ? cap : 0, &m->dxstage));
+        DDL_CHECK(ddl_scratch_tensor(dt, &dxs, m->shared, &m->dxstage));
     }
 
     // 7. The local kernel on P_w, and the block it reads.
@@ -894,8 +935,9 @@ static ddl_status conv_setup(ddl_layer_t *L, conv_impl *m, const ddl_partition_t
                             "%s: local output extent %lld != share %lld in spatial dim %d",
                             L->kind, (long long)m->g.out[j], (long long)out_ext[j], j);
             }
-            m->ws_bytes = ddl_conv_workspace_bytes(dt, &m->g);
-            if (m->ws_bytes > 0 && !borrow_ws(m, ddl_layer_copy_source())) {
+            m->ws_bytes    = ddl_conv_workspace_bytes(dt, &m->g);
+            m->ws_borrowed = m->shared; // in the scratch
+            if (m->ws_bytes > 0 && !m->shared && !borrow_ws(m, ddl_layer_copy_source())) {
                 m->ws = ddl_malloc(m->ws_bytes);
                 if (m->ws == NULL) {
                     return ddl_set_error(DDL_ENOMEM, "%s: cannot allocate a %zu-byte workspace",
@@ -918,7 +960,33 @@ static ddl_status conv_setup(ddl_layer_t *L, conv_impl *m, const ddl_partition_t
         DDL_REQUIRE(ddl_shape_equal(&ys, &L->y_shape), DDL_EINTERNAL,
                     "%s: local output block differs from y's local shape", L->kind);
     }
+    // 8. The shared scratch's layout: [workspace | x padded | x crop], the gradients of
+    //    the padded input and its crop over the same bytes as those (backward computes
+    //    dw and db from the input first, then dx in its place: conv_backward).
+    if (m->shared) {
+        size_t total = 0;
+        m->off_ws    = ddl_scratch_carve(&total, m->work ? m->ws_bytes : 0);
+        m->off_x     = ddl_scratch_carve(&total, m->xbuf != NULL ? ddl_tensor_bytes(m->xbuf) : 0);
+        m->off_xs    = ddl_scratch_carve(&total, ddl_tensor_bytes(m->xstage));
+        m->off_dx    = m->off_x;
+        m->off_dxs   = m->off_xs;
+        L->scratch_bytes = total;
+    }
     return DDL_OK;
+}
+
+static void conv_set_scratch(ddl_layer_t *L, void *p)
+{
+    conv_impl *m       = L->impl;
+    char      *b       = p;
+    m->ws              = m->work && m->ws_bytes > 0 ? b + m->off_ws : NULL;
+    ddl_tensor_t *ts[] = {m->xbuf, m->xstage, m->dxbuf, m->dxstage};
+    size_t        at[] = {m->off_x, m->off_xs, m->off_dx, m->off_dxs};
+    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) {
+        if (ts[i] != NULL) {
+            ts[i]->data = b + at[i];
+        }
+    }
 }
 
 ddl_status ddl_conv_create(const ddl_partition_t *P_x, const ddl_partition_t *P_y,

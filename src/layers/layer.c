@@ -2,6 +2,7 @@
 // initialization.
 #include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "base/check.h"
@@ -64,6 +65,46 @@ void ddl_layer_lend_params(const ddl_layer_t *from)
 const ddl_layer_t *ddl_layer_copy_source(void)
 {
     return lender;
+}
+
+static _Thread_local bool sharing;
+
+void ddl_layer_share_scratch(bool on)
+{
+    sharing = on;
+}
+
+bool ddl_layer_scratch_shared(void)
+{
+    return sharing;
+}
+
+double ddl_layer_share_min_bytes(void)
+{
+    const char *env = getenv("DDL_SHARE_MIN_BYTES");
+    char       *end;
+    double      v = env != NULL ? strtod(env, &end) : -1;
+    return env != NULL && end != env && v >= 0 ? v : 2.0 * 1024 * 1024;
+}
+
+void ddl_layer_set_scratch(ddl_layer_t *L, void *p)
+{
+    if (L->scratch_bytes > 0 && L->ops->set_scratch != NULL) {
+        L->ops->set_scratch(L, p);
+        L->scratch_set = true;
+    }
+}
+
+ddl_status ddl_scratch_tensor(ddl_dtype dt, const ddl_shape *s, bool shared, ddl_tensor_t **out)
+{
+    return shared ? ddl_tensor_view(dt, s, NULL, out) : ddl_tensor_create(dt, s, out);
+}
+
+size_t ddl_scratch_carve(size_t *total, size_t bytes)
+{
+    size_t at = *total;
+    *total += (bytes + DDL_ALIGN - 1) / DDL_ALIGN * DDL_ALIGN;
+    return at;
 }
 
 // The lender's parameter i for p (name, global shape and box as p's): borrowed, no grad.

@@ -32,6 +32,10 @@ typedef struct ddl_layer_ops {
     // buffers of `from`, a layer of the same type that never runs at the same time,
     // whose contents no call leaves for the next.
     void (*forward_only)(ddl_layer_t *L, ddl_layer_t *from);
+    // Optional, for a layer built with scratch_bytes > 0 (ddl_layer_share_scratch): points
+    // its per-call buffers into p, a block of scratch_bytes (DDL_ALIGN-aligned) that
+    // other layers use between its calls.
+    void (*set_scratch)(ddl_layer_t *L, void *p);
 } ddl_layer_ops;
 
 struct ddl_layer {
@@ -55,6 +59,8 @@ struct ddl_layer {
     bool                   dx_unused; // the caller ignores dx (ddl_layer_set_dx_unused)
     bool                   io_fixed;  // no agreement on the tensors (ddl_layer_set_io_fixed)
     bool                   borrowed;  // params[k].value borrowed, no grad (lend_params)
+    size_t                 scratch_bytes; // its share of the shared scratch (share_scratch)
+    bool                   scratch_set;   // ddl_layer_set_scratch was called
     void                  *impl;
 };
 
@@ -89,6 +95,32 @@ ddl_status ddl_layer_set_inputs(ddl_layer_t *L, int n, const ddl_shape *globals,
 // finish_copy would free (such transients made the model's peak: 5 MB per rank for vgg-4).
 void               ddl_layer_lend_params(const ddl_layer_t *from);
 const ddl_layer_t *ddl_layer_copy_source(void);
+
+// Scratch shared by the layers of a model, which run one call at a time. While
+// share_scratch(true) is in force on this thread, a layer being built that can keep what
+// lives only within one forward or backward call (a spatially split conv's or pool's
+// halo-padded input and its gradient, their crops, a conv's kernel workspace) in a shared
+// block allocates none of it and sets L->scratch_bytes instead; before the layer runs, the
+// caller hands it a block of at least that size with set_scratch, the same block to every
+// layer. A conv built so keeps a reference to the x of its forward and rebuilds its
+// halo-padded input from it in backward (the saved-tensor contract of ddl/layers.h): the
+// halo buffers stop being a second copy of every split activation (issue 19, item 6).
+// Without share_scratch every layer owns its buffers, as before. Local.
+void ddl_layer_share_scratch(bool on);
+bool ddl_layer_scratch_shared(void);
+// Rebuilding a conv's padded input costs a copy and an exchange per backward (ResNet on
+// 2 ranks: some percent of a step); it pays where the input is large. A conv shares its
+// halo buffers when its input holds at least this many bytes per rank of P_x (global
+// size / ranks, so every rank decides alike): DDL_SHARE_MIN_BYTES, default 2 MiB (ResNet
+// and VGG at batch 64 on 2 ranks, 1.6 MB per rank, keep theirs).
+double ddl_layer_share_min_bytes(void);
+void   ddl_layer_set_scratch(ddl_layer_t *L, void *p);
+// A block of `bytes` carved from a scratch of *total bytes, DDL_ALIGN-aligned: returns
+// its offset and advances *total (the layers' layouts).
+size_t ddl_scratch_carve(size_t *total, size_t bytes);
+// A buffer of the layer's own (zero), or with `shared` a view whose data set_scratch
+// places in the shared block.
+ddl_status ddl_scratch_tensor(ddl_dtype dt, const ddl_shape *s, bool shared, ddl_tensor_t **out);
 ddl_status ddl_layer_finish_copy(ddl_layer_t *L, ddl_layer_t *from);
 
 // Fills t, the piece `box` of a tensor of global shape `global`, with the values the

@@ -48,6 +48,12 @@ typedef struct pool_impl {
     ddl_pool_geom        g;
     void                *ws;          // max pooling: the argmax of the last forward
     size_t               ws_bytes;
+    // The shared scratch (ddl_layer_share_scratch): the four buffers above live in the
+    // model's one block, [xbuf | xneed] in forward and [dxbuf | dxneed] over them in
+    // backward (which needs only the argmax); the pads are restored before each forward.
+    bool   shared;
+    double pad_value; // -inf (max) or 0 (average)
+    size_t off_need;
 } pool_impl;
 
 static const char *pool_name(ddl_pool_mode mode)
@@ -61,8 +67,13 @@ static ddl_status pool_forward(ddl_layer_t *L, const ddl_tensor_t *x, ddl_tensor
 {
     pool_impl  *m   = L->impl;
     const void *src = x->data;
+    DDL_REQUIRE(!m->shared || L->scratch_set || L->scratch_bytes == 0, DDL_EINTERNAL,
+                "%s: built to share scratch, but none was set (ddl_layer_set_scratch)", L->kind);
     if (m->halo != NULL) {
         if (m->in_x) {
+            if (m->shared) {
+                ddl_halo_exchange_fill_pads(m->halo, m->xbuf, m->pad_value);
+            }
             ddl_box full = ddl_box_full(&x->shape);
             ddl_tensor_copy_box(x, &full, m->xbuf, &m->bulk);
         }
@@ -133,11 +144,26 @@ static void pool_forward_only(ddl_layer_t *L, ddl_layer_t *from)
     ddl_tensor_destroy(&m->dxneed);
 }
 
+static void pool_set_scratch(ddl_layer_t *L, void *p)
+{
+    pool_impl *m   = L->impl;
+    char      *b   = p;
+    m->xbuf->data  = b;
+    m->xneed->data = b + m->off_need;
+    if (m->dxbuf != NULL) {
+        m->dxbuf->data = b;
+    }
+    if (m->dxneed != NULL) {
+        m->dxneed->data = b + m->off_need;
+    }
+}
+
 static const ddl_layer_ops pool_ops = {
     .forward      = pool_forward,
     .backward     = pool_backward,
     .destroy      = pool_destroy,
     .forward_only = pool_forward_only,
+    .set_scratch  = pool_set_scratch,
 };
 
 // Checks everything before anything is created; fills the global geometry. Identical on
@@ -231,12 +257,14 @@ static ddl_status pool_setup(ddl_layer_t *L, pool_impl *m, const ddl_partition_t
         ddl_shape hs = ddl_halo_exchange_shape(m->halo);
         m->bulk      = ddl_halo_exchange_bulk_box(m->halo);
         m->need      = ddl_halo_exchange_needed_box(m->halo);
-        DDL_CHECK(ddl_tensor_create(dt, &hs, &m->xbuf));
-        bool grads = ddl_layer_copy_source() == NULL; // a forward-only copy: no gradients
+        m->shared    = ddl_layer_scratch_shared();
+        m->pad_value = gg->mode == DDL_POOL_MAX ? -INFINITY : 0.0;
+        bool grads   = ddl_layer_copy_source() == NULL; // a forward-only copy: no gradients
+        DDL_CHECK(ddl_scratch_tensor(dt, &hs, m->shared, &m->xbuf));
         if (grads) {
-            DDL_CHECK(ddl_tensor_create(dt, &hs, &m->dxbuf));
+            DDL_CHECK(ddl_scratch_tensor(dt, &hs, m->shared, &m->dxbuf));
         }
-        if (gg->mode == DDL_POOL_MAX) {
+        if (gg->mode == DDL_POOL_MAX && !m->shared) {
             // Pads at -inf, once; ghosts are overwritten by every exchange, the bulk by
             // every forward (tensors are created zero, which is average pooling's pad).
             for (int64_t i = 0; i < ddl_tensor_numel(m->xbuf); i++) {
@@ -246,9 +274,15 @@ static ddl_status pool_setup(ddl_layer_t *L, pool_impl *m, const ddl_partition_t
         ddl_shape ns = ddl_box_shape(&m->need);
         m->staged    = m->in_x && !ddl_shape_equal(&ns, &hs);
         ddl_shape z  = {.ndim = nd};
-        DDL_CHECK(ddl_tensor_create(dt, m->staged ? &ns : &z, &m->xneed));
+        DDL_CHECK(ddl_scratch_tensor(dt, m->staged ? &ns : &z, m->shared, &m->xneed));
         if (grads) {
-            DDL_CHECK(ddl_tensor_create(dt, m->staged ? &ns : &z, &m->dxneed));
+            DDL_CHECK(ddl_scratch_tensor(dt, m->staged ? &ns : &z, m->shared, &m->dxneed));
+        }
+        if (m->shared) {
+            size_t total = 0;
+            ddl_scratch_carve(&total, ddl_tensor_bytes(m->xbuf));
+            m->off_need      = ddl_scratch_carve(&total, ddl_tensor_bytes(m->xneed));
+            L->scratch_bytes = total;
         }
         m->work = m->in_x && ddl_shape_numel(&L->y_shape) > 0;
         if (m->work) {

@@ -559,6 +559,28 @@ const ddl_halo_dim *ddl_halo_exchange_dims(const ddl_halo_exchange_t *h)
     return h->active ? h->dims : NULL;
 }
 
+void ddl_halo_exchange_fill_pads(const ddl_halo_exchange_t *h, ddl_tensor_t *buf, double v)
+{
+    if (!h->active) {
+        return;
+    }
+    DDL_ASSERT(ddl_shape_equal(&buf->shape, &h->shape));
+    for (int j = 0; j < h->ndim; j++) {
+        const ddl_halo_dim *d = &h->dims[j];
+        ddl_box             b = ddl_box_full(&h->shape);
+        if (d->pad_lo > 0) {
+            b.start[j] = d->ghost_lo;
+            b.stop[j]  = d->ghost_lo + d->pad_lo;
+            ddl_tensor_fill_box(buf, &b, v);
+        }
+        if (d->pad_hi > 0) {
+            b.start[j] = d->buf - d->ghost_hi - d->pad_hi;
+            b.stop[j]  = d->buf - d->ghost_hi;
+            ddl_tensor_fill_box(buf, &b, v);
+        }
+    }
+}
+
 // ---- execution ---------------------------------------------------------------
 
 // Checks the tensor handed to forward/adjoint. Local only: a wrong tensor is a usage

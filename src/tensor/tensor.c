@@ -4,6 +4,7 @@
 // box covers completely (in both source and destination) are merged into the run, so a
 // slab of whole rows moves with a single memcpy, and only the outer dimensions are
 // iterated with an odometer.
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -342,7 +343,7 @@ static void describe_flat(const ddl_box *b, int64_t *off, int64_t *st)
     *off = 0;
 }
 
-typedef enum { OP_COPY, OP_ADD, OP_ZERO } move_op;
+typedef enum { OP_COPY, OP_ADD, OP_ZERO, OP_FILL } move_op;
 
 static void run_op(move_op op, ddl_dtype dt, char *dst, const char *src, int64_t n)
 {
@@ -353,6 +354,11 @@ static void run_op(move_op op, ddl_dtype dt, char *dst, const char *src, int64_t
         break;
     case OP_ZERO:
         memset(dst, 0, (size_t)n * es);
+        break;
+    case OP_FILL: // src: the one value
+        for (int64_t i = 0; i < n; i++) {
+            memcpy(dst + (size_t)i * es, src, es);
+        }
         break;
     case OP_ADD:
         if (dt == DDL_F64) {
@@ -397,7 +403,11 @@ static void walk_run(const walk *w, move_op op, ddl_dtype dt, char *dst, const c
     int64_t idx[DDL_MAX_DIMS] = {0};
     int64_t so = w->soff, dof = w->doff;
     for (;;) {
-        run_op(op, dt, dst + dof * (int64_t)es, src ? src + so * (int64_t)es : NULL, run);
+        run_op(op, dt, dst + dof * (int64_t)es,
+               op == OP_FILL ? src
+               : src         ? src + so * (int64_t)es
+                             : NULL,
+               run);
         int i = k - 1;
         while (i >= 0) {
             idx[i]++;
@@ -484,6 +494,11 @@ void ddl_tensor_add_box(const ddl_tensor_t *x, const ddl_box *bx, ddl_tensor_t *
 
 void ddl_tensor_zero_box(ddl_tensor_t *t, const ddl_box *b)
 {
+    ddl_tensor_fill_box(t, b, 0.0);
+}
+
+void ddl_tensor_fill_box(ddl_tensor_t *t, const ddl_box *b, double v)
+{
     DDL_ASSERT(ddl_box_inside(b, &t->shape));
     walk w = {.ndim = b->ndim};
     for (int i = 0; i < b->ndim; i++) {
@@ -491,7 +506,10 @@ void ddl_tensor_zero_box(ddl_tensor_t *t, const ddl_box *b)
     }
     describe_box(&t->shape, b, &w.doff, w.dstride);
     for (int i = 0; i < b->ndim; i++) {
-        w.sstride[i] = w.dstride[i];  // no source: mirror strides so runs merge alike
+        w.sstride[i] = w.dstride[i]; // as zero_box: the runs merge alike
     }
-    walk_run(&w, OP_ZERO, t->dtype, t->data, NULL);
+    double d = v;
+    float  f = (float)v;
+    walk_run(&w, v == 0 && !signbit(v) ? OP_ZERO : OP_FILL, t->dtype, t->data,
+             t->dtype == DDL_F64 ? (const char *)&d : (const char *)&f);
 }

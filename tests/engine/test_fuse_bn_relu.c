@@ -81,66 +81,24 @@ static ddl_model_t *make(int world, const char *dtype, bool fuse)
     return m;
 }
 
-static void same_bits(const void *a, const void *b, size_t n, const char *what, int i)
-{
-    if (memcmp(a, b, n) != 0) {
-        fprintf(stderr, "rank %d: %s (%d) differs between the fused and the unfused model\n",
-                ddl_test_rank, what, i);
-        MPI_Abort(MPI_COMM_WORLD, 1);
-    }
-}
-
 static void compare(int world, const char *dtype)
 {
     size_t  item = strcmp(dtype, "f32") == 0 ? sizeof(float) : sizeof(double);
     size_t  xn   = (size_t)B * C_IN * H * W;
-    char   *xs   = malloc(xn * item);
+    char   *xs   = ddl_test_uniform_batch(xn, item, 11);
     int64_t labels[B];
-    for (size_t i = 0; i < xn; i++) {
-        double v = 2.0 * ddl_rng_uniform(11, 0, (uint64_t)i) - 1.0;
-        if (item == sizeof(float)) {
-            ((float *)xs)[i] = (float)v;
-        } else {
-            ((double *)xs)[i] = v;
-        }
-    }
     for (int b = 0; b < B; b++) {
         labels[b] = b % CLASSES;
     }
     ddl_model_t *f = make(world, dtype, true), *u = make(world, dtype, false);
     ASSERT_EQ(ddl__model_fused_count(f), 2);
     ASSERT_EQ(ddl__model_fused_count(u), 0);
-    for (int s = 0; s < STEPS; s++) {
-        double  lf, lu;
-        int64_t hf, hu;
-        ASSERT_OK(ddl_model_train_step(f, xs, xn * item, labels, B, &lf, &hf));
-        ASSERT_OK(ddl_model_train_step(u, xs, xn * item, labels, B, &lu, &hu));
-        same_bits(&lf, &lu, sizeof lf, "the loss of step", s);
-        ASSERT_EQ(hf, hu);
-    }
-    ASSERT_EQ(ddl_model_nparams(f), ddl_model_nparams(u));
-    for (int i = 0; i < ddl_model_nparams(f); i++) {
-        const ddl_tensor_t *a = ddl_model_param(f, i)->value, *b = ddl_model_param(u, i)->value;
-        ASSERT_EQ(ddl_tensor_bytes(a), ddl_tensor_bytes(b));
-        same_bits(a->data, b->data, ddl_tensor_bytes(a), "a parameter after the steps", i);
-    }
-    double  ef, eu;
-    int64_t cf, cu;
-    ASSERT_OK(ddl_model_eval(f, xs, xn * item, labels, B, &ef, &cf));
-    ASSERT_OK(ddl_model_eval(u, xs, xn * item, labels, B, &eu, &cu));
-    same_bits(&ef, &eu, sizeof ef, "the evaluation loss", 0);
-    ASSERT_EQ(cf, cu);
-    size_t ln = 2 * CLASSES * item;
-    char  *pf = calloc(1, ln), *pu = calloc(1, ln);
-    ASSERT_OK(ddl_model_predict(f, xs, xn * item, 2, pf, ln));
-    ASSERT_OK(ddl_model_predict(u, xs, xn * item, 2, pu, ln));
-    same_bits(pf, pu, ln, "the short-batch prediction", 0);
+    double loss = ddl_test_same_bits(f, u, xs, xn * item, labels, B, STEPS, CLASSES, item,
+                                     "the fused and the unfused model");
     if (ddl_test_rank == 0) {
         printf("%s on %d ranks: fused == unfused bit for bit (last loss %.9g)\n", dtype, world,
-               ef / B);
+               loss);
     }
-    free(pf);
-    free(pu);
     ddl_model_destroy(&f);
     ddl_model_destroy(&u);
     free(xs);

@@ -1,5 +1,8 @@
 // tests/support/mpi_test.c: shared MPI test helpers.
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "ddl/base.h"
 #include "mpi_test.h"
@@ -150,4 +153,63 @@ ddl_spec_t *ddl_test_spec_for_world(const char *path)
         ddl_spec_destroy(&spec);
     }
     return spec;
+}
+
+static void same_bits(const void *a, const void *b, size_t n, const char *thing, int i,
+                      const char *what)
+{
+    if (memcmp(a, b, n) != 0) {
+        fprintf(stderr, "rank %d: %s (%d) differs between %s\n", ddl_test_rank, thing, i, what);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    }
+}
+
+double ddl_test_same_bits(ddl_model_t *f, ddl_model_t *u, const void *xs, size_t x_bytes,
+                          const int64_t *labels, int64_t B, int steps, int classes, size_t item,
+                          const char *what)
+{
+    for (int s = 0; s < steps; s++) {
+        double  lf, lu;
+        int64_t hf, hu;
+        ASSERT_OK(ddl_model_train_step(f, xs, x_bytes, labels, B, &lf, &hf));
+        ASSERT_OK(ddl_model_train_step(u, xs, x_bytes, labels, B, &lu, &hu));
+        same_bits(&lf, &lu, sizeof lf, "the loss of step", s, what);
+        ASSERT_EQ(hf, hu);
+    }
+    ASSERT_EQ(ddl_model_nparams(f), ddl_model_nparams(u));
+    for (int i = 0; i < ddl_model_nparams(f); i++) {
+        const ddl_tensor_t *a = ddl_model_param(f, i)->value, *b = ddl_model_param(u, i)->value;
+        ASSERT_EQ(ddl_tensor_bytes(a), ddl_tensor_bytes(b));
+        same_bits(a->data, b->data, ddl_tensor_bytes(a), "a parameter after the steps", i, what);
+    }
+    double  ef, eu;
+    int64_t cf, cu;
+    ASSERT_OK(ddl_model_eval(f, xs, x_bytes, labels, B, &ef, &cf));
+    ASSERT_OK(ddl_model_eval(u, xs, x_bytes, labels, B, &eu, &cu));
+    same_bits(&ef, &eu, sizeof ef, "the evaluation loss", 0, what);
+    ASSERT_EQ(cf, cu);
+    size_t ln = 2 * (size_t)classes * item;
+    char  *pf = calloc(1, ln), *pu = calloc(1, ln);
+    ASSERT_TRUE(pf != NULL && pu != NULL);
+    ASSERT_OK(ddl_model_predict(f, xs, x_bytes, 2, pf, ln));
+    ASSERT_OK(ddl_model_predict(u, xs, x_bytes, 2, pu, ln));
+    same_bits(pf, pu, ln, "the short-batch prediction", 0, what);
+    free(pf);
+    free(pu);
+    return ef / (double)B;
+}
+
+void *ddl_test_uniform_batch(size_t n, size_t item, uint64_t seed)
+{
+    char *xs = malloc(n * item);
+    ASSERT_TRUE(xs != NULL);
+    for (size_t i = 0; i < n; i++) {
+        double v = 2.0 * ddl_rng_uniform(seed, 0, (uint64_t)i) - 1.0;
+        if (item == sizeof(float)) {
+            ((float *)xs)[i] = (float)v;
+        } else {
+            ((double *)xs)[i] = v;
+        }
+    }
+    return xs;
 }

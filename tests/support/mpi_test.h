@@ -49,6 +49,20 @@ ddl_model_t *ddl_test_model(MPI_Comm comm, const char *text, const char *source)
 // Fails the test when the spec cannot be loaded.
 ddl_spec_t *ddl_test_spec_for_world(const char *path);
 
+// Two builds of one classifier spec that must agree bit for bit (fused and unfused
+// layers, shared and owned scratch): both train `steps` steps on the same batch (B
+// samples of x, x_bytes on rank 0; labels), then evaluate it and predict 2 samples
+// (`classes` outputs each, `item` bytes per value; a short-batch copy when the spec has
+// one). Every loss, hit count, parameter, evaluation and prediction must be identical,
+// else the job aborts naming what differs between `what` ("the fused and the unfused
+// model"). Returns the evaluation's mean loss. Collective.
+double ddl_test_same_bits(ddl_model_t *a, ddl_model_t *b, const void *x, size_t x_bytes,
+                          const int64_t *labels, int64_t B, int steps, int classes, size_t item,
+                          const char *what);
+// The batch both tests use: n values of 2 u - 1 (u uniform from seed) in f32 or f64
+// (item bytes each), malloc'd.
+void *ddl_test_uniform_batch(size_t n, size_t item, uint64_t seed);
+
 // n seeded uniform values in [lo, hi) into buf as f32 (es 4) or f64 (es 8): sample i is
 // ddl_rng_uniform(seed, 0, i), the same on every rank.
 void ddl_test_fill(void *buf, size_t es, int64_t n, uint64_t seed, double lo, double hi);

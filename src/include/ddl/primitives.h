@@ -153,6 +153,11 @@ DDL_EXTERN ddl_box    ddl_halo_exchange_bulk_box(const ddl_halo_exchange_t *h);
 DDL_EXTERN ddl_box    ddl_halo_exchange_needed_box(const ddl_halo_exchange_t *h);
 // Per-dimension halo description of this rank (ndim entries; NULL when inactive).
 DDL_EXTERN const ddl_halo_dim *ddl_halo_exchange_dims(const ddl_halo_exchange_t *h);
+// Sets the global padding of this rank's buffer (the pad_lo and pad_hi slabs of every
+// dimension) to v: a buffer shared with other users has its pads restored before each
+// use; the exchange itself never writes them. Local; nothing when inactive.
+DDL_EXTERN void       ddl_halo_exchange_fill_pads(const ddl_halo_exchange_t *h, ddl_tensor_t *buf,
+                                                  double v);
 DDL_EXTERN ddl_status ddl_halo_exchange_forward(const ddl_halo_exchange_t *h, ddl_tensor_t *buf);
 DDL_EXTERN ddl_status ddl_halo_exchange_adjoint(const ddl_halo_exchange_t *h, ddl_tensor_t *buf);
 

@@ -122,6 +122,8 @@ DDL_EXTERN void ddl_tensor_add_box(const ddl_tensor_t *x, const ddl_box *bx, ddl
                                    const ddl_box *by);
 // Sets box b of t to zero.
 DDL_EXTERN void ddl_tensor_zero_box(ddl_tensor_t *t, const ddl_box *b);
+// Sets box b of t to v (in t's dtype; -INFINITY for a max pool's padding).
+DDL_EXTERN void ddl_tensor_fill_box(ddl_tensor_t *t, const ddl_box *b, double v);
 
 #ifdef __cplusplus
 }

@@ -214,7 +214,7 @@ KERNEL void ch_normalize_relu(ddl_dtype dt, void *y, const void *x, double mean,
     }
 }
 
-// *sdy = sum(dy), *sdyxh = sum(dy*xhat) for channel c; relu (y non-NULL): of the dy a ReLU
+// *sdy = sum(dy), *sdyxh = sum(dy*xhat) for channel c; with `relu` (y its output): of the dy a ReLU
 // with output y passes back (relu_dy).
 KERNEL void ch_reduce(ddl_dtype dt, const void *dy, const void *y, const void *x, double mean,
                       double invstd, int64_t N, int64_t C, int64_t S, int64_t c, double *sdy,

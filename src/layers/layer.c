@@ -226,6 +226,7 @@ ddl_status ddl_layer_forward(ddl_layer_t *L, const ddl_tensor_t *x, ddl_tensor_t
         st = check_io(L, "output", y, &L->y_shape);
     }
     DDL_CHECK(agree_io(L, st));
+    L->forwarded = true;
     ddl_traffic mark;
     ddl_layer_traffic_begin(&mark);
     st = L->ops->forward(L, x, y);
@@ -247,6 +248,10 @@ ddl_status ddl_layer_backward(ddl_layer_t *L, const ddl_tensor_t *dy, ddl_tensor
         st = check_io(L, "input gradient", dx, &L->x_shape);
     }
     DDL_CHECK(agree_io(L, st));
+    // Every rank knows this alike (forward is collective, and sets it after its agreed
+    // checks): a layer's own check may hold on its active ranks only, and statuses would
+    // differ.
+    DDL_REQUIRE(L->forwarded, DDL_EINVAL, "%s: backward called before any forward", L->kind);
     ddl_traffic mark;
     ddl_layer_traffic_begin(&mark);
     st = L->ops->backward(L, dy, dx);
@@ -295,6 +300,7 @@ ddl_status ddl_layer_forward_n(ddl_layer_t *L, int n, const ddl_tensor_t *const 
         st = check_io(L, "output", y, &L->y_shape);
     }
     DDL_CHECK(agree_io(L, st));
+    L->forwarded = true;
     ddl_traffic mark;
     ddl_layer_traffic_begin(&mark);
     st = L->ops->forward_n(L, n, xs, y);
@@ -317,6 +323,10 @@ ddl_status ddl_layer_backward_n(ddl_layer_t *L, const ddl_tensor_t *dy, int n,
         st = check_inputs(L, "input gradient", n, (const ddl_tensor_t *const *)dxs);
     }
     DDL_CHECK(agree_io(L, st));
+    // Every rank knows this alike (forward is collective, and sets it after its agreed
+    // checks): a layer's own check may hold on its active ranks only, and statuses would
+    // differ.
+    DDL_REQUIRE(L->forwarded, DDL_EINVAL, "%s: backward called before any forward", L->kind);
     ddl_traffic mark;
     ddl_layer_traffic_begin(&mark);
     st = L->ops->backward_n(L, dy, n, dxs);

@@ -59,6 +59,7 @@ struct ddl_layer {
     bool                   dx_unused; // the caller ignores dx (ddl_layer_set_dx_unused)
     bool                   io_fixed;  // no agreement on the tensors (ddl_layer_set_io_fixed)
     bool                   borrowed;  // params[k].value borrowed, no grad (lend_params)
+    bool                   forwarded; // a forward was called (on every rank alike: collective)
     size_t                 scratch_bytes; // its share of the shared scratch (share_scratch)
     bool                   scratch_set;   // ddl_layer_set_scratch was called
     void                  *impl;

@@ -257,6 +257,22 @@ static void same_local(const char *what, const ddl_tensor_t *a, const ddl_tensor
 // Two training steps and an eval step of the fused layer (c->relu) against the unfused
 // layer and a ReLU layer on the same partition, fed the same x and dy: y, dx and the
 // parameter gradients bit for bit (the same kernels' arithmetic, one pass fewer).
+// Backward before any forward is refused on every rank alike, the ranks outside the
+// layer's partition as well (the layer's own check holds on its active ranks only).
+static void check_backward_first(bn_case *c)
+{
+    ddl_layer_t *L = NULL;
+    ASSERT_OK(build(c, false, DDL_F64, &L));
+    step_io io;
+    io_make(L, DDL_F64, 90, &io);
+    ASSERT_STATUS(ddl_layer_backward(L, io.dy, io.dx), DDL_EINVAL);
+    ASSERT_TRUE(strstr(ddl_last_error(), "backward called before any forward") != NULL);
+    ASSERT_OK(ddl_layer_forward(L, io.x, io.y));
+    ASSERT_OK(ddl_layer_backward(L, io.dy, io.dx));
+    io_free(&io);
+    ddl_layer_destroy(&L);
+}
+
 static void check_fused_bits(bn_case *c, ddl_dtype dt)
 {
     ddl_layer_t *F = NULL, *U = NULL, *R = NULL;
@@ -498,6 +514,7 @@ int main(int argc, char **argv)
         }
         check_steps(c, DDL_F64);
         check_steps(c, DDL_F32);
+        check_backward_first(c);
         if (c->relu) {
             check_fused_bits(c, DDL_F64);
             check_fused_bits(c, DDL_F32);

@@ -214,8 +214,8 @@ KERNEL void ch_normalize_relu(ddl_dtype dt, void *y, const void *x, double mean,
     }
 }
 
-// *sdy = sum(dy), *sdyxh = sum(dy*xhat) for channel c; with `relu` (y its output): of the dy a ReLU
-// with output y passes back (relu_dy).
+// *sdy = sum(dy), *sdyxh = sum(dy*xhat) for channel c; with `relu` (y the ReLU's output):
+// of the dy the ReLU passes back (relu_dy).
 KERNEL void ch_reduce(ddl_dtype dt, const void *dy, const void *y, const void *x, double mean,
                       double invstd, int64_t N, int64_t C, int64_t S, int64_t c, double *sdy,
                       double *sdyxh, bool relu)

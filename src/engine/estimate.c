@@ -225,6 +225,21 @@ static void add_layer(spec_est *a, int li)
 }
 
 // Adds the model of spec a->s (or, a->copy, one of its short-batch copies) to a->per.
+// Rank 0's staging buffers (engine/model.c: the staged input, the gathered output, the
+// labels or targets the label plan scatters): in the shared scratch when the layers
+// share one (each is used between layer calls only), the largest of them; else each its own.
+static void add_staging(spec_est *a, double xin, double logits, double lab_root)
+{
+    if (spec_share_scratch()) {
+        double n = fmax(xin, fmax(logits, lab_root));
+        if (n > a->per[0][SPEC_E_SCRATCH]) {
+            a->per[0][SPEC_E_SCRATCH] = n;
+        }
+    } else {
+        a->per[0][SPEC_E_WORK] += xin + logits + lab_root;
+    }
+}
+
 static void add_model(spec_est *a)
 {
     const ddl_spec_t *s = a->s;
@@ -249,8 +264,9 @@ static void add_model(spec_est *a)
         // each output rank its values' losses, their gradient and its box of the targets.
         const spec_layer *last = &s->layers[s->nlayers - 1];
         double            E    = (double)s->out_elems;
-        a->per[0][SPEC_E_WORK] +=
-            (double)s->batch * ((sample + E) * a->item + E * (2 * a->item + 8));
+        double B = (double)s->batch;
+        add_staging(a, B * sample * a->item, B * E * a->item, B * E * a->item);
+        a->per[0][SPEC_E_WORK] += B * E * (a->item + 8);
         spec_est_add(a, last->P_out, SPEC_E_WORK,
                      spec_est_local_numel(s, &last->y_global, last->P_out) * 3 * a->item);
     } else if (s->label_elems > 1 || s->output.ndim > 1) {
@@ -259,14 +275,16 @@ static void add_model(spec_est *a)
         // caller's); each output rank its voxels' losses, their gradient and labels.
         const spec_layer *last = &s->layers[s->nlayers - 1];
         double            L    = (double)s->label_elems;
-        a->per[0][SPEC_E_WORK] +=
-            (double)s->batch * (sample + s->num_classes * L) * a->item + (double)s->batch * L * 24;
+        double B = (double)s->batch;
+        add_staging(a, B * sample * a->item, B * s->num_classes * L * a->item, B * L * 8);
+        a->per[0][SPEC_E_WORK] += B * L * 16;
         double voxels = spec_est_local_numel(s, &last->y_global, last->P_out) /
                         (double)(s->num_classes > 0 ? s->num_classes : 1);
         spec_est_add(a, last->P_out, SPEC_E_WORK, voxels * (2 * a->item + 16));
     } else {
-        a->per[0][SPEC_E_WORK] += (double)s->batch * (sample + s->num_classes) * a->item +
-                                  (double)s->batch * 16; // labels, padded
+        double B = (double)s->batch;
+        add_staging(a, B * sample * a->item, B * s->num_classes * a->item, 0);
+        a->per[0][SPEC_E_WORK] += B * 16; // labels, padded
         spec_est_add(a, -1, SPEC_E_WORK,
                      (double)s->batch * ((double)s->num_classes * a->item * 3 + 16));
     }

@@ -363,7 +363,7 @@ static ddl_status build_input_plan(ddl_model_t *m)
     DDL_REQUIRE(ddl_shape_equal(&ys, &m->act[0]->shape), DDL_EINTERNAL,
                 "model: the input plan delivers %s, the first layer expects %s",
                 ddl_shape_str(&ys, a, sizeof a), ddl_shape_str(&m->act[0]->shape, b, sizeof b));
-    return ddl_tensor_create(s->dt, &xs, &m->xin);
+    return ddl_scratch_tensor(s->dt, &xs, spec_share_scratch(), &m->xin); // give_scratch
 }
 
 static ddl_status build_output_plan(ddl_model_t *m)
@@ -379,7 +379,7 @@ static ddl_status build_output_plan(ddl_model_t *m)
                 "model: the output plan expects %s, the last layer delivers %s",
                 ddl_shape_str(&xs, a, sizeof a),
                 ddl_shape_str(&m->act[m->nlayers]->shape, b, sizeof b));
-    return ddl_tensor_create(s->dt, &ys, &m->logits);
+    return ddl_scratch_tensor(s->dt, &ys, spec_share_scratch(), &m->logits); // give_scratch
 }
 
 // Segmentation: the plan that moves rank 0's labels [batch, 1, spatial...] (f64) onto the
@@ -400,7 +400,7 @@ static ddl_status build_label_plan(ddl_model_t *m)
     DDL_CHECK(ddl_repartition_create(m->P_out_root, last->P_out, dt, &g, NULL, &m->lab_plan));
     ddl_shape xs = ddl_repartition_x_shape(m->lab_plan);
     ddl_shape ys = ddl_repartition_y_shape(m->lab_plan);
-    DDL_CHECK(ddl_tensor_create(dt, &xs, &m->lab_root));
+    DDL_CHECK(ddl_scratch_tensor(dt, &xs, spec_share_scratch(), &m->lab_root)); // give_scratch
     DDL_CHECK(ddl_tensor_create(dt, &ys, &m->lab_local));
     if (m->dense) {
         ddl_shape want = ddl_loss_x_shape(m->loss);
@@ -584,8 +584,25 @@ static ddl_status build(ddl_model_t *m)
     return DDL_OK;
 }
 
+// Rank 0's batch buffers, each used between layer calls only: the input staged for the
+// input plan's scatter (xin) and the labels or targets for the label plan's (lab_root),
+// both within stage_input, and the output gathered by the output plan (logits), read
+// where it is gathered. With the scratch shared they are views of the block too.
+static size_t staging_bytes(const ddl_model_t *c)
+{
+    size_t n = 0;
+    ddl_tensor_t *const ts[3] = {c->xin, c->logits, c->lab_root};
+    for (int i = 0; i < 3; i++) {
+        if (ts[i] != NULL && !ts[i]->owns && ddl_tensor_bytes(ts[i]) > n) {
+            n = ddl_tensor_bytes(ts[i]);
+        }
+    }
+    return n;
+}
+
 // The layers' shared scratch: one block as large as the largest need among the model's
-// layers and its copies' (they run one call at a time), handed to every one of them.
+// layers and its copies' (they run one call at a time) and rank 0's staging buffers
+// (staging_bytes), handed to every one of them.
 static ddl_status give_scratch(ddl_model_t *m)
 {
     size_t need = 0;
@@ -594,10 +611,12 @@ static ddl_status give_scratch(ddl_model_t *m)
         for (int i = 0; i < c->nlayers; i++) {
             need = c->layers[i]->scratch_bytes > need ? c->layers[i]->scratch_bytes : need;
         }
+        need = staging_bytes(c) > need ? staging_bytes(c) : need;
     }
-    if (need == 0) {
+    if (!spec_share_scratch()) {
         return DDL_OK;
     }
+    need = need > DDL_ALIGN ? need : DDL_ALIGN; // the views' data is never NULL
     m->layer_scratch = ddl_malloc(need);
     if (m->layer_scratch == NULL) {
         return ddl_set_error(DDL_ENOMEM, "model: cannot allocate the layers' %zu-byte scratch",
@@ -607,6 +626,12 @@ static ddl_status give_scratch(ddl_model_t *m)
         ddl_model_t *c = k < 0 ? m : m->bucket[k];
         for (int i = 0; i < c->nlayers; i++) {
             ddl_layer_set_scratch(c->layers[i], m->layer_scratch);
+        }
+        ddl_tensor_t *ts[3] = {c->xin, c->logits, c->lab_root};
+        for (int i = 0; i < 3; i++) {
+            if (ts[i] != NULL && !ts[i]->owns) {
+                ts[i]->data = m->layer_scratch;
+            }
         }
     }
     return DDL_OK;

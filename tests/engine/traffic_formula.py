@@ -15,7 +15,10 @@ derives each) and each excess term is one of the documented, explained departure
                  need), so each slab stays one contiguous run or one strided box;
     padded_block Linear moves one block size per plan: [B, max piece] when a feature
                  split is uneven;
-    labels       the labels go to every rank, not only to the loss's ranks.
+    labels       the labels go to every rank, not only to the loss's ranks;
+    halo_rebuild a split conv whose input holds DDL_SHARE_MIN_BYTES (2 MiB) or more per
+                 rank keeps its padded input in the layers' shared scratch and rebuilds it
+                 in backward (docs/MEMORY.md): its forward exchange once more.
 
 Nothing here reads or imitates the engine's code: shapes follow the spec rules
 (docs/MODEL_SPEC.md), decompositions and halos DistDL's formulas (DISTDL.md 1.3, 2.5),
@@ -30,6 +33,7 @@ The functions are also the communication half of the scaling model
 """
 import json
 import math
+import os
 import subprocess
 import sys
 
@@ -370,6 +374,21 @@ def walk(spec):
     return parts, layers
 
 
+def rebuilds_halo(L, es):
+    """A split conv that shares its padded input (docs/MEMORY.md): the layers share a
+    scratch block (DDL_SHARE_SCRATCH not 0) and its input holds at least
+    DDL_SHARE_MIN_BYTES (default 2 MiB) per rank of P_x, from global sizes."""
+    if os.environ.get("DDL_SHARE_SCRATCH") == "0":
+        return False
+    try:
+        least = float(os.environ.get("DDL_SHARE_MIN_BYTES", ""))
+    except ValueError:
+        least = -1
+    if least < 0:
+        least = 2.0 * 1024 * 1024
+    return math.prod(L.x) * es / len(L.Pin.ranks) >= least
+
+
 def layer_bytes(L, es, with_bwd):
     """Fills L.fwd and L.bwd (bwd only when the step runs the layer's backward)."""
     fwd, bwd = L.fwd, L.bwd
@@ -424,6 +443,10 @@ def layer_bytes(L, es, with_bwd):
             if with_bwd and not L.first_param:
                 bwd.add("halo_exchange/adjoint", mini)
                 bwd.add("halo_exchange/adjoint", eng - mini, "halo_faces")
+                if eng:
+                    bwd.ops.append(("p2p", "halo_exchange", per))
+            if with_bwd and L.kind == "conv_feature" and rebuilds_halo(L, es):
+                bwd.add("halo_exchange/forward", eng, "halo_rebuild")
                 if eng:
                     bwd.ops.append(("p2p", "halo_exchange", per))
         if L.kind == "conv_feature":

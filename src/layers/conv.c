@@ -119,7 +119,7 @@ typedef struct conv_impl {
     ddl_conv_geom g;
     void         *ws;
     size_t        ws_bytes;
-    bool          ws_borrowed; // ws is another layer's (forward_only)
+    bool          ws_borrowed; // ws is a copy source's, or in the shared scratch
     const void   *conv_in;    // the input block the kernel reads: plan-owned, or the
                               // caller's x of the last forward (feature layer, no halo)
     bool          have_forward;  // a forward has run (backward needs its state)
@@ -129,7 +129,7 @@ typedef struct conv_impl {
     // backward rebuilds the padded input from the x of the last forward.
     bool        shared;
     const void *x_saved; // that x (the caller keeps it, layers.h)
-    size_t      off_ws, off_x, off_xs, off_dx, off_dxs;
+    size_t      off_ws, off_x, off_xs; // dxbuf and dxstage over xbuf and xstage
 } conv_impl;
 
 // ---- configuration -------------------------------------------------------------
@@ -658,17 +658,14 @@ static void conv_destroy(ddl_layer_t *L)
 static const ddl_layer_ops conv_ops; // below: a copy's source is a conv when its ops are these
 static void                conv_set_scratch(ddl_layer_t *L, void *p);
 
-// Uses the kernel workspace of `from` (a conv layer that never runs at the same time as
-// m's: per-thread scratch, hardly smaller at a small batch) instead of one of m's own
-// when it is large enough; frees m's own then. True if m's workspace is from's.
+// Takes the kernel workspace of `from`, the conv a forward-only copy is built from (it
+// never runs at the same time, and no call leaves anything in the workspace for the
+// next), when that is large enough. True if it did.
 static bool borrow_ws(conv_impl *m, const ddl_layer_t *from)
 {
     const conv_impl *f = from != NULL && from->ops == &conv_ops ? from->impl : NULL;
     if (f == NULL || f->ws == NULL || f->ws_bytes < m->ws_bytes) {
-        return m->ws_borrowed;
-    }
-    if (!m->ws_borrowed) {
-        ddl_free(m->ws);
+        return false;
     }
     m->ws          = f->ws;
     m->ws_bytes    = f->ws_bytes;
@@ -676,28 +673,11 @@ static bool borrow_ws(conv_impl *m, const ddl_layer_t *from)
     return true;
 }
 
-// What backward alone reads or writes: the gradient blocks of x, y, w and b (a copy
-// built under ddl_layer_lend_params has none), and the workspace is from's when that
-// is large enough.
-static void conv_forward_only(ddl_layer_t *L, ddl_layer_t *from)
-{
-    conv_impl *m = L->impl;
-    if (m->ws != NULL && !m->shared) {
-        borrow_ws(m, from);
-    }
-    ddl_tensor_t **ts[] = {&m->dxbuf, &m->dxstage, &m->dxw, &m->dyw,
-                           &m->dw,    &m->db,      &m->gw,  &m->gb};
-    for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) {
-        ddl_tensor_destroy(ts[i]);
-    }
-}
-
 static const ddl_layer_ops conv_ops = {
-    .forward      = conv_forward,
-    .backward     = conv_backward,
-    .destroy      = conv_destroy,
-    .forward_only = conv_forward_only,
-    .set_scratch  = conv_set_scratch,
+    .forward     = conv_forward,
+    .backward    = conv_backward,
+    .destroy     = conv_destroy,
+    .set_scratch = conv_set_scratch,
 };
 
 // Builds everything of a validated layer. P_y and P_w are P_x for the feature layer.
@@ -967,9 +947,7 @@ static ddl_status conv_setup(ddl_layer_t *L, conv_impl *m, const ddl_partition_t
         size_t total = 0;
         m->off_ws    = ddl_scratch_carve(&total, m->work ? m->ws_bytes : 0);
         m->off_x     = ddl_scratch_carve(&total, m->xbuf != NULL ? ddl_tensor_bytes(m->xbuf) : 0);
-        m->off_xs    = ddl_scratch_carve(&total, ddl_tensor_bytes(m->xstage));
-        m->off_dx    = m->off_x;
-        m->off_dxs   = m->off_xs;
+        m->off_xs        = ddl_scratch_carve(&total, ddl_tensor_bytes(m->xstage));
         L->scratch_bytes = total;
     }
     return DDL_OK;
@@ -981,7 +959,7 @@ static void conv_set_scratch(ddl_layer_t *L, void *p)
     char      *b       = p;
     m->ws              = m->work && m->ws_bytes > 0 ? b + m->off_ws : NULL;
     ddl_tensor_t *ts[] = {m->xbuf, m->xstage, m->dxbuf, m->dxstage};
-    size_t        at[] = {m->off_x, m->off_xs, m->off_dx, m->off_dxs};
+    size_t        at[] = {m->off_x, m->off_xs, m->off_x, m->off_xs};
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) {
         if (ts[i] != NULL) {
             ts[i]->data = b + at[i];

@@ -423,9 +423,6 @@ ddl_status ddl_layer_finish_copy(ddl_layer_t *L, ddl_layer_t *from)
                 DDL_EINTERNAL, "finish_copy: %s is not a copy of %s built against its parameters",
                 L != NULL ? L->kind : "(null)", from != NULL ? from->kind : "(null)");
     L->borrowed = true;
-    if (L->ops->forward_only != NULL) {
-        L->ops->forward_only(L, from);
-    }
     return DDL_OK;
 }
 

@@ -27,11 +27,6 @@ typedef struct ddl_layer_ops {
                             ddl_tensor_t *y);
     ddl_status (*backward_n)(ddl_layer_t *L, const ddl_tensor_t *dy, int n,
                              ddl_tensor_t *const *dxs);
-    // Optional: frees the buffers only backward uses, as the layer will run forward only
-    // (ddl_layer_finish_copy calls it), and may use instead of its own the scratch
-    // buffers of `from`, a layer of the same type that never runs at the same time,
-    // whose contents no call leaves for the next.
-    void (*forward_only)(ddl_layer_t *L, ddl_layer_t *from);
     // Optional, for a layer built with scratch_bytes > 0 (ddl_layer_share_scratch): points
     // its per-call buffers into p, a block of scratch_bytes (DDL_ALIGN-aligned) that
     // other layers use between its calls.
@@ -87,13 +82,13 @@ ddl_status ddl_layer_set_inputs(ddl_layer_t *L, int n, const ddl_shape *globals,
 // force on this thread, ddl_layer_add_param of the layer being built takes from's
 // parameter values (same names, shapes and boxes, in order) instead of allocating: no
 // parameter or gradient of its own, not even while it is built; lend_params(NULL) ends
-// it. finish_copy(L, from) then checks L against from and frees the buffers only
-// backward uses (forward_only): L runs forward only (backward is refused), reading
-// from's parameters as they change, and from must outlive it. Local.
+// it. finish_copy(L, from) then checks L against from: L runs forward only (backward is
+// refused), reading from's parameters as they change, and from must outlive it. Local.
 // While lend_params is in force, ddl_layer_copy_source returns `from` (NULL otherwise):
 // the layer being built allocates none of the buffers only backward uses, and takes
-// from's scratch where it can, so a copy never holds, not even for a moment, what
-// finish_copy would free (such transients made the model's peak: 5 MB per rank for vgg-4).
+// from's scratch where it can (a conv's workspace), so a copy never holds what it would
+// not use, not even for a moment (freeing them after the build made the model's peak: 5
+// MB per rank above its final figure for vgg-4).
 void               ddl_layer_lend_params(const ddl_layer_t *from);
 const ddl_layer_t *ddl_layer_copy_source(void);
 

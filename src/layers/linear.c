@@ -189,18 +189,10 @@ static void linear_destroy(ddl_layer_t *L)
     L->impl = NULL;
 }
 
-static void linear_forward_only(ddl_layer_t *L, ddl_layer_t *from)
-{
-    (void)from;
-    linear_impl *m = L->impl;
-    ddl_tensor_destroy(&m->dxw);
-}
-
 static const ddl_layer_ops linear_ops = {
-    .forward      = linear_forward,
-    .backward     = linear_backward,
-    .destroy      = linear_destroy,
-    .forward_only = linear_forward_only,
+    .forward  = linear_forward,
+    .backward = linear_backward,
+    .destroy  = linear_destroy,
 };
 
 // Everything every rank can check alone (partition shapes and ranks are known

@@ -136,14 +136,6 @@ static void pool_destroy(ddl_layer_t *L)
     L->impl = NULL;
 }
 
-static void pool_forward_only(ddl_layer_t *L, ddl_layer_t *from)
-{
-    (void)from;
-    pool_impl *m = L->impl;
-    ddl_tensor_destroy(&m->dxbuf);
-    ddl_tensor_destroy(&m->dxneed);
-}
-
 static void pool_set_scratch(ddl_layer_t *L, void *p)
 {
     pool_impl *m   = L->impl;
@@ -159,11 +151,10 @@ static void pool_set_scratch(ddl_layer_t *L, void *p)
 }
 
 static const ddl_layer_ops pool_ops = {
-    .forward      = pool_forward,
-    .backward     = pool_backward,
-    .destroy      = pool_destroy,
-    .forward_only = pool_forward_only,
-    .set_scratch  = pool_set_scratch,
+    .forward     = pool_forward,
+    .backward    = pool_backward,
+    .destroy     = pool_destroy,
+    .set_scratch = pool_set_scratch,
 };
 
 // Checks everything before anything is created; fills the global geometry. Identical on

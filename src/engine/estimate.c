@@ -108,8 +108,7 @@ void spec_est_scratch(spec_est *a, int P, double bytes)
 
 bool spec_est_shares(const spec_est *a)
 {
-    (void)a;
-    return spec_share_scratch();
+    return spec_share_scratch(a->s);
 }
 
 void spec_est_add_halo(spec_est *a, int P, const ddl_shape *g, const int64_t *k, const int64_t *s,
@@ -230,7 +229,7 @@ static void add_layer(spec_est *a, int li)
 // share one (each is used between layer calls only), the largest of them; else each its own.
 static void add_staging(spec_est *a, double xin, double logits, double lab_root)
 {
-    if (spec_share_scratch()) {
+    if (spec_share_scratch(a->s)) {
         double n = fmax(xin, fmax(logits, lab_root));
         if (n > a->per[0][SPEC_E_SCRATCH]) {
             a->per[0][SPEC_E_SCRATCH] = n;
@@ -430,31 +429,6 @@ static int v1_memory_group(char *dir, size_t len)
     return n;
 }
 
-static double parse_bytes(const char *s)
-{
-    char  *end;
-    double v = strtod(s, &end);
-    if (end == s || v <= 0) {
-        return -1;
-    }
-    switch (*end) {
-    case 'k':
-    case 'K':
-        return v * 1024.0;
-    case 'm':
-    case 'M':
-        return v * 1048576.0;
-    case 'g':
-    case 'G':
-        return v * 1073741824.0;
-    case 't':
-    case 'T':
-        return v * 1099511627776.0;
-    default:
-        return v;
-    }
-}
-
 double ddl_mem_available(int ranks_on_host, char *how, size_t howlen)
 {
     char        dummy[8];
@@ -463,9 +437,10 @@ double ddl_mem_available(int ranks_on_host, char *how, size_t howlen)
         how    = dummy;
         howlen = sizeof dummy;
     }
-    if (lim != NULL && lim[0] != '\0' && parse_bytes(lim) > 0) {
+    double limit = 0;
+    if (lim != NULL && ddl_parse_bytes(lim, &limit) && limit > 0) {
         snprintf(how, howlen, "DDL_MEMORY_LIMIT=%s per rank", lim);
-        return parse_bytes(lim);
+        return limit;
     }
     if (ranks_on_host < 1) {
         ranks_on_host = 1;

@@ -341,7 +341,7 @@ static void conv_estimate(spec_est *e, const spec_layer *L)
     // copy's as well (conv_setup).
     double ranks = L->P_in >= 0 && L->P_in < s->nparts ? s->parts[L->P_in].nranks : 1;
     double big   = spec_est_local_numel(s, &L->x_global, -1) * spec_est_item(e) / ranks >=
-                 ddl_layer_share_min_bytes();
+                 s->tuning.share_min_bytes;
     if (L->P_w < 0 && spec_est_shares(e) && (!halo || big)) {
         double ws = kernel_workspace(s, L, true);
         if (halo) {

@@ -78,8 +78,8 @@ void              spec_est_add(spec_est *e, int P, int cat, double bytes);
 // more values and gradients where the layer keeps working blocks of it.
 void              spec_est_add_param(spec_est *e, int P, double numel, double copies);
 // True while the estimate counts a forward-only short-batch copy of the model (spec
-// inference_batches): its layers keep no gradients and borrow what ddl_layer_ops'
-// forward_only says.
+// inference_batches): its layers keep no gradients and borrow their workspaces from
+// the model's layers (ddl_layer_copy_source).
 bool spec_est_copy(const spec_est *e);
 // The largest block of global shape g on partition P (P < 0: not partitioned).
 double            spec_est_local_numel(const ddl_spec_t *s, const ddl_shape *g, int P);

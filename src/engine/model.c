@@ -363,7 +363,7 @@ static ddl_status build_input_plan(ddl_model_t *m)
     DDL_REQUIRE(ddl_shape_equal(&ys, &m->act[0]->shape), DDL_EINTERNAL,
                 "model: the input plan delivers %s, the first layer expects %s",
                 ddl_shape_str(&ys, a, sizeof a), ddl_shape_str(&m->act[0]->shape, b, sizeof b));
-    return ddl_scratch_tensor(s->dt, &xs, spec_share_scratch(), &m->xin); // give_scratch
+    return ddl_scratch_tensor(s->dt, &xs, spec_share_scratch(s), &m->xin); // give_scratch
 }
 
 static ddl_status build_output_plan(ddl_model_t *m)
@@ -379,7 +379,7 @@ static ddl_status build_output_plan(ddl_model_t *m)
                 "model: the output plan expects %s, the last layer delivers %s",
                 ddl_shape_str(&xs, a, sizeof a),
                 ddl_shape_str(&m->act[m->nlayers]->shape, b, sizeof b));
-    return ddl_scratch_tensor(s->dt, &ys, spec_share_scratch(), &m->logits); // give_scratch
+    return ddl_scratch_tensor(s->dt, &ys, spec_share_scratch(s), &m->logits); // give_scratch
 }
 
 // Segmentation: the plan that moves rank 0's labels [batch, 1, spatial...] (f64) onto the
@@ -400,7 +400,8 @@ static ddl_status build_label_plan(ddl_model_t *m)
     DDL_CHECK(ddl_repartition_create(m->P_out_root, last->P_out, dt, &g, NULL, &m->lab_plan));
     ddl_shape xs = ddl_repartition_x_shape(m->lab_plan);
     ddl_shape ys = ddl_repartition_y_shape(m->lab_plan);
-    DDL_CHECK(ddl_scratch_tensor(dt, &xs, spec_share_scratch(), &m->lab_root)); // give_scratch
+    DDL_CHECK(
+        ddl_scratch_tensor(dt, &xs, spec_share_scratch(m->spec), &m->lab_root)); // give_scratch
     DDL_CHECK(ddl_tensor_create(dt, &ys, &m->lab_local));
     if (m->dense) {
         ddl_shape want = ddl_loss_x_shape(m->loss);
@@ -545,12 +546,12 @@ static ddl_status build(ddl_model_t *m)
     int nparams = 0;
     // In topological order: a layer's operands exist before it is checked against them.
     // They share one scratch block (give_scratch, once the copies are built too).
-    ddl_layer_share_scratch(spec_share_scratch());
+    ddl_layer_share_scratch(spec_share_scratch(m->spec), m->spec->tuning.share_min_bytes);
     ddl_status lst = DDL_OK;
     for (int t = 0; t < m->nlayers && lst == DDL_OK; t++) {
         lst = ddl_agree(m->comm, build_one_layer(m, m->spec->order[t], &nparams));
     }
-    ddl_layer_share_scratch(false);
+    ddl_layer_share_scratch(false, 0);
     DDL_CHECK(lst);
     STAGE(build_slots(m));
     // A layer whose backward runs but whose operands' gradients nobody reads (a chain's
@@ -613,7 +614,7 @@ static ddl_status give_scratch(ddl_model_t *m)
         }
         need = staging_bytes(c) > need ? staging_bytes(c) : need;
     }
-    if (!spec_share_scratch()) {
+    if (!spec_share_scratch(m->spec)) {
         return DDL_OK;
     }
     need = need > DDL_ALIGN ? need : DDL_ALIGN; // the views' data is never NULL
@@ -673,6 +674,32 @@ static ddl_status build_buckets(ddl_model_t *m)
     return st;
 }
 
+// The environment's settings (the spec's `tuning`, read on each rank) decide which layers
+// share their scratch, and with it which exchanges a backward makes, and which layers
+// fuse: every rank must have the same, or the ranks would build different layers and wait
+// in exchanges the others never make. One all-reduce of (v, -v) gives every rank the
+// largest and smallest of each, so all fail alike, with the same message.
+static ddl_status agree_tuning(ddl_model_t *m)
+{
+    const ddl_spec_t  *s        = m->spec;
+    static const char *names[3] = {"DDL_SHARE_SCRATCH", "DDL_SHARE_MIN_BYTES", "DDL_FUSE_BN_RELU"};
+    double v[3] = {s->tuning.share_scratch, s->tuning.share_min_bytes, s->tuning.fuse_bn_relu};
+    double mine[6], all[6];
+    for (int i = 0; i < 3; i++) {
+        mine[i]     = v[i];
+        mine[3 + i] = -v[i];
+    }
+    DDL_CHECK_MPI(MPI_Allreduce(mine, all, 6, MPI_DOUBLE, MPI_MAX, m->comm));
+    for (int i = 0; i < 3; i++) {
+        DDL_REQUIRE(all[i] == -all[3 + i], DDL_EINVAL,
+                    "environment: %s differs between the ranks (%.17g on some, %.17g on others): "
+                    "the ranks would build different layers; set it alike on every rank "
+                    "(mpirun -x %s)",
+                    names[i], -all[3 + i], all[i], names[i]);
+    }
+    return DDL_OK;
+}
+
 ddl_status ddl_model_create(MPI_Comm comm, const ddl_spec_t *spec, ddl_model_t **out)
 {
     int size, rank;
@@ -696,6 +723,9 @@ ddl_status ddl_model_create(MPI_Comm comm, const ddl_spec_t *spec, ddl_model_t *
     }
     MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
     st = ddl_agree(m->comm, ddl_spec_parse(spec->text, spec->source, size, &m->spec));
+    if (st == DDL_OK) {
+        st = agree_tuning(m);
+    }
     if (st == DDL_OK) { // refuse what cannot fit before anything is allocated for it
         st = ddl_agree(m->comm, ddl_spec_check_memory(m->spec, 0));
     }

@@ -21,6 +21,7 @@
 
 #include "base/check.h"
 #include "ddl/base.h"
+#include "ddl/kernels.h"
 #include "engine/layer_registry.h"
 #include "engine/spec_internal.h"
 
@@ -1344,6 +1345,50 @@ ddl_status ddl_spec_parse(const char *text, const char *source, int world_size, 
     return spec_parse_at_batch(text, source, world_size, 0, out);
 }
 
+// The environment variable `name`, or NULL when it is unset or empty.
+static const char *env_setting(const char *name)
+{
+    const char *v = getenv(name);
+    return v != NULL && v[0] != '\0' ? v : NULL;
+}
+
+// A switch setting: unset (def), "0" or "1".
+static ddl_status env_switch(const char *name, bool def, bool *out)
+{
+    const char *v = env_setting(name);
+    *out          = v == NULL ? def : strcmp(v, "1") == 0;
+    DDL_REQUIRE(v == NULL || strcmp(v, "0") == 0 || strcmp(v, "1") == 0, DDL_EINVAL,
+                "environment: %s=\"%.40s\" is not one of its settings, 0 and 1 (unset means %d)",
+                name, v, def);
+    return DDL_OK;
+}
+
+// The engine's settings from the environment (ddl_spec's `tuning`), checked.
+static ddl_status spec_read_tuning(ddl_spec_t *s)
+{
+    DDL_CHECK(env_switch("DDL_SHARE_SCRATCH", true, &s->tuning.share_scratch));
+    DDL_CHECK(env_switch("DDL_FUSE_BN_RELU", true, &s->tuning.fuse_bn_relu));
+    const char *v             = env_setting("DDL_SHARE_MIN_BYTES");
+    s->tuning.share_min_bytes = 2.0 * 1024 * 1024;
+    DDL_REQUIRE(v == NULL || ddl_parse_bytes(v, &s->tuning.share_min_bytes), DDL_EINVAL,
+                "environment: DDL_SHARE_MIN_BYTES=\"%.40s\" is not a byte count (a number >= 0, "
+                "optionally followed by K, M, G or T; unset: 2M)",
+                v);
+    double lim = 0;
+    v          = env_setting("DDL_MEMORY_LIMIT");
+    DDL_REQUIRE(v == NULL || (ddl_parse_bytes(v, &lim) && lim > 0), DDL_EINVAL,
+                "environment: DDL_MEMORY_LIMIT=\"%.40s\" is not a byte count per rank (a number "
+                "> 0, optionally followed by K, M, G or T)",
+                v);
+    v = env_setting("DDL_CONV_DIRECT");
+    DDL_REQUIRE(v == NULL || ddl_conv_direct_setting_ok(v), DDL_EINVAL,
+                "environment: DDL_CONV_DIRECT=\"%.40s\" is not a setting of it: 0 (im2col + "
+                "GEMM), avx2 (the direct kernels at most at AVX2 width) or 1 (the CPU's widest, "
+                "as when unset)",
+                v);
+    return DDL_OK;
+}
+
 ddl_status spec_parse_at_batch(const char *text, const char *source, int world_size, int64_t batch,
                                ddl_spec_t **out)
 {
@@ -1361,9 +1406,13 @@ ddl_status spec_parse_at_batch(const char *text, const char *source, int world_s
         return ddl_set_error(DDL_ENOMEM, "spec: out of memory");
     }
     memcpy(s->text, text, len + 1);
+    ddl_status st = spec_read_tuning(s);
+    if (st != DDL_OK) {
+        ddl_spec_destroy(&s);
+        return st;
+    }
     json_error_t je;
     json_t      *root = json_loads(text, JSON_REJECT_DUPLICATES, &je);
-    ddl_status   st;
     if (root == NULL) {
         st = ddl_set_error(DDL_EINVAL, "%s:%d:%d: %s", s->source, je.line, je.column, je.text);
     } else {
@@ -1536,16 +1585,14 @@ bool ddl_spec_synthetic(const ddl_spec_t *s, ddl_synth_params *p, int64_t *n_tra
     return s->has_synth;
 }
 
-bool spec_share_scratch(void)
+bool spec_share_scratch(const ddl_spec_t *s)
 {
-    const char *env = getenv("DDL_SHARE_SCRATCH");
-    return env == NULL || strcmp(env, "0") != 0;
+    return s->tuning.share_scratch;
 }
 
 int spec_fused_relu_source(const ddl_spec_t *s, int j)
 {
-    const char *env = getenv("DDL_FUSE_BN_RELU");
-    if (env != NULL && strcmp(env, "0") == 0) {
+    if (!s->tuning.fuse_bn_relu) {
         return -1;
     }
     const spec_layer *R = &s->layers[j];

@@ -99,6 +99,20 @@ struct ddl_spec {
     bool              has_synth;
     ddl_synth_params  synth;
     int64_t           synth_n[2]; // training and test samples
+    // The engine's settings from the environment, read and checked with the spec (a bad
+    // value fails the parse, naming it), so that the model and the estimate each see one
+    // value (and the model checks that every rank has the same: ddl_model_create):
+    //   DDL_SHARE_SCRATCH    0 or 1 (default 1): share_scratch (spec_share_scratch)
+    //   DDL_SHARE_MIN_BYTES  a byte count (default 2M): share_min_bytes
+    //                        (ddl_layer_share_scratch)
+    //   DDL_FUSE_BN_RELU     0 or 1 (default 1): fuse_bn_relu (spec_fused_relu_source)
+    // and, checked only (their readers are below the engine): DDL_MEMORY_LIMIT (a byte
+    // count > 0, ddl_mem_available) and DDL_CONV_DIRECT (ddl_conv_direct_setting_ok).
+    struct {
+        bool   share_scratch;
+        double share_min_bytes;
+        bool   fuse_bn_relu;
+    } tuning;
 };
 
 // Parses the spec as ddl_spec_parse does, with batch_size replaced by `batch` (> 0) and
@@ -121,11 +135,11 @@ static inline int spec_node_partition(const ddl_spec_t *s, int n)
 // layer reads and that is not the model's output: the model then runs p with the ReLU
 // fused (ddl_batchnorm_fuse_relu), skips j, and gives j's output and gradient p's memory.
 // Otherwise -1. DDL_FUSE_BN_RELU=0 in the environment turns fusion off (for comparing
-// the two; they give the same bits).
+// the two; they give the same bits): s->tuning.
 int spec_fused_relu_source(const ddl_spec_t *s, int j);
 // Whether the model's layers share one scratch block for what lives only within a call
 // (ddl_layer_share_scratch; the estimate counts the largest need, not the sum).
-// DDL_SHARE_SCRATCH=0 gives every layer its own, to compare.
-bool spec_share_scratch(void);
+// DDL_SHARE_SCRATCH=0 gives every layer its own, to compare: s->tuning.
+bool spec_share_scratch(const ddl_spec_t *s);
 
 #endif // DDL_ENGINE_SPEC_INTERNAL_H

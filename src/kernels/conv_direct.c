@@ -141,7 +141,8 @@
 #undef CDIR_TGT
 
 // The vector width in use: 0 none (the im2col path), 1 AVX2 + FMA, 2 AVX-512F; decided
-// once from the CPU and DDL_CONV_DIRECT (0: off, avx2: at most AVX2). -1: not decided.
+// once from the CPU and DDL_CONV_DIRECT (0: off, avx2: at most AVX2, 1: the CPU's
+// widest). -1: not decided.
 static int cdir_default = -1, cdir_override = -1;
 
 static int cdir_cpu_level(void)
@@ -170,6 +171,12 @@ static int cdir_level(void)
         return cdir_override < cpu ? cdir_override : cpu;
     }
     return cdir_default;
+}
+
+bool ddl_conv_direct_setting_ok(const char *value)
+{
+    return value != NULL &&
+           (strcmp(value, "0") == 0 || strcmp(value, "1") == 0 || strcmp(value, "avx2") == 0);
 }
 
 int ddl_cdir_level(void)

@@ -67,11 +67,13 @@ const ddl_layer_t *ddl_layer_copy_source(void)
     return lender;
 }
 
-static _Thread_local bool sharing;
+static _Thread_local bool   sharing;
+static _Thread_local double sharing_min_bytes;
 
-void ddl_layer_share_scratch(bool on)
+void ddl_layer_share_scratch(bool on, double min_bytes)
 {
-    sharing = on;
+    sharing           = on;
+    sharing_min_bytes = min_bytes;
 }
 
 bool ddl_layer_scratch_shared(void)
@@ -81,10 +83,7 @@ bool ddl_layer_scratch_shared(void)
 
 double ddl_layer_share_min_bytes(void)
 {
-    const char *env = getenv("DDL_SHARE_MIN_BYTES");
-    char       *end;
-    double      v = env != NULL ? strtod(env, &end) : -1;
-    return env != NULL && end != env && v >= 0 ? v : 2.0 * 1024 * 1024;
+    return sharing_min_bytes;
 }
 
 void ddl_layer_set_scratch(ddl_layer_t *L, void *p)

@@ -101,14 +101,16 @@ const ddl_layer_t *ddl_layer_copy_source(void);
 // layer. A conv built so keeps a reference to the x of its forward and rebuilds its
 // halo-padded input from it in backward (the saved-tensor contract of ddl/layers.h): the
 // halo buffers stop being a second copy of every split activation (issue 19, item 6).
-// Without share_scratch every layer owns its buffers, as before. Local.
-void ddl_layer_share_scratch(bool on);
+// Without share_scratch every layer owns its buffers, as before. min_bytes: see
+// ddl_layer_share_min_bytes. Local.
+void ddl_layer_share_scratch(bool on, double min_bytes);
 bool ddl_layer_scratch_shared(void);
 // Rebuilding a conv's padded input costs a copy and an exchange per backward (ResNet on
 // 2 ranks: some percent of a step); it pays where the input is large. A conv shares its
 // halo buffers when its input holds at least this many bytes per rank of P_x (global
-// size / ranks, so every rank decides alike): DDL_SHARE_MIN_BYTES, default 2 MiB (ResNet
-// and VGG at batch 64 on 2 ranks, 1.6 MB per rank, keep theirs).
+// size / ranks, so every rank decides alike): the min_bytes of ddl_layer_share_scratch,
+// which the model takes from DDL_SHARE_MIN_BYTES, default 2 MiB (ResNet and VGG at batch 64
+// on 2 ranks, 1.6 MB per rank, keep theirs). Local.
 double ddl_layer_share_min_bytes(void);
 void   ddl_layer_set_scratch(ddl_layer_t *L, void *p);
 // A block of `bytes` carved from a scratch of *total bytes, DDL_ALIGN-aligned: returns

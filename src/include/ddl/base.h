@@ -77,6 +77,13 @@ DDL_EXTERN double ddl_value_at(const void *values, int64_t i, size_t item);
 // "[a, b, c]" of n extents into buf (truncated to len).
 DDL_EXTERN void ddl_shape_text(const int64_t *d, size_t n, char *buf, size_t len);
 
+// ---- settings from the environment --------------------------------------------
+// A byte count as the engine's environment settings write one: a finite number >= 0,
+// optionally followed by one of K, M, G, T (binary multiples, either case), and nothing
+// else ("2097152", "2M", "1.5G"). True and *out set when text is one; false otherwise
+// (*out untouched).
+DDL_EXTERN bool ddl_parse_bytes(const char *text, double *out);
+
 // ---- errors ----------------------------------------------------------------
 // Records an error message for this thread and returns code; used by DDL_REQUIRE.
 DDL_EXTERN ddl_status ddl_set_error(ddl_status code, const char *fmt, ...)

@@ -40,12 +40,13 @@ typedef struct ddl_mem_estimate {
 // arithmetic on the parsed spec (no allocation beyond a per-rank table).
 DDL_EXTERN ddl_status ddl_spec_estimate(const ddl_spec_t *spec, ddl_mem_estimate *out);
 
-// Bytes available to one rank: DDL_MEMORY_LIMIT (bytes per rank, suffixes K/M/G allowed)
-// when set; otherwise MemAvailable (/proc/meminfo) divided by ranks_on_host, or when lower
-// the cgroup's memory.max minus memory.current (v2) divided by ranks_on_host, or the v1
-// memory group's memory.limit_in_bytes minus memory.usage_in_bytes (deploy/memcap.sh puts
-// each rank in a group of its own: then not divided). `how` (may be NULL) receives a short
-// description of where the figure came from. Returns -1 when nothing could be read.
+// Bytes available to one rank: DDL_MEMORY_LIMIT (bytes per rank, as ddl_parse_bytes reads
+// them; a spec parse refuses any other value, this ignores it) when set; otherwise MemAvailable
+// (/proc/meminfo) divided by ranks_on_host, or when lower the cgroup's memory.max minus
+// memory.current (v2) divided by ranks_on_host, or the v1 memory group's memory.limit_in_bytes
+// minus memory.usage_in_bytes (deploy/memcap.sh puts each rank in a group of its own: then not
+// divided). `how` (may be NULL) receives a short description of where the figure came from. Returns
+// -1 when nothing could be read.
 DDL_EXTERN double ddl_mem_available(int ranks_on_host, char *how, size_t howlen);
 
 // The value of a "Key:   123 kB" line of a /proc file (/proc/meminfo, /proc/self/status), in

@@ -144,6 +144,10 @@ DDL_EXTERN size_t ddl_conv_workspace_bytes(ddl_dtype dt, const ddl_conv_geom *g)
 // The convolution path this process runs, for logs: "direct AVX-512", "direct AVX2" or
 // "im2col + GEMM" (the CPU's widest unless DDL_CONV_DIRECT says otherwise).
 DDL_EXTERN const char *ddl_conv_path(void);
+// Whether value is a setting of DDL_CONV_DIRECT: "0" (off), "avx2" (at most AVX2) or "1"
+// (the CPU's widest, as when unset). The kernels take any other value as unset; the
+// engine refuses it (a spec parse fails, naming it).
+DDL_EXTERN bool       ddl_conv_direct_setting_ok(const char *value);
 DDL_EXTERN ddl_status ddl_conv_forward(ddl_dtype dt, const ddl_conv_geom *g, void *y,
                                        const void *x, const void *w, const void *b, void *ws,
                                        size_t ws_bytes);

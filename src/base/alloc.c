@@ -16,15 +16,21 @@
 // it preserves the alignment of the user pointer.
 #define HEADER DDL_ALIGN
 
-// Zeroed blocks of at least BIG_ZEROED bytes (ddl_calloc: a model's activations and
-// gradients at a large batch) get a mapping of their own: its pages are zero already, so
-// nothing is written until the block is used, and they are asked for as transparent huge
-// pages (2 MiB). Writing zeros into a heap block instead faulted in every page at creation
-// at 0.18-0.30 GB/s on the 2-core VMs (a batch-60000 LeNet-5 spent 55 s in CreateModel on
-// 4 ranks); huge pages fault in at 0.67-0.81 GB/s there. Smaller and uninitialised blocks
-// stay on glibc's heap, which reuses pages (ddl_malloc_tune_for_streaming).
+// Zeroed blocks of at least OWN_MAPPING bytes (ddl_calloc: a model's activations and
+// gradients) get a mapping of their own: its pages are zero already, so nothing is written
+// until the block is used, and a page that is never used (the gradients of a model that
+// only serves, the activations of a short-batch copy no request runs at) never becomes
+// resident. Writing zeros into a heap block instead faulted in every page at creation, at
+// 0.18-0.30 GB/s on the 2-core VMs (a batch-60000 LeNet-5 spent 55 s in CreateModel on 4
+// ranks). Blocks of at least BIG_ZEROED are asked for as transparent huge pages (2 MiB),
+// which fault in at 0.67-0.81 GB/s there; smaller ones keep 4 KiB pages, since a huge page
+// at a block's end can be mostly past it (up to 2 MiB more resident than the block).
+// Smaller and uninitialised blocks stay on glibc's heap, which reuses pages
+// (ddl_malloc_tune_for_streaming).
+#define OWN_MAPPING ((size_t)2 << 20)
 #define BIG_ZEROED ((size_t)64 << 20)
-#define HUGE_PAGE  ((size_t)2 << 20)
+#define HUGE_PAGE ((size_t)2 << 20)
+#define SMALL_PAGE ((size_t)4096)
 
 static atomic_uint_fast64_t n_allocs;
 static atomic_int_fast64_t  live_bytes;
@@ -86,18 +92,21 @@ void *ddl_malloc(size_t bytes)
     return counted(base, bytes, 0);
 }
 
-// A block of its own mapping (see BIG_ZEROED), zero throughout.
+// A block of its own mapping (see OWN_MAPPING), zero throughout.
 static void *map_zeroed(size_t bytes)
 {
     if (bytes > SIZE_MAX - 2 * HUGE_PAGE || injected_failure(bytes)) {
         return NULL;
     }
-    size_t len  = (HEADER + bytes + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
+    size_t page = bytes >= BIG_ZEROED ? HUGE_PAGE : SMALL_PAGE;
+    size_t len  = (HEADER + bytes + page - 1) / page * page;
     void  *base = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (base == MAP_FAILED) {
         return NULL;
     }
-    (void)madvise(base, len, MADV_HUGEPAGE); // a hint: without THP the pages are 4 KiB
+    if (page == HUGE_PAGE) {
+        (void)madvise(base, len, MADV_HUGEPAGE); // a hint: without THP the pages are 4 KiB
+    }
     return counted(base, bytes, len);
 }
 
@@ -107,7 +116,7 @@ void *ddl_calloc(size_t count, size_t size)
         return NULL;
     }
     size_t bytes = count * size;
-    if (bytes >= BIG_ZEROED) {
+    if (bytes >= OWN_MAPPING) {
         return map_zeroed(bytes);
     }
     void *p = ddl_malloc(bytes);

@@ -460,8 +460,10 @@ static ddl_status ce_forward(ddl_loss_t *l, const ddl_tensor_t *x, const int64_t
     if (l->row_size > 1) {
         uint64_t moved = (uint64_t)(l->row_size - 1) * (uint64_t)rows * sizeof(double);
         ddl__traffic_add(DDL_TRAFFIC_ALL_MAX_REDUCE, DDL_TRAFFIC_FORWARD, moved, moved);
-        DDL_CHECK_MPI(
-            MPI_Allreduce(MPI_IN_PLACE, l->gmax, (int)rows, MPI_DOUBLE, MPI_MAX, l->comm));
+        double t0 = ddl__traffic_clock();
+        int    rc = MPI_Allreduce(MPI_IN_PLACE, l->gmax, (int)rows, MPI_DOUBLE, MPI_MAX, l->comm);
+        ddl__traffic_time(DDL_TRAFFIC_ALL_MAX_REDUCE, DDL_TRAFFIC_FORWARD, t0);
+        DDL_CHECK_MPI(rc);
     }
 
     // Sum of exponentials and the label logit, summed along the P_x row.

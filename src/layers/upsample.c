@@ -137,7 +137,7 @@ static void count(const up_impl *u, ddl_traffic_pass pass)
 }
 
 // need = E x: receive the need pieces, send the x pieces, copy the own piece.
-static ddl_status exchange_forward(const up_impl *u, const ddl_tensor_t *x, ddl_tensor_t *need)
+static ddl_status gather_forward(const up_impl *u, const ddl_tensor_t *x, ddl_tensor_t *need)
 {
     count(u, DDL_TRAFFIC_FORWARD);
     int r = 0;
@@ -161,7 +161,7 @@ static ddl_status exchange_forward(const up_impl *u, const ddl_tensor_t *x, ddl_
 }
 
 // dx += E* dneed: the same pieces in the other direction, added where they came from.
-static ddl_status exchange_adjoint(const up_impl *u, const ddl_tensor_t *dneed, ddl_tensor_t *dx)
+static ddl_status gather_adjoint(const up_impl *u, const ddl_tensor_t *dneed, ddl_tensor_t *dx)
 {
     count(u, DDL_TRAFFIC_ADJOINT);
     int r = 0;
@@ -182,6 +182,23 @@ static ddl_status exchange_adjoint(const up_impl *u, const ddl_tensor_t *dneed, 
         ddl_tensor_unpack_add(dx, &p->box, (char *)u->sbuf + p->off);
     }
     return DDL_OK;
+}
+
+// The two above, timed as halo_exchange (ddl_traffic_time_snapshot), as they are counted.
+static ddl_status exchange_forward(const up_impl *u, const ddl_tensor_t *x, ddl_tensor_t *need)
+{
+    double     t0 = ddl__traffic_clock();
+    ddl_status st = gather_forward(u, x, need);
+    ddl__traffic_time(DDL_TRAFFIC_HALO_EXCHANGE, DDL_TRAFFIC_FORWARD, t0);
+    return st;
+}
+
+static ddl_status exchange_adjoint(const up_impl *u, const ddl_tensor_t *dneed, ddl_tensor_t *dx)
+{
+    double     t0 = ddl__traffic_clock();
+    ddl_status st = gather_adjoint(u, dneed, dx);
+    ddl__traffic_time(DDL_TRAFFIC_HALO_EXCHANGE, DDL_TRAFFIC_ADJOINT, t0);
+    return st;
 }
 
 // ---- forward and backward -------------------------------------------------------

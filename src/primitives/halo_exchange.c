@@ -702,7 +702,7 @@ static void count_traffic(const ddl_halo_exchange_t *h, ddl_traffic_pass pass)
     }
 }
 
-ddl_status ddl_halo_exchange_forward(const ddl_halo_exchange_t *h, ddl_tensor_t *buf)
+static ddl_status halo_forward(const ddl_halo_exchange_t *h, ddl_tensor_t *buf)
 {
     DDL_CHECK(check_buffer(h, buf, "forward"));
     count_traffic(h, DDL_TRAFFIC_FORWARD);
@@ -740,7 +740,7 @@ ddl_status ddl_halo_exchange_forward(const ddl_halo_exchange_t *h, ddl_tensor_t 
     return DDL_OK;
 }
 
-ddl_status ddl_halo_exchange_adjoint(const ddl_halo_exchange_t *h, ddl_tensor_t *buf)
+static ddl_status halo_adjoint(const ddl_halo_exchange_t *h, ddl_tensor_t *buf)
 {
     DDL_CHECK(check_buffer(h, buf, "adjoint"));
     count_traffic(h, DDL_TRAFFIC_ADJOINT);
@@ -776,4 +776,20 @@ ddl_status ddl_halo_exchange_adjoint(const ddl_halo_exchange_t *h, ddl_tensor_t 
         DDL_CHECK(complete(h, buf, &q));
     }
     return DDL_OK;
+}
+
+ddl_status ddl_halo_exchange_forward(const ddl_halo_exchange_t *h, ddl_tensor_t *buf)
+{
+    double     t0 = ddl__traffic_clock();
+    ddl_status st = halo_forward(h, buf);
+    ddl__traffic_time(DDL_TRAFFIC_HALO_EXCHANGE, DDL_TRAFFIC_FORWARD, t0);
+    return st;
+}
+
+ddl_status ddl_halo_exchange_adjoint(const ddl_halo_exchange_t *h, ddl_tensor_t *buf)
+{
+    double     t0 = ddl__traffic_clock();
+    ddl_status st = halo_adjoint(h, buf);
+    ddl__traffic_time(DDL_TRAFFIC_HALO_EXCHANGE, DDL_TRAFFIC_ADJOINT, t0);
+    return st;
 }

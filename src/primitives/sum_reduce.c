@@ -25,6 +25,7 @@
 #include "ddl/primitives.h"
 #include "partition/mpi_check.h"
 #include "primitives/bcast_reduce.h"
+#include "primitives/traffic.h"
 
 struct ddl_sum_reduce {
     ddl__bcast_reduce br;  // roots = P_y ranks, leaves = P_x ranks
@@ -80,14 +81,20 @@ ddl_status ddl_sum_reduce_forward(const ddl_sum_reduce_t *r, const ddl_tensor_t 
                                   ddl_tensor_t *y)
 {
     DDL_REQUIRE(r != NULL, DDL_EINVAL, "sum_reduce forward: plan is NULL");
-    return ddl__bcast_reduce_sum(&r->br, x, y, "sum_reduce forward");
+    double     t0 = ddl__traffic_clock();
+    ddl_status st = ddl__bcast_reduce_sum(&r->br, x, y, "sum_reduce forward");
+    ddl__traffic_time(DDL_TRAFFIC_SUM_REDUCE, DDL_TRAFFIC_FORWARD, t0);
+    return st;
 }
 
 ddl_status ddl_sum_reduce_adjoint(const ddl_sum_reduce_t *r, const ddl_tensor_t *dy,
                                   ddl_tensor_t *dx)
 {
     DDL_REQUIRE(r != NULL, DDL_EINVAL, "sum_reduce adjoint: plan is NULL");
-    return ddl__bcast_reduce_bcast(&r->br, dy, dx, "sum_reduce adjoint");
+    double     t0 = ddl__traffic_clock();
+    ddl_status st = ddl__bcast_reduce_bcast(&r->br, dy, dx, "sum_reduce adjoint");
+    ddl__traffic_time(DDL_TRAFFIC_SUM_REDUCE, DDL_TRAFFIC_ADJOINT, t0);
+    return st;
 }
 
 bool ddl_sum_reduce_in_place_ok(const ddl_sum_reduce_t *r)

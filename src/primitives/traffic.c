@@ -24,10 +24,29 @@
 // factor that depends on the algorithm; the logical payload is what an analytic formula
 // of the model predicts. A group of one (g = 1) moves nothing.
 #include <string.h>
+#include <time.h>
 
 #include "primitives/traffic.h"
 
-static ddl_traffic counters;
+static ddl_traffic      counters;
+static ddl_traffic_time times;
+
+double ddl__traffic_clock(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+void ddl__traffic_time(ddl_traffic_kind kind, ddl_traffic_pass pass, double since)
+{
+    times.s[kind][pass] += ddl__traffic_clock() - since;
+}
+
+void ddl_traffic_time_snapshot(ddl_traffic_time *out)
+{
+    *out = times;
+}
 
 void ddl__traffic_add(ddl_traffic_kind kind, ddl_traffic_pass pass, uint64_t sent,
                       uint64_t received)
@@ -46,6 +65,7 @@ void ddl_traffic_snapshot(ddl_traffic *out)
 void ddl_traffic_reset(void)
 {
     memset(&counters, 0, sizeof counters);
+    memset(&times, 0, sizeof times);
 }
 
 const char *ddl_traffic_kind_name(ddl_traffic_kind kind)

@@ -11,5 +11,10 @@
 // One execution of `kind`'s `pass` on this rank: `sent` and `received` payload bytes.
 void ddl__traffic_add(ddl_traffic_kind kind, ddl_traffic_pass pass, uint64_t sent,
                       uint64_t received);
+// The clock of the time counters (seconds, monotonic), and the time since `since` added to
+// `kind`'s `pass` (ddl_traffic_time_snapshot): each primitive's public forward and adjoint
+// take the one at entry and call the other on return, whatever the status.
+double ddl__traffic_clock(void);
+void   ddl__traffic_time(ddl_traffic_kind kind, ddl_traffic_pass pass, double since);
 
 #endif // DDL_PRIMITIVES_TRAFFIC_H

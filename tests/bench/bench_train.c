@@ -14,6 +14,11 @@
 // cblas_sgemm measured in the same run: every rank multiplies square n = 1024 matrices at
 // once with its own BLAS threads, and the ranks' rates are summed (on an oversubscribed
 // node they share the cores alike). "sgemm_fraction <value>" = achieved / summed sgemm.
+//
+// And the time each rank spent inside each kind of primitive per timed step (forward and
+// adjoint; ddl_traffic_time_snapshot: the copies, MPI and the wait for the partners), with
+// its share of the step: lines "comm <kind> ...". Halo exchanges are item 5's figure of
+// issue 19 (what an overlap with compute could hide at most).
 #include <cblas.h>
 #include <jansson.h>
 #include <mpi.h>
@@ -25,6 +30,7 @@
 #include "ddl/blas.h"
 #include "ddl/data.h"
 #include "ddl/model.h"
+#include "ddl/primitives.h"
 #include "ddl/synth.h"
 #include "engine/spec_internal.h" // the parsed layers, for spec_flops
 
@@ -272,11 +278,13 @@ int main(int argc, char **argv)
         MPI_Finalize();
         return 1;
     }
-    double t0 = 0;
+    double           t0 = 0;
+    ddl_traffic_time c0, c1;
     for (long s = 0; s < warm + steps; s++) {
         if (s == warm) {
             MPI_Barrier(MPI_COMM_WORLD);
             t0 = MPI_Wtime();
+            ddl_traffic_time_snapshot(&c0);
         }
         double  loss;
         int64_t c;
@@ -290,11 +298,23 @@ int main(int argc, char **argv)
             MPI_Abort(MPI_COMM_WORLD, 1);
         }
     }
+    ddl_traffic_time_snapshot(&c1);
     MPI_Barrier(MPI_COMM_WORLD);
     double dt = MPI_Wtime() - t0;
+    // Seconds per step in each primitive kind and pass, every rank's, on rank 0.
+    enum { NK = DDL_TRAFFIC_NKINDS, NP = DDL_TRAFFIC_NPASSES };
+    double mine[NK * NP], *every = rank == 0 ? malloc(sizeof(double) * NK * NP * size) : NULL;
+    for (int k = 0; k < NK; k++) {
+        for (int p = 0; p < NP; p++) {
+            mine[k * NP + p] = (c1.s[k][p] - c0.s[k][p]) / (double)steps;
+        }
+    }
+    MPI_Gather(mine, NK * NP, MPI_DOUBLE, every, NK * NP, MPI_DOUBLE, 0, MPI_COMM_WORLD);
     // The same-run reference, after the timed steps (so it does not warm or cool them).
     double rate = sgemm_rate(1024), total_rate = 0;
     MPI_Allreduce(&rate, &total_rate, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+    double *rates = rank == 0 ? malloc(sizeof(double) * (size_t)size) : NULL;
+    MPI_Gather(&rate, 1, MPI_DOUBLE, rates, 1, MPI_DOUBLE, 0, MPI_COMM_WORLD);
     if (rank == 0) {
         printf("np %d threads/rank %d batch %ld steps %ld: %.3f s, images_per_s %.2f\n", size,
                threads, batch, steps, dt, (double)(batch * steps) / dt);
@@ -320,7 +340,38 @@ int main(int argc, char **argv)
         }
         printf("  %-32s %9.2f MFLOP  %5.1f%%\n", "optimizer", fopt * 1e-6, 100 * fopt / tot);
         free(lf);
+        // The ranks' own sgemm rates: on a VM a core can run much slower than another for
+        // a while (docs/PERFORMANCE.md), and a multi-rank step waits for the slowest rank
+        // (the others' waits show as time inside the primitives, below).
+        printf("sgemm n=1024 per rank, GFLOP/s:");
+        for (int r = 0; r < size; r++) {
+            printf(" %.1f", rates[r]);
+        }
+        printf("\n");
+        double step = dt / (double)steps;
+        printf("step %.3f ms; time inside the primitives per step, rank 0 to %d "
+               "(forward + adjoint):\n",
+               step * 1e3, size - 1);
+        for (int k = 0; k < NK; k++) {
+            double lo = 1e300, hi = 0;
+            for (int r = 0; r < size; r++) {
+                double t = every[(r * NK + k) * NP] + every[(r * NK + k) * NP + 1];
+                lo       = t < lo ? t : lo;
+                hi       = t > hi ? t : hi;
+            }
+            if (hi <= 0) {
+                continue;
+            }
+            printf("comm %-15s", ddl_traffic_kind_name((ddl_traffic_kind)k));
+            for (int r = 0; r < size; r++) {
+                printf(" %.3f+%.3f", every[(r * NK + k) * NP] * 1e3,
+                       every[(r * NK + k) * NP + 1] * 1e3);
+            }
+            printf(" ms: %.1f-%.1f %% of the step\n", 100 * lo / step, 100 * hi / step);
+        }
     }
+    free(every);
+    free(rates);
     free(x);
     free(lab);
     free(text);

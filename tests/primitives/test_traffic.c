@@ -9,17 +9,20 @@
 //    sends 2 x (6 - c_r) elements, receives 6 x c_r;
 //  - HaloExchange of [16] over [4], kernel 3, padding 1: one element per inner side.
 // Also: sent == received summed over ranks, calls count executions, reset zeroes, and
-// counting allocates nothing.
+// counting allocates nothing; and the time counters (ddl_traffic_time_snapshot): each
+// execution adds time to its own kind and pass, and to no other.
 #include <string.h>
 
 #include "ddl/base.h"
 #include "mpi_test.h"
 
-static ddl_traffic before;
+static ddl_traffic      before;
+static ddl_traffic_time before_time;
 
 static void mark(void)
 {
     ddl_traffic_snapshot(&before);
+    ddl_traffic_time_snapshot(&before_time);
 }
 
 // This rank's sent/received/calls since mark() for one kind and pass.
@@ -42,6 +45,19 @@ static void expect(ddl_traffic_kind k, ddl_traffic_pass p, uint64_t sent, uint64
                    (unsigned long long)d.sent, (unsigned long long)d.received,
                    (unsigned long long)d.calls, (unsigned long long)sent,
                    (unsigned long long)received);
+    }
+    // Time: some for this kind and pass, none for any other.
+    ddl_traffic_time now;
+    ddl_traffic_time_snapshot(&now);
+    for (int kk = 0; kk < DDL_TRAFFIC_NKINDS; kk++) {
+        for (int pp = 0; pp < DDL_TRAFFIC_NPASSES; pp++) {
+            double t = now.s[kk][pp] - before_time.s[kk][pp];
+            if ((kk == (int)k && pp == (int)p) ? !(t > 0) : t != 0) {
+                TEST_FAIL_("%s %s: time of %s pass %d grew by %g s", ddl_traffic_kind_name(k),
+                           p == DDL_TRAFFIC_FORWARD ? "forward" : "adjoint",
+                           ddl_traffic_kind_name((ddl_traffic_kind)kk), pp, t);
+            }
+        }
     }
     // Over all ranks every byte sent is a byte received.
     uint64_t mine[2] = {d.sent, d.received}, all[2];
@@ -183,11 +199,14 @@ int main(int argc, char **argv)
     test_repartition();
     test_halo(r);
     ddl_traffic_reset();
-    ddl_traffic t;
+    ddl_traffic      t;
+    ddl_traffic_time tt;
     ddl_traffic_snapshot(&t);
+    ddl_traffic_time_snapshot(&tt);
     for (int k = 0; k < DDL_TRAFFIC_NKINDS; k++) {
         for (int p = 0; p < DDL_TRAFFIC_NPASSES; p++) {
             ASSERT_EQ(t.c[k][p].sent + t.c[k][p].received + t.c[k][p].calls, 0);
+            ASSERT_TRUE(tt.s[k][p] == 0);
         }
     }
     ASSERT_TRUE(strcmp(ddl_traffic_kind_name(DDL_TRAFFIC_HALO_EXCHANGE), "halo_exchange") == 0);

@@ -207,6 +207,16 @@ DDL_EXTERN void        ddl_traffic_add(ddl_traffic *acc, const ddl_traffic *d);
 // Sent and received bytes of t summed over every kind and both passes (calls too).
 DDL_EXTERN ddl_traffic_count ddl_traffic_total(const ddl_traffic *t);
 
+// Wall time this process spent inside each primitive's forward and adjoint, in seconds
+// (from the call to its return: the copies, MPI, and the wait for the partners), summed
+// since the start or the last reset. Apart from the byte counters, which are exact and
+// alike run to run: times are a profile (bench-train-worker prints each kind's share of a
+// training step). Upsample's gathers count as halo_exchange, as their bytes do.
+typedef struct ddl_traffic_time {
+    double s[DDL_TRAFFIC_NKINDS][DDL_TRAFFIC_NPASSES];
+} ddl_traffic_time;
+DDL_EXTERN void ddl_traffic_time_snapshot(ddl_traffic_time *out);
+
 // What one execution of a Repartition plan moves for this rank (sent, received; calls 1):
 // the same amounts the counters add for it. Lets a caller account for a plan it runs
 // outside any layer (a model's input and output plans) without snapshots.

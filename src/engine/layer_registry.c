@@ -237,9 +237,21 @@ static ddl_status pool_build(const spec_build_ctx *b, const spec_layer *L, ddl_l
     return ddl_pool_create(b->parts[L->P_in], b->s->dt, &L->x_global, &L->pool, out);
 }
 
+// True when P splits a spatial dimension of x (a conv's halo layouts).
+static bool splits_space(const ddl_spec_t *s, const spec_layer *L)
+{
+    for (int d = 2; d < L->x_global.ndim; d++) {
+        if (spec_est_part_dim(s, L->P_in, d) > 1) {
+            return true;
+        }
+    }
+    return false;
+}
+
 // im2col columns (conv) or pooling indices, from the kernels' own workspace functions on
-// the largest local block (with its halo).
-static double kernel_workspace(const ddl_spec_t *s, const spec_layer *L, bool conv)
+// the largest local block (with its halo). in_place: a conv reading its padded input in
+// the shared scratch in place (conv_setup: x_tail).
+static double kernel_workspace(const ddl_spec_t *s, const spec_layer *L, bool conv, bool in_place)
 {
     const ddl_shape *x   = &L->x_global;
     int              nsp = x->ndim - 2;
@@ -256,12 +268,18 @@ static double kernel_workspace(const ddl_spec_t *s, const spec_layer *L, bool co
         dil[j]            = dd[j] > 0 ? dd[j] : 1;
         st[j]  = conv ? L->conv.stride[j] : L->pool.stride[j] ? L->pool.stride[j] : k[j];
         // A split dimension: the local kernel runs unpadded on the block and its halo;
-        // otherwise on the whole extent with the layer's padding.
-        bool split = spec_est_part_dim(s, L->P_in, 2 + j) > 1;
-        pad[j]     = split ? 0 : conv ? L->conv.padding[j] : L->pool.padding[j];
+        // otherwise on the whole extent with the layer's padding, or, for a conv that
+        // splits another dimension, unpadded on the extent padded in its halo buffer
+        // (conv_setup).
+        bool    split = spec_est_part_dim(s, L->P_in, 2 + j) > 1;
+        int64_t p0    = conv ? L->conv.padding[j] : L->pool.padding[j];
+        bool    held  = !split && conv && splits_space(s, L);
+        pad[j]        = split || held ? 0 : p0;
         in[j] =
             (int64_t)spec_est_ceil_div((double)x->d[2 + j], spec_est_part_dim(s, L->P_in, 2 + j)) +
-            (split ? (k[j] - 1) * dil[j] : 0);
+            (split  ? (k[j] - 1) * dil[j]
+             : held ? 2 * p0
+                    : 0);
         if (st[j] <= 0) {
             st[j] = 1;
         }
@@ -274,6 +292,7 @@ static double kernel_workspace(const ddl_spec_t *s, const spec_layer *L, bool co
             ddl_clear_error();
             return 0;
         }
+        g.x_tail = in_place ? ddl_conv_x_tail_need(s->dt, &g) : 0;
         return (double)ddl_conv_workspace_bytes(s->dt, &g);
     }
     ddl_pool_geom g;
@@ -282,17 +301,6 @@ static double kernel_workspace(const ddl_spec_t *s, const spec_layer *L, bool co
         return 0;
     }
     return (double)ddl_pool_workspace_bytes(&g);
-}
-
-// True when P splits a spatial dimension of x (a conv's halo layouts).
-static bool splits_space(const ddl_spec_t *s, const spec_layer *L)
-{
-    for (int d = 2; d < L->x_global.ndim; d++) {
-        if (spec_est_part_dim(s, L->P_in, d) > 1) {
-            return true;
-        }
-    }
-    return false;
 }
 
 // x's halo-padded buffers and needed crops (conv and pool): `n` each, or with `shared`
@@ -343,7 +351,7 @@ static void conv_estimate(spec_est *e, const spec_layer *L)
     double big   = spec_est_local_numel(s, &L->x_global, -1) * spec_est_item(e) / ranks >=
                  s->tuning.share_min_bytes;
     if (L->P_w < 0 && spec_est_shares(e) && (!halo || big)) {
-        double ws = kernel_workspace(s, L, true);
+        double ws = kernel_workspace(s, L, true, halo);
         if (halo) {
             add_window_halo(e, L, true, 1, ws);
         } else {
@@ -364,7 +372,7 @@ static void conv_estimate(spec_est *e, const spec_layer *L)
         spec_est_add(e, Pw, SPEC_E_WORK, n * (xs * ci + ys * co) * spec_est_item(e));
     }
     if (!copy) {
-        spec_est_add(e, Pw, SPEC_E_WORK, kernel_workspace(s, L, true));
+        spec_est_add(e, Pw, SPEC_E_WORK, kernel_workspace(s, L, true, false));
     }
 }
 
@@ -378,7 +386,7 @@ static void pool_estimate(spec_est *e, const spec_layer *L)
         // Shared: [padded x | crop] in forward, their gradients over them in backward.
         add_window_halo(e, L, false, spec_est_copy(e) ? 1 : 2, spec_est_shares(e) ? 0 : -1);
     }
-    spec_est_add(e, L->P_in, SPEC_E_WORK, kernel_workspace(s, L, false));
+    spec_est_add(e, L->P_in, SPEC_E_WORK, kernel_workspace(s, L, false, false));
 }
 
 // ---- adaptive_avgpool1d|2d|3d ------------------------------------------------------------

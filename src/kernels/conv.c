@@ -92,6 +92,9 @@ typedef struct conv_plan {
     int64_t cd_ldy;      // row stride of dyw: margin + max(nj, nq)
     int64_t cd_nj, cd_nq;
     bool    cd_dx_scatter; // dx by ddl_cdir_dx_scatter, not the gather (conv_plan_make)
+    bool    cd_inplace;    // the kernels read x itself, not a padded copy xp (g->x_tail)
+    int64_t cd_tail;       // elements past a sample's end the direct path reads in place
+    int64_t cd_dxc;        // input channels of one dx pass: dxp's planes (DDL_CDIR_DX_CHANNELS)
 } conv_plan;
 
 ddl_status ddl_conv_geom_init(ddl_conv_geom *g, int nsp, int64_t N, int64_t C_in,
@@ -166,6 +169,8 @@ static ddl_status conv_plan_make(const char *who, ddl_dtype dt, const ddl_conv_g
     DDL_REQUIRE(dt == DDL_F32 || dt == DDL_F64, DDL_EINVAL, "%s: unknown dtype %d", who,
                 (int)dt);
     DDL_REQUIRE(g != NULL, DDL_EINVAL, "%s: geometry is NULL", who);
+    DDL_REQUIRE(g->x_tail >= 0, DDL_EINVAL, "%s: geometry x_tail = %lld, expected >= 0", who,
+                (long long)g->x_tail);
     ddl_conv_geom chk;
     DDL_CHECK(ddl_conv_geom_init(&chk, g->nsp, g->N, g->C_in, g->C_out, g->in, g->k, g->s,
                                  g->p, g->d));
@@ -256,11 +261,21 @@ static ddl_status conv_plan_make(const char *who, ddl_dtype dt, const ddl_conv_g
         Pp             = Pp > nq ? Pp : nq;
         int64_t ldy    = M + (nj > nq ? nj : nq);
         size_t  planes = ((size_t)g->C_in * (size_t)Pp * es + a - 1) / a * a;
+        int64_t dxc    = g->C_in < DDL_CDIR_DX_CHANNELS ? g->C_in : DDL_CDIR_DX_CHANNELS;
+        size_t  dplane = ((size_t)dxc * (size_t)Pp * es + a - 1) / a * a;
         size_t  dyw    = ((size_t)g->C_out * (size_t)ldy * es + a - 1) / a * a;
         size_t  mask   = ((size_t)nj * es + a - 1) / a * a;
-        size_t  offs   = ((size_t)(P->Kc + sp->kv) * sizeof(int64_t) + a - 1) / a * a;
+        size_t  offs   = ((size_t)(2 * P->Kc + sp->kv) * sizeof(int64_t) + a - 1) / a * a;
         size_t  lanes  = (size_t)g->C_out * (size_t)P->Kc * DDL_CDIR_LANE_BYTES;
-        size_t  slot   = 2 * planes + dyw + mask + offs + lanes;
+        // Without padding or strides the padded sample is the sample itself, planes RV
+        // apart: the kernels can read x in place, if they may read past its end. A run of
+        // the last valid positions reads up to the largest tap offset plus nj, that is
+        // sh2 + (nj - Ws) past a sample's end (Ws + sh0 PL + sh1 R2 + sh2 = RV + sh2).
+        bool    unpadded = nph == 1 && sp->p[0] == 0 && sp->p[1] == 0 && sp->p[2] == 0;
+        int64_t tail     = sh[0] * PL + sh[1] * R[2] + sh[2] + nj - RV;
+        tail             = tail > 0 ? tail : 0;
+        bool   inplace   = unpadded && g->x_tail >= tail;
+        size_t slot      = (inplace ? 0 : planes) + dplane + dyw + mask + offs + lanes;
         if (slot <= DDL_CDIR_MAX_SLOT) {
             P->cdir      = true;
             P->I2p       = R[2];
@@ -276,6 +291,9 @@ static ddl_status conv_plan_make(const char *who, ddl_dtype dt, const ddl_conv_g
             P->Pp        = Pp;
             P->cd_ldy    = ldy;
             P->col_bytes = slot;
+            P->cd_inplace = inplace;
+            P->cd_dxc     = dxc;
+            P->cd_tail    = unpadded ? tail : 0;
             // The direct dx gathers over every padded input position (nq) for every tap,
             // against ov per tap for the forward: with unpadded small planes (LeNet's conv2:
             // 224 against 100) that is over twice the work, and the scatter over the wide
@@ -391,6 +409,16 @@ size_t ddl_conv_workspace_bytes(ddl_dtype dt, const ddl_conv_geom *g)
     size_t a = conv_need(dt, g, &P, conv_threads_for(g, &P, T), true);
     size_t b = conv_need(dt, g, &Q, conv_threads_for(g, &Q, T), true);
     return a > b ? a : b;
+}
+
+int64_t ddl_conv_x_tail_need(ddl_dtype dt, const ddl_conv_geom *g)
+{
+    conv_plan P;
+    if (g == NULL || conv_plan_make("conv_x_tail_need", dt, g, &P, true) != DDL_OK) {
+        ddl_clear_error();
+        return 0;
+    }
+    return P.cdir ? P.cd_tail : 0;
 }
 
 // ---- element helpers -----------------------------------------------------------
@@ -1013,7 +1041,7 @@ static ddl_status conv_backward_wide(ddl_dtype dt, const ddl_conv_geom *g, const
 
 typedef struct cdir_ws {
     char    *xp, *dyw, *dxp, *mask, *acc;
-    int64_t *toff, *koff;
+    int64_t *toff, *dtoff, *koff;
     ddl_cdir c;
 } cdir_ws;
 
@@ -1077,14 +1105,20 @@ static void cdir_grid_rows(size_t es, const conv_plan *P, int64_t Co, const char
     }
 }
 
-// xp = sample xn zero-padded in the direct path's layout.
-static void cdir_pad(ddl_dtype dt, const conv_plan *P, int64_t Ci, char *xp, const char *xn)
+// What the kernels read for sample xn: xp = xn zero-padded in the direct path's layout, or
+// xn itself when it is read in place.
+static const char *cdir_input(ddl_dtype dt, const conv_plan *P, int64_t Ci, char *xp,
+                              const char *xn)
 {
+    if (P->cd_inplace) {
+        return xn;
+    }
     if (P->cd_nph > 1) {
         cdir_phase_copy(dt, P, Ci, xn, xp, false);
     } else {
         pad_sample(dt, P, Ci, xp, xn);
     }
+    return xp;
 }
 
 // Carves one thread's slot and fills the tap offsets (and the dW mask when asked).
@@ -1097,14 +1131,18 @@ static void cdir_setup(ddl_dtype dt, const ddl_conv_geom *g, const conv_plan *P,
     size_t planes = ((size_t)Ci * (size_t)P->Pp * es + a - 1) / a * a;
     size_t dyw    = ((size_t)Co * (size_t)P->cd_ldy * es + a - 1) / a * a;
     size_t mask   = ((size_t)P->cd_nj * es + a - 1) / a * a;
-    d->xp         = ws;
-    d->dyw        = ws + planes;
+    size_t        dplane = ((size_t)P->cd_dxc * (size_t)P->Pp * es + a - 1) / a * a;
+    d->xp                = P->cd_inplace ? NULL : ws; // in place: the sample itself (cdir_input)
+    d->dyw               = P->cd_inplace ? ws : ws + planes;
     d->dxp        = d->dyw + dyw;
-    d->mask       = d->dxp + planes;
+    d->mask              = d->dxp + dplane;
     d->toff       = (int64_t *)(void *)(d->mask + mask);
-    d->koff       = d->toff + P->Kc;
-    d->acc        = (char *)d->mask + mask +
-             ((size_t)(P->Kc + sp->kv) * sizeof(int64_t) + a - 1) / a * a;
+    d->dtoff             = d->toff + P->Kc;
+    d->koff              = d->dtoff + P->Kc;
+    d->acc =
+        (char *)d->mask + mask + ((size_t)(2 * P->Kc + sp->kv) * sizeof(int64_t) + a - 1) / a * a;
+    // x's planes lie iv apart when read in place, dxp's always Pp.
+    const int64_t xst = P->cd_inplace ? sp->iv : P->Pp;
     // Tap (k0, k1, k2) reads padded position o s + k d: in the phase layout (conv_plan_make)
     // the phase volume of k d mod s, shifted by k d div s (with strides 1: k d).
     for (int64_t k0 = 0, kk = 0; k0 < sp->k[0]; k0++) {
@@ -1116,7 +1154,8 @@ static void cdir_setup(ddl_dtype dt, const ddl_conv_geom *g, const conv_plan *P,
     }
     for (int64_t ci = 0; ci < Ci; ci++) {
         for (int64_t kk = 0; kk < sp->kv; kk++) {
-            d->toff[ci * sp->kv + kk] = ci * P->Pp + d->koff[kk];
+            d->toff[ci * sp->kv + kk]  = ci * xst + d->koff[kk];
+            d->dtoff[ci * sp->kv + kk] = ci * P->Pp + d->koff[kk];
         }
     }
     // Valid: the first out[2] positions of the first out[1] rows of each of the out[0]
@@ -1131,9 +1170,17 @@ static void cdir_setup(ddl_dtype dt, const ddl_conv_geom *g, const conv_plan *P,
             }
         }
     }
-    d->c = (ddl_cdir){.Ci = Ci, .Co = Co, .Kc = P->Kc, .kv = sp->kv, .toff = d->toff,
-                      .koff = d->koff, .Pp = P->Pp, .ldy = P->cd_ldy, .nj = P->cd_nj,
-                      .nq = P->cd_nq};
+    d->c = (ddl_cdir){.Ci    = Ci,
+                      .Co    = Co,
+                      .Kc    = P->Kc,
+                      .kv    = sp->kv,
+                      .toff  = d->toff,
+                      .dtoff = d->dtoff,
+                      .koff  = d->koff,
+                      .Pp    = P->Pp,
+                      .ldy   = P->cd_ldy,
+                      .nj    = P->cd_nj,
+                      .nq    = P->cd_nq};
 }
 
 static ddl_status conv_forward_cdir(ddl_dtype dt, const ddl_conv_geom *g, const conv_plan *P,
@@ -1146,8 +1193,8 @@ static ddl_status conv_forward_cdir(ddl_dtype dt, const ddl_conv_geom *g, const 
     cdir_setup(dt, g, P, ws, false, &d);
     char *yw = d.dyw + (size_t)P->cd_M * es;
     for (int64_t n = n_begin; n < n_end; n++) {
-        cdir_pad(dt, P, Ci, d.xp, elem(x, n * Ci * iv, es));
-        ddl_cdir_forward(dt, &d.c, yw, d.xp, w, b); // the bias starts each sum
+        const char *xs = cdir_input(dt, P, Ci, d.xp, elem(x, n * Ci * iv, es));
+        ddl_cdir_forward(dt, &d.c, yw, xs, w, b); // the bias starts each sum
         cdir_grid_rows(es, P, Co, yw, elem(y, n * Co * ov, es), false);
     }
     return DDL_OK;
@@ -1171,25 +1218,29 @@ static ddl_status conv_backward_cdir(ddl_dtype dt, const ddl_conv_geom *g, const
     for (int64_t n = n_begin; n < n_end; n++) {
         cdir_grid_rows(es, P, Co, elem(dy, n * Co * ov, es), dyw, true);
         if (dw != NULL) {
-            cdir_pad(dt, P, Ci, d.xp, elem(x, n * Ci * iv, es));
-            ddl_cdir_dw(dt, &d.c, d.acc, dyw, d.xp, d.mask);
+            const char *xs = cdir_input(dt, P, Ci, d.xp, elem(x, n * Ci * iv, es));
+            ddl_cdir_dw(dt, &d.c, d.acc, dyw, xs, d.mask);
         }
-        if (dx != NULL) {
+        // dx a block of input channels at a time, through dxp (its planes only).
+        for (int64_t c0 = 0; dx != NULL && c0 < Ci; c0 += P->cd_dxc) {
+            ddl_cdir cc    = d.c;
+            cc.Ci          = Ci - c0 < P->cd_dxc ? Ci - c0 : P->cd_dxc;
+            const char *wb = elem(w, c0 * sp->kv, es);
             if (P->cd_dx_scatter) {
-                memset(d.dxp, 0, (size_t)(Ci * P->Pp) * es);
-                ddl_cdir_dx_scatter(dt, &d.c, d.dxp, dyw, w);
+                memset(d.dxp, 0, (size_t)(cc.Ci * P->Pp) * es);
+                ddl_cdir_dx_scatter(dt, &cc, d.dxp, dyw, wb);
             } else {
-                ddl_cdir_dx(dt, &d.c, d.dxp, dyw, w);
+                ddl_cdir_dx(dt, &cc, d.dxp, dyw, wb);
             }
-            char *dxn = elem(dx, n * Ci * iv, es);
+            char *dxb = elem(dx, (n * Ci + c0) * iv, es);
             if (P->cd_nph > 1) {
-                cdir_phase_copy(dt, P, Ci, d.dxp, dxn, true); // strides
+                cdir_phase_copy(dt, P, cc.Ci, d.dxp, dxb, true); // strides
                 continue;
             }
-            for (int64_t ci = 0; ci < Ci; ci++) {
+            for (int64_t ci = 0; ci < cc.Ci; ci++) {
                 for (int64_t i0 = 0; i0 < sp->in[0]; i0++) {
                     for (int64_t i1 = 0; i1 < sp->in[1]; i1++) {
-                        add_run(dt, elem(dxn, ci * iv + (i0 * sp->in[1] + i1) * sp->in[2], es),
+                        add_run(dt, elem(dxb, ci * iv + (i0 * sp->in[1] + i1) * sp->in[2], es),
                                 elem(d.dxp,
                                      ci * P->Pp + (i0 + sp->p[0]) * P->PL +
                                          (i1 + sp->p[1]) * P->I2p + sp->p[2],
@@ -1493,6 +1544,14 @@ ddl_status ddl_conv_backward(ddl_dtype dt, const ddl_conv_geom *g, void *dx, voi
                 "conv_backward: dw requested but x is NULL");
     DDL_REQUIRE(dx == NULL || Kc == 0 || w != NULL, DDL_EINVAL,
                 "conv_backward: dx requested but w is NULL");
+    if (P.cdir && P.cd_inplace && dx != NULL && dw != NULL) {
+        // Parts read x (and its tail) in place while others write their samples of dx.
+        uintptr_t xa = (uintptr_t)x, xe = xa + (size_t)(N * Ci * iv + g->x_tail) * es;
+        uintptr_t da = (uintptr_t)dx, de = da + (size_t)(N * Ci * iv) * es;
+        DDL_REQUIRE(de <= xa || xe <= da, DDL_EINVAL,
+                    "conv_backward: dx overlaps x and its x_tail, which are read in place; "
+                    "compute dw and dx in two calls");
+    }
     if (db != NULL) {
         // db[co] += sum over samples and positions of dy, summed in double.
         for (int64_t co = 0; co < Co; co++) {

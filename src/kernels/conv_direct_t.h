@@ -218,7 +218,7 @@ CDIR_TGT static void CDIR_FN(dx)(const ddl_cdir *c, T *dxp, const T *dyw, const 
 #undef CDIR_DX_RUN
 
 // dx by scatter, for small unpadded planes where the gather above would multiply mostly
-// the zero margins: dxp[toff[t] + j] += sum_co w[co, t] dyw[co, j] for j in [0, nj), a
+// the zero margins: dxp[dtoff[t] + j] += sum_co w[co, t] dyw[co, j] for j in [0, nj), a
 // tile of TB taps x JV vectors of positions at a time (the caller zeroes dxp first).
 // The taps are added in a fixed order: the same bits run to run.
 CDIR_TGT CDIR_INLINE void CDIR_FN(dxs_tile)(const int TB, const int JV, const ddl_cdir *c,
@@ -243,7 +243,7 @@ CDIR_TGT CDIR_INLINE void CDIR_FN(dxs_tile)(const int TB, const int JV, const dd
         }
     }
     for (int k = 0; k < TB; k++) {
-        T *o = dxp + c->toff[t0 + k * ts] + j;
+        T *o = dxp + c->dtoff[t0 + k * ts] + j;
         for (int i = 0; i < JV; i++) {
             STOREU(o + i * L, ADD(LOADU(o + i * L), a[k * JV + i]));
         }

@@ -915,6 +915,12 @@ static ddl_status conv_setup(ddl_layer_t *L, conv_impl *m, const ddl_partition_t
                             "%s: local output extent %lld != share %lld in spatial dim %d",
                             L->kind, (long long)m->g.out[j], (long long)out_ext[j], j);
             }
+            // Shared, the kernel's input is the padded buffer or its crop, both carved
+            // below with the tail the direct path reads past them: it reads them in
+            // place, and its workspace holds no padded copy of a sample.
+            if (m->shared && m->halo != NULL) {
+                m->g.x_tail = ddl_conv_x_tail_need(dt, &m->g);
+            }
             m->ws_bytes    = ddl_conv_workspace_bytes(dt, &m->g);
             m->ws_borrowed = m->shared; // in the scratch
             if (m->ws_bytes > 0 && !m->shared && !borrow_ws(m, ddl_layer_copy_source())) {
@@ -943,11 +949,13 @@ static ddl_status conv_setup(ddl_layer_t *L, conv_impl *m, const ddl_partition_t
     // 8. The shared scratch's layout: [workspace | x padded | x crop], the gradients of
     //    the padded input and its crop over the same bytes as those (backward computes
     //    dw and db from the input first, then dx in its place: conv_backward).
+    //    Each input is followed by the tail the kernel may read past it (x_tail).
     if (m->shared) {
-        size_t total = 0;
+        size_t total = 0, tail = m->work ? (size_t)m->g.x_tail * ddl_dtype_size(dt) : 0;
         m->off_ws    = ddl_scratch_carve(&total, m->work ? m->ws_bytes : 0);
-        m->off_x     = ddl_scratch_carve(&total, m->xbuf != NULL ? ddl_tensor_bytes(m->xbuf) : 0);
-        m->off_xs        = ddl_scratch_carve(&total, ddl_tensor_bytes(m->xstage));
+        m->off_x =
+            ddl_scratch_carve(&total, m->xbuf != NULL ? ddl_tensor_bytes(m->xbuf) + tail : 0);
+        m->off_xs        = ddl_scratch_carve(&total, ddl_tensor_bytes(m->xstage) + tail);
         L->scratch_bytes = total;
     }
     return DDL_OK;

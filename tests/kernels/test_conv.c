@@ -671,6 +671,101 @@ static void test_direct_vs_gemm(void)
     ddl_cdir_set(-1);
 }
 
+// Reading x in place (ddl_conv_geom.x_tail): without padding or strides the direct path
+// can read the sample itself instead of a padded copy. With the tail it asks for, every
+// result is bit for bit the one of the padded copy (the garbage positions it reads past
+// each plane, in the next channel or sample or the tail, are masked or discarded), with 1
+// and 2 threads, whatever the tail holds (NaN, inf); the workspace is smaller by the copy;
+// dx overlapping x in a call that also computes dw is refused, dx alone over x is not.
+// At direct-path width `level` (capped by the CPU's).
+static void test_in_place(int level)
+{
+    // {nsp, N, Ci, Co, in, k, dilation}: U-Net-like 3-D, LeNet-like 2-D, 1-D dilated;
+    // samples large enough for the direct path's slot to outweigh the im2col block.
+    const int64_t shapes[3][7] = {
+        {3, 2, 4, 5, 40, 3, 1}, {2, 3, 2, 6, 300, 5, 1}, {1, 3, 3, 4, 100000, 3, 2}};
+    int prev = ddl_blas_set_threads(1);
+    for (int s = 0; s < 3; s++) {
+        const int64_t *c     = shapes[s];
+        int64_t        in[3] = {c[4], c[4], c[4]}, k[3] = {c[5], c[5], c[5]};
+        int64_t        d[3] = {c[6], c[6], c[6]};
+        ddl_conv_geom  g0, g1;
+        ASSERT_OK(ddl_conv_geom_init(&g0, (int)c[0], c[1], c[2], c[3], in, k, NULL, NULL, d));
+        g1         = g0;
+        int64_t ov = g0.out[0] * g0.out[1] * g0.out[2], iv = g0.in[0] * g0.in[1] * g0.in[2];
+        int64_t nx = g0.N * g0.C_in * iv, ny = g0.N * g0.C_out * ov;
+        int64_t nw = g0.C_out * g0.C_in * g0.k[0] * g0.k[1] * g0.k[2];
+        double *x = rand_vec(nx, 31), *w = rand_vec(nw, 32), *r = rand_vec(ny, 33);
+        for (int dd = 0; dd < 2; dd++) {
+            ddl_dtype dt = dd ? DDL_F64 : DDL_F32;
+            size_t    es = ddl_dtype_size(dt);
+            ddl_cdir_set(0);
+            ASSERT_EQ(ddl_conv_x_tail_need(dt, &g0), 0); // the im2col path copies anyway
+            ddl_cdir_set(level);
+            if (!ddl_cdir_enabled()) {
+                continue;
+            }
+            int64_t tail = ddl_conv_x_tail_need(dt, &g0);
+            ASSERT_TRUE(tail > 0 && tail <= (g0.k[g0.nsp - 1] - 1) * g0.d[g0.nsp - 1] + 31);
+            g1.x_tail = tail;
+            for (int T = 1; T <= 2; T++) {
+                ddl_blas_set_threads(T);
+                size_t wa = ddl_conv_workspace_bytes(dt, &g0),
+                       wb = ddl_conv_workspace_bytes(dt, &g1);
+                ASSERT_TRUE(ddl_cdir_taken(dt, &g1, wb, false) &&
+                            ddl_cdir_taken(dt, &g1, wb, true));
+                // Smaller by at least one padded copy of a sample (C_in planes).
+                ASSERT_TRUE(wb + (size_t)(g0.C_in * iv) * es <= wa);
+                g1.x_tail = tail - 1; // one short: the copy again
+                ASSERT_EQ(ddl_conv_workspace_bytes(dt, &g1), wa);
+                g1.x_tail = tail;
+                void *xd = ddl_test_as_dtype(dt, x, nx), *wd = ddl_test_as_dtype(dt, w, nw);
+                void *rd = ddl_test_as_dtype(dt, r, ny);
+                // x with its tail: NaN, then inf, then -inf.
+                char *xt = malloc((size_t)(nx + tail) * es);
+                memcpy(xt, xd, (size_t)nx * es);
+                for (int64_t i = 0; i < tail; i++) {
+                    double v = i % 3 == 0 ? NAN : i % 3 == 1 ? INFINITY : -INFINITY;
+                    if (dt == DDL_F32) {
+                        ((float *)(void *)xt)[nx + i] = (float)v;
+                    } else {
+                        ((double *)(void *)xt)[nx + i] = v;
+                    }
+                }
+                void *ws = malloc(wa);
+                void *y[2], *dx[2], *dw[2];
+                for (int run = 0; run < 2; run++) {
+                    const ddl_conv_geom *g   = run ? &g1 : &g0;
+                    size_t               wsb = run ? wb : wa;
+                    y[run] = zeros(dt, ny), dx[run] = zeros(dt, nx), dw[run] = zeros(dt, nw);
+                    memset(ws, 0xff, wa);
+                    ASSERT_OK(ddl_conv_forward(dt, g, y[run], run ? xt : xd, wd, NULL, ws, wsb));
+                    memset(ws, 0xff, wa);
+                    ASSERT_OK(ddl_conv_backward(dt, g, dx[run], dw[run], NULL, rd, run ? xt : xd,
+                                                wd, ws, wsb));
+                }
+                ASSERT_TRUE(memcmp(y[0], y[1], (size_t)ny * es) == 0);
+                ASSERT_TRUE(memcmp(dx[0], dx[1], (size_t)nx * es) == 0);
+                ASSERT_TRUE(memcmp(dw[0], dw[1], (size_t)nw * es) == 0);
+                // dx over x: refused with dw, computed alone (the layers' two calls).
+                ASSERT_EQ(ddl_conv_backward(dt, &g1, xt, dw[1], NULL, rd, xt, wd, ws, wb),
+                          DDL_EINVAL);
+                ddl_clear_error();
+                memset(xt, 0, (size_t)nx * es);
+                ASSERT_OK(ddl_conv_backward(dt, &g1, xt, NULL, NULL, rd, NULL, wd, ws, wb));
+                ASSERT_TRUE(memcmp(xt, dx[0], (size_t)nx * es) == 0);
+                for (int run = 0; run < 2; run++) {
+                    free(y[run]), free(dx[run]), free(dw[run]);
+                }
+                free(ws), free(xt), free(xd), free(wd), free(rd);
+            }
+            g1.x_tail = 0;
+        }
+        free(x), free(w), free(r);
+    }
+    ddl_blas_set_threads(prev);
+}
+
 int main(void)
 {
     test_hand();
@@ -685,6 +780,10 @@ int main(void)
     }
     ddl_cdir_set(-1);
     test_direct_vs_gemm();
+    for (int level = 2; level >= 1; level--) {
+        test_in_place(level); // at each vector width the CPU has
+    }
+    ddl_cdir_set(-1);
     printf("test_conv: ok\n");
     return 0;
 }

@@ -106,6 +106,12 @@ typedef struct ddl_conv_geom {
     int64_t p[3];   // zero padding on each side, >= 0
     int64_t d[3];   // dilations, >= 1
     int64_t out[3]; // output spatial extents, computed
+    // Elements past the end of x the kernels may read (0 from ddl_conv_geom_init). Their
+    // values never matter, and nothing may write them during a call. With at least
+    // ddl_conv_x_tail_need of them, a direct-path convolution without padding reads x in
+    // place instead of a padded copy, and its workspace shrinks by that copy (one sample's
+    // C_in planes per thread); dx must then not overlap x in a call that also computes dw.
+    int64_t x_tail;
 } ddl_conv_geom;
 
 // Fills *g and validates it. in and k have nsp entries; stride, pad and dilation have nsp
@@ -132,6 +138,11 @@ DDL_EXTERN ddl_status ddl_conv_geom_init(ddl_conv_geom *g, int nsp, int64_t N, i
 // parts); across values of T they differ only by rounding (the dW partial sums are added
 // in a different order).
 DDL_EXTERN size_t ddl_conv_workspace_bytes(ddl_dtype dt, const ddl_conv_geom *g);
+// The x_tail (elements) with which the kernels read x in place (see ddl_conv_geom): the
+// reads of the direct path's last run of positions past the end of a sample, at most
+// (k - 1) d + 31 elements of the innermost dimension; 0 when it never reads in place (padding,
+// strides, or the im2col path). Set g->x_tail to it before asking ddl_conv_workspace_bytes.
+DDL_EXTERN int64_t ddl_conv_x_tail_need(ddl_dtype dt, const ddl_conv_geom *g);
 // y = conv(x, w) + b (b may be NULL). im2col on blocks of output positions + one GEMM
 // per block, or, for 1-D/2-D stride-1 convolutions on a CPU with AVX2 (few input
 // channels) or AVX-512 (any), direct vector kernels chosen at run time

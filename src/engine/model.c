@@ -887,26 +887,35 @@ static ddl_status check_values(const ddl_model_t *m, const char *what, const tar
     return check_range(s, what, t->values, n * E, 0, E);
 }
 
+// Labels in [0, classes), `per` per sample (1, or a segmentation sample's voxels, all
+// or a rank's box of them), n samples from sample row0 on.
+static ddl_status check_label_rows(const ddl_model_t *m, const char *what, const int64_t *labels,
+                                   int64_t n, int64_t row0, int64_t per)
+{
+    int64_t C = m->spec->num_classes;
+    for (int64_t i = 0; i < n * per; i++) {
+        if (labels[i] < 0 || labels[i] >= C) {
+            if (m->seg) {
+                return ddl_set_error(
+                    DDL_EINVAL,
+                    "%s: label %lld of sample %lld, voxel %lld%s is outside "
+                    "[0, %lld)",
+                    what, (long long)labels[i], (long long)(row0 + i / per), (long long)(i % per),
+                    per < m->label_elems ? " of this rank's box" : "", (long long)C);
+            }
+            return ddl_set_error(DDL_EINVAL, "%s: label %lld of sample %lld is outside [0, %lld)",
+                                 what, (long long)labels[i], (long long)(row0 + i), (long long)C);
+        }
+    }
+    return DDL_OK;
+}
+
 // Rank 0: labels in [0, classes), one per sample or per output voxel.
 static ddl_status check_labels(const ddl_model_t *m, const char *what, const int64_t *labels,
                                int64_t n)
 {
-    int64_t C = m->spec->num_classes, L = m->label_elems;
     DDL_REQUIRE(n == 0 || labels != NULL, DDL_EINVAL, "%s: rank 0 must pass the labels", what);
-    for (int64_t i = 0; i < n * L; i++) {
-        if (labels[i] < 0 || labels[i] >= C) {
-            if (L > 1) {
-                return ddl_set_error(DDL_EINVAL,
-                                     "%s: label %lld of sample %lld, voxel %lld is outside "
-                                     "[0, %lld)",
-                                     what, (long long)labels[i], (long long)(i / L),
-                                     (long long)(i % L), (long long)C);
-            }
-            return ddl_set_error(DDL_EINVAL, "%s: label %lld of sample %lld is outside [0, %lld)",
-                                 what, (long long)labels[i], (long long)i, (long long)C);
-        }
-    }
-    return DDL_OK;
+    return check_label_rows(m, what, labels, n, 0, m->label_elems);
 }
 
 // Rank 0 checks a batch handed in by the caller before any rank moves data: `count`
@@ -1354,6 +1363,19 @@ void ddl_model_local_targets(ddl_model_t *m, ddl_box *box, void **data)
     *data = m->dense ? m->lab_local->data : NULL;
 }
 
+void ddl_model_local_labels(ddl_model_t *m, ddl_box *box, int64_t **labels)
+{
+    *box    = (ddl_box){0};
+    *labels = NULL;
+    if (m->seg) {
+        // The label plan's box: the output's, with dimension 1 (whole there) of extent 1.
+        *box          = m->out_box;
+        box->start[1] = 0;
+        box->stop[1]  = 1;
+        *labels       = m->labels_local;
+    }
+}
+
 ddl_traffic_count ddl_model_scatter_traffic(const ddl_model_t *m)
 {
     ddl_traffic_count in = ddl_repartition_traffic(m->in_plan, DDL_TRAFFIC_FORWARD);
@@ -1363,13 +1385,22 @@ ddl_traffic_count ddl_model_scatter_traffic(const ddl_model_t *m)
                                in.calls + (tg ? 1 : 0)};
 }
 
-// Every rank checks the targets of its own box (the first `count` rows), then all agree:
-// a bad value seen by one rank only stops every rank.
-static ddl_status check_local(const ddl_model_t *m, const char *what, int64_t count)
+// Every rank checks the targets (labels: a segmentation model's class labels) of its own
+// box (the first `count` rows), then all agree: a bad value seen by one rank only stops
+// every rank.
+static ddl_status check_local(const ddl_model_t *m, const char *what, int64_t count, bool labels)
 {
-    ddl_status st = want_dense(m, what, true);
+    ddl_status st = labels ? DDL_OK : want_dense(m, what, true);
+    if (labels && !m->seg) {
+        st = ddl_set_error(DDL_EINVAL,
+                           "%s: per-rank labels are a segmentation model's (a class label per "
+                           "output voxel); this model's loss %s takes %s",
+                           what, ddl_spec_loss_name(m->spec),
+                           m->dense ? "dense targets (ddl_model_local_targets)"
+                                    : "one label per sample, from rank 0");
+    }
     if (st != DDL_OK) {
-        return st;
+        return st; // from the spec, the same on every rank
     }
     int64_t r0 = m->out_box.start[0], r1 = m->out_box.stop[0];
     int64_t rows = r1 - r0, n = ddl_tensor_numel(m->lab_local);
@@ -1377,15 +1408,28 @@ static ddl_status check_local(const ddl_model_t *m, const char *what, int64_t co
         int64_t per  = n / rows;
         int64_t keep = (count < r1 ? count : r1) - r0;
         if (keep > 0) {
-            st = check_range(m->spec, what, m->lab_local->data, keep * per, r0, per);
+            st = labels ? check_label_rows(m, what, m->labels_local, keep, r0, per)
+                        : check_range(m->spec, what, m->lab_local->data, keep * per, r0, per);
         }
     }
     return ddl_agree(m->comm, st);
 }
 
+// Rank 0's count of an evaluation on the ranks' own buffers, checked (1..batch_size)
+// and shared.
+static ddl_status agree_local_count(ddl_model_t *m, int64_t *count)
+{
+    ddl_status st = DDL_OK;
+    if (m->rank == 0 && (*count < 1 || *count > m->spec->batch)) {
+        st = ddl_set_error(DDL_EINVAL, "eval: count %lld must be in [1, %lld] (batch_size)",
+                           (long long)*count, (long long)m->spec->batch);
+    }
+    return ddl_agree_root(m->comm, 0, st, count, (int)sizeof *count);
+}
+
 ddl_status ddl_model_train_step_local(ddl_model_t *m, double *loss, ddl_dense_metrics *out)
 {
-    DDL_CHECK(check_local(m, "train_step", m->spec->batch));
+    DDL_CHECK(check_local(m, "train_step", m->spec->batch, false));
     targets    t            = {.local = true};
     double     tail[TAIL_N] = {0};
     ddl_status st           = agree_tail(m, train_step(m, NULL, &t, tail), tail);
@@ -1400,20 +1444,43 @@ ddl_status ddl_model_train_step_local(ddl_model_t *m, double *loss, ddl_dense_me
 
 ddl_status ddl_model_eval_local(ddl_model_t *m, int64_t count, ddl_dense_metrics *out)
 {
-    ddl_status st = DDL_OK;
-    if (m->rank == 0 && (count < 1 || count > m->spec->batch)) {
-        st = ddl_set_error(DDL_EINVAL, "eval: count %lld must be in [1, %lld] (batch_size)",
-                           (long long)count, (long long)m->spec->batch);
-    }
-    DDL_CHECK(ddl_agree_root(m->comm, 0, st, &count, (int)sizeof count));
-    DDL_CHECK(check_local(m, "eval", count));
+    DDL_CHECK(agree_local_count(m, &count));
+    DDL_CHECK(check_local(m, "eval", count, false));
     // The full batch's buffers hold the data (rows past count are zero): the model itself
     // runs them, in evaluation mode.
     targets t            = {.local = true};
     double  tail[TAIL_N] = {0};
-    st                   = agree_tail(m, eval_batch(m, NULL, &t, count, tail), tail);
+    ddl_status st           = agree_tail(m, eval_batch(m, NULL, &t, count, tail), tail);
     if (st == DDL_OK) {
         *out = dense_of(tail);
+    }
+    return st;
+}
+
+ddl_status ddl_model_train_step_local_labels(ddl_model_t *m, double *loss, int64_t *correct)
+{
+    DDL_CHECK(check_local(m, "train_step", m->spec->batch, true));
+    targets    t            = {.local = true};
+    double     tail[TAIL_N] = {0};
+    ddl_status st           = agree_tail(m, train_step(m, NULL, &t, tail), tail);
+    if (st == DDL_OK) {
+        *loss    = tail[TAIL_LOSS];
+        *correct = (int64_t)tail[TAIL_HITS];
+    }
+    return st;
+}
+
+ddl_status ddl_model_eval_local_labels(ddl_model_t *m, int64_t count, double *loss_sum,
+                                       int64_t *correct)
+{
+    DDL_CHECK(agree_local_count(m, &count));
+    DDL_CHECK(check_local(m, "eval", count, true));
+    targets    t            = {.local = true};
+    double     tail[TAIL_N] = {0};
+    ddl_status st           = agree_tail(m, eval_batch(m, NULL, &t, count, tail), tail);
+    if (st == DDL_OK) {
+        *loss_sum = tail[TAIL_LOSS];
+        *correct  = (int64_t)tail[TAIL_HITS];
     }
     return st;
 }

@@ -83,16 +83,19 @@ struct ddl_session {
     int64_t     n[2];       // samples per split, every rank
     ddl_dataset data[2];    // rank 0
     bool        synth;      // the data is generated (the spec's data.synthetic)
+    bool             synth_local; // generated segmentation data: each rank generates its boxes
     ddl_synth_params synth_params;
     int64_t    *perm;       // rank 0: the order of perm_epoch (n[TRAIN] entries)
     int64_t     perm_epoch; // -1: none yet
+    // Rank 0's staging (rank0_staging: allocated when data that rank 0 reads is opened;
+    // an HDF5 file and generated segmentation data need none, each rank ingests its own).
     void       *xbuf;       // rank 0: one batch of samples
     int64_t    *lbuf;       // rank 0: its labels (batch * label_elems; generated dense
                             // data: the painting's scratch, batch * out_elems)
     void       *tbuf;       // rank 0, dense: one batch of targets (batch * out_elems)
     int64_t    *idx;        // rank 0: sample indices of an evaluation batch
     ddl_h5     *h5;         // every rank: an HDF5 file each reads its own boxes of (or NULL)
-    int64_t    *bidx;       // with h5, every rank: the sample indices of the batch read
+    int64_t    *bidx;       // with h5 or synth_local, every rank: the batch's sample indices
     int64_t    *iou;        // segmentation: per-class counts of an evaluation (4 * classes)
     ddl_cursor  cur;
     // The global weights (parameters and buffers), for gather/scatter.
@@ -165,8 +168,8 @@ static int64_t steps_per_epoch(const ddl_session_t *s)
 // status is still agreed on by the caller.
 static ddl_status fill_batch(ddl_session_t *s, int split, const int64_t *idx, int64_t count)
 {
-    if (s->h5 != NULL) {
-        return DDL_OK; // every rank reads its own box (read_local)
+    if (s->h5 != NULL || s->synth_local) {
+        return DDL_OK; // every rank reads or generates its own box (read_local, make_local)
     }
     if (s->synth) {
         return ddl_synth_batch_targets(&s->synth_params, split, idx, count, s->mean, s->std, s->dt,
@@ -186,16 +189,23 @@ static ddl_status fill_batch(ddl_session_t *s, int split, const int64_t *idx, in
     return DDL_OK;
 }
 
+// Rank 0's sample indices idx0[0..count) of a batch into every rank's bidx.
+static ddl_status share_indices(ddl_session_t *s, const int64_t *idx0, int64_t count)
+{
+    if (s->rank == 0) {
+        memcpy(s->bidx, idx0, sizeof(int64_t) * (size_t)count);
+    }
+    DDL_CHECK_MPI(MPI_Bcast(s->bidx, (int)count, MPI_INT64_T, 0, s->comm));
+    return DDL_OK;
+}
+
 // Per-rank ingest from an HDF5 file: rank 0's sample indices idx0[0..count) of a split
 // to every rank, then each rank reads its own box of the inputs and the targets into the
 // model's buffers (ddl_h5_read; rows past count are zeroed). Nothing passes through rank
 // 0. Collective; agreed.
 static ddl_status read_local(ddl_session_t *s, int split, const int64_t *idx0, int64_t count)
 {
-    if (s->rank == 0) {
-        memcpy(s->bidx, idx0, sizeof(int64_t) * (size_t)count);
-    }
-    DDL_CHECK_MPI(MPI_Bcast(s->bidx, (int)count, MPI_INT64_T, 0, s->comm));
+    DDL_CHECK(share_indices(s, idx0, count));
     ddl_box bx, by;
     void   *px, *py;
     ddl_model_local_input(s->model, &bx, &px);
@@ -204,13 +214,70 @@ static ddl_status read_local(ddl_session_t *s, int split, const int64_t *idx0, i
     return ddl_h5_read(s->h5, split, 1, s->bidx, count, s->batch, &by, s->dt, py);
 }
 
+// Rows [r0, r1) of a box [batch, 1, D, H, W] (an input or label box), `per` voxels each:
+// samples bidx[r] of a split generated for r < count, zeros past it. x or labels is NULL.
+static ddl_status make_rows(ddl_session_t *s, int split, int64_t count, const ddl_box *b, void *x,
+                            int64_t *labels)
+{
+    if (b->ndim != 5 || ddl_box_numel(b) == 0) {
+        return DDL_OK; // no box on this rank (the spec's synthetic input is [1, D, H, W])
+    }
+    DDL_REQUIRE(b->start[1] == 0 && b->stop[1] == 1, DDL_EINTERNAL,
+                "synthetic data: a box of channels [%lld, %lld), expected one channel",
+                (long long)b->start[1], (long long)b->stop[1]);
+    int64_t lo[3], hi[3], per = 1;
+    for (int d = 0; d < 3; d++) {
+        lo[d] = b->start[2 + d];
+        hi[d] = b->stop[2 + d];
+        per *= hi[d] - lo[d];
+    }
+    size_t es = ddl_dtype_size(s->dt);
+    for (int64_t r = b->start[0]; r < b->stop[0]; r++) {
+        int64_t  o  = (r - b->start[0]) * per;
+        void    *xr = x != NULL ? (char *)x + (size_t)o * es : NULL;
+        int64_t *lr = labels != NULL ? labels + o : NULL;
+        if (r < count) {
+            DDL_CHECK(ddl_synth_box(&s->synth_params, split, &s->bidx[r], 1, lo, hi, s->mean,
+                                    s->std, s->dt, xr, lr));
+        } else if (xr != NULL) {
+            memset(xr, 0, (size_t)per * es);
+        } else {
+            memset(lr, 0, (size_t)per * sizeof *lr);
+        }
+    }
+    return DDL_OK;
+}
+
+// Per-rank generation of segmentation data: rank 0's sample indices idx0[0..count) to
+// every rank, then each generates its own box of the inputs and of the labels into the
+// model's buffers (ddl_synth_box; rows past count are zeroed). Nothing passes through
+// rank 0. Collective; agreed.
+static ddl_status make_local(ddl_session_t *s, int split, const int64_t *idx0, int64_t count)
+{
+    DDL_CHECK(share_indices(s, idx0, count));
+    ddl_box  bx, by;
+    void    *px;
+    int64_t *py;
+    ddl_model_local_input(s->model, &bx, &px);
+    ddl_model_local_labels(s->model, &by, &py);
+    ddl_status st = make_rows(s, split, count, &bx, px, NULL);
+    if (st == DDL_OK) {
+        st = make_rows(s, split, count, &by, NULL, py);
+    }
+    return ddl_agree(s->comm, st);
+}
+
 // Rank 0's batch, agreed when generated (an IDX batch cannot fail); an HDF5 batch is
-// read by every rank (read_local).
+// read by every rank (read_local), generated segmentation data made by every rank
+// (make_local).
 static ddl_status agree_fill(ddl_session_t *s, ddl_status st, int split, const int64_t *idx0,
                              int64_t count)
 {
     if (s->h5 != NULL) {
         return read_local(s, split, idx0, count);
+    }
+    if (s->synth_local) {
+        return make_local(s, split, idx0, count);
     }
     return s->synth ? ddl_agree(s->comm, st) : st;
 }
@@ -282,15 +349,9 @@ static ddl_status create_body(ddl_session_t *s, const char *spec_text, const cha
     DDL_CHECK(st);
     st = DDL_OK;
     if (s->rank == 0) {
-        int64_t nl = s->dense ? s->out_elems : s->label_elems;
-        s->xbuf    = ddl_malloc((size_t)s->batch * s->sample_bytes);
-        s->lbuf    = ddl_malloc(sizeof(int64_t) * (size_t)(s->batch * nl));
-        s->idx     = ddl_malloc(sizeof(int64_t) * (size_t)s->batch);
-        if (s->dense) {
-            s->tbuf = ddl_malloc((size_t)(s->batch * s->out_elems) * ddl_dtype_size(s->dt));
-        }
-        if (s->xbuf == NULL || s->lbuf == NULL || s->idx == NULL || (s->dense && s->tbuf == NULL)) {
-            st = ddl_set_error(DDL_ENOMEM, "session: out of memory for the batch buffer");
+        s->idx = ddl_malloc(sizeof(int64_t) * (size_t)s->batch);
+        if (s->idx == NULL) {
+            st = ddl_set_error(DDL_ENOMEM, "session: out of memory for the batch indices");
         }
         if (st == DDL_OK && opts != NULL && opts->checkpoint_dir != NULL) {
             s->ckpt_dir = copy_string(opts->checkpoint_dir);
@@ -437,9 +498,33 @@ typedef struct new_data {
     int64_t    *perm;
     ddl_h5     *h5;
     int64_t    *bidx;
-    bool        synth;
+    bool        synth, synth_local;
     int64_t     n[2];
 } new_data;
+
+// Rank 0's staging for data it reads or generates whole (IDX files, generated dense
+// targets), allocated once, at the first such open (local; the caller agrees).
+static ddl_status rank0_staging(ddl_session_t *s)
+{
+    if (s->rank != 0 || s->xbuf != NULL) {
+        return DDL_OK;
+    }
+    int64_t nl = s->dense ? s->out_elems : s->label_elems;
+    void   *x  = ddl_malloc((size_t)s->batch * s->sample_bytes);
+    void   *l  = ddl_malloc(sizeof(int64_t) * (size_t)(s->batch * nl));
+    void   *t =
+        s->dense ? ddl_malloc((size_t)(s->batch * s->out_elems) * ddl_dtype_size(s->dt)) : NULL;
+    if (x == NULL || l == NULL || (s->dense && t == NULL)) {
+        ddl_free(x);
+        ddl_free(l);
+        ddl_free(t);
+        return ddl_set_error(DDL_ENOMEM, "session: out of memory for the batch buffer");
+    }
+    s->xbuf = x;
+    s->lbuf = l;
+    s->tbuf = t;
+    return DDL_OK;
+}
 
 // Frees the old data (the HDF5 file on every rank alike: its close is collective) and
 // takes nd's; the cursor is kept. Local but for that close.
@@ -456,6 +541,7 @@ static void replace_data(ddl_session_t *s, new_data *nd)
     s->h5                    = nd->h5;
     s->bidx                  = nd->bidx;
     s->synth                 = nd->synth;
+    s->synth_local           = nd->synth_local;
     s->perm_epoch            = -1;
     s->n[0]                  = nd->n[0];
     s->n[1]                  = nd->n[1];
@@ -542,6 +628,7 @@ ddl_status ddl_session_open_data(ddl_session_t *s, const char *dir)
     ddl_status  st   = DDL_OK;
     if (s->rank == 0) {
         st = load_data(s, dir, &tr, &te, &perm);
+        st = st == DDL_OK ? rank0_staging(s) : st;
     }
     st = ddl_agree(s->comm, st);
     if (st != DDL_OK) {
@@ -574,19 +661,32 @@ ddl_status ddl_session_open_synthetic(ddl_session_t *s)
     } else {
         st = ddl_synth_validate(&p);
     }
-    int64_t *perm = NULL;
+    // Segmentation labels (one per output voxel): every rank generates its own boxes of a
+    // batch (make_local); dense targets are generated whole on rank 0 and scattered.
+    bool     local = s->iou != NULL;
+    int64_t *perm = NULL, *bidx = NULL;
     if (st == DDL_OK && s->rank == 0) {
         perm = ddl_malloc(sizeof(int64_t) * (size_t)n[0]);
         if (perm == NULL) {
             st = ddl_set_error(DDL_ENOMEM, "open_synthetic: out of memory for the shuffle");
+        } else if (!local) {
+            st = rank0_staging(s);
+        }
+    }
+    if (st == DDL_OK && local) {
+        bidx = ddl_malloc(sizeof(int64_t) * (size_t)s->batch);
+        if (bidx == NULL) {
+            st = ddl_set_error(DDL_ENOMEM, "open_synthetic: out of memory for the batch indices");
         }
     }
     st = ddl_agree(s->comm, st);
     if (st != DDL_OK) {
         ddl_free(perm);
+        ddl_free(bidx);
         return st;
     }
-    new_data nd = {.perm = perm, .synth = true, .n = {n[0], n[1]}};
+    new_data nd = {
+        .perm = perm, .bidx = bidx, .synth = true, .synth_local = local, .n = {n[0], n[1]}};
     replace_data(s, &nd);
     s->synth_params = p;
     return DDL_OK;
@@ -867,7 +967,9 @@ static ddl_status train_buffer(ddl_session_t *s, double *loss, int64_t *hits, do
     size_t xb = s->rank == 0 ? (size_t)s->batch * s->sample_bytes : 0;
     if (!s->dense) {
         *sq_err = 0;
-        return ddl_model_train_step(s->model, s->xbuf, xb, s->lbuf, s->batch, loss, hits);
+        return s->synth_local
+                   ? ddl_model_train_step_local_labels(s->model, loss, hits)
+                   : ddl_model_train_step(s->model, s->xbuf, xb, s->lbuf, s->batch, loss, hits);
     }
     size_t tb = s->rank == 0 ? (size_t)(s->batch * s->out_elems) * ddl_dtype_size(s->dt) : 0;
     ddl_dense_metrics dm = {0};
@@ -1168,6 +1270,8 @@ ddl_status ddl_session_evaluate(ddl_session_t *s, ddl_split split, ddl_eval_resu
             c  = dm.hits;
             sqe += dm.sq_err;
             sqt += dm.sq_target;
+        } else if (s->synth_local) {
+            st = ddl_model_eval_local_labels(s->model, count, &l, &c);
         } else {
             st = ddl_model_eval(s->model, s->xbuf, xb, s->lbuf, count, &l, &c);
         }
@@ -1312,12 +1416,16 @@ ddl_status ddl_session_predict_samples(ddl_session_t *s, ddl_split split, int64_
         for (int64_t i = 0; i < k && st == DDL_OK; i++) {
             s->idx[i] = i;
         }
-        if (k > 0 && st == DDL_OK) {
+        if (k > 0 && st == DDL_OK && s->synth_local) {
+            // Generated whole on rank 0, straight into the caller's buffers.
+            st = ddl_synth_batch(&s->synth_params, (int)split, s->idx, k, s->mean, s->std, s->dt, x,
+                                 targets);
+        } else if (k > 0 && st == DDL_OK) {
             st = fill_batch(s, (int)split, s->idx, k);
-        }
-        if (k > 0 && st == DDL_OK) {
-            memcpy(x, s->xbuf, (size_t)k * s->sample_bytes);
-            memcpy(targets, s->dense ? s->tbuf : (void *)s->lbuf, tb);
+            if (st == DDL_OK) {
+                memcpy(x, s->xbuf, (size_t)k * s->sample_bytes);
+                memcpy(targets, s->dense ? s->tbuf : (void *)s->lbuf, tb);
+            }
         }
     }
     DDL_CHECK(ddl_agree(s->comm, st));

@@ -126,16 +126,17 @@ static void paint(const ddl_synth_params *p, const ddl_synth_object *objs, int n
     }
 }
 
-ddl_status ddl_synth_batch_targets(const ddl_synth_params *p, int split, const int64_t *idx,
-                                   int64_t count, double mean, double std, ddl_dtype dt, void *x,
-                                   int64_t *labels, bool mask, void *targets)
+// The arguments of a batch (outputs: whether the output pointers given suffice).
+static ddl_status check_batch(const ddl_synth_params *p, int split, const int64_t *idx,
+                              int64_t count, double mean, double std, ddl_dtype dt, bool outputs,
+                              const void *x, const int64_t *labels)
 {
     DDL_CHECK(ddl_synth_validate(p));
     DDL_REQUIRE(split == 0 || split == 1, DDL_EINVAL, "synthetic data: split %d is not 0 or 1",
                 split);
-    DDL_REQUIRE(count >= 0 && (count == 0 || (idx != NULL && x != NULL && labels != NULL)),
-                DDL_EINVAL, "synthetic data: bad batch (count %lld, idx %p, x %p, labels %p)",
-                (long long)count, (const void *)idx, x, (const void *)labels);
+    DDL_REQUIRE(count >= 0 && (count == 0 || (idx != NULL && outputs)), DDL_EINVAL,
+                "synthetic data: bad batch (count %lld, idx %p, x %p, labels %p)", (long long)count,
+                (const void *)idx, x, (const void *)labels);
     DDL_REQUIRE(dt == DDL_F32 || dt == DDL_F64, DDL_EINVAL, "synthetic data: unknown dtype %d",
                 (int)dt);
     DDL_REQUIRE(isfinite(mean) && isfinite(std) && std > 0, DDL_EINVAL,
@@ -144,6 +145,15 @@ ddl_status ddl_synth_batch_targets(const ddl_synth_params *p, int split, const i
         DDL_REQUIRE(idx[b] >= 0, DDL_EINVAL, "synthetic data: sample index %lld < 0",
                     (long long)idx[b]);
     }
+    return DDL_OK;
+}
+
+ddl_status ddl_synth_batch_targets(const ddl_synth_params *p, int split, const int64_t *idx,
+                                   int64_t count, double mean, double std, ddl_dtype dt, void *x,
+                                   int64_t *labels, bool mask, void *targets)
+{
+    DDL_CHECK(check_batch(p, split, idx, count, mean, std, dt,
+                          count == 0 || (x != NULL && labels != NULL), x, labels));
     int64_t  n    = p->dims[0] * p->dims[1] * p->dims[2];
     uint64_t seed = data_seed(p);
     // Nothing is allocated: the labels array first records which object painted each
@@ -173,6 +183,63 @@ ddl_status ddl_synth_batch_targets(const ddl_synth_params *p, int split, const i
                 ((float *)x)[b * n + i] = (float)val;
             } else {
                 ((double *)x)[b * n + i] = val;
+            }
+        }
+    }
+    return DDL_OK;
+}
+
+// The object painted last at voxel q (k + 1 for objs[k]), or 0: what paint leaves there
+// (an object's bounding box holds every voxel inside it).
+static int64_t owner_at(const ddl_synth_object *objs, int no, const double q[3])
+{
+    int64_t k = 0;
+    for (int j = 0; j < no; j++) {
+        k = inside(&objs[j], q) ? j + 1 : k;
+    }
+    return k;
+}
+
+ddl_status ddl_synth_box(const ddl_synth_params *p, int split, const int64_t *idx, int64_t count,
+                         const int64_t lo[3], const int64_t hi[3], double mean, double std,
+                         ddl_dtype dt, void *x, int64_t *labels)
+{
+    DDL_CHECK(check_batch(p, split, idx, count, mean, std, dt,
+                          count == 0 || x != NULL || labels != NULL, x, labels));
+    DDL_REQUIRE(lo != NULL && hi != NULL, DDL_EINVAL, "synthetic data: the box is NULL");
+    for (int d = 0; d < 3; d++) {
+        DDL_REQUIRE(0 <= lo[d] && lo[d] <= hi[d] && hi[d] <= p->dims[d], DDL_EINVAL,
+                    "synthetic data: box [%lld, %lld) of dimension %d is not within [0, %lld]",
+                    (long long)lo[d], (long long)hi[d], d, (long long)p->dims[d]);
+    }
+    const int64_t H = p->dims[1], W = p->dims[2];
+    uint64_t      seed = data_seed(p);
+    for (int64_t b = 0, o = 0; b < count; b++) {
+        ddl_synth_object objs[DDL_SYNTH_MAX_OBJECTS];
+        int              no     = ddl_synth_objects(p, split, idx[b], objs);
+        uint64_t         stream = 4 * (uint64_t)idx[b] + 2 * (uint64_t)split + 1;
+        for (int64_t a = lo[0]; a < hi[0]; a++) {
+            for (int64_t r = lo[1]; r < hi[1]; r++) {
+                for (int64_t c = lo[2]; c < hi[2]; c++, o++) {
+                    double  q[3] = {(double)a, (double)r, (double)c};
+                    int64_t k    = owner_at(objs, no, q);
+                    if (labels != NULL) {
+                        labels[o] = k > 0 ? objs[k - 1].label : DDL_SYNTH_BACKGROUND;
+                    }
+                    if (x != NULL) {
+                        double val = k > 0 ? objs[k - 1].intensity : 0.0;
+                        if (p->noise > 0) {
+                            val += p->noise *
+                                   ddl_rng_normal(seed, stream, (uint64_t)((a * H + r) * W + c));
+                        }
+                        val = (val - mean) / std;
+                        if (dt == DDL_F32) {
+                            ((float *)x)[o] = (float)val;
+                        } else {
+                            ((double *)x)[o] = val;
+                        }
+                    }
+                }
             }
         }
     }

@@ -9,7 +9,12 @@
 //  - synthetic data through the session: training lowers the loss, evaluation reports
 //    voxel accuracy and a foreground IoU in [0, 1];
 //  - errors: a label outside [0, classes) at one voxel (named), IDX data for a
-//    segmentation model, predict into a buffer too small: refused on every rank.
+//    segmentation model, predict into a buffer too small: refused on every rank;
+//  - per-rank ingest (ddl_model_local_input, ddl_model_local_labels): every rank generates
+//    its own boxes (ddl_synth_box) and the steps give the bits of rank 0's scattered
+//    batch (losses, hits, class counts, eval with a padding row); a bad label on the
+//    last rank only stops every rank before anything moves, and the next step still
+//    matches.
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -179,6 +184,117 @@ static void equivalence(const char *split)
     free(t1);
 }
 
+// Rows [start, stop) of a box [batch, 1, D, H, W]: samples idx[r] generated, x or lab.
+static void fill_box(const ddl_synth_params *p, const int64_t *idx, int64_t count, const ddl_box *b,
+                     double *x, int64_t *lab)
+{
+    if (b->ndim != 5 || ddl_box_numel(b) == 0) {
+        return;
+    }
+    int64_t lo[3] = {b->start[2], b->start[3], b->start[4]};
+    int64_t hi[3] = {b->stop[2], b->stop[3], b->stop[4]};
+    int64_t per   = (hi[0] - lo[0]) * (hi[1] - lo[1]) * (hi[2] - lo[2]);
+    for (int64_t r = b->start[0]; r < b->stop[0]; r++) {
+        int64_t o = (r - b->start[0]) * per;
+        if (r < count) {
+            ASSERT_OK(ddl_synth_box(p, 0, &idx[r], 1, lo, hi, 0, 1, DDL_F64, x ? x + o : NULL,
+                                    lab ? lab + o : NULL));
+        } else if (x != NULL) {
+            memset(x + o, 0, sizeof(double) * (size_t)per);
+        } else {
+            memset(lab + o, 0, sizeof(int64_t) * (size_t)per);
+        }
+    }
+}
+
+static void local_ingest(const char *split)
+{
+    int size;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    char            *td = spec_text(size, split, "f64");
+    ddl_model_t     *md = make_model(MPI_COMM_WORLD, td), *ml = make_model(MPI_COMM_WORLD, td);
+    ddl_synth_params p      = {DDL_SYNTH_SHAPES3D, {D, H, W}, 0.2, 9};
+    const int64_t    idx[B] = {5, 1, 2};
+    double          *x      = NULL;
+    int64_t         *lab    = NULL;
+    size_t           xb     = 0;
+    if (ddl_test_rank == 0) {
+        xb  = sizeof(double) * B * V;
+        x   = malloc(xb);
+        lab = malloc(sizeof(int64_t) * B * V);
+        ASSERT_OK(ddl_synth_batch(&p, 0, idx, B, 0, 1, DDL_F64, x, lab));
+    }
+    ddl_box  bx, by;
+    void    *px;
+    int64_t *py;
+    ddl_model_local_input(ml, &bx, &px);
+    ddl_model_local_labels(ml, &by, &py);
+    ASSERT_EQ(by.ndim, 5);
+    ASSERT_TRUE(by.start[1] == 0 && by.stop[1] == 1);
+    int64_t in_d[C], un_d[C], in_l[C], un_l[C];
+    for (int step = 0; step < 4; step++) {
+        fill_box(&p, idx, B, &bx, px, NULL);
+        fill_box(&p, idx, B, &by, NULL, py);
+        double  l = 0, l2 = 0;
+        int64_t c = 0, c2 = 0;
+        if (step == 2) {
+            // A label outside [0, classes) on the last rank's first voxel only: every rank
+            // fails, before anything moves (the step below still matches).
+            int64_t keep = 0;
+            if (ddl_test_rank == size - 1 && ddl_box_numel(&by) > 0) {
+                keep  = py[0];
+                py[0] = C;
+            }
+            ASSERT_STATUS(ddl_model_train_step_local_labels(ml, &l2, &c2), DDL_EINVAL);
+            if (ddl_test_rank == size - 1) {
+                // (On one rank the box is the whole volume: no "of this rank's box".)
+                ASSERT_TRUE(strstr(ddl_last_error(), size > 1 ? "label 3 of sample 0, voxel 0 "
+                                                                "of this rank's box is outside"
+                                                              : "label 3 of sample 0, voxel 0 "
+                                                                "is outside [0, 3)") != NULL);
+                py[0] = ddl_box_numel(&by) > 0 ? keep : 0;
+            }
+            ASSERT_EQ(ddl_model_step(ml), ddl_model_step(md));
+        }
+        ASSERT_OK(ddl_model_train_step(md, x, xb, lab, B, &l, &c));
+        ASSERT_OK(ddl_model_train_step_local_labels(ml, &l2, &c2));
+        ASSERT_TRUE(ddl_model_class_counts(md, in_d, un_d) &&
+                    ddl_model_class_counts(ml, in_l, un_l));
+        ASSERT_TRUE(memcmp(&l, &l2, sizeof l) == 0); // the same data, the same bits
+        ASSERT_EQ(c, c2);
+        for (int k = 0; k < C; k++) {
+            ASSERT_EQ(in_d[k], in_l[k]);
+            ASSERT_EQ(un_d[k], un_l[k]);
+        }
+    }
+    // Eval of B - 1 samples: the last row of each box is zero.
+    fill_box(&p, idx, B - 1, &bx, px, NULL);
+    fill_box(&p, idx, B - 1, &by, NULL, py);
+    double  l = 0, l2 = 0;
+    int64_t c = 0, c2 = 0;
+    ASSERT_OK(ddl_model_eval(md, x, xb, lab, B - 1, &l, &c));
+    ASSERT_OK(ddl_model_eval_local_labels(ml, B - 1, &l2, &c2));
+    ASSERT_TRUE(ddl_model_class_counts(md, in_d, un_d) && ddl_model_class_counts(ml, in_l, un_l));
+    ASSERT_TRUE(rel(l, l2) <= 1e-12);
+    ASSERT_EQ(c, c2);
+    for (int k = 0; k < C; k++) {
+        ASSERT_EQ(in_d[k], in_l[k]);
+        ASSERT_EQ(un_d[k], un_l[k]);
+    }
+    ASSERT_STATUS(ddl_model_eval_local_labels(ml, ddl_test_rank == 0 ? B + 1 : 1, &l2, &c2),
+                  DDL_EINVAL);
+    // Per-rank dense targets are not labels, nor the reverse.
+    ASSERT_STATUS(ddl_model_train_step_local(ml, &l2, NULL), DDL_EINVAL);
+    if (ddl_test_rank == 0) {
+        printf("per-rank ingest on %s: 4 steps and an eval bit for bit as rank 0's batch\n", split);
+    }
+    ddl_model_destroy(&md);
+    ddl_model_destroy(&ml);
+    free(x);
+    free(lab);
+    free(td);
+}
+
 // The session on the spec's generated data: a few epochs lower the loss; evaluation
 // reports a voxel accuracy and a foreground IoU; IDX data is refused for this model.
 static void session(const char *split)
@@ -228,6 +344,7 @@ int main(int argc, char **argv)
         }
         if (p == size) {
             equivalence(splits[i]);
+            local_ingest(splits[i]);
             session(splits[i]);
         }
     }

@@ -7,7 +7,9 @@
 //  - noise: background values have mean ~0 and standard deviation ~noise;
 //  - class balance over 64 samples of 32^3: each class present, spheres and cubes of
 //    comparable share, background the majority but not everything;
-//  - f32 equals f64 rounded, normalization applies, bad arguments are refused.
+//  - f32 equals f64 rounded, normalization applies, bad arguments are refused;
+//  - per-rank generation (ddl_synth_box): any box of a batch is bit for bit the crop of
+//    the whole volumes, inputs and labels, either alone; bad boxes are refused.
 #include <math.h>
 #include <string.h>
 #include <time.h>
@@ -188,6 +190,78 @@ static void test_errors(void)
     ASSERT_STATUS(ddl_synth_validate(&p), DDL_EINVAL);
 }
 
+// Boxes of a batch of 3 samples: the whole volume, single voxels, slabs, random boxes,
+// in f32 and f64, with noise and normalization, against the crop of ddl_synth_batch.
+static void test_box(void)
+{
+    ddl_synth_params p      = params(11, 0.25);
+    const int64_t    idx[3] = {4, 0, 17};
+    static double    full[3 * N], bx[3 * N];
+    static float     ffull[3 * N], fbx[3 * N];
+    static int64_t   lfull[3 * N], lbx[3 * N];
+    uint64_t         r = 99;
+    for (int split = 0; split < 2; split++) {
+        ASSERT_OK(ddl_synth_batch(&p, split, idx, 3, 0.3, 1.7, DDL_F64, full, lfull));
+        ASSERT_OK(ddl_synth_batch(&p, split, idx, 3, 0.3, 1.7, DDL_F32, ffull, lfull));
+        for (int t = 0; t < 40; t++) {
+            int64_t lo[3], hi[3], dims[3] = {D, H, W};
+            for (int d = 0; d < 3; d++) {
+                if (t == 0) { // the whole volume
+                    lo[d] = 0, hi[d] = dims[d];
+                } else if (t == 1) { // the last voxel
+                    lo[d] = dims[d] - 1, hi[d] = dims[d];
+                } else {
+                    r     = r * 6364136223846793005ull + 1442695040888963407ull;
+                    lo[d] = (int64_t)((r >> 33) % (uint64_t)dims[d]);
+                    r     = r * 6364136223846793005ull + 1442695040888963407ull;
+                    hi[d] = lo[d] + 1 + (int64_t)((r >> 33) % (uint64_t)(dims[d] - lo[d]));
+                }
+            }
+            int64_t per = (hi[0] - lo[0]) * (hi[1] - lo[1]) * (hi[2] - lo[2]);
+            ASSERT_OK(ddl_synth_box(&p, split, idx, 3, lo, hi, 0.3, 1.7, DDL_F64, bx, lbx));
+            ASSERT_OK(ddl_synth_box(&p, split, idx, 3, lo, hi, 0.3, 1.7, DDL_F32, fbx, NULL));
+            int64_t o = 0;
+            for (int b = 0; b < 3; b++) {
+                for (int64_t a = lo[0]; a < hi[0]; a++) {
+                    for (int64_t q = lo[1]; q < hi[1]; q++) {
+                        for (int64_t c = lo[2]; c < hi[2]; c++, o++) {
+                            int64_t i = b * N + (a * H + q) * W + c;
+                            ASSERT_TRUE(memcmp(&bx[o], &full[i], sizeof(double)) == 0);
+                            ASSERT_TRUE(memcmp(&fbx[o], &ffull[i], sizeof(float)) == 0);
+                            ASSERT_EQ(lbx[o], lfull[i]);
+                        }
+                    }
+                }
+            }
+            ASSERT_EQ(o, 3 * per);
+            // Labels alone.
+            memset(lbx, 0xff, sizeof lbx);
+            ASSERT_OK(ddl_synth_box(&p, split, idx + 1, 1, lo, hi, 0.3, 1.7, DDL_F64, NULL, lbx));
+            o = 0;
+            for (int64_t a = lo[0]; a < hi[0]; a++) {
+                for (int64_t q = lo[1]; q < hi[1]; q++) {
+                    for (int64_t c = lo[2]; c < hi[2]; c++, o++) {
+                        ASSERT_EQ(lbx[o], lfull[N + (a * H + q) * W + c]);
+                    }
+                }
+            }
+        }
+    }
+    // Refused, nothing written: a box past the volume, an inverted one, no output, a
+    // negative index.
+    int64_t lo[3] = {0, 0, 0}, hi[3] = {D, H, W + 1}, neg = -1;
+    bx[0] = 7;
+    ASSERT_STATUS(ddl_synth_box(&p, 0, idx, 1, lo, hi, 0, 1, DDL_F64, bx, lbx), DDL_EINVAL);
+    ASSERT_TRUE(strstr(ddl_last_error(), "dimension 2") != NULL);
+    int64_t lo2[3] = {3, 0, 0}, hi2[3] = {2, H, W};
+    ASSERT_STATUS(ddl_synth_box(&p, 0, idx, 1, lo2, hi2, 0, 1, DDL_F64, bx, lbx), DDL_EINVAL);
+    ASSERT_STATUS(ddl_synth_box(&p, 0, idx, 1, lo, hi2, 0, 1, DDL_F64, NULL, NULL), DDL_EINVAL);
+    hi[2] = W;
+    ASSERT_STATUS(ddl_synth_box(&p, 0, &neg, 1, lo, hi, 0, 1, DDL_F64, bx, lbx), DDL_EINVAL);
+    ASSERT_STATUS(ddl_synth_box(&p, 0, idx, 1, lo, hi, 0, 1, DDL_F64, NULL, NULL), DDL_EINVAL);
+    ASSERT_TRUE(bx[0] == 7);
+}
+
 int main(void)
 {
     test_determinism();
@@ -195,6 +269,7 @@ int main(void)
     test_noise_and_dtypes();
     test_balance();
     test_errors();
+    test_box();
     printf("test_synth: ok\n");
     return 0;
 }

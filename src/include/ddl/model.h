@@ -168,6 +168,19 @@ DDL_EXTERN void ddl_model_local_targets(ddl_model_t *m, ddl_box *box, void **dat
 DDL_EXTERN ddl_status ddl_model_train_step_local(ddl_model_t *m, double *loss,
                                                  ddl_dense_metrics *out);
 DDL_EXTERN ddl_status ddl_model_eval_local(ddl_model_t *m, int64_t count, ddl_dense_metrics *out);
+// The same for a segmentation model's class labels (one per output voxel): this rank's
+// box of the labels [batch_size, 1, spatial...] on the output partition and the buffer it
+// fills (int64, box-shaped, row-major; an empty box and NULL for other models, and on
+// ranks outside the output partition). With the input written through
+// ddl_model_local_input, the step or evaluation runs on them as ddl_model_train_step and
+// ddl_model_eval do (loss, correct voxels, ddl_model_class_counts), each rank checking its
+// own labels (in [0, classes)) before anything moves, all agreeing. Rows past the samples
+// an evaluation counts must be zero. Collective (the two commands).
+DDL_EXTERN void       ddl_model_local_labels(ddl_model_t *m, ddl_box *box, int64_t **labels);
+DDL_EXTERN ddl_status ddl_model_train_step_local_labels(ddl_model_t *m, double *loss,
+                                                        int64_t *correct);
+DDL_EXTERN ddl_status ddl_model_eval_local_labels(ddl_model_t *m, int64_t count, double *loss_sum,
+                                                  int64_t *correct);
 // What one scatter of a batch from rank 0 moves for this rank (the input plan, and the
 // dense targets' plan; sent, received, plans run): what per-rank ingest does not move.
 DDL_EXTERN ddl_traffic_count ddl_model_scatter_traffic(const ddl_model_t *m);

@@ -72,6 +72,17 @@ DDL_EXTERN ddl_status ddl_synth_batch_targets(const ddl_synth_params *p, int spl
                                               double std, ddl_dtype dt, void *x, int64_t *labels,
                                               bool mask, void *targets);
 
+// Per-rank generation: the voxels of one box of samples idx[0..count), bit for bit those
+// ddl_synth_batch gives there: x and labels [count, box], box-shaped and row-major, either
+// may be NULL (a rank's input box and label box may differ). The box is voxels [lo[d],
+// hi[d]) along D, H, W, within the volume. Each voxel tests every object (at most
+// DDL_SYNTH_MAX_OBJECTS) instead of painting them. Validates everything first; allocates
+// nothing.
+DDL_EXTERN ddl_status ddl_synth_box(const ddl_synth_params *p, int split, const int64_t *idx,
+                                    int64_t count, const int64_t lo[3], const int64_t hi[3],
+                                    double mean, double std, ddl_dtype dt, void *x,
+                                    int64_t *labels);
+
 #ifdef __cplusplus
 }
 #endif

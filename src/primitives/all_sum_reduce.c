@@ -191,18 +191,14 @@ static ddl_status all_sum(const ddl_all_sum_reduce_t *a, const ddl_tensor_t *x, 
 ddl_status ddl_all_sum_reduce_forward(const ddl_all_sum_reduce_t *a, const ddl_tensor_t *x,
                                       ddl_tensor_t *y)
 {
-    double     t0 = ddl__traffic_clock();
-    ddl_status st = all_sum(a, x, y, "all_sum_reduce forward", DDL_TRAFFIC_FORWARD);
-    ddl__traffic_time(DDL_TRAFFIC_ALL_SUM_REDUCE, DDL_TRAFFIC_FORWARD, t0);
-    return st;
+    DDL_TRAFFIC_TIMED_RETURN(DDL_TRAFFIC_ALL_SUM_REDUCE, DDL_TRAFFIC_FORWARD,
+                             all_sum(a, x, y, "all_sum_reduce forward", DDL_TRAFFIC_FORWARD));
 }
 
 ddl_status ddl_all_sum_reduce_adjoint(const ddl_all_sum_reduce_t *a, const ddl_tensor_t *dy,
                                       ddl_tensor_t *dx)
 {
     // Self-adjoint: the same group sum applied to dy.
-    double     t0 = ddl__traffic_clock();
-    ddl_status st = all_sum(a, dy, dx, "all_sum_reduce adjoint", DDL_TRAFFIC_ADJOINT);
-    ddl__traffic_time(DDL_TRAFFIC_ALL_SUM_REDUCE, DDL_TRAFFIC_ADJOINT, t0);
-    return st;
+    DDL_TRAFFIC_TIMED_RETURN(DDL_TRAFFIC_ALL_SUM_REDUCE, DDL_TRAFFIC_ADJOINT,
+                             all_sum(a, dy, dx, "all_sum_reduce adjoint", DDL_TRAFFIC_ADJOINT));
 }

@@ -370,10 +370,8 @@ ddl_shape ddl_broadcast_y_shape(const ddl_broadcast_t *b)
 ddl_status ddl_broadcast_forward(const ddl_broadcast_t *b, const ddl_tensor_t *x, ddl_tensor_t *y)
 {
     DDL_REQUIRE(b != NULL, DDL_EINVAL, "broadcast forward: plan is NULL");
-    double     t0 = ddl__traffic_clock();
-    ddl_status st = ddl__bcast_reduce_bcast(&b->br, x, y, "broadcast forward");
-    ddl__traffic_time(DDL_TRAFFIC_BROADCAST, DDL_TRAFFIC_FORWARD, t0);
-    return st;
+    DDL_TRAFFIC_TIMED_RETURN(DDL_TRAFFIC_BROADCAST, DDL_TRAFFIC_FORWARD,
+                             ddl__bcast_reduce_bcast(&b->br, x, y, "broadcast forward"));
 }
 
 bool ddl_broadcast_in_place_ok(const ddl_broadcast_t *b)
@@ -386,8 +384,6 @@ ddl_status ddl_broadcast_adjoint(const ddl_broadcast_t *b, const ddl_tensor_t *d
                                  ddl_tensor_t *dx)
 {
     DDL_REQUIRE(b != NULL, DDL_EINVAL, "broadcast adjoint: plan is NULL");
-    double     t0 = ddl__traffic_clock();
-    ddl_status st = ddl__bcast_reduce_sum(&b->br, dy, dx, "broadcast adjoint");
-    ddl__traffic_time(DDL_TRAFFIC_BROADCAST, DDL_TRAFFIC_ADJOINT, t0);
-    return st;
+    DDL_TRAFFIC_TIMED_RETURN(DDL_TRAFFIC_BROADCAST, DDL_TRAFFIC_ADJOINT,
+                             ddl__bcast_reduce_sum(&b->br, dy, dx, "broadcast adjoint"));
 }

@@ -780,16 +780,10 @@ static ddl_status halo_adjoint(const ddl_halo_exchange_t *h, ddl_tensor_t *buf)
 
 ddl_status ddl_halo_exchange_forward(const ddl_halo_exchange_t *h, ddl_tensor_t *buf)
 {
-    double     t0 = ddl__traffic_clock();
-    ddl_status st = halo_forward(h, buf);
-    ddl__traffic_time(DDL_TRAFFIC_HALO_EXCHANGE, DDL_TRAFFIC_FORWARD, t0);
-    return st;
+    DDL_TRAFFIC_TIMED_RETURN(DDL_TRAFFIC_HALO_EXCHANGE, DDL_TRAFFIC_FORWARD, halo_forward(h, buf));
 }
 
 ddl_status ddl_halo_exchange_adjoint(const ddl_halo_exchange_t *h, ddl_tensor_t *buf)
 {
-    double     t0 = ddl__traffic_clock();
-    ddl_status st = halo_adjoint(h, buf);
-    ddl__traffic_time(DDL_TRAFFIC_HALO_EXCHANGE, DDL_TRAFFIC_ADJOINT, t0);
-    return st;
+    DDL_TRAFFIC_TIMED_RETURN(DDL_TRAFFIC_HALO_EXCHANGE, DDL_TRAFFIC_ADJOINT, halo_adjoint(h, buf));
 }

@@ -700,11 +700,9 @@ ddl_status ddl_repartition_forward(const ddl_repartition_t *t, const ddl_tensor_
     DDL_CHECK(check_tensor(t, y, &t->y_shape, "y"));
     // x pieces go out, y pieces come in.
     ddl__traffic_add(DDL_TRAFFIC_REPARTITION, DDL_TRAFFIC_FORWARD, t->x_bytes, t->y_bytes);
-    double     t0 = ddl__traffic_clock();
-    ddl_status st =
-        execute(t, x, t->xp, t->nx, &t->self_x, y, t->yp, t->ny, &t->self_y, TAG_FORWARD);
-    ddl__traffic_time(DDL_TRAFFIC_REPARTITION, DDL_TRAFFIC_FORWARD, t0);
-    return st;
+    DDL_TRAFFIC_TIMED_RETURN(
+        DDL_TRAFFIC_REPARTITION, DDL_TRAFFIC_FORWARD,
+        execute(t, x, t->xp, t->nx, &t->self_x, y, t->yp, t->ny, &t->self_y, TAG_FORWARD));
 }
 
 ddl_traffic_count ddl_repartition_traffic(const ddl_repartition_t *t, ddl_traffic_pass pass)
@@ -727,9 +725,7 @@ ddl_status ddl_repartition_adjoint(const ddl_repartition_t *t, const ddl_tensor_
     DDL_CHECK(check_tensor(t, dx, &t->x_shape, "dx"));
     // The inverse remap: y pieces go back out, x pieces come home.
     ddl__traffic_add(DDL_TRAFFIC_REPARTITION, DDL_TRAFFIC_ADJOINT, t->y_bytes, t->x_bytes);
-    double     t0 = ddl__traffic_clock();
-    ddl_status st =
-        execute(t, dy, t->yp, t->ny, &t->self_y, dx, t->xp, t->nx, &t->self_x, TAG_ADJOINT);
-    ddl__traffic_time(DDL_TRAFFIC_REPARTITION, DDL_TRAFFIC_ADJOINT, t0);
-    return st;
+    DDL_TRAFFIC_TIMED_RETURN(
+        DDL_TRAFFIC_REPARTITION, DDL_TRAFFIC_ADJOINT,
+        execute(t, dy, t->yp, t->ny, &t->self_y, dx, t->xp, t->nx, &t->self_x, TAG_ADJOINT));
 }

@@ -81,20 +81,16 @@ ddl_status ddl_sum_reduce_forward(const ddl_sum_reduce_t *r, const ddl_tensor_t 
                                   ddl_tensor_t *y)
 {
     DDL_REQUIRE(r != NULL, DDL_EINVAL, "sum_reduce forward: plan is NULL");
-    double     t0 = ddl__traffic_clock();
-    ddl_status st = ddl__bcast_reduce_sum(&r->br, x, y, "sum_reduce forward");
-    ddl__traffic_time(DDL_TRAFFIC_SUM_REDUCE, DDL_TRAFFIC_FORWARD, t0);
-    return st;
+    DDL_TRAFFIC_TIMED_RETURN(DDL_TRAFFIC_SUM_REDUCE, DDL_TRAFFIC_FORWARD,
+                             ddl__bcast_reduce_sum(&r->br, x, y, "sum_reduce forward"));
 }
 
 ddl_status ddl_sum_reduce_adjoint(const ddl_sum_reduce_t *r, const ddl_tensor_t *dy,
                                   ddl_tensor_t *dx)
 {
     DDL_REQUIRE(r != NULL, DDL_EINVAL, "sum_reduce adjoint: plan is NULL");
-    double     t0 = ddl__traffic_clock();
-    ddl_status st = ddl__bcast_reduce_bcast(&r->br, dy, dx, "sum_reduce adjoint");
-    ddl__traffic_time(DDL_TRAFFIC_SUM_REDUCE, DDL_TRAFFIC_ADJOINT, t0);
-    return st;
+    DDL_TRAFFIC_TIMED_RETURN(DDL_TRAFFIC_SUM_REDUCE, DDL_TRAFFIC_ADJOINT,
+                             ddl__bcast_reduce_bcast(&r->br, dy, dx, "sum_reduce adjoint"));
 }
 
 bool ddl_sum_reduce_in_place_ok(const ddl_sum_reduce_t *r)

@@ -17,4 +17,14 @@ void ddl__traffic_add(ddl_traffic_kind kind, ddl_traffic_pass pass, uint64_t sen
 double ddl__traffic_clock(void);
 void   ddl__traffic_time(ddl_traffic_kind kind, ddl_traffic_pass pass, double since);
 
+// Returns the ddl_status of `call`, its wall time added to kind's pass: the body of every
+// primitive's public forward and adjoint.
+#define DDL_TRAFFIC_TIMED_RETURN(kind, pass, call)                                                 \
+    do {                                                                                           \
+        double     t0_ = ddl__traffic_clock();                                                     \
+        ddl_status st_ = (call);                                                                   \
+        ddl__traffic_time((kind), (pass), t0_);                                                    \
+        return st_;                                                                                \
+    } while (0)
+
 #endif // DDL_PRIMITIVES_TRAFFIC_H

@@ -94,7 +94,6 @@ typedef struct conv_plan {
     bool    cd_dx_scatter; // dx by ddl_cdir_dx_scatter, not the gather (conv_plan_make)
     bool    cd_inplace;    // the kernels read x itself, not a padded copy xp (g->x_tail)
     int64_t cd_tail;       // elements past a sample's end the direct path reads in place
-    int64_t cd_dxc;        // input channels of one dx pass: dxp's planes (DDL_CDIR_DX_CHANNELS)
 } conv_plan;
 
 ddl_status ddl_conv_geom_init(ddl_conv_geom *g, int nsp, int64_t N, int64_t C_in,
@@ -261,8 +260,6 @@ static ddl_status conv_plan_make(const char *who, ddl_dtype dt, const ddl_conv_g
         Pp             = Pp > nq ? Pp : nq;
         int64_t ldy    = M + (nj > nq ? nj : nq);
         size_t  planes = ((size_t)g->C_in * (size_t)Pp * es + a - 1) / a * a;
-        int64_t dxc    = g->C_in < DDL_CDIR_DX_CHANNELS ? g->C_in : DDL_CDIR_DX_CHANNELS;
-        size_t  dplane = ((size_t)dxc * (size_t)Pp * es + a - 1) / a * a;
         size_t  dyw    = ((size_t)g->C_out * (size_t)ldy * es + a - 1) / a * a;
         size_t  mask   = ((size_t)nj * es + a - 1) / a * a;
         size_t  offs   = ((size_t)(2 * P->Kc + sp->kv) * sizeof(int64_t) + a - 1) / a * a;
@@ -275,7 +272,7 @@ static ddl_status conv_plan_make(const char *who, ddl_dtype dt, const ddl_conv_g
         int64_t tail     = sh[0] * PL + sh[1] * R[2] + sh[2] + nj - RV;
         tail             = tail > 0 ? tail : 0;
         bool   inplace   = unpadded && g->x_tail >= tail;
-        size_t slot      = (inplace ? 0 : planes) + dplane + dyw + mask + offs + lanes;
+        size_t slot      = (inplace ? 1 : 2) * planes + dyw + mask + offs + lanes;
         if (slot <= DDL_CDIR_MAX_SLOT) {
             P->cdir      = true;
             P->I2p       = R[2];
@@ -292,7 +289,6 @@ static ddl_status conv_plan_make(const char *who, ddl_dtype dt, const ddl_conv_g
             P->cd_ldy    = ldy;
             P->col_bytes = slot;
             P->cd_inplace = inplace;
-            P->cd_dxc     = dxc;
             P->cd_tail    = unpadded ? tail : 0;
             // The direct dx gathers over every padded input position (nq) for every tap,
             // against ov per tap for the forward: with unpadded small planes (LeNet's conv2:
@@ -1130,12 +1126,11 @@ static void cdir_setup(ddl_dtype dt, const ddl_conv_geom *g, const conv_plan *P,
     const int64_t Ci = g->C_in, Co = g->C_out;
     size_t planes = ((size_t)Ci * (size_t)P->Pp * es + a - 1) / a * a;
     size_t dyw    = ((size_t)Co * (size_t)P->cd_ldy * es + a - 1) / a * a;
-    size_t mask   = ((size_t)P->cd_nj * es + a - 1) / a * a;
-    size_t        dplane = ((size_t)P->cd_dxc * (size_t)P->Pp * es + a - 1) / a * a;
+    size_t        mask   = ((size_t)P->cd_nj * es + a - 1) / a * a;
     d->xp                = P->cd_inplace ? NULL : ws; // in place: the sample itself (cdir_input)
     d->dyw               = P->cd_inplace ? ws : ws + planes;
     d->dxp        = d->dyw + dyw;
-    d->mask              = d->dxp + dplane;
+    d->mask              = d->dxp + planes;
     d->toff       = (int64_t *)(void *)(d->mask + mask);
     d->dtoff             = d->toff + P->Kc;
     d->koff              = d->dtoff + P->Kc;
@@ -1221,26 +1216,22 @@ static ddl_status conv_backward_cdir(ddl_dtype dt, const ddl_conv_geom *g, const
             const char *xs = cdir_input(dt, P, Ci, d.xp, elem(x, n * Ci * iv, es));
             ddl_cdir_dw(dt, &d.c, d.acc, dyw, xs, d.mask);
         }
-        // dx a block of input channels at a time, through dxp (its planes only).
-        for (int64_t c0 = 0; dx != NULL && c0 < Ci; c0 += P->cd_dxc) {
-            ddl_cdir cc    = d.c;
-            cc.Ci          = Ci - c0 < P->cd_dxc ? Ci - c0 : P->cd_dxc;
-            const char *wb = elem(w, c0 * sp->kv, es);
+        if (dx != NULL) {
             if (P->cd_dx_scatter) {
-                memset(d.dxp, 0, (size_t)(cc.Ci * P->Pp) * es);
-                ddl_cdir_dx_scatter(dt, &cc, d.dxp, dyw, wb);
+                memset(d.dxp, 0, (size_t)(Ci * P->Pp) * es);
+                ddl_cdir_dx_scatter(dt, &d.c, d.dxp, dyw, w);
             } else {
-                ddl_cdir_dx(dt, &cc, d.dxp, dyw, wb);
+                ddl_cdir_dx(dt, &d.c, d.dxp, dyw, w);
             }
-            char *dxb = elem(dx, (n * Ci + c0) * iv, es);
+            char *dxn = elem(dx, n * Ci * iv, es);
             if (P->cd_nph > 1) {
-                cdir_phase_copy(dt, P, cc.Ci, d.dxp, dxb, true); // strides
+                cdir_phase_copy(dt, P, Ci, d.dxp, dxn, true); // strides
                 continue;
             }
-            for (int64_t ci = 0; ci < cc.Ci; ci++) {
+            for (int64_t ci = 0; ci < Ci; ci++) {
                 for (int64_t i0 = 0; i0 < sp->in[0]; i0++) {
                     for (int64_t i1 = 0; i1 < sp->in[1]; i1++) {
-                        add_run(dt, elem(dxb, ci * iv + (i0 * sp->in[1] + i1) * sp->in[2], es),
+                        add_run(dt, elem(dxn, ci * iv + (i0 * sp->in[1] + i1) * sp->in[2], es),
                                 elem(d.dxp,
                                      ci * P->Pp + (i0 + sp->p[0]) * P->PL +
                                          (i1 + sp->p[1]) * P->I2p + sp->p[2],

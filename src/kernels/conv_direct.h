@@ -55,10 +55,6 @@
 #define DDL_CDIR_ALIGN 32
 // Bytes of one dW lane accumulator (a 512-bit vector).
 #define DDL_CDIR_LANE_BYTES 64
-// Input channels per dx pass: the caller computes dx a block of channels at a time (the
-// kernels' tile height, so no tile changes), with dxp holding that block's planes only: a
-// tap's element sums run in the same order as over all channels at once, the same bits.
-#define DDL_CDIR_DX_CHANNELS 3
 
 typedef struct ddl_cdir {
     int64_t        Ci, Co, Kc, kv; // Kc = Ci * kv taps; w is [Co, Kc]
@@ -96,8 +92,6 @@ void ddl_cdir_dw(ddl_dtype dt, const ddl_cdir *c, void *acc, const void *dyw, co
                  const void *mask);
 void ddl_cdir_dw_finish(ddl_dtype dt, const ddl_cdir *c, void *dw, const void *acc);
 void ddl_cdir_dx(ddl_dtype dt, const ddl_cdir *c, void *dxp, const void *dyw, const void *w);
-// dx: a block of input channels at a time (DDL_CDIR_DX_CHANNELS), c->Ci of them, with w
-// pointing at the block's first channel (c->Kc stays the row stride of w).
 // dx as a scatter: dxp[dtoff[t] + j] += sum_co w[co, t] dyw[co, j] over j in [0, nj) (the
 // caller zeroes dxp): Kc nj Co multiply-adds against the gather's Ci nq kv Co, so the
 // better choice when nq is well above the number of output positions (small unpadded

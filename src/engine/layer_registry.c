@@ -117,15 +117,6 @@ static ddl_status flatten_build(const spec_build_ctx *b, const spec_layer *L, dd
     return ddl_flatten_create(b->parts[L->P_in], b->parts[L->P_out], b->s->dt, &L->x_global, out);
 }
 
-// A copy of the output (the repartition's send buffers, flatten's rebalance, upsample's
-// gathered input).
-static void copy_estimate(spec_est *e, const spec_layer *L)
-{
-    const ddl_spec_t *s = spec_est_spec(e);
-    spec_est_add(e, L->P_out, SPEC_E_WORK,
-                 spec_est_local_numel(s, &L->y_global, L->P_out) * spec_est_item(e));
-}
-
 // ---- conv1d|2d|3d, maxpool1d|2d|3d, avgpool1d|2d|3d ----------------------------------------
 
 // The digit of "<stem><1|2|3>d".
@@ -346,17 +337,21 @@ static void conv_estimate(spec_est *e, const spec_layer *L)
     spec_est_add_param(e, Pw, spec_est_ceil_div(w + b, sp), halo ? (copy ? 1 : 1.5) : 0);
     // The feature layer (no P_w) keeps its workspace in the shared scratch, and its padded
     // input and crop when the input is large (their gradients over the same bytes), a
-    // copy's as well (conv_setup).
+    // copy's as well (conv_setup). A small input's halo buffers are its own.
     double ranks = L->P_in >= 0 && L->P_in < s->nparts ? s->parts[L->P_in].nranks : 1;
     double big   = spec_est_local_numel(s, &L->x_global, -1) * spec_est_item(e) / ranks >=
                  s->tuning.share_min_bytes;
-    if (L->P_w < 0 && spec_est_shares(e) && (!halo || big)) {
-        double ws = kernel_workspace(s, L, true, halo);
-        if (halo) {
+    if (L->P_w < 0 && spec_est_shares(e)) {
+        bool   in_block = !halo || big;
+        double ws       = kernel_workspace(s, L, true, halo && in_block);
+        if (halo && in_block) {
             add_window_halo(e, L, true, 1, ws);
-        } else {
-            spec_est_scratch(e, L->P_in, ws);
+            return;
         }
+        if (halo) {
+            add_window_halo(e, L, true, n, -1);
+        }
+        spec_est_scratch(e, L->P_in, ws);
         return;
     }
     if (halo) {
@@ -667,6 +662,31 @@ static ddl_status upsample_parse(spec_pctx *c, json_t *o, const char *path, spec
     return DDL_OK;
 }
 
+// upsample (layers/upsample.c) on a split input: the input box its window reads (its own
+// block and, per split dimension, up to one plane more on each side for the linear
+// modes), and the send and receive staging (each at most that box less its own block).
+// They live within one call: in the shared scratch, or its own. One rank reads x itself.
+static void upsample_estimate(spec_est *e, const spec_layer *L)
+{
+    const ddl_spec_t *s    = spec_est_spec(e);
+    double            need = 1, own = spec_est_local_numel(s, &L->x_global, L->P_in);
+    bool              split = false;
+    for (int d = 0; d < L->x_global.ndim; d++) {
+        int p = spec_est_part_dim(s, L->P_in, d);
+        split = split || (d >= 2 && p > 1);
+        need *= spec_est_ceil_div((double)L->x_global.d[d], p) + (d >= 2 && p > 1 ? 2 : 0);
+    }
+    if (!split) {
+        return;
+    }
+    double bytes = (need + 2 * (need - own)) * spec_est_item(e);
+    if (spec_est_shares(e)) {
+        spec_est_scratch(e, L->P_in, bytes);
+    } else {
+        spec_est_add(e, L->P_in, SPEC_E_WORK, bytes);
+    }
+}
+
 static ddl_status upsample_build(const spec_build_ctx *b, const spec_layer *L, ddl_layer_t **out)
 {
     return ddl_upsample_create(b->parts[L->P_in], b->s->dt, &L->x_global, L->mode,
@@ -780,7 +800,7 @@ static const spec_layer_kind kinds[] = {
     {TYPES("batchnorm"), "batchnorm", "batchnorm", 1, 1, batchnorm_has_params, batchnorm_parse,
      batchnorm_build, batchnorm_estimate, TYPES("running_mean", "running_var"), batchnorm_buffers},
     {TYPES("upsample"), "upsample", "upsample", 1, 1, NULL, upsample_parse, upsample_build,
-     copy_estimate, NULL, NULL},
+     upsample_estimate, NULL, NULL},
     {TYPES("add"), "add", "add", 2, SPEC_MAX_INPUTS, NULL, join_parse, add_build, none_estimate,
      NULL, NULL},
     {TYPES("concat"), "concat", "concat", 2, SPEC_MAX_INPUTS, NULL, join_parse, concat_build,

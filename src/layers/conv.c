@@ -124,10 +124,12 @@ typedef struct conv_impl {
                               // caller's x of the last forward (feature layer, no halo)
     bool          have_forward;  // a forward has run (backward needs its state)
 
-    // The shared scratch (ddl_layer_share_scratch; the feature layer): the workspace and
-    // the halo layouts' padded buffers and crops live in the model's one block, and
-    // backward rebuilds the padded input from the x of the last forward.
-    bool        shared;
+    // The shared scratch (ddl_layer_share_scratch; the feature layer): the workspace
+    // lives in the model's one block (ws_shared), and with a large input (shared) the halo
+    // layouts' padded buffers and crops too; backward then rebuilds the padded input from
+    // the x of the last forward. A small input keeps its own for the step (rebuilding it
+    // would cost a copy and an exchange per backward).
+    bool        ws_shared, shared;
     const void *x_saved; // that x (the caller keeps it, layers.h)
     size_t      off_ws, off_x, off_xs; // dxbuf and dxstage over xbuf and xstage
 } conv_impl;
@@ -474,7 +476,7 @@ static ddl_status conv_forward(ddl_layer_t *L, const ddl_tensor_t *x, ddl_tensor
     if (m->b_bc != NULL) {
         DDL_CHECK(ddl_broadcast_forward(m->b_bc, pb->value, m->b_inplace ? pb->value : m->b));
     }
-    DDL_REQUIRE(!m->shared || L->scratch_set || L->scratch_bytes == 0, DDL_EINTERNAL,
+    DDL_REQUIRE(!m->ws_shared || L->scratch_set || L->scratch_bytes == 0, DDL_EINTERNAL,
                 "%s: built to share scratch, but none was set (ddl_layer_set_scratch)", L->kind);
     m->have_forward = true;
     m->x_saved      = x->data;
@@ -695,8 +697,8 @@ static ddl_status conv_setup(ddl_layer_t *L, conv_impl *m, const ddl_partition_t
     // large (ddl_layer_share_min_bytes; decided from global sizes, alike on every rank).
     double per_rank =
         (double)ddl_shape_numel(xg) * (double)ddl_dtype_size(dt) / (double)ddl_partition_size(P_x);
-    m->shared = ddl_layer_scratch_shared() && c->kind == CONV_FEATURE &&
-                (!c->halo || per_rank >= ddl_layer_share_min_bytes());
+    m->ws_shared = ddl_layer_scratch_shared() && c->kind == CONV_FEATURE;
+    m->shared    = m->ws_shared && (!c->halo || per_rank >= ddl_layer_share_min_bytes());
 
     ddl_shape yg = {.ndim = nd, .d = {c->N, c->C_out}};
     for (int j = 0; j < c->nsp; j++) {
@@ -922,8 +924,8 @@ static ddl_status conv_setup(ddl_layer_t *L, conv_impl *m, const ddl_partition_t
                 m->g.x_tail = ddl_conv_x_tail_need(dt, &m->g);
             }
             m->ws_bytes    = ddl_conv_workspace_bytes(dt, &m->g);
-            m->ws_borrowed = m->shared; // in the scratch
-            if (m->ws_bytes > 0 && !m->shared && !borrow_ws(m, ddl_layer_copy_source())) {
+            m->ws_borrowed = m->ws_shared; // in the scratch
+            if (m->ws_bytes > 0 && !m->ws_shared && !borrow_ws(m, ddl_layer_copy_source())) {
                 m->ws = ddl_malloc(m->ws_bytes);
                 if (m->ws == NULL) {
                     return ddl_set_error(DDL_ENOMEM, "%s: cannot allocate a %zu-byte workspace",
@@ -949,13 +951,16 @@ static ddl_status conv_setup(ddl_layer_t *L, conv_impl *m, const ddl_partition_t
     // 8. The shared scratch's layout: [workspace | x padded | x crop], the gradients of
     //    the padded input and its crop over the same bytes as those (backward computes
     //    dw and db from the input first, then dx in its place: conv_backward).
-    //    Each input is followed by the tail the kernel may read past it (x_tail).
-    if (m->shared) {
+    //    Each input is followed by the tail the kernel may read past it (x_tail). A layer
+    //    that keeps its own halo buffers puts only its workspace there.
+    if (m->ws_shared) {
         size_t total = 0, tail = m->work ? (size_t)m->g.x_tail * ddl_dtype_size(dt) : 0;
         m->off_ws    = ddl_scratch_carve(&total, m->work ? m->ws_bytes : 0);
-        m->off_x =
-            ddl_scratch_carve(&total, m->xbuf != NULL ? ddl_tensor_bytes(m->xbuf) + tail : 0);
-        m->off_xs        = ddl_scratch_carve(&total, ddl_tensor_bytes(m->xstage) + tail);
+        if (m->shared) {
+            m->off_x =
+                ddl_scratch_carve(&total, m->xbuf != NULL ? ddl_tensor_bytes(m->xbuf) + tail : 0);
+            m->off_xs = ddl_scratch_carve(&total, ddl_tensor_bytes(m->xstage) + tail);
+        }
         L->scratch_bytes = total;
     }
     return DDL_OK;
@@ -966,6 +971,9 @@ static void conv_set_scratch(ddl_layer_t *L, void *p)
     conv_impl *m       = L->impl;
     char      *b       = p;
     m->ws              = m->work && m->ws_bytes > 0 ? b + m->off_ws : NULL;
+    if (!m->shared) {
+        return; // its halo buffers are its own
+    }
     ddl_tensor_t *ts[] = {m->xbuf, m->xstage, m->dxbuf, m->dxstage};
     size_t        at[] = {m->off_x, m->off_xs, m->off_x, m->off_xs};
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) {

@@ -78,6 +78,11 @@ typedef struct up_impl {
     piece                 *send;       // pieces of my x box, to other ranks' Need
     piece                 *recv;       // pieces of my Need box, from other ranks' x
     void                  *sbuf, *rbuf;  // staging for send and recv pieces
+    // The shared scratch (ddl_layer_share_scratch): need and the staging live only within
+    // one call (backward reads none of the forward's: the layer is linear), so they are
+    // views of the model's one block, [need | sbuf | rbuf].
+    bool                   shared;
+    size_t                 off_s, off_r;
     int                    nreq;       // MPI requests (chunks) of both lists
     MPI_Request           *req;
 } up_impl;
@@ -209,6 +214,8 @@ static ddl_status up_forward(ddl_layer_t *L, const ddl_tensor_t *x, ddl_tensor_t
     if (!u->active) {
         return DDL_OK;
     }
+    DDL_REQUIRE(!u->shared || L->scratch_set || L->scratch_bytes == 0, DDL_EINTERNAL,
+                "upsample: built to share scratch, but none was set (ddl_layer_set_scratch)");
     // A direct rank still serves the pieces of x its neighbours read.
     DDL_CHECK(exchange_forward(u, x, u->need));
     const void *in = u->direct ? x->data : u->need->data;
@@ -221,6 +228,8 @@ static ddl_status up_backward(ddl_layer_t *L, const ddl_tensor_t *dy, ddl_tensor
     if (!u->active) {
         return DDL_OK;
     }
+    DDL_REQUIRE(!u->shared || L->scratch_set || L->scratch_bytes == 0, DDL_EINTERNAL,
+                "upsample: built to share scratch, but none was set (ddl_layer_set_scratch)");
     ddl_tensor_zero(dx);
     if (u->direct) {
         DDL_CHECK(ddl_interpolate_backward(L->dt, dx->data, dy->data, &u->ip, &u->win, u->B));
@@ -245,17 +254,28 @@ static void up_destroy(ddl_layer_t *L)
     ddl_tensor_destroy(&u->need);
     ddl_free(u->send);
     ddl_free(u->recv);
-    ddl_free(u->sbuf);
-    ddl_free(u->rbuf);
+    if (!u->shared) {
+        ddl_free(u->sbuf);
+        ddl_free(u->rbuf);
+    }
     ddl_free(u->req);
     ddl_free(u);
     L->impl = NULL;
 }
 
+static void up_set_scratch(ddl_layer_t *L, void *p)
+{
+    up_impl *u    = L->impl;
+    u->need->data = p;
+    u->sbuf       = (char *)p + u->off_s;
+    u->rbuf       = (char *)p + u->off_r;
+}
+
 static const ddl_layer_ops up_ops = {
-    .forward  = up_forward,
-    .backward = up_backward,
-    .destroy  = up_destroy,
+    .forward     = up_forward,
+    .backward    = up_backward,
+    .destroy     = up_destroy,
+    .set_scratch = up_set_scratch,
 };
 
 // Pure checks and the interpolation parameters: the same verdict on every rank.
@@ -418,7 +438,8 @@ static ddl_status plan(ddl_layer_t *L)
         u->win.out_n[k]     = yb.stop[2 + k] - yb.start[2 + k];
     }
     ddl_shape ns = u->direct ? ddl_shape_make(nd, (int64_t[DDL_MAX_DIMS]){0}) : ddl_box_shape(&nb);
-    DDL_CHECK(ddl_tensor_create(L->dt, &ns, &u->need));
+    u->shared    = ddl_layer_scratch_shared();
+    DDL_CHECK(ddl_scratch_tensor(L->dt, &ns, u->shared, &u->need));
     if (!u->direct) {
         ddl_box ov;
         u->has_self = ddl_box_intersect(&xb, &nb, &ov);
@@ -438,9 +459,17 @@ static ddl_status plan(ddl_layer_t *L)
     }
     u->send = ddl_calloc((size_t)u->nsend + 1, sizeof(piece));
     u->recv = ddl_calloc((size_t)u->nrecv + 1, sizeof(piece));
-    u->sbuf = ddl_malloc(sbytes);
-    u->rbuf = ddl_malloc(rbytes);
-    DDL_REQUIRE(u->send && u->recv && u->sbuf && u->rbuf, DDL_ENOMEM,
+    if (u->shared) {
+        size_t total = 0;
+        (void)ddl_scratch_carve(&total, ddl_tensor_bytes(u->need));
+        u->off_s         = ddl_scratch_carve(&total, sbytes);
+        u->off_r         = ddl_scratch_carve(&total, rbytes);
+        L->scratch_bytes = total;
+    } else {
+        u->sbuf = ddl_malloc(sbytes);
+        u->rbuf = ddl_malloc(rbytes);
+    }
+    DDL_REQUIRE(u->send && u->recv && (u->shared || (u->sbuf && u->rbuf)), DDL_ENOMEM,
                 "upsample: out of memory for the exchange plan");
     DDL_CHECK(collect(L, &xb, &nb, true, u->send, &u->nsend, &sbytes));
     if (!u->direct) {

@@ -9,11 +9,14 @@
 //   - a conv whose window needs a crop of the padded buffer (stride 2: c2);
 //   - a max pool with padding (its pads hold -inf, restored before each forward: every
 //     other layer writes zeros or data there) and an average pool with padding (pads 0);
-//   - an upsample and a concat between them, a fused batch norm, and a channel-split
-//     linear layer: layers that keep their own buffers;
+//   - an upsample (its gathered input and staging, within one call);
+//   - a concat, a fused batch norm, and a channel-split linear layer: layers that keep
+//     their own buffers;
 //   - a short-batch prediction (a forward-only copy, which uses the same block).
-// The network is small: DDL_SHARE_MIN_BYTES=0 makes every split conv share (the default
-// leaves inputs under 2 MiB per rank their own buffers).
+// The network is small: DDL_SHARE_MIN_BYTES=0 makes every split conv share its padded
+// buffers. A third model, with DDL_SHARE_MIN_BYTES=1T, shares only the convs' kernel
+// workspaces (and the pools' and upsample's buffers): a small input keeps its padded
+// buffers for the step, as the default does under 2 MiB per rank.
 // Compared bit for bit: the loss and hits of three Adam steps, every parameter after
 // them, an evaluation, a prediction. The sharing model must report a scratch block and
 // its users, the other none: two models that both skipped sharing would prove nothing.
@@ -89,17 +92,21 @@ static char *spec_text(int world, int nsp, const char *dtype)
     return t;
 }
 
-static ddl_model_t *make(int world, int nsp, const char *dtype, bool share)
+// min_bytes NULL: nothing shared (DDL_SHARE_SCRATCH=0); else DDL_SHARE_MIN_BYTES.
+static ddl_model_t *make(int world, int nsp, const char *dtype, const char *min_bytes)
 {
     char        *t    = spec_text(world, nsp, dtype);
     ddl_spec_t  *spec = NULL;
     ddl_model_t *m    = NULL;
-    if (!share) {
+    if (min_bytes == NULL) {
         setenv("DDL_SHARE_SCRATCH", "0", 1);
+    } else {
+        setenv("DDL_SHARE_MIN_BYTES", min_bytes, 1);
     }
     ASSERT_OK(ddl_spec_parse(t, "shared.json", world, &spec));
     ASSERT_OK(ddl_model_create(MPI_COMM_WORLD, spec, &m));
     unsetenv("DDL_SHARE_SCRATCH");
+    unsetenv("DDL_SHARE_MIN_BYTES");
     ddl_spec_destroy(&spec);
     free(t);
     return m;
@@ -114,19 +121,30 @@ static void compare(int world, int nsp, const char *dtype)
     for (int b = 0; b < B; b++) {
         labels[b] = b % CLASSES;
     }
-    ddl_model_t *f = make(world, nsp, dtype, true), *u = make(world, nsp, dtype, false);
+    ddl_model_t *f = make(world, nsp, dtype, "0"), *u = make(world, nsp, dtype, NULL);
     int          fu, uu;
     size_t       fb = ddl__model_scratch_bytes(f, &fu), ub = ddl__model_scratch_bytes(u, &uu);
     ASSERT_TRUE(fb > 0 && fu >= (world > 1 ? 8 : 4)); // convs and pools, model and copy
     ASSERT_TRUE(ub == 0 && uu == 0);
     double loss = ddl_test_same_bits(f, u, xs, xn * item, labels, B, STEPS, CLASSES, item,
                                      "the sharing and the owning model");
+    ddl_model_destroy(&f);
+    // Only the workspaces: every conv still a user (its kernel's workspace), the block no
+    // larger than with the padded buffers in it.
+    ddl_model_t *w = make(world, nsp, dtype, "1T");
+    int          wu;
+    size_t       wb = ddl__model_scratch_bytes(w, &wu);
+    ASSERT_TRUE(wb > 0 && wb <= fb && wu >= (world > 1 ? 8 : 4));
+    ddl_model_t *u2 = make(world, nsp, dtype, NULL);
+    double       wl = ddl_test_same_bits(w, u2, xs, xn * item, labels, B, STEPS, CLASSES, item,
+                                         "the workspace-sharing and the owning model");
     if (ddl_test_rank == 0) {
         printf("%dd %s on %d ranks: shared == owned bit for bit (scratch %zu bytes, %d users; "
-               "last loss %.9g)\n",
-               nsp, dtype, world, fb, fu, loss);
+               "workspaces only %zu bytes, %d users; last loss %.9g, %.9g)\n",
+               nsp, dtype, world, fb, fu, wb, wu, loss, wl);
     }
-    ddl_model_destroy(&f);
+    ddl_model_destroy(&w);
+    ddl_model_destroy(&u2);
     ddl_model_destroy(&u);
     free(xs);
 }
@@ -134,7 +152,6 @@ static void compare(int world, int nsp, const char *dtype)
 int main(int argc, char **argv)
 {
     ddl_test_mpi_init(&argc, &argv);
-    setenv("DDL_SHARE_MIN_BYTES", "0", 1);
     int world;
     MPI_Comm_size(MPI_COMM_WORLD, &world);
     if (world != 1 && world != 2 && world != 4) {

@@ -270,13 +270,15 @@ static void add_model(spec_est *a)
                      spec_est_local_numel(s, &last->y_global, last->P_out) * 3 * a->item);
     } else if (s->label_elems > 1 || s->output.ndim > 1) {
         // Segmentation: rank 0 stages the batch, gathers logits [batch, C, spatial...] and
-        // holds the labels three times (the session's int64, the label plan's f64, and the
-        // caller's); each output rank its voxels' losses, their gradient and labels.
+        // holds the labels twice (the label plan's f64, and a caller's int64 given inline,
+        // e.g. a TrainBatch's); each output rank its voxels' losses, their gradient and
+        // labels. The session stages none: its data (generated, or an HDF5 file; IDX holds
+        // one label per sample) is made or read per rank (ddl_model_local_labels).
         const spec_layer *last = &s->layers[s->nlayers - 1];
         double            L    = (double)s->label_elems;
         double B = (double)s->batch;
         add_staging(a, B * sample * a->item, B * s->num_classes * L * a->item, B * L * 8);
-        a->per[0][SPEC_E_WORK] += B * L * 16;
+        a->per[0][SPEC_E_WORK] += B * L * 8;
         double voxels = spec_est_local_numel(s, &last->y_global, last->P_out) /
                         (double)(s->num_classes > 0 ? s->num_classes : 1);
         spec_est_add(a, last->P_out, SPEC_E_WORK, voxels * (2 * a->item + 16));

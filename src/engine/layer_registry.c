@@ -252,6 +252,7 @@ static double kernel_workspace(const ddl_spec_t *s, const spec_layer *L, bool co
     int64_t N = (int64_t)spec_est_ceil_div((double)x->d[0], spec_est_part_dim(s, L->P_in, 0));
     int64_t C = (int64_t)spec_est_ceil_div((double)x->d[1], spec_est_part_dim(s, L->P_in, 1));
     int64_t in[3], k[3], st[3], pad[3], dil[3];
+    bool    halo_bufs = conv && splits_space(s, L); // conv_setup's halo buffers
     for (int j = 0; j < nsp; j++) {
         const int64_t *kk = conv ? L->conv.kernel : L->pool.kernel;
         const int64_t *dd = conv ? L->conv.dilation : L->pool.dilation;
@@ -264,7 +265,7 @@ static double kernel_workspace(const ddl_spec_t *s, const spec_layer *L, bool co
         // (conv_setup).
         bool    split = spec_est_part_dim(s, L->P_in, 2 + j) > 1;
         int64_t p0    = conv ? L->conv.padding[j] : L->pool.padding[j];
-        bool    held  = !split && conv && splits_space(s, L);
+        bool    held  = !split && halo_bufs;
         pad[j]        = split || held ? 0 : p0;
         in[j] =
             (int64_t)spec_est_ceil_div((double)x->d[2 + j], spec_est_part_dim(s, L->P_in, 2 + j)) +

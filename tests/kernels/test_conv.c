@@ -409,6 +409,19 @@ static void test_errors(void)
     bad.out[0]        = 5;
     ASSERT_STATUS(ddl_conv_forward(DDL_F32, &bad, buf, buf, buf, NULL, ws, wsb), DDL_EINVAL);
     ASSERT_STATUS(ddl_conv_forward((ddl_dtype)9, &g, buf, buf, buf, NULL, ws, wsb), DDL_EINVAL);
+    // A negative tail past x (x_tail) is refused by every call, the message naming it; the
+    // queries answer 0 (no workspace, nothing read in place).
+    bad        = g;
+    bad.x_tail = -1;
+    ASSERT_STATUS(ddl_conv_forward(DDL_F32, &bad, buf, buf, buf, NULL, ws, wsb), DDL_EINVAL);
+    ASSERT_TRUE(strstr(ddl_last_error(), "x_tail") != NULL);
+    ddl_clear_error();
+    ASSERT_STATUS(ddl_conv_backward(DDL_F32, &bad, buf, buf, NULL, buf, buf, buf, ws, wsb),
+                  DDL_EINVAL);
+    ddl_clear_error();
+    ASSERT_EQ(ddl_conv_workspace_bytes(DDL_F32, &bad), 0);
+    ddl_clear_error();
+    ASSERT_EQ(ddl_conv_x_tail_need(DDL_F32, &bad), 0);
 
     // 1x1, stride 1, unpadded needs no workspace; zero batch and zero input channels work.
     ASSERT_OK(ddl_conv_geom_init(&g, 2, 1, 3, 2, in, (int64_t[]){1, 1}, NULL, NULL, NULL));

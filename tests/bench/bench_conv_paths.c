@@ -10,6 +10,14 @@
 // GFLOP/s (2 Co Kc ov N per pass; backward counts dx and dW: twice that). The CPU, the
 // vector width in use and the load average are printed beside them.
 // Usage: bench-conv-paths [REPS]   (default 5)
+//
+// bench-conv-paths --times [REPS [THREADS]] reads geometries from standard input instead,
+// one per line: "nsp N C_in C_out in0 in1 in2 k0 k1 k2 s0 s1 s2 p0 p1 p2 dx" (unused
+// trailing spatial entries 1, 1, 0; dx 0: the backward computes no input gradient, as a
+// model's first layer), and prints for each "fwd_s bwd_s": the default path's best
+// forward and backward (dW, db and, with dx 1, dx) wall seconds with THREADS kernel
+// threads (default 1), over at least REPS calls and 50 ms after a warm-up call. The scaling model
+// (tests/bench/scaling_model.py) costs each convolution of a network with these.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -93,8 +101,89 @@ static int run_layer(const layer *L, int reps)
     return 0;
 }
 
+// --times: the default path's best forward and backward seconds of each geometry on stdin.
+static double wall_now(void)
+{
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static int run_times(int reps)
+{
+    char line[512];
+    int  n = 0;
+    while (fgets(line, sizeof line, stdin) != NULL) {
+        long long v[17];
+        if (sscanf(line,
+                   "%lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld "
+                   "%lld %lld %lld",
+                   &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9], &v[10],
+                   &v[11], &v[12], &v[13], &v[14], &v[15], &v[16]) != 17) {
+            fprintf(stderr,
+                    "bench-conv-paths --times: line %d: expected 17 integers "
+                    "(nsp N C_in C_out in[3] k[3] s[3] p[3] dx), got \"%s\"\n",
+                    n + 1, line);
+            return 1;
+        }
+        n++;
+        int64_t in[3], k[3], st[3], p[3];
+        for (int j = 0; j < 3; j++) {
+            in[j] = v[4 + j], k[j] = v[7 + j], st[j] = v[10 + j], p[j] = v[13 + j];
+        }
+        ddl_conv_geom g;
+        if (ddl_conv_geom_init(&g, (int)v[0], v[1], v[2], v[3], in, k, st, p, NULL) != DDL_OK) {
+            fprintf(stderr, "bench-conv-paths --times: line %d: %s\n", n, ddl_last_error());
+            return 1;
+        }
+        int64_t iv = g.in[0] * g.in[1] * g.in[2], ov = g.out[0] * g.out[1] * g.out[2];
+        int64_t kv = g.k[0] * g.k[1] * g.k[2];
+        int64_t nx = g.N * g.C_in * iv, ny = g.N * g.C_out * ov, nw = g.C_out * g.C_in * kv;
+        float  *x = filled(nx, 1), *w = filled(nw, 2), *dy = filled(ny, 4), *y = filled(ny, 5);
+        float  *dx = filled(nx, 6), *dw = filled(nw, 7), *db = filled(g.C_out, 8);
+        size_t  wsb     = ddl_conv_workspace_bytes(DDL_F32, &g);
+        void   *ws      = ddl_malloc(wsb > 0 ? wsb : 1);
+        double  best[2] = {1e30, 1e30}, spent = 0;
+        // A warm-up call (the workspace's first touch), then at least REPS timed ones and
+        // at least 50 ms of them, at most 1000.
+        for (int r = -1; r < reps || (spent < 0.05 && r < 1000); r++) {
+            double     t0  = wall_now();
+            ddl_status st2 = ddl_conv_forward(DDL_F32, &g, y, x, w, NULL, ws, wsb);
+            double     t1  = wall_now();
+            if (st2 == DDL_OK) {
+                st2 = ddl_conv_backward(DDL_F32, &g, v[16] ? dx : NULL, dw, db, dy, x, w, ws, wsb);
+            }
+            double t2 = wall_now();
+            if (st2 != DDL_OK) {
+                fprintf(stderr, "bench-conv-paths --times: line %d: %s\n", n, ddl_last_error());
+                return 1;
+            }
+            if (r >= 0) {
+                best[0] = t1 - t0 < best[0] ? t1 - t0 : best[0];
+                best[1] = t2 - t1 < best[1] ? t2 - t1 : best[1];
+                spent += t2 - t0;
+            }
+        }
+        printf("%.9f %.9f\n", best[0], best[1]);
+        fflush(stdout);
+        ddl_free(x), ddl_free(w), ddl_free(dy), ddl_free(y), ddl_free(dx), ddl_free(dw),
+            ddl_free(db), ddl_free(ws);
+    }
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
+    if (argc > 1 && strcmp(argv[1], "--times") == 0) {
+        int reps = argc > 2 ? atoi(argv[2]) : 5, threads = argc > 3 ? atoi(argv[3]) : 1;
+        if (reps < 1 || reps > 1000 || threads < 1 || threads > 1024) {
+            fprintf(stderr, "usage: bench-conv-paths --times [REPS: 1..1000 [THREADS: 1..1024]] "
+                            "< geometries\n");
+            return 2;
+        }
+        ddl_blas_set_threads(threads);
+        return run_times(reps);
+    }
     int reps = argc > 1 ? atoi(argv[1]) : 5;
     if (reps < 1 || reps > 1000) {
         fprintf(stderr, "usage: bench-conv-paths [REPS: 1..1000]\n");

@@ -16,8 +16,12 @@
 // trailing spatial entries 1, 1, 0; dx 0: the backward computes no input gradient, as a
 // model's first layer), and prints for each "fwd_s bwd_s": the default path's best
 // forward and backward (dW, db and, with dx 1, dx) wall seconds with THREADS kernel
-// threads (default 1), over at least REPS calls and 50 ms after a warm-up call. The scaling model
-// (tests/bench/scaling_model.py) costs each convolution of a network with these.
+// threads (default 1), over at least REPS calls and 50 ms after a warm-up call. A line
+// "up nsp B gin0 gin1 gin2 sf linear align out0 out1 out2" times the interpolation kernel
+// of an upsample instead (ddl_interpolate_*: B = batch x channels, the global input extents
+// gin, scale factor sf, linear 1 or nearest 0, align_corners 0 or 1) on the output box
+// [0, out) and the input window it needs; its backward includes zeroing that window. The scaling
+// model (tests/bench/scaling_model.py) costs each convolution of a network with these.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +30,7 @@
 #include "bench_host.h"
 #include "ddl/base.h"
 #include "ddl/kernels.h"
+#include "ddl/kernels_pointwise.h"
 #include "kernels/conv_direct.h"
 
 static double cpu_now(void)
@@ -109,11 +114,76 @@ static double wall_now(void)
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
+// One "up ..." line of --times (see the header): prints "fwd_s bwd_s".
+static int time_upsample(const char *line, int n, int reps)
+{
+    long long v[12];
+    if (sscanf(line, "up %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld", &v[0], &v[1],
+               &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9], &v[10]) != 11 ||
+        v[0] < 1 || v[0] > 3 || v[1] < 1) {
+        fprintf(stderr,
+                "bench-conv-paths --times: line %d: expected \"up nsp B gin[3] sf linear "
+                "align out[3]\", got \"%s\"\n",
+                n, line);
+        return 1;
+    }
+    ddl_interpolate_params p  = {.mode = v[6] ? DDL_INTERPOLATE_LINEAR : DDL_INTERPOLATE_NEAREST,
+                                 .align_corners = v[7] != 0,
+                                 .ndim          = (int)v[0]};
+    ddl_interpolate_window w  = {0};
+    int64_t                ni = v[1], no = v[1];
+    for (int j = 0; j < p.ndim; j++) {
+        p.in_global[j]    = v[2 + j];
+        p.scale_factor[j] = (double)v[5];
+        p.out_global[j]   = ddl_interpolate_out_size(v[2 + j], (double)v[5]);
+    }
+    for (int j = 0; j < p.ndim; j++) {
+        int64_t a, b;
+        if (ddl_interpolate_need(DDL_F32, &p, j, 0, v[8 + j], &a, &b) != DDL_OK) {
+            fprintf(stderr, "bench-conv-paths --times: line %d: %s\n", n, ddl_last_error());
+            return 1;
+        }
+        w.in_start[j] = a, w.in_n[j] = b - a, w.out_start[j] = 0, w.out_n[j] = v[8 + j];
+        ni *= b - a, no *= v[8 + j];
+    }
+    float *x = filled(ni, 1), *y = filled(no, 2), *dx = filled(ni, 3), *dy = filled(no, 4);
+    double best[2] = {1e30, 1e30}, spent = 0;
+    for (int r = -1; r < reps || (spent < 0.05 && r < 1000); r++) {
+        double     t0 = wall_now();
+        ddl_status st = ddl_interpolate_forward(DDL_F32, y, x, &p, &w, v[1]);
+        double     t1 = wall_now();
+        if (st == DDL_OK) {
+            memset(dx, 0, (size_t)ni * sizeof(float));
+            st = ddl_interpolate_backward(DDL_F32, dx, dy, &p, &w, v[1]);
+        }
+        double t2 = wall_now();
+        if (st != DDL_OK) {
+            fprintf(stderr, "bench-conv-paths --times: line %d: %s\n", n, ddl_last_error());
+            return 1;
+        }
+        if (r >= 0) {
+            best[0] = t1 - t0 < best[0] ? t1 - t0 : best[0];
+            best[1] = t2 - t1 < best[1] ? t2 - t1 : best[1];
+            spent += t2 - t0;
+        }
+    }
+    printf("%.9f %.9f\n", best[0], best[1]);
+    fflush(stdout);
+    ddl_free(x), ddl_free(y), ddl_free(dx), ddl_free(dy);
+    return 0;
+}
+
 static int run_times(int reps)
 {
     char line[512];
     int  n = 0;
     while (fgets(line, sizeof line, stdin) != NULL) {
+        if (strncmp(line, "up ", 3) == 0) {
+            if (time_upsample(line, ++n, reps) != 0) {
+                return 1;
+            }
+            continue;
+        }
         long long v[17];
         if (sscanf(line,
                    "%lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld "

@@ -9,11 +9,12 @@ Predicts the time of one training step of each network (NETWORKS below) from
   - the bytes and messages every primitive moves on every rank, derived from the spec
     (tests/engine/traffic_formula.py, the formulas the traffic test checks against the
     engine's counters),
-  - each convolution's time on its busiest rank: the engine's own kernel (forward, and
-    backward with dW and, unless nothing reads it, dx) timed alone on one thread at that
-    rank's local geometry by `bench-conv-paths --times` (docs/scaling_data.json,
-    "conv_times"); the other layers' FLOPs at the sgemm rate, and the memory traffic of
-    the elementwise layers and of the optimizer,
+  - each convolution's and upsample's time on its busiest rank: the engine's own kernel
+    (forward, and backward with dW and, unless nothing reads it, dx; the interpolation)
+    timed alone at that rank's local geometry by `bench-conv-paths --times`, on one thread
+    and for np 1 on every core (docs/scaling_data.json, "conv_times"); the linear layers'
+    FLOPs at the sgemm rate, and the memory traffic of the elementwise layers and of the
+    optimizer,
   - a latency-bandwidth (alpha-beta) cost for each MPI operation (binomial-tree or
     scatter-allgather broadcast and reduce, recursive-doubling or ring all-reduce,
     point-to-point sets bounded by their busiest rank), plus the status agreements every
@@ -400,7 +401,8 @@ ELEMENTWISE = {"relu": (8, 12), "dropout": (9, 13), "max_pool": (10, 14), "avg_p
                "batchnorm": (20, 28), "repartition": (0, 0), "flatten": (0, 0),
                # add: two reads, one write; its backward hands the gradient to both.
                "add": (12, 12), "concat": (8, 8), "global_pool": (4, 4),
-               # per OUTPUT element: 2^d reads of the input, one write (and back).
+               # per OUTPUT element: 2^d reads of the input, one write (and back); only
+               # when its interpolation is not timed (an output size, not a scale factor).
                "upsample": (12, 12)}
 # Optimizer bytes per parameter on its owner (zero_grad included): SGD reads w, g and
 # writes w, g; Adam also reads and writes m and v.
@@ -439,9 +441,35 @@ def conv_geometry(L, with_dx):
     return " ".join(str(x) for x in v)
 
 
+def upsample_geometry(L):
+    """The interpolation of an upsample on its busiest rank, as an "up" line of
+    `bench-conv-paths --times`: its output tile (the first piece, the largest) and the input
+    window that tile reads; None for a size given instead of a scale factor."""
+    c = L.cfg
+    if c["sf"] is None or len(set(c["sf"])) != 1 or c["sf"][0] != int(c["sf"][0]):
+        return None
+    nsp = len(c["out"])
+    B = max_piece(L.x[0], L.Pin.shape[0]) * max_piece(L.x[1], L.Pin.shape[1])
+    out = [max_piece(n, p) for n, p in zip(L.y[2:], L.Pout.shape[2:])]
+    fill = 3 - nsp
+    v = (["up", nsp, B] + list(L.x[2:]) + [1] * fill + [int(c["sf"][0]),
+         1 if c["mode"] in ("linear", "bilinear", "trilinear") else 0, 1 if c["align"] else 0] +
+         out + [1] * fill)
+    return " ".join(str(x) for x in v)
+
+
+def kernel_line(L):
+    """The timed kernel of layer L (a feature convolution or an upsample), or None."""
+    if L.kind == "conv_feature":
+        return conv_geometry(L, L.run_back and not L.first_param)
+    if L.kind == "upsample":
+        return upsample_geometry(L)
+    return None
+
+
 def conv_geometries(P_of_threads):
-    """Every distinct local convolution of every network and scaling mode at the ranks P
-    for which P_of_threads(P) holds."""
+    """Every distinct timed kernel (kernel_line) of every network and scaling mode at the
+    ranks P for which P_of_threads(P) holds."""
     seen = []
     for strong, weak in NETWORKS.values():
         for gen in (strong, weak):
@@ -449,10 +477,9 @@ def conv_geometries(P_of_threads):
                 if not P_of_threads(P):
                     continue
                 for L in tf.table(gen(P))[1]:
-                    if L.kind == "conv_feature":
-                        key = conv_geometry(L, L.run_back and not L.first_param)
-                        if key not in seen:
-                            seen.append(key)
+                    key = kernel_line(L)
+                    if key is not None and key not in seen:
+                        seen.append(key)
     return seen
 
 
@@ -500,12 +527,13 @@ def step_time(spec, m, parts_out=None):
     params = 0
     for i, L in enumerate(layers):
         ff, fb, bf, bb, w = layer_compute(L)
-        key = "%d|%s" % (conv_threads(m, P), conv_geometry(L, L.run_back and not L.first_param)) \
-            if L.kind == "conv_feature" else None
+        line = kernel_line(L)
+        key = "%d|%s" % (conv_threads(m, P), line) if line is not None else None
         if key in times:  # the kernel's own time at this geometry
             tfw, tbw = times[key]
             comp += tfw * m.kernel_slowdown(P) + (tbw * m.kernel_slowdown(P) if L.run_back else 0)
-            comp += bf / mem + (bb / mem if L.run_back else 0)
+            if L.kind == "conv_feature":  # its copies into the halo buffer
+                comp += bf / mem + (bb / mem if L.run_back else 0)
         else:
             comp += ff / F + bf / mem
             if L.run_back:  # a graph: the backward runs where a parameter lies upstream
@@ -543,8 +571,8 @@ def measure(build, data):
     out = run(["mpirun", "-np", "2"] + MPI_FLAGS + [os.path.join(bindir, "bench-pingpong")])
     d = json.loads([l for l in out.splitlines() if l.startswith("{")][-1])
     d["load_before"] = os.getloadavg()[0]
-    # Every local convolution the model costs, timed alone: on one thread, and at np 1 on
-    # every core as well (the rank's kernel pool takes them all).
+    # Every local convolution and interpolation the model costs, timed alone: on one
+    # thread, and at np 1 on every core as well (the rank's kernel pool takes them all).
     d["conv_times"] = {}
     cores = d["sgemm_threads"]
     for threads, which in ((1, lambda P: True), (cores, lambda P: P == 1)):
@@ -554,7 +582,8 @@ def measure(build, data):
                              stdout=subprocess.PIPE, text=True, check=True).stdout.split("\n")
         for i, g in enumerate(geoms):
             d["conv_times"]["%d|%s" % (threads, g)] = [float(v) for v in out[i].split()]
-        print("timed %d local convolutions on %d thread(s) (bench-conv-paths --times)" %
+        print("timed %d local convolutions and interpolations on %d thread(s) "
+              "(bench-conv-paths --times)" %
               (len(geoms), threads), flush=True)
     d["load_kernels"] = os.getloadavg()[0]
     d["measured"] = {}

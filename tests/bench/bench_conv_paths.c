@@ -114,47 +114,20 @@ static double wall_now(void)
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-// One "up ..." line of --times (see the header): prints "fwd_s bwd_s".
-static int time_upsample(const char *line, int n, int reps)
+// A kernel of --times: pass 0 its forward, pass 1 its backward.
+typedef ddl_status (*timed_call)(void *ctx, int pass);
+
+// Prints "fwd_s bwd_s" for line n: the best of a warm-up call (the buffers' first touch)
+// and then at least REPS timed calls and at least 50 ms of them, at most 1000.
+static int time_pair(int n, int reps, timed_call call, void *ctx)
 {
-    long long v[12];
-    if (sscanf(line, "up %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld", &v[0], &v[1],
-               &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9], &v[10]) != 11 ||
-        v[0] < 1 || v[0] > 3 || v[1] < 1) {
-        fprintf(stderr,
-                "bench-conv-paths --times: line %d: expected \"up nsp B gin[3] sf linear "
-                "align out[3]\", got \"%s\"\n",
-                n, line);
-        return 1;
-    }
-    ddl_interpolate_params p  = {.mode = v[6] ? DDL_INTERPOLATE_LINEAR : DDL_INTERPOLATE_NEAREST,
-                                 .align_corners = v[7] != 0,
-                                 .ndim          = (int)v[0]};
-    ddl_interpolate_window w  = {0};
-    int64_t                ni = v[1], no = v[1];
-    for (int j = 0; j < p.ndim; j++) {
-        p.in_global[j]    = v[2 + j];
-        p.scale_factor[j] = (double)v[5];
-        p.out_global[j]   = ddl_interpolate_out_size(v[2 + j], (double)v[5]);
-    }
-    for (int j = 0; j < p.ndim; j++) {
-        int64_t a, b;
-        if (ddl_interpolate_need(DDL_F32, &p, j, 0, v[8 + j], &a, &b) != DDL_OK) {
-            fprintf(stderr, "bench-conv-paths --times: line %d: %s\n", n, ddl_last_error());
-            return 1;
-        }
-        w.in_start[j] = a, w.in_n[j] = b - a, w.out_start[j] = 0, w.out_n[j] = v[8 + j];
-        ni *= b - a, no *= v[8 + j];
-    }
-    float *x = filled(ni, 1), *y = filled(no, 2), *dx = filled(ni, 3), *dy = filled(no, 4);
     double best[2] = {1e30, 1e30}, spent = 0;
     for (int r = -1; r < reps || (spent < 0.05 && r < 1000); r++) {
         double     t0 = wall_now();
-        ddl_status st = ddl_interpolate_forward(DDL_F32, y, x, &p, &w, v[1]);
+        ddl_status st = call(ctx, 0);
         double     t1 = wall_now();
         if (st == DDL_OK) {
-            memset(dx, 0, (size_t)ni * sizeof(float));
-            st = ddl_interpolate_backward(DDL_F32, dx, dy, &p, &w, v[1]);
+            st = call(ctx, 1);
         }
         double t2 = wall_now();
         if (st != DDL_OK) {
@@ -169,8 +142,81 @@ static int time_upsample(const char *line, int n, int reps)
     }
     printf("%.9f %.9f\n", best[0], best[1]);
     fflush(stdout);
-    ddl_free(x), ddl_free(y), ddl_free(dx), ddl_free(dy);
     return 0;
+}
+
+typedef struct up_call {
+    ddl_interpolate_params p;
+    ddl_interpolate_window w;
+    int64_t                B, ni;
+    float                 *x, *y, *dx, *dy;
+} up_call;
+
+static ddl_status up_pass(void *ctx, int pass)
+{
+    up_call *u = ctx;
+    if (pass == 0) {
+        return ddl_interpolate_forward(DDL_F32, u->y, u->x, &u->p, &u->w, u->B);
+    }
+    memset(u->dx, 0, (size_t)u->ni * sizeof(float));
+    return ddl_interpolate_backward(DDL_F32, u->dx, u->dy, &u->p, &u->w, u->B);
+}
+
+typedef struct conv_call {
+    ddl_conv_geom g;
+    float        *x, *w, *y, *dx, *dw, *db, *dy;
+    void         *ws;
+    size_t        wsb;
+} conv_call;
+
+static ddl_status conv_pass(void *ctx, int pass)
+{
+    conv_call *c = ctx;
+    if (pass == 0) {
+        return ddl_conv_forward(DDL_F32, &c->g, c->y, c->x, c->w, NULL, c->ws, c->wsb);
+    }
+    return ddl_conv_backward(DDL_F32, &c->g, c->dx, c->dw, c->db, c->dy, c->x, c->w, c->ws, c->wsb);
+}
+
+// One "up ..." line of --times (see the header): prints "fwd_s bwd_s".
+static int time_upsample(const char *line, int n, int reps)
+{
+    long long v[12];
+    if (sscanf(line, "up %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld %lld", &v[0], &v[1],
+               &v[2], &v[3], &v[4], &v[5], &v[6], &v[7], &v[8], &v[9], &v[10]) != 11 ||
+        v[0] < 1 || v[0] > 3 || v[1] < 1) {
+        fprintf(stderr,
+                "bench-conv-paths --times: line %d: expected \"up nsp B gin[3] sf linear "
+                "align out[3]\", got \"%s\"\n",
+                n, line);
+        return 1;
+    }
+    up_call u = {.p = {.mode          = v[6] ? DDL_INTERPOLATE_LINEAR : DDL_INTERPOLATE_NEAREST,
+                       .align_corners = v[7] != 0,
+                       .ndim          = (int)v[0]},
+                 .B = v[1]};
+    ddl_interpolate_params *p  = &u.p;
+    ddl_interpolate_window *w  = &u.w;
+    int64_t                 ni = v[1], no = v[1];
+    for (int j = 0; j < p->ndim; j++) {
+        p->in_global[j]    = v[2 + j];
+        p->scale_factor[j] = (double)v[5];
+        p->out_global[j]   = ddl_interpolate_out_size(v[2 + j], (double)v[5]);
+    }
+    for (int j = 0; j < p->ndim; j++) {
+        int64_t a, b;
+        if (ddl_interpolate_need(DDL_F32, p, j, 0, v[8 + j], &a, &b) != DDL_OK) {
+            fprintf(stderr, "bench-conv-paths --times: line %d: %s\n", n, ddl_last_error());
+            return 1;
+        }
+        w->in_start[j] = a, w->in_n[j] = b - a, w->out_start[j] = 0, w->out_n[j] = v[8 + j];
+        ni *= b - a, no *= v[8 + j];
+    }
+    u.ni = ni;
+    u.x = filled(ni, 1), u.y = filled(no, 2), u.dx = filled(ni, 3), u.dy = filled(no, 4);
+    int rc = time_pair(n, reps, up_pass, &u);
+    ddl_free(u.x), ddl_free(u.y), ddl_free(u.dx), ddl_free(u.dy);
+    return rc;
 }
 
 static int run_times(int reps)
@@ -201,43 +247,26 @@ static int run_times(int reps)
         for (int j = 0; j < 3; j++) {
             in[j] = v[4 + j], k[j] = v[7 + j], st[j] = v[10 + j], p[j] = v[13 + j];
         }
-        ddl_conv_geom g;
-        if (ddl_conv_geom_init(&g, (int)v[0], v[1], v[2], v[3], in, k, st, p, NULL) != DDL_OK) {
+        conv_call      c = {0};
+        ddl_conv_geom *g = &c.g;
+        if (ddl_conv_geom_init(g, (int)v[0], v[1], v[2], v[3], in, k, st, p, NULL) != DDL_OK) {
             fprintf(stderr, "bench-conv-paths --times: line %d: %s\n", n, ddl_last_error());
             return 1;
         }
-        int64_t iv = g.in[0] * g.in[1] * g.in[2], ov = g.out[0] * g.out[1] * g.out[2];
-        int64_t kv = g.k[0] * g.k[1] * g.k[2];
-        int64_t nx = g.N * g.C_in * iv, ny = g.N * g.C_out * ov, nw = g.C_out * g.C_in * kv;
-        float  *x = filled(nx, 1), *w = filled(nw, 2), *dy = filled(ny, 4), *y = filled(ny, 5);
-        float  *dx = filled(nx, 6), *dw = filled(nw, 7), *db = filled(g.C_out, 8);
-        size_t  wsb     = ddl_conv_workspace_bytes(DDL_F32, &g);
-        void   *ws      = ddl_malloc(wsb > 0 ? wsb : 1);
-        double  best[2] = {1e30, 1e30}, spent = 0;
-        // A warm-up call (the workspace's first touch), then at least REPS timed ones and
-        // at least 50 ms of them, at most 1000.
-        for (int r = -1; r < reps || (spent < 0.05 && r < 1000); r++) {
-            double     t0  = wall_now();
-            ddl_status st2 = ddl_conv_forward(DDL_F32, &g, y, x, w, NULL, ws, wsb);
-            double     t1  = wall_now();
-            if (st2 == DDL_OK) {
-                st2 = ddl_conv_backward(DDL_F32, &g, v[16] ? dx : NULL, dw, db, dy, x, w, ws, wsb);
-            }
-            double t2 = wall_now();
-            if (st2 != DDL_OK) {
-                fprintf(stderr, "bench-conv-paths --times: line %d: %s\n", n, ddl_last_error());
-                return 1;
-            }
-            if (r >= 0) {
-                best[0] = t1 - t0 < best[0] ? t1 - t0 : best[0];
-                best[1] = t2 - t1 < best[1] ? t2 - t1 : best[1];
-                spent += t2 - t0;
-            }
+        int64_t iv = g->in[0] * g->in[1] * g->in[2], ov = g->out[0] * g->out[1] * g->out[2];
+        int64_t kv = g->k[0] * g->k[1] * g->k[2];
+        int64_t nx = g->N * g->C_in * iv, ny = g->N * g->C_out * ov, nw = g->C_out * g->C_in * kv;
+        c.x = filled(nx, 1), c.w = filled(nw, 2), c.dy = filled(ny, 4), c.y = filled(ny, 5);
+        c.dw = filled(nw, 7), c.db = filled(g->C_out, 8);
+        c.dx   = v[16] ? filled(nx, 6) : NULL;
+        c.wsb  = ddl_conv_workspace_bytes(DDL_F32, g);
+        c.ws   = ddl_malloc(c.wsb > 0 ? c.wsb : 1);
+        int rc = time_pair(n, reps, conv_pass, &c);
+        ddl_free(c.x), ddl_free(c.w), ddl_free(c.dy), ddl_free(c.y), ddl_free(c.dx), ddl_free(c.dw),
+            ddl_free(c.db), ddl_free(c.ws);
+        if (rc != 0) {
+            return rc;
         }
-        printf("%.9f %.9f\n", best[0], best[1]);
-        fflush(stdout);
-        ddl_free(x), ddl_free(w), ddl_free(dy), ddl_free(y), ddl_free(dx), ddl_free(dw),
-            ddl_free(db), ddl_free(ws);
     }
     return 0;
 }

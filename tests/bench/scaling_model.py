@@ -467,7 +467,7 @@ def kernel_line(L):
     return None
 
 
-def conv_geometries(P_of_threads):
+def kernel_lines(P_of_threads):
     """Every distinct timed kernel (kernel_line) of every network and scaling mode at the
     ranks P for which P_of_threads(P) holds."""
     seen = []
@@ -576,7 +576,7 @@ def measure(build, data):
     d["conv_times"] = {}
     cores = d["sgemm_threads"]
     for threads, which in ((1, lambda P: True), (cores, lambda P: P == 1)):
-        geoms = conv_geometries(which)
+        geoms = kernel_lines(which)
         out = subprocess.run([os.path.join(bindir, "bench-conv-paths"), "--times", "3",
                               str(threads)], input="\n".join(geoms) + "\n",
                              stdout=subprocess.PIPE, text=True, check=True).stdout.split("\n")

@@ -18,6 +18,7 @@ with LeNet-5 while a long Train holds the ranks:
   deadline_test.py --build B --source S --mpiexec M --mpi-flags F SCENARIO
 """
 import os
+import faulthandler
 import random
 import struct
 import sys
@@ -25,8 +26,8 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from hostile_common import (HE, TR, Failure, Harness, Raw, f32, percentile, rank0_pid,  # noqa
-                            tcp_queues, vm_rss_kb, wait_for)
+from hostile_common import (HE, TR, Failure, Harness, Raw, cpu_top, f32, percentile,  # noqa
+                            rank0_pid, tcp_queues, vm_rss_kb, wait_for)
 from ddl_daemon import SANITIZER, run_scenarios  # noqa: E402
 import grpc  # noqa: E402
 
@@ -78,24 +79,30 @@ class Fixture:
             raise Failure("GetStatus: %s %s" % (code.name, details))
         return self.tr.GetStatusResponse.FromString(resp[0])
 
-    def start_train(self):
-        """A long Train on the server-side dataset; returns once it reports progress."""
+    def start_train(self, every=1):
+        """A long Train on the server-side dataset, a record every `every` steps; returns
+        once this Train reports progress. How it ended goes to train_end."""
         self.train_call = self.raw.ch.unary_stream(TR + "Train")(
-            self.tr.TrainRequest(steps=1000000).SerializeToString(), timeout=600)
+            self.tr.TrainRequest(steps=1000000, progress_every=every).SerializeToString(),
+            timeout=600)
+        self.train_end = "running"
         first = threading.Event()
+        t0 = time.perf_counter()
 
         def consume():
             try:
                 for _ in self.train_call:
                     self.train_records += 1
                     first.set()
-            except grpc.RpcError:
-                pass
+                self.train_end = "OK after %.1f s" % (time.perf_counter() - t0)
+            except grpc.RpcError as e:
+                self.train_end = "%s (%s) after %.1f s" % (e.code().name, e.details(),
+                                                          time.perf_counter() - t0)
             first.set()
         self.train_thread = threading.Thread(target=consume, daemon=True)
         self.train_thread.start()
-        if not first.wait(120) or self.train_records == 0:
-            raise Failure("the Train sent no progress")
+        if not first.wait(120) or self.train_end != "running":
+            raise Failure("the Train sent no progress: %s" % self.train_end)
         self.idle = False
 
     def stop_train(self):
@@ -326,7 +333,10 @@ def sc_cancel(h):
 def backpressure_round(f, n=500):
     """n concurrent Predicts while a Train holds the ranks. Returns (codes, rejection
     latencies in ms, request_queue_depth while full, VmRSS at the peak)."""
-    f.start_train()
+    # A record every 20 steps (~25 a second): with one per step the Train's stream keeps
+    # this Python client's threads trading the GIL for every record it reads, on the same
+    # two cores as the Train's two busy ranks, while the burst's answers wait behind them.
+    f.start_train(every=20)
     t_start, t_end, codes = {}, {}, {}
     lock = threading.Lock()
     done = threading.Event()
@@ -356,25 +366,31 @@ def backpressure_round(f, n=500):
     # itself: 1,000,000 steps).
     def rejected():
         return sum(1 for c in list(codes.values()) if c == SC.RESOURCE_EXHAUSTED)
-    if not wait_for(lambda: rejected() >= n - 64, 60, 0.05):
-        # Where it stopped (two CI runs stalled here, not reproduced on a loaded Zen 5):
-        # the server's view, the client's (do the Train's records still arrive on the same
-        # channel?), the kernel's socket queues, and a Predict on a second connection (a
-        # method whose calls gRPC no longer hands to the daemon answers it late or never).
+    # Every rejection arrives while the Train still holds the ranks (it never ends by
+    # itself: 1,000,000 steps). Where it stopped if not (three CI runs stalled here on a
+    # 2-core Intel host, never reproduced on Zen 5 with CPU hogs or a 0.4-CPU quota beside
+    # it): every 5 s the client's count and the daemon's view on a connection of its own.
+    t0, seen = time.perf_counter(), []
+    while not wait_for(lambda: rejected() >= n - 64, 5, 0.05):
         st = f.status()
-        r0, tr0 = rejected(), f.train_records
+        seen.append("%.0f s: %d refused, %d answered; daemon %s, active_calls %d, queue %d; "
+                    "Train %d records, %s" % (time.perf_counter() - t0, rejected(), len(codes),
+                                              st.state, st.active_calls, st.request_queue_depth,
+                                              f.train_records, f.train_end))
+        if time.perf_counter() - t0 < 60:
+            continue
+        # The kernel's socket queues (which side holds unread bytes), a Predict on another
+        # connection, what used the CPU meanwhile and where this client's threads are.
         queues = tcp_queues(int(f.d.address.rsplit(":", 1)[1]))
-        t0 = time.perf_counter()
+        t1 = time.perf_counter()
         code, _, _ = f.status_raw.call(TR + "Predict", f.x1, timeout=10)
-        probe = "%s after %.0f ms" % (code.name, (time.perf_counter() - t0) * 1e3)
-        time.sleep(5)
-        raise Failure("after 60 s, %d of the %d calls beyond --queue 64 were refused and %d "
-                      "answered otherwise (GetStatus: state %s, active_calls %d, "
-                      "request_queue_depth %d); 5 s later %d refused; Train records on the same "
-                      "channel %d, 5 s later %d; a Predict on another connection: %s; sockets: %s; "
+        probe = "%s after %.0f ms" % (code.name, (time.perf_counter() - t1) * 1e3)
+        top = cpu_top(2.0)
+        faulthandler.dump_traceback(all_threads=True)
+        raise Failure("%d of the %d calls beyond --queue 64 not refused after 60 s; every 5 s:\n  "
+                      "%s\na Predict on another connection: %s; sockets: %s; CPU over 2 s: %s; "
                       "the burst channel's states: %s"
-                      % (r0, n - 64, len(codes) - r0, st.state, st.active_calls,
-                         st.request_queue_depth, rejected(), tr0, f.train_records, probe, queues,
+                      % (n - 64 - rejected(), n - 64, "\n  ".join(seen), probe, queues, top,
                          ", ".join(f.states)))
     st = f.status()
     rss_peak = vm_rss_kb(f.pid)

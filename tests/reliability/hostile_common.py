@@ -143,6 +143,34 @@ def tcp_queues(port):
     return "; ".join(out) or "no socket of port %d" % port
 
 
+def cpu_top(seconds=1.0, n=8):
+    """The processes that used the most CPU over the next `seconds` (a stalled client's account:
+    is it starved, and by whom?), as 'comm(pid) 97%', and the load average."""
+    def sample():
+        out = {}
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                with open("/proc/%s/stat" % d) as f:
+                    st = f.read()
+            except OSError:
+                continue
+            comm, rest = st[st.index("(") + 1:st.rindex(")")], st[st.rindex(")") + 2:].split()
+            out[int(d)] = (comm, int(rest[11]) + int(rest[12]))  # utime + stime
+        return out
+    a = sample()
+    t0 = time.perf_counter()
+    time.sleep(seconds)
+    b = sample()
+    dt = (time.perf_counter() - t0) * os.sysconf("SC_CLK_TCK")
+    use = sorted(((b[p][1] - a[p][1]) / dt * 100, p, b[p][0]) for p in b if p in a)[::-1]
+    with open("/proc/loadavg") as f:
+        load = " ".join(f.read().split()[:3])
+    return "load %s; %s" % (load, ", ".join("%s(%d) %.0f%%" % (c, p, u) for u, p, c in use[:n]
+                                             if u > 0) or "no process used CPU")
+
+
 def percentile(values, p):
     v = sorted(values)
     if not v:

@@ -663,28 +663,29 @@ static ddl_status upsample_parse(spec_pctx *c, json_t *o, const char *path, spec
     return DDL_OK;
 }
 
-// upsample (layers/upsample.c) on a split input: the input box its window reads (its own
-// block and, per split dimension, up to one plane more on each side for the linear
-// modes), and the send and receive staging (each at most that box less its own block).
-// They live within one call: in the shared scratch, or its own. One rank reads x itself.
+// upsample (layers/upsample.c): the per-call buffers of its busiest rank, by the layer's
+// own plan (the input window its output box reads when that is not within its own
+// block, and the send and receive staging). They live within one call: in the shared
+// scratch, or its own. A rank whose window is its own block gathers nothing.
 static void upsample_estimate(spec_est *e, const spec_layer *L)
 {
-    const ddl_spec_t *s    = spec_est_spec(e);
-    double            need = 1, own = spec_est_local_numel(s, &L->x_global, L->P_in);
-    bool              split = false;
+    const ddl_spec_t *s = spec_est_spec(e);
+    int               pshape[DDL_MAX_DIMS];
+    size_t            bytes;
     for (int d = 0; d < L->x_global.ndim; d++) {
-        int p = spec_est_part_dim(s, L->P_in, d);
-        split = split || (d >= 2 && p > 1);
-        need *= spec_est_ceil_div((double)L->x_global.d[d], p) + (d >= 2 && p > 1 ? 2 : 0);
+        pshape[d] = spec_est_part_dim(s, L->P_in, d);
     }
-    if (!split) {
+    // The parse made the same checks as the layer's, so this cannot fail on a parsed spec.
+    if (ddl_upsample_scratch_bytes(s->dt, &L->x_global, pshape, L->mode, L->align_corners,
+                                   L->has_scale ? L->scale : NULL, L->has_scale ? NULL : L->size,
+                                   &bytes) != DDL_OK ||
+        bytes == 0) {
         return;
     }
-    double bytes = (need + 2 * (need - own)) * spec_est_item(e);
     if (spec_est_shares(e)) {
-        spec_est_scratch(e, L->P_in, bytes);
+        spec_est_scratch(e, L->P_in, (double)bytes);
     } else {
-        spec_est_add(e, L->P_in, SPEC_E_WORK, bytes);
+        spec_est_add(e, L->P_in, SPEC_E_WORK, (double)bytes);
     }
 }
 

@@ -96,6 +96,14 @@ typedef struct conv_plan {
     int64_t cd_tail;       // elements past a sample's end the direct path reads in place
 } conv_plan;
 
+// The direct kernels' tap offsets in a thread's slot: toff [Kc], dx's dtoff [Kc] when x is
+// read in place (otherwise dtoff is toff) and koff [kv], as int64, DDL_ALIGN-rounded.
+static size_t cdir_offs_bytes(const conv_plan *P, bool inplace)
+{
+    size_t n = (size_t)((inplace ? 2 : 1) * P->Kc + P->sp.kv) * sizeof(int64_t);
+    return (n + DDL_ALIGN - 1) / DDL_ALIGN * DDL_ALIGN;
+}
+
 ddl_status ddl_conv_geom_init(ddl_conv_geom *g, int nsp, int64_t N, int64_t C_in,
                               int64_t C_out, const int64_t *in, const int64_t *k,
                               const int64_t *stride, const int64_t *pad,
@@ -262,7 +270,6 @@ static ddl_status conv_plan_make(const char *who, ddl_dtype dt, const ddl_conv_g
         size_t  planes = ((size_t)g->C_in * (size_t)Pp * es + a - 1) / a * a;
         size_t  dyw    = ((size_t)g->C_out * (size_t)ldy * es + a - 1) / a * a;
         size_t  mask   = ((size_t)nj * es + a - 1) / a * a;
-        size_t  offs   = ((size_t)(2 * P->Kc + sp->kv) * sizeof(int64_t) + a - 1) / a * a;
         size_t  lanes  = (size_t)g->C_out * (size_t)P->Kc * DDL_CDIR_LANE_BYTES;
         // Without padding or strides the padded sample is the sample itself, planes RV
         // apart: the kernels can read x in place, if they may read past its end. A run of
@@ -272,7 +279,7 @@ static ddl_status conv_plan_make(const char *who, ddl_dtype dt, const ddl_conv_g
         int64_t tail     = sh[0] * PL + sh[1] * R[2] + sh[2] + nj - RV;
         tail             = tail > 0 ? tail : 0;
         bool   inplace   = unpadded && g->x_tail >= tail;
-        size_t slot      = (inplace ? 1 : 2) * planes + dyw + mask + offs + lanes;
+        size_t slot = (inplace ? 1 : 2) * planes + dyw + mask + cdir_offs_bytes(P, inplace) + lanes;
         if (slot <= DDL_CDIR_MAX_SLOT) {
             P->cdir      = true;
             P->I2p       = R[2];
@@ -1132,10 +1139,10 @@ static void cdir_setup(ddl_dtype dt, const ddl_conv_geom *g, const conv_plan *P,
     d->dxp        = d->dyw + dyw;
     d->mask              = d->dxp + planes;
     d->toff       = (int64_t *)(void *)(d->mask + mask);
-    d->dtoff             = d->toff + P->Kc;
+    // dx's taps differ from x's only when x is read in place (its planes lie iv apart).
+    d->dtoff             = P->cd_inplace ? d->toff + P->Kc : d->toff;
     d->koff              = d->dtoff + P->Kc;
-    d->acc =
-        (char *)d->mask + mask + ((size_t)(2 * P->Kc + sp->kv) * sizeof(int64_t) + a - 1) / a * a;
+    d->acc               = (char *)d->mask + mask + cdir_offs_bytes(P, P->cd_inplace);
     // x's planes lie iv apart when read in place, dxp's always Pp.
     const int64_t xst = P->cd_inplace ? sp->iv : P->Pp;
     // Tap (k0, k1, k2) reads padded position o s + k d: in the phase layout (conv_plan_make)
@@ -1149,8 +1156,10 @@ static void cdir_setup(ddl_dtype dt, const ddl_conv_geom *g, const conv_plan *P,
     }
     for (int64_t ci = 0; ci < Ci; ci++) {
         for (int64_t kk = 0; kk < sp->kv; kk++) {
-            d->toff[ci * sp->kv + kk]  = ci * xst + d->koff[kk];
-            d->dtoff[ci * sp->kv + kk] = ci * P->Pp + d->koff[kk];
+            d->toff[ci * sp->kv + kk] = ci * xst + d->koff[kk];
+            if (P->cd_inplace) {
+                d->dtoff[ci * sp->kv + kk] = ci * P->Pp + d->koff[kk];
+            }
         }
     }
     // Valid: the first out[2] positions of the first out[1] rows of each of the out[0]

@@ -476,8 +476,7 @@ static ddl_status conv_forward(ddl_layer_t *L, const ddl_tensor_t *x, ddl_tensor
     if (m->b_bc != NULL) {
         DDL_CHECK(ddl_broadcast_forward(m->b_bc, pb->value, m->b_inplace ? pb->value : m->b));
     }
-    DDL_REQUIRE(!m->ws_shared || L->scratch_set || L->scratch_bytes == 0, DDL_EINTERNAL,
-                "%s: built to share scratch, but none was set (ddl_layer_set_scratch)", L->kind);
+    DDL_CHECK(ddl_layer_check_scratch(L, m->ws_shared));
     m->have_forward = true;
     m->x_saved      = x->data;
     const void *xin;

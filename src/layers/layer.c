@@ -94,6 +94,13 @@ void ddl_layer_set_scratch(ddl_layer_t *L, void *p)
     }
 }
 
+ddl_status ddl_layer_check_scratch(const ddl_layer_t *L, bool shared)
+{
+    DDL_REQUIRE(!shared || L->scratch_set || L->scratch_bytes == 0, DDL_EINTERNAL,
+                "%s: built to share scratch, but none was set (ddl_layer_set_scratch)", L->kind);
+    return DDL_OK;
+}
+
 ddl_status ddl_scratch_tensor(ddl_dtype dt, const ddl_shape *s, bool shared, ddl_tensor_t **out)
 {
     return shared ? ddl_tensor_view(dt, s, NULL, out) : ddl_tensor_create(dt, s, out);

@@ -113,6 +113,9 @@ bool ddl_layer_scratch_shared(void);
 // on 2 ranks, 1.6 MB per rank, keep theirs). Local.
 double ddl_layer_share_min_bytes(void);
 void   ddl_layer_set_scratch(ddl_layer_t *L, void *p);
+// Before a forward or backward of a layer whose buffers are `shared`: DDL_EINTERNAL if
+// it was built with scratch_bytes > 0 and no block was set.
+ddl_status ddl_layer_check_scratch(const ddl_layer_t *L, bool shared);
 // A block of `bytes` carved from a scratch of *total bytes, DDL_ALIGN-aligned: returns
 // its offset and advances *total (the layers' layouts).
 size_t ddl_scratch_carve(size_t *total, size_t bytes);

@@ -67,8 +67,7 @@ static ddl_status pool_forward(ddl_layer_t *L, const ddl_tensor_t *x, ddl_tensor
 {
     pool_impl  *m   = L->impl;
     const void *src = x->data;
-    DDL_REQUIRE(!m->shared || L->scratch_set || L->scratch_bytes == 0, DDL_EINTERNAL,
-                "%s: built to share scratch, but none was set (ddl_layer_set_scratch)", L->kind);
+    DDL_CHECK(ddl_layer_check_scratch(L, m->shared));
     if (m->halo != NULL) {
         if (m->in_x) {
             if (m->shared) {

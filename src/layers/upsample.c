@@ -214,8 +214,7 @@ static ddl_status up_forward(ddl_layer_t *L, const ddl_tensor_t *x, ddl_tensor_t
     if (!u->active) {
         return DDL_OK;
     }
-    DDL_REQUIRE(!u->shared || L->scratch_set || L->scratch_bytes == 0, DDL_EINTERNAL,
-                "upsample: built to share scratch, but none was set (ddl_layer_set_scratch)");
+    DDL_CHECK(ddl_layer_check_scratch(L, u->shared));
     // A direct rank still serves the pieces of x its neighbours read.
     DDL_CHECK(exchange_forward(u, x, u->need));
     const void *in = u->direct ? x->data : u->need->data;
@@ -228,8 +227,7 @@ static ddl_status up_backward(ddl_layer_t *L, const ddl_tensor_t *dy, ddl_tensor
     if (!u->active) {
         return DDL_OK;
     }
-    DDL_REQUIRE(!u->shared || L->scratch_set || L->scratch_bytes == 0, DDL_EINTERNAL,
-                "upsample: built to share scratch, but none was set (ddl_layer_set_scratch)");
+    DDL_CHECK(ddl_layer_check_scratch(L, u->shared));
     ddl_tensor_zero(dx);
     if (u->direct) {
         DDL_CHECK(ddl_interpolate_backward(L->dt, dx->data, dy->data, &u->ip, &u->win, u->B));
@@ -279,21 +277,17 @@ static const ddl_layer_ops up_ops = {
 };
 
 // Pure checks and the interpolation parameters: the same verdict on every rank.
-static ddl_status validate(const ddl_partition_t *P_x, ddl_dtype dt, const ddl_shape *x_global,
-                           ddl_upsample_mode mode, bool align_corners,
-                           const double *scale_factor, const int64_t *size,
-                           ddl_interpolate_params *ip)
+static ddl_status params(ddl_dtype dt, const ddl_shape *x_global, ddl_upsample_mode mode,
+                         bool align_corners, const double *scale_factor, const int64_t *size,
+                         ddl_interpolate_params *ip)
 {
-    DDL_REQUIRE(P_x != NULL && x_global != NULL, DDL_EINVAL,
-                "upsample: P_x and x_global must not be NULL");
+    DDL_REQUIRE(x_global != NULL, DDL_EINVAL, "upsample: x_global must not be NULL");
     DDL_REQUIRE(dt == DDL_F32 || dt == DDL_F64, DDL_EINVAL, "upsample: unknown dtype %d",
                 (int)dt);
     int nd = x_global->ndim;
     DDL_REQUIRE(nd >= 3 && nd <= 2 + DDL_INTERPOLATE_MAX_DIMS, DDL_EINVAL,
                 "upsample: x has %d dims, expected [N, C, spatial...] with 1 to %d spatial dims",
                 nd, DDL_INTERPOLATE_MAX_DIMS);
-    DDL_REQUIRE(ddl_partition_ndim(P_x) == nd, DDL_EINVAL,
-                "upsample: P_x has %d dims but x has %d", ddl_partition_ndim(P_x), nd);
     DDL_REQUIRE(mode == DDL_UPSAMPLE_NEAREST || mode == DDL_UPSAMPLE_LINEAR, DDL_EINVAL,
                 "upsample: unknown mode %d (nearest or linear)", (int)mode);
     DDL_REQUIRE(!(align_corners && mode == DDL_UPSAMPLE_NEAREST), DDL_EINVAL,
@@ -343,6 +337,17 @@ static ddl_status validate(const ddl_partition_t *P_x, ddl_dtype dt, const ddl_s
     return DDL_OK;
 }
 
+static ddl_status validate(const ddl_partition_t *P_x, ddl_dtype dt, const ddl_shape *x_global,
+                           ddl_upsample_mode mode, bool align_corners, const double *scale_factor,
+                           const int64_t *size, ddl_interpolate_params *ip)
+{
+    DDL_REQUIRE(P_x != NULL && x_global != NULL, DDL_EINVAL,
+                "upsample: P_x and x_global must not be NULL");
+    DDL_REQUIRE(ddl_partition_ndim(P_x) == x_global->ndim, DDL_EINVAL,
+                "upsample: P_x has %d dims but x has %d", ddl_partition_ndim(P_x), x_global->ndim);
+    return params(dt, x_global, mode, align_corners, scale_factor, size, ip);
+}
+
 // Rank r's Need box (global coordinates): its batch/channel block, and per spatial dim
 // the input range its output box reads. Empty when its output box is.
 static ddl_status need_box(ddl_dtype dt, const ddl_interpolate_params *ip, const ddl_box *xb,
@@ -375,29 +380,34 @@ static bool box_inside(const ddl_box *a, const ddl_box *b)
     return true;
 }
 
-// Walks the ranks of P_x (starting after this one, to spread the traffic) and collects
-// the pieces of this rank's plan: with out == NULL it only counts. `sending`: my x box
+// The exchange's geometry, pure (no MPI): x and y split shape-way, block `me` of np.
+typedef struct geom {
+    ddl_dtype                     dt;
+    const ddl_interpolate_params *ip;
+    const ddl_shape              *xg, *yg;
+    const int                    *shape;
+    int                           np, me;
+} geom;
+
+// Walks the blocks (starting after this one, to spread the traffic) and collects the
+// pieces of block me's plan: with out == NULL it only counts. `sending`: my x box
 // against every Need box; otherwise my Need box against every x box.
-static ddl_status collect(ddl_layer_t *L, const ddl_box *my_x, const ddl_box *my_need,
-                          bool sending, piece *out, int *count, size_t *bytes)
+static ddl_status collect(const geom *g, const ddl_box *my_x, const ddl_box *my_need, bool sending,
+                          piece *out, int *count, size_t *bytes)
 {
-    up_impl               *u     = L->impl;
-    const ddl_partition_t *P     = L->P_in;
-    int                    nd    = L->x_global.ndim, np = ddl_partition_size(P);
-    const int             *shape = ddl_partition_shape(P);
-    int                    me    = ddl_partition_rank(P);
-    size_t                 esz   = ddl_dtype_size(L->dt);
-    int                    k     = 0;
-    size_t                 off   = 0;
-    for (int i = 1; i < np; i++) {
-        int j = (me + i) % np;
+    int    nd  = g->xg->ndim;
+    size_t esz = ddl_dtype_size(g->dt);
+    int    k   = 0;
+    size_t off = 0;
+    for (int i = 1; i < g->np; i++) {
+        int j = (g->me + i) % g->np;
         int coord[DDL_MAX_DIMS];
-        ddl_index_unravel(nd, shape, j, coord);
-        ddl_box xj = ddl_decomp_box(&L->x_global, shape, coord);
-        ddl_box yj = ddl_decomp_box(&L->y_global, shape, coord), nj;
+        ddl_index_unravel(nd, g->shape, j, coord);
+        ddl_box xj = ddl_decomp_box(g->xg, g->shape, coord);
+        ddl_box yj = ddl_decomp_box(g->yg, g->shape, coord), nj;
         ddl_box ov;
         if (sending) {
-            DDL_CHECK(need_box(L->dt, &u->ip, &xj, &yj, &nj));
+            DDL_CHECK(need_box(g->dt, g->ip, &xj, &yj, &nj));
             if (!ddl_box_intersect(my_x, &nj, &ov)) {
                 continue;
             }
@@ -419,17 +429,62 @@ static ddl_status collect(ddl_layer_t *L, const ddl_box *my_x, const ddl_box *my
     return DDL_OK;
 }
 
+// Block me's boxes: its x and y blocks, the input window its output reads (nb), and
+// whether that window lies in its own x (direct: no gathering).
+static ddl_status block_boxes(const geom *g, ddl_box *xb, ddl_box *yb, ddl_box *nb, bool *direct)
+{
+    int coord[DDL_MAX_DIMS];
+    ddl_index_unravel(g->xg->ndim, g->shape, g->me, coord);
+    *xb = ddl_decomp_box(g->xg, g->shape, coord);
+    *yb = ddl_decomp_box(g->yg, g->shape, coord);
+    DDL_CHECK(need_box(g->dt, g->ip, xb, yb, nb));
+    *direct = ddl_box_numel(nb) == 0 || box_inside(nb, xb);
+    return DDL_OK;
+}
+
+// The staging of block me: how many pieces it sends and receives, and their bytes
+// (nothing received when direct).
+static ddl_status staging(const geom *g, const ddl_box *xb, const ddl_box *nb, bool direct,
+                          int *nsend, size_t *sbytes, int *nrecv, size_t *rbytes)
+{
+    *nrecv  = 0;
+    *rbytes = 0;
+    DDL_CHECK(collect(g, xb, nb, true, NULL, nsend, sbytes));
+    return direct ? DDL_OK : collect(g, xb, nb, false, NULL, nrecv, rbytes);
+}
+
+// The bytes of block g->me's per-call buffers as plan lays them out in the shared
+// scratch (the gathered window, then the send and receive staging), from the geometry
+// alone: the estimate's count, which test_upsample_layer checks against plan's.
+static ddl_status block_scratch(const geom *g, size_t *total)
+{
+    ddl_box xb, yb, nb;
+    bool    direct;
+    int     nsend, nrecv;
+    size_t  sbytes, rbytes;
+    DDL_CHECK(block_boxes(g, &xb, &yb, &nb, &direct));
+    DDL_CHECK(staging(g, &xb, &nb, direct, &nsend, &sbytes, &nrecv, &rbytes));
+    *total = 0;
+    (void)ddl_scratch_carve(total, direct ? 0 : (size_t)ddl_box_numel(&nb) * ddl_dtype_size(g->dt));
+    (void)ddl_scratch_carve(total, sbytes);
+    (void)ddl_scratch_carve(total, rbytes);
+    return DDL_OK;
+}
+
 static ddl_status plan(ddl_layer_t *L)
 {
     up_impl *u  = L->impl;
     int      nd = L->x_global.ndim;
-    ddl_box  xb = ddl_partition_local_box(L->P_in, &L->x_global);
-    ddl_box  yb = ddl_partition_local_box(L->P_out, &L->y_global);
-    ddl_box  nb;
-    DDL_CHECK(need_box(L->dt, &u->ip, &xb, &yb, &nb));
-    u->B = L->x_shape.d[0] * L->x_shape.d[1];
-    // Direct: everything the kernel reads is in my own x (or it reads nothing).
-    u->direct = ddl_box_numel(&nb) == 0 || box_inside(&nb, &xb);
+    geom     g  = {.dt    = L->dt,
+                   .ip    = &u->ip,
+                   .xg    = &L->x_global,
+                   .yg    = &L->y_global,
+                   .shape = ddl_partition_shape(L->P_in),
+                   .np    = ddl_partition_size(L->P_in),
+                   .me    = ddl_partition_rank(L->P_in)};
+    ddl_box  xb, yb, nb;
+    DDL_CHECK(block_boxes(&g, &xb, &yb, &nb, &u->direct));
+    u->B              = L->x_shape.d[0] * L->x_shape.d[1];
     const ddl_box *in = u->direct ? &xb : &nb;
     for (int k = 0; k < u->ip.ndim; k++) {
         u->win.in_start[k]  = in->start[2 + k];
@@ -450,13 +505,7 @@ static ddl_status plan(ddl_layer_t *L)
     }
     // Two passes per list: count and size, then fill.
     size_t sbytes, rbytes;
-    DDL_CHECK(collect(L, &xb, &nb, true, NULL, &u->nsend, &sbytes));
-    if (!u->direct) {
-        DDL_CHECK(collect(L, &xb, &nb, false, NULL, &u->nrecv, &rbytes));
-    } else {
-        u->nrecv = 0;
-        rbytes   = 0;
-    }
+    DDL_CHECK(staging(&g, &xb, &nb, u->direct, &u->nsend, &sbytes, &u->nrecv, &rbytes));
     u->send = ddl_calloc((size_t)u->nsend + 1, sizeof(piece));
     u->recv = ddl_calloc((size_t)u->nrecv + 1, sizeof(piece));
     if (u->shared) {
@@ -471,9 +520,9 @@ static ddl_status plan(ddl_layer_t *L)
     }
     DDL_REQUIRE(u->send && u->recv && (u->shared || (u->sbuf && u->rbuf)), DDL_ENOMEM,
                 "upsample: out of memory for the exchange plan");
-    DDL_CHECK(collect(L, &xb, &nb, true, u->send, &u->nsend, &sbytes));
+    DDL_CHECK(collect(&g, &xb, &nb, true, u->send, &u->nsend, &sbytes));
     if (!u->direct) {
-        DDL_CHECK(collect(L, &xb, &nb, false, u->recv, &u->nrecv, &rbytes));
+        DDL_CHECK(collect(&g, &xb, &nb, false, u->recv, &u->nrecv, &rbytes));
     }
     int64_t nreq = 0;
     for (int i = 0; i < u->nsend; i++) {
@@ -487,6 +536,34 @@ static ddl_status plan(ddl_layer_t *L)
     u->nreq = (int)nreq;
     u->req  = ddl_calloc((size_t)u->nreq + 1, sizeof(MPI_Request));
     DDL_REQUIRE(u->req != NULL, DDL_ENOMEM, "upsample: out of memory for the requests");
+    return DDL_OK;
+}
+
+ddl_status ddl_upsample_scratch_bytes(ddl_dtype dt, const ddl_shape *x_global, const int *pshape,
+                                      ddl_upsample_mode mode, bool align_corners,
+                                      const double *scale_factor, const int64_t *size,
+                                      size_t *bytes)
+{
+    DDL_REQUIRE(pshape != NULL && bytes != NULL, DDL_EINVAL,
+                "upsample: pshape and bytes must not be NULL");
+    ddl_interpolate_params ip;
+    DDL_CHECK(params(dt, x_global, mode, align_corners, scale_factor, size, &ip));
+    ddl_shape y  = *x_global;
+    int       np = 1;
+    for (int d = 0; d < x_global->ndim; d++) {
+        DDL_REQUIRE(pshape[d] >= 1, DDL_EINVAL, "upsample: %d blocks of dim %d", pshape[d], d);
+        np *= pshape[d];
+    }
+    for (int k = 0; k < ip.ndim; k++) {
+        y.d[2 + k] = ip.out_global[k];
+    }
+    geom g = {.dt = dt, .ip = &ip, .xg = x_global, .yg = &y, .shape = pshape, .np = np};
+    *bytes = 0;
+    for (g.me = 0; g.me < np; g.me++) {
+        size_t total;
+        DDL_CHECK(block_scratch(&g, &total));
+        *bytes = total > *bytes ? total : *bytes;
+    }
     return DDL_OK;
 }
 

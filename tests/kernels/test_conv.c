@@ -727,8 +727,12 @@ static void test_in_place(int level)
                        wb = ddl_conv_workspace_bytes(dt, &g1);
                 ASSERT_TRUE(ddl_cdir_taken(dt, &g1, wb, false) &&
                             ddl_cdir_taken(dt, &g1, wb, true));
-                // Smaller by at least one padded copy of a sample (C_in planes).
-                ASSERT_TRUE(wb + (size_t)(g0.C_in * iv) * es <= wa);
+                // Smaller by at least one padded copy of a sample (C_in planes), less
+                // what only the in-place slots hold: dx's own tap offsets (Kc of them,
+                // rounded to DDL_ALIGN), one slot per thread.
+                size_t taps = (size_t)(g0.C_in * g0.k[0] * g0.k[1] * g0.k[2]) * sizeof(int64_t);
+                ASSERT_TRUE(wb + (size_t)(g0.C_in * iv) * es <=
+                            wa + (size_t)T * (taps + DDL_ALIGN));
                 g1.x_tail = tail - 1; // one short: the copy again
                 ASSERT_EQ(ddl_conv_workspace_bytes(dt, &g1), wa);
                 g1.x_tail = tail;

@@ -7,6 +7,8 @@
 //    empty pieces, and partitions with inactive ranks;
 //  - PyTorch's values for a small 1-D case, worked out by hand, gathered from the ranks;
 //  - forward/backward allocate nothing;
+//  - ddl_upsample_scratch_bytes (the estimate's count) equals the largest shared scratch
+//    a rank's layer asks for, in every case and mode;
 //  - argument validation.
 #include <math.h>
 #include <string.h>
@@ -14,6 +16,7 @@
 #include "ddl/base.h"
 #include "ddl/collect.h"
 #include "layer_test.h"
+#include "layers/layer_impl.h"
 
 typedef struct up_case {
     const char      *name;
@@ -190,6 +193,34 @@ static void test_no_alloc(void)
     }
 }
 
+// ---- the estimate's count ------------------------------------------------------------------
+
+// Built to share scratch, the layer asks each rank for its buffers' bytes; the pure count
+// (no MPI) must be the largest of them, for both dtypes.
+static void check_scratch_bytes(up_case *c)
+{
+    for (int k = 0; k < 2; k++) {
+        ddl_dtype    dt = k == 0 ? DDL_F32 : DDL_F64;
+        ddl_layer_t *L  = NULL;
+        ddl_layer_share_scratch(true, 0);
+        ddl_status st = build(c, false, dt, &L);
+        ddl_layer_share_scratch(false, 0);
+        ASSERT_OK(st);
+        unsigned long long mine = L->scratch_bytes, most = 0;
+        MPI_Allreduce(&mine, &most, 1, MPI_UNSIGNED_LONG_LONG, MPI_MAX, MPI_COMM_WORLD);
+        size_t count = 0;
+        ASSERT_OK(ddl_upsample_scratch_bytes(dt, &c->xg, c->pshape, c->mode, c->align,
+                                             c->size[0] == 0 ? c->scale : NULL,
+                                             c->size[0] == 0 ? NULL : c->size, &count));
+        if (count != most) {
+            fprintf(stderr, "%s %s: ddl_upsample_scratch_bytes %zu, the layers' largest %llu\n",
+                    c->name, ddl_dtype_name(dt), count, most);
+        }
+        ASSERT_EQ(count, most);
+        ddl_layer_destroy(&L);
+    }
+}
+
 // ---- validation ------------------------------------------------------------------------
 
 static void test_validation(void)
@@ -270,6 +301,7 @@ int main(int argc, char **argv)
             snprintf(name, sizeof name, "%s %s", c->name, modes[m].name);
             ddl_layer_builder b = {.build = build, .ctx = c, .seed = 11, .training = true};
             layer_test_run(name, &b, true, true);
+            check_scratch_bytes(c);
         }
         ddl_partition_destroy(&c->P);
         ddl_partition_destroy(&c->P_seq);

@@ -239,6 +239,13 @@ DDL_EXTERN ddl_status ddl_upsample_create(const ddl_partition_t *P_x, ddl_dtype 
                                           const ddl_shape *x_global, ddl_upsample_mode mode,
                                           bool align_corners, const double *scale_factor,
                                           const int64_t *size, ddl_layer_t **out);
+// The most bytes of per-call buffers (the gathered input window and the send and receive
+// staging) that one block of x_global split pshape-way (the P_x shape, per dim) holds:
+// what ddl_model_estimate counts for the layer. Pure: no MPI.
+DDL_EXTERN ddl_status ddl_upsample_scratch_bytes(ddl_dtype dt, const ddl_shape *x_global,
+                                                 const int *pshape, ddl_upsample_mode mode,
+                                                 bool align_corners, const double *scale_factor,
+                                                 const int64_t *size, size_t *bytes);
 
 // Repartition as a layer: x over P_x to y over P_y (same global shape).
 DDL_EXTERN ddl_status ddl_repartition_layer_create(const ddl_partition_t *P_x,

@@ -338,9 +338,14 @@ def sc_cancel(h):
 def backpressure_round(f, n=500):
     """n concurrent Predicts while a Train holds the ranks. Returns (codes, rejection
     latencies in ms, request_queue_depth while full, VmRSS at the peak)."""
-    # A record every 20 steps (~25 a second): with one per step the Train's stream keeps
-    # this Python client's threads trading the GIL for every record it reads, on the same
-    # two cores as the Train's two busy ranks, while the burst's answers wait behind them.
+    # A record every 20 steps (~25 a second). With one per step (~500 a second) distdld
+    # writes records faster than a starved Python client reads them: its answers queue
+    # behind them in the one byte stream, and once the client's socket buffer is full the
+    # zero window outlasts gRPC's TCP_USER_TIMEOUT (the 20 s keepalive timeout), so the
+    # daemon's kernel drops the connection and with it the Train. Shown here with the
+    # client stopped for 45 s and tcp_rmem's maximum at 1 MB: its buffer full within 12 s,
+    # the daemon's socket gone within 30 s; at one record per 20 steps the buffer held 55 KB
+    # after 42 s and the connection lived.
     f.start_train(every=20)
     t_start, t_end, codes = {}, {}, {}
     lock = threading.Lock()
@@ -373,8 +378,8 @@ def backpressure_round(f, n=500):
         return sum(1 for c in list(codes.values()) if c == SC.RESOURCE_EXHAUSTED)
     # Every rejection arrives while the Train still holds the ranks (it never ends by
     # itself: 1,000,000 steps). Where it stopped if not (three CI runs stalled here on a
-    # 2-core Intel host, never reproduced on Zen 5 with CPU hogs or a 0.4-CPU quota beside
-    # it): every 5 s the client's count and the daemon's view on a connection of its own.
+    # 2-core Intel host, the third with the burst's connection gone, as above): every 5 s
+    # the client's count and the daemon's view on a connection of its own.
     t0, seen = time.perf_counter(), []
     while not wait_for(lambda: rejected() >= n - 64, 5, 0.05):
         st = f.status()

@@ -17,8 +17,8 @@ with LeNet-5 while a long Train holds the ranks:
 
   deadline_test.py --build B --source S --mpiexec M --mpi-flags F SCENARIO
 """
-import os
 import faulthandler
+import os
 import random
 import struct
 import sys
@@ -372,8 +372,7 @@ def backpressure_round(f, n=500):
         fut = fn.future(f.x1, timeout=120)
         fut.add_done_callback(on_done(i))
         futs.append(fut)
-    # Every rejection arrives while the Train still holds the ranks (it never ends by
-    # itself: 1,000,000 steps).
+
     def rejected():
         return sum(1 for c in list(codes.values()) if c == SC.RESOURCE_EXHAUSTED)
     # Every rejection arrives while the Train still holds the ranks (it never ends by

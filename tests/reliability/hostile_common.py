@@ -15,7 +15,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "server"))
 
 import grpc  # noqa: E402
 import ddld_rpc  # noqa: E402
-from ddl_daemon import DaemonHarness, Failure  # noqa: E402
+from ddl_daemon import DaemonHarness, Failure, proc_stats  # noqa: E402
 
 TR = "/distdl.v1.Trainer/"
 HE = "/grpc.health.v1.Health/"
@@ -147,18 +147,7 @@ def cpu_top(seconds=1.0, n=8):
     """The processes that used the most CPU over the next `seconds` (a stalled client's account:
     is it starved, and by whom?), as 'comm(pid) 97%', and the load average."""
     def sample():
-        out = {}
-        for d in os.listdir("/proc"):
-            if not d.isdigit():
-                continue
-            try:
-                with open("/proc/%s/stat" % d) as f:
-                    st = f.read()
-            except OSError:
-                continue
-            comm, rest = st[st.index("(") + 1:st.rindex(")")], st[st.rindex(")") + 2:].split()
-            out[int(d)] = (comm, int(rest[11]) + int(rest[12]))  # utime + stime
-        return out
+        return {pid: (comm, int(f[11]) + int(f[12])) for pid, comm, f in proc_stats()}
     a = sample()
     t0 = time.perf_counter()
     time.sleep(seconds)

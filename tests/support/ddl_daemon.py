@@ -112,20 +112,15 @@ class Daemon:
     def rank_pids(self):
         """pid -> rank of the daemon's processes (children of mpirun)."""
         out = {}
-        for pid in os.listdir("/proc"):
-            if not pid.isdigit():
-                continue
+        for pid, _, fields in proc_stats():
             try:
-                with open("/proc/%s/stat" % pid) as f:
-                    st = f.read()
-                ppid = int(st.rsplit(")", 1)[1].split()[1])
-                if ppid != self.proc.pid:
+                if int(fields[1]) != self.proc.pid:
                     continue
-                with open("/proc/%s/environ" % pid, "rb") as f:
+                with open("/proc/%d/environ" % pid, "rb") as f:
                     env = f.read().split(b"\0")
                 for e in env:
                     if e.startswith(b"OMPI_COMM_WORLD_RANK="):
-                        out[int(pid)] = int(e.split(b"=", 1)[1])
+                        out[pid] = int(e.split(b"=", 1)[1])
             except (OSError, ValueError, IndexError):
                 continue
         return out
@@ -168,6 +163,20 @@ class Daemon:
                   (self.log_path, text[-6000:]), flush=True)
         except OSError:
             pass
+
+
+def proc_stats():
+    """(pid, comm, the fields after comm) from /proc/PID/stat of every process still there
+    to be read (fields[1] is the parent's pid, [11] and [12] utime and stime in ticks)."""
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open("/proc/%s/stat" % d) as f:
+                st = f.read()
+        except OSError:
+            continue
+        yield int(d), st[st.index("(") + 1:st.rindex(")")], st[st.rindex(")") + 2:].split()
 
 
 def job_pids(d):

@@ -260,6 +260,28 @@ static void test_validation(void)
     ASSERT_STATUS(ddl_upsample_create(P, DDL_F64, &g, nea, false, NULL, far, &L), DDL_EINVAL);
     ASSERT_TRUE(strstr(ddl_last_error(), "2^34") != NULL);
     ASSERT_TRUE(L == NULL);
+    // The estimate's count (pure, no MPI: nothing to agree on) refuses what create refuses,
+    // and a block count below 1 or a missing argument, naming it; it leaves *bytes alone.
+    int    p1[3] = {1, 1, 2}, p0[3] = {1, 1, 0};
+    size_t nb = 7;
+    ASSERT_STATUS(ddl_upsample_scratch_bytes(DDL_F64, &g, p1, lin, false, NULL, NULL, &nb),
+                  DDL_EINVAL);
+    ASSERT_TRUE(strstr(ddl_last_error(), "neither") != NULL);
+    ASSERT_STATUS(ddl_upsample_scratch_bytes(DDL_F64, &g, p1, nea, false, big, NULL, &nb),
+                  DDL_EINVAL);
+    ASSERT_STATUS(ddl_upsample_scratch_bytes(DDL_F64, &g2, p1, lin, false, s2, NULL, &nb),
+                  DDL_EINVAL);
+    ASSERT_STATUS(ddl_upsample_scratch_bytes(DDL_F64, &g, p0, lin, false, s2, NULL, &nb),
+                  DDL_EINVAL);
+    ASSERT_TRUE(strstr(ddl_last_error(), "0 blocks of dim 2") != NULL);
+    ASSERT_STATUS(ddl_upsample_scratch_bytes(DDL_F64, &g, NULL, lin, false, s2, NULL, &nb),
+                  DDL_EINVAL);
+    ASSERT_STATUS(ddl_upsample_scratch_bytes(DDL_F64, NULL, p1, lin, false, s2, NULL, &nb),
+                  DDL_EINVAL);
+    ASSERT_STATUS(ddl_upsample_scratch_bytes(DDL_F64, &g, p1, lin, false, s2, NULL, NULL),
+                  DDL_EINVAL);
+    ASSERT_EQ(nb, 7);
+    ddl_clear_error();
     ASSERT_OK(ddl_upsample_create(P, DDL_F64, &g, lin, false, NULL, f, &L));
     ASSERT_EQ(ddl_layer_y_global(L)->d[2], 4);
     ASSERT_EQ(ddl_layer_nparams(L), 0);

@@ -94,6 +94,8 @@ typedef struct conv_plan {
     bool    cd_dx_scatter; // dx by ddl_cdir_dx_scatter, not the gather (conv_plan_make)
     bool    cd_inplace;    // the kernels read x itself, not a padded copy xp (g->x_tail)
     int64_t cd_tail;       // elements past a sample's end the direct path reads in place
+    int64_t cd_group;      // samples per forward and dW kernel call (the slot holds that
+                           // many dyw and xp)
 } conv_plan;
 
 // The direct kernels' tap offsets in a thread's slot: toff [Kc], dx's dtoff [Kc] when x is
@@ -279,7 +281,24 @@ static ddl_status conv_plan_make(const char *who, ddl_dtype dt, const ddl_conv_g
         int64_t tail     = sh[0] * PL + sh[1] * R[2] + sh[2] + nj - RV;
         tail             = tail > 0 ? tail : 0;
         bool   inplace   = unpadded && g->x_tail >= tail;
-        size_t slot = (inplace ? 1 : 2) * planes + dyw + mask + cdir_offs_bytes(P, inplace) + lanes;
+        // dW in groups of samples (ddl_cdir_dw's ns) where a sample's grid is short next
+        // to the dW accumulators, which the kernel loads and stores once per call: ResNet's
+        // 32->32 7x7 convolution, 590 KB of accumulators against 32 KB of dyw and xp per
+        // sample, spent more time moving them than in its FMAs. The group's dyw and xp
+        // take G slots each; large samples keep G = 1 (and their workspace). At most half
+        // the batch: the slot never holds a padded copy of all of it (a layer's own halo
+        // buffer is that copy, and sharing it must not cost more than keeping it).
+        size_t  per   = (inplace ? 0 : planes) + dyw;
+        int64_t group = (int64_t)(lanes / per);
+        group         = group < ddl_cdir_dw_group() ? group : ddl_cdir_dw_group();
+        group         = group < g->N / 2 ? group : g->N / 2;
+        group         = group > 1 ? group : 1;
+        size_t slot = (inplace ? 0 : (size_t)group * planes) + planes + (size_t)group * dyw + mask +
+                      cdir_offs_bytes(P, inplace) + lanes;
+        if (slot > DDL_CDIR_MAX_SLOT && group > 1) {
+            slot -= (size_t)(group - 1) * per;
+            group = 1;
+        }
         if (slot <= DDL_CDIR_MAX_SLOT) {
             P->cdir      = true;
             P->I2p       = R[2];
@@ -297,6 +316,7 @@ static ddl_status conv_plan_make(const char *who, ddl_dtype dt, const ddl_conv_g
             P->col_bytes = slot;
             P->cd_inplace = inplace;
             P->cd_tail    = unpadded ? tail : 0;
+            P->cd_group   = group;
             // The direct dx gathers over every padded input position (nq) for every tap,
             // against ov per tap for the forward: with unpadded small planes (LeNet's conv2:
             // 224 against 100) that is over twice the work, and the scatter over the wide
@@ -835,11 +855,15 @@ static ddl_status conv_select(const char *who, ddl_dtype dt, const ddl_conv_geom
     DDL_CHECK(conv_plan_make(who, dt, g, P, true));
     size_t need = P->col_bytes + P->stage_bytes + P->pad_bytes;
     // A workspace sized for the im2col path only: take that path. So does the backward of
-    // a direct plan whose grid is at least twice the outputs (planes of a few positions:
-    // ResNet's 4x4, 32 grid positions for 16 outputs, where the dW and dx sweeps run half
-    // empty: 3.78 against 3.09 ms, while the forward still wins, 0.79 against 1.37 ms).
+    // a direct plan whose grid is at least three times the outputs (planes of a few
+    // positions, where the dW and dx sweeps run mostly empty). Measured at AVX-512 (AMD
+    // EPYC Zen 5, batch 64, one thread, backward direct against im2col, since dW sums
+    // groups of samples): 64->64 4x4 padded, 32 grid positions for 16 outputs, 2.20
+    // against 2.85-2.93 ms; 32->32 6x9 unpadded, 64 for 28, 0.93-0.96 against 1.28; but
+    // 64->64 4x6 unpadded, 32 for 8, 2.21 against 1.57-1.61 ms. (Before the groups the
+    // 4x4 took 3.78 against 3.09 ms, and the bound was twice.)
     // ddl_conv_workspace_bytes has room for either path.
-    if (P->cdir && (ws_bytes < need || (backward && P->cd_nj >= 2 * P->sp.ov))) {
+    if (P->cdir && (ws_bytes < need || (backward && P->cd_nj >= 3 * P->sp.ov))) {
         DDL_CHECK(conv_plan_make(who, dt, g, P, false));
     }
     return DDL_OK;
@@ -849,6 +873,16 @@ bool ddl_cdir_taken(ddl_dtype dt, const ddl_conv_geom *g, size_t ws_bytes, bool 
 {
     conv_plan P;
     return conv_select("conv_path", dt, g, ws_bytes, backward, &P) == DDL_OK && P.cdir;
+}
+
+int64_t ddl_cdir_dw_group_of(ddl_dtype dt, const ddl_conv_geom *g, size_t ws_bytes)
+{
+    conv_plan P;
+    if (conv_select("conv_path", dt, g, ws_bytes, true, &P) != DDL_OK) {
+        ddl_clear_error();
+        return 0;
+    }
+    return P.cdir ? P.cd_group : 0;
 }
 
 // The plan of a call, checked against the workspace.
@@ -1044,6 +1078,7 @@ static ddl_status conv_backward_wide(ddl_dtype dt, const ddl_conv_geom *g, const
 
 typedef struct cdir_ws {
     char    *xp, *dyw, *dxp, *mask, *acc;
+    int64_t  xp_stride, dyw_stride; // elements between a group's samples (x's when in place)
     int64_t *toff, *dtoff, *koff;
     ddl_cdir c;
 } cdir_ws;
@@ -1134,9 +1169,13 @@ static void cdir_setup(ddl_dtype dt, const ddl_conv_geom *g, const conv_plan *P,
     size_t planes = ((size_t)Ci * (size_t)P->Pp * es + a - 1) / a * a;
     size_t dyw    = ((size_t)Co * (size_t)P->cd_ldy * es + a - 1) / a * a;
     size_t        mask   = ((size_t)P->cd_nj * es + a - 1) / a * a;
+    // A group of cd_group samples' xp (unless read in place) and dyw, planes and dyw apart
+    // (xp_stride, dyw_stride), then one dxp.
+    d->xp_stride         = P->cd_inplace ? sp->iv * Ci : (int64_t)(planes / es);
+    d->dyw_stride        = (int64_t)(dyw / es);
     d->xp                = P->cd_inplace ? NULL : ws; // in place: the sample itself (cdir_input)
-    d->dyw               = P->cd_inplace ? ws : ws + planes;
-    d->dxp        = d->dyw + dyw;
+    d->dyw               = P->cd_inplace ? ws : ws + (size_t)P->cd_group * planes;
+    d->dxp               = d->dyw + (size_t)P->cd_group * dyw;
     d->mask              = d->dxp + planes;
     d->toff       = (int64_t *)(void *)(d->mask + mask);
     // dx's taps differ from x's only when x is read in place (its planes lie iv apart).
@@ -1187,6 +1226,22 @@ static void cdir_setup(ddl_dtype dt, const ddl_conv_geom *g, const conv_plan *P,
                       .nq    = P->cd_nq};
 }
 
+// What the kernels read for the ng samples from xn on: their padded copies in the group's
+// xp slots, or the samples themselves when read in place (d->xp_stride apart either way).
+static const char *cdir_group_input(ddl_dtype dt, const conv_plan *P, int64_t Ci, const cdir_ws *d,
+                                    const char *xn, int64_t ng)
+{
+    if (P->cd_inplace) {
+        return xn;
+    }
+    const size_t es = dt_size(dt);
+    for (int64_t t = 0; t < ng; t++) {
+        cdir_input(dt, P, Ci, d->xp + (size_t)(t * d->xp_stride) * es,
+                   xn + (size_t)(t * Ci * P->sp.iv) * es);
+    }
+    return d->xp;
+}
+
 static ddl_status conv_forward_cdir(ddl_dtype dt, const ddl_conv_geom *g, const conv_plan *P,
                                     void *y, const void *x, const void *w, const void *b,
                                     char *ws, int64_t n_begin, int64_t n_end)
@@ -1195,11 +1250,18 @@ static ddl_status conv_forward_cdir(ddl_dtype dt, const ddl_conv_geom *g, const 
     const size_t  es = dt_size(dt);
     cdir_ws       d;
     cdir_setup(dt, g, P, ws, false, &d);
-    char *yw = d.dyw + (size_t)P->cd_M * es;
-    for (int64_t n = n_begin; n < n_end; n++) {
-        const char *xs = cdir_input(dt, P, Ci, d.xp, elem(x, n * Ci * iv, es));
-        ddl_cdir_forward(dt, &d.c, yw, xs, w, b); // the bias starts each sum
-        cdir_grid_rows(es, P, Co, yw, elem(y, n * Co * ov, es), false);
+    char *yw0 = d.dyw + (size_t)P->cd_M * es;
+    // A group of samples per kernel call (the dW's, conv_plan_make): small planes share
+    // the kernel's tiles.
+    for (int64_t n0 = n_begin; n0 < n_end; n0 += P->cd_group) {
+        int64_t     ng = n_end - n0 < P->cd_group ? n_end - n0 : P->cd_group;
+        const char *xs = cdir_group_input(dt, P, Ci, &d, elem(x, n0 * Ci * iv, es), ng);
+        // The bias starts each sum.
+        ddl_cdir_forward(dt, &d.c, yw0, xs, w, b, ng, d.dyw_stride, d.xp_stride);
+        for (int64_t t = 0; t < ng; t++) {
+            cdir_grid_rows(es, P, Co, yw0 + (size_t)(t * d.dyw_stride) * es,
+                           elem(y, (n0 + t) * Co * ov, es), false);
+        }
     }
     return DDL_OK;
 }
@@ -1214,25 +1276,30 @@ static ddl_status conv_backward_cdir(ddl_dtype dt, const ddl_conv_geom *g, const
     cdir_ws       d;
     cdir_setup(dt, g, P, ws, dw != NULL, &d);
     // Margins, garbage columns and tail of dyw stay zero; only the valid runs change.
-    memset(d.dyw, 0, (size_t)(Co * P->cd_ldy) * es);
+    memset(d.dyw, 0, (size_t)(P->cd_group * d.dyw_stride) * es);
     if (dw != NULL) {
         memset(d.acc, 0, (size_t)(Co * P->Kc) * DDL_CDIR_LANE_BYTES);
     }
-    char *dyw = d.dyw + (size_t)P->cd_M * es;
-    for (int64_t n = n_begin; n < n_end; n++) {
-        cdir_grid_rows(es, P, Co, elem(dy, n * Co * ov, es), dyw, true);
-        if (dw != NULL) {
-            const char *xs = cdir_input(dt, P, Ci, d.xp, elem(x, n * Ci * iv, es));
-            ddl_cdir_dw(dt, &d.c, d.acc, dyw, xs, d.mask);
+    char *dyw0 = d.dyw + (size_t)P->cd_M * es;
+    for (int64_t n0 = n_begin; n0 < n_end; n0 += P->cd_group) {
+        int64_t ng = n_end - n0 < P->cd_group ? n_end - n0 : P->cd_group;
+        for (int64_t t = 0; t < ng; t++) {
+            cdir_grid_rows(es, P, Co, elem(dy, (n0 + t) * Co * ov, es),
+                           dyw0 + (size_t)(t * d.dyw_stride) * es, true);
         }
-        if (dx != NULL) {
+        if (dw != NULL) {
+            const char *xs = cdir_group_input(dt, P, Ci, &d, elem(x, n0 * Ci * iv, es), ng);
+            ddl_cdir_dw(dt, &d.c, d.acc, dyw0, xs, d.mask, ng, d.dyw_stride, d.xp_stride);
+        }
+        for (int64_t t = 0; t < ng && dx != NULL; t++) {
+            const char *dyw = dyw0 + (size_t)(t * d.dyw_stride) * es;
             if (P->cd_dx_scatter) {
                 memset(d.dxp, 0, (size_t)(Ci * P->Pp) * es);
                 ddl_cdir_dx_scatter(dt, &d.c, d.dxp, dyw, w);
             } else {
                 ddl_cdir_dx(dt, &d.c, d.dxp, dyw, w);
             }
-            char *dxn = elem(dx, n * Ci * iv, es);
+            char *dxn = elem(dx, (n0 + t) * Ci * iv, es);
             if (P->cd_nph > 1) {
                 cdir_phase_copy(dt, P, Ci, d.dxp, dxn, true); // strides
                 continue;

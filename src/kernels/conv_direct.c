@@ -18,6 +18,8 @@
 #define CDIR_DW_TB  3
 #define CDIR_DXS_TB 3
 #define CDIR_DXS_JV 4
+// Most vectors of positions the forward's tiles of several samples draw from at once.
+#define CDIR_FWD_GROUP_VECTORS 32
 
 #define CDIR_INLINE static inline __attribute__((always_inline))
 
@@ -195,6 +197,20 @@ bool ddl_cdir_enabled(void)
     return cdir_level() > 0;
 }
 
+static int cdir_group_most = DDL_CDIR_DW_GROUP;
+
+int ddl_cdir_dw_group(void)
+{
+    return cdir_group_most;
+}
+
+int ddl_cdir_set_dw_group(int most)
+{
+    int prev        = cdir_group_most;
+    cdir_group_most = most < 1 ? DDL_CDIR_DW_GROUP : most;
+    return prev;
+}
+
 int ddl_cdir_set(int level)
 {
     int prev      = cdir_level();
@@ -203,13 +219,13 @@ int ddl_cdir_set(int level)
 }
 
 void ddl_cdir_forward(ddl_dtype dt, const ddl_cdir *c, void *yw, const void *xp, const void *w,
-                      const void *b)
+                      const void *b, int64_t ns, int64_t sy, int64_t sx)
 {
     int l = cdir_level();
     if (dt == DDL_F32) {
-        (l == 2 ? fwd_f32_512 : fwd_f32)(c, yw, xp, w, b);
+        (l == 2 ? fwd_n_f32_512 : fwd_n_f32)(c, yw, xp, w, b, ns, sy, sx);
     } else {
-        (l == 2 ? fwd_f64_512 : fwd_f64)(c, yw, xp, w, b);
+        (l == 2 ? fwd_n_f64_512 : fwd_n_f64)(c, yw, xp, w, b, ns, sy, sx);
     }
 }
 
@@ -219,13 +235,13 @@ void ddl_cdir_forward(ddl_dtype dt, const ddl_cdir *c, void *yw, const void *xp,
 // time): 0.61 / 1.36 ms, against 0.94 / 1.78 at AVX2 and 1.33 / 2.73 at AVX-512 with
 // the AVX2 tile.
 void ddl_cdir_dw(ddl_dtype dt, const ddl_cdir *c, void *acc, const void *dyw, const void *xp,
-                 const void *mask)
+                 const void *mask, int64_t ns, int64_t sdy, int64_t sx)
 {
     int l = cdir_level();
     if (dt == DDL_F32) {
-        (l == 2 ? dw_f32_512 : dw_f32)(c, acc, dyw, xp, mask);
+        (l == 2 ? dw_f32_512 : dw_f32)(c, acc, dyw, xp, mask, ns, sdy, sx);
     } else {
-        (l == 2 ? dw_f64_512 : dw_f64)(c, acc, dyw, xp, mask);
+        (l == 2 ? dw_f64_512 : dw_f64)(c, acc, dyw, xp, mask, ns, sdy, sx);
     }
 }
 

@@ -49,6 +49,9 @@
 // level at 128^3: 8 channels of 130^3 floats, 70 MB a copy) keep the im2col path, whose
 // slot is a block of columns (DDL_CONV_BLOCK_BYTES).
 #define DDL_CDIR_MAX_SLOT ((size_t)64 << 20)
+// Most samples one dW call sums (conv.c groups samples whose grid is short next to the
+// dW accumulators, see conv_plan_make).
+#define DDL_CDIR_DW_GROUP 8
 // Positions are processed in runs of at most DDL_CDIR_ALIGN elements (the forward's two
 // vectors of 16 floats at AVX-512; dW and dx step by one vector): nj and nq are
 // multiples of it.
@@ -78,18 +81,31 @@ int ddl_cdir_level(void);
 // im2col path), 1 AVX2, 2 AVX-512; -1 back to the default. Returns the previous level.
 // Workspaces need not be resized (ddl_conv_workspace_bytes covers both paths).
 int ddl_cdir_set(int level);
+// Most samples one dW call sums (DDL_CDIR_DW_GROUP unless set), and for tests and
+// benches its setting: most < 1 restores the default. Returns the previous value. The
+// bits do not depend on it (ddl_cdir_dw); the workspace a plan asks for does.
+int ddl_cdir_dw_group(void);
+int ddl_cdir_set_dw_group(int most);
 // For tests and benches: whether a forward (backward false) or backward call of geometry
 // g with a workspace of ws_bytes would run the direct kernels.
 bool ddl_cdir_taken(ddl_dtype dt, const ddl_conv_geom *g, size_t ws_bytes, bool backward);
+// For tests: the samples per dW call of a backward call of g with ws_bytes (0: not the
+// direct path).
+int64_t ddl_cdir_dw_group_of(ddl_dtype dt, const ddl_conv_geom *g, size_t ws_bytes);
 
 // The three kernels (dt DDL_F32 or DDL_F64; pointers to element 0 of the wide grid:
 // dyw must be readable and zero from dyw - max(koff) on, see above).
-void ddl_cdir_forward(ddl_dtype dt, const ddl_cdir *c, void *yw, const void *xp,
-                      const void *w, const void *b /* may be NULL */);
+// The forward of ns samples (ns >= 1): sample s's xp at xp + s sx, its yw at yw + s sy
+// (elements). Samples whose grid is shorter than the kernel's tile share its tiles; the
+// bits are those of one sample per call.
+void ddl_cdir_forward(ddl_dtype dt, const ddl_cdir *c, void *yw, const void *xp, const void *w,
+                      const void *b /* may be NULL */, int64_t ns, int64_t sy, int64_t sx);
 // acc: [Co, Kc, lanes] with room for DDL_CDIR_LANE_BYTES per (co, t), zeroed before
 // the first sample; ddl_cdir_dw_finish adds each lane sum, in a fixed order, to dw.
+// ddl_cdir_dw sums ns samples (ns >= 1): sample s's dyw at dyw + s sdy, its xp at
+// xp + s sx (elements). The bits equal ns calls of one sample each, in order.
 void ddl_cdir_dw(ddl_dtype dt, const ddl_cdir *c, void *acc, const void *dyw, const void *xp,
-                 const void *mask);
+                 const void *mask, int64_t ns, int64_t sdy, int64_t sx);
 void ddl_cdir_dw_finish(ddl_dtype dt, const ddl_cdir *c, void *dw, const void *acc);
 void ddl_cdir_dx(ddl_dtype dt, const ddl_cdir *c, void *dxp, const void *dyw, const void *w);
 // dx as a scatter: dxp[dtoff[t] + j] += sum_co w[co, t] dyw[co, j] over j in [0, nj) (the

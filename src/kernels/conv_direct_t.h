@@ -53,6 +53,99 @@ CDIR_TGT CDIR_INLINE void CDIR_FN(fwd_tile)(const int CB, const int JV, int64_t 
         }                                                                                    \
     } while (0)
 
+// The forward tile of several samples: vector i reads x at xb[i] + toff[t] and writes
+// y at yb[i] (its channel c at yb[i] + c ldy). Each sum runs over the taps in order from
+// the bias, as in fwd_tile: the same bits.
+CDIR_TGT CDIR_INLINE void CDIR_FN(fwd_tile_s)(const int CB, const int JV, int64_t Kc,
+                                              const int64_t *toff, const T *const *xb, const T *w,
+                                              const T *b, T *const *yb, int64_t ldy)
+{
+    V a[6][4];
+    for (int c = 0; c < CB; c++) {
+        for (int i = 0; i < JV; i++) {
+            a[c][i] = b != NULL ? BCAST(b + c) : ZERO();
+        }
+    }
+    for (int64_t t = 0; t < Kc; t++) {
+        V xv[4];
+        for (int i = 0; i < JV; i++) {
+            xv[i] = LOADU(xb[i] + toff[t]);
+        }
+        for (int c = 0; c < CB; c++) {
+            V wv = BCAST(w + c * Kc + t);
+            for (int i = 0; i < JV; i++) {
+                a[c][i] = FMA(wv, xv[i], a[c][i]);
+            }
+        }
+    }
+    for (int c = 0; c < CB; c++) {
+        for (int i = 0; i < JV; i++) {
+            STOREU(yb[i] + c * ldy, a[c][i]);
+        }
+    }
+}
+
+#define CDIR_FWD_S(JV_)                                                                            \
+    do {                                                                                           \
+        switch (cb) {                                                                              \
+        case 6:                                                                                    \
+            CDIR_FN(fwd_tile_s)(6, JV_, c->Kc, c->toff, xb + k, wc, bc, yb + k, c->ldy);           \
+            break;                                                                                 \
+        case 5:                                                                                    \
+            CDIR_FN(fwd_tile_s)(5, JV_, c->Kc, c->toff, xb + k, wc, bc, yb + k, c->ldy);           \
+            break;                                                                                 \
+        case 4:                                                                                    \
+            CDIR_FN(fwd_tile_s)(4, JV_, c->Kc, c->toff, xb + k, wc, bc, yb + k, c->ldy);           \
+            break;                                                                                 \
+        case 3:                                                                                    \
+            CDIR_FN(fwd_tile_s)(3, JV_, c->Kc, c->toff, xb + k, wc, bc, yb + k, c->ldy);           \
+            break;                                                                                 \
+        case 2:                                                                                    \
+            CDIR_FN(fwd_tile_s)(2, JV_, c->Kc, c->toff, xb + k, wc, bc, yb + k, c->ldy);           \
+            break;                                                                                 \
+        default:                                                                                   \
+            CDIR_FN(fwd_tile_s)(1, JV_, c->Kc, c->toff, xb + k, wc, bc, yb + k, c->ldy);           \
+            break;                                                                                 \
+        }                                                                                          \
+    } while (0)
+
+// ns samples whose grids are shorter than a tile (nj / L < FWD_JV vectors, a small plane):
+// their vectors fill the tiles together, each weight broadcast serving FWD_JV vectors
+// instead of nj / L. Sample s's x at xp + s sx, its y at yw + s sy.
+CDIR_TGT static void CDIR_FN(fwd_group)(const ddl_cdir *c, T *yw, const T *xp, const T *w,
+                                        const T *b, int64_t ns, int64_t sy, int64_t sx)
+{
+    const int64_t nv = c->nj / L, n = ns * nv;
+    const T      *xb0[CDIR_FWD_GROUP_VECTORS];
+    T            *yb0[CDIR_FWD_GROUP_VECTORS];
+    for (int64_t s = 0, k = 0; s < ns; s++) {
+        for (int64_t v = 0; v < nv; v++, k++) {
+            xb0[k] = xp + s * sx + v * L;
+            yb0[k] = yw + s * sy + v * L;
+        }
+    }
+    for (int64_t co0 = 0; co0 < c->Co; co0 += 6) {
+        int64_t  cb = c->Co - co0 < 6 ? c->Co - co0 : 6;
+        const T *wc = w + co0 * c->Kc, *bc = b != NULL ? b + co0 : NULL;
+        T       *yb[CDIR_FWD_GROUP_VECTORS];
+        for (int64_t k = 0; k < n; k++) {
+            yb[k] = yb0[k] + co0 * c->ldy;
+        }
+        const T *const *xb = xb0;
+        int64_t         k  = 0;
+        for (; k + FWD_JV <= n; k += FWD_JV) {
+            CDIR_FWD_S(FWD_JV);
+        }
+        for (; k + 2 <= n; k += 2) {
+            CDIR_FWD_S(2);
+        }
+        for (; k < n; k++) {
+            CDIR_FWD_S(1);
+        }
+    }
+}
+#undef CDIR_FWD_S
+
 // Channels in blocks of 6, positions in tiles of FWD_JV vectors, the rest in pairs.
 CDIR_TGT static void CDIR_FN(fwd)(const ddl_cdir *c, T *yw, const T *xp, const T *w,
                                   const T *b)
@@ -72,11 +165,35 @@ CDIR_TGT static void CDIR_FN(fwd)(const ddl_cdir *c, T *yw, const T *xp, const T
 }
 #undef CDIR_FWD_CO
 
-// dW tile: CB channels x TB taps, summed over all nj positions one vector at a time into
-// the per-lane accumulators acc[(co Kc + t) L + lane] (reduced once per batch range by
-// dw_finish: a reduction per tile and sample would cost more than the tile's FMAs).
-CDIR_TGT CDIR_INLINE void CDIR_FN(dw_tile)(const int CB, const int TB, const ddl_cdir *c,
-                                           T *acc, const T *dyw, const T *xp, const T *mask)
+// ns samples (x at xp + s sx, y at yw + s sy): grids shorter than a tile share tiles
+// (fwd_group), in runs of at most CDIR_FWD_GROUP_VECTORS vectors; others one at a time.
+CDIR_TGT static void CDIR_FN(fwd_n)(const ddl_cdir *c, T *yw, const T *xp, const T *w, const T *b,
+                                    int64_t ns, int64_t sy, int64_t sx)
+{
+    const int64_t nv = c->nj / L;
+    if (ns > 1 && nv < FWD_JV && nv <= CDIR_FWD_GROUP_VECTORS) {
+        const int64_t most = CDIR_FWD_GROUP_VECTORS / nv;
+        for (int64_t s0 = 0; s0 < ns; s0 += most) {
+            int64_t m = ns - s0 < most ? ns - s0 : most;
+            CDIR_FN(fwd_group)(c, yw + s0 * sy, xp + s0 * sx, w, b, m, sy, sx);
+        }
+        return;
+    }
+    for (int64_t s = 0; s < ns; s++) {
+        CDIR_FN(fwd)(c, yw + s * sy, xp + s * sx, w, b);
+    }
+}
+
+// dW tile: CB channels x TB taps, summed over all nj positions of ns samples (dyw and xp
+// sdy and sx elements apart) one vector at a time into the per-lane accumulators
+// acc[(co Kc + t) L + lane] (reduced once per batch range by dw_finish: a reduction per
+// tile and sample would cost more than the tile's FMAs). The accumulators stay in
+// registers from one sample to the next: a short grid (a small plane) would otherwise
+// load and store them for a few vectors of FMAs per sample. The sums run in the same
+// order whatever ns: the same bits as one sample per call.
+CDIR_TGT CDIR_INLINE void CDIR_FN(dw_tile)(const int CB, const int TB, const ddl_cdir *c, T *acc,
+                                           const T *dyw, const T *xp, const T *mask, int64_t ns,
+                                           int64_t sdy, int64_t sx)
 {
     V a[6][4];
     for (int i = 0; i < CB; i++) {
@@ -84,15 +201,18 @@ CDIR_TGT CDIR_INLINE void CDIR_FN(dw_tile)(const int CB, const int TB, const ddl
             a[i][k] = LOADU(acc + (i * c->Kc + k) * L);
         }
     }
-    for (int64_t j = 0; j < c->nj; j += L) {
-        V m = LOADU(mask + j), xv[4];
-        for (int k = 0; k < TB; k++) {
-            xv[k] = AND(LOADU(xp + c->toff[k] + j), m);
-        }
-        for (int i = 0; i < CB; i++) {
-            V d = LOADU(dyw + i * c->ldy + j);
+    for (int64_t s = 0; s < ns; s++) {
+        const T *dys = dyw + s * sdy, *xs = xp + s * sx;
+        for (int64_t j = 0; j < c->nj; j += L) {
+            V m = LOADU(mask + j), xv[4];
             for (int k = 0; k < TB; k++) {
-                a[i][k] = FMA(d, xv[k], a[i][k]);
+                xv[k] = AND(LOADU(xs + c->toff[k] + j), m);
+            }
+            for (int i = 0; i < CB; i++) {
+                V d = LOADU(dys + i * c->ldy + j);
+                for (int k = 0; k < TB; k++) {
+                    a[i][k] = FMA(d, xv[k], a[i][k]);
+                }
             }
         }
     }
@@ -120,23 +240,23 @@ CDIR_TGT static void CDIR_FN(dw_finish)(const ddl_cdir *c, T *dw, const T *acc)
     }
 }
 
-#define CDIR_DW_CALL(CB_)                                                                    \
-    do {                                                                                     \
-        int64_t t = 0;                                                                       \
-        for (; t + DW_TB <= c->Kc; t += DW_TB) {                                             \
-            ddl_cdir local = *c;                                                             \
-            local.toff     = c->toff + t;                                                    \
-            CDIR_FN(dw_tile)(CB_, DW_TB, &local, dwc + t * L, dyc, xp, mask);                \
-        }                                                                                    \
-        for (; t < c->Kc; t++) {                                                             \
-            ddl_cdir local = *c;                                                             \
-            local.toff     = c->toff + t;                                                    \
-            CDIR_FN(dw_tile)(CB_, 1, &local, dwc + t * L, dyc, xp, mask);                    \
-        }                                                                                    \
+#define CDIR_DW_CALL(CB_)                                                                          \
+    do {                                                                                           \
+        int64_t t = 0;                                                                             \
+        for (; t + DW_TB <= c->Kc; t += DW_TB) {                                                   \
+            ddl_cdir local = *c;                                                                   \
+            local.toff     = c->toff + t;                                                          \
+            CDIR_FN(dw_tile)(CB_, DW_TB, &local, dwc + t * L, dyc, xp, mask, ns, sdy, sx);         \
+        }                                                                                          \
+        for (; t < c->Kc; t++) {                                                                   \
+            ddl_cdir local = *c;                                                                   \
+            local.toff     = c->toff + t;                                                          \
+            CDIR_FN(dw_tile)(CB_, 1, &local, dwc + t * L, dyc, xp, mask, ns, sdy, sx);             \
+        }                                                                                          \
     } while (0)
 
 CDIR_TGT static void CDIR_FN(dw)(const ddl_cdir *c, T *acc, const T *dyw, const T *xp,
-                                 const T *mask)
+                                 const T *mask, int64_t ns, int64_t sdy, int64_t sx)
 {
     for (int64_t co0 = 0; co0 < c->Co; co0 += DW_CB) {
         int64_t  cb  = c->Co - co0 < DW_CB ? c->Co - co0 : DW_CB;

@@ -612,15 +612,17 @@ static void test_direct_vs_gemm(void)
         return;
     }
     // LeNet's conv1 shape, N = 5, a 1-D case with dilation, a 3-D case, ResNet's strided
-    // convolutions: 3x3 stride 2 (padding 1) and the 1x1 stride-2 shortcut, and a 4x4
-    // plane (ResNet's last stage), whose backward takes the GEMM path (a grid twice its
-    // outputs) while its forward stays direct.
+    // convolutions: 3x3 stride 2 (padding 1) and the 1x1 stride-2 shortcut, a 4x4 plane
+    // (ResNet's last stage, its grid twice its outputs: direct both ways), and an
+    // unpadded 4x4 plane (a split rank's block of it: a grid 8 times its 4 outputs),
+    // whose backward takes the GEMM path while its forward stays direct.
     // {nsp, N, Ci, Co, in, k, stride, pad}
     ddl_conv_geom g;
-    const int64_t shapes[6][8] = {{2, 5, 1, 6, 28, 5, 1, 2},  {1, 7, 3, 4, 23, 4, 1, 2},
+    const int64_t shapes[7][8] = {{2, 5, 1, 6, 28, 5, 1, 2},  {1, 7, 3, 4, 23, 4, 1, 2},
                                   {3, 2, 4, 5, 10, 3, 1, 2},  {2, 3, 8, 16, 28, 3, 2, 1},
-                                  {2, 3, 8, 16, 28, 1, 2, 0}, {2, 3, 8, 8, 4, 3, 1, 1}};
-    for (int s = 0; s < 6; s++) {
+                                  {2, 3, 8, 16, 28, 1, 2, 0}, {2, 3, 8, 8, 4, 3, 1, 1},
+                                  {2, 3, 8, 8, 4, 3, 1, 0}};
+    for (int s = 0; s < 7; s++) {
         const int64_t *c     = shapes[s];
         int64_t        in[3] = {c[4], c[4], c[4]}, k[3] = {c[5], c[5], c[5]};
         int64_t        st[3] = {c[6], c[6], c[6]}, p[3] = {c[7], c[7], c[7]}, d[3] = {1, 2, 1};
@@ -637,9 +639,9 @@ static void test_direct_vs_gemm(void)
             void *xd = ddl_test_as_dtype(dt, x, nx), *wd = ddl_test_as_dtype(dt, w, nw);
             void *rd = ddl_test_as_dtype(dt, r, ny);
             // A workspace sized with the direct path off: the im2col path's block covers
-            // the direct one's slot, except on the 4x4 plane, whose im2col workspace is
-            // smaller; that one is sized with the path on (else every call takes GEMM).
-            ddl_cdir_set(s == 5 ? 2 : 0);
+            // the direct one's slot, except on the 4x4 planes, whose im2col workspace is
+            // smaller; those are sized with the path on (else every call takes GEMM).
+            ddl_cdir_set(s >= 5 ? 2 : 0);
             size_t wsb = ddl_conv_workspace_bytes(dt, &g);
             void  *ws  = malloc(wsb);
             // 0: GEMM; 1 and 2: the widest direct kernels; 3: AVX2 (capped by the CPU).
@@ -657,10 +659,11 @@ static void test_direct_vs_gemm(void)
             ASSERT_TRUE(memcmp(dw[1], dw[2], (size_t)nw * es) == 0);
             // Which path ran (the bits cannot tell: on such short sums the direct
             // kernels and the GEMM can add in the same order): direct but for the 1x1
-            // stride-2 shortcut (one phase of four read) and the 4x4 plane's backward.
+            // stride-2 shortcut (one phase of four read) and the unpadded 4x4 plane's
+            // backward.
             ddl_cdir_set(2); // the widest the CPU has, whatever DDL_CONV_DIRECT says
             ASSERT_TRUE(ddl_cdir_taken(dt, &g, wsb, false) == (s != 4));
-            ASSERT_TRUE(ddl_cdir_taken(dt, &g, wsb, true) == (s != 4 && s != 5));
+            ASSERT_TRUE(ddl_cdir_taken(dt, &g, wsb, true) == (s != 4 && s != 6));
             double *ref = malloc((size_t)(nx + ny + nw) * sizeof(double));
             void   *want[3] = {y[0], dx[0], dw[0]};
             int64_t cnt[3]  = {ny, nx, nw};
@@ -678,6 +681,83 @@ static void test_direct_vs_gemm(void)
                 free(y[run]), free(dx[run]), free(dw[run]);
             }
             free(ws), free(xd), free(wd), free(rd);
+        }
+        free(x), free(w), free(r);
+    }
+    ddl_cdir_set(-1);
+}
+
+// Groups of samples (ddl_cdir_dw's and ddl_cdir_forward's ns, conv_plan_make): the direct
+// path sums the dW of up to ddl_cdir_dw_group() samples per kernel call where a sample's
+// grid is short next to the accumulators, and its forward fills a tile with several
+// samples' grids. Every output is bit for bit the one of one sample per call
+// (the group set to 1), at both widths, f32 and f64, with 1 and 2 threads, padded (the
+// group's xp copies) and read in place (x's samples themselves), with a last group
+// shorter than the others; and the group is in use (the workspace holds its copies).
+static void test_dw_groups(void)
+{
+    // {N, Ci, Co, in, pad}: ResNet's 7x7 stage at 8 channels (the AVX2 width's limit) and
+    // at 32 (AVX-512 only), 3x3 kernels; an unpadded 9x9 read in place; a 4x4 plane, whose
+    // grid (32 positions) is shorter than the AVX-512 forward's tile, so that the forward
+    // fills its tiles with the vectors of several samples.
+    const int64_t shapes[4][5] = {
+        {7, 8, 8, 7, 1}, {7, 32, 32, 7, 1}, {5, 8, 16, 9, 0}, {7, 8, 8, 4, 1}};
+    for (int s = 0; s < 4; s++) {
+        const int64_t *c = shapes[s];
+        ddl_conv_geom  g;
+        ASSERT_OK(ddl_conv_geom_init(&g, 2, c[0], c[1], c[2], (int64_t[]){c[3], c[3]},
+                                     (int64_t[]){3, 3}, NULL, (int64_t[]){c[4], c[4]}, NULL));
+        int64_t iv = c[3] * c[3], ov = g.out[0] * g.out[1];
+        int64_t nx = g.N * g.C_in * iv, ny = g.N * g.C_out * ov, nw = g.C_out * g.C_in * 9;
+        double *x = rand_vec(nx, 31), *w = rand_vec(nw, 32), *r = rand_vec(ny, 33);
+        for (int level = 1; level <= 2; level++) {
+            ddl_cdir_set(level);
+            if (ddl_cdir_level() != level || (level == 1 && g.C_in > DDL_CDIR_MAX_CIN)) {
+                continue; // the CPU lacks the width, or the width does not take this case
+            }
+            for (int dd = 0; dd < 2; dd++) {
+                ddl_dtype dt = dd ? DDL_F64 : DDL_F32;
+                size_t    es = ddl_dtype_size(dt);
+                g.x_tail     = c[4] == 0 ? ddl_conv_x_tail_need(dt, &g) : 0;
+                ASSERT_TRUE(c[4] != 0 || g.x_tail > 0);
+                // x with room for the tail the in-place path reads.
+                void *xd = ddl_test_as_dtype(dt, x, nx);
+                void *xt = zeros(dt, nx + g.x_tail);
+                memcpy(xt, xd, (size_t)nx * es);
+                void *wd = ddl_test_as_dtype(dt, w, nw), *rd = ddl_test_as_dtype(dt, r, ny);
+                for (int threads = 1; threads <= 2; threads++) {
+                    int     prev_t = ddl_blas_set_threads(threads);
+                    void   *y[2], *dx[2], *dw[2];
+                    size_t  wsb[2];
+                    int64_t group[2];
+                    for (int run = 0; run < 2; run++) {
+                        ddl_cdir_set_dw_group(run == 0 ? 1 : 0); // 1, then the default
+                        wsb[run] = ddl_conv_workspace_bytes(dt, &g);
+                        void *ws = malloc(wsb[run]);
+                        memset(ws, 0xff, wsb[run]);
+                        ASSERT_TRUE(ddl_cdir_taken(dt, &g, wsb[run], true));
+                        group[run] = ddl_cdir_dw_group_of(dt, &g, wsb[run]);
+                        y[run] = zeros(dt, ny), dx[run] = zeros(dt, nx), dw[run] = zeros(dt, nw);
+                        ASSERT_OK(ddl_conv_forward(dt, &g, y[run], xt, wd, NULL, ws, wsb[run]));
+                        ASSERT_OK(ddl_conv_backward(dt, &g, dx[run], dw[run], NULL, rd, xt, wd, ws,
+                                                    wsb[run]));
+                        free(ws);
+                    }
+                    ddl_cdir_set_dw_group(0);
+                    ddl_blas_set_threads(prev_t);
+                    // The default groups these samples (N / 2 at most), the last group
+                    // shorter than the others.
+                    ASSERT_TRUE(group[0] == 1 && group[1] >= 2 && group[1] <= g.N / 2);
+                    ASSERT_TRUE(g.N % group[1] != 0);
+                    ASSERT_TRUE(memcmp(y[0], y[1], (size_t)ny * es) == 0);
+                    ASSERT_TRUE(memcmp(dx[0], dx[1], (size_t)nx * es) == 0);
+                    ASSERT_TRUE(memcmp(dw[0], dw[1], (size_t)nw * es) == 0);
+                    for (int run = 0; run < 2; run++) {
+                        free(y[run]), free(dx[run]), free(dw[run]);
+                    }
+                }
+                free(xd), free(xt), free(wd), free(rd);
+            }
         }
         free(x), free(w), free(r);
     }
@@ -797,6 +877,7 @@ int main(void)
     }
     ddl_cdir_set(-1);
     test_direct_vs_gemm();
+    test_dw_groups();
     for (int level = 2; level >= 1; level--) {
         test_in_place(level); // at each vector width the CPU has
     }

@@ -10,52 +10,10 @@
 #define CDIR_CAT(a, b)  CDIR_CAT2(a, b)
 #define CDIR_FN(name)   CDIR_CAT(name, SUF)
 
-// Forward tile: CB output channels x JV vectors of positions, over all Kc taps.
-CDIR_TGT CDIR_INLINE void CDIR_FN(fwd_tile)(const int CB, const int JV, int64_t Kc,
-                                            const int64_t *toff, const T *xj, const T *w,
-                                            const T *b, T *yj, int64_t ldy)
-{
-    V a[6][4];
-    for (int c = 0; c < CB; c++) {
-        for (int i = 0; i < JV; i++) {
-            a[c][i] = b != NULL ? BCAST(b + c) : ZERO();
-        }
-    }
-    for (int64_t t = 0; t < Kc; t++) {
-        const T *xt = xj + toff[t];
-        V        xv[4];
-        for (int i = 0; i < JV; i++) {
-            xv[i] = LOADU(xt + i * L);
-        }
-        for (int c = 0; c < CB; c++) {
-            V wv = BCAST(w + c * Kc + t);
-            for (int i = 0; i < JV; i++) {
-                a[c][i] = FMA(wv, xv[i], a[c][i]);
-            }
-        }
-    }
-    for (int c = 0; c < CB; c++) {
-        for (int i = 0; i < JV; i++) {
-            STOREU(yj + c * ldy + i * L, a[c][i]);
-        }
-    }
-}
-
-#define CDIR_FWD_CO(JV_)                                                                     \
-    do {                                                                                     \
-        switch (cb) {                                                                        \
-        case 6: CDIR_FN(fwd_tile)(6, JV_, c->Kc, c->toff, xp + j, wc, bc, yc + j, c->ldy); break; \
-        case 5: CDIR_FN(fwd_tile)(5, JV_, c->Kc, c->toff, xp + j, wc, bc, yc + j, c->ldy); break; \
-        case 4: CDIR_FN(fwd_tile)(4, JV_, c->Kc, c->toff, xp + j, wc, bc, yc + j, c->ldy); break; \
-        case 3: CDIR_FN(fwd_tile)(3, JV_, c->Kc, c->toff, xp + j, wc, bc, yc + j, c->ldy); break; \
-        case 2: CDIR_FN(fwd_tile)(2, JV_, c->Kc, c->toff, xp + j, wc, bc, yc + j, c->ldy); break; \
-        default: CDIR_FN(fwd_tile)(1, JV_, c->Kc, c->toff, xp + j, wc, bc, yc + j, c->ldy); break; \
-        }                                                                                    \
-    } while (0)
-
-// The forward tile of several samples: vector i reads x at xb[i] + toff[t] and writes
-// y at yb[i] (its channel c at yb[i] + c ldy). Each sum runs over the taps in order from
-// the bias, as in fwd_tile: the same bits.
+// Forward tile: CB output channels x JV vectors of positions, over all Kc taps. Vector i
+// reads x at xb[i] + toff[t] and writes y at yb[i] (its channel c at yb[i] + c ldy): the
+// vectors of one sample's run, or of several samples' (fwd_group). Each sum runs over the
+// taps in order from the bias, whichever vectors share the tile: the same bits.
 CDIR_TGT CDIR_INLINE void CDIR_FN(fwd_tile_s)(const int CB, const int JV, int64_t Kc,
                                               const int64_t *toff, const T *const *xb, const T *w,
                                               const T *b, T *const *yb, int64_t ldy)
@@ -84,6 +42,32 @@ CDIR_TGT CDIR_INLINE void CDIR_FN(fwd_tile_s)(const int CB, const int JV, int64_
         }
     }
 }
+
+// The tile over JV consecutive vectors of one sample's run, from xj and yj.
+CDIR_TGT CDIR_INLINE void CDIR_FN(fwd_tile)(const int CB, const int JV, int64_t Kc,
+                                            const int64_t *toff, const T *xj, const T *w,
+                                            const T *b, T *yj, int64_t ldy)
+{
+    const T *xb[4];
+    T       *yb[4];
+    for (int i = 0; i < JV; i++) {
+        xb[i] = xj + i * L;
+        yb[i] = yj + i * L;
+    }
+    CDIR_FN(fwd_tile_s)(CB, JV, Kc, toff, xb, w, b, yb, ldy);
+}
+
+#define CDIR_FWD_CO(JV_)                                                                     \
+    do {                                                                                     \
+        switch (cb) {                                                                        \
+        case 6: CDIR_FN(fwd_tile)(6, JV_, c->Kc, c->toff, xp + j, wc, bc, yc + j, c->ldy); break; \
+        case 5: CDIR_FN(fwd_tile)(5, JV_, c->Kc, c->toff, xp + j, wc, bc, yc + j, c->ldy); break; \
+        case 4: CDIR_FN(fwd_tile)(4, JV_, c->Kc, c->toff, xp + j, wc, bc, yc + j, c->ldy); break; \
+        case 3: CDIR_FN(fwd_tile)(3, JV_, c->Kc, c->toff, xp + j, wc, bc, yc + j, c->ldy); break; \
+        case 2: CDIR_FN(fwd_tile)(2, JV_, c->Kc, c->toff, xp + j, wc, bc, yc + j, c->ldy); break; \
+        default: CDIR_FN(fwd_tile)(1, JV_, c->Kc, c->toff, xp + j, wc, bc, yc + j, c->ldy); break; \
+        }                                                                                    \
+    } while (0)
 
 #define CDIR_FWD_S(JV_)                                                                            \
     do {                                                                                           \

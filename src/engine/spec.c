@@ -1380,6 +1380,8 @@ static ddl_status spec_read_tuning(ddl_spec_t *s)
                 "environment: DDL_MEMORY_LIMIT=\"%.40s\" is not a byte count per rank (a number "
                 "> 0, optionally followed by K, M, G or T)",
                 v);
+    bool halo_overlap; // read by the layers (ddl_halo_overlap); checked here
+    DDL_CHECK(env_switch("DDL_HALO_OVERLAP", DDL_HALO_OVERLAP_DEFAULT, &halo_overlap));
     v = env_setting("DDL_CONV_DIRECT");
     DDL_REQUIRE(v == NULL || ddl_conv_direct_setting_ok(v), DDL_EINVAL,
                 "environment: DDL_CONV_DIRECT=\"%.40s\" is not a setting of it: 0 (im2col + "

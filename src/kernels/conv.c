@@ -1005,6 +1005,7 @@ static ddl_status conv_forward_wide(ddl_dtype dt, const ddl_conv_geom *g, const 
     char         *stage = col + P->col_bytes;
     char         *xp    = stage + P->stage_bytes;
     for (int64_t n0 = n_begin; n0 < N; n0 += P->nb) {
+        ddl__kernel_progress();
         int64_t nt = N - n0 < P->nb ? N - n0 : P->nb, nc = nt * P->Ws;
         for (int64_t t = 0; t < nt; t++) {
             pad_sample(dt, P, Ci, xp, (const char *)x + (size_t)((n0 + t) * Ci * iv) * es);
@@ -1040,6 +1041,7 @@ static ddl_status conv_backward_wide(ddl_dtype dt, const ddl_conv_geom *g, const
     char         *stage = col + P->col_bytes;
     char         *xp    = stage + P->stage_bytes;
     for (int64_t n0 = n_begin; n0 < N; n0 += P->nb) {
+        ddl__kernel_progress();
         int64_t nt = N - n0 < P->nb ? N - n0 : P->nb, nc = nt * P->Ws;
         // dy of the block in the wide layout [Co, nc], zero at the garbage positions.
         for (int64_t t = 0; t < nt; t++) {
@@ -1254,6 +1256,7 @@ static ddl_status conv_forward_cdir(ddl_dtype dt, const ddl_conv_geom *g, const 
     // A group of samples per kernel call (the dW's, conv_plan_make): small planes share
     // the kernel's tiles.
     for (int64_t n0 = n_begin; n0 < n_end; n0 += P->cd_group) {
+        ddl__kernel_progress();
         int64_t     ng = n_end - n0 < P->cd_group ? n_end - n0 : P->cd_group;
         const char *xs = cdir_group_input(dt, P, Ci, &d, elem(x, n0 * Ci * iv, es), ng);
         // The bias starts each sum.
@@ -1282,6 +1285,7 @@ static ddl_status conv_backward_cdir(ddl_dtype dt, const ddl_conv_geom *g, const
     }
     char *dyw0 = d.dyw + (size_t)P->cd_M * es;
     for (int64_t n0 = n_begin; n0 < n_end; n0 += P->cd_group) {
+        ddl__kernel_progress();
         int64_t ng = n_end - n0 < P->cd_group ? n_end - n0 : P->cd_group;
         for (int64_t t = 0; t < ng; t++) {
             cdir_grid_rows(es, P, Co, elem(dy, (n0 + t) * Co * ov, es),
@@ -1343,6 +1347,7 @@ static ddl_status conv_forward_range(ddl_dtype dt, const ddl_conv_geom *g, const
     char *stage = ws + P->col_bytes;
     if (P->nb == 1) {
         for (int64_t n = n_begin; n < n_end; n++) {
+            ddl__kernel_progress();
             const char *xn = elem(x, n * Ci * iv, es);
             char       *yn = elem(y, n * Co * ov, es);
             for (int64_t j0 = 0; j0 < ov; j0 += P->cols) {
@@ -1360,6 +1365,7 @@ static ddl_status conv_forward_range(ddl_dtype dt, const ddl_conv_geom *g, const
     // Several samples per block: columns [t*ov, (t+1)*ov) belong to sample n0 + t, and the
     // GEMM result [Co, nc] is scattered back to the per-sample [Co, ov] layout.
     for (int64_t n0 = n_begin; n0 < n_end; n0 += P->nb) {
+        ddl__kernel_progress();
         int64_t nt = n_end - n0 < P->nb ? n_end - n0 : P->nb, nc = nt * ov;
         for (int64_t t = 0; t < nt; t++) {
             im2col(dt, &P->sp, Ci, elem(col, t * ov, es), nc, elem(x, (n0 + t) * Ci * iv, es),
@@ -1397,6 +1403,7 @@ static ddl_status conv_backward_range(ddl_dtype dt, const ddl_conv_geom *g, cons
     char *stage = ws + P->col_bytes;
     if (P->nb == 1) {
         for (int64_t n = n_begin; n < n_end; n++) {
+            ddl__kernel_progress();
             const char *xn  = x != NULL ? elem(x, n * Ci * iv, es) : NULL;
             const char *dyn = elem(dy, n * Co * ov, es);
             char       *dxn = dx != NULL ? elem(dx, n * Ci * iv, es) : NULL;
@@ -1419,6 +1426,7 @@ static ddl_status conv_backward_range(ddl_dtype dt, const ddl_conv_geom *g, cons
     // Several samples per block: gather dy of the block into the staging area [Co, nc]
     // so both GEMMs see one matrix.
     for (int64_t n0 = n_begin; n0 < n_end; n0 += P->nb) {
+        ddl__kernel_progress();
         int64_t nt = n_end - n0 < P->nb ? n_end - n0 : P->nb, nc = nt * ov;
         for (int64_t t = 0; t < nt; t++) {
             for (int64_t co = 0; co < Co; co++) {
@@ -1565,6 +1573,7 @@ static ddl_status conv_forward(ddl_dtype dt, const ddl_conv_geom *g, void *y, co
     if (P.direct) {
         // y_n [Co, ov] = W [Co, Ci] · x_n [Ci, ov] (+ b): x_n is its own column matrix.
         for (int64_t n = 0; n < N; n++) {
+            ddl__kernel_progress();
             char *yn = elem(y, n * Co * ov, es);
             DDL_CHECK(ddl_gemm(dt, false, false, Co, ov, Ci, 1.0, w, Ci, elem(x, n * Ci * iv, es),
                                ov, 0.0, yn, ov));
@@ -1634,6 +1643,7 @@ ddl_status ddl_conv_backward(ddl_dtype dt, const ddl_conv_geom *g, void *dx, voi
     }
     if (P.direct) {
         for (int64_t n = 0; n < N; n++) {
+            ddl__kernel_progress();
             const char *dyn = elem(dy, n * Co * ov, es);
             if (dw != NULL) {
                 DDL_CHECK(ddl_gemm(dt, false, true, Co, Ci, ov, 1.0, dyn, ov,

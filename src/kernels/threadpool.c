@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "base/check.h"
+#include "ddl/kernels.h"
 #include "kernels/threadpool.h"
 
 #define POOL_MAX_WORKERS (DDL_POOL_MAX_PARTS - 1)
@@ -280,4 +281,22 @@ int ddl_pool_set_max_workers(int max)
     pool.max_workers = max < 0 ? -1 : max;
     pthread_mutex_unlock(&pool.mu);
     return prev;
+}
+
+// ---- progress during the kernels (ddl/kernels.h) ------------------------------------
+
+static _Thread_local ddl_kernel_progress progress;
+
+ddl_kernel_progress ddl_kernel_progress_set(ddl_kernel_progress p)
+{
+    ddl_kernel_progress prev = progress;
+    progress                 = p;
+    return prev;
+}
+
+void ddl__kernel_progress(void)
+{
+    if (progress.fn != NULL) {
+        progress.fn(progress.arg);
+    }
 }

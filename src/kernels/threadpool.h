@@ -33,6 +33,10 @@ typedef ddl_status (*ddl_pool_fn)(void *arg, int part, int nparts);
 // one fails). Not collective; allocates nothing after the workers exist.
 ddl_status ddl_pool_run(const char *who, int n, ddl_pool_fn fn, void *arg);
 
+// Calls the calling thread's ddl_kernel_progress callback (ddl/kernels.h), if any: the
+// kernels' hook between units of work. Cheap when none is set.
+void ddl__kernel_progress(void);
+
 // CPUs in the calling thread's affinity mask (sched_getaffinity; not nproc, which
 // follows OMP_NUM_THREADS), at least 1.
 int ddl_pool_affinity_cpus(void);

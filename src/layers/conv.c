@@ -463,6 +463,43 @@ static ddl_status input_block(conv_impl *m, ddl_dtype dt, const ddl_tensor_t *x,
     return DDL_OK;
 }
 
+// ---- halo exchanges behind the computation (issue 19, item 5) ------------------------
+
+// The kernels' progress hook while an exchange is in flight: it moves the exchange on
+// between their blocks, and keeps the first failure for the caller. A kernel calls the
+// hook once per block or group of samples (hundreds of times per ResNet step), and a
+// progress call with transfers pending costs microseconds, so only calls 1, 2, 4, 8, ...
+// of each exchange make one: early ones let the rendezvous start, and the exchange needs
+// few. Measured (bench-train-worker --overlap-ab, ResNet on 2 ranks): every call spent
+// 0.9 ms per step in progress calls, every 8th 0.2-0.3 ms; the powers of two hid a little
+// more than every 8th.
+typedef struct halo_prog {
+    ddl_halo_exchange_t *h;
+    ddl_status           st;
+    unsigned             calls;
+} halo_prog;
+
+static void halo_prog_fn(void *arg)
+{
+    halo_prog *p = arg;
+    unsigned   c = ++p->calls;
+    if ((c & (c - 1)) != 0 || p->st != DDL_OK) {
+        return;
+    }
+    p->st = ddl_halo_exchange_progress(p->h);
+}
+
+// Finishes h's exchange if one is in flight (a start may fail after posting), and returns
+// the first failure of: st (the work done meanwhile), the progress calls, the finish.
+static ddl_status halo_settle(ddl_halo_exchange_t *h, const halo_prog *p, ddl_status st)
+{
+    ddl_status fin = ddl_halo_exchange_in_flight(h) ? ddl_halo_exchange_finish(h) : DDL_OK;
+    if (st == DDL_OK && p != NULL) {
+        st = p->st;
+    }
+    return st != DDL_OK ? st : fin;
+}
+
 static ddl_status conv_forward(ddl_layer_t *L, const ddl_tensor_t *x, ddl_tensor_t *y)
 {
     conv_impl *m  = L->impl;
@@ -519,6 +556,68 @@ static ddl_status conv_forward(ddl_layer_t *L, const ddl_tensor_t *x, ddl_tensor
 
 // ---- backward ------------------------------------------------------------------
 
+// The feature layer's backward with the exchange of dx (H*) behind the computation of dw
+// and db and their sums onto the owners: dx first (overwritten into the padded buffer, or
+// its crop), then the exchange started, dw and db, B_w* and B_b*, and the exchange
+// finished. The same bits as conv_backward's order (dw, db and dx are independent sums).
+static ddl_status backward_overlapped(ddl_layer_t *L, conv_impl *m, const ddl_tensor_t *dy,
+                                      ddl_tensor_t *dx)
+{
+    ddl_dtype   dt = L->dt;
+    ddl_param  *pw = &L->params[0], *pb = m->c.bias ? &L->params[1] : NULL;
+    const void *w  = m->w != NULL && !m->w_inplace ? m->w->data : pw->value->data;
+    void       *gx = NULL;
+    if (m->in_x) {
+        gx = m->dx_staged ? m->dxstage->data : m->dxbuf->data;
+        zero_n(dt, gx, m->nx_blk);
+    }
+    if (m->work) {
+        DDL_CHECK(
+            ddl_conv_backward(dt, &m->g, gx, NULL, NULL, dy->data, NULL, w, m->ws, m->ws_bytes));
+    }
+    if (m->in_x && m->dx_staged) {
+        ddl_tensor_zero(m->dxbuf);
+        ddl_tensor_unpack(m->dxbuf, &m->need, m->dxstage->data);
+    }
+    halo_prog  p  = {.h = m->halo, .st = DDL_OK};
+    ddl_status st = ddl_halo_exchange_adjoint_start(m->halo, m->dxbuf);
+    if (m->dw != NULL) {
+        ddl_tensor_zero(m->dw);
+    }
+    if (m->db != NULL) {
+        ddl_tensor_zero(m->db);
+    }
+    if (st == DDL_OK && m->work) {
+        void *dw = m->dw != NULL ? m->dw->data : pw->grad->data;
+        void *db = NULL;
+        if (m->recv_bias) {
+            db = m->db != NULL ? m->db->data : pb->grad->data;
+        }
+        ddl_kernel_progress prev = ddl_kernel_progress_set((ddl_kernel_progress){halo_prog_fn, &p});
+        st =
+            ddl_conv_backward(dt, &m->g, NULL, dw, db, dy->data, m->conv_in, w, m->ws, m->ws_bytes);
+        ddl_kernel_progress_set(prev);
+    }
+    if (st == DDL_OK && m->w_bc != NULL) {
+        st = ddl_broadcast_adjoint(m->w_bc, m->dw, m->gw);
+        if (st == DDL_OK) {
+            add_into(pw->grad, m->gw);
+        }
+    }
+    if (st == DDL_OK && m->b_bc != NULL) {
+        st = ddl_broadcast_adjoint(m->b_bc, m->db, m->gb);
+        if (st == DDL_OK) {
+            add_into(pb->grad, m->gb);
+        }
+    }
+    DDL_CHECK(halo_settle(m->halo, &p, st));
+    if (m->in_x) {
+        ddl_box full = ddl_box_full(&dx->shape);
+        ddl_tensor_copy_box(m->dxbuf, &m->bulk, dx, &full);
+    }
+    return DDL_OK;
+}
+
 static ddl_status conv_backward(ddl_layer_t *L, const ddl_tensor_t *dy, ddl_tensor_t *dx)
 {
     conv_impl *m  = L->impl;
@@ -526,6 +625,10 @@ static ddl_status conv_backward(ddl_layer_t *L, const ddl_tensor_t *dy, ddl_tens
     ddl_param *pw = &L->params[0], *pb = m->c.bias ? &L->params[1] : NULL;
     bool       fan = m->x_bc != NULL;
     DDL_REQUIRE(m->have_forward, DDL_EINVAL, "%s: backward called before any forward", L->kind);
+    if (m->halo != NULL && !m->shared && m->c.kind == CONV_FEATURE && ddl_halo_overlap() &&
+        !L->dx_unused) {
+        return backward_overlapped(L, m, dy, dx);
+    }
     if (m->shared && m->halo != NULL) {
         // The padded input lives in the shared scratch: rebuilt from the forward's x.
         ddl_tensor_t xv = {.dtype = dt, .shape = L->x_shape, .data = (void *)m->x_saved};

@@ -67,6 +67,32 @@ const ddl_layer_t *ddl_layer_copy_source(void)
     return lender;
 }
 
+// -1: not yet read from DDL_HALO_OVERLAP.
+static int halo_overlap = -1;
+
+bool ddl_halo_overlap(void)
+{
+    if (halo_overlap < 0) {
+        // The engine refuses any other value (spec_read_tuning); a direct caller of the
+        // layers gets the default, with a warning. "" is unset.
+        const char *e  = getenv("DDL_HALO_OVERLAP");
+        bool        ok = e != NULL && (strcmp(e, "0") == 0 || strcmp(e, "1") == 0);
+        if (e != NULL && *e != '\0' && !ok) {
+            ddl_log(DDL_LOG_WARN, "DDL_HALO_OVERLAP=%.40s is not 0 or 1; using the default, %d", e,
+                    DDL_HALO_OVERLAP_DEFAULT);
+        }
+        halo_overlap = ok ? e[0] == '1' : DDL_HALO_OVERLAP_DEFAULT;
+    }
+    return halo_overlap != 0;
+}
+
+bool ddl_halo_overlap_set(bool on)
+{
+    bool prev    = ddl_halo_overlap();
+    halo_overlap = on ? 1 : 0;
+    return prev;
+}
+
 static _Thread_local bool   sharing;
 static _Thread_local double sharing_min_bytes;
 

@@ -85,6 +85,20 @@ typedef struct halo_step {
     halo_region slab[NSLOTS];
 } halo_step;
 
+// What to do with a slab once its request completes: copy a staged ghost in (forward),
+// add a received contribution (adjoint), or zero a ghost MPI has finished reading
+// (adjoint, direct or typed). Sends of staged data need nothing.
+typedef enum { AFTER_NONE, AFTER_UNPACK, AFTER_ADD, AFTER_ZERO } after_op;
+
+// The requests of one step and their completion actions.
+typedef struct step_reqs {
+    int                n, left; // requests posted; not yet completed
+    MPI_Request        req[NSLOTS];
+    const halo_region *slab[NSLOTS];
+    void              *stage[NSLOTS];
+    after_op           after[NSLOTS];
+} step_reqs;
+
 struct ddl_halo_exchange {
     bool         active;
     int          ndim;
@@ -99,6 +113,12 @@ struct ddl_halo_exchange {
     halo_step    steps[DDL_MAX_DIMS];
     void        *arena;              // one allocation holding the four slot buffers
     void        *slot[NSLOTS];
+    // The exchange in flight between a _start and ddl_halo_exchange_finish: its buffer,
+    // direction, the step whose requests q holds, and the steps still to run after it.
+    bool          in_flight, fl_adjoint;
+    ddl_tensor_t *fl_buf;
+    int           fl_step;
+    step_reqs     fl_q;
 };
 
 // ---- strided slab movement ---------------------------------------------------
@@ -610,20 +630,6 @@ static ddl_status check_buffer(const ddl_halo_exchange_t *h, const ddl_tensor_t 
     return DDL_OK;
 }
 
-// What to do with a slab once its request completes: copy a staged ghost in (forward),
-// add a received contribution (adjoint), or zero a ghost MPI has finished reading
-// (adjoint, direct or typed). Sends of staged data need nothing.
-typedef enum { AFTER_NONE, AFTER_UNPACK, AFTER_ADD, AFTER_ZERO } after_op;
-
-// The requests of one step and their completion actions.
-typedef struct step_reqs {
-    int                n;
-    MPI_Request        req[NSLOTS];
-    const halo_region *slab[NSLOTS];
-    void              *stage[NSLOTS];
-    after_op           after[NSLOTS];
-} step_reqs;
-
 // Posts one receive or send of slab r: in place (direct: count elements at B + off;
 // typed: one datatype at B + off) or through stage (count contiguous elements).
 static ddl_status post(const ddl_halo_exchange_t *h, ddl_tensor_t *buf, step_reqs *q,
@@ -649,31 +655,69 @@ static ddl_status post(const ddl_halo_exchange_t *h, ddl_tensor_t *buf, step_req
     q->stage[q->n] = stage;
     q->after[q->n] = after;
     q->n++;
+    q->left++;
     return DDL_OK;
 }
 
-// Completes the step's requests, applying each one's action as soon as it is done so
-// that unpacking (or adding) one side overlaps the other side's transfer.
+// The action of request `at`, once it has completed.
+static void after_done(const ddl_halo_exchange_t *h, ddl_tensor_t *buf, const step_reqs *q, int at)
+{
+    switch (q->after[at]) {
+    case AFTER_UNPACK:
+        slab_move(h, q->slab[at], buf->data, q->stage[at], MOVE_UNPACK);
+        break;
+    case AFTER_ADD:
+        slab_move(h, q->slab[at], buf->data, q->stage[at], MOVE_ADD);
+        break;
+    case AFTER_ZERO:
+        slab_move(h, q->slab[at], buf->data, NULL, MOVE_ZERO);
+        break;
+    case AFTER_NONE:
+        break;
+    }
+}
+
+// Request `at` has completed: its action now, so that unpacking one side overlaps the
+// other side's transfer; but the additions only once every request is done, in the order
+// they were posted (low side, then high). The two bulk slabs of a step may overlap, and
+// adding them in the order the transfers happened to complete would make the sums differ
+// from run to run (and the split phase from the one-call exchange).
+static void request_done(const ddl_halo_exchange_t *h, ddl_tensor_t *buf, step_reqs *q, int at)
+{
+    q->left--;
+    if (q->after[at] != AFTER_ADD) {
+        after_done(h, buf, q, at);
+    }
+    for (int i = 0; q->left == 0 && i < q->n; i++) {
+        if (q->after[i] == AFTER_ADD) {
+            after_done(h, buf, q, i);
+        }
+    }
+}
+
+// Completes the step's requests. At most four requests: a Waitany loop over them costs
+// nothing next to the data.
 static ddl_status complete(const ddl_halo_exchange_t *h, ddl_tensor_t *buf, step_reqs *q)
 {
-    // At most four requests: a Waitany loop over them costs nothing next to the data.
-    for (int done = 0; done < q->n; done++) {
+    while (q->left > 0) {
         int at;
         DDL_CHECK_MPI(MPI_Waitany(q->n, q->req, &at, MPI_STATUS_IGNORE));
         DDL_ASSERT(at != MPI_UNDEFINED);
-        switch (q->after[at]) {
-        case AFTER_UNPACK:
-            slab_move(h, q->slab[at], buf->data, q->stage[at], MOVE_UNPACK);
-            break;
-        case AFTER_ADD:
-            slab_move(h, q->slab[at], buf->data, q->stage[at], MOVE_ADD);
-            break;
-        case AFTER_ZERO:
-            slab_move(h, q->slab[at], buf->data, NULL, MOVE_ZERO);
-            break;
-        case AFTER_NONE:
-            break;
-        }
+        request_done(h, buf, q, at);
+    }
+    return DDL_OK;
+}
+
+// Completes what has arrived without waiting (MPI_Testsome also moves the transfers on).
+static ddl_status complete_some(const ddl_halo_exchange_t *h, ddl_tensor_t *buf, step_reqs *q)
+{
+    if (q->left == 0) {
+        return DDL_OK;
+    }
+    int done = 0, at[NSLOTS];
+    DDL_CHECK_MPI(MPI_Testsome(q->n, q->req, &done, at, MPI_STATUSES_IGNORE));
+    for (int i = 0; i < done && done != MPI_UNDEFINED; i++) {
+        request_done(h, buf, q, at[i]);
     }
     return DDL_OK;
 }
@@ -702,88 +746,202 @@ static void count_traffic(const ddl_halo_exchange_t *h, ddl_traffic_pass pass)
     }
 }
 
-static ddl_status halo_forward(const ddl_halo_exchange_t *h, ddl_tensor_t *buf)
+// Posts step t of the forward: receives first, so the neighbours' sends find them
+// posted (the low ghost is filled by the low neighbour sending upwards, to_hi, and vice
+// versa), then the bulk slabs, packed first when staged.
+static ddl_status post_forward_step(const ddl_halo_exchange_t *h, ddl_tensor_t *buf, int t,
+                                    step_reqs *q)
 {
-    DDL_CHECK(check_buffer(h, buf, "forward"));
-    count_traffic(h, DDL_TRAFFIC_FORWARD);
-    for (int t = 0; t < h->nsteps; t++) {
-        const halo_step *s       = &h->steps[t];
-        const int        peer[2] = {s->lo, s->hi};
-        step_reqs        q       = {.n = 0};
-        // Receives first, so the neighbours' sends find them posted. The low ghost is
-        // filled by the low neighbour sending upwards (to_hi), and vice versa.
-        for (int side = 0; side < 2; side++) {
-            const halo_region *g = &s->slab[ghost_slot[side]];
-            if (g->count > 0) {
-                bool staged = g->mode == XFER_STAGED;
-                DDL_CHECK(post(h, buf, &q, g, staged ? h->slot[ghost_slot[side]] : NULL, true,
-                               peer[side], HALO_TAG(0, side == 0, s->dim),
-                               staged ? AFTER_UNPACK : AFTER_NONE));
-            }
+    const halo_step *s       = &h->steps[t];
+    const int        peer[2] = {s->lo, s->hi};
+    q->n = q->left = 0;
+    for (int side = 0; side < 2; side++) {
+        const halo_region *g = &s->slab[ghost_slot[side]];
+        if (g->count > 0) {
+            bool staged = g->mode == XFER_STAGED;
+            DDL_CHECK(post(h, buf, q, g, staged ? h->slot[ghost_slot[side]] : NULL, true,
+                           peer[side], HALO_TAG(0, side == 0, s->dim),
+                           staged ? AFTER_UNPACK : AFTER_NONE));
         }
-        // Then the bulk slabs, packed first when staged.
-        for (int side = 0; side < 2; side++) {
-            const halo_region *b     = &s->slab[bulk_slot[side]];
-            void              *stage = NULL;
-            if (b->count == 0) {
-                continue;
-            }
-            if (b->mode == XFER_STAGED) {
-                stage = h->slot[bulk_slot[side]];
-                slab_move(h, b, buf->data, stage, MOVE_PACK);
-            }
-            DDL_CHECK(post(h, buf, &q, b, stage, false, peer[side],
-                           HALO_TAG(0, side == 1, s->dim), AFTER_NONE));
+    }
+    for (int side = 0; side < 2; side++) {
+        const halo_region *b     = &s->slab[bulk_slot[side]];
+        void              *stage = NULL;
+        if (b->count == 0) {
+            continue;
         }
+        if (b->mode == XFER_STAGED) {
+            stage = h->slot[bulk_slot[side]];
+            slab_move(h, b, buf->data, stage, MOVE_PACK);
+        }
+        DDL_CHECK(post(h, buf, q, b, stage, false, peer[side], HALO_TAG(0, side == 1, s->dim),
+                       AFTER_NONE));
+    }
+    return DDL_OK;
+}
+
+// Posts step t of the adjoint. The neighbours' ghosts come back into staging, to be added
+// into my bulk (ghost and bulk slabs are disjoint; the two bulk slabs may overlap, send_lo
+// + send_hi > n, and both additions then land). My ghosts go back where forward took them
+// from, and become zero: at once when staged (packed and zeroed in one pass), else once
+// MPI is done reading them.
+static ddl_status post_adjoint_step(const ddl_halo_exchange_t *h, ddl_tensor_t *buf, int t,
+                                    step_reqs *q)
+{
+    const halo_step *s       = &h->steps[t];
+    const int        peer[2] = {s->lo, s->hi};
+    q->n = q->left = 0;
+    for (int side = 0; side < 2; side++) {
+        const halo_region *b = &s->slab[bulk_slot[side]];
+        if (b->count > 0) {
+            DDL_CHECK(post(h, buf, q, b, h->slot[bulk_slot[side]], true, peer[side],
+                           HALO_TAG(1, side == 0, s->dim), AFTER_ADD));
+        }
+    }
+    for (int side = 0; side < 2; side++) {
+        const halo_region *g = &s->slab[ghost_slot[side]];
+        if (g->count == 0) {
+            continue;
+        }
+        bool staged = g->mode == XFER_STAGED;
+        if (staged) {
+            slab_move(h, g, buf->data, h->slot[ghost_slot[side]], MOVE_PACK_ZERO);
+        }
+        DDL_CHECK(post(h, buf, q, g, staged ? h->slot[ghost_slot[side]] : NULL, false, peer[side],
+                       HALO_TAG(1, side == 1, s->dim), staged ? AFTER_NONE : AFTER_ZERO));
+    }
+    return DDL_OK;
+}
+
+// Forward runs the steps in dimension order, the adjoint in reverse: the step after t.
+static int next_step(const ddl_halo_exchange_t *h, bool adjoint, int t)
+{
+    return adjoint ? t - 1 : (t + 1 < h->nsteps ? t + 1 : -1);
+}
+
+static ddl_status post_step(const ddl_halo_exchange_t *h, ddl_tensor_t *buf, bool adjoint, int t,
+                            step_reqs *q)
+{
+    return adjoint ? post_adjoint_step(h, buf, t, q) : post_forward_step(h, buf, t, q);
+}
+
+// Runs the steps from t on, each posted and completed in turn (t < 0: none).
+static ddl_status run_steps(const ddl_halo_exchange_t *h, ddl_tensor_t *buf, bool adjoint, int t)
+{
+    for (; t >= 0; t = next_step(h, adjoint, t)) {
+        step_reqs q = {.n = 0};
+        DDL_CHECK(post_step(h, buf, adjoint, t, &q));
         DDL_CHECK(complete(h, buf, &q));
     }
     return DDL_OK;
 }
 
-static ddl_status halo_adjoint(const ddl_halo_exchange_t *h, ddl_tensor_t *buf)
+static int first_step(const ddl_halo_exchange_t *h, bool adjoint)
 {
-    DDL_CHECK(check_buffer(h, buf, "adjoint"));
-    count_traffic(h, DDL_TRAFFIC_ADJOINT);
-    for (int t = h->nsteps - 1; t >= 0; t--) {
-        const halo_step *s       = &h->steps[t];
-        const int        peer[2] = {s->lo, s->hi};
-        step_reqs        q       = {.n = 0};
-        // The neighbours' ghosts come back into staging, to be added into my bulk. Ghost
-        // and bulk slabs are disjoint; the two bulk slabs may overlap (send_lo + send_hi
-        // > n), and both additions then land.
-        for (int side = 0; side < 2; side++) {
-            const halo_region *b = &s->slab[bulk_slot[side]];
-            if (b->count > 0) {
-                DDL_CHECK(post(h, buf, &q, b, h->slot[bulk_slot[side]], true, peer[side],
-                               HALO_TAG(1, side == 0, s->dim), AFTER_ADD));
-            }
-        }
-        // My ghosts go back where forward took them from, and become zero: at once when
-        // staged (packed and zeroed in one pass), else once MPI is done reading them.
-        for (int side = 0; side < 2; side++) {
-            const halo_region *g = &s->slab[ghost_slot[side]];
-            if (g->count == 0) {
-                continue;
-            }
-            bool staged = g->mode == XFER_STAGED;
-            if (staged) {
-                slab_move(h, g, buf->data, h->slot[ghost_slot[side]], MOVE_PACK_ZERO);
-            }
-            DDL_CHECK(post(h, buf, &q, g, staged ? h->slot[ghost_slot[side]] : NULL, false,
-                           peer[side], HALO_TAG(1, side == 1, s->dim),
-                           staged ? AFTER_NONE : AFTER_ZERO));
-        }
-        DDL_CHECK(complete(h, buf, &q));
+    return h->nsteps == 0 ? -1 : (adjoint ? h->nsteps - 1 : 0);
+}
+
+static ddl_status halo_run(const ddl_halo_exchange_t *h, ddl_tensor_t *buf, bool adjoint)
+{
+    DDL_CHECK(check_buffer(h, buf, adjoint ? "adjoint" : "forward"));
+    DDL_REQUIRE(!h->in_flight, DDL_EINVAL,
+                "halo exchange %s: an exchange of this plan is in flight (finish it first)",
+                adjoint ? "adjoint" : "forward");
+    count_traffic(h, adjoint ? DDL_TRAFFIC_ADJOINT : DDL_TRAFFIC_FORWARD);
+    return h->active ? run_steps(h, buf, adjoint, first_step(h, adjoint)) : DDL_OK;
+}
+
+// Split phase: the first step posted now, completed (and the rest run) by finish.
+static ddl_status halo_start(ddl_halo_exchange_t *h, ddl_tensor_t *buf, bool adjoint)
+{
+    const char *what = adjoint ? "adjoint start" : "forward start";
+    DDL_CHECK(check_buffer(h, buf, what));
+    DDL_REQUIRE(!h->in_flight, DDL_EINVAL,
+                "halo exchange %s: an exchange of this plan is in flight (finish it first)", what);
+    count_traffic(h, adjoint ? DDL_TRAFFIC_ADJOINT : DDL_TRAFFIC_FORWARD);
+    h->in_flight  = true;
+    h->fl_adjoint = adjoint;
+    h->fl_buf     = buf;
+    h->fl_step    = h->active ? first_step(h, adjoint) : -1;
+    h->fl_q.n     = 0;
+    h->fl_q.left  = 0;
+    if (h->fl_step >= 0) {
+        DDL_CHECK(post_step(h, buf, adjoint, h->fl_step, &h->fl_q));
     }
     return DDL_OK;
+}
+
+// Moves the exchange in flight on: completes what has arrived and, once a step is done,
+// posts the next.
+static ddl_status halo_progress(ddl_halo_exchange_t *h)
+{
+    while (h->fl_step >= 0) {
+        DDL_CHECK(complete_some(h, h->fl_buf, &h->fl_q));
+        if (h->fl_q.left > 0) {
+            return DDL_OK;
+        }
+        h->fl_step = next_step(h, h->fl_adjoint, h->fl_step);
+        if (h->fl_step >= 0) {
+            DDL_CHECK(post_step(h, h->fl_buf, h->fl_adjoint, h->fl_step, &h->fl_q));
+        }
+    }
+    return DDL_OK;
+}
+
+static ddl_status halo_finish(ddl_halo_exchange_t *h)
+{
+    h->in_flight = false;
+    if (h->fl_step < 0) {
+        return DDL_OK;
+    }
+    DDL_CHECK(complete(h, h->fl_buf, &h->fl_q));
+    return run_steps(h, h->fl_buf, h->fl_adjoint, next_step(h, h->fl_adjoint, h->fl_step));
 }
 
 ddl_status ddl_halo_exchange_forward(const ddl_halo_exchange_t *h, ddl_tensor_t *buf)
 {
-    DDL_TRAFFIC_TIMED_RETURN(DDL_TRAFFIC_HALO_EXCHANGE, DDL_TRAFFIC_FORWARD, halo_forward(h, buf));
+    DDL_TRAFFIC_TIMED_RETURN(DDL_TRAFFIC_HALO_EXCHANGE, DDL_TRAFFIC_FORWARD,
+                             halo_run(h, buf, false));
 }
 
 ddl_status ddl_halo_exchange_adjoint(const ddl_halo_exchange_t *h, ddl_tensor_t *buf)
 {
-    DDL_TRAFFIC_TIMED_RETURN(DDL_TRAFFIC_HALO_EXCHANGE, DDL_TRAFFIC_ADJOINT, halo_adjoint(h, buf));
+    DDL_TRAFFIC_TIMED_RETURN(DDL_TRAFFIC_HALO_EXCHANGE, DDL_TRAFFIC_ADJOINT,
+                             halo_run(h, buf, true));
+}
+
+ddl_status ddl_halo_exchange_forward_start(ddl_halo_exchange_t *h, ddl_tensor_t *buf)
+{
+    DDL_TRAFFIC_TIMED_RETURN(DDL_TRAFFIC_HALO_EXCHANGE, DDL_TRAFFIC_FORWARD,
+                             halo_start(h, buf, false));
+}
+
+ddl_status ddl_halo_exchange_adjoint_start(ddl_halo_exchange_t *h, ddl_tensor_t *buf)
+{
+    DDL_TRAFFIC_TIMED_RETURN(DDL_TRAFFIC_HALO_EXCHANGE, DDL_TRAFFIC_ADJOINT,
+                             halo_start(h, buf, true));
+}
+
+ddl_status ddl_halo_exchange_progress(ddl_halo_exchange_t *h)
+{
+    if (h == NULL || !h->in_flight) {
+        return DDL_OK;
+    }
+    DDL_TRAFFIC_TIMED_RETURN(DDL_TRAFFIC_HALO_EXCHANGE,
+                             h->fl_adjoint ? DDL_TRAFFIC_ADJOINT : DDL_TRAFFIC_FORWARD,
+                             halo_progress(h));
+}
+
+bool ddl_halo_exchange_in_flight(const ddl_halo_exchange_t *h)
+{
+    return h != NULL && h->in_flight;
+}
+
+ddl_status ddl_halo_exchange_finish(ddl_halo_exchange_t *h)
+{
+    DDL_REQUIRE(h != NULL, DDL_EINVAL, "halo exchange finish: plan is NULL");
+    DDL_REQUIRE(h->in_flight, DDL_EINVAL, "halo exchange finish: no exchange in flight");
+    DDL_TRAFFIC_TIMED_RETURN(DDL_TRAFFIC_HALO_EXCHANGE,
+                             h->fl_adjoint ? DDL_TRAFFIC_ADJOINT : DDL_TRAFFIC_FORWARD,
+                             halo_finish(h));
 }

@@ -205,6 +205,117 @@ static ddl_status make_batches(const ddl_spec_t *spec, const char *dir, int64_t 
     return st;
 }
 
+// Steps [s0, s0 + n) of the batches (rank 0 holds them): wall seconds, from a barrier to
+// a barrier, and this rank's halo exchange seconds per step (forward, adjoint).
+static double timed_steps(ddl_model_t *m, int rank, const float *x, size_t xs, const int64_t *lab,
+                          int64_t ls, long batch, long s0, long n, double halo[2])
+{
+    ddl_traffic_time c0, c1;
+    MPI_Barrier(MPI_COMM_WORLD);
+    double t0 = MPI_Wtime();
+    ddl_traffic_time_snapshot(&c0);
+    for (long s = s0; s < s0 + n; s++) {
+        double  loss;
+        int64_t c;
+        size_t  b = (size_t)(s % NBATCH);
+        if (ddl_model_train_step(
+                m, rank == 0 ? x + b * xs : NULL, rank == 0 ? sizeof(float) * xs : 0,
+                rank == 0 ? lab + b * (size_t)ls : NULL, batch, &loss, &c) != DDL_OK) {
+            if (rank == 0) {
+                fprintf(stderr, "bench-train-worker: %s\n", ddl_last_error());
+            }
+            MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+    }
+    ddl_traffic_time_snapshot(&c1);
+    MPI_Barrier(MPI_COMM_WORLD);
+    double dt = MPI_Wtime() - t0;
+    for (int p = 0; p < 2; p++) {
+        halo[p] = n > 0
+                      ? (c1.s[DDL_TRAFFIC_HALO_EXCHANGE][p] - c0.s[DDL_TRAFFIC_HALO_EXCHANGE][p]) /
+                            (double)n
+                      : 0;
+    }
+    return dt;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+// --overlap-ab R: R rounds of `steps` steps with the halo overlap off and on (ddl/layers.h),
+// alternated within this run, so the modes share the cores' state and the machine's load.
+// Prints, for each, the median step time and each rank's median halo exchange time per
+// step (forward + adjoint, progress calls included), and against the overlap off the
+// step's ratio and the share of the exchange time hidden.
+static void overlap_ab(ddl_model_t *m, int rank, int size, const float *x, size_t xs,
+                       const int64_t *lab, int64_t ls, long batch, long steps, int rounds)
+{
+    enum { NMODE = 2 };
+    static const bool  modes[NMODE] = {false, true};
+    static const char *names[NMODE] = {"off", "on"};
+    double            *step         = calloc((size_t)(NMODE * rounds), sizeof(double));
+    double            *fwd          = calloc((size_t)(NMODE * rounds * size), sizeof(double));
+    double            *adj          = calloc((size_t)(NMODE * rounds * size), sizeof(double));
+    bool               prev         = ddl_halo_overlap();
+    long               s0           = 0;
+    for (int r = 0; r < rounds; r++) {
+        for (int k = 0; k < NMODE; k++) {
+            double h[2], all[2 * 64];
+            ddl_halo_overlap_set(modes[k]);
+            step[k * rounds + r] =
+                timed_steps(m, rank, x, xs, lab, ls, batch, s0, steps, h) / (double)steps;
+            s0 += steps;
+            MPI_Gather(h, 2, MPI_DOUBLE, all, 2, MPI_DOUBLE, 0, MPI_COMM_WORLD);
+            for (int q = 0; rank == 0 && q < size; q++) {
+                fwd[(k * size + q) * rounds + r] = all[2 * q];
+                adj[(k * size + q) * rounds + r] = all[2 * q + 1];
+            }
+        }
+    }
+    ddl_halo_overlap_set(prev);
+    if (rank == 0) {
+        double base_step = 0, base_halo[64] = {0};
+        printf("halo overlap A/B: %d rounds of %ld steps per mode, alternated; medians\n", rounds,
+               steps);
+        for (int k = 0; k < NMODE; k++) {
+            double st = median(step + k * rounds, rounds);
+            if (k == 0) {
+                base_step = st;
+            }
+            printf("  %-17s step %.3f ms (%.3f of off); halo ms per step, rank: fwd+adj", names[k],
+                   st * 1e3, st / base_step);
+            double hidden_lo = 1, hidden_hi = -1e9;
+            for (int q = 0; q < size; q++) {
+                double f = median(fwd + (k * size + q) * rounds, rounds);
+                double a = median(adj + (k * size + q) * rounds, rounds);
+                if (k == 0) {
+                    base_halo[q] = f + a;
+                }
+                double hid = base_halo[q] > 0 ? 1 - (f + a) / base_halo[q] : 0;
+                hidden_lo  = hid < hidden_lo ? hid : hidden_lo;
+                hidden_hi  = hid > hidden_hi ? hid : hidden_hi;
+                printf(" %d: %.3f+%.3f", q, f * 1e3, a * 1e3);
+            }
+            if (k > 0) {
+                printf("; hidden %.0f-%.0f %%", 100 * hidden_lo, 100 * hidden_hi);
+            }
+            printf("\n");
+        }
+    }
+    free(step);
+    free(fwd);
+    free(adj);
+}
+
 int main(int argc, char **argv)
 {
     ddl_blas_startup(argc, argv); // may re-execute: before anything else
@@ -214,7 +325,7 @@ int main(int argc, char **argv)
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     const char *model = NULL, *data = "/usr/share/datasets/fashion-mnist";
-    long        batch = 0, steps = 30, warm = 3;
+    long        batch = 0, steps = 30, warm = 3, ab = 0;
     for (int i = 1; i + 1 < argc; i += 2) {
         if (strcmp(argv[i], "--model") == 0) {
             model = argv[i + 1];
@@ -226,14 +337,18 @@ int main(int argc, char **argv)
             steps = atol(argv[i + 1]);
         } else if (strcmp(argv[i], "--warmup") == 0) {
             warm = atol(argv[i + 1]);
+        } else if (strcmp(argv[i], "--overlap-ab") == 0) {
+            ab = atol(argv[i + 1]);
         }
     }
     json_error_t je;
     json_t      *j = model ? json_load_file(model, 0, &je) : NULL;
-    if (j == NULL || batch < 0 || steps < 1 || warm < 0) {
+    if (j == NULL || batch < 0 || steps < 1 || warm < 0 || ab < 0 || ab > 1000 ||
+        (ab > 0 && size > 64)) {
         if (rank == 0) {
             fprintf(stderr, "usage: bench-train-worker --model spec.json [--data DIR] [--batch B] "
-                            "[--steps S] [--warmup W]\n");
+                            "[--steps S] [--warmup W] [--overlap-ab ROUNDS]\n"
+                            "(--overlap-ab: at most 64 ranks)\n");
         }
         MPI_Finalize();
         return 2;
@@ -278,26 +393,16 @@ int main(int argc, char **argv)
         MPI_Finalize();
         return 1;
     }
-    double           t0 = 0;
     ddl_traffic_time c0, c1;
-    for (long s = 0; s < warm + steps; s++) {
-        if (s == warm) {
-            MPI_Barrier(MPI_COMM_WORLD);
-            t0 = MPI_Wtime();
-            ddl_traffic_time_snapshot(&c0);
-        }
-        double  loss;
-        int64_t c;
-        size_t  b = (size_t)(s % NBATCH);
-        if (ddl_model_train_step(
-                m, rank == 0 ? x + b * xs : NULL, rank == 0 ? sizeof(float) * xs : 0,
-                rank == 0 ? lab + b * (size_t)ls : NULL, batch, &loss, &c) != DDL_OK) {
-            if (rank == 0) {
-                fprintf(stderr, "bench-train-worker: %s\n", ddl_last_error());
-            }
-            MPI_Abort(MPI_COMM_WORLD, 1);
-        }
+    double           hdummy[2];
+    timed_steps(m, rank, x, xs, lab, ls, batch, 0, warm, hdummy);
+    if (ab > 0) {
+        overlap_ab(m, rank, size, x, xs, lab, ls, batch, steps, (int)ab);
     }
+    MPI_Barrier(MPI_COMM_WORLD);
+    double t0 = MPI_Wtime();
+    ddl_traffic_time_snapshot(&c0);
+    timed_steps(m, rank, x, xs, lab, ls, batch, warm, steps, hdummy);
     ddl_traffic_time_snapshot(&c1);
     MPI_Barrier(MPI_COMM_WORLD);
     double dt = MPI_Wtime() - t0;

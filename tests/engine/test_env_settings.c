@@ -1,5 +1,6 @@
 // The engine's settings from the environment (DDL_SHARE_SCRATCH, DDL_SHARE_MIN_BYTES,
-// DDL_FUSE_BN_RELU, DDL_MEMORY_LIMIT, DDL_CONV_DIRECT; engine/spec_internal.h, `tuning`):
+// DDL_FUSE_BN_RELU, DDL_MEMORY_LIMIT, DDL_CONV_DIRECT, DDL_HALO_OVERLAP; engine/spec_internal.h,
+// `tuning`):
 //   - ddl_parse_bytes takes what a byte count is and nothing else;
 //   - a bad value fails the spec parse and the model's creation with DDL_EINVAL, naming
 //     the variable and the value, and leaves nothing allocated (each of them used to fall
@@ -149,7 +150,8 @@ int main(int argc, char **argv)
         {"DDL_FUSE_BN_RELU", "off"},    {"DDL_SHARE_MIN_BYTES", "abc"},
         {"DDL_SHARE_MIN_BYTES", "-1"},  {"DDL_SHARE_MIN_BYTES", "2MB"},
         {"DDL_MEMORY_LIMIT", "abc"},    {"DDL_MEMORY_LIMIT", "0"},
-        {"DDL_CONV_DIRECT", "avx512x"}, {"DDL_CONV_DIRECT", "off"}};
+        {"DDL_CONV_DIRECT", "avx512x"}, {"DDL_CONV_DIRECT", "off"},
+        {"DDL_HALO_OVERLAP", "2"},      {"DDL_HALO_OVERLAP", "on"}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         check_refused(bad[i][0], bad[i][1], true);
     }

@@ -1,12 +1,15 @@
 // tests/layers/test_conv_layer.c: the distributed convolution (feature, channel and general
 // partitions) against its sequential twin, the adjoint test with respect to the input,
 // the weight and the bias, finite-difference gradient checks, and repeatability (a second
-// forward/backward on one layer equals a fresh layer's); plus the selector and the
+// forward/backward on one layer equals a fresh layer's), and for the feature layer the halo
+// overlap on against off, bit for bit; plus the selector and the
 // validation errors, DistDL's parameter placement, and no memory left behind.
 //
 // Layouts follow DistDL's tests (test_conv_feature.py, test_channel_conv_{1,2,3}d.py,
 // test_general_conv{1,2}d.py), scaled to the 1, 4 and 6 ranks this test runs on: every
 // case needing more ranks than the world has is skipped.
+
+#include <string.h>
 
 #include "ddl/base.h"
 #include "layer_test.h"
@@ -87,6 +90,62 @@ static int case_ranks(const conv_case *cc)
     return need;
 }
 
+// The halo overlap (ddl_halo_overlap): a layer's forward and backward with it on give
+// what they give with it off, bit for bit (y, dx and every parameter gradient), in both
+// dtypes, and the overlapped steady state allocates nothing.
+static void check_overlap(const char *name, ddl_layer_builder *b)
+{
+    bool prev = ddl_halo_overlap();
+    for (int di = 0; di < 2; di++) {
+        ddl_dtype     dt = di ? DDL_F32 : DDL_F64;
+        ddl_layer_t  *L  = NULL;
+        ddl_tensor_t *x, *dy, *y[2], *dx[2], *g[2][2] = {{NULL, NULL}, {NULL, NULL}};
+        ASSERT_OK(b->build(b->ctx, false, dt, &L));
+        ddl_layer_init_params(L, b->seed, 200);
+        ASSERT_OK(ddl_tensor_create(dt, ddl_layer_x_shape(L), &x));
+        ASSERT_OK(ddl_tensor_create(dt, ddl_layer_y_shape(L), &dy));
+        layer_test_fill(x, ddl_layer_P_in(L), ddl_layer_x_global(L), 31);
+        layer_test_fill(dy, ddl_layer_P_out(L), ddl_layer_y_global(L), 32);
+        int np = ddl_layer_nparams(L);
+        ASSERT_TRUE(np <= 2);
+        for (int on = 0; on < 2; on++) {
+            ASSERT_OK(ddl_tensor_create(dt, ddl_layer_y_shape(L), &y[on]));
+            ASSERT_OK(ddl_tensor_create(dt, ddl_layer_x_shape(L), &dx[on]));
+            ddl_halo_overlap_set(on);
+            ddl_layer_zero_grad(L);
+            uint64_t allocs = ddl_alloc_count();
+            ASSERT_OK(ddl_layer_forward(L, x, y[on]));
+            ASSERT_OK(ddl_layer_backward(L, dy, dx[on]));
+            ASSERT_EQ(ddl_alloc_count(), allocs);
+            for (int k = 0; k < np; k++) {
+                const ddl_tensor_t *gk = ddl_layer_param(L, k)->grad;
+                ASSERT_OK(ddl_tensor_create(dt, &gk->shape, &g[on][k]));
+                ASSERT_OK(ddl_tensor_copy(gk, g[on][k]));
+            }
+        }
+        int differ = memcmp(y[0]->data, y[1]->data, ddl_tensor_bytes(y[0])) != 0 ||
+                     memcmp(dx[0]->data, dx[1]->data, ddl_tensor_bytes(dx[0])) != 0;
+        for (int k = 0; k < np; k++) {
+            differ |= memcmp(g[0][k]->data, g[1][k]->data, ddl_tensor_bytes(g[0][k])) != 0;
+        }
+        MPI_Allreduce(MPI_IN_PLACE, &differ, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+        if (differ) {
+            TEST_FAIL_("%s (%s): the halo overlap changes the results", name, ddl_dtype_name(dt));
+        }
+        for (int on = 0; on < 2; on++) {
+            ddl_tensor_destroy(&y[on]);
+            ddl_tensor_destroy(&dx[on]);
+            for (int k = 0; k < np; k++) {
+                ddl_tensor_destroy(&g[on][k]);
+            }
+        }
+        ddl_tensor_destroy(&x);
+        ddl_tensor_destroy(&dy);
+        ddl_layer_destroy(&L);
+    }
+    ddl_halo_overlap_set(prev);
+}
+
 static void run_case(const conv_case *cc)
 {
     if (case_ranks(cc) > world_size()) {
@@ -104,6 +163,9 @@ static void run_case(const conv_case *cc)
     ddl_layer_builder b = {.build = build_conv, .ctx = &t, .seed = 2024, .training = true};
     layer_test_run(cc->name, &b, true, true);
     layer_test_repeat(cc->name, &b);
+    if (cc->py.shape[0] == 0) {
+        check_overlap(cc->name, &b);
+    }
     ddl_partition_destroy(&t.P_x);
     ddl_partition_destroy(&t.P_y);
     ddl_partition_destroy(&t.P_w);

@@ -6,7 +6,10 @@
 //    ghost zero; forward and adjoint allocate nothing;
 //  - DistDL's example (examples/primitives/ex_halo_exchange.py) value by value;
 //  - DistDL's pooling halo table (tests/test_halo_mixin.py) through the plan;
-//  - refusals (same status on every rank, members or not) and tensor checks.
+//  - the split phase (start, progress, finish) against the one-call exchange, bit for bit;
+//  - refusals (same status on every rank, members or not), tensor checks, and the split
+//    phase's misuse (finish with nothing in flight, a second start, a one-call exchange
+//    while one is in flight).
 // Layouts needing more ranks than the world has are skipped; np 1 runs the
 // single-rank cases only.
 #include <string.h>
@@ -184,6 +187,34 @@ static void run_case(const hcase *c, ddl_dtype dt)
             ASSERT_TRUE(ddl_tensor_get(Fty, e) == 0.0);
         }
     }
+
+    // Split phase: start, progress calls, finish give the one-call results bit for bit.
+    ddl_tensor_t *Sx = NULL, *Sty = NULL;
+    ASSERT_OK(ddl_tensor_create(dt, &shape, &Sx));
+    ASSERT_OK(ddl_tensor_create(dt, &shape, &Sty));
+    ASSERT_OK(ddl_tensor_copy(x, Sx));
+    ASSERT_OK(ddl_tensor_copy(dy, Sty));
+    allocs = ddl_alloc_count();
+    for (int adj = 0; adj < 2; adj++) {
+        ddl_tensor_t *t = adj ? Sty : Sx;
+        ASSERT_OK(adj ? ddl_halo_exchange_adjoint_start(h, t)
+                      : ddl_halo_exchange_forward_start(h, t));
+        ASSERT_TRUE(ddl_halo_exchange_in_flight(h));
+        for (int k = 0; k < 3 * adj; k++) { // none for forward, some for the adjoint
+            ASSERT_OK(ddl_halo_exchange_progress(h));
+        }
+        ASSERT_OK(ddl_halo_exchange_finish(h));
+        ASSERT_TRUE(!ddl_halo_exchange_in_flight(h));
+        ASSERT_OK(ddl_halo_exchange_progress(h)); // nothing in flight: a no-op
+    }
+    ASSERT_EQ(ddl_alloc_count(), allocs);
+    if (memcmp(Sx->data, Fx->data, ddl_tensor_bytes(Fx)) != 0 ||
+        memcmp(Sty->data, Fty->data, ddl_tensor_bytes(Fty)) != 0) {
+        TEST_FAIL_("%s (%s): split-phase results differ from the one-call exchange", c->name,
+                   ddl_dtype_name(dt));
+    }
+    ddl_tensor_destroy(&Sx);
+    ddl_tensor_destroy(&Sty);
     ddl_tensor_destroy(&x);
     ddl_tensor_destroy(&dy);
     ddl_tensor_destroy(&Fx);
@@ -354,6 +385,23 @@ static void test_tensor_checks(void)
         ddl_tensor_destroy(&t);
         ASSERT_OK(ddl_tensor_create(DDL_F32, &shape, &t));
         ASSERT_STATUS(ddl_halo_exchange_adjoint(h, t), DDL_EINVAL);
+        ddl_tensor_destroy(&t);
+        // Split-phase misuse: refused, nothing left in flight.
+        ASSERT_STATUS(ddl_halo_exchange_finish(h), DDL_EINVAL);
+        ASSERT_TRUE(strstr(ddl_last_error(), "no exchange in flight") != NULL);
+        ASSERT_STATUS(ddl_halo_exchange_finish(NULL), DDL_EINVAL);
+        ASSERT_STATUS(ddl_halo_exchange_forward_start(h, NULL), DDL_EINVAL);
+        ASSERT_TRUE(!ddl_halo_exchange_in_flight(h));
+        ddl_tensor_destroy(&t);
+        ASSERT_OK(ddl_tensor_create(DDL_F64, &shape, &t));
+        ASSERT_OK(ddl_halo_exchange_adjoint_start(h, t));
+        ASSERT_STATUS(ddl_halo_exchange_forward_start(h, t), DDL_EINVAL);
+        ASSERT_TRUE(strstr(ddl_last_error(), "in flight") != NULL);
+        ASSERT_STATUS(ddl_halo_exchange_forward(h, t), DDL_EINVAL);
+        ASSERT_STATUS(ddl_halo_exchange_adjoint(h, t), DDL_EINVAL);
+        ASSERT_TRUE(ddl_halo_exchange_in_flight(h));
+        ASSERT_OK(ddl_halo_exchange_finish(h));
+        ASSERT_TRUE(!ddl_halo_exchange_in_flight(NULL));
         ddl_tensor_destroy(&t);
         // One rank: no neighbours, so forward and adjoint change nothing.
         t = ddl_test_random(DDL_F64, &shape, 5);

@@ -185,6 +185,18 @@ DDL_EXTERN ddl_status ddl_conv_backward_naive(ddl_dtype dt, const ddl_conv_geom 
                                               void *dw, void *db, const void *dy,
                                               const void *x, const void *w);
 
+// ---- progress during the kernels ----------------------------------------------
+// A callback the convolution kernels call between their units of work (a block or a
+// group of samples of a part), on the thread that set it only, so that a split-phase
+// exchange moves on while they compute (ddl_halo_exchange_progress; issue 19, item 5).
+// Thread-local; {NULL, NULL}, the default, turns it off. Returns the one it replaces, to
+// be set back. The callback must not call the kernels, and keeps its own failures.
+typedef struct ddl_kernel_progress {
+    void (*fn)(void *arg);
+    void *arg;
+} ddl_kernel_progress;
+DDL_EXTERN ddl_kernel_progress ddl_kernel_progress_set(ddl_kernel_progress p);
+
 // ---- pooling (1-D, 2-D, 3-D) -------------------------------------------------
 // Max and average pooling with PyTorch's MaxPool/AvgPool{1,2,3}d semantics (floor mode):
 //   x [N, C, in...], y [N, C, out...], out[i] as for convolution.

@@ -132,6 +132,17 @@ DDL_EXTERN void       ddl_layer_set_rng_step(ddl_layer_t *L, uint64_t step);
 // does not compute its local dx either), and leaves dx unspecified; parameter gradients
 // are unchanged. Every rank must set the same value.
 DDL_EXTERN void       ddl_layer_set_dx_unused(ddl_layer_t *L, bool unused);
+// Halo exchanges behind computation (issue 19, item 5), for the convolutions on a feature
+// partition that keep their own halo buffers: backward computes dx first, starts its
+// exchange (H*), and computes dw and sums it onto the owners (B_w*) while the exchange
+// runs, moved on by progress calls from inside the kernels (ddl_kernel_progress_set).
+// The same bits either way, and the same messages in the same order (ranks may differ).
+// On (1) unless DDL_HALO_OVERLAP is 0 at the first call (the engine refuses values other
+// than 0 and 1 with the spec; here they warn and mean the default); the setter returns
+// the previous value. Read at every backward: change it between steps only.
+#define DDL_HALO_OVERLAP_DEFAULT 1
+DDL_EXTERN bool ddl_halo_overlap(void);
+DDL_EXTERN bool ddl_halo_overlap_set(bool on);
 // Tells the layer that its caller passes tensors it built from the layer's own shapes
 // and dtype (a model's activation buffers): forward and backward then check them on
 // this rank only and skip the agreement on them, one allreduce over the layer's ranks

@@ -160,6 +160,25 @@ DDL_EXTERN void       ddl_halo_exchange_fill_pads(const ddl_halo_exchange_t *h, 
                                                   double v);
 DDL_EXTERN ddl_status ddl_halo_exchange_forward(const ddl_halo_exchange_t *h, ddl_tensor_t *buf);
 DDL_EXTERN ddl_status ddl_halo_exchange_adjoint(const ddl_halo_exchange_t *h, ddl_tensor_t *buf);
+// Split phase, to hide the exchange behind computation (issue 19, item 5): _start checks
+// the buffer and posts the first step's transfers (forward: dimension 0; adjoint: the
+// last), and ddl_halo_exchange_finish completes them and runs the remaining steps. In
+// between the caller may compute on anything but `buf`, which it must neither read nor
+// write; no other exchange of this plan may start. The same results, bit for bit, and the
+// same traffic as the one-call forms; the time of both halves counts as the exchange's.
+// Collective over P as a pair: every rank starts and finishes, in the same order
+// relative to its other communication. A _start that failed after posting leaves the
+// exchange in flight (ddl_halo_exchange_in_flight): finish it, then report the failure.
+// Over shared memory a transfer past the eager size moves only inside MPI calls on both
+// sides: call ddl_halo_exchange_progress now and then during the computation (the conv
+// layer does it through ddl_kernel_progress_set), or the data moves in finish. Progress
+// completes what has arrived without waiting and posts the next step once one is done;
+// it is a no-op with nothing in flight. Local (no collective), allocates nothing.
+DDL_EXTERN ddl_status ddl_halo_exchange_forward_start(ddl_halo_exchange_t *h, ddl_tensor_t *buf);
+DDL_EXTERN ddl_status ddl_halo_exchange_adjoint_start(ddl_halo_exchange_t *h, ddl_tensor_t *buf);
+DDL_EXTERN ddl_status ddl_halo_exchange_progress(ddl_halo_exchange_t *h);
+DDL_EXTERN ddl_status ddl_halo_exchange_finish(ddl_halo_exchange_t *h);
+DDL_EXTERN bool       ddl_halo_exchange_in_flight(const ddl_halo_exchange_t *h);
 
 // ---- Traffic counters ------------------------------------------------------
 // Every process counts the payload bytes its primitives exchanged with other ranks,

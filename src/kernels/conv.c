@@ -96,6 +96,8 @@ typedef struct conv_plan {
     int64_t cd_tail;       // elements past a sample's end the direct path reads in place
     int64_t cd_group;      // samples per forward and dW kernel call (the slot holds that
                            // many dyw and xp)
+    // Per call (ddl_conv_backward_ex): dx is set (overwritten), not added into.
+    bool dx_set;
 } conv_plan;
 
 // The direct kernels' tap offsets in a thread's slot: toff [Kc], dx's dtoff [Kc] when x is
@@ -969,6 +971,8 @@ static void im2col_wide(ddl_dtype dt, const conv_plan *P, int64_t Ci, char *col,
 
 // dx_n += the adjoint of im2col_wide applied to dcol [Kc, Ws] (leading dimension ldcol),
 // gathered in the padded buffer dxp first (garbage positions of dcol are 0).
+// dx_n += (or =, P->dx_set) the adjoint of im2col_wide of the columns dcol, through the
+// padded plane dxp.
 static void col2im_wide_add(ddl_dtype dt, const conv_plan *P, int64_t Ci, const char *dcol,
                             int64_t ldcol, char *dxp, char *dxn)
 {
@@ -986,9 +990,14 @@ static void col2im_wide_add(ddl_dtype dt, const conv_plan *P, int64_t Ci, const 
     }
     for (int64_t ci = 0; ci < Ci; ci++) {
         for (int64_t i1 = 0; i1 < sp->in[1]; i1++) {
-            add_run(dt, dxn + (size_t)(ci * sp->iv + i1 * sp->in[2]) * es,
-                    dxp + (size_t)(ci * P->Pp + (i1 + sp->p[1]) * P->I2p + sp->p[2]) * es,
-                    sp->in[2], 1);
+            char       *to = dxn + (size_t)(ci * sp->iv + i1 * sp->in[2]) * es;
+            const char *from =
+                dxp + (size_t)(ci * P->Pp + (i1 + sp->p[1]) * P->I2p + sp->p[2]) * es;
+            if (P->dx_set) {
+                copy_bytes(to, from, (size_t)sp->in[2] * es);
+            } else {
+                add_run(dt, to, from, sp->in[2], 1);
+            }
         }
     }
 }
@@ -1305,18 +1314,25 @@ static ddl_status conv_backward_cdir(ddl_dtype dt, const ddl_conv_geom *g, const
             }
             char *dxn = elem(dx, (n0 + t) * Ci * iv, es);
             if (P->cd_nph > 1) {
+                if (P->dx_set) {
+                    zero_bytes(dxn, (size_t)(Ci * iv) * es); // in cache, added into at once
+                }
                 cdir_phase_copy(dt, P, Ci, d.dxp, dxn, true); // strides
                 continue;
             }
             for (int64_t ci = 0; ci < Ci; ci++) {
                 for (int64_t i0 = 0; i0 < sp->in[0]; i0++) {
                     for (int64_t i1 = 0; i1 < sp->in[1]; i1++) {
-                        add_run(dt, elem(dxn, ci * iv + (i0 * sp->in[1] + i1) * sp->in[2], es),
-                                elem(d.dxp,
-                                     ci * P->Pp + (i0 + sp->p[0]) * P->PL +
-                                         (i1 + sp->p[1]) * P->I2p + sp->p[2],
-                                     es),
-                                sp->in[2], 1);
+                        char       *to = elem(dxn, ci * iv + (i0 * sp->in[1] + i1) * sp->in[2], es);
+                        const char *from = elem(d.dxp,
+                                                ci * P->Pp + (i0 + sp->p[0]) * P->PL +
+                                                    (i1 + sp->p[1]) * P->I2p + sp->p[2],
+                                                es);
+                        if (P->dx_set) {
+                            copy_bytes(to, from, (size_t)sp->in[2] * es);
+                        } else {
+                            add_run(dt, to, from, sp->in[2], 1);
+                        }
                     }
                 }
             }
@@ -1407,6 +1423,9 @@ static ddl_status conv_backward_range(ddl_dtype dt, const ddl_conv_geom *g, cons
             const char *xn  = x != NULL ? elem(x, n * Ci * iv, es) : NULL;
             const char *dyn = elem(dy, n * Co * ov, es);
             char       *dxn = dx != NULL ? elem(dx, n * Ci * iv, es) : NULL;
+            if (dxn != NULL && P->dx_set) {
+                zero_bytes(dxn, (size_t)(Ci * iv) * es); // the sample's, added into below
+            }
             for (int64_t j0 = 0; j0 < ov; j0 += P->cols) {
                 int64_t nc = ov - j0 < P->cols ? ov - j0 : P->cols;
                 if (dw != NULL) {
@@ -1445,8 +1464,11 @@ static ddl_status conv_backward_range(ddl_dtype dt, const ddl_conv_geom *g, cons
         if (dx != NULL) {
             DDL_CHECK(ddl_gemm(dt, true, false, Kc, nc, Co, 1.0, w, Kc, stage, nc, 0.0, col, nc));
             for (int64_t t = 0; t < nt; t++) {
-                col2im_add(dt, &P->sp, Ci, elem(col, t * ov, es), nc,
-                           elem(dx, (n0 + t) * Ci * iv, es), 0, ov);
+                char *dxn = elem(dx, (n0 + t) * Ci * iv, es);
+                if (P->dx_set) {
+                    zero_bytes(dxn, (size_t)(Ci * iv) * es);
+                }
+                col2im_add(dt, &P->sp, Ci, elem(col, t * ov, es), nc, dxn, 0, ov);
             }
         }
     }
@@ -1607,11 +1629,24 @@ ddl_status ddl_conv_backward(ddl_dtype dt, const ddl_conv_geom *g, void *dx, voi
                              void *db, const void *dy, const void *x, const void *w, void *ws,
                              size_t ws_bytes)
 {
+    return ddl_conv_backward_ex(dt, g, dx, dw, db, dy, x, w, ws, ws_bytes, 0);
+}
+
+ddl_status ddl_conv_backward_ex(ddl_dtype dt, const ddl_conv_geom *g, void *dx, void *dw, void *db,
+                                const void *dy, const void *x, const void *w, void *ws,
+                                size_t ws_bytes, unsigned flags)
+{
     conv_plan P;
     DDL_CHECK(conv_args("conv_backward", dt, g, ws, ws_bytes, true, &P));
+    DDL_REQUIRE((flags & ~(unsigned)DDL_CONV_DX_SET) == 0, DDL_EINVAL,
+                "conv_backward: unknown flags 0x%x", flags & ~(unsigned)DDL_CONV_DX_SET);
+    P.dx_set        = dx != NULL && (flags & DDL_CONV_DX_SET) != 0;
     const int64_t N = g->N, Ci = g->C_in, Co = g->C_out, Kc = P.Kc;
     const int64_t iv = P.sp.iv, ov = P.sp.ov;
     const size_t  es = dt_size(dt);
+    if (P.dx_set && (Co == 0 || Kc == 0)) {
+        zero_bytes(dx, (size_t)(N * Ci * iv) * es); // no tap reaches dx: it is zero
+    }
     if (N == 0 || Co == 0) {
         return DDL_OK;
     }
@@ -1650,8 +1685,8 @@ ddl_status ddl_conv_backward(ddl_dtype dt, const ddl_conv_geom *g, void *dx, voi
                                    elem(x, n * Ci * iv, es), ov, 1.0, dw, Ci));
             }
             if (dx != NULL) {
-                DDL_CHECK(ddl_gemm(dt, true, false, Ci, ov, Co, 1.0, w, Ci, dyn, ov, 1.0,
-                                   elem(dx, n * Ci * iv, es), ov));
+                DDL_CHECK(ddl_gemm(dt, true, false, Ci, ov, Co, 1.0, w, Ci, dyn, ov,
+                                   P.dx_set ? 0.0 : 1.0, elem(dx, n * Ci * iv, es), ov));
             }
         }
         return DDL_OK;

@@ -136,6 +136,31 @@ static double conv_loss(void *p)
     return s;
 }
 
+// DDL_CONV_DX_SET (ddl_conv_backward_ex) on dx filled with NaN sets it to what a call
+// adding into zeros gives, value for value (both with the kernel width in force now);
+// dw, computed in the same call, adds as without the flag.
+static void check_dx_set(ddl_dtype dt, const ddl_conv_geom *g, const void *rd, const void *xd,
+                         const void *wd, void *ws, size_t wsb)
+{
+    int64_t nx  = g->N * g->C_in * g->in[0] * g->in[1] * g->in[2];
+    int64_t nw  = g->C_out * g->C_in * g->k[0] * g->k[1] * g->k[2];
+    size_t  es  = ddl_dtype_size(dt);
+    void   *add = zeros(dt, nx), *set = malloc((size_t)(nx + 1) * es);
+    void   *dwa = zeros(dt, nw), *dws = zeros(dt, nw);
+    ASSERT_OK(ddl_conv_backward(dt, g, add, dwa, NULL, rd, xd, wd, ws, wsb));
+    memset(set, 0xff, (size_t)(nx + 1) * es); // NaN: none of it may be read
+    ASSERT_OK(ddl_conv_backward_ex(dt, g, set, dws, NULL, rd, xd, wd, ws, wsb, DDL_CONV_DX_SET));
+    for (int64_t i = 0; i < nx; i++) {
+        if (!(ddl_test_at(dt, set, i) == ddl_test_at(dt, add, i))) {
+            TEST_FAIL_("conv DDL_CONV_DX_SET %s nsp=%d: dx[%lld] = %g, adding into zeros gives %g",
+                       ddl_dtype_name(dt), g->nsp, (long long)i, ddl_test_at(dt, set, i),
+                       ddl_test_at(dt, add, i));
+        }
+    }
+    ASSERT_TRUE(memcmp(dwa, dws, (size_t)nw * es) == 0);
+    free(add), free(set), free(dwa), free(dws);
+}
+
 static void run_case(const conv_case *cc, uint64_t seed)
 {
     ddl_conv_geom g;
@@ -204,6 +229,7 @@ static void run_case(const conv_case *cc, uint64_t seed)
         if (cc->bias) {
             ASSERT_LE(ddl_test_rel_err(dbr, dt, dbd, nb), tol);
         }
+        check_dx_set(dt, &g, rd, xd, wd, ws, wsb);
         for (int64_t i = 0; i < nx; i++) {
             dxr[i] *= 0.5;
         }
@@ -573,6 +599,8 @@ static void run_threads_case(const conv_case *cc, uint64_t seed)
             ASSERT_LE(ddl_test_rel_err(ref, dt, dw[run], nw), tol);
             free(ref);
         }
+        ddl_blas_set_threads(2); // the parts set their own samples
+        check_dx_set(dt, &g, rd, xd, wd, ws, ws2);
         for (int run = 0; run < 4; run++) {
             free(y[run]), free(dx[run]), free(dw[run]), free(db[run]);
         }

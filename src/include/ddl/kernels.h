@@ -177,6 +177,14 @@ DDL_EXTERN ddl_status ddl_conv_forward_rows(ddl_dtype dt, const ddl_conv_geom *g
 DDL_EXTERN ddl_status ddl_conv_backward(ddl_dtype dt, const ddl_conv_geom *g, void *dx,
                                         void *dw, void *db, const void *dy, const void *x,
                                         const void *w, void *ws, size_t ws_bytes);
+// The same, with flags. DDL_CONV_DX_SET: dx is set to conv^T(dy, w), every element of it
+// written and none read, instead of added into: no caller memset of dx (the kernels clear
+// a sample's dx in cache where they sum into it: the im2col paths and strided direct
+// ones). The same values as accumulating into zeros (a sum that is -0 may come out +0 or -0).
+enum { DDL_CONV_DX_SET = 1u };
+DDL_EXTERN ddl_status ddl_conv_backward_ex(ddl_dtype dt, const ddl_conv_geom *g, void *dx, void *dw,
+                                           void *db, const void *dy, const void *x, const void *w,
+                                           void *ws, size_t ws_bytes, unsigned flags);
 // Direct nested-loop reference versions of the two above (no workspace; slow). They are
 // what the im2col path is tested against, and a fallback.
 DDL_EXTERN ddl_status ddl_conv_forward_naive(ddl_dtype dt, const ddl_conv_geom *g, void *y,

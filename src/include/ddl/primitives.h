@@ -137,7 +137,8 @@ DDL_EXTERN ddl_status ddl_repartition_adjoint(const ddl_repartition_t *t, const 
 // global zero padding is materialised on boundary ranks and is never exchanged.
 // Forward copies the neighbours' bulk into the ghosts, dimension by dimension (0 up),
 // in place; the adjoint adds the ghosts into the neighbours' bulk and zeroes them, in
-// reverse dimension order. Collective over P.
+// reverse dimension order (the low neighbour's contribution first, whichever arrives
+// first, so the sums are the same run to run). Collective over P.
 typedef struct ddl_halo_exchange ddl_halo_exchange_t;
 DDL_EXTERN ddl_status ddl_halo_exchange_create(const ddl_partition_t *P, ddl_dtype dt,
                                                const ddl_shape *global, const int64_t *kernel,
@@ -165,7 +166,8 @@ DDL_EXTERN ddl_status ddl_halo_exchange_adjoint(const ddl_halo_exchange_t *h, dd
 // last), and ddl_halo_exchange_finish completes them and runs the remaining steps. In
 // between the caller may compute on anything but `buf`, which it must neither read nor
 // write; no other exchange of this plan may start. The same results, bit for bit, and the
-// same traffic as the one-call forms; the time of both halves counts as the exchange's.
+// same traffic as the one-call forms; the time of start, progress and finish counts as the
+// exchange's.
 // Collective over P as a pair: every rank starts and finishes, in the same order
 // relative to its other communication. A _start that failed after posting leaves the
 // exchange in flight (ddl_halo_exchange_in_flight): finish it, then report the failure.

@@ -41,7 +41,18 @@
 #define ZERO     _mm256_setzero_ps
 #define AND      _mm256_and_ps
 #define ADD      _mm256_add_ps
+// The lanes of v summed in pairwise halves: lane l with l + L/2, then with l + L/4, ...
+// (dw_finish's order; IEEE addition of two values is commutative, so these shuffles give
+// the bits of the scalar loop they replace).
+CDIR_TGT static inline float hsum_f32(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s        = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
+}
+#define HSUM hsum_f32
 #include "kernels/conv_direct_t.h"
+#undef HSUM
 #undef T
 #undef V
 #undef L
@@ -65,7 +76,14 @@
 #define ZERO   _mm256_setzero_pd
 #define AND    _mm256_and_pd
 #define ADD    _mm256_add_pd
+CDIR_TGT static inline double hsum_f64(__m256d v)
+{
+    __m128d s = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd(v, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)));
+}
+#define HSUM hsum_f64
 #include "kernels/conv_direct_t.h"
+#undef HSUM
 #undef T
 #undef V
 #undef L
@@ -103,7 +121,17 @@
 #define ADD _mm512_add_ps
 #define AND(a, m)                                                                            \
     _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(a), _mm512_castps_si512(m)))
+CDIR_TGT static inline float hsum_f32_512(__m512 v)
+{
+    __m256 h = _mm256_add_ps(_mm512_castps512_ps256(v),
+                             _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    s        = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
+}
+#define HSUM hsum_f32_512
 #include "kernels/conv_direct_t.h"
+#undef HSUM
 #undef T
 #undef V
 #undef L
@@ -128,7 +156,15 @@
 #define ADD _mm512_add_pd
 #define AND(a, m)                                                                            \
     _mm512_castsi512_pd(_mm512_and_si512(_mm512_castpd_si512(a), _mm512_castpd_si512(m)))
+CDIR_TGT static inline double hsum_f64_512(__m512d v)
+{
+    __m256d h = _mm256_add_pd(_mm512_castpd512_pd256(v), _mm512_extractf64x4_pd(v, 1));
+    __m128d s = _mm_add_pd(_mm256_castpd256_pd128(h), _mm256_extractf128_pd(h, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)));
+}
+#define HSUM hsum_f64_512
 #include "kernels/conv_direct_t.h"
+#undef HSUM
 #undef T
 #undef V
 #undef L

@@ -466,8 +466,8 @@ static ddl_status input_block(conv_impl *m, ddl_dtype dt, const ddl_tensor_t *x,
 // The local kernel sets the input block gradient (DDL_CONV_DX_SET), its [N, C_in, in...]
 // block at the start of gin where this rank computes; before it runs, this zeroes the rest
 // of gin's n elements: all of them on a rank that computes nothing, the tail of an
-// envelope. No memset of what the kernel writes anyway (issue 19, item 3: about 1.2 ms
-// per rank of a ResNet step on 2 ranks).
+// envelope. No memset of what the kernel writes anyway (issue 19, item 3: 1.3 % of a
+// ResNet step at np 1 by profile; +1.0-1.6 % images/s measured, docs/PERFORMANCE.md).
 static void dx_clear_rest(const conv_impl *m, ddl_dtype dt, void *gin, int64_t n)
 {
     int64_t k = 0;

@@ -1448,9 +1448,9 @@ static void on_train(ddld_dispatch *d, ddld_job *job)
     } else if (t.stop_cancel) {
         // One line in the log: gRPC tells a client's cancel, a passed deadline and a lost
         // connection apart to nobody, and an operator wants to know a Train stopped early.
-        ddld_log("Train: stopped after %lld of %lld steps: its call was cancelled (by the "
-                 "client, its deadline or a lost connection)",
-                 (long long)done, (long long)t.total);
+        ddld_log("Train: stopped after %lld of %lld steps (%.1f s): its call was cancelled (by "
+                 "the client, its deadline or a lost connection)",
+                 (long long)done, (long long)t.total, ddld_now() - d->train_t0);
         ddld_call_end(job->call, GRPC_STATUS_CANCELLED, "Train: cancelled");
     } else {
         ddld_call_end(job->call, GRPC_STATUS_OK, NULL);

@@ -13,10 +13,11 @@
 //
 // Clients that go away. libmicrohttpd does not watch a suspended connection's socket, so
 // the `watcher` thread does: every suspended request is on a list, and the thread polls
-// their sockets for the peer's close (POLLRDHUP, POLLHUP) with a WATCH_MS timeout (a new
-// entry is watched from the next round). A closed one's call is cancelled as a gRPC
-// client's cancel cancels it (ddld_call_cancel): out of the queue at once, or dropped
-// before its batch runs, never run on the ranks for nobody.
+// their sockets for the peer's close (POLLRDHUP, POLLHUP; an error or a descriptor no longer
+// open counts as a close too) with a WATCH_MS timeout (a new entry is watched from the next
+// round). A closed one's call is cancelled as a gRPC client's cancel cancels it
+// (ddld_call_cancel): out of the queue at once, or dropped before its batch runs, never run
+// on the ranks for nobody.
 //
 // Formats (the Open Inference Protocol's REST binding, with Triton's extensions):
 //   - tensors in JSON: "data" is the row-major contents, flat or nested; FP32 values are
@@ -488,7 +489,7 @@ static void *watcher(void *arg)
             nanosleep(&ts, NULL);
         }
         for (int i = 0; i < n; i++) {
-            if (got > 0 && (pfd[i].revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) {
+            if (got > 0 && (pfd[i].revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0) {
                 ddld_call_cancel(calls[i]);
             }
             ddld_call_release(calls[i]);

@@ -92,7 +92,7 @@ class Fixture:
             timeout=600)
         self.train_end = "running"
         first = threading.Event()
-        t0 = time.perf_counter()
+        t0 = self.train_t0 = time.perf_counter()
 
         def consume():
             try:
@@ -490,10 +490,14 @@ def sc_httpcancel(h):
         st = f.status()
         if not ok or st.request_queue_depth != st0.request_queue_depth + 1 or \
                 st.state != "training":
+            # When the Train ended, and how, tells a close never seen from a Train that
+            # ended early (which runs both queued calls before the close).
             bad.append("after one client closed: dropped_calls %d -> %d, queue %d -> %d, "
-                       "state %s (expected +1, +1 and still training)" % (
+                       "state %s (expected +1, +1 and still training); the close came %.1f s "
+                       "into the Train, the check %.1f s after it; the Train: %s, %d records" % (
                            st0.dropped_calls, st.dropped_calls, st0.request_queue_depth,
-                           st.request_queue_depth, st.state))
+                           st.request_queue_depth, st.state, t0 - f.train_t0, dt, f.train_end,
+                           f.train_records))
         else:
             print("the closed client's call left the queue %.0f ms after the close, during "
                   "the Train" % (dt * 1e3), flush=True)

@@ -26,10 +26,11 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-if sys.argv[-1] == "backpressure":
+if sys.argv[-1] in ("backpressure", "httpcancel"):
     # gRPC's INFO lines (a GOAWAY received, a keepalive watchdog, a failed connect) in this
     # client's output and in the daemon's log, which a failure prints: one line when all
-    # goes well. Set before grpc is imported; the daemon inherits it.
+    # goes well. Set before grpc is imported; the daemon inherits it. (httpcancel: a Train
+    # once ended during the wait with its call cancelled, by no cancel of the test's.)
     os.environ.setdefault("GRPC_VERBOSITY", "INFO")
 from hostile_common import (HE, TR, Failure, Harness, Raw, cpu_top, f32, percentile,  # noqa
                             rank0_pid, tcp_queues, vm_rss_kb, wait_for)

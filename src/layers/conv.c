@@ -518,6 +518,70 @@ static ddl_status halo_settle(ddl_halo_exchange_t *h, const halo_prog *p, ddl_st
     return st != DDL_OK ? st : fin;
 }
 
+// The weights and bias the kernel reads: the broadcast copies, or the owner's own values
+// (in place, or a rank whose copy is its parameter).
+static const void *kernel_w(const ddl_layer_t *L, const conv_impl *m)
+{
+    return m->w != NULL && !m->w_inplace ? m->w->data : L->params[0].value->data;
+}
+
+static const void *kernel_b(const ddl_layer_t *L, const conv_impl *m)
+{
+    if (!m->recv_bias) {
+        return NULL;
+    }
+    return m->b != NULL && !m->b_inplace ? m->b->data : L->params[1].value->data;
+}
+
+// Where the kernel sums dw and db: the partial sums (cleared here) that B_w* and B_b* carry
+// to the owners, or the owner's gradients themselves.
+static void kernel_grads(ddl_layer_t *L, conv_impl *m, void **dw, void **db)
+{
+    if (m->dw != NULL) {
+        ddl_tensor_zero(m->dw);
+    }
+    if (m->db != NULL) {
+        ddl_tensor_zero(m->db);
+    }
+    *dw = m->dw != NULL ? m->dw->data : L->params[0].grad->data;
+    *db = NULL;
+    if (m->recv_bias) {
+        *db = m->db != NULL ? m->db->data : L->params[1].grad->data;
+    }
+}
+
+// The parameter gradients onto their owners (B_w*, B_b*: sums along the spatial dims).
+static ddl_status grads_to_owners(ddl_layer_t *L, conv_impl *m)
+{
+    if (m->w_bc != NULL) {
+        DDL_CHECK(ddl_broadcast_adjoint(m->w_bc, m->dw, m->gw));
+        add_into(L->params[0].grad, m->gw);
+    }
+    if (m->b_bc != NULL) {
+        DDL_CHECK(ddl_broadcast_adjoint(m->b_bc, m->db, m->gb));
+        add_into(L->params[1].grad, m->gb);
+    }
+    return DDL_OK;
+}
+
+// C*: a staged (cropped) input gradient embedded in the zeroed padded buffer.
+static void dx_unstage(conv_impl *m)
+{
+    if (m->in_x && m->dx_staged) {
+        ddl_tensor_zero(m->dxbuf);
+        ddl_tensor_unpack(m->dxbuf, &m->need, m->dxstage->data);
+    }
+}
+
+// After H*: the padded buffer's bulk out into dx.
+static void dx_bulk_out(const conv_impl *m, ddl_tensor_t *dx)
+{
+    if (m->in_x) {
+        ddl_box full = ddl_box_full(&dx->shape);
+        ddl_tensor_copy_box(m->dxbuf, &m->bulk, dx, &full);
+    }
+}
+
 static ddl_status conv_forward(ddl_layer_t *L, const ddl_tensor_t *x, ddl_tensor_t *y)
 {
     conv_impl *m  = L->impl;
@@ -549,11 +613,7 @@ static ddl_status conv_forward(ddl_layer_t *L, const ddl_tensor_t *x, ddl_tensor
     }
     void *yout = m->y_sr != NULL ? m->yw->data : y->data;
     if (m->work) {
-        const void *w = m->w != NULL && !m->w_inplace ? m->w->data : pw->value->data;
-        const void *b = NULL;
-        if (m->recv_bias) {
-            b = m->b != NULL && !m->b_inplace ? m->b->data : pb->value->data;
-        }
+        const void *w = kernel_w(L, m), *b = kernel_b(L, m);
         // Inference computes each sample alone (batch-invariant bits: dynamic batching).
         DDL_CHECK(
             L->training
@@ -582,8 +642,7 @@ static ddl_status backward_overlapped(ddl_layer_t *L, conv_impl *m, const ddl_te
                                       ddl_tensor_t *dx)
 {
     ddl_dtype   dt = L->dt;
-    ddl_param  *pw = &L->params[0], *pb = m->c.bias ? &L->params[1] : NULL;
-    const void *w  = m->w != NULL && !m->w_inplace ? m->w->data : pw->value->data;
+    const void *w  = kernel_w(L, m);
     void       *gx = NULL;
     if (m->in_x) {
         gx = m->dx_staged ? m->dxstage->data : m->dxbuf->data;
@@ -593,54 +652,29 @@ static ddl_status backward_overlapped(ddl_layer_t *L, conv_impl *m, const ddl_te
         DDL_CHECK(ddl_conv_backward_ex(dt, &m->g, gx, NULL, NULL, dy->data, NULL, w, m->ws,
                                        m->ws_bytes, DDL_CONV_DX_SET));
     }
-    if (m->in_x && m->dx_staged) {
-        ddl_tensor_zero(m->dxbuf);
-        ddl_tensor_unpack(m->dxbuf, &m->need, m->dxstage->data);
-    }
+    dx_unstage(m);
     halo_prog  p  = {.h = m->halo, .st = DDL_OK};
     ddl_status st = ddl_halo_exchange_adjoint_start(m->halo, m->dxbuf);
-    if (m->dw != NULL) {
-        ddl_tensor_zero(m->dw);
-    }
-    if (m->db != NULL) {
-        ddl_tensor_zero(m->db);
-    }
+    void      *dw, *db;
+    kernel_grads(L, m, &dw, &db);
     if (st == DDL_OK && m->work) {
-        void *dw = m->dw != NULL ? m->dw->data : pw->grad->data;
-        void *db = NULL;
-        if (m->recv_bias) {
-            db = m->db != NULL ? m->db->data : pb->grad->data;
-        }
         ddl_kernel_progress prev = ddl_kernel_progress_set((ddl_kernel_progress){halo_prog_fn, &p});
         st =
             ddl_conv_backward(dt, &m->g, NULL, dw, db, dy->data, m->conv_in, w, m->ws, m->ws_bytes);
         ddl_kernel_progress_set(prev);
     }
-    if (st == DDL_OK && m->w_bc != NULL) {
-        st = ddl_broadcast_adjoint(m->w_bc, m->dw, m->gw);
-        if (st == DDL_OK) {
-            add_into(pw->grad, m->gw);
-        }
-    }
-    if (st == DDL_OK && m->b_bc != NULL) {
-        st = ddl_broadcast_adjoint(m->b_bc, m->db, m->gb);
-        if (st == DDL_OK) {
-            add_into(pb->grad, m->gb);
-        }
+    if (st == DDL_OK) {
+        st = grads_to_owners(L, m);
     }
     DDL_CHECK(halo_settle(m->halo, &p, st));
-    if (m->in_x) {
-        ddl_box full = ddl_box_full(&dx->shape);
-        ddl_tensor_copy_box(m->dxbuf, &m->bulk, dx, &full);
-    }
+    dx_bulk_out(m, dx);
     return DDL_OK;
 }
 
 static ddl_status conv_backward(ddl_layer_t *L, const ddl_tensor_t *dy, ddl_tensor_t *dx)
 {
     conv_impl *m  = L->impl;
-    ddl_dtype  dt = L->dt;
-    ddl_param *pw = &L->params[0], *pb = m->c.bias ? &L->params[1] : NULL;
+    ddl_dtype  dt  = L->dt;
     bool       fan = m->x_bc != NULL;
     DDL_REQUIRE(m->have_forward, DDL_EINVAL, "%s: backward called before any forward", L->kind);
     if (m->halo != NULL && !m->shared && m->c.kind == CONV_FEATURE && ddl_halo_overlap() &&
@@ -686,40 +720,20 @@ static ddl_status conv_backward(ddl_layer_t *L, const ddl_tensor_t *dy, ddl_tens
     if (gin != NULL && (fan ? m->in_w : m->in_x) && !alias) {
         dx_clear_rest(m, dt, gin, fan ? m->nx_leaf : m->nx_blk);
     }
-    if (m->dw != NULL) {
-        ddl_tensor_zero(m->dw);
-    }
-    if (m->db != NULL) {
-        ddl_tensor_zero(m->db);
-    }
+    void *dw, *db;
+    kernel_grads(L, m, &dw, &db);
     if (m->work) {
-        const void *w  = m->w != NULL && !m->w_inplace ? m->w->data : pw->value->data;
-        void       *dw = m->dw != NULL ? m->dw->data : pw->grad->data;
-        void       *db = NULL;
-        if (m->recv_bias) {
-            db = m->db != NULL ? m->db->data : pb->grad->data;
-        }
-        DDL_CHECK(ddl_conv_backward_ex(dt, &m->g, alias ? NULL : gin, dw, db, gy, m->conv_in, w,
-                                       m->ws, m->ws_bytes, DDL_CONV_DX_SET));
+        DDL_CHECK(ddl_conv_backward_ex(dt, &m->g, alias ? NULL : gin, dw, db, gy, m->conv_in,
+                                       kernel_w(L, m), m->ws, m->ws_bytes, DDL_CONV_DX_SET));
     }
     if (alias && gin != NULL && m->in_x) {
         dx_clear_rest(m, dt, gin, m->nx_blk);
         if (m->work) {
-            const void *w = m->w != NULL && !m->w_inplace ? m->w->data : pw->value->data;
-            DDL_CHECK(ddl_conv_backward_ex(dt, &m->g, gin, NULL, NULL, gy, NULL, w, m->ws,
-                                           m->ws_bytes, DDL_CONV_DX_SET));
+            DDL_CHECK(ddl_conv_backward_ex(dt, &m->g, gin, NULL, NULL, gy, NULL, kernel_w(L, m),
+                                           m->ws, m->ws_bytes, DDL_CONV_DX_SET));
         }
     }
-
-    // Parameter gradients onto their owners (B_w*, B_b*: sums along the spatial dims).
-    if (m->w_bc != NULL) {
-        DDL_CHECK(ddl_broadcast_adjoint(m->w_bc, m->dw, m->gw));
-        add_into(pw->grad, m->gw);
-    }
-    if (m->b_bc != NULL) {
-        DDL_CHECK(ddl_broadcast_adjoint(m->b_bc, m->db, m->gb));
-        add_into(pb->grad, m->gb);
-    }
+    DDL_CHECK(grads_to_owners(L, m));
     if (L->dx_unused) {
         return DDL_OK;  // nobody reads dx: no B_x*, no halo adjoint
     }
@@ -732,15 +746,9 @@ static ddl_status conv_backward(ddl_layer_t *L, const ddl_tensor_t *dy, ddl_tens
 
     // C* (zero embedding of the crop), H*, and the bulk out into dx.
     if (m->halo != NULL) {
-        if (m->in_x && m->dx_staged) {
-            ddl_tensor_zero(m->dxbuf);
-            ddl_tensor_unpack(m->dxbuf, &m->need, m->dxstage->data);
-        }
+        dx_unstage(m);
         DDL_CHECK(ddl_halo_exchange_adjoint(m->halo, m->dxbuf));
-        if (m->in_x) {
-            ddl_box full = ddl_box_full(&dx->shape);
-            ddl_tensor_copy_box(m->dxbuf, &m->bulk, dx, &full);
-        }
+        dx_bulk_out(m, dx);
     } else if (m->in_x && m->dx_staged) {
         memcpy(dx->data, m->dxstage->data, ddl_tensor_bytes(dx));
     }

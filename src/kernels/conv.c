@@ -275,6 +275,17 @@ static ddl_status conv_plan_make(const char *who, ddl_dtype dt, const ddl_conv_g
         size_t  dyw    = ((size_t)g->C_out * (size_t)ldy * es + a - 1) / a * a;
         size_t  mask   = ((size_t)nj * es + a - 1) / a * a;
         size_t  lanes  = (size_t)g->C_out * (size_t)P->Kc * DDL_CDIR_LANE_BYTES;
+        // The direct dx gathers over every padded input position (nq) for every tap,
+        // against ov per tap for the forward: with unpadded small planes (LeNet's conv2:
+        // 224 against 100) that is over twice the work, and the scatter over the wide
+        // grid (nj = 160 per tap) wins (0.93 against 2.1 ms at AVX-512).
+        // With many input channels the scatter's tile (6 channels x 4 vectors, 24 FMAs per
+        // 4 loads and 6 broadcasts) also beats the gather's: 64->64 56x56 at AVX-512,
+        // 41 against 44 ms.
+        // With strides the gather would need a margin per phase: the scatter always.
+        // The scatter reads w in its tile order, packed once per call (wpack).
+        bool   scatter = 2 * nq > 3 * sp->ov || g->C_in >= 6 || nph > 1;
+        size_t wpack   = scatter ? ((size_t)g->C_out * (size_t)P->Kc * es + a - 1) / a * a : 0;
         // Without padding or strides the padded sample is the sample itself, planes RV
         // apart: the kernels can read x in place, if they may read past its end. A run of
         // the last valid positions reads up to the largest tap offset plus nj, that is
@@ -296,7 +307,7 @@ static ddl_status conv_plan_make(const char *who, ddl_dtype dt, const ddl_conv_g
         group         = group < g->N / 2 ? group : g->N / 2;
         group         = group > 1 ? group : 1;
         size_t slot = (inplace ? 0 : (size_t)group * planes) + planes + (size_t)group * dyw + mask +
-                      cdir_offs_bytes(P, inplace) + lanes;
+                      cdir_offs_bytes(P, inplace) + lanes + wpack;
         if (slot > DDL_CDIR_MAX_SLOT && group > 1) {
             slot -= (size_t)(group - 1) * per;
             group = 1;
@@ -318,16 +329,8 @@ static ddl_status conv_plan_make(const char *who, ddl_dtype dt, const ddl_conv_g
             P->col_bytes = slot;
             P->cd_inplace = inplace;
             P->cd_tail    = unpadded ? tail : 0;
-            P->cd_group   = group;
-            // The direct dx gathers over every padded input position (nq) for every tap,
-            // against ov per tap for the forward: with unpadded small planes (LeNet's conv2:
-            // 224 against 100) that is over twice the work, and the scatter over the wide
-            // grid (nj = 160 per tap) wins (0.93 against 2.1 ms at AVX-512).
-            // With many input channels the scatter's tile (6 channels x 4 vectors, 24 FMAs per
-            // 4 loads and 6 broadcasts) also beats the gather's: 64->64 56x56 at AVX-512,
-            // 41 against 44 ms.
-            // With strides the gather would need a margin per phase: the scatter always.
-            P->cd_dx_scatter = 2 * P->cd_nq > 3 * sp->ov || g->C_in >= 6 || nph > 1;
+            P->cd_group      = group;
+            P->cd_dx_scatter = scatter;
             return DDL_OK;
         }
     }
@@ -1088,7 +1091,7 @@ static ddl_status conv_backward_wide(ddl_dtype dt, const ddl_conv_geom *g, const
 // pad each sample, lay dy out on the grid and move results back, like the wide layout.
 
 typedef struct cdir_ws {
-    char    *xp, *dyw, *dxp, *mask, *acc;
+    char    *xp, *dyw, *dxp, *mask, *acc, *wp; // wp: the scatter's packed w
     int64_t  xp_stride, dyw_stride; // elements between a group's samples (x's when in place)
     int64_t *toff, *dtoff, *koff;
     ddl_cdir c;
@@ -1193,6 +1196,7 @@ static void cdir_setup(ddl_dtype dt, const ddl_conv_geom *g, const conv_plan *P,
     d->dtoff             = P->cd_inplace ? d->toff + P->Kc : d->toff;
     d->koff              = d->dtoff + P->Kc;
     d->acc               = (char *)d->mask + mask + cdir_offs_bytes(P, P->cd_inplace);
+    d->wp                = d->acc + (size_t)(Co * P->Kc) * DDL_CDIR_LANE_BYTES;
     // x's planes lie iv apart when read in place, dxp's always Pp.
     const int64_t xst = P->cd_inplace ? sp->iv : P->Pp;
     // Tap (k0, k1, k2) reads padded position o s + k d: in the phase layout (conv_plan_make)
@@ -1292,6 +1296,9 @@ static ddl_status conv_backward_cdir(ddl_dtype dt, const ddl_conv_geom *g, const
     if (dw != NULL) {
         memset(d.acc, 0, (size_t)(Co * P->Kc) * DDL_CDIR_LANE_BYTES);
     }
+    if (dx != NULL && P->cd_dx_scatter) {
+        ddl_cdir_dx_scatter_pack(dt, &d.c, d.wp, w);
+    }
     char *dyw0 = d.dyw + (size_t)P->cd_M * es;
     for (int64_t n0 = n_begin; n0 < n_end; n0 += P->cd_group) {
         ddl__kernel_progress();
@@ -1308,7 +1315,7 @@ static ddl_status conv_backward_cdir(ddl_dtype dt, const ddl_conv_geom *g, const
             const char *dyw = dyw0 + (size_t)(t * d.dyw_stride) * es;
             if (P->cd_dx_scatter) {
                 memset(d.dxp, 0, (size_t)(Ci * P->Pp) * es);
-                ddl_cdir_dx_scatter(dt, &d.c, d.dxp, dyw, w);
+                ddl_cdir_dx_scatter(dt, &d.c, d.dxp, dyw, d.wp);
             } else {
                 ddl_cdir_dx(dt, &d.c, d.dxp, dyw, w);
             }

@@ -301,13 +301,23 @@ void ddl_cdir_dx(ddl_dtype dt, const ddl_cdir *c, void *dxp, const void *dyw, co
     }
 }
 
-void ddl_cdir_dx_scatter(ddl_dtype dt, const ddl_cdir *c, void *dxp, const void *dyw,
-                         const void *w)
+void ddl_cdir_dx_scatter_pack(ddl_dtype dt, const ddl_cdir *c, void *wp, const void *w)
 {
     int l = cdir_level();
     if (dt == DDL_F32) {
-        (l == 2 ? dxs_f32_512 : dxs_f32)(c, dxp, dyw, w);
+        (l == 2 ? dxs_pack_f32_512 : dxs_pack_f32)(c, wp, w);
     } else {
-        (l == 2 ? dxs_f64_512 : dxs_f64)(c, dxp, dyw, w);
+        (l == 2 ? dxs_pack_f64_512 : dxs_pack_f64)(c, wp, w);
+    }
+}
+
+void ddl_cdir_dx_scatter(ddl_dtype dt, const ddl_cdir *c, void *dxp, const void *dyw,
+                         const void *wp)
+{
+    int l = cdir_level();
+    if (dt == DDL_F32) {
+        (l == 2 ? dxs_f32_512 : dxs_f32)(c, dxp, dyw, wp);
+    } else {
+        (l == 2 ? dxs_f64_512 : dxs_f64)(c, dxp, dyw, wp);
     }
 }

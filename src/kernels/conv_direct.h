@@ -52,10 +52,11 @@
 // Most samples one dW call sums (conv.c groups samples whose grid is short next to the
 // dW accumulators, see conv_plan_make).
 #define DDL_CDIR_DW_GROUP 8
-// Positions are processed in runs of at most DDL_CDIR_ALIGN elements (the forward's two
-// vectors of 16 floats at AVX-512; dW and dx step by one vector): nj and nq are
-// multiples of it.
-#define DDL_CDIR_ALIGN 32
+// nj and nq are multiples of DDL_CDIR_ALIGN elements: one AVX-512 vector of floats (every
+// kernel steps down to one vector; at the other widths that is two or four). Not more: a
+// grid rounded up to 32 gave a 2-row block of a 4x4 plane (ResNet's last stage, split over
+// 2 ranks) 32 positions for 8 outputs, and the split layer ran no faster than the whole.
+#define DDL_CDIR_ALIGN 16
 // Bytes of one dW lane accumulator (a 512-bit vector).
 #define DDL_CDIR_LANE_BYTES 64
 
@@ -112,7 +113,10 @@ void ddl_cdir_dx(ddl_dtype dt, const ddl_cdir *c, void *dxp, const void *dyw, co
 // caller zeroes dxp): Kc nj Co multiply-adds against the gather's Ci nq kv Co, so the
 // better choice when nq is well above the number of output positions (small unpadded
 // planes: LeNet's conv2, 224 against 100).
+// wp: w [Co, Kc] in the scatter's tile order, from ddl_cdir_dx_scatter_pack (Co Kc
+// elements; the order depends on the vector width in use, so pack and scatter at one).
+void ddl_cdir_dx_scatter_pack(ddl_dtype dt, const ddl_cdir *c, void *wp, const void *w);
 void ddl_cdir_dx_scatter(ddl_dtype dt, const ddl_cdir *c, void *dxp, const void *dyw,
-                         const void *w);
+                         const void *wp);
 
 #endif // DDL_KERNELS_CONV_DIRECT_H

@@ -1293,9 +1293,6 @@ static ddl_status conv_backward_cdir(ddl_dtype dt, const ddl_conv_geom *g, const
     cdir_setup(dt, g, P, ws, dw != NULL, &d);
     // Margins, garbage columns and tail of dyw stay zero; only the valid runs change.
     memset(d.dyw, 0, (size_t)(P->cd_group * d.dyw_stride) * es);
-    if (dw != NULL) {
-        memset(d.acc, 0, (size_t)(Co * P->Kc) * DDL_CDIR_LANE_BYTES);
-    }
     if (dx != NULL && P->cd_dx_scatter) {
         ddl_cdir_dx_scatter_pack(dt, &d.c, d.wp, w);
     }
@@ -1309,7 +1306,8 @@ static ddl_status conv_backward_cdir(ddl_dtype dt, const ddl_conv_geom *g, const
         }
         if (dw != NULL) {
             const char *xs = cdir_group_input(dt, P, Ci, &d, elem(x, n0 * Ci * iv, es), ng);
-            ddl_cdir_dw(dt, &d.c, d.acc, dyw0, xs, d.mask, ng, d.dyw_stride, d.xp_stride);
+            ddl_cdir_dw(dt, &d.c, d.acc, dyw0, xs, d.mask, ng, d.dyw_stride, d.xp_stride,
+                        n0 == n_begin);
         }
         for (int64_t t = 0; t < ng && dx != NULL; t++) {
             const char *dyw = dyw0 + (size_t)(t * d.dyw_stride) * es;
@@ -1345,7 +1343,7 @@ static ddl_status conv_backward_cdir(ddl_dtype dt, const ddl_conv_geom *g, const
             }
         }
     }
-    if (dw != NULL) {
+    if (dw != NULL && n_begin < n_end) { // acc is set by the first group's call
         ddl_cdir_dw_finish(dt, &d.c, dw, d.acc);
     }
     return DDL_OK;

@@ -101,12 +101,13 @@ int64_t ddl_cdir_dw_group_of(ddl_dtype dt, const ddl_conv_geom *g, size_t ws_byt
 // bits are those of one sample per call.
 void ddl_cdir_forward(ddl_dtype dt, const ddl_cdir *c, void *yw, const void *xp, const void *w,
                       const void *b /* may be NULL */, int64_t ns, int64_t sy, int64_t sx);
-// acc: [Co, Kc, lanes] with room for DDL_CDIR_LANE_BYTES per (co, t), zeroed before
-// the first sample; ddl_cdir_dw_finish adds each lane sum, in a fixed order, to dw.
-// ddl_cdir_dw sums ns samples (ns >= 1): sample s's dyw at dyw + s sdy, its xp at
-// xp + s sx (elements). The bits equal ns calls of one sample each, in order.
+// acc: [Co, Kc, lanes] with room for DDL_CDIR_LANE_BYTES per (co, t); ddl_cdir_dw_finish
+// adds each lane sum, in a fixed order, to dw. ddl_cdir_dw sums ns samples (ns >= 1):
+// sample s's dyw at dyw + s sdy, its xp at xp + s sx (elements), onto acc, or with `fresh`
+// into it from zero (acc's contents unread: the first call of a batch range, which need
+// not clear C_out Kc 64 bytes first). The bits equal ns calls of one sample each, in order.
 void ddl_cdir_dw(ddl_dtype dt, const ddl_cdir *c, void *acc, const void *dyw, const void *xp,
-                 const void *mask, int64_t ns, int64_t sdy, int64_t sx);
+                 const void *mask, int64_t ns, int64_t sdy, int64_t sx, bool fresh);
 void ddl_cdir_dw_finish(ddl_dtype dt, const ddl_cdir *c, void *dw, const void *acc);
 void ddl_cdir_dx(ddl_dtype dt, const ddl_cdir *c, void *dxp, const void *dyw, const void *w);
 // dx as a scatter: dxp[dtoff[t] + j] += sum_co w[co, t] dyw[co, j] over j in [0, nj) (the

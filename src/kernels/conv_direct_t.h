@@ -182,12 +182,12 @@ CDIR_TGT static void CDIR_FN(fwd_n)(const ddl_cdir *c, T *yw, const T *xp, const
 // order whatever ns: the same bits as one sample per call.
 CDIR_TGT CDIR_INLINE void CDIR_FN(dw_tile)(const int CB, const int TB, const ddl_cdir *c, T *acc,
                                            const T *dyw, const T *xp, const T *mask, int64_t ns,
-                                           int64_t sdy, int64_t sx)
+                                           int64_t sdy, int64_t sx, bool fresh)
 {
     V a[6][4];
     for (int i = 0; i < CB; i++) {
         for (int k = 0; k < TB; k++) {
-            a[i][k] = LOADU(acc + (i * c->Kc + k) * L);
+            a[i][k] = fresh ? ZERO() : LOADU(acc + (i * c->Kc + k) * L);
         }
     }
     for (int64_t s = 0; s < ns; s++) {
@@ -228,17 +228,17 @@ CDIR_TGT static void CDIR_FN(dw_finish)(const ddl_cdir *c, T *dw, const T *acc)
         for (; t + DW_TB <= c->Kc; t += DW_TB) {                                                   \
             ddl_cdir local = *c;                                                                   \
             local.toff     = c->toff + t;                                                          \
-            CDIR_FN(dw_tile)(CB_, DW_TB, &local, dwc + t * L, dyc, xp, mask, ns, sdy, sx);         \
+            CDIR_FN(dw_tile)(CB_, DW_TB, &local, dwc + t * L, dyc, xp, mask, ns, sdy, sx, fresh);  \
         }                                                                                          \
         for (; t < c->Kc; t++) {                                                                   \
             ddl_cdir local = *c;                                                                   \
             local.toff     = c->toff + t;                                                          \
-            CDIR_FN(dw_tile)(CB_, 1, &local, dwc + t * L, dyc, xp, mask, ns, sdy, sx);             \
+            CDIR_FN(dw_tile)(CB_, 1, &local, dwc + t * L, dyc, xp, mask, ns, sdy, sx, fresh);      \
         }                                                                                          \
     } while (0)
 
 CDIR_TGT static void CDIR_FN(dw)(const ddl_cdir *c, T *acc, const T *dyw, const T *xp,
-                                 const T *mask, int64_t ns, int64_t sdy, int64_t sx)
+                                 const T *mask, int64_t ns, int64_t sdy, int64_t sx, bool fresh)
 {
     for (int64_t co0 = 0; co0 < c->Co; co0 += DW_CB) {
         int64_t  cb  = c->Co - co0 < DW_CB ? c->Co - co0 : DW_CB;

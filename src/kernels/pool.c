@@ -257,6 +257,131 @@ DEFINE_MAXWIN(max222_f32, float, ddl_v4f, ddl_v4i, 8)
 DEFINE_MAXWIN(max222_f64, double, ddl_v4d, ddl_v4l, 8)
 #undef DEFINE_MAXWIN
 
+// The f32 windows again at AVX2's width, for whole tensors: each row of taps is two
+// contiguous loads split into its even and odd columns (the taps k2 = 0 and 1), instead of
+// scalar loads into lanes, and the argmax offsets are formed in 64-bit lanes with masks
+// (no 64-bit multiply in AVX2). A row of O2 >= 8 windows runs 8 at a time and one of
+// 4 <= O2 < 8 runs 4 at a time, the last vector moved back to end at the row's end
+// (windows computed twice get the same value and index twice), and one of O2 < 4 is one
+// vector of which only O2 lanes are stored, so no scalar tail is left for short rows
+// (LeNet's 14, 5; VGG's 14, 7, 3) but at the very end of x. The same taps in the same order with
+// the same selects as DEFINE_MAXWIN and the rule: the same values and indices.
+typedef float   ddl_v8f __attribute__((vector_size(32)));
+typedef int32_t ddl_v8i __attribute__((vector_size(32)));
+
+#define MAX2X_VEC(VF, VI, W, NST, SPLIT_EV, SPLIT_OD)                                              \
+    do {                                                                                           \
+        const float *p_[4] = {r0 + 2 * o, r0 + I2 + 2 * o, pl + 2 * o, pl + I2 + 2 * o};           \
+        VF           m_    = {0}, v_;                                                              \
+        VI           code_ = {0}, t_;                                                              \
+        for (int r_ = 0; r_ < NTAPS / 2; r_++) {                                                   \
+            VF lo_, hi_;                                                                           \
+            memcpy(&lo_, p_[r_], sizeof lo_);                                                      \
+            memcpy(&hi_, p_[r_] + W, sizeof hi_);                                                  \
+            const VF ev_ = SPLIT_EV, od_ = SPLIT_OD;                                               \
+            if (r_ == 0) {                                                                         \
+                m_ = ev_;                                                                          \
+            } else {                                                                               \
+                v_    = ev_;                                                                       \
+                t_    = (v_ > m_) | (v_ != v_);                                                    \
+                m_    = (VF)((t_ & (VI)v_) | (~t_ & (VI)m_));                                      \
+                code_ = (t_ & (2 * r_)) | (~t_ & code_);                                           \
+            }                                                                                      \
+            v_    = od_;                                                                           \
+            t_    = (v_ > m_) | (v_ != v_);                                                        \
+            m_    = (VF)((t_ & (VI)v_) | (~t_ & (VI)m_));                                          \
+            code_ = (t_ & (2 * r_ + 1)) | (~t_ & code_);                                           \
+        }                                                                                          \
+        memcpy(yr + o, &m_, (size_t)(NST) * sizeof(float));                                        \
+        for (int h_ = 0; 4 * h_ < (NST); h_++) {                                                   \
+            int32_t c4_[4];                                                                        \
+            memcpy(c4_, (const int32_t *)&code_ + 4 * h_, sizeof c4_);                             \
+            const ddl_v4l c_ = {c4_[0], c4_[1], c4_[2], c4_[3]};                                   \
+            const ddl_v4l a_ = (row + 2 * (o + 4 * h_)) + l4 + (c_ & one) +                        \
+                               (-((c_ >> 1) & one) & I2) + (-(c_ >> 2) & PL);                      \
+            const int64_t n_ = (NST)-4 * h_ < 4 ? (NST)-4 * h_ : 4;                                \
+            memcpy(ar + o + 4 * h_, &a_, (size_t)n_ * sizeof(int64_t));                            \
+        }                                                                                          \
+    } while (0)
+
+__attribute__((target("avx2"))) static inline __attribute__((always_inline)) void
+max2x_f32_avx2_t(const sp3 *sp, int64_t planes, const float *restrict x, float *restrict y,
+                 int64_t *restrict arg, const int NTAPS)
+{
+    const int64_t I1 = sp->in[1], I2 = sp->in[2], PL = I1 * I2;
+    const int64_t S0 = sp->s[0], S1 = sp->s[1];
+    const int64_t O0 = sp->out[0], O1 = sp->out[1], O2 = sp->out[2];
+    const ddl_v4l l4 = {0, 2, 4, 6}, one = {1, 1, 1, 1};
+    const int64_t total = planes * sp->iv; // x's elements
+    int64_t       oi    = 0;
+    for (int64_t q = 0; q < planes; q++) {
+        for (int64_t o0 = 0; o0 < O0; o0++) {
+            for (int64_t o1 = 0; o1 < O1; o1++, oi += O2) {
+                const int64_t row = q * sp->iv + (o0 * S0 * I1 + o1 * S1) * I2;
+                const float  *r0  = x + row;
+                const float  *pl  = NTAPS > 4 ? r0 + PL : r0;
+                float        *yr  = y + oi;
+                int64_t      *ar  = arg + oi;
+                if (O2 >= 8) {
+                    for (int64_t o = 0;; o += 8) {
+                        o = o + 8 > O2 ? O2 - 8 : o;
+                        MAX2X_VEC(ddl_v8f, ddl_v8i, 8, 8,
+                                  __builtin_shufflevector(lo_, hi_, 0, 2, 4, 6, 8, 10, 12, 14),
+                                  __builtin_shufflevector(lo_, hi_, 1, 3, 5, 7, 9, 11, 13, 15));
+                        if (o + 8 == O2) {
+                            break;
+                        }
+                    }
+                } else if (O2 >= 4) {
+                    for (int64_t o = 0;; o += 4) {
+                        o = o + 4 > O2 ? O2 - 4 : o;
+                        MAX2X_VEC(ddl_v4f, ddl_v4i, 4, 4,
+                                  __builtin_shufflevector(lo_, hi_, 0, 2, 4, 6),
+                                  __builtin_shufflevector(lo_, hi_, 1, 3, 5, 7));
+                        if (o + 4 == O2) {
+                            break;
+                        }
+                    }
+                } else if (pl - x + I2 + 8 <= total) {
+                    // Fewer than 4 windows (VGG's 7 -> 3): one vector of 4 whose last
+                    // taps read past the row into the next one (inside x: checked), only
+                    // the O2 real windows stored.
+                    const int64_t o = 0;
+                    MAX2X_VEC(ddl_v4f, ddl_v4i, 4, O2,
+                              __builtin_shufflevector(lo_, hi_, 0, 2, 4, 6),
+                              __builtin_shufflevector(lo_, hi_, 1, 3, 5, 7));
+                } else {
+                    for (int64_t o = 0; o < O2; o++) { // the rule, tap by tap
+                        float   m = r0[2 * o];
+                        int64_t b = row + 2 * o;
+                        for (int k = 1; k < NTAPS; k++) {
+                            const int64_t off = (k & 1) + ((k >> 1) & 1) * I2 + (k >> 2) * PL;
+                            const float   v   = r0[2 * o + off];
+                            if (v > m || isnan(v)) {
+                                m = v;
+                                b = row + 2 * o + off;
+                            }
+                        }
+                        yr[o] = m;
+                        ar[o] = b;
+                    }
+                }
+            }
+        }
+    }
+}
+#undef MAX2X_VEC
+
+__attribute__((target("avx2"))) static void
+max2x_f32_avx2(const sp3 *sp, int64_t planes, const float *x, float *y, int64_t *arg, bool three)
+{
+    if (three) {
+        max2x_f32_avx2_t(sp, planes, x, y, arg, 8);
+    } else {
+        max2x_f32_avx2_t(sp, planes, x, y, arg, 4);
+    }
+}
+
 KERNEL void pool_fwd_unpadded_t(ddl_dtype dt, bool is_max, const sp3 *sp, int64_t planes,
                                 void *y, const void *x, int64_t *restrict arg)
 {
@@ -267,7 +392,11 @@ KERNEL void pool_fwd_unpadded_t(ddl_dtype dt, bool is_max, const sp3 *sp, int64_
     const bool    k22  = is_max && K0 == 1 && K1 == 2 && K2 == 2 && S2 == 2;
     const bool    k222 = is_max && K0 == 2 && K1 == 2 && K2 == 2 && S2 == 2;
     const double  kv  = (double)sp->kv;
-    int64_t       oi  = 0;
+    if ((k22 || k222) && dt == DDL_F32 && __builtin_cpu_supports("avx2")) {
+        max2x_f32_avx2(sp, planes, x, y, arg, k222);
+        return;
+    }
+    int64_t oi = 0;
     for (int64_t pl = 0; pl < planes; pl++) {
         const int64_t xoff = pl * sp->iv;
         for (int64_t o0 = 0; o0 < O0; o0++) {

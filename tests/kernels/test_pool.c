@@ -252,9 +252,13 @@ static void test_cases(void)
         {M, 3, 1, 3, {6, 6, 6},   {3, 3, 3}, {2, 2, 2}, {1, 1, 1}, {1, 1, 1}},
         {A, 3, 1, 3, {4, 6, 5},   {2, 2, 2}, {0, 0, 0}, {1, 0, 1}, {1, 1, 1}},
         // Unpadded, dilation 1: the fast paths. 2x2 stride 2 runs four windows of a row
-        // at a time, then a scalar tail (out[2] = 14, 7, 5, 1), odd extents floor.
+        // at a time, then a scalar tail (out[2] = 14, 7, 5, 1), odd extents floor; with
+        // AVX2 (f32) rows of 8 or more, of 4 to 7, and of fewer by the rule.
         {M, 2, 2, 6, {28, 28},    {2, 2},    {0, 0},    {0, 0},    {1, 1}},     // LeNet pool1
         {M, 2, 3, 16, {10, 10},   {2, 2},    {0, 0},    {0, 0},    {1, 1}},     // LeNet pool2
+        {M, 2, 2, 3, {6, 7},      {2, 2},    {0, 0},    {0, 0},    {1, 1}},     // out[2] = 3
+        {M, 3, 2, 2, {4, 5, 5},   {2, 2, 2}, {0, 0, 0}, {0, 0, 0}, {1, 1, 1}},  // 2x2x2, out 2
+        {M, 3, 1, 2, {5, 4, 18},  {2, 2, 2}, {2, 1, 2}, {0, 0, 0}, {1, 1, 1}},  // out[2] = 9
         {M, 2, 2, 3, {7, 15},     {2, 2},    {2, 2},    {0, 0},    {1, 1}},
         {M, 1, 2, 3, {9},         {2},       {0},       {0},       {1}},        // 1-D: no k22
         {M, 3, 2, 2, {3, 6, 9},   {1, 2, 2}, {0, 0, 0}, {0, 0, 0}, {1, 1, 1}},  // 3-D k22
@@ -345,12 +349,13 @@ static void test_semantics(void)
 // The unpadded fast paths against the rule itself, on data full of ties and NaNs: 2x2
 // windows (nd 2) and 2x2x2 ones (nd 3), per window the first maximum in tap order, a NaN
 // replacing whatever came before (so the last NaN wins), in f32 and f64, with a scalar tail
-// (11 windows a row); then the backward scatters to those indices.
-static void test_fast_ties_nan(int nd)
+// (I2 = 47: 23 windows a row, 8 + 8 at AVX2 width, 4, then 3 by the rule; I2 = 7: 3, all
+// by the rule); then the backward scatters to those indices.
+static void test_fast_ties_nan(int nd, int64_t I2)
 {
     ddl_pool_geom g;
-    const int64_t C = 3, I0 = nd == 3 ? 4 : 1, I1 = 4, I2 = 22, O0 = I0 / 2 + (nd == 2);
-    const int64_t O1 = 2, O2 = 11, K0 = nd == 3 ? 2 : 1;
+    const int64_t C = 3, I0 = nd == 3 ? 4 : 1, I1 = 4, O0 = I0 / 2 + (nd == 2);
+    const int64_t O1 = 2, O2 = I2 / 2, K0 = nd == 3 ? 2 : 1;
     const int64_t nx = C * I0 * I1 * I2, ny = C * O0 * O1 * O2;
     if (nd == 3) {
         ASSERT_OK(ddl_pool_geom_init(&g, DDL_POOL_MAX, 3, 1, C, (int64_t[]){I0, I1, I2},
@@ -475,8 +480,10 @@ int main(void)
     test_semantics();
     test_errors();
     test_cases();
-    test_fast_ties_nan(2);
-    test_fast_ties_nan(3);
+    test_fast_ties_nan(2, 47);
+    test_fast_ties_nan(3, 47);
+    test_fast_ties_nan(2, 7);
+    test_fast_ties_nan(3, 7);
     printf("test_pool: ok\n");
     return 0;
 }

@@ -933,15 +933,21 @@ static void pad_sample(ddl_dtype dt, const conv_plan *P, int64_t Ci, char *xp, c
         }
         return;
     }
-    memset(xp, 0, (size_t)(Ci * P->Pp) * es);
+    // Each byte written once: the rows in order, the zeros between them (the padding, the
+    // bottom rows and the tail) as the runs from one row's end to the next one's start.
     for (int64_t ci = 0; ci < Ci; ci++) {
+        char   *dst = xp + (size_t)(ci * P->Pp) * es;
+        int64_t cur = 0; // elements of this plane's xp written
         for (int64_t i0 = 0; i0 < I0; i0++) {
             for (int64_t i1 = 0; i1 < I1; i1++) {
-                copy_bytes(xp + (size_t)(ci * P->Pp + (i0 + p0) * P->PL + (i1 + p1) * P->I2p + p2) *
-                                    es,
+                const int64_t at = (i0 + p0) * P->PL + (i1 + p1) * P->I2p + p2;
+                zero_bytes(dst + (size_t)cur * es, (size_t)(at - cur) * es);
+                copy_bytes(dst + (size_t)at * es,
                            xn + (size_t)(ci * sp->iv + (i0 * I1 + i1) * I2) * es, (size_t)I2 * es);
+                cur = at + I2;
             }
         }
+        zero_bytes(dst + (size_t)cur * es, (size_t)(P->Pp - cur) * es);
     }
 }
 

@@ -26,6 +26,9 @@
 //               same image (inference is batch-invariant), else it is an error. rows/cmd:
 //               the mean rows of the inference commands the daemon ran meanwhile (its
 //               /metrics, distdl_inference_batch_rows), i.e. how many calls batching joined;
+//               cpu us/call: the CPU time (user + system, every thread) of the daemon's
+//               ranks (mpirun's children in /proc) over the phase, per OK call: what one
+//               call costs the daemon, whatever share of the cores the generator took;
 //   ceiling     the same load generator at the largest C calling GetStatus (gRPC) and
 //               GET /v2/health/ready (HTTP): what the RPC layer answers without the engine.
 // Targets, printed PASS or MISS per row: p99 <= U + 2 E (U = 0 with batching off, where no
@@ -496,6 +499,7 @@ static struct {
     char      *infer_req, *ready_req; // whole HTTP requests, built once per daemon
     size_t     infer_len, ready_len;
     atomic_int recording, stop;
+    pid_t      daemon; // mpirun of the daemon under load: its ranks' CPU is read per phase
 } ph;
 
 typedef struct worker {
@@ -510,6 +514,7 @@ typedef struct worker {
 
 typedef struct result {
     double   calls_s, p50, p99; // p50/p99 in seconds
+    double   cpu_us;            // the daemon's CPU (every rank, user + system) per call, or -1
     uint64_t calls, refused, errors;
     long     connects; // HTTP connections opened during the phase
     char     first_error[768];
@@ -638,6 +643,43 @@ static void *worker_main(void *arg)
 
 // `n` workers of pool run op for WARMUP_S, then with recording on for `seconds` (or, with
 // `during` set, for as long as during(ud) runs; its return value into *during_rc).
+// CPU seconds (user + system, every thread) of the daemon's ranks: mpirun's children, as
+// /proc lists them. -1 when they cannot be read (no /proc, or no children file).
+static double daemon_cpu_s(pid_t mpirun)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/task/%d/children", (int)mpirun, (int)mpirun);
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        return -1;
+    }
+    double total = 0;
+    int    child, n = 0;
+    while (fscanf(f, "%d", &child) == 1) {
+        snprintf(path, sizeof path, "/proc/%d/stat", child);
+        FILE *g = fopen(path, "r");
+        char  line[1024];
+        if (g == NULL || fgets(line, sizeof line, g) == NULL) {
+            if (g != NULL) {
+                fclose(g);
+            }
+            continue;
+        }
+        fclose(g);
+        // Fields after the command's closing parenthesis: state is the 3rd, utime the
+        // 14th and stime the 15th of the line.
+        const char        *p = strrchr(line, ')');
+        unsigned long long ut, st;
+        if (p != NULL &&
+            sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) == 2) {
+            total += (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
+            n++;
+        }
+    }
+    fclose(f);
+    return n > 0 ? total : -1;
+}
+
 static int run_phase(worker *pool, int n, int op, bool check, double seconds, int (*during)(void *),
                      void *ud, int *during_rc, result *out)
 {
@@ -660,17 +702,19 @@ static int run_phase(worker *pool, int n, int op, bool check, double seconds, in
             break;
         }
     }
-    double t0 = 0, t1 = 0;
+    double t0 = 0, t1 = 0, cpu0 = -1, cpu1 = -1;
     if (started == n) {
         sleep_s(WARMUP_S);
         atomic_store(&ph.recording, 1);
-        t0 = bench_now();
+        t0   = bench_now();
+        cpu0 = ph.daemon > 0 ? daemon_cpu_s(ph.daemon) : -1;
         if (during != NULL) {
             *during_rc = during(ud);
         } else {
             sleep_s(seconds);
         }
-        t1 = bench_now();
+        cpu1 = ph.daemon > 0 ? daemon_cpu_s(ph.daemon) : -1;
+        t1   = bench_now();
         atomic_store(&ph.recording, 0);
     }
     atomic_store(&ph.stop, 1);
@@ -694,6 +738,7 @@ static int run_phase(worker *pool, int n, int op, bool check, double seconds, in
     out->connects -= connects0;
     out->calls   = total;
     out->calls_s = (double)total / (t1 - t0);
+    out->cpu_us  = cpu0 >= 0 && cpu1 >= 0 && total > 0 ? (cpu1 - cpu0) / (double)total * 1e6 : -1;
     double *all  = malloc((total > 0 ? total : 1) * sizeof *all);
     if (all == NULL) {
         return -1;
@@ -809,7 +854,7 @@ static void print_rows_per_command(batch_counts a, batch_counts b)
 static void print_row_header(void)
 {
     printf("transport call          np batching clients    calls/s    p50 ms    p99 ms  refused "
-           " errors rows/cmd  target\n");
+           " errors rows/cmd cpu us/call  target\n");
 }
 
 // One row; bound_s > 0: the p99 target it is held to; a, b: the batching counters before
@@ -821,6 +866,11 @@ static void print_row(int op, const config *cf, int clients, const result *r, do
            cf->np, cf->batching ? "on" : "off", clients, r->calls_s, r->p50 * 1e3, r->p99 * 1e3,
            (unsigned long long)r->refused, (unsigned long long)r->errors);
     print_rows_per_command(a, b);
+    if (r->cpu_us >= 0) {
+        printf(" %11.1f", r->cpu_us);
+    } else {
+        printf(" %11s", "-");
+    }
     if (bound_s > 0) {
         printf("  p99<=%.3f %s", bound_s * 1e3,
                r->calls > 0 && r->p99 <= bound_s ? "PASS" : "MISS");
@@ -1012,6 +1062,7 @@ static int run_config(config *cf, const options *o, bool train)
     ddl_client_t *c       = NULL;
     worker       *pool    = NULL;
     int           rc      = -1;
+    ph.daemon             = cf->d.pid;
     if (ddl_client_connect(cf->d.address, &co, &c) != DDL_OK) {
         fprintf(stderr, "bench-serve: connect %s: %s\n", cf->d.address, ddl_last_error());
         return -1;

@@ -254,15 +254,21 @@ int ddl_cdir_set(int level)
     return prev;
 }
 
+// The instance of kernel `name` for dt at the level in use (AVX-512 or AVX2).
+#define CDIR_CALL(dt, name, ...)                                                                   \
+    do {                                                                                           \
+        const bool w512_ = cdir_level() == 2;                                                      \
+        if ((dt) == DDL_F32) {                                                                     \
+            (w512_ ? name##_f32_512 : name##_f32)(__VA_ARGS__);                                    \
+        } else {                                                                                   \
+            (w512_ ? name##_f64_512 : name##_f64)(__VA_ARGS__);                                    \
+        }                                                                                          \
+    } while (0)
+
 void ddl_cdir_forward(ddl_dtype dt, const ddl_cdir *c, void *yw, const void *xp, const void *w,
                       const void *b, int64_t ns, int64_t sy, int64_t sx)
 {
-    int l = cdir_level();
-    if (dt == DDL_F32) {
-        (l == 2 ? fwd_n_f32_512 : fwd_n_f32)(c, yw, xp, w, b, ns, sy, sx);
-    } else {
-        (l == 2 ? fwd_n_f64_512 : fwd_n_f64)(c, yw, xp, w, b, ns, sy, sx);
-    }
+    CDIR_CALL(dt, fwd_n, c, yw, xp, w, b, ns, sy, sx);
 }
 
 // dW at AVX-512 uses a larger tile (6 channels x 4 taps: 24 of the 32 registers), which
@@ -273,51 +279,26 @@ void ddl_cdir_forward(ddl_dtype dt, const ddl_cdir *c, void *yw, const void *xp,
 void ddl_cdir_dw(ddl_dtype dt, const ddl_cdir *c, void *acc, const void *dyw, const void *xp,
                  const void *mask, int64_t ns, int64_t sdy, int64_t sx, bool fresh)
 {
-    int l = cdir_level();
-    if (dt == DDL_F32) {
-        (l == 2 ? dw_f32_512 : dw_f32)(c, acc, dyw, xp, mask, ns, sdy, sx, fresh);
-    } else {
-        (l == 2 ? dw_f64_512 : dw_f64)(c, acc, dyw, xp, mask, ns, sdy, sx, fresh);
-    }
+    CDIR_CALL(dt, dw, c, acc, dyw, xp, mask, ns, sdy, sx, fresh);
 }
 
 void ddl_cdir_dw_finish(ddl_dtype dt, const ddl_cdir *c, void *dw, const void *acc)
 {
-    int l = cdir_level();
-    if (dt == DDL_F32) {
-        (l == 2 ? dw_finish_f32_512 : dw_finish_f32)(c, dw, acc);
-    } else {
-        (l == 2 ? dw_finish_f64_512 : dw_finish_f64)(c, dw, acc);
-    }
+    CDIR_CALL(dt, dw_finish, c, dw, acc);
 }
 
 void ddl_cdir_dx(ddl_dtype dt, const ddl_cdir *c, void *dxp, const void *dyw, const void *w)
 {
-    int l = cdir_level();
-    if (dt == DDL_F32) {
-        (l == 2 ? dx_f32_512 : dx_f32)(c, dxp, dyw, w);
-    } else {
-        (l == 2 ? dx_f64_512 : dx_f64)(c, dxp, dyw, w);
-    }
+    CDIR_CALL(dt, dx, c, dxp, dyw, w);
 }
 
 void ddl_cdir_dx_scatter_pack(ddl_dtype dt, const ddl_cdir *c, void *wp, const void *w)
 {
-    int l = cdir_level();
-    if (dt == DDL_F32) {
-        (l == 2 ? dxs_pack_f32_512 : dxs_pack_f32)(c, wp, w);
-    } else {
-        (l == 2 ? dxs_pack_f64_512 : dxs_pack_f64)(c, wp, w);
-    }
+    CDIR_CALL(dt, dxs_pack, c, wp, w);
 }
 
 void ddl_cdir_dx_scatter(ddl_dtype dt, const ddl_cdir *c, void *dxp, const void *dyw,
                          const void *wp)
 {
-    int l = cdir_level();
-    if (dt == DDL_F32) {
-        (l == 2 ? dxs_f32_512 : dxs_f32)(c, dxp, dyw, wp);
-    } else {
-        (l == 2 ? dxs_f64_512 : dxs_f64)(c, dxp, dyw, wp);
-    }
+    CDIR_CALL(dt, dxs, c, dxp, dyw, wp);
 }

@@ -352,17 +352,13 @@ max2x_f32_avx2_t(const sp3 *sp, int64_t planes, const float *restrict x, float *
                               __builtin_shufflevector(lo_, hi_, 1, 3, 5, 7));
                 } else {
                     for (int64_t o = 0; o < O2; o++) { // the rule, tap by tap
-                        float   m = r0[2 * o];
+                        double  m = r0[2 * o];
                         int64_t b = row + 2 * o;
                         for (int k = 1; k < NTAPS; k++) {
                             const int64_t off = (k & 1) + ((k >> 1) & 1) * I2 + (k >> 2) * PL;
-                            const float   v   = r0[2 * o + off];
-                            if (v > m || isnan(v)) {
-                                m = v;
-                                b = row + 2 * o + off;
-                            }
+                            MAX_STEP(r0[2 * o + off], row + 2 * o + off);
                         }
-                        yr[o] = m;
+                        yr[o] = (float)m;
                         ar[o] = b;
                     }
                 }

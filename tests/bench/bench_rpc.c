@@ -108,55 +108,6 @@ static int run_inproc(const char *spec_path, int steps)
     return 0;
 }
 
-// CPU ticks (user + system) of pid and its direct children.
-static long long tree_ticks(pid_t root)
-{
-    long long total = 0;
-    char      path[128], buf[2048];
-    for (int pass = 0; pass < 2; pass++) {
-        // pass 0: the root itself; pass 1: every process whose parent is the root
-        if (pass == 1) {
-            FILE *ls = popen("ls /proc", "r");
-            char  name[32];
-            while (ls && fscanf(ls, "%31s", name) == 1) {
-                if (name[0] < '0' || name[0] > '9')
-                    continue;
-                snprintf(path, sizeof path, "/proc/%s/stat", name);
-                FILE *f = fopen(path, "r");
-                if (!f)
-                    continue;
-                size_t k = fread(buf, 1, sizeof buf - 1, f);
-                fclose(f);
-                buf[k]      = '\0';
-                char     *p = strrchr(buf, ')');
-                int       ppid;
-                long long ut, stt;
-                if (p &&
-                    sscanf(p + 2, "%*c %d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lld %lld", &ppid,
-                           &ut, &stt) == 3 &&
-                    ppid == root)
-                    total += ut + stt;
-            }
-            if (ls)
-                pclose(ls);
-        } else {
-            snprintf(path, sizeof path, "/proc/%d/stat", (int)root);
-            FILE *f = fopen(path, "r");
-            if (!f)
-                continue;
-            size_t k = fread(buf, 1, sizeof buf - 1, f);
-            fclose(f);
-            buf[k]      = '\0';
-            char     *p = strrchr(buf, ')');
-            long long ut, stt;
-            if (p && sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lld %lld", &ut,
-                            &stt) == 2)
-                total += ut + stt;
-        }
-    }
-    return total;
-}
-
 #define DIE(...)                                                                                   \
     do {                                                                                           \
         fprintf(stderr, "bench-rpc: " __VA_ARGS__);                                                \
@@ -376,12 +327,11 @@ int main(int argc, char **argv)
         if (ddl_client_get_status(c4, &s) != DDL_OK)
             DIE("GetStatus np 4");
         ddl_client_destroy(&c4);
-        long long hz = sysconf(_SC_CLK_TCK);
-        long long t0 = tree_ticks(d4.pid);
-        double    w0 = bench_now();
+        double t0 = bench_tree_cpu_s(d4.pid, 1);
+        double w0 = bench_now();
         sleep((unsigned)idle);
-        long long t1  = tree_ticks(d4.pid);
-        double    cpu = (double)(t1 - t0) / (double)hz, wall = bench_now() - w0;
+        double t1  = bench_tree_cpu_s(d4.pid, 1);
+        double cpu = t0 >= 0 && t1 >= 0 ? t1 - t0 : NAN, wall = bench_now() - w0;
         printf(
             "idle 4-rank daemon over %.0f s: %.2f CPU-s = %.2f%% of one core (mpirun + 4 ranks)\n",
             wall, cpu, 100.0 * cpu / wall);

@@ -643,43 +643,6 @@ static void *worker_main(void *arg)
 
 // `n` workers of pool run op for WARMUP_S, then with recording on for `seconds` (or, with
 // `during` set, for as long as during(ud) runs; its return value into *during_rc).
-// CPU seconds (user + system, every thread) of the daemon's ranks: mpirun's children, as
-// /proc lists them. -1 when they cannot be read (no /proc, or no children file).
-static double daemon_cpu_s(pid_t mpirun)
-{
-    char path[64];
-    snprintf(path, sizeof path, "/proc/%d/task/%d/children", (int)mpirun, (int)mpirun);
-    FILE *f = fopen(path, "r");
-    if (f == NULL) {
-        return -1;
-    }
-    double total = 0;
-    int    child, n = 0;
-    while (fscanf(f, "%d", &child) == 1) {
-        snprintf(path, sizeof path, "/proc/%d/stat", child);
-        FILE *g = fopen(path, "r");
-        char  line[1024];
-        if (g == NULL || fgets(line, sizeof line, g) == NULL) {
-            if (g != NULL) {
-                fclose(g);
-            }
-            continue;
-        }
-        fclose(g);
-        // Fields after the command's closing parenthesis: state is the 3rd, utime the
-        // 14th and stime the 15th of the line.
-        const char        *p = strrchr(line, ')');
-        unsigned long long ut, st;
-        if (p != NULL &&
-            sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) == 2) {
-            total += (double)(ut + st) / (double)sysconf(_SC_CLK_TCK);
-            n++;
-        }
-    }
-    fclose(f);
-    return n > 0 ? total : -1;
-}
-
 static int run_phase(worker *pool, int n, int op, bool check, double seconds, int (*during)(void *),
                      void *ud, int *during_rc, result *out)
 {
@@ -707,13 +670,13 @@ static int run_phase(worker *pool, int n, int op, bool check, double seconds, in
         sleep_s(WARMUP_S);
         atomic_store(&ph.recording, 1);
         t0   = bench_now();
-        cpu0 = ph.daemon > 0 ? daemon_cpu_s(ph.daemon) : -1;
+        cpu0 = ph.daemon > 0 ? bench_tree_cpu_s(ph.daemon, 0) : -1;
         if (during != NULL) {
             *during_rc = during(ud);
         } else {
             sleep_s(seconds);
         }
-        cpu1 = ph.daemon > 0 ? daemon_cpu_s(ph.daemon) : -1;
+        cpu1 = ph.daemon > 0 ? bench_tree_cpu_s(ph.daemon, 0) : -1;
         t1   = bench_now();
         atomic_store(&ph.recording, 0);
     }

@@ -96,6 +96,69 @@ bench_proc_sample bench_proc_read(pid_t pid)
     return s;
 }
 
+// Clock ticks (user + system) of pid, from /proc/<pid>/stat; -1 when unreadable.
+static long long proc_ticks(long pid)
+{
+    char path[64], line[1024];
+    snprintf(path, sizeof path, "/proc/%ld/stat", pid);
+    FILE *f = fopen(path, "r");
+    if (f == NULL) {
+        return -1;
+    }
+    char *got = fgets(line, sizeof line, f);
+    fclose(f);
+    // After the command's closing parenthesis: state is field 3, utime 14, stime 15.
+    const char        *p = got != NULL ? strrchr(line, ')') : NULL;
+    unsigned long long ut, st;
+    if (p == NULL ||
+        sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %llu %llu", &ut, &st) != 2) {
+        return -1;
+    }
+    return (long long)(ut + st);
+}
+
+double bench_tree_cpu_s(pid_t root, int with_root)
+{
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/task", (int)root);
+    DIR *d = opendir(path);
+    if (d == NULL) {
+        return -1;
+    }
+    long long      total = 0;
+    int            n     = 0;
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) { // the children of every thread of root
+        if (e->d_name[0] == '.') {
+            continue;
+        }
+        char cpath[300];
+        snprintf(cpath, sizeof cpath, "/proc/%d/task/%s/children", (int)root, e->d_name);
+        FILE *f = fopen(cpath, "r");
+        long  child;
+        while (f != NULL && fscanf(f, "%ld", &child) == 1) {
+            long long t = proc_ticks(child);
+            if (t >= 0) {
+                total += t;
+                n++;
+            }
+        }
+        if (f != NULL) {
+            fclose(f);
+        }
+    }
+    closedir(d);
+    if (with_root) {
+        long long t = proc_ticks((long)root);
+        if (t < 0) {
+            return -1;
+        }
+        total += t;
+        n++;
+    }
+    return n > 0 ? (double)total / (double)sysconf(_SC_CLK_TCK) : -1;
+}
+
 const char *bench_self_exe(void)
 {
     static char exe[PATH_MAX];

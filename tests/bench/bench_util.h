@@ -28,6 +28,10 @@ typedef struct bench_proc_sample {
 
 bench_proc_sample bench_proc_read(pid_t pid);
 
+// CPU seconds (user + system, every thread) of root's direct children (an mpirun's
+// ranks), plus root's own when with_root; -1 when /proc cannot tell.
+double bench_tree_cpu_s(pid_t root, int with_root);
+
 // The end of a bench's temporary directory: removed when rc is 0, else kept and named on
 // stderr ("<prog>: logs in DIR") for the daemons' logs.
 void bench_tmp_done(const char *prog, const char *tmp, int rc);

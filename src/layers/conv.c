@@ -7,7 +7,7 @@
 //
 // Partitions. The unit of work is P_w = [P_co, P_ci, S...]; x lives on P_x = [1, P_ci, S...]
 // and y on P_y = [1, P_co, S...]. The selector (DistDL nn/conv.py):
-//   feature  only P_x given: P_x = [1, 1, S...], and here P_w = P_y = P_x;
+//   feature  only P_x given: P_x = [B, 1, S...], and here P_w = P_y = P_x;
 //   channel  P_y, P_w given, every spatial entry of P_x and P_y is 1 (S = 1...);
 //   general  P_y, P_w given otherwise.
 // One implementation serves all three: the feature layer is the general one with
@@ -34,6 +34,13 @@
 // blocks and P_br = [P_co, 1, 1...] (ci == 0, spatial 0) the bias pieces; B_w broadcasts
 // along the spatial dims to all of P_w, B_b to the ci == 0 ranks P_b = [P_co, 1, S...].
 // For the feature layer that is: weight and bias on P_x rank 0, broadcast to all of P_x.
+//
+// Batch split (an extension of DistDL's feature layer, whose P_x is [1, 1, S...]): the
+// feature layer also takes P_x = [B, 1, S...]. The batch dim needs no halo (its window is
+// 1), each rank convolves its balanced share of the samples (possibly none), and the
+// parameters are owned by P_x rank 0 and replicated to all of P_x as for a spatial split:
+// the broadcast's adjoint sums every rank's dw and db onto the owner. With S = 1... that
+// is data parallelism written in DistDL's primitives.
 //
 // Adjoint (backward), the reverse composition: dy -> R* (broadcast over ci) -> conv^T
 // (input block, and dw, db accumulated) -> B_x* (sum over co onto P_x) -> C* (zero
@@ -77,6 +84,7 @@ typedef struct conv_cfg {
     int64_t   N, C_in, C_out;
     int64_t   in[3], k[3], s[3], p[3], d[3], out[3];
     int       P_co, P_ci, S[3];
+    int       B;          // batch pieces (feature layer; 1 otherwise)
     bool      halo;       // some S_j > 1: halo exchange, local conv without padding
     bool      bias;
 } conv_cfg;
@@ -217,11 +225,12 @@ static ddl_status conv_validate(const ddl_partition_t *P_x, const ddl_partition_
     const int *sx = ddl_partition_shape(P_x);
     if (P_y == NULL) {
         c->kind = CONV_FEATURE;
-        DDL_REQUIRE(sx[0] == 1 && sx[1] == 1, DDL_EINVAL,
-                    "conv_feature: P_x %s must be [1, 1, S...] (batch and channels unsplit); "
-                    "give P_y and P_w for a channel or general layer",
+        DDL_REQUIRE(sx[1] == 1, DDL_EINVAL,
+                    "conv_feature: P_x %s must be [B, 1, S...] (channels unsplit); give P_y and "
+                    "P_w for a channel or general layer",
                     pshape_str(P_x, a, sizeof a));
         c->P_co = c->P_ci = 1;
+        c->B              = sx[0];
     } else {
         const int *sy = ddl_partition_shape(P_y), *sw = ddl_partition_shape(P_w);
         bool       ones = true;
@@ -249,6 +258,7 @@ static ddl_status conv_validate(const ddl_partition_t *P_x, const ddl_partition_
         }
         c->P_co = sw[0];
         c->P_ci = sw[1];
+        c->B    = 1;
     }
     const char *name = kind_name[c->kind];
     for (int j = 0; j < c->nsp; j++) {
@@ -397,10 +407,11 @@ static bool box_is_full(const ddl_box *b, const ddl_shape *s)
     return true;
 }
 
-// The sub-partition of P's members with ci == 0 (when ci0) and all spatial coordinates 0
-// (when sp0), in P's order, with the given shape. Collective over its members.
-static ddl_status sub_partition(const ddl_partition_t *P, bool ci0, bool sp0, const int *shape,
-                                ddl_partition_t **out)
+// The sub-partition of P's members with coordinate 0 in dim 0 (when d0: the feature
+// layer's batch), ci == 0 (when ci0) and all spatial coordinates 0 (when sp0), in P's
+// order, with the given shape. Collective over its members.
+static ddl_status sub_partition(const ddl_partition_t *P, bool d0, bool ci0, bool sp0,
+                                const int *shape, ddl_partition_t **out)
 {
     // The rank list lives on the stack when it is small, so that this step cannot fail
     // on one member alone (the others would wait in the partition's creation).
@@ -413,7 +424,7 @@ static ddl_status sub_partition(const ddl_partition_t *P, bool ci0, bool sp0, co
     int coord[DDL_MAX_DIMS];
     for (int j = 0; j < n; j++) {
         ddl_index_unravel(nd, ddl_partition_shape(P), j, coord);
-        bool keep = !ci0 || coord[1] == 0;
+        bool keep = (!d0 || coord[0] == 0) && (!ci0 || coord[1] == 0);
         for (int i = 2; i < nd && sp0; i++) {
             keep = keep && coord[i] == 0;
         }
@@ -818,7 +829,7 @@ static ddl_status conv_setup(ddl_layer_t *L, conv_impl *m, const ddl_partition_t
     const conv_cfg *c  = &m->c;
     ddl_dtype       dt = L->dt;
     bool            fan = c->kind != CONV_FEATURE;
-    bool            rep = c->halo;  // parameters replicated along the spatial dims
+    bool            rep = c->halo || c->B > 1; // parameters replicated: spatial or batch split
     int             nd  = c->ndim;
     bool            grads = ddl_layer_copy_source() == NULL; // a forward-only copy: no gradients
     // The feature layer shares its workspace, and its halo buffers when its input is
@@ -842,7 +853,9 @@ static ddl_status conv_setup(ddl_layer_t *L, conv_impl *m, const ddl_partition_t
     m->in_y     = ddl_partition_active(P_y);
     m->in_w     = ddl_partition_active(P_w);
     const int *iw = m->in_w ? ddl_partition_index(P_w) : NULL;
-    bool       sp0 = true;
+    // sp0: this P_w rank is in the owners' slab (spatial coordinates 0, and batch 0 for
+    // the feature layer, whose dim 0 is the batch).
+    bool       sp0 = iw == NULL || fan || iw[0] == 0;
     for (int j = 2; j < nd && iw != NULL; j++) {
         sp0 = sp0 && iw[j] == 0;
     }
@@ -903,14 +916,14 @@ static ddl_status conv_setup(ddl_layer_t *L, conv_impl *m, const ddl_partition_t
             wr[2 + j] = br[2 + j] = 1;
             bs[2 + j] = c->S[j];
         }
-        DDL_CHECK(ddl_agree(U, sub_partition(P_w, false, true, wr, &m->P_wr_own)));
+        DDL_CHECK(ddl_agree(U, sub_partition(P_w, !fan, false, true, wr, &m->P_wr_own)));
         P_wr = m->P_wr_own;
         if (c->bias && c->P_ci == 1) {
             P_br = P_wr;  // the same ranks and shape
             P_b  = P_w;
         } else if (c->bias) {
-            DDL_CHECK(ddl_agree(U, sub_partition(P_w, true, true, br, &m->P_br_own)));
-            DDL_CHECK(ddl_agree(U, sub_partition(P_w, true, false, bs, &m->P_b_own)));
+            DDL_CHECK(ddl_agree(U, sub_partition(P_w, false, true, true, br, &m->P_br_own)));
+            DDL_CHECK(ddl_agree(U, sub_partition(P_w, false, true, false, bs, &m->P_b_own)));
             P_br = m->P_br_own;
             P_b  = m->P_b_own;
         }
@@ -1028,17 +1041,18 @@ static ddl_status conv_setup(ddl_layer_t *L, conv_impl *m, const ddl_partition_t
     }
 
     // 7. The local kernel on P_w, and the block it reads.
+    int64_t n_loc = m->in_w ? ddl_decomp_size(c->N, c->B, fan ? 0 : iw[0]) : 0; // samples here
     if (m->in_w) {
         const int *sp = iw + 2;
         int64_t    in_ext[3], out_ext[3], zero[3] = {0, 0, 0};
-        m->work = true;
+        m->work = n_loc > 0;
         for (int j = 0; j < c->nsp; j++) {
             in_ext[j]  = sp_extent(c, j, sp[j], false);
             out_ext[j] = sp_extent(c, j, sp[j], true);
             m->work    = m->work && out_ext[j] > 0;
         }
         if (m->work) {
-            DDL_CHECK(ddl_conv_geom_init(&m->g, c->nsp, c->N, ci_loc, co_loc, in_ext, c->k, c->s,
+            DDL_CHECK(ddl_conv_geom_init(&m->g, c->nsp, n_loc, ci_loc, co_loc, in_ext, c->k, c->s,
                                          c->halo ? zero : c->p, c->d));
             for (int j = 0; j < c->nsp; j++) {
                 DDL_REQUIRE(m->g.out[j] == out_ext[j], DDL_EINTERNAL,
@@ -1069,7 +1083,7 @@ static ddl_status conv_setup(ddl_layer_t *L, conv_impl *m, const ddl_partition_t
     }
     // The feature layer writes its output in place: its block must be y's local shape.
     if (!fan && m->work) {
-        ddl_shape ys = {.ndim = nd, .d = {c->N, c->C_out}};
+        ddl_shape ys = {.ndim = nd, .d = {n_loc, c->C_out}};
         for (int j = 0; j < c->nsp; j++) {
             ys.d[2 + j] = m->g.out[j];
         }

@@ -1,6 +1,9 @@
 // layers/pool.c: distributed 1-D, 2-D and 3-D max and average pooling (DistDL's
 // DistributedMaxPool / DistributedAvgPool): HaloExchange composed with the sequential
-// pooling kernel, on a feature partition P_x = [1, 1, S...].
+// pooling kernel, on a feature partition P_x = [1, 1, S...], or one that also splits the
+// batch and the channels, P_x = [B, C, S...] (an extension of DistDL's, whose pooling takes
+// feature partitions only: a window spans one sample and one channel, so those dims need
+// no halo and each rank pools its own samples and channels).
 //
 // Shapes (nsp spatial dims): x [N, C, in...], y [N, C, out...] with
 //   out_j = floor((in_j + 2 p_j - d_j (k_j - 1) - 1) / s_j) + 1,
@@ -19,8 +22,8 @@
 // halo exchange on P_x, C the crop to the box the window needs, and pool the local kernel
 // with padding 0, whose output is exactly this rank's balanced share of y (checked at
 // creation for every piece). A rank with an empty share (more ranks than outputs) runs no
-// kernel but still joins the exchange. When P_x has one rank the kernel runs on x directly
-// with the real padding.
+// kernel but still joins the exchange. When no spatial dim is split the kernel runs on the
+// local x directly, with the real padding.
 //
 // Backward, the adjoint of that composition for the argmax fixed by the last forward
 // (max) or exactly (average, which is linear): dy -> pool^T (into a zeroed block) -> C*
@@ -178,9 +181,6 @@ static ddl_status pool_validate(const ddl_partition_t *P_x, ddl_dtype dt, const 
     DDL_REQUIRE(ddl_partition_ndim(P_x) == nd, DDL_EINVAL,
                 "%s: P_x has %d dims, but x has %d", name, ddl_partition_ndim(P_x), nd);
     const int *sx = ddl_partition_shape(P_x);
-    DDL_REQUIRE(sx[0] == 1 && sx[1] == 1, DDL_EINVAL,
-                "%s: P_x must be a feature partition [1, 1, S...] (got P_x[0] = %d, P_x[1] = %d)",
-                name, sx[0], sx[1]);
     DDL_REQUIRE(xg->d[0] >= 1 && xg->d[1] >= 1, DDL_EINVAL,
                 "%s: x_global %s: batch and channels must be >= 1", name,
                 ddl_shape_str(xg, a, sizeof a));
@@ -193,7 +193,7 @@ static ddl_status pool_validate(const ddl_partition_t *P_x, ddl_dtype dt, const 
     // Every piece of every split dimension reaches only its neighbours, and the unpadded
     // local window on its needed block gives exactly its output share.
     for (int j = 0; j < p->nsp; j++) {
-        for (int i = 0; i < sx[2 + j] && ddl_partition_size(P_x) > 1; i++) {
+        for (int i = 0; i < sx[2 + j] && sx[2 + j] > 1; i++) {
             ddl_halo_dim h;
             st = ddl_halo_dim_compute(gg->in[j], sx[2 + j], i, gg->k[j], gg->s[j], gg->p[j],
                                       gg->d[j], &h);
@@ -233,8 +233,12 @@ static ddl_status pool_setup(ddl_layer_t *L, pool_impl *m, const ddl_partition_t
     L->P_out    = P_x;
     m->in_x     = ddl_partition_active(P_x);
 
-    ddl_pool_geom g = *gg;  // serial: the global window with its real padding
-    if (ddl_partition_size(P_x) > 1) {
+    bool spatial = false; // some spatial dim is split: a halo exchange
+    for (int j = 0; j < nsp; j++) {
+        spatial = spatial || ddl_partition_shape(P_x)[2 + j] > 1;
+    }
+    ddl_pool_geom g = *gg; // the global window with its real padding, on the local samples
+    if (spatial) {
         int64_t K[DDL_MAX_DIMS], S[DDL_MAX_DIMS], Pd[DDL_MAX_DIMS], D[DDL_MAX_DIMS];
         for (int i = 0; i < nd; i++) {
             bool sp = i >= 2;
@@ -281,7 +285,11 @@ static ddl_status pool_setup(ddl_layer_t *L, pool_impl *m, const ddl_partition_t
                                          gg->s, zero, gg->d));
         }
     } else {
-        m->work = m->in_x;
+        m->work = m->in_x && ddl_shape_numel(&L->x_shape) > 0;
+        if (m->work && ddl_partition_size(P_x) > 1) { // batch or channel split: own samples
+            DDL_CHECK(ddl_pool_geom_init(&g, gg->mode, nsp, L->x_shape.d[0], L->x_shape.d[1],
+                                         xg->d + 2, gg->k, gg->s, gg->p, gg->d));
+        }
     }
     if (m->work) {
         for (int j = 0; j < nsp; j++) {

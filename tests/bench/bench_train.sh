@@ -8,6 +8,9 @@
 # FLOPs per layer (from its np 1 run). PyTorch at all cores runs twice, with OpenMP's
 # default wait policy and OMP_WAIT_POLICY=PASSIVE; the faster counts (both are printed).
 # Batch: LeNet-5 256, the others their spec's own (VGG and ResNet 64, U-Net 2).
+# A network with a NET-P-batch.json spec (the batch split over P ranks, data parallel)
+# gets a second row with it in the np P columns, and each row's np P / np 1 speed-up is
+# printed below the table.
 # Raw worker output goes to $BENCH_LOG when set.
 # Usage: bench-train [--networks lenet5,vgg,resnet,unet3d] [--np 1,2] [STEPS]
 #        (from the build directory's bin/; STEPS timed steps per run, default 20, after 3
@@ -54,6 +57,7 @@ done
 splits=""
 notes=""
 rows=""
+speedups=""
 for net in "${nets[@]}"; do
     spec1="$src/deploy/specs/$net-1.json"
     if [ ! -f "$spec1" ]; then
@@ -74,29 +78,41 @@ for net in "${nets[@]}"; do
         "$steps" "$cores" | tee -a "$log" | rate)
     tn=$(awk -v a="$ta" -v b="$tp" 'BEGIN { print (a > b ? a : b) }')
     notes+="$net: PyTorch $cores threads $(num "$ta") img/s with OpenMP's default wait policy, $(num "$tp") with OMP_WAIT_POLICY=PASSIVE"$'\n'
-    row="| $net | $batch | $(num "$t1") | $(num "$tn") |"
-    for np in "${npl[@]}"; do
-        spec="$src/deploy/specs/$net-$np.json"
-        if [ ! -f "$spec" ]; then
-            row+=" - | - | - |"
-            continue
-        fi
-        out=$(OPENBLAS_NUM_THREADS=1 "${mpi[@]}" -np "$np" "$here/bench-train-worker" \
-            --model "$spec" --batch "$batch" --steps "$steps" | tee -a "$log")
-        r=$(rate <<<"$out")
-        ref=$tn
-        if [ "$np" = 1 ]; then
-            ref=$t1
-            splits+="$net, batch $batch: $(sed -n '/^flops per step/,$p' <<<"$out")"$'\n'
-        fi
-        row+=" $(num "$r") | $(div "$r" "$ref") | $(frac <<<"$out") |"
+    r1=""
+    for variant in "" -batch; do
+        label=$net
+        [ -z "$variant" ] || label="$net, batch split"
+        row="| $label | $batch | $(num "$t1") | $(num "$tn") |"
+        any=0
+        for np in "${npl[@]}"; do
+            spec="$src/deploy/specs/$net-$np$variant.json"
+            if [ ! -f "$spec" ]; then
+                row+=" - | - | - |"
+                continue
+            fi
+            any=1
+            out=$(OPENBLAS_NUM_THREADS=1 "${mpi[@]}" -np "$np" "$here/bench-train-worker" \
+                --model "$spec" --batch "$batch" --steps "$steps" | tee -a "$log")
+            r=$(rate <<<"$out")
+            ref=$tn
+            if [ "$np" = 1 ]; then
+                ref=$t1
+                r1=$r
+                splits+="$net, batch $batch: $(sed -n '/^flops per step/,$p' <<<"$out")"$'\n'
+            elif [ -n "$r1" ]; then
+                speedups+="$label: np $np / np 1 = $(div "$r" "$r1")"$'\n'
+            fi
+            row+=" $(num "$r") | $(div "$r" "$ref") | $(frac <<<"$out") |"
+        done
+        [ "$any" = 1 ] || continue
+        rows+="$row"$'\n'
+        echo "$row" >&2 # progress, while the rest runs
     done
-    rows+="$row"$'\n'
-    echo "$row" >&2 # progress, while the rest runs
 done
 echo "$head"
 echo "$rule"
 printf "%s" "$rows"
+printf "%s" "$speedups"
 printf "%s" "$notes"
 # The FLOPs of a step, per layer (from the np 1 runs; the count does not depend on np).
 printf "%s" "$splits"

@@ -3,7 +3,8 @@
 # driving distdl-train on real Fashion-MNIST (its first 2048 training images, train_lib.sh).
 # For each network, with its -1, -2 and -4 specs:
 #  1. an f64 copy on 1, 2 and 4 ranks: the same loss at every one of 6 steps (1e-10
-#     relative) and the same global weights and running statistics after them (1e-9).
+#     relative) and the same global weights and running statistics after them (1e-9);
+#     the same for the -2-batch spec (the batch split over 2 ranks) against 1 rank.
 #     ResNet's copy takes batches of 16, not the shipped 64: a quarter of the work per
 #     step (the partitionings split the image, not the batch), measured 4e-12 on the
 #     weights. VGG's keeps 64: at 16 one tensor parted by 6.7e-10, too near the 1e-9;
@@ -61,6 +62,19 @@ for net in ${GRAPH_NETS:-vgg resnet}; do
     for np in "${nps[@]}"; do
         [ "$np" = 1 ] || $py "$tool" compare "$d/w$np.safetensors" "$d/w1.safetensors" --rtol 1e-9 | tail -1
     done
+
+    if [ -f "$specs/$net-2-batch.json" ]; then
+        echo "== $net: 1b. f64, the batch split on 2 ranks (data parallel), 6 steps"
+        as_f64 "$specs/$net-2-batch.json" "$d/f64-2b.json"
+        if [ "$net" = resnet ]; then
+            sed -i 's/"batch_size": 64,/"batch_size": 16,/' "$d/f64-2b.json"
+            grep -q '"batch_size": 16,' "$d/f64-2b.json"
+        fi
+        train 2 --model "$d/f64-2b.json" --max-steps 6 --print-steps \
+            --export "$d/w2b.safetensors" >"$d/log2b"
+        $py "$tool" losses "$d/log1" "$d/log2b" --rtol 1e-10
+        $py "$tool" compare "$d/w2b.safetensors" "$d/w1.safetensors" --rtol 1e-9 | tail -1
+    fi
 
     echo "== $net: 2. the shipped f32 spec on ${nps[*]} ranks, one step"
     logs=()

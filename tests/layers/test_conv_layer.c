@@ -221,6 +221,17 @@ static const conv_case feature_cases[] = {
     // P_x on a subset of the world (ranks 2..3; 0..1 hold nothing).
     {"feature subset-ranks", 2, {2, 3, 7, 6}, 4, {3, 3}, {1, 1}, {1, 1}, {1, 1}, true,
      P4(2, 1, 1, 1, 2), NOPART, NOPART},
+    // Batch splits (data parallelism; beyond DistDL's [1, 1, S...]): the batch alone, the
+    // batch with space (3 samples over 2 pieces: 2/1), more pieces than samples (a rank
+    // with none), and a 3-D one on a subset of the world.
+    {"feature batch-split [2,1,1,1] bias", 2, {4, 3, 6, 6}, 5, {3, 3}, {1, 1}, {1, 1},
+     {1, 1}, true, P4(0, 2, 1, 1, 1), NOPART, NOPART},
+    {"feature batch-and-space [2,1,2,1] k3 s2", 2, {3, 3, 9, 6}, 4, {3, 3}, {2, 2}, {1, 1},
+     {1, 1}, true, P4(0, 2, 1, 2, 1), NOPART, NOPART},
+    {"feature batch-split idle rank [4,1,1]", 1, {3, 2, 9}, 3, {3}, {1}, {1}, {1}, true,
+     P3(0, 4, 1, 1), NOPART, NOPART},
+    {"feature batch-and-space 3-D subset [2,1,1,1,2]", 3, {2, 2, 4, 5, 6}, 3, {3, 3, 3},
+     {1, 1, 1}, {1, 1, 1}, {1, 1, 1}, false, P5(2, 2, 1, 1, 1, 2), NOPART, NOPART},
 };
 
 static const conv_case channel_cases[] = {
@@ -374,6 +385,15 @@ static void check_placement(void)
     ASSERT_EQ(ddl_box_numel(&ddl_layer_param(L, 0)->box), expect_w);
     ASSERT_EQ(ddl_box_numel(&ddl_layer_param(L, 1)->box), expect_b);
     ddl_layer_destroy(&L);
+    // A batch split keeps one owner: P_x rank 0 (batch and spatial coordinates 0).
+    int              bs[4] = {2, 1, 2, 1};
+    ddl_partition_t *Pb    = ddl_test_partition_range(0, 4, bs);
+    ddl_shape        xb    = ddl_shape_make(4, (int64_t[]){2, 3, 6, 6});
+    ASSERT_OK(ddl_conv_create(Pb, NULL, NULL, DDL_F64, &xb, &p, &L));
+    ASSERT_EQ(ddl_box_numel(&ddl_layer_param(L, 0)->box), expect_w);
+    ASSERT_EQ(ddl_box_numel(&ddl_layer_param(L, 1)->box), expect_b);
+    ddl_layer_destroy(&L);
+    ddl_partition_destroy(&Pb);
 
     int              gx[4] = {1, 1, 1, 2}, gy[4] = {1, 2, 1, 2}, gw[4] = {2, 1, 1, 2};
     ddl_partition_t *Gx = ddl_test_partition_range(0, 4, gx);

@@ -117,6 +117,15 @@ static const pool_case cases[] = {
     {"default-stride idle-output-ranks", 1, {2, 2, 6}, {2}, {0}, {0}, {1}, 0, {1, 1, 4}},
     // P_x on world ranks 2..3 only.
     {"subset-ranks", 2, {2, 3, 7, 6}, {3, 2}, {2, 1}, {1, 1}, {1, 1}, 2, {1, 1, 1, 2}},
+    // Batch and channel splits (beyond DistDL's feature partitions): no halo in those
+    // dims; alone, with a spatial split, and with a rank that holds no sample.
+    {"batch-split [2,1,1,1]", 2, {4, 3, 8, 8}, {2, 2}, {0, 0}, {0, 0}, {1, 1}, 0,
+     {2, 1, 1, 1}},
+    {"batch-and-channels [2,2,1,1] padded", 2, {3, 5, 7, 6}, {3, 3}, {2, 2}, {1, 1}, {1, 1},
+     0, {2, 2, 1, 1}},
+    {"channels-and-space [1,2,1,2]", 2, {2, 3, 10, 10}, {3, 3}, {1, 1}, {1, 1}, {1, 1}, 0,
+     {1, 2, 1, 2}},
+    {"batch-split idle rank [4,1,1]", 1, {3, 2, 9}, {2}, {0}, {0}, {1}, 0, {4, 1, 1}},
 };
 
 static void check_errors(void)
@@ -149,10 +158,15 @@ static void check_errors(void)
     ASSERT_OK(ddl_pool_create(P1, DDL_F64, &xg, &p, &L));
     ddl_layer_destroy(&L);
     if (world_size() >= 4) {
-        // A partition that splits the channels is not a feature partition.
-        int              cs[4] = {1, 2, 1, 2};
+        // A partition that splits the input over more pieces than a spatial dim can take
+        // (8 rows over 4 pieces with a window of 9 rows reaching past the neighbour).
+        int              cs[4] = {1, 1, 4, 1};
         ddl_partition_t *Pc    = ddl_test_partition_range(0, 4, cs);
-        ASSERT_STATUS(ddl_pool_create(Pc, DDL_F64, &xg, &p, &L), DDL_EINVAL);
+        ddl_pool_params  w     = p;
+        w.kernel[0]            = 9;
+        w.padding[0]           = 4;
+        w.stride[0]            = 1;
+        ASSERT_STATUS(ddl_pool_create(Pc, DDL_F64, &xg, &w, &L), DDL_EINVAL);
         // A halo reaching past the neighbour: 8 over 4 pieces of 2, kernel 7, stride 1.
         int              fs[3] = {1, 1, 4};
         ddl_partition_t *Pf    = ddl_test_partition_range(0, 3, fs);

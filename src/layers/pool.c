@@ -42,7 +42,7 @@
 
 typedef struct pool_impl {
     bool                 in_x;
-    ddl_halo_exchange_t *halo;        // NULL when P_x has one rank
+    ddl_halo_exchange_t *halo;        // NULL when no spatial dim is split
     ddl_tensor_t        *xbuf, *dxbuf; // padded buffers (pads hold the padding value)
     ddl_box              bulk, need;
     bool                 staged;      // the needed box is not the whole buffer
@@ -237,7 +237,7 @@ static ddl_status pool_setup(ddl_layer_t *L, pool_impl *m, const ddl_partition_t
     for (int j = 0; j < nsp; j++) {
         spatial = spatial || ddl_partition_shape(P_x)[2 + j] > 1;
     }
-    ddl_pool_geom g = *gg; // the global window with its real padding, on the local samples
+    ddl_pool_geom g = *gg; // this rank's window: set below wherever it works
     if (spatial) {
         int64_t K[DDL_MAX_DIMS], S[DDL_MAX_DIMS], Pd[DDL_MAX_DIMS], D[DDL_MAX_DIMS];
         for (int i = 0; i < nd; i++) {
@@ -286,7 +286,7 @@ static ddl_status pool_setup(ddl_layer_t *L, pool_impl *m, const ddl_partition_t
         }
     } else {
         m->work = m->in_x && ddl_shape_numel(&L->x_shape) > 0;
-        if (m->work && ddl_partition_size(P_x) > 1) { // batch or channel split: own samples
+        if (m->work) { // this rank's samples and channels (all of them on one rank)
             DDL_CHECK(ddl_pool_geom_init(&g, gg->mode, nsp, L->x_shape.d[0], L->x_shape.d[1],
                                          xg->d + 2, gg->k, gg->s, gg->p, gg->d));
         }

@@ -101,9 +101,8 @@ for net in "${nets[@]}"; do
         for variant in "" -batch; do
             for np in "${npl[@]}"; do
                 spec="$src/deploy/specs/$net-$np$variant.json"
-                [ "$np" != 1 ] || spec="$src/deploy/specs/$net-1.json"
                 if [ ! -f "$spec" ] || { [ "$np" = 1 ] && [ -n "$variant" ]; }; then
-                    continue
+                    continue # no spec, or np 1 of a split (the row above has it)
                 fi
                 out=$(OPENBLAS_NUM_THREADS=1 "${mpi[@]}" -np "$np" "$here/bench-train-worker" \
                     --model "$spec" --batch "$batch" --steps "$steps" | tee -a "$log")

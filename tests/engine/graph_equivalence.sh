@@ -29,6 +29,20 @@ set -euo pipefail
 # shellcheck source=train_lib.sh
 . "$(dirname "$0")/train_lib.sh" dataset "$@"
 
+# f64_run NP TAG SPEC [ARGS...]: SPEC as f64 (ResNet at batch 16, above) trained 6 steps on
+# NP ranks, its losses in $d/logTAG and its weights in $d/wTAG.safetensors.
+f64_run() {
+    local np=$1 tag=$2 spec=$3
+    shift 3
+    as_f64 "$spec" "$d/f64-$tag.json"
+    if [ "$net" = resnet ]; then
+        sed -i 's/"batch_size": 64,/"batch_size": 16,/' "$d/f64-$tag.json"
+        grep -q '"batch_size": 16,' "$d/f64-$tag.json"
+    fi
+    train "$np" --model "$d/f64-$tag.json" --max-steps 6 --print-steps \
+        --export "$d/w$tag.safetensors" "$@" >"$d/log$tag"
+}
+
 for net in ${GRAPH_NETS:-vgg resnet}; do
     nps=()
     for np in 1 2 4; do
@@ -45,17 +59,11 @@ for net in ${GRAPH_NETS:-vgg resnet}; do
     echo "== $net: 1. f64 on ${nps[*]} ranks, 6 steps"
     logs=() weights=()
     for np in "${nps[@]}"; do
-        as_f64 "$specs/$net-$np.json" "$d/f64-$np.json"
-        if [ "$net" = resnet ]; then
-            sed -i 's/"batch_size": 64,/"batch_size": 16,/' "$d/f64-$np.json"
-            grep -q '"batch_size": 16,' "$d/f64-$np.json"
-        fi
         ck=()
         if [ "$np" = 4 ]; then
             ck=(--checkpoint-dir "$d/ck4" --checkpoint-every 3)
         fi
-        train "$np" --model "$d/f64-$np.json" --max-steps 6 --print-steps \
-            --export "$d/w$np.safetensors" "${ck[@]}" >"$d/log$np"
+        f64_run "$np" "$np" "$specs/$net-$np.json" "${ck[@]}"
         logs+=("$d/log$np")
     done
     $py "$tool" losses "${logs[@]}" --rtol 1e-10
@@ -65,13 +73,7 @@ for net in ${GRAPH_NETS:-vgg resnet}; do
 
     if [ -f "$specs/$net-2-batch.json" ]; then
         echo "== $net: 1b. f64, the batch split on 2 ranks (data parallel), 6 steps"
-        as_f64 "$specs/$net-2-batch.json" "$d/f64-2b.json"
-        if [ "$net" = resnet ]; then
-            sed -i 's/"batch_size": 64,/"batch_size": 16,/' "$d/f64-2b.json"
-            grep -q '"batch_size": 16,' "$d/f64-2b.json"
-        fi
-        train 2 --model "$d/f64-2b.json" --max-steps 6 --print-steps \
-            --export "$d/w2b.safetensors" >"$d/log2b"
+        f64_run 2 2b "$specs/$net-2-batch.json"
         $py "$tool" losses "$d/log1" "$d/log2b" --rtol 1e-10
         $py "$tool" compare "$d/w2b.safetensors" "$d/w1.safetensors" --rtol 1e-9 | tail -1
     fi

@@ -128,6 +128,17 @@ static void step(ddl_model_t *m, const batch *b)
     ASSERT_OK(ddl_model_train_step(m, b->x, xb, b->lab, b->B, &loss, &correct));
 }
 
+// The spec text with "inference_batches": LIST after its first brace (malloc'd).
+static char *with_batches(const char *text, const char *list)
+{
+    const char *brace = strchr(text, '{');
+    size_t      pre   = (size_t)(brace - text) + 1;
+    char       *out   = malloc(strlen(text) + strlen(list) + 32);
+    memcpy(out, text, pre);
+    sprintf(out + pre, "\"inference_batches\": %s, %s", list, text + pre);
+    return out;
+}
+
 // One spec (ddl_test_each_file): returns 1 if it ran (its world size is ours), 0 otherwise.
 static int check_spec(const char *path, void *unused)
 {
@@ -147,17 +158,13 @@ static int check_spec(const char *path, void *unused)
     }
     ddl_shape in = ddl_spec_input_shape(spec);
     b.S          = ddl_shape_numel(&in);
-    const char *text  = ddl_spec_text(spec);
-    const char *brace = strchr(text, '{');
-    size_t      pre   = (size_t)(brace - text) + 1;
+    const char *text = ddl_spec_text(spec);
     if (b.B > 1 && ddl_spec_inference_batches(spec, NULL) == 0) {
         // No default short size: a partition splits the batch over all of it (the U-Net's
         // batch of 2 over 2 ranks), so no size below batch_size gives every rank a row.
         // Then a short size of 1 is refused, and there is nothing here to compare.
-        char *one = malloc(strlen(text) + 64);
-        memcpy(one, text, pre);
-        sprintf(one + pre, "\"inference_batches\": [1], %s", text + pre);
-        ddl_spec_t *sp = NULL;
+        char       *one = with_batches(text, "[1]");
+        ddl_spec_t *sp  = NULL;
         ASSERT_STATUS(ddl_spec_parse(one, path, size, &sp), DDL_EINVAL);
         free(one);
         if (rank == 0) {
@@ -168,10 +175,7 @@ static int check_spec(const char *path, void *unused)
         return 1;
     }
     double tol = b.es == 4 ? 1e-4 : 1e-10;
-    // The padded twin: the spec text with "inference_batches": [] after its first brace.
-    char       *padded = malloc(strlen(text) + 64);
-    memcpy(padded, text, pre);
-    sprintf(padded + pre, "\"inference_batches\": [], %s", text + pre);
+    char *padded = with_batches(text, "[]"); // the padded twin: no short sizes
     int64_t      mem_s, mem_p;
     double       t_s, t_p;
     uint64_t     n_s, n_p;

@@ -61,6 +61,17 @@
 // Fewest columns per block, so that very deep inputs (large Kc) still give GEMMs with a
 // reasonable N.
 #define DDL_CONV_MIN_COLS 128
+// The channel-vector path (ddl_cvec in kernels/conv_direct.h) is taken for output planes of
+// at most DDL_CVEC_MAX_OV positions, or 4x that with strides, when both channel counts are
+// whole vectors and C_out at least two. Measured on AMD EPYC (Zen 5) at AVX-512, f32, batch
+// 64, one thread, forward + backward against the path it replaced (docs/PERFORMANCE.md,
+// "Channels in the vector lanes"): ResNet's 64->64 4x4 1.04 against 2.24 ms, 32->64
+// 7x7 -> 4x4 stride 2 0.60 against 1.87, 32->32 7x7 0.93 against 1.13; but 32->32 28x28
+// 17.7 against 13.6 and 16->16 14x14 1.5 against 1.0, which stay on the other paths.
+#define DDL_CVEC_MAX_OV 64
+// Rows (sample x output position) per kernel call: the samples of a group share the
+// kernels' tiles and the weights' pass through L1.
+#define DDL_CVEC_ROWS 256
 
 // ---- geometry ----------------------------------------------------------------
 
@@ -96,6 +107,10 @@ typedef struct conv_plan {
     int64_t cd_tail;       // elements past a sample's end the direct path reads in place
     int64_t cd_group;      // samples per forward and dW kernel call (the slot holds that
                            // many dyw and xp)
+    // The channel-vector path (ddl_cvec): nb samples per kernel call, padded as one
+    // [C_in, Pp] volume each (Pp = I0p PL, PL = I1p I2p); the slot (col_bytes) holds
+    // cvec_ws.
+    bool cvec;
     // Per call (ddl_conv_backward_ex): dx is set (overwritten), not added into.
     bool dx_set;
 } conv_plan;
@@ -172,6 +187,58 @@ static sp3 sp3_from(const ddl_conv_geom *g)
     return sp3_make(g->nsp, g->in, g->k, g->s, g->p, g->d, g->out);
 }
 
+// ---- the channel-vector path's workspace ---------------------------------------------
+
+// One thread's slot: nb padded samples xp [nb, Ci, Pp], the rows yT (dyT) [nb ov, Co], the
+// transposed padded input gradient dxpT [nb, Pp, Ci], wT [Kc, Co], wK [kv, Co, Ci], the dW
+// sums dWT [Kc, Co] and the offsets ob [ov], koff [kv], toff [Kc].
+typedef struct cvec_ws {
+    char    *xp, *yT, *dxpT, *wT, *wK, *dWT;
+    int64_t *ob, *koff, *toff;
+    ddl_cvec c;
+} cvec_ws;
+
+static size_t cvec_round(size_t v)
+{
+    return (v + DDL_ALIGN - 1) / DDL_ALIGN * DDL_ALIGN;
+}
+
+// Carves ws (NULL: only sizes) into d; returns the slot's bytes.
+static size_t cvec_carve(ddl_dtype dt, const ddl_conv_geom *g, const conv_plan *P, char *ws,
+                         cvec_ws *d)
+{
+    const size_t  es = dt_size(dt);
+    const int64_t G = P->nb, Ci = g->C_in, Co = g->C_out, Kc = P->Kc, ov = P->sp.ov;
+    const size_t  parts[9] = {(size_t)(G * Ci * P->Pp) * es, (size_t)(G * ov * Co) * es,
+                              (size_t)(G * P->Pp * Ci) * es, (size_t)(Kc * Co) * es,
+                              (size_t)(Kc * Co) * es,        (size_t)(Kc * Co) * es,
+                              (size_t)ov * sizeof(int64_t),  (size_t)P->sp.kv * sizeof(int64_t),
+                              (size_t)Kc * sizeof(int64_t)};
+    char         *at[9];
+    size_t        off = 0;
+    for (int i = 0; i < 9; i++) {
+        at[i] = ws != NULL ? ws + off : NULL;
+        off += cvec_round(parts[i]);
+    }
+    if (d != NULL) {
+        *d = (cvec_ws){.xp   = at[0],
+                       .yT   = at[1],
+                       .dxpT = at[2],
+                       .wT   = at[3],
+                       .wK   = at[4],
+                       .dWT  = at[5],
+                       .ob   = (int64_t *)(void *)at[6],
+                       .koff = (int64_t *)(void *)at[7],
+                       .toff = (int64_t *)(void *)at[8]};
+    }
+    return off;
+}
+
+static size_t cvec_slot(ddl_dtype dt, const ddl_conv_geom *g, const conv_plan *P)
+{
+    return cvec_carve(dt, g, P, NULL, NULL);
+}
+
 // Re-validates g (it is a public struct the caller may have edited) and derives the plan:
 // how many columns an im2col block has and how much workspace that takes.
 static ddl_status conv_plan_make(const char *who, ddl_dtype dt, const ddl_conv_geom *g,
@@ -216,6 +283,24 @@ static ddl_status conv_plan_make(const char *who, ddl_dtype dt, const ddl_conv_g
     // half of each wide row wasted on the (k2 - 1) d2 columns past the output row.
     const sp3 *sp  = &P->sp;
     int64_t    I2p = sp->in[2] + 2 * sp->p[2], I1p = sp->in[1] + 2 * sp->p[1];
+    // The channel-vector path, for small output planes (DDL_CVEC_MAX_OV).
+    const int64_t lanes   = ddl_cvec_lanes(dt);
+    const bool    strided = sp->s[0] * sp->s[1] * sp->s[2] > 1;
+    if (allow_cdir && lanes > 0 && g->C_in % lanes == 0 && g->C_out % lanes == 0 &&
+        g->C_out >= 2 * lanes &&
+        (ov <= DDL_CVEC_MAX_OV || (strided && ov <= 4 * DDL_CVEC_MAX_OV))) {
+        const int64_t I0p = sp->in[0] + 2 * sp->p[0];
+        int64_t       G   = (DDL_CVEC_ROWS + ov - 1) / ov;
+        G                 = G < g->N ? G : g->N;
+        P->cvec           = true;
+        P->nb             = G;
+        P->cols           = G * ov;
+        P->I2p            = I2p;
+        P->PL             = I1p * I2p;
+        P->Pp             = I0p * P->PL;
+        P->col_bytes      = cvec_slot(dt, g, P);
+        return DDL_OK;
+    }
     // The direct path: for few input channels at either width; for any at AVX-512, where
     // it outruns the BLAS's AVX2 GEMM (see conv_direct.h), while its dW lane
     // accumulators (C_out Kc x 64 bytes) stay within DDL_CDIR_MAX_ACC.
@@ -868,7 +953,8 @@ static ddl_status conv_select(const char *who, ddl_dtype dt, const ddl_conv_geom
     // 64->64 4x6 unpadded, 32 for 8, 2.21 against 1.57-1.61 ms. (Before the groups the
     // 4x4 took 3.78 against 3.09 ms, and the bound was twice.)
     // ddl_conv_workspace_bytes has room for either path.
-    if (P->cdir && (ws_bytes < need || (backward && P->cd_nj >= 3 * P->sp.ov))) {
+    if ((P->cdir && (ws_bytes < need || (backward && P->cd_nj >= 3 * P->sp.ov))) ||
+        (P->cvec && ws_bytes < need)) {
         DDL_CHECK(conv_plan_make(who, dt, g, P, false));
     }
     return DDL_OK;
@@ -878,6 +964,12 @@ bool ddl_cdir_taken(ddl_dtype dt, const ddl_conv_geom *g, size_t ws_bytes, bool 
 {
     conv_plan P;
     return conv_select("conv_path", dt, g, ws_bytes, backward, &P) == DDL_OK && P.cdir;
+}
+
+bool ddl_cvec_taken(ddl_dtype dt, const ddl_conv_geom *g, size_t ws_bytes, bool backward)
+{
+    conv_plan P;
+    return conv_select("conv_path", dt, g, ws_bytes, backward, &P) == DDL_OK && P.cvec;
 }
 
 int64_t ddl_cdir_dw_group_of(ddl_dtype dt, const ddl_conv_geom *g, size_t ws_bytes)
@@ -1355,6 +1447,211 @@ static ddl_status conv_backward_cdir(ddl_dtype dt, const ddl_conv_geom *g, const
     return DDL_OK;
 }
 
+// ---- the channel-vector path ------------------------------------------------------------
+
+// The slot carved, the offsets filled: output position o reads its first tap at padded
+// position ob = o0 s0 PL + o1 s1 I2p + o2 s2, tap kk = (k0, k1, k2) koff = k0 d0 PL +
+// k1 d1 I2p + k2 d2 further, and tap t = (ci, kk) of a sample at ci Pp + koff.
+static void cvec_setup(ddl_dtype dt, const ddl_conv_geom *g, const conv_plan *P, char *ws,
+                       cvec_ws *d)
+{
+    const sp3 *sp = &P->sp;
+    cvec_carve(dt, g, P, ws, d);
+    for (int64_t o0 = 0, p = 0; o0 < sp->out[0]; o0++) {
+        for (int64_t o1 = 0; o1 < sp->out[1]; o1++) {
+            for (int64_t o2 = 0; o2 < sp->out[2]; o2++, p++) {
+                d->ob[p] = o0 * sp->s[0] * P->PL + o1 * sp->s[1] * P->I2p + o2 * sp->s[2];
+            }
+        }
+    }
+    for (int64_t k0 = 0, kk = 0; k0 < sp->k[0]; k0++) {
+        for (int64_t k1 = 0; k1 < sp->k[1]; k1++) {
+            for (int64_t k2 = 0; k2 < sp->k[2]; k2++, kk++) {
+                d->koff[kk] = k0 * sp->d[0] * P->PL + k1 * sp->d[1] * P->I2p + k2 * sp->d[2];
+            }
+        }
+    }
+    for (int64_t t = 0; t < P->Kc; t++) {
+        d->toff[t] = t / sp->kv * P->Pp + d->koff[t % sp->kv];
+    }
+    d->c = (ddl_cvec){.Ci   = g->C_in,
+                      .Co   = g->C_out,
+                      .kv   = sp->kv,
+                      .Kc   = P->Kc,
+                      .ov   = sp->ov,
+                      .Pp   = P->Pp,
+                      .ob   = d->ob,
+                      .koff = d->koff,
+                      .toff = d->toff};
+}
+
+// dst[j, i] = src[i, j] for an r x c matrix src (rows c apart; dst's rows r apart).
+static void transpose(size_t es, char *dst, const char *src, int64_t r, int64_t c)
+{
+    if (es == sizeof(float)) {
+        const float *a = (const float *)(const void *)src;
+        float       *b = (float *)(void *)dst;
+        for (int64_t i = 0; i < r; i++) {
+            for (int64_t j = 0; j < c; j++) {
+                b[j * r + i] = a[i * c + j];
+            }
+        }
+        return;
+    }
+    const double *a = (const double *)(const void *)src;
+    double       *b = (double *)(void *)dst;
+    for (int64_t i = 0; i < r; i++) {
+        for (int64_t j = 0; j < c; j++) {
+            b[j * r + i] = a[i * c + j];
+        }
+    }
+}
+
+static ddl_status conv_forward_cvec(ddl_dtype dt, const ddl_conv_geom *g, const conv_plan *P,
+                                    void *y, const void *x, const void *w, const void *b, char *ws,
+                                    int64_t n_begin, int64_t n_end)
+{
+    const int64_t Ci = g->C_in, Co = g->C_out, iv = P->sp.iv, ov = P->sp.ov;
+    const size_t  es = dt_size(dt);
+    cvec_ws       d;
+    cvec_setup(dt, g, P, ws, &d);
+    transpose(es, d.wT, w, Co, P->Kc);
+    for (int64_t n0 = n_begin; n0 < n_end; n0 += P->nb) {
+        ddl__kernel_progress();
+        int64_t ng = n_end - n0 < P->nb ? n_end - n0 : P->nb;
+        for (int64_t t = 0; t < ng; t++) {
+            pad_sample(dt, P, Ci, d.xp + (size_t)(t * Ci * P->Pp) * es,
+                       elem(x, (n0 + t) * Ci * iv, es));
+        }
+        ddl_cvec_forward(dt, &d.c, d.yT, d.xp, d.wT, b, ng);
+        for (int64_t t = 0; t < ng; t++) {
+            transpose(es, elem(y, (n0 + t) * Co * ov, es), d.yT + (size_t)(t * ov * Co) * es, ov,
+                      Co);
+        }
+    }
+    return DDL_OK;
+}
+
+// dx of one sample from its transposed padded gradient dxpT [Pp, Ci]: set or added.
+#define CVEC_DX_OUT(T_)                                                                            \
+    do {                                                                                           \
+        T_       *to   = (T_ *)(void *)dxn;                                                        \
+        const T_ *from = (const T_ *)(const void *)dxpT;                                           \
+        for (int64_t ci = 0; ci < Ci; ci++, to += sp->iv) {                                        \
+            int64_t q = 0;                                                                         \
+            for (int64_t i0 = 0; i0 < sp->in[0]; i0++) {                                           \
+                for (int64_t i1 = 0; i1 < sp->in[1]; i1++) {                                       \
+                    const T_ *f =                                                                  \
+                        from +                                                                     \
+                        ((i0 + sp->p[0]) * P->PL + (i1 + sp->p[1]) * P->I2p + sp->p[2]) * Ci + ci; \
+                    for (int64_t i2 = 0; i2 < sp->in[2]; i2++, q++) {                              \
+                        to[q] = P->dx_set ? f[i2 * Ci] : to[q] + f[i2 * Ci];                       \
+                    }                                                                              \
+                }                                                                                  \
+            }                                                                                      \
+        }                                                                                          \
+    } while (0)
+
+static void cvec_dx_out(ddl_dtype dt, const conv_plan *P, int64_t Ci, char *dxn, const char *dxpT)
+{
+    const sp3 *sp = &P->sp;
+    if (dt == DDL_F32) {
+        CVEC_DX_OUT(float);
+    } else {
+        CVEC_DX_OUT(double);
+    }
+}
+#undef CVEC_DX_OUT
+
+// wK [kk, co, ci] = w [co, ci kv + kk]: the dx kernel's order.
+#define CVEC_PACK(T_)                                                                              \
+    do {                                                                                           \
+        const T_ *a = (const T_ *)w;                                                               \
+        T_       *o = (T_ *)(void *)wK;                                                            \
+        for (int64_t co = 0; co < Co; co++) {                                                      \
+            for (int64_t ci = 0; ci < Ci; ci++) {                                                  \
+                for (int64_t kk = 0; kk < kv; kk++) {                                              \
+                    o[(kk * Co + co) * Ci + ci] = a[(co * Ci + ci) * kv + kk];                     \
+                }                                                                                  \
+            }                                                                                      \
+        }                                                                                          \
+    } while (0)
+
+static void cvec_pack_wk(ddl_dtype dt, int64_t Co, int64_t Ci, int64_t kv, char *wK, const void *w)
+{
+    if (dt == DDL_F32) {
+        CVEC_PACK(float);
+    } else {
+        CVEC_PACK(double);
+    }
+}
+#undef CVEC_PACK
+
+// dw [co, t] += dWT [t, co].
+#define CVEC_DW_OUT(T_)                                                                            \
+    do {                                                                                           \
+        T_       *o = (T_ *)dw;                                                                    \
+        const T_ *a = (const T_ *)(const void *)dWT;                                               \
+        for (int64_t co = 0; co < Co; co++) {                                                      \
+            for (int64_t t = 0; t < Kc; t++) {                                                     \
+                o[co * Kc + t] += a[t * Co + co];                                                  \
+            }                                                                                      \
+        }                                                                                          \
+    } while (0)
+
+static void cvec_dw_out(ddl_dtype dt, int64_t Co, int64_t Kc, void *dw, const char *dWT)
+{
+    if (dt == DDL_F32) {
+        CVEC_DW_OUT(float);
+    } else {
+        CVEC_DW_OUT(double);
+    }
+}
+#undef CVEC_DW_OUT
+
+static ddl_status conv_backward_cvec(ddl_dtype dt, const ddl_conv_geom *g, const conv_plan *P,
+                                     void *dx, void *dw, const void *dy, const void *x,
+                                     const void *w, char *ws, int64_t n_begin, int64_t n_end)
+{
+    const int64_t Ci = g->C_in, Co = g->C_out, Kc = P->Kc, kv = P->sp.kv;
+    const int64_t iv = P->sp.iv, ov = P->sp.ov;
+    const size_t  es = dt_size(dt);
+    cvec_ws       d;
+    cvec_setup(dt, g, P, ws, &d);
+    if (dw != NULL) {
+        memset(d.dWT, 0, (size_t)(Kc * Co) * es);
+    }
+    if (dx != NULL) {
+        cvec_pack_wk(dt, Co, Ci, kv, d.wK, w);
+    }
+    for (int64_t n0 = n_begin; n0 < n_end; n0 += P->nb) {
+        ddl__kernel_progress();
+        int64_t     ng  = n_end - n0 < P->nb ? n_end - n0 : P->nb;
+        const char *dyg = elem(dy, n0 * Co * ov, es);
+        if (dw != NULL) {
+            for (int64_t t = 0; t < ng; t++) {
+                pad_sample(dt, P, Ci, d.xp + (size_t)(t * Ci * P->Pp) * es,
+                           elem(x, (n0 + t) * Ci * iv, es));
+                transpose(es, d.yT + (size_t)(t * ov * Co) * es, dyg + (size_t)(t * Co * ov) * es,
+                          Co, ov);
+            }
+            ddl_cvec_dw(dt, &d.c, d.dWT, d.xp, d.yT, ng);
+        }
+        if (dx != NULL) {
+            memset(d.dxpT, 0, (size_t)(ng * P->Pp * Ci) * es);
+            ddl_cvec_dx(dt, &d.c, d.dxpT, dyg, d.wK, ng);
+            for (int64_t t = 0; t < ng; t++) {
+                cvec_dx_out(dt, P, Ci, elem(dx, (n0 + t) * Ci * iv, es),
+                            d.dxpT + (size_t)(t * P->Pp * Ci) * es);
+            }
+        }
+    }
+    if (dw != NULL) {
+        cvec_dw_out(dt, Co, Kc, dw, d.dWT);
+    }
+    return DDL_OK;
+}
+
 // y for samples [n_begin, n_end) (n_begin a multiple of P->nb) through the im2col
 // workspace ws (one thread's slot).
 static ddl_status conv_forward_range(ddl_dtype dt, const ddl_conv_geom *g, const conv_plan *P,
@@ -1364,6 +1661,9 @@ static ddl_status conv_forward_range(ddl_dtype dt, const ddl_conv_geom *g, const
     const int64_t Ci = g->C_in, Co = g->C_out, Kc = P->Kc;
     const int64_t iv = P->sp.iv, ov = P->sp.ov;
     const size_t  es = dt_size(dt);
+    if (P->cvec) {
+        return conv_forward_cvec(dt, g, P, y, x, w, b, ws, n_begin, n_end);
+    }
     if (P->cdir) {
         return conv_forward_cdir(dt, g, P, y, x, w, b, ws, n_begin, n_end);
     }
@@ -1420,6 +1720,9 @@ static ddl_status conv_backward_range(ddl_dtype dt, const ddl_conv_geom *g, cons
     const int64_t Ci = g->C_in, Co = g->C_out, Kc = P->Kc;
     const int64_t iv = P->sp.iv, ov = P->sp.ov;
     const size_t  es = dt_size(dt);
+    if (P->cvec) {
+        return conv_backward_cvec(dt, g, P, dx, dw, dy, x, w, ws, n_begin, n_end);
+    }
     if (P->cdir) {
         return conv_backward_cdir(dt, g, P, dx, dw, dy, x, w, ws, n_begin, n_end);
     }

@@ -25,6 +25,8 @@
 
 // ---- AVX2 + FMA: 8 floats / 4 doubles per vector ----
 #define CDIR_TGT     __attribute__((target("avx2,fma")))
+#define CV_CBMAX 3
+#define CV_ACC 12
 #define DW_CB        CDIR_DW_CB
 #define DW_TB        CDIR_DW_TB
 #define FWD_JV       2
@@ -51,6 +53,7 @@ CDIR_TGT static inline float hsum_f32(__m256 v)
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
 }
 #define HSUM hsum_f32
+#include "kernels/conv_cvec_t.h"
 #include "kernels/conv_direct_t.h"
 #undef HSUM
 #undef T
@@ -82,6 +85,7 @@ CDIR_TGT static inline double hsum_f64(__m256d v)
     return _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)));
 }
 #define HSUM hsum_f64
+#include "kernels/conv_cvec_t.h"
 #include "kernels/conv_direct_t.h"
 #undef HSUM
 #undef T
@@ -99,6 +103,10 @@ CDIR_TGT static inline double hsum_f64(__m256d v)
 
 // ---- AVX-512F: 16 floats / 8 doubles per vector (the same tiles) ----
 #define CDIR_TGT     __attribute__((target("avx512f")))
+#undef CV_CBMAX
+#undef CV_ACC
+#define CV_CBMAX 4
+#define CV_ACC 24
 #undef DW_CB
 #undef DW_TB
 #undef FWD_JV
@@ -130,6 +138,7 @@ CDIR_TGT static inline float hsum_f32_512(__m512 v)
     return _mm_cvtss_f32(_mm_add_ss(s, _mm_shuffle_ps(s, s, 1)));
 }
 #define HSUM hsum_f32_512
+#include "kernels/conv_cvec_t.h"
 #include "kernels/conv_direct_t.h"
 #undef HSUM
 #undef T
@@ -163,6 +172,7 @@ CDIR_TGT static inline double hsum_f64_512(__m512d v)
     return _mm_cvtsd_f64(_mm_add_sd(s, _mm_unpackhi_pd(s, s)));
 }
 #define HSUM hsum_f64_512
+#include "kernels/conv_cvec_t.h"
 #include "kernels/conv_direct_t.h"
 #undef HSUM
 #undef T
@@ -301,4 +311,41 @@ void ddl_cdir_dx_scatter(ddl_dtype dt, const ddl_cdir *c, void *dxp, const void 
                          const void *wp)
 {
     CDIR_CALL(dt, dxs, c, dxp, dyw, wp);
+}
+
+static bool cvec_on = true;
+
+bool ddl_cvec_set(bool on)
+{
+    bool prev = cvec_on;
+    cvec_on   = on;
+    return prev;
+}
+
+int64_t ddl_cvec_lanes(ddl_dtype dt)
+{
+    int l = cdir_level();
+    if (l == 0 || !cvec_on) {
+        return 0;
+    }
+    int64_t bytes = l == 2 ? 64 : 32;
+    return bytes / (dt == DDL_F64 ? 8 : 4);
+}
+
+void ddl_cvec_forward(ddl_dtype dt, const ddl_cvec *c, void *yT, const void *xp, const void *wT,
+                      const void *b, int64_t ns)
+{
+    CDIR_CALL(dt, cv_fwd, c, yT, xp, wT, b, ns);
+}
+
+void ddl_cvec_dw(ddl_dtype dt, const ddl_cvec *c, void *dWT, const void *xp, const void *dyT,
+                 int64_t ns)
+{
+    CDIR_CALL(dt, cv_dw, c, dWT, xp, dyT, ns);
+}
+
+void ddl_cvec_dx(ddl_dtype dt, const ddl_cvec *c, void *dxpT, const void *dy, const void *wK,
+                 int64_t ns)
+{
+    CDIR_CALL(dt, cv_dx, c, dxpT, dy, wK, ns);
 }

@@ -120,4 +120,46 @@ void ddl_cdir_dx_scatter_pack(ddl_dtype dt, const ddl_cdir *c, void *wp, const v
 void ddl_cdir_dx_scatter(ddl_dtype dt, const ddl_cdir *c, void *dxp, const void *dyw,
                          const void *wp);
 
+// ---- channel-vector kernels (small output planes, any stride) --------------------------
+// For planes of a few positions (ResNet's 7x7 and 4x4 stages, and the strided layers that
+// lead to them) the kernels above spend their vectors on grids that are mostly margin, and
+// their dW keeps a lane accumulator per weight. These kernels put channels in the vector
+// lanes instead, as an implicit GEMM over rows m = (sample, output position), with a
+// padded sample xp [C_in, Pp] (Pp = prod(in + 2 p), channel planes Pp apart):
+//   forward  yT [m, co]  = b[co] + sum_t xp_n[ob[p] + toff[t]] wT[t, co]
+//   dW       dWT[t, co] += sum_m xp_n[ob[p] + toff[t]] dyT[m, co]
+//   dx       dxpT_n[(ob[p] + koff[kk]) Ci + ci] += sum_co wK[kk, co, ci] dy_n[co, p]
+// with m = n ov + p, t = ci kv + kk, toff[t] = ci Pp + koff[kk], ob[p] the padded position
+// of output p's first tap and koff[kk] tap kk's offset from it; yT, dyT [ns ov, Co] and
+// dxpT [ns, Pp, Ci] are channel-minor. C_out (forward, dW) and C_in (dx) must be
+// multiples of ddl_cvec_lanes(dt). Each sum runs in a fixed order that does not depend on
+// how rows share tiles: the forward's over the taps from the bias, dW's one chain per
+// weight over the rows in order (across calls: dWT carries it), dx's over the taps in
+// order, each tap's over the output channels. Results are the same run to run and for a
+// sample alone or in a batch; not bit-identical to the other paths.
+typedef struct ddl_cvec {
+    int64_t        Ci, Co, kv, Kc, ov, Pp;
+    const int64_t *ob;   // [ov]
+    const int64_t *koff; // [kv]
+    const int64_t *toff; // [Kc]
+} ddl_cvec;
+
+// Elements per vector of dt at the width in use (0: the vector kernels are off, or these
+// kernels switched off by ddl_cvec_set).
+int64_t ddl_cvec_lanes(ddl_dtype dt);
+// For tests and benches: whether conv.c may pick these kernels (true by default), so that
+// a test of the other direct kernels can keep their geometries. Returns the previous value.
+bool ddl_cvec_set(bool on);
+// For tests and benches: whether a forward (backward false) or backward call of geometry
+// g with a workspace of ws_bytes would run these kernels (conv.c picks them).
+bool ddl_cvec_taken(ddl_dtype dt, const ddl_conv_geom *g, size_t ws_bytes, bool backward);
+// ns >= 1 samples: xp [ns, Ci, Pp], yT / dyT [ns ov, Co], dy [ns, Co, ov], dxpT [ns, Pp, Ci];
+// wT [Kc, Co] (w transposed), wK [kv, Co, Ci]. b may be NULL. dWT and dxpT are added into.
+void ddl_cvec_forward(ddl_dtype dt, const ddl_cvec *c, void *yT, const void *xp, const void *wT,
+                      const void *b, int64_t ns);
+void ddl_cvec_dw(ddl_dtype dt, const ddl_cvec *c, void *dWT, const void *xp, const void *dyT,
+                 int64_t ns);
+void ddl_cvec_dx(ddl_dtype dt, const ddl_cvec *c, void *dxpT, const void *dy, const void *wK,
+                 int64_t ns);
+
 #endif // DDL_KERNELS_CONV_DIRECT_H

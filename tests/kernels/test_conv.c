@@ -353,12 +353,62 @@ static void test_cases(void)
         {3, 2, 3, 4, {4, 10, 12}, {1, 3, 3}, {1, 1, 1}, {0, 1, 1}, {1, 1, 1}, false},
         {3, 1, 3, 2, {7, 5, 6},  {2, 2, 3}, {1, 1, 1}, {1, 1, 0}, {3, 1, 1}, true},
         {3, 2, 12, 5, {4, 5, 6}, {3, 3, 3}, {1, 1, 1}, {1, 1, 1}, {1, 1, 1}, true},
+        // Small output planes with whole vectors of channels: the channel-vector kernels
+        // (ddl_cvec) at either width, in f32 and f64 (test_cvec_taken checks that they
+        // run). ResNet's 4x4 stage; 7x7 -> 4x4 with stride 2 and 3 vectors of C_out at
+        // AVX-512 f32 (6 in f64: a tile of 4 and one of 2); the 1x1 stride-2 shortcut;
+        // 3-D; 1-D with dilation; 5 vectors of C_out and unequal dims; 6 samples in
+        // groups of 4 (the last one short); 16x16 outputs with stride 2 (one sample per
+        // group).
+        {2, 3, 32, 32, {4, 4},   {3, 3},    {1, 1},    {1, 1},    {1, 1},    true},
+        {2, 5, 16, 48, {7, 7},   {3, 3},    {2, 2},    {1, 1},    {1, 1},    false},
+        {2, 2, 32, 32, {7, 7},   {1, 1},    {2, 2},    {0, 0},    {1, 1},    true},
+        {3, 2, 16, 32, {4, 4, 4}, {3, 3, 3}, {1, 1, 1}, {1, 1, 1}, {1, 1, 1}, false},
+        {1, 4, 16, 32, {9},      {3},       {1},       {2},       {2},       true},
+        {2, 2, 64, 80, {5, 6},   {2, 3},    {2, 1},    {1, 0},    {1, 2},    false},
+        {2, 6, 16, 32, {8, 8},   {3, 3},    {1, 1},    {1, 1},    {1, 1},    true},
+        {2, 3, 16, 32, {32, 32}, {3, 3},    {2, 2},    {1, 1},    {1, 1},    false},
     };
     // clang-format on
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         run_case(&cases[i], 1000 + 10 * i);
         run_rows_case(&cases[i], 5000 + 10 * i);
     }
+}
+
+// The channel-vector kernels run where test_cases and test_threads expect them: for
+// their cvec cases, in f32 and f64, at each vector width the CPU has, forward and
+// backward; not with ddl_cvec_set(false), nor where C_in is not whole vectors.
+static void test_cvec_taken(void)
+{
+    // {nsp, N, Ci, Co, in, k, stride, pad}
+    const int64_t cases[3][8] = {
+        {2, 3, 32, 32, 4, 3, 1, 1}, {2, 5, 16, 48, 7, 3, 2, 1}, {2, 12, 16, 32, 8, 3, 1, 1}};
+    for (int level = 2; level >= 1; level--) {
+        ddl_cdir_set(level);
+        if (ddl_cdir_level() != level) {
+            continue;
+        }
+        for (int s = 0; s < 3; s++) {
+            const int64_t *c     = cases[s];
+            int64_t        in[2] = {c[4], c[4]}, k[2] = {c[5], c[5]}, st[2] = {c[6], c[6]},
+                    p[2] = {c[7], c[7]};
+            ddl_conv_geom g, h;
+            ASSERT_OK(ddl_conv_geom_init(&g, (int)c[0], c[1], c[2], c[3], in, k, st, p, NULL));
+            ASSERT_OK(ddl_conv_geom_init(&h, (int)c[0], c[1], c[2] + 1, c[3], in, k, st, p, NULL));
+            for (int dd = 0; dd < 2; dd++) {
+                ddl_dtype dt  = dd ? DDL_F64 : DDL_F32;
+                size_t    wsb = ddl_conv_workspace_bytes(dt, &g);
+                ASSERT_TRUE(ddl_cvec_taken(dt, &g, wsb, false) &&
+                            ddl_cvec_taken(dt, &g, wsb, true));
+                ASSERT_TRUE(!ddl_cvec_taken(dt, &h, ddl_conv_workspace_bytes(dt, &h), false));
+                ddl_cvec_set(false);
+                ASSERT_TRUE(!ddl_cvec_taken(dt, &g, wsb, false));
+                ddl_cvec_set(true);
+            }
+        }
+    }
+    ddl_cdir_set(-1);
 }
 
 // Values worked out by hand: a 1-D cross-correlation (not flipped) with stride and padding.
@@ -620,6 +670,7 @@ static void test_threads(void)
         {3, 3, 4, 4, {16, 16, 16},  {3, 3, 3}, {1, 1, 1}, {1, 1, 1}, {1, 1, 1}, true},  // pieces
         {2, 16, 6, 16, {14, 14},    {5, 5},    {1, 1},    {0, 0},    {1, 1},    true},  // wide
         {2, 8, 16, 16, {16, 16},    {3, 3},    {1, 1},    {1, 1},    {1, 1},    true},  // C_in 16
+        {2, 12, 16, 32, {8, 8},     {3, 3},    {1, 1},    {1, 1},    {1, 1},    true},  // ddl_cvec
     };
     // clang-format on
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -689,9 +740,15 @@ static void test_direct_vs_gemm(void)
             // kernels and the GEMM can add in the same order): direct but for the 1x1
             // stride-2 shortcut (one phase of four read) and the unpadded 4x4 plane's
             // backward.
+            // Where the channel counts are whole vectors (f64 at AVX-512, or AVX2), the
+            // channel-vector kernels take the small planes instead (test_cvec checks them).
             ddl_cdir_set(2); // the widest the CPU has, whatever DDL_CONV_DIRECT says
-            ASSERT_TRUE(ddl_cdir_taken(dt, &g, wsb, false) == (s != 4));
-            ASSERT_TRUE(ddl_cdir_taken(dt, &g, wsb, true) == (s != 4 && s != 6));
+            bool cv = ddl_cvec_taken(dt, &g, wsb, false);
+            ASSERT_TRUE(cv == ddl_cvec_taken(dt, &g, wsb, true));
+            ASSERT_TRUE(!cv ||
+                        (g.C_in % ddl_cvec_lanes(dt) == 0 && g.C_out % ddl_cvec_lanes(dt) == 0));
+            ASSERT_TRUE(cv || ddl_cdir_taken(dt, &g, wsb, false) == (s != 4));
+            ASSERT_TRUE(cv || ddl_cdir_taken(dt, &g, wsb, true) == (s != 4 && s != 6));
             double *ref = malloc((size_t)(nx + ny + nw) * sizeof(double));
             void   *want[3] = {y[0], dx[0], dw[0]};
             int64_t cnt[3]  = {ny, nx, nw};
@@ -724,6 +781,7 @@ static void test_direct_vs_gemm(void)
 // shorter than the others; and the group is in use (the workspace holds its copies).
 static void test_dw_groups(void)
 {
+    bool cv_prev = ddl_cvec_set(false); // the kernels of conv_direct_t.h on these planes
     // {N, Ci, Co, in, pad}: ResNet's 7x7 stage at 8 channels (the AVX2 width's limit) and
     // at 32 (AVX-512 only), 3x3 kernels; an unpadded 9x9 read in place; a 4x4 plane, whose
     // grid (32 positions) is shorter than the AVX-512 forward's tile, so that the forward
@@ -790,6 +848,7 @@ static void test_dw_groups(void)
         free(x), free(w), free(r);
     }
     ddl_cdir_set(-1);
+    ddl_cvec_set(cv_prev);
 }
 
 // Reading x in place (ddl_conv_geom.x_tail): without padding or strides the direct path
@@ -905,6 +964,7 @@ int main(void)
     }
     ddl_cdir_set(-1);
     test_direct_vs_gemm();
+    test_cvec_taken();
     test_dw_groups();
     for (int level = 2; level >= 1; level--) {
         test_in_place(level); // at each vector width the CPU has

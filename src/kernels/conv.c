@@ -1485,28 +1485,6 @@ static void cvec_setup(ddl_dtype dt, const ddl_conv_geom *g, const conv_plan *P,
                       .toff = d->toff};
 }
 
-// dst[j, i] = src[i, j] for an r x c matrix src (rows c apart; dst's rows r apart).
-static void transpose(size_t es, char *dst, const char *src, int64_t r, int64_t c)
-{
-    if (es == sizeof(float)) {
-        const float *a = (const float *)(const void *)src;
-        float       *b = (float *)(void *)dst;
-        for (int64_t i = 0; i < r; i++) {
-            for (int64_t j = 0; j < c; j++) {
-                b[j * r + i] = a[i * c + j];
-            }
-        }
-        return;
-    }
-    const double *a = (const double *)(const void *)src;
-    double       *b = (double *)(void *)dst;
-    for (int64_t i = 0; i < r; i++) {
-        for (int64_t j = 0; j < c; j++) {
-            b[j * r + i] = a[i * c + j];
-        }
-    }
-}
-
 static ddl_status conv_forward_cvec(ddl_dtype dt, const ddl_conv_geom *g, const conv_plan *P,
                                     void *y, const void *x, const void *w, const void *b, char *ws,
                                     int64_t n_begin, int64_t n_end)
@@ -1515,7 +1493,7 @@ static ddl_status conv_forward_cvec(ddl_dtype dt, const ddl_conv_geom *g, const 
     const size_t  es = dt_size(dt);
     cvec_ws       d;
     cvec_setup(dt, g, P, ws, &d);
-    transpose(es, d.wT, w, Co, P->Kc);
+    ddl_cvec_transpose(dt, d.wT, Co, w, P->Kc, Co, P->Kc, false);
     for (int64_t n0 = n_begin; n0 < n_end; n0 += P->nb) {
         ddl__kernel_progress();
         int64_t ng = n_end - n0 < P->nb ? n_end - n0 : P->nb;
@@ -1525,43 +1503,37 @@ static ddl_status conv_forward_cvec(ddl_dtype dt, const ddl_conv_geom *g, const 
         }
         ddl_cvec_forward(dt, &d.c, d.yT, d.xp, d.wT, b, ng);
         for (int64_t t = 0; t < ng; t++) {
-            transpose(es, elem(y, (n0 + t) * Co * ov, es), d.yT + (size_t)(t * ov * Co) * es, ov,
-                      Co);
+            ddl_cvec_transpose(dt, elem(y, (n0 + t) * Co * ov, es), ov,
+                               d.yT + (size_t)(t * ov * Co) * es, Co, ov, Co, false);
         }
     }
     return DDL_OK;
 }
 
-// dx of one sample from its transposed padded gradient dxpT [Pp, Ci]: set or added.
-#define CVEC_DX_OUT(T_)                                                                            \
-    do {                                                                                           \
-        T_       *to   = (T_ *)(void *)dxn;                                                        \
-        const T_ *from = (const T_ *)(const void *)dxpT;                                           \
-        for (int64_t ci = 0; ci < Ci; ci++, to += sp->iv) {                                        \
-            int64_t q = 0;                                                                         \
-            for (int64_t i0 = 0; i0 < sp->in[0]; i0++) {                                           \
-                for (int64_t i1 = 0; i1 < sp->in[1]; i1++) {                                       \
-                    const T_ *f =                                                                  \
-                        from +                                                                     \
-                        ((i0 + sp->p[0]) * P->PL + (i1 + sp->p[1]) * P->I2p + sp->p[2]) * Ci + ci; \
-                    for (int64_t i2 = 0; i2 < sp->in[2]; i2++, q++) {                              \
-                        to[q] = P->dx_set ? f[i2 * Ci] : to[q] + f[i2 * Ci];                       \
-                    }                                                                              \
-                }                                                                                  \
-            }                                                                                      \
-        }                                                                                          \
-    } while (0)
-
-static void cvec_dx_out(ddl_dtype dt, const conv_plan *P, int64_t Ci, char *dxn, const char *dxpT)
+// dx of one sample from its transposed padded gradient dxpT [Pp, Ci], through tmp [Ci, Pp]
+// (the group's xp, free once dW has read it): each input row a run, set or added.
+static void cvec_dx_out(ddl_dtype dt, const conv_plan *P, int64_t Ci, char *dxn, const char *dxpT,
+                        char *tmp)
 {
-    const sp3 *sp = &P->sp;
-    if (dt == DDL_F32) {
-        CVEC_DX_OUT(float);
-    } else {
-        CVEC_DX_OUT(double);
+    const sp3   *sp = &P->sp;
+    const size_t es = dt_size(dt);
+    ddl_cvec_transpose(dt, tmp, P->Pp, dxpT, Ci, P->Pp, Ci, false);
+    for (int64_t ci = 0; ci < Ci; ci++) {
+        for (int64_t i0 = 0, q = 0; i0 < sp->in[0]; i0++) {
+            for (int64_t i1 = 0; i1 < sp->in[1]; i1++, q += sp->in[2]) {
+                const char *from = tmp + (size_t)(ci * P->Pp + (i0 + sp->p[0]) * P->PL +
+                                                  (i1 + sp->p[1]) * P->I2p + sp->p[2]) *
+                                             es;
+                char *to = dxn + (size_t)(ci * sp->iv + q) * es;
+                if (P->dx_set) {
+                    copy_bytes(to, from, (size_t)sp->in[2] * es);
+                } else {
+                    add_run(dt, to, from, sp->in[2], 1);
+                }
+            }
+        }
     }
 }
-#undef CVEC_DX_OUT
 
 // wK [kk, co, ci] = w [co, ci kv + kk]: the dx kernel's order.
 #define CVEC_PACK(T_)                                                                              \
@@ -1587,28 +1559,6 @@ static void cvec_pack_wk(ddl_dtype dt, int64_t Co, int64_t Ci, int64_t kv, char 
 }
 #undef CVEC_PACK
 
-// dw [co, t] += dWT [t, co].
-#define CVEC_DW_OUT(T_)                                                                            \
-    do {                                                                                           \
-        T_       *o = (T_ *)dw;                                                                    \
-        const T_ *a = (const T_ *)(const void *)dWT;                                               \
-        for (int64_t co = 0; co < Co; co++) {                                                      \
-            for (int64_t t = 0; t < Kc; t++) {                                                     \
-                o[co * Kc + t] += a[t * Co + co];                                                  \
-            }                                                                                      \
-        }                                                                                          \
-    } while (0)
-
-static void cvec_dw_out(ddl_dtype dt, int64_t Co, int64_t Kc, void *dw, const char *dWT)
-{
-    if (dt == DDL_F32) {
-        CVEC_DW_OUT(float);
-    } else {
-        CVEC_DW_OUT(double);
-    }
-}
-#undef CVEC_DW_OUT
-
 static ddl_status conv_backward_cvec(ddl_dtype dt, const ddl_conv_geom *g, const conv_plan *P,
                                      void *dx, void *dw, const void *dy, const void *x,
                                      const void *w, char *ws, int64_t n_begin, int64_t n_end)
@@ -1632,8 +1582,8 @@ static ddl_status conv_backward_cvec(ddl_dtype dt, const ddl_conv_geom *g, const
             for (int64_t t = 0; t < ng; t++) {
                 pad_sample(dt, P, Ci, d.xp + (size_t)(t * Ci * P->Pp) * es,
                            elem(x, (n0 + t) * Ci * iv, es));
-                transpose(es, d.yT + (size_t)(t * ov * Co) * es, dyg + (size_t)(t * Co * ov) * es,
-                          Co, ov);
+                ddl_cvec_transpose(dt, d.yT + (size_t)(t * ov * Co) * es, Co,
+                                   dyg + (size_t)(t * Co * ov) * es, ov, Co, ov, false);
             }
             ddl_cvec_dw(dt, &d.c, d.dWT, d.xp, d.yT, ng);
         }
@@ -1642,12 +1592,12 @@ static ddl_status conv_backward_cvec(ddl_dtype dt, const ddl_conv_geom *g, const
             ddl_cvec_dx(dt, &d.c, d.dxpT, dyg, d.wK, ng);
             for (int64_t t = 0; t < ng; t++) {
                 cvec_dx_out(dt, P, Ci, elem(dx, (n0 + t) * Ci * iv, es),
-                            d.dxpT + (size_t)(t * P->Pp * Ci) * es);
+                            d.dxpT + (size_t)(t * P->Pp * Ci) * es, d.xp);
             }
         }
     }
     if (dw != NULL) {
-        cvec_dw_out(dt, Co, Kc, dw, d.dWT);
+        ddl_cvec_transpose(dt, dw, Kc, d.dWT, Co, Kc, Co, true); // dw [co, t] += dWT [t, co]
     }
     return DDL_OK;
 }

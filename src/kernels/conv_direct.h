@@ -161,5 +161,9 @@ void ddl_cvec_dw(ddl_dtype dt, const ddl_cvec *c, void *dWT, const void *xp, con
                  int64_t ns);
 void ddl_cvec_dx(ddl_dtype dt, const ddl_cvec *c, void *dxpT, const void *dy, const void *wK,
                  int64_t ns);
+// dst[j ldd + i] = src[i lds + j] (or += with add) for i < r, j < c: the layouts' changes
+// around these kernels (16 x 16 blocks in registers for f32 at AVX-512).
+void ddl_cvec_transpose(ddl_dtype dt, void *dst, int64_t ldd, const void *src, int64_t lds,
+                        int64_t r, int64_t c, bool add);
 
 #endif // DDL_KERNELS_CONV_DIRECT_H

@@ -299,7 +299,14 @@ static ddl_status conv_plan_make(const char *who, ddl_dtype dt, const ddl_conv_g
         P->PL             = I1p * I2p;
         P->Pp             = I0p * P->PL;
         P->col_bytes      = cvec_slot(dt, g, P);
-        return DDL_OK;
+        if (P->col_bytes <= DDL_CDIR_MAX_SLOT) {
+            return DDL_OK;
+        }
+        // A small output of a large input (large strides): its padded copies would pass
+        // the direct path's bound on a slot; the other paths take it.
+        memset(P, 0, sizeof(*P));
+        P->sp = sp3_from(g);
+        P->Kc = g->C_in * P->sp.kv;
     }
     // The direct path: for few input channels at either width; for any at AVX-512, where
     // it outruns the BLAS's AVX2 GEMM (see conv_direct.h), while its dW lane

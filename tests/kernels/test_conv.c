@@ -378,7 +378,8 @@ static void test_cases(void)
 
 // The channel-vector kernels run where test_cases and test_threads expect them: for
 // their cvec cases, in f32 and f64, at each vector width the CPU has, forward and
-// backward; not with ddl_cvec_set(false), nor where C_in is not whole vectors.
+// backward; not with ddl_cvec_set(false), nor where C_in is not whole vectors, nor where
+// its workspace would be too large.
 static void test_cvec_taken(void)
 {
     // {nsp, N, Ci, Co, in, k, stride, pad}
@@ -408,6 +409,13 @@ static void test_cvec_taken(void)
             }
         }
     }
+    // A 4x4x4 output of a 64^3 input (stride 16): its padded copies (two of 64 MiB)
+    // would pass DDL_CDIR_MAX_SLOT, so another path takes it.
+    ddl_conv_geom big;
+    ASSERT_OK(ddl_conv_geom_init(&big, 3, 1, 64, 64, (int64_t[]){64, 64, 64}, (int64_t[]){1, 1, 1},
+                                 (int64_t[]){16, 16, 16}, NULL, NULL));
+    ASSERT_TRUE(!ddl_cvec_taken(DDL_F32, &big, SIZE_MAX, false));
+    ASSERT_TRUE(ddl_conv_workspace_bytes(DDL_F32, &big) < DDL_CDIR_MAX_SLOT);
     ddl_cdir_set(-1);
 }
 

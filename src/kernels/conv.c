@@ -289,24 +289,22 @@ static ddl_status conv_plan_make(const char *who, ddl_dtype dt, const ddl_conv_g
     if (allow_cdir && lanes > 0 && g->C_in % lanes == 0 && g->C_out % lanes == 0 &&
         g->C_out >= 2 * lanes &&
         (ov <= DDL_CVEC_MAX_OV || (strided && ov <= 4 * DDL_CVEC_MAX_OV))) {
-        const int64_t I0p = sp->in[0] + 2 * sp->p[0];
-        int64_t       G   = (DDL_CVEC_ROWS + ov - 1) / ov;
-        G                 = G < g->N ? G : g->N;
-        P->cvec           = true;
-        P->nb             = G;
-        P->cols           = G * ov;
-        P->I2p            = I2p;
-        P->PL             = I1p * I2p;
-        P->Pp             = I0p * P->PL;
-        P->col_bytes      = cvec_slot(dt, g, P);
-        if (P->col_bytes <= DDL_CDIR_MAX_SLOT) {
+        // Planned on a copy, kept only if its slot stays within the direct path's bound:
+        // a small output of a large input (large strides) would pad copies past it, and
+        // the other paths take that.
+        conv_plan     Q   = *P;
+        const int64_t I0p = sp->in[0] + 2 * sp->p[0], G = (DDL_CVEC_ROWS + ov - 1) / ov;
+        Q.cvec      = true;
+        Q.nb        = G < g->N ? G : g->N;
+        Q.cols      = Q.nb * ov;
+        Q.I2p       = I2p;
+        Q.PL        = I1p * I2p;
+        Q.Pp        = I0p * Q.PL;
+        Q.col_bytes = cvec_slot(dt, g, &Q);
+        if (Q.col_bytes <= DDL_CDIR_MAX_SLOT) {
+            *P = Q;
             return DDL_OK;
         }
-        // A small output of a large input (large strides): its padded copies would pass
-        // the direct path's bound on a slot; the other paths take it.
-        memset(P, 0, sizeof(*P));
-        P->sp = sp3_from(g);
-        P->Kc = g->C_in * P->sp.kv;
     }
     // The direct path: for few input channels at either width; for any at AVX-512, where
     // it outruns the BLAS's AVX2 GEMM (see conv_direct.h), while its dW lane

@@ -12,6 +12,32 @@
 #define CDIR_CAT(a, b) CDIR_CAT2(a, b)
 #define CDIR_FN(name) CDIR_CAT(name, SUF)
 
+// Runs X(CB) with CB the constant cb (1 .. CV_CBMAX), so that each tile size is its own
+// unrolled instance.
+#if CV_CBMAX >= 4
+#define CV_CB4(X)                                                                                  \
+    case 4:                                                                                        \
+        X(4);                                                                                      \
+        break;
+#else
+#define CV_CB4(X)
+#endif
+#define CV_BY_CB(cb, X)                                                                            \
+    do {                                                                                           \
+        switch (cb) {                                                                              \
+            CV_CB4(X)                                                                              \
+        case 3:                                                                                    \
+            X(3);                                                                                  \
+            break;                                                                                 \
+        case 2:                                                                                    \
+            X(2);                                                                                  \
+            break;                                                                                 \
+        default:                                                                                   \
+            X(1);                                                                                  \
+            break;                                                                                 \
+        }                                                                                          \
+    } while (0)
+
 #define CV_MT(CB) (CV_ACC / (CB) < 12 ? CV_ACC / (CB) : 12)
 // Taps per forward pass over the rows: the K-block of wT (CV_KB x CB L elements, 32 KB
 // for 64 floats or 32 doubles) stays in L1 while every row tile of the call reads it.
@@ -86,22 +112,7 @@ CDIR_TGT static void CDIR_FN(cv_fwd)(const ddl_cvec *c, T *yT, const T *xp, cons
         int64_t t1 = Kc - t0 < CV_KB ? Kc : t0 + CV_KB;
         for (int64_t co0 = 0; co0 < Co; co0 += CV_CBMAX * L) {
             int64_t cb = (Co - co0) / L < CV_CBMAX ? (Co - co0) / L : CV_CBMAX;
-            switch (cb) {
-#if CV_CBMAX >= 4
-            case 4:
-                CV_FWD_ROWS(4);
-                break;
-#endif
-            case 3:
-                CV_FWD_ROWS(3);
-                break;
-            case 2:
-                CV_FWD_ROWS(2);
-                break;
-            default:
-                CV_FWD_ROWS(1);
-                break;
-            }
+            CV_BY_CB(cb, CV_FWD_ROWS);
         }
     }
 }
@@ -170,22 +181,7 @@ CDIR_TGT static void CDIR_FN(cv_dw)(const ddl_cvec *c, T *dWT, const T *xp, cons
         }
         for (int64_t co0 = 0; co0 < Co; co0 += CV_CBMAX * L) {
             int64_t cb = (Co - co0) / L < CV_CBMAX ? (Co - co0) / L : CV_CBMAX;
-            switch (cb) {
-#if CV_CBMAX >= 4
-            case 4:
-                CV_DW_TAPS(4);
-                break;
-#endif
-            case 3:
-                CV_DW_TAPS(3);
-                break;
-            case 2:
-                CV_DW_TAPS(2);
-                break;
-            default:
-                CV_DW_TAPS(1);
-                break;
-            }
+            CV_BY_CB(cb, CV_DW_TAPS);
         }
     }
 }
@@ -244,27 +240,14 @@ CDIR_TGT static void CDIR_FN(cv_dx)(const ddl_cvec *c, T *dxpT, const T *dy, con
     for (int64_t kk = 0; kk < c->kv; kk++) {
         for (int64_t ci0 = 0; ci0 < Ci; ci0 += CV_CBMAX * L) {
             int64_t cb = (Ci - ci0) / L < CV_CBMAX ? (Ci - ci0) / L : CV_CBMAX;
-            switch (cb) {
-#if CV_CBMAX >= 4
-            case 4:
-                CV_DX_ROWS(4);
-                break;
-#endif
-            case 3:
-                CV_DX_ROWS(3);
-                break;
-            case 2:
-                CV_DX_ROWS(2);
-                break;
-            default:
-                CV_DX_ROWS(1);
-                break;
-            }
+            CV_BY_CB(cb, CV_DX_ROWS);
         }
     }
 }
 #undef CV_DX_ROWS
 #undef CV_MT
+#undef CV_BY_CB
+#undef CV_CB4
 #undef CV_KB
 #undef CV_MB
 #undef CDIR_FN

@@ -23,6 +23,7 @@
 #include "base/check.h"
 #include "ddl/base.h"
 #include "ddl/kernels_pointwise.h"
+#include "kernels/batchnorm.h"
 #include "kernels/dtype.h"
 
 
@@ -40,13 +41,40 @@ static ddl_status check_dims(const char *who, ddl_dtype dt, int64_t N, int64_t C
 
 #define BN_LANES 8
 
-// The entry points that sweep the data are built twice, for AVX2 and for the baseline
-// (SSE2), and pick one per call by the CPU (BN_DISPATCH below: GCC's target_clones
-// would do it, but clang 14 leaves the plain name undefined for other files). Without FMA
-// (nothing to contract) and with the lanes fixed above, both compute the same operations
-// per element: the same bits (checked: y, dx and dgamma hashed on both). AVX2 halves the
-// instructions of the float <-> double conversions, 1.5-1.7x per pass.
+// The entry points that sweep the data are built three times, for AVX-512F, AVX2 and the
+// baseline (SSE2), and pick one per call by the CPU (BN_DISPATCH below: GCC's
+// target_clones would do it, but clang 14 leaves the plain name undefined for other
+// files). Without FMA (none of the three targets has it, so nothing is contracted) and
+// with the lanes fixed above, all compute the same operations per element: the same bits
+// (test_batchnorm_kernel's test_widths compares every entry at every width the CPU has).
+// AVX2 halves the instructions of the float <-> double conversions, 1.5-1.7x per pass;
+// AVX-512 halves them again (the vectors below are 8 doubles, one register there, two at
+// AVX2).
+static int bn_width_cap = -1;
+
+static int bn_width(void)
+{
+    int w = __builtin_cpu_supports("avx512f") ? 2 : __builtin_cpu_supports("avx2") ? 1 : 0;
+    return bn_width_cap >= 0 && bn_width_cap < w ? bn_width_cap : w;
+}
+
+int ddl_batchnorm_width(void)
+{
+    return bn_width();
+}
+
+int ddl_batchnorm_set_width(int width)
+{
+    int old      = bn_width_cap;
+    bn_width_cap = width < 0 ? -1 : width;
+    return old;
+}
+
 #define BN_DISPATCH(name, params, args)                                                            \
+    __attribute__((target("avx512f"))) static ddl_status name##_avx512 params                      \
+    {                                                                                              \
+        return name##_body args;                                                                   \
+    }                                                                                              \
     __attribute__((target("avx2"))) static ddl_status name##_avx2 params                           \
     {                                                                                              \
         return name##_body args;                                                                   \
@@ -57,7 +85,14 @@ static ddl_status check_dims(const char *who, ddl_dtype dt, int64_t N, int64_t C
     }                                                                                              \
     ddl_status name params                                                                         \
     {                                                                                              \
-        return __builtin_cpu_supports("avx2") ? name##_avx2 args : name##_base args;               \
+        switch (bn_width()) {                                                                      \
+        case 2:                                                                                    \
+            return name##_avx512 args;                                                             \
+        case 1:                                                                                    \
+            return name##_avx2 args;                                                               \
+        default:                                                                                   \
+            return name##_base args;                                                               \
+        }                                                                                          \
     }
 
 // The lanes' total, in a fixed order (pairwise halves).
@@ -119,51 +154,54 @@ KERNEL double relu_dy(ddl_dtype dt, const void *dy, const void *y, int64_t i)
     return ld(dt, dy, i) * (ld(dt, y, i) > 0.0 ? 1.0 : 0.0);
 }
 
-// The fused ReLU's loops, four elements at a time in GCC/Clang vector types: the compiler
+// The fused ReLU's loops, eight elements at a time in GCC/Clang vector types: the compiler
 // leaves the scalar selects as branches (as in activation.c). Each lane does the scalar
 // functions' operations, so the bits are theirs; the [y > 0] factor is the compare mask &
 // 1.0, exactly 1.0 or 0.0 (a multiply, so a masked inf gives NaN as the ReLU's does), taken
 // in the element type (its products with dy are exact in either type).
-// The helpers pass vectors by value; they are always inlined, so GCC's note that a 32-byte
-// vector argument has another ABI without AVX concerns no call that exists.
-#if defined(__GNUC__) && !defined(__clang__)
+// The helpers pass vectors by value; they are always inlined, so the compilers' note that
+// a 64-byte vector argument has another ABI without AVX-512F concerns no call that exists.
+#if defined(__clang__)
+#pragma clang diagnostic ignored "-Wpsabi"
+#elif defined(__GNUC__)
 #pragma GCC diagnostic ignored "-Wpsabi"
 #endif
-typedef double  bn_v4d __attribute__((vector_size(32)));
-typedef int64_t bn_v4l __attribute__((vector_size(32)));
-typedef float   bn_v4f __attribute__((vector_size(16)));
-typedef int32_t bn_v4i __attribute__((vector_size(16)));
+// BN_LANES elements per vector: one register at AVX-512, two at AVX2.
+typedef double  bn_vd __attribute__((vector_size(8 * BN_LANES)));
+typedef int64_t bn_vl __attribute__((vector_size(8 * BN_LANES)));
+typedef float   bn_vf __attribute__((vector_size(4 * BN_LANES)));
+typedef int32_t bn_vi __attribute__((vector_size(4 * BN_LANES)));
 
-KERNEL bn_v4d splat4(double v)
+KERNEL bn_vd splat(double v)
 {
-    return (bn_v4d){v, v, v, v};
+    return (bn_vd){v, v, v, v, v, v, v, v};
 }
 
-KERNEL bn_v4d ld4(ddl_dtype dt, const void *p, int64_t i)
+KERNEL bn_vd ldv(ddl_dtype dt, const void *p, int64_t i)
 {
-    bn_v4d d;
+    bn_vd d;
     if (dt == DDL_F32) {
-        bn_v4f f;
+        bn_vf f;
         memcpy(&f, (const float *)p + i, sizeof f);
-        d = __builtin_convertvector(f, bn_v4d);
+        d = __builtin_convertvector(f, bn_vd);
     } else {
         memcpy(&d, (const double *)p + i, sizeof d);
     }
     return d;
 }
 
-// relu_dy on four lanes.
-KERNEL bn_v4d relu_dy4(ddl_dtype dt, const void *dy, const void *y, int64_t i)
+// relu_dy on a vector.
+KERNEL bn_vd relu_dyv(ddl_dtype dt, const void *dy, const void *y, int64_t i)
 {
     if (dt == DDL_F32) {
-        bn_v4f       g, v;
-        const bn_v4f zero = {0}, one = {1, 1, 1, 1};
+        bn_vf       g, v;
+        const bn_vf zero = {0}, one = {1, 1, 1, 1, 1, 1, 1, 1};
         memcpy(&g, (const float *)dy + i, sizeof g);
         memcpy(&v, (const float *)y + i, sizeof v);
-        return __builtin_convertvector(g * (bn_v4f)((v > zero) & (bn_v4i)one), bn_v4d);
+        return __builtin_convertvector(g * (bn_vf)((v > zero) & (bn_vi)one), bn_vd);
     }
-    const bn_v4d zero = {0}, one = splat4(1.0);
-    return ld4(dt, dy, i) * (bn_v4d)((ld4(dt, y, i) > zero) & (bn_v4l)one);
+    const bn_vd zero = {0}, one = splat(1.0);
+    return ldv(dt, dy, i) * (bn_vd)((ldv(dt, y, i) > zero) & (bn_vl)one);
 }
 
 // y = (x - mean)*invstd*g + b for channel c (y may alias x).
@@ -185,19 +223,19 @@ KERNEL void ch_normalize_relu(ddl_dtype dt, void *y, const void *x, double mean,
                               double g, double b, int64_t N, int64_t C, int64_t S, int64_t c)
 {
     double       k  = invstd * g;
-    const bn_v4d mv = splat4(mean), kv = splat4(k), bv = splat4(b);
+    const bn_vd  mv = splat(mean), kv = splat(k), bv = splat(b);
     for (int64_t n = 0; n < N; n++) {
         int64_t row = (n * C + c) * S, s = 0;
-        for (; s + 4 <= S; s += 4) {
-            bn_v4d v = (ld4(dt, x, row + s) - mv) * kv + bv;
+        for (; s + BN_LANES <= S; s += BN_LANES) {
+            bn_vd v = (ldv(dt, x, row + s) - mv) * kv + bv;
             if (dt == DDL_F32) {
-                const bn_v4f zero = {0};
-                bn_v4f       f    = __builtin_convertvector(v, bn_v4f);
-                f                 = (bn_v4f)((bn_v4i)f & ~(f <= zero));
+                const bn_vf zero = {0};
+                bn_vf       f    = __builtin_convertvector(v, bn_vf);
+                f                = (bn_vf)((bn_vi)f & ~(f <= zero));
                 memcpy((float *)y + row + s, &f, sizeof f);
             } else {
-                const bn_v4d zero = {0};
-                v                 = (bn_v4d)((bn_v4l)v & ~(v <= zero));
+                const bn_vd zero = {0};
+                v                = (bn_vd)((bn_vl)v & ~(v <= zero));
                 memcpy((double *)y + row + s, &v, sizeof v);
             }
         }
@@ -224,23 +262,17 @@ KERNEL void ch_reduce(ddl_dtype dt, const void *dy, const void *y, const void *x
     for (int64_t n = 0; n < N; n++) {
         int64_t row = (n * C + c) * S, s = 0;
         if (relu) {
-            // Lanes 0-3 and 4-7 as two vectors each, back in a and b for the row's tail.
-            bn_v4d a0, a1, b0, b1, mv = splat4(mean);
-            memcpy(&a0, a, sizeof a0);
-            memcpy(&a1, a + 4, sizeof a1);
-            memcpy(&b0, b, sizeof b0);
-            memcpy(&b1, b + 4, sizeof b1);
+            // The lanes as one vector each, back in a and b for the row's tail.
+            bn_vd av, bv, mv = splat(mean);
+            memcpy(&av, a, sizeof av);
+            memcpy(&bv, b, sizeof bv);
             for (; s + BN_LANES <= S; s += BN_LANES) {
-                bn_v4d g0 = relu_dy4(dt, dy, y, row + s), g1 = relu_dy4(dt, dy, y, row + s + 4);
-                a0 += g0;
-                a1 += g1;
-                b0 += g0 * (ld4(dt, x, row + s) - mv);
-                b1 += g1 * (ld4(dt, x, row + s + 4) - mv);
+                bn_vd g = relu_dyv(dt, dy, y, row + s);
+                av += g;
+                bv += g * (ldv(dt, x, row + s) - mv);
             }
-            memcpy(a, &a0, sizeof a0);
-            memcpy(a + 4, &a1, sizeof a1);
-            memcpy(b, &b0, sizeof b0);
-            memcpy(b + 4, &b1, sizeof b1);
+            memcpy(a, &av, sizeof av);
+            memcpy(b, &bv, sizeof bv);
         } else {
             for (; s + BN_LANES <= S; s += BN_LANES) {
                 for (int l = 0; l < BN_LANES; l++) {
@@ -283,15 +315,15 @@ KERNEL void ch_apply_relu(ddl_dtype dt, void *dx, const void *dy, const void *y,
                           int64_t C, int64_t S, int64_t c)
 {
     double       k  = g * invstd;
-    const bn_v4d mv = splat4(mean), iv = splat4(invstd), kv = splat4(k), k1v = splat4(k1),
-                 k2v = splat4(k2), zero = {0};
+    const bn_vd  mv = splat(mean), iv = splat(invstd), kv = splat(k), k1v = splat(k1),
+                k2v = splat(k2), zero = {0};
     for (int64_t n = 0; n < N; n++) {
         int64_t row = (n * C + c) * S, s = 0;
-        for (; s + 4 <= S; s += 4) {
-            bn_v4d xhat = (ld4(dt, x, row + s) - mv) * iv;
-            bn_v4d v    = kv * (relu_dy4(dt, dy, y, row + s) - k1v - xhat * k2v) + zero;
+        for (; s + BN_LANES <= S; s += BN_LANES) {
+            bn_vd xhat = (ldv(dt, x, row + s) - mv) * iv;
+            bn_vd v    = kv * (relu_dyv(dt, dy, y, row + s) - k1v - xhat * k2v) + zero;
             if (dt == DDL_F32) {
-                bn_v4f f = __builtin_convertvector(v, bn_v4f);
+                bn_vf f = __builtin_convertvector(v, bn_vf);
                 memcpy((float *)dx + row + s, &f, sizeof f);
             } else {
                 memcpy((double *)dx + row + s, &v, sizeof v);

@@ -3,13 +3,15 @@
 // finite-difference gradient checks on x, gamma and beta (batch and running
 // statistics), the local pieces over simulated ranks equal to the sequential version,
 // accumulation, the fused batch norm + ReLU against the unfused pair (bit for bit) and its
-// own gradient check, and argument errors. x is [N, C, S].
+// own gradient check, every entry point at every vector width the CPU has (the same bits),
+// and argument errors. x is [N, C, S].
 #include <math.h>
 #include <string.h>
 
 #include "ddl/base.h"
 #include "ddl/kernels_pointwise.h"
 #include "gradcheck.h"
+#include "kernels/batchnorm.h"
 #include "test.h"
 
 #define EPS 1e-5
@@ -632,6 +634,95 @@ static void test_fused_relu_gradcheck(void)
     ASSERT_LE(ddl_test_gradcheck(FC, b, db, fr_objective, &c, 1e-6, 0), 1e-7);
 }
 
+// Every entry point at every vector width the CPU has (baseline, AVX2, AVX-512F), on rows
+// shorter than a vector, with a tail past the lanes and exactly two vectors long, with
+// NaN, -0 and a masked inf among the data: the same bits as the baseline's.
+enum { WN = 3, WC = 5, WMAX = WN * WC * 49 };
+
+typedef struct width_out {
+    double sum[WC], sqdev[WC], r1[WC], r2[WC], f1[WC], f2[WC];
+    char   y[WMAX * 8], yr[WMAX * 8], dx[WMAX * 8], dxa[WMAX * 8], dxr[WMAX * 8];
+} width_out;
+
+static void width_run(ddl_dtype dt, int64_t S, const void *x, const void *dy, const void *yrelu,
+                      const double *mean, const double *invstd, const void *g, const void *b,
+                      width_out *o)
+{
+    size_t item = dt == DDL_F32 ? sizeof(float) : sizeof(double);
+    ASSERT_OK(ddl_batchnorm_sum(dt, o->sum, x, WN, WC, S));
+    ASSERT_OK(ddl_batchnorm_sqdev(dt, o->sqdev, x, mean, WN, WC, S));
+    ASSERT_OK(ddl_batchnorm_normalize(dt, o->y, x, mean, invstd, g, b, WN, WC, S));
+    ASSERT_OK(ddl_batchnorm_normalize_relu(dt, o->yr, x, mean, invstd, g, b, WN, WC, S));
+    ASSERT_OK(ddl_batchnorm_backward_reduce(dt, o->r1, o->r2, dy, x, mean, invstd, WN, WC, S));
+    ASSERT_OK(ddl_batchnorm_backward_reduce_relu(dt, o->f1, o->f2, dy, yrelu, x, mean, invstd, WN,
+                                                 WC, S));
+    ASSERT_OK(ddl_batchnorm_backward_apply_into(dt, o->dx, dy, x, mean, invstd, g, o->r1, o->r2,
+                                                WN * S, WN, WC, S));
+    memcpy(o->dxa, dy, (size_t)(WN * WC * S) * item); // accumulating onto dy's values
+    ASSERT_OK(ddl_batchnorm_backward_apply(dt, o->dxa, dy, x, mean, invstd, g, o->r1, o->r2, WN * S,
+                                           WN, WC, S));
+    ASSERT_OK(ddl_batchnorm_backward_apply_relu_into(dt, o->dxr, dy, yrelu, x, mean, invstd, g,
+                                                     o->f1, o->f2, WN * S, WN, WC, S));
+}
+
+static void test_widths(void)
+{
+    static const int64_t sizes[] = {5, 13, 16, 49};
+    int                  cpu     = ddl_batchnorm_width();
+    static width_out     ref, got;
+    for (int k = 0; k < 2; k++) {
+        ddl_dtype dt = k == 0 ? DDL_F32 : DDL_F64;
+        for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+            int64_t S = sizes[si], V = WN * WC * S;
+            double  xd[WMAX], dyd[WMAX], yd[WMAX], mean[WC], invstd[WC], gd[WC], bd[WC];
+            fill_uniform(xd, V, 50 + si, -2.0, 2.0);
+            fill_uniform(dyd, V, 60 + si, -1.0, 1.0);
+            fill_uniform(yd, V, 70 + si, -1.0, 1.0); // the ReLU's output: <= 0 masks dy
+            fill_uniform(mean, WC, 80 + si, -0.3, 0.3);
+            fill_uniform(invstd, WC, 90 + si, 0.5, 2.0);
+            fill_uniform(gd, WC, 100 + si, -1.5, 1.5);
+            fill_uniform(bd, WC, 110 + si, -0.5, 0.5);
+            xd[1]  = NAN;
+            dyd[2] = -0.0;
+            dyd[3] = INFINITY;
+            yd[3]  = -1.0;
+            char x[WMAX * 8], dy[WMAX * 8], y[WMAX * 8], g[WC * 8], b[WC * 8];
+            for (int64_t i = 0; i < V; i++) {
+                put_dt(dt, x, i, xd[i]);
+                put_dt(dt, dy, i, dyd[i]);
+                put_dt(dt, y, i, yd[i]);
+            }
+            for (int c = 0; c < WC; c++) {
+                put_dt(dt, g, c, gd[c]);
+                put_dt(dt, b, c, bd[c]);
+            }
+            ddl_batchnorm_set_width(0);
+            ASSERT_EQ(ddl_batchnorm_width(), 0);
+            width_run(dt, S, x, dy, y, mean, invstd, g, b, &ref);
+            for (int w = 1; w <= cpu; w++) {
+                ddl_batchnorm_set_width(w);
+                ASSERT_EQ(ddl_batchnorm_width(), w);
+                memset(&got, 0x5a, sizeof got);
+                width_run(dt, S, x, dy, y, mean, invstd, g, b, &got);
+                assert_same(DDL_F64, ref.sum, got.sum, WC);
+                assert_same(DDL_F64, ref.sqdev, got.sqdev, WC);
+                assert_same(DDL_F64, ref.r1, got.r1, WC);
+                assert_same(DDL_F64, ref.r2, got.r2, WC);
+                assert_same(DDL_F64, ref.f1, got.f1, WC);
+                assert_same(DDL_F64, ref.f2, got.f2, WC);
+                assert_same(dt, ref.y, got.y, V);
+                assert_same(dt, ref.yr, got.yr, V);
+                assert_same(dt, ref.dx, got.dx, V);
+                assert_same(dt, ref.dxa, got.dxa, V);
+                assert_same(dt, ref.dxr, got.dxr, V);
+            }
+            ddl_batchnorm_set_width(-1);
+        }
+    }
+    ASSERT_EQ(ddl_batchnorm_width(), cpu);
+    printf("test_widths: widths 0..%d the same bits\n", cpu);
+}
+
 static void test_errors(void)
 {
     double               x[4] = {1, 2, 3, 4}, y[4], m[4], is[4], rm[4], rv[4];
@@ -698,8 +789,14 @@ int main(void)
     test_random();
     test_gradcheck();
     test_pieces();
-    test_fused_relu();
+    // The fused kernels against the unfused ones at every width.
+    for (int w = ddl_batchnorm_width(); w >= 0; w--) {
+        ddl_batchnorm_set_width(w);
+        test_fused_relu();
+    }
+    ddl_batchnorm_set_width(-1);
     test_fused_relu_gradcheck();
+    test_widths();
     test_errors();
     printf("test_batchnorm_kernel: ok\n");
     return 0;

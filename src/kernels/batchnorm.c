@@ -40,6 +40,8 @@ static ddl_status check_dims(const char *who, ddl_dtype dt, int64_t N, int64_t C
 // Each walks the N rows of S contiguous values of one channel c.
 
 #define BN_LANES 8
+// Channels whose sums one pass in memory order carries (their lanes: 2 KB).
+#define BN_CBLOCK 32
 
 // The entry points that sweep the data are built three times, for AVX-512F, AVX2 and the
 // baseline (SSE2), and pick one per call by the CPU (BN_DISPATCH below: GCC's
@@ -95,70 +97,18 @@ int ddl_batchnorm_set_width(int width)
         }                                                                                          \
     }
 
-// The lanes' total, in a fixed order (pairwise halves).
-KERNEL double lanes_total(double *a)
-{
-    for (int h = BN_LANES / 2; h >= 1; h /= 2) {
-        for (int l = 0; l < h; l++) {
-            a[l] += a[l + h];
-        }
-    }
-    return a[0];
-}
-
-// sum over (n, s) of x[n, c, s].
-KERNEL double ch_sum(ddl_dtype dt, const void *x, int64_t N, int64_t C, int64_t S, int64_t c)
-{
-    double a[BN_LANES] = {0};
-    for (int64_t n = 0; n < N; n++) {
-        int64_t row = (n * C + c) * S, s = 0;
-        for (; s + BN_LANES <= S; s += BN_LANES) {
-            for (int l = 0; l < BN_LANES; l++) {
-                a[l] += ld(dt, x, row + s + l);
-            }
-        }
-        for (int l = 0; s + l < S; l++) {
-            a[l] += ld(dt, x, row + s + l);
-        }
-    }
-    return lanes_total(a);
-}
-
-// sum over (n, s) of (x - mean)^2.
-KERNEL double ch_sqdev(ddl_dtype dt, const void *x, double mean, int64_t N, int64_t C, int64_t S,
-                       int64_t c)
-{
-    double a[BN_LANES] = {0};
-    for (int64_t n = 0; n < N; n++) {
-        int64_t row = (n * C + c) * S, s = 0;
-        for (; s + BN_LANES <= S; s += BN_LANES) {
-            for (int l = 0; l < BN_LANES; l++) {
-                double d = ld(dt, x, row + s + l) - mean;
-                a[l] += d * d;
-            }
-        }
-        for (int l = 0; s + l < S; l++) {
-            double d = ld(dt, x, row + s + l) - mean;
-            a[l] += d * d;
-        }
-    }
-    return lanes_total(a);
-}
-
-// The gradient a ReLU with output y passes back: dy * [y > 0], the value of relu_backward's
-// dx (activation.c) as the unfused backward reads it. The ReLU stores +0 where this may
-// give -0 (a masked -0 or negative dy); every use below either adds it to a sum that starts
-// at +0 or ends in put's + 0.0, so the bits come out the same.
-KERNEL double relu_dy(ddl_dtype dt, const void *dy, const void *y, int64_t i)
-{
-    return ld(dt, dy, i) * (ld(dt, y, i) > 0.0 ? 1.0 : 0.0);
-}
-
-// The fused ReLU's loops, eight elements at a time in GCC/Clang vector types: the compiler
-// leaves the scalar selects as branches (as in activation.c). Each lane does the scalar
-// functions' operations, so the bits are theirs; the [y > 0] factor is the compare mask &
-// 1.0, exactly 1.0 or 0.0 (a multiply, so a masked inf gives NaN as the ReLU's does), taken
-// in the element type (its products with dy are exact in either type).
+// The loops below hold the BN_LANES lanes of a sum in one vector of GCC/Clang's vector
+// types (one register at AVX-512, two at AVX2) across all N rows of a channel, and take
+// eight elements at a time. A row's tail (S mod 8 elements) goes to lanes 0.. of a vector
+// whose other lanes are +0.0, which adds nothing: a lane starts at +0.0 and so is never
+// -0.0, and x + +0.0 = x for every other x, NaN and infinities included. So each lane's
+// sum is the same sequence of additions as the scalar loop's (element s of every row to
+// lane s mod BN_LANES), whatever the width. Without the vectors GCC kept the lanes in
+// memory and rebuilt them at every row, which cost more than the row on ResNet's 4 x 4 and
+// 7 x 7 planes. Selects are written as masks: the compiler leaves scalar selects as
+// branches (as in activation.c); the [y > 0] factor of a ReLU's gradient is the compare
+// mask & 1.0, exactly 1.0 or 0.0 (a multiply, so a masked inf gives NaN as the ReLU's
+// does), taken in the element type (its products with dy are exact in either type).
 // The helpers pass vectors by value; they are always inlined, so the compilers' note that
 // a 64-byte vector argument has another ABI without AVX-512F concerns no call that exists.
 #if defined(__clang__)
@@ -166,7 +116,6 @@ KERNEL double relu_dy(ddl_dtype dt, const void *dy, const void *y, int64_t i)
 #elif defined(__GNUC__)
 #pragma GCC diagnostic ignored "-Wpsabi"
 #endif
-// BN_LANES elements per vector: one register at AVX-512, two at AVX2.
 typedef double  bn_vd __attribute__((vector_size(8 * BN_LANES)));
 typedef int64_t bn_vl __attribute__((vector_size(8 * BN_LANES)));
 typedef float   bn_vf __attribute__((vector_size(4 * BN_LANES)));
@@ -175,6 +124,19 @@ typedef int32_t bn_vi __attribute__((vector_size(4 * BN_LANES)));
 KERNEL bn_vd splat(double v)
 {
     return (bn_vd){v, v, v, v, v, v, v, v};
+}
+
+// The lanes' total, in a fixed order (pairwise halves).
+KERNEL double lanes_total(bn_vd v)
+{
+    double a[BN_LANES];
+    memcpy(a, &v, sizeof a);
+    for (int h = BN_LANES / 2; h >= 1; h /= 2) {
+        for (int l = 0; l < h; l++) {
+            a[l] += a[l + h];
+        }
+    }
+    return a[0];
 }
 
 KERNEL bn_vd ldv(ddl_dtype dt, const void *p, int64_t i)
@@ -190,29 +152,133 @@ KERNEL bn_vd ldv(ddl_dtype dt, const void *p, int64_t i)
     return d;
 }
 
-// relu_dy on a vector.
-KERNEL bn_vd relu_dyv(ddl_dtype dt, const void *dy, const void *y, int64_t i)
+// p[i..i+n) in lanes 0..n-1 (n < BN_LANES), +0.0 in the others.
+KERNEL bn_vd ldv_tail(ddl_dtype dt, const void *p, int64_t i, int64_t n)
+{
+    double a[BN_LANES] = {0};
+    for (int64_t l = 0; l < n; l++) {
+        a[l] = ld(dt, p, i + l);
+    }
+    bn_vd v;
+    memcpy(&v, a, sizeof v);
+    return v;
+}
+
+// Lanes l < n of v stored to p[i + l], rounded to dt.
+KERNEL void stv_tail(ddl_dtype dt, void *p, int64_t i, bn_vd v, int64_t n)
+{
+    double a[BN_LANES];
+    memcpy(a, &v, sizeof a);
+    for (int64_t l = 0; l < n; l++) {
+        st(dt, p, i + l, a[l]);
+    }
+}
+
+KERNEL void stv(ddl_dtype dt, void *p, int64_t i, bn_vd v)
 {
     if (dt == DDL_F32) {
+        bn_vf f = __builtin_convertvector(v, bn_vf);
+        memcpy((float *)p + i, &f, sizeof f);
+    } else {
+        memcpy((double *)p + i, &v, sizeof v);
+    }
+}
+
+// Lanes where `keep` is all ones keep v; the others are +0.0.
+KERNEL bn_vd keep_lanes(bn_vd v, bn_vl keep)
+{
+    return (bn_vd)((bn_vl)v & keep);
+}
+
+// All ones in lanes l < n.
+KERNEL bn_vl lanes_below(int64_t n)
+{
+    const bn_vl idx = {0, 1, 2, 3, 4, 5, 6, 7};
+    return idx < n;
+}
+
+// The per-channel loops take the rows [n0, n1) of channel c, and the sums among them add
+// into their lanes *a (*b): a channel's sum is the same whether its rows come in one call
+// or one per call, which lets the entry points below walk the data in memory order.
+
+// *a += the lanes of x[n, c, s] over n in [n0, n1) and s.
+KERNEL void ch_sum(ddl_dtype dt, const void *x, int64_t n0, int64_t n1, int64_t C, int64_t S,
+                   int64_t c, bn_vd *acc)
+{
+    bn_vd a = *acc;
+    for (int64_t n = n0; n < n1; n++) {
+        int64_t row = (n * C + c) * S, s = 0;
+        for (; s + BN_LANES <= S; s += BN_LANES) {
+            a += ldv(dt, x, row + s);
+        }
+        if (s < S) {
+            a += ldv_tail(dt, x, row + s, S - s);
+        }
+    }
+    *acc = a;
+}
+
+// *a += the lanes of (x - mean)^2 over the rows [n0, n1) of channel c.
+KERNEL void ch_sqdev(ddl_dtype dt, const void *x, double mean, int64_t n0, int64_t n1, int64_t C,
+                     int64_t S, int64_t c, bn_vd *acc)
+{
+    bn_vd       a = *acc;
+    const bn_vd m = splat(mean);
+    const bn_vl t = lanes_below(S % BN_LANES);
+    for (int64_t n = n0; n < n1; n++) {
+        int64_t row = (n * C + c) * S, s = 0;
+        for (; s + BN_LANES <= S; s += BN_LANES) {
+            bn_vd d = ldv(dt, x, row + s) - m;
+            a += d * d;
+        }
+        if (s < S) {
+            bn_vd d = ldv_tail(dt, x, row + s, S - s) - m;
+            a += keep_lanes(d * d, t);
+        }
+    }
+    *acc = a;
+}
+
+// The gradient a ReLU with output y passes back: dy * [y > 0], the value of relu_backward's
+// dx (activation.c) as the unfused backward reads it. The ReLU stores +0 where this may
+// give -0 (a masked -0 or negative dy); every use below either adds it to a sum that starts
+// at +0 or ends in put's + 0.0, so the bits come out the same.
+KERNEL double relu_dy(ddl_dtype dt, const void *dy, const void *y, int64_t i)
+{
+    return ld(dt, dy, i) * (ld(dt, y, i) > 0.0 ? 1.0 : 0.0);
+}
+
+// relu_dy on a vector: of eight elements at i, or of the n < 8 at i (+0.0 in the other
+// lanes) with tail.
+KERNEL bn_vd relu_dyv(ddl_dtype dt, const void *dy, const void *y, int64_t i, int64_t n, bool tail)
+{
+    if (dt == DDL_F32 && !tail) {
         bn_vf       g, v;
         const bn_vf zero = {0}, one = {1, 1, 1, 1, 1, 1, 1, 1};
         memcpy(&g, (const float *)dy + i, sizeof g);
         memcpy(&v, (const float *)y + i, sizeof v);
         return __builtin_convertvector(g * (bn_vf)((v > zero) & (bn_vi)one), bn_vd);
     }
+    // In f64, or a tail (its zero lanes give 0 * [0 > 0] = +0.0).
     const bn_vd zero = {0}, one = splat(1.0);
-    return ldv(dt, dy, i) * (bn_vd)((ldv(dt, y, i) > zero) & (bn_vl)one);
+    bn_vd       g = tail ? ldv_tail(dt, dy, i, n) : ldv(dt, dy, i);
+    bn_vd       v = tail ? ldv_tail(dt, y, i, n) : ldv(dt, y, i);
+    return g * (bn_vd)((v > zero) & (bn_vl)one);
 }
 
 // y = (x - mean)*invstd*g + b for channel c (y may alias x).
-KERNEL void ch_normalize(ddl_dtype dt, void *y, const void *x, double mean, double invstd,
-                         double g, double b, int64_t N, int64_t C, int64_t S, int64_t c)
+KERNEL void ch_normalize(ddl_dtype dt, void *y, const void *x, double mean, double invstd, double g,
+                         double b, int64_t n0, int64_t n1, int64_t C, int64_t S, int64_t c)
 {
-    double k = invstd * g;
-    for (int64_t n = 0; n < N; n++) {
-        int64_t row = (n * C + c) * S;
-        for (int64_t s = 0; s < S; s++) {
-            st(dt, y, row + s, (ld(dt, x, row + s) - mean) * k + b);
+    double      k  = invstd * g;
+    const bn_vd mv = splat(mean), kv = splat(k), bv = splat(b);
+    for (int64_t n = n0; n < n1; n++) {
+        int64_t row = (n * C + c) * S, s = 0;
+        for (; s + BN_LANES <= S; s += BN_LANES) {
+            stv(dt, y, row + s, (ldv(dt, x, row + s) - mv) * kv + bv);
+        }
+        if (s < S) {
+            stv_tail(dt, y, row + s, (ldv_tail(dt, x, row + s, S - s) - mv) * kv + bv, S - s);
         }
     }
 }
@@ -220,11 +286,12 @@ KERNEL void ch_normalize(ddl_dtype dt, void *y, const void *x, double mean, doub
 // The same, then the ReLU on the value as stored, as relu_forward_kernel does: 0 where it
 // is <= 0, NaN kept (the mask !(v <= 0) & v, in the element type).
 KERNEL void ch_normalize_relu(ddl_dtype dt, void *y, const void *x, double mean, double invstd,
-                              double g, double b, int64_t N, int64_t C, int64_t S, int64_t c)
+                              double g, double b, int64_t n0, int64_t n1, int64_t C, int64_t S,
+                              int64_t c)
 {
-    double       k  = invstd * g;
-    const bn_vd  mv = splat(mean), kv = splat(k), bv = splat(b);
-    for (int64_t n = 0; n < N; n++) {
+    double      k  = invstd * g;
+    const bn_vd mv = splat(mean), kv = splat(k), bv = splat(b);
+    for (int64_t n = n0; n < n1; n++) {
         int64_t row = (n * C + c) * S, s = 0;
         for (; s + BN_LANES <= S; s += BN_LANES) {
             bn_vd v = (ldv(dt, x, row + s) - mv) * kv + bv;
@@ -252,56 +319,53 @@ KERNEL void ch_normalize_relu(ddl_dtype dt, void *y, const void *x, double mean,
     }
 }
 
-// *sdy = sum(dy), *sdyxh = sum(dy*xhat) for channel c; with `relu` (y the ReLU's output):
-// of the dy the ReLU passes back (relu_dy).
+// *acc_dy += the lanes of dy, *acc_dyxc += those of dy*(x - mean) over the rows [n0, n1) of
+// channel c (their totals, the latter times invstd, are sum(dy) and sum(dy*xhat)); with
+// `relu` (y the ReLU's output): of the dy the ReLU passes back (relu_dy).
 KERNEL void ch_reduce(ddl_dtype dt, const void *dy, const void *y, const void *x, double mean,
-                      double invstd, int64_t N, int64_t C, int64_t S, int64_t c, double *sdy,
-                      double *sdyxh, bool relu)
+                      int64_t n0, int64_t n1, int64_t C, int64_t S, int64_t c, bn_vd *acc_dy,
+                      bn_vd *acc_dyxc, bool relu)
 {
-    double a[BN_LANES] = {0}, b[BN_LANES] = {0};
-    for (int64_t n = 0; n < N; n++) {
+    bn_vd       a = *acc_dy, b = *acc_dyxc;
+    const bn_vd mv = splat(mean);
+    const bn_vl t  = lanes_below(S % BN_LANES);
+    for (int64_t n = n0; n < n1; n++) {
         int64_t row = (n * C + c) * S, s = 0;
-        if (relu) {
-            // The lanes as one vector each, back in a and b for the row's tail.
-            bn_vd av, bv, mv = splat(mean);
-            memcpy(&av, a, sizeof av);
-            memcpy(&bv, b, sizeof bv);
-            for (; s + BN_LANES <= S; s += BN_LANES) {
-                bn_vd g = relu_dyv(dt, dy, y, row + s);
-                av += g;
-                bv += g * (ldv(dt, x, row + s) - mv);
-            }
-            memcpy(a, &av, sizeof av);
-            memcpy(b, &bv, sizeof bv);
-        } else {
-            for (; s + BN_LANES <= S; s += BN_LANES) {
-                for (int l = 0; l < BN_LANES; l++) {
-                    double g = ld(dt, dy, row + s + l);
-                    a[l] += g;
-                    b[l] += g * (ld(dt, x, row + s + l) - mean);
-                }
-            }
+        for (; s + BN_LANES <= S; s += BN_LANES) {
+            bn_vd g = relu ? relu_dyv(dt, dy, y, row + s, 0, false) : ldv(dt, dy, row + s);
+            a += g;
+            b += g * (ldv(dt, x, row + s) - mv);
         }
-        for (int l = 0; s + l < S; l++) {
-            double g = relu ? relu_dy(dt, dy, y, row + s + l) : ld(dt, dy, row + s + l);
-            a[l] += g;
-            b[l] += g * (ld(dt, x, row + s + l) - mean);
+        if (s < S) {
+            bn_vd g =
+                relu ? relu_dyv(dt, dy, y, row + s, S - s, true) : ldv_tail(dt, dy, row + s, S - s);
+            a += g;
+            b += keep_lanes(g * (ldv_tail(dt, x, row + s, S - s) - mv), t);
         }
     }
-    *sdy   = lanes_total(a);
-    *sdyxh = lanes_total(b) * invstd;
+    *acc_dy   = a;
+    *acc_dyxc = b;
 }
 
 // dx += g*invstd*(dy - k1 - xhat*k2) for channel c, with k1 = sum(dy)/V and
-// k2 = sum(dy*xhat)/V (both 0 for frozen statistics); into: dx = ... (dtype.h's put).
+// k2 = sum(dy*xhat)/V (both 0 for frozen statistics); into: dx = ... (dtype.h's put,
+// whose + 0.0 the vectors add too).
 KERNEL void ch_apply(ddl_dtype dt, void *dx, const void *dy, const void *x, double mean,
-                     double invstd, double g, double k1, double k2, int64_t N, int64_t C, int64_t S,
-                     int64_t c, bool into)
+                     double invstd, double g, double k1, double k2, int64_t n0, int64_t n1,
+                     int64_t C, int64_t S, int64_t c, bool into)
 {
-    double k = g * invstd;
-    for (int64_t n = 0; n < N; n++) {
-        int64_t row = (n * C + c) * S;
-        for (int64_t s = 0; s < S; s++) {
+    double      k  = g * invstd;
+    const bn_vd mv = splat(mean), iv = splat(invstd), kv = splat(k), k1v = splat(k1),
+                k2v = splat(k2), zero = {0};
+    for (int64_t n = n0; n < n1; n++) {
+        int64_t row = (n * C + c) * S, s = 0;
+        for (; s + BN_LANES <= S; s += BN_LANES) {
+            bn_vd xhat = (ldv(dt, x, row + s) - mv) * iv;
+            bn_vd v    = kv * (ldv(dt, dy, row + s) - k1v - xhat * k2v);
+            // acc's rounding when accumulating: the old value widened, the sum rounded once.
+            stv(dt, dx, row + s, into ? v + zero : ldv(dt, dx, row + s) + v);
+        }
+        for (; s < S; s++) {
             double xhat = (ld(dt, x, row + s) - mean) * invstd;
             put(dt, dx, row + s, k * (ld(dt, dy, row + s) - k1 - xhat * k2), into);
         }
@@ -311,23 +375,18 @@ KERNEL void ch_apply(ddl_dtype dt, void *dx, const void *dy, const void *x, doub
 // The same overwriting (into), with dy as a ReLU with output y passes it back (relu_dy).
 // dx may alias dy.
 KERNEL void ch_apply_relu(ddl_dtype dt, void *dx, const void *dy, const void *y, const void *x,
-                          double mean, double invstd, double g, double k1, double k2, int64_t N,
-                          int64_t C, int64_t S, int64_t c)
+                          double mean, double invstd, double g, double k1, double k2, int64_t n0,
+                          int64_t n1, int64_t C, int64_t S, int64_t c)
 {
-    double       k  = g * invstd;
-    const bn_vd  mv = splat(mean), iv = splat(invstd), kv = splat(k), k1v = splat(k1),
+    double      k  = g * invstd;
+    const bn_vd mv = splat(mean), iv = splat(invstd), kv = splat(k), k1v = splat(k1),
                 k2v = splat(k2), zero = {0};
-    for (int64_t n = 0; n < N; n++) {
+    for (int64_t n = n0; n < n1; n++) {
         int64_t row = (n * C + c) * S, s = 0;
         for (; s + BN_LANES <= S; s += BN_LANES) {
             bn_vd xhat = (ldv(dt, x, row + s) - mv) * iv;
-            bn_vd v    = kv * (relu_dyv(dt, dy, y, row + s) - k1v - xhat * k2v) + zero;
-            if (dt == DDL_F32) {
-                bn_vf f = __builtin_convertvector(v, bn_vf);
-                memcpy((float *)dx + row + s, &f, sizeof f);
-            } else {
-                memcpy((double *)dx + row + s, &v, sizeof v);
-            }
+            stv(dt, dx, row + s,
+                kv * (relu_dyv(dt, dy, y, row + s, 0, false) - k1v - xhat * k2v) + zero);
         }
         for (; s < S; s++) {
             double xhat = (ld(dt, x, row + s) - mean) * invstd;
@@ -358,8 +417,22 @@ KERNEL ddl_status ddl_batchnorm_sum_body(ddl_dtype dt, double *sum, const void *
 {
     DDL_CHECK(check_dims("batchnorm_sum", dt, N, C, S));
     DDL_REQUIRE(C == 0 || (sum && (x || N * S == 0)), DDL_EINVAL, "batchnorm_sum: NULL buffer");
-    for (int64_t c = 0; c < C; c++) {
-        sum[c] = dt == DDL_F32 ? ch_sum(DDL_F32, x, N, C, S, c) : ch_sum(DDL_F64, x, N, C, S, c);
+    bn_vd acc[BN_CBLOCK];
+    for (int64_t c0 = 0; c0 < C; c0 += BN_CBLOCK) {
+        const int64_t c1 = C - c0 < BN_CBLOCK ? C : c0 + BN_CBLOCK;
+        memset(acc, 0, sizeof acc);
+        for (int64_t n = 0; n < N; n++) {
+            for (int64_t c = c0; c < c1; c++) {
+                if (dt == DDL_F32) {
+                    ch_sum(DDL_F32, x, n, n + 1, C, S, c, &acc[c - c0]);
+                } else {
+                    ch_sum(DDL_F64, x, n, n + 1, C, S, c, &acc[c - c0]);
+                }
+            }
+        }
+        for (int64_t c = c0; c < c1; c++) {
+            sum[c] = lanes_total(acc[c - c0]);
+        }
     }
     return DDL_OK;
 }
@@ -374,9 +447,22 @@ KERNEL ddl_status ddl_batchnorm_sqdev_body(ddl_dtype dt, double *sqdev, const vo
     DDL_CHECK(check_dims("batchnorm_sqdev", dt, N, C, S));
     DDL_REQUIRE(C == 0 || (sqdev && mean && (x || N * S == 0)), DDL_EINVAL,
                 "batchnorm_sqdev: NULL buffer");
-    for (int64_t c = 0; c < C; c++) {
-        sqdev[c] = dt == DDL_F32 ? ch_sqdev(DDL_F32, x, mean[c], N, C, S, c)
-                                 : ch_sqdev(DDL_F64, x, mean[c], N, C, S, c);
+    bn_vd acc[BN_CBLOCK];
+    for (int64_t c0 = 0; c0 < C; c0 += BN_CBLOCK) {
+        const int64_t c1 = C - c0 < BN_CBLOCK ? C : c0 + BN_CBLOCK;
+        memset(acc, 0, sizeof acc);
+        for (int64_t n = 0; n < N; n++) {
+            for (int64_t c = c0; c < c1; c++) {
+                if (dt == DDL_F32) {
+                    ch_sqdev(DDL_F32, x, mean[c], n, n + 1, C, S, c, &acc[c - c0]);
+                } else {
+                    ch_sqdev(DDL_F64, x, mean[c], n, n + 1, C, S, c, &acc[c - c0]);
+                }
+            }
+        }
+        for (int64_t c = c0; c < c1; c++) {
+            sqdev[c] = lanes_total(acc[c - c0]);
+        }
     }
     return DDL_OK;
 }
@@ -396,17 +482,19 @@ KERNEL ddl_status normalize(ddl_dtype dt, void *y, const void *x, const double *
         return DDL_OK;
     }
     DDL_REQUIRE(y && x && mean && invstd, DDL_EINVAL, "%s: NULL buffer", who);
-    for (int64_t c = 0; c < C; c++) {
-        double g = gamma ? ld(dt, gamma, c) : 1.0;
-        double b = beta ? ld(dt, beta, c) : 0.0;
-        if (relu && dt == DDL_F32) {
-            ch_normalize_relu(DDL_F32, y, x, mean[c], invstd[c], g, b, N, C, S, c);
-        } else if (relu) {
-            ch_normalize_relu(DDL_F64, y, x, mean[c], invstd[c], g, b, N, C, S, c);
-        } else if (dt == DDL_F32) {
-            ch_normalize(DDL_F32, y, x, mean[c], invstd[c], g, b, N, C, S, c);
-        } else {
-            ch_normalize(DDL_F64, y, x, mean[c], invstd[c], g, b, N, C, S, c);
+    for (int64_t n = 0; n < N; n++) { // in memory order
+        for (int64_t c = 0; c < C; c++) {
+            double g = gamma ? ld(dt, gamma, c) : 1.0;
+            double b = beta ? ld(dt, beta, c) : 0.0;
+            if (relu && dt == DDL_F32) {
+                ch_normalize_relu(DDL_F32, y, x, mean[c], invstd[c], g, b, n, n + 1, C, S, c);
+            } else if (relu) {
+                ch_normalize_relu(DDL_F64, y, x, mean[c], invstd[c], g, b, n, n + 1, C, S, c);
+            } else if (dt == DDL_F32) {
+                ch_normalize(DDL_F32, y, x, mean[c], invstd[c], g, b, n, n + 1, C, S, c);
+            } else {
+                ch_normalize(DDL_F64, y, x, mean[c], invstd[c], g, b, n, n + 1, C, S, c);
+            }
         }
     }
     return DDL_OK;
@@ -445,13 +533,25 @@ KERNEL ddl_status backward_reduce(ddl_dtype dt, double *sum_dy, double *sum_dy_x
     DDL_REQUIRE(C == 0 || (sum_dy && sum_dy_xhat && mean && invstd &&
                            ((dy && x && (y || !relu)) || N * S == 0)),
                 DDL_EINVAL, "%s: NULL buffer", who);
-    for (int64_t c = 0; c < C; c++) {
-        if (dt == DDL_F32) {
-            ch_reduce(DDL_F32, dy, y, x, mean[c], invstd[c], N, C, S, c, &sum_dy[c],
-                      &sum_dy_xhat[c], relu);
-        } else {
-            ch_reduce(DDL_F64, dy, y, x, mean[c], invstd[c], N, C, S, c, &sum_dy[c],
-                      &sum_dy_xhat[c], relu);
+    bn_vd a[BN_CBLOCK], b[BN_CBLOCK];
+    for (int64_t c0 = 0; c0 < C; c0 += BN_CBLOCK) {
+        const int64_t c1 = C - c0 < BN_CBLOCK ? C : c0 + BN_CBLOCK;
+        memset(a, 0, sizeof a);
+        memset(b, 0, sizeof b);
+        for (int64_t n = 0; n < N; n++) {
+            for (int64_t c = c0; c < c1; c++) {
+                if (dt == DDL_F32) {
+                    ch_reduce(DDL_F32, dy, y, x, mean[c], n, n + 1, C, S, c, &a[c - c0], &b[c - c0],
+                              relu);
+                } else {
+                    ch_reduce(DDL_F64, dy, y, x, mean[c], n, n + 1, C, S, c, &a[c - c0], &b[c - c0],
+                              relu);
+                }
+            }
+        }
+        for (int64_t c = c0; c < c1; c++) {
+            sum_dy[c]      = lanes_total(a[c - c0]);
+            sum_dy_xhat[c] = lanes_total(b[c - c0]) * invstd[c];
         }
     }
     return DDL_OK;
@@ -501,18 +601,24 @@ KERNEL ddl_status backward_apply(ddl_dtype dt, void *dx, const void *dy, const v
         return DDL_OK;
     }
     DDL_REQUIRE(dy && x && mean && invstd && (y || !relu), DDL_EINVAL, "%s: NULL buffer", who);
-    for (int64_t c = 0; c < C; c++) {
-        double g  = gamma ? ld(dt, gamma, c) : 1.0;
-        double k1 = sum_dy ? sum_dy[c] / (double)V : 0.0;
-        double k2 = sum_dy ? sum_dy_xhat[c] / (double)V : 0.0;
-        if (relu && dt == DDL_F32) {
-            ch_apply_relu(DDL_F32, dx, dy, y, x, mean[c], invstd[c], g, k1, k2, N, C, S, c);
-        } else if (relu) {
-            ch_apply_relu(DDL_F64, dx, dy, y, x, mean[c], invstd[c], g, k1, k2, N, C, S, c);
-        } else if (dt == DDL_F32) {
-            ch_apply(DDL_F32, dx, dy, x, mean[c], invstd[c], g, k1, k2, N, C, S, c, into);
-        } else {
-            ch_apply(DDL_F64, dx, dy, x, mean[c], invstd[c], g, k1, k2, N, C, S, c, into);
+    for (int64_t n = 0; n < N; n++) { // in memory order
+        for (int64_t c = 0; c < C; c++) {
+            double g  = gamma ? ld(dt, gamma, c) : 1.0;
+            double k1 = sum_dy ? sum_dy[c] / (double)V : 0.0;
+            double k2 = sum_dy ? sum_dy_xhat[c] / (double)V : 0.0;
+            if (relu && dt == DDL_F32) {
+                ch_apply_relu(DDL_F32, dx, dy, y, x, mean[c], invstd[c], g, k1, k2, n, n + 1, C, S,
+                              c);
+            } else if (relu) {
+                ch_apply_relu(DDL_F64, dx, dy, y, x, mean[c], invstd[c], g, k1, k2, n, n + 1, C, S,
+                              c);
+            } else if (dt == DDL_F32) {
+                ch_apply(DDL_F32, dx, dy, x, mean[c], invstd[c], g, k1, k2, n, n + 1, C, S, c,
+                         into);
+            } else {
+                ch_apply(DDL_F64, dx, dy, x, mean[c], invstd[c], g, k1, k2, n, n + 1, C, S, c,
+                         into);
+            }
         }
     }
     return DDL_OK;
@@ -619,8 +725,11 @@ KERNEL void bn_forward_channel(ddl_dtype dt, void *y, double *mean, double *invs
     int64_t V = N * S;
     double  m, var;
     if (batch) {
-        m   = ch_sum(dt, x, N, C, S, c) / (double)V;
-        var = ch_sqdev(dt, x, m, N, C, S, c) / (double)V;
+        bn_vd a = {0}, q = {0};
+        ch_sum(dt, x, 0, N, C, S, c, &a);
+        m = lanes_total(a) / (double)V;
+        ch_sqdev(dt, x, m, 0, N, C, S, c, &q);
+        var = lanes_total(q) / (double)V;
         if (update) {
             ch_running(dt, rm, rv, c, m, var, V, factor);
         }
@@ -632,7 +741,7 @@ KERNEL void bn_forward_channel(ddl_dtype dt, void *y, double *mean, double *invs
     invstd[c] = 1.0 / sqrt(var + eps);
     double g  = gamma ? ld(dt, gamma, c) : 1.0;
     double b  = beta ? ld(dt, beta, c) : 0.0;
-    ch_normalize(dt, y, x, m, invstd[c], g, b, N, C, S, c);
+    ch_normalize(dt, y, x, m, invstd[c], g, b, 0, N, C, S, c);
 }
 
 KERNEL ddl_status ddl_batchnorm_forward_body(ddl_dtype dt, void *y, double *mean, double *invstd,
@@ -692,13 +801,16 @@ KERNEL void bn_backward_channel(ddl_dtype dt, void *dx, void *dgamma, void *dbet
 {
     double sdy = 0.0, sdyxh = 0.0;
     if (batch_stats || dgamma || dbeta) {
-        ch_reduce(dt, dy, NULL, x, mean, invstd, N, C, S, c, &sdy, &sdyxh, false);
+        bn_vd a = {0}, b = {0};
+        ch_reduce(dt, dy, NULL, x, mean, 0, N, C, S, c, &a, &b, false);
+        sdy   = lanes_total(a);
+        sdyxh = lanes_total(b) * invstd;
     }
     if (dx) {
         double V  = (double)(N * S);
         double k1 = batch_stats ? sdy / V : 0.0;
         double k2 = batch_stats ? sdyxh / V : 0.0;
-        ch_apply(dt, dx, dy, x, mean, invstd, g, k1, k2, N, C, S, c, false);
+        ch_apply(dt, dx, dy, x, mean, invstd, g, k1, k2, 0, N, C, S, c, false);
     }
     if (dgamma) {
         acc(dt, dgamma, c, sdyxh);

@@ -723,6 +723,73 @@ static void test_widths(void)
     printf("test_widths: widths 0..%d the same bits\n", cpu);
 }
 
+// The entry points walk the data in memory order, carrying the sums of BN_CBLOCK (32)
+// channels at a time; the sequential ddl_batchnorm_forward / _backward walk one channel at
+// a time. With 37 channels (a block and a part) and rows with and without a tail, the
+// pieces give the sequential version's bits: mean, invstd, y, dx and the parameter sums.
+static void test_blocks(void)
+{
+    enum { BN_ = 3, BC = 37, BSMAX = 13, BVMAX = BN_ * BC * BSMAX };
+    static const int64_t sizes[] = {5, 13, 8};
+    for (int k = 0; k < 2; k++) {
+        ddl_dtype dt   = k == 0 ? DDL_F32 : DDL_F64;
+        size_t    item = dt == DDL_F32 ? sizeof(float) : sizeof(double);
+        for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+            int64_t S = sizes[si], V = BN_ * BC * S;
+            double  xd[BVMAX], dyd[BVMAX], gd[BC], bd[BC];
+            fill_uniform(xd, V, 120 + si, -2.0, 3.0);
+            fill_uniform(dyd, V, 130 + si, -1.0, 1.0);
+            fill_uniform(gd, BC, 140 + si, 0.5, 1.5);
+            fill_uniform(bd, BC, 150 + si, -0.5, 0.5);
+            char x[BVMAX * 8], dy[BVMAX * 8], g[BC * 8], b[BC * 8];
+            for (int64_t i = 0; i < V; i++) {
+                put_dt(dt, x, i, xd[i]);
+                put_dt(dt, dy, i, dyd[i]);
+            }
+            for (int c = 0; c < BC; c++) {
+                put_dt(dt, g, c, gd[c]);
+                put_dt(dt, b, c, bd[c]);
+            }
+            // Sequential.
+            ddl_batchnorm_params p = ddl_batchnorm_params_default();
+            double               m1[BC], is1[BC];
+            char                 y1[BVMAX * 8], dx1[BVMAX * 8], dg1[BC * 8], db1[BC * 8];
+            memset(dx1, 0, sizeof dx1);
+            memset(dg1, 0, sizeof dg1);
+            memset(db1, 0, sizeof db1);
+            ASSERT_OK(
+                ddl_batchnorm_forward(dt, y1, m1, is1, x, g, b, NULL, NULL, NULL, &p, BN_, BC, S));
+            ASSERT_OK(
+                ddl_batchnorm_backward(dt, dx1, dg1, db1, dy, x, m1, is1, g, true, BN_, BC, S));
+            // The pieces, as one rank of the distributed layer runs them.
+            double m2[BC], is2[BC], sq[BC], s1[BC], s2[BC];
+            char   y2[BVMAX * 8], dx2[BVMAX * 8], dg2[BC * 8], db2[BC * 8];
+            memset(dx2, 0, sizeof dx2);
+            memset(dg2, 0, sizeof dg2);
+            memset(db2, 0, sizeof db2);
+            ASSERT_OK(ddl_batchnorm_sum(dt, m2, x, BN_, BC, S));
+            for (int c = 0; c < BC; c++) {
+                m2[c] /= (double)(BN_ * S);
+            }
+            ASSERT_OK(ddl_batchnorm_sqdev(dt, sq, x, m2, BN_, BC, S));
+            for (int c = 0; c < BC; c++) {
+                is2[c] = 1.0 / sqrt(sq[c] / (double)(BN_ * S) + p.eps);
+            }
+            ASSERT_OK(ddl_batchnorm_normalize(dt, y2, x, m2, is2, g, b, BN_, BC, S));
+            ASSERT_OK(ddl_batchnorm_backward_reduce(dt, s1, s2, dy, x, m2, is2, BN_, BC, S));
+            ASSERT_OK(ddl_batchnorm_backward_apply(dt, dx2, dy, x, m2, is2, g, s1, s2, BN_ * S, BN_,
+                                                   BC, S));
+            ASSERT_OK(ddl_batchnorm_param_grads(dt, dg2, db2, s1, s2, BC));
+            assert_same(DDL_F64, m1, m2, BC);
+            assert_same(DDL_F64, is1, is2, BC);
+            ASSERT_TRUE(memcmp(y1, y2, (size_t)V * item) == 0);
+            ASSERT_TRUE(memcmp(dx1, dx2, (size_t)V * item) == 0);
+            ASSERT_TRUE(memcmp(dg1, dg2, BC * item) == 0);
+            ASSERT_TRUE(memcmp(db1, db2, BC * item) == 0);
+        }
+    }
+}
+
 static void test_errors(void)
 {
     double               x[4] = {1, 2, 3, 4}, y[4], m[4], is[4], rm[4], rv[4];
@@ -797,6 +864,7 @@ int main(void)
     ddl_batchnorm_set_width(-1);
     test_fused_relu_gradcheck();
     test_widths();
+    test_blocks();
     test_errors();
     printf("test_batchnorm_kernel: ok\n");
     return 0;

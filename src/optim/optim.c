@@ -163,39 +163,64 @@ ddl_tensor_t *ddl_optimizer_state(const ddl_optimizer_t *o, int i, const ddl_par
     return o->state[i];
 }
 
+// The loops over the elements, with the parameters in locals (no store to w or the state
+// can change them) and every choice made outside them, so that none branches inside and
+// all vectorize. optim.c is built with -fno-math-errno (src/CMakeLists.txt), so Adam's sqrt
+// needs no call for errno. sqrt and division round correctly at any width, and nothing is
+// contracted (no FMA in the targets built), so the bits are the scalar loops'.
+// SGD: MOMENTUM (a state), FIRST (step 1: the buffer starts at d), NESTEROV.
+#define SGD_LOOP(T, MOMENTUM, FIRST, NESTEROV)                                                     \
+    for (int64_t i = 0; i < n; i++) {                                                              \
+        double d = (double)g[i] + wd * (double)w[i];                                               \
+        if (MOMENTUM) {                                                                            \
+            double b = (FIRST) ? d : mom * (double)s0[i] + (1.0 - damp) * d;                       \
+            s0[i]    = (T)b;                                                                       \
+            d        = (NESTEROV) ? d + mom * b : b;                                               \
+        }                                                                                          \
+        w[i] = (T)((double)w[i] - lr * d);                                                         \
+    }
+
+// Adam, with the weight decay's statement DECAY.
+#define ADAM_LOOP(T, DECAY)                                                                        \
+    for (int64_t i = 0; i < n; i++) {                                                              \
+        double wi = (double)w[i], gi = (double)g[i];                                               \
+        DECAY;                                                                                     \
+        double m = b1 * (double)s0[i] + (1.0 - b1) * gi;                                           \
+        double v = b2 * (double)s1[i] + (1.0 - b2) * gi * gi;                                      \
+        s0[i]    = (T)m;                                                                           \
+        s1[i]    = (T)v;                                                                           \
+        w[i]     = (T)(wi - step * m / (sqrt(v) / sbc2 + eps));                                    \
+    }
+
 // One parameter's update, for element type T.
-#define DEFINE_UPDATE(T, NAME)                                                                   \
-    static void NAME(const ddl_optim_params *p, int64_t t, double lr, int64_t n, T *w,           \
-                     const T *g, T *s0, T *s1)                                                   \
-    {                                                                                            \
-        if (p->kind == DDL_OPTIM_SGD) {                                                          \
-            for (int64_t i = 0; i < n; i++) {                                                    \
-                double d = (double)g[i] + p->weight_decay * (double)w[i];                        \
-                if (s0 != NULL) {                                                                \
-                    double b = t == 1 ? d : p->momentum * (double)s0[i] + (1.0 - p->dampening) * d; \
-                    s0[i]    = (T)b;                                                             \
-                    d        = p->nesterov ? d + p->momentum * b : b;                            \
-                }                                                                                \
-                w[i] = (T)((double)w[i] - lr * d);                                               \
-            }                                                                                    \
-            return;                                                                              \
-        }                                                                                        \
-        double bc1 = 1.0 - pow(p->beta1, (double)t), bc2 = 1.0 - pow(p->beta2, (double)t);       \
-        double step = lr / bc1, sbc2 = sqrt(bc2);                                                \
-        bool   decoupled = p->kind == DDL_OPTIM_ADAMW;                                           \
-        for (int64_t i = 0; i < n; i++) {                                                        \
-            double wi = (double)w[i], gi = (double)g[i];                                         \
-            if (decoupled) {                                                                     \
-                wi *= 1.0 - lr * p->weight_decay;                                                \
-            } else {                                                                             \
-                gi += p->weight_decay * wi;                                                      \
-            }                                                                                    \
-            double m = p->beta1 * (double)s0[i] + (1.0 - p->beta1) * gi;                         \
-            double v = p->beta2 * (double)s1[i] + (1.0 - p->beta2) * gi * gi;                    \
-            s0[i]    = (T)m;                                                                     \
-            s1[i]    = (T)v;                                                                     \
-            w[i]     = (T)(wi - step * m / (sqrt(v) / sbc2 + p->eps));                           \
-        }                                                                                        \
+#define DEFINE_UPDATE(T, NAME)                                                                     \
+    static void NAME(const ddl_optim_params *p, int64_t t, double lr, int64_t n, T *restrict w,    \
+                     const T *restrict g, T *restrict s0, T *restrict s1)                          \
+    {                                                                                              \
+        const double wd = p->weight_decay;                                                         \
+        if (p->kind == DDL_OPTIM_SGD) {                                                            \
+            const double mom = p->momentum, damp = p->dampening;                                   \
+            if (s0 == NULL) {                                                                      \
+                SGD_LOOP(T, false, false, false)                                                   \
+            } else if (t == 1 && p->nesterov) {                                                    \
+                SGD_LOOP(T, true, true, true)                                                      \
+            } else if (t == 1) {                                                                   \
+                SGD_LOOP(T, true, true, false)                                                     \
+            } else if (p->nesterov) {                                                              \
+                SGD_LOOP(T, true, false, true)                                                     \
+            } else {                                                                               \
+                SGD_LOOP(T, true, false, false)                                                    \
+            }                                                                                      \
+            return;                                                                                \
+        }                                                                                          \
+        double       bc1 = 1.0 - pow(p->beta1, (double)t), bc2 = 1.0 - pow(p->beta2, (double)t);   \
+        double       step = lr / bc1, sbc2 = sqrt(bc2);                                            \
+        const double b1 = p->beta1, b2 = p->beta2, eps = p->eps;                                   \
+        if (p->kind == DDL_OPTIM_ADAMW) {                                                          \
+            ADAM_LOOP(T, wi *= 1.0 - lr * wd)                                                      \
+        } else {                                                                                   \
+            ADAM_LOOP(T, gi += wd * wi)                                                            \
+        }                                                                                          \
     }
 DEFINE_UPDATE(float, update_f32)
 DEFINE_UPDATE(double, update_f64)

@@ -349,10 +349,11 @@ KERNEL void ch_reduce(ddl_dtype dt, const void *dy, const void *y, const void *x
 
 // dx += g*invstd*(dy - k1 - xhat*k2) for channel c, with k1 = sum(dy)/V and
 // k2 = sum(dy*xhat)/V (both 0 for frozen statistics); into: dx = ... (dtype.h's put,
-// whose + 0.0 the vectors add too).
-KERNEL void ch_apply(ddl_dtype dt, void *dx, const void *dy, const void *x, double mean,
-                     double invstd, double g, double k1, double k2, int64_t n0, int64_t n1,
-                     int64_t C, int64_t S, int64_t c, bool into)
+// whose + 0.0 the vectors add too). With `relu` (y the ReLU's output): of the dy the ReLU
+// passes back (relu_dy). dx may alias dy when overwriting.
+KERNEL void ch_apply(ddl_dtype dt, void *dx, const void *dy, const void *y, const void *x,
+                     double mean, double invstd, double g, double k1, double k2, int64_t n0,
+                     int64_t n1, int64_t C, int64_t S, int64_t c, bool into, bool relu)
 {
     double      k  = g * invstd;
     const bn_vd mv = splat(mean), iv = splat(invstd), kv = splat(k), k1v = splat(k1),
@@ -361,36 +362,15 @@ KERNEL void ch_apply(ddl_dtype dt, void *dx, const void *dy, const void *x, doub
         int64_t row = (n * C + c) * S, s = 0;
         for (; s + BN_LANES <= S; s += BN_LANES) {
             bn_vd xhat = (ldv(dt, x, row + s) - mv) * iv;
-            bn_vd v    = kv * (ldv(dt, dy, row + s) - k1v - xhat * k2v);
+            bn_vd d    = relu ? relu_dyv(dt, dy, y, row + s, 0, false) : ldv(dt, dy, row + s);
+            bn_vd v    = kv * (d - k1v - xhat * k2v);
             // acc's rounding when accumulating: the old value widened, the sum rounded once.
             stv(dt, dx, row + s, into ? v + zero : ldv(dt, dx, row + s) + v);
         }
         for (; s < S; s++) {
             double xhat = (ld(dt, x, row + s) - mean) * invstd;
-            put(dt, dx, row + s, k * (ld(dt, dy, row + s) - k1 - xhat * k2), into);
-        }
-    }
-}
-
-// The same overwriting (into), with dy as a ReLU with output y passes it back (relu_dy).
-// dx may alias dy.
-KERNEL void ch_apply_relu(ddl_dtype dt, void *dx, const void *dy, const void *y, const void *x,
-                          double mean, double invstd, double g, double k1, double k2, int64_t n0,
-                          int64_t n1, int64_t C, int64_t S, int64_t c)
-{
-    double      k  = g * invstd;
-    const bn_vd mv = splat(mean), iv = splat(invstd), kv = splat(k), k1v = splat(k1),
-                k2v = splat(k2), zero = {0};
-    for (int64_t n = n0; n < n1; n++) {
-        int64_t row = (n * C + c) * S, s = 0;
-        for (; s + BN_LANES <= S; s += BN_LANES) {
-            bn_vd xhat = (ldv(dt, x, row + s) - mv) * iv;
-            stv(dt, dx, row + s,
-                kv * (relu_dyv(dt, dy, y, row + s, 0, false) - k1v - xhat * k2v) + zero);
-        }
-        for (; s < S; s++) {
-            double xhat = (ld(dt, x, row + s) - mean) * invstd;
-            put(dt, dx, row + s, k * (relu_dy(dt, dy, y, row + s) - k1 - xhat * k2), true);
+            double d    = relu ? relu_dy(dt, dy, y, row + s) : ld(dt, dy, row + s);
+            put(dt, dx, row + s, k * (d - k1 - xhat * k2), into);
         }
     }
 }
@@ -412,27 +392,39 @@ ddl_batchnorm_params ddl_batchnorm_params_default(void)
                                   .training = true};
 }
 
-KERNEL ddl_status ddl_batchnorm_sum_body(ddl_dtype dt, double *sum, const void *x, int64_t N,
-                                         int64_t C, int64_t S)
+// out[c] = sum(x) over channel c's values, or with mean the sum of (x - mean[c])^2: in
+// memory order, the lanes of BN_CBLOCK channels at a time.
+KERNEL void channel_sums(ddl_dtype dt, double *out, const void *x, const double *mean, int64_t N,
+                         int64_t C, int64_t S)
 {
-    DDL_CHECK(check_dims("batchnorm_sum", dt, N, C, S));
-    DDL_REQUIRE(C == 0 || (sum && (x || N * S == 0)), DDL_EINVAL, "batchnorm_sum: NULL buffer");
     bn_vd acc[BN_CBLOCK];
     for (int64_t c0 = 0; c0 < C; c0 += BN_CBLOCK) {
         const int64_t c1 = C - c0 < BN_CBLOCK ? C : c0 + BN_CBLOCK;
         memset(acc, 0, sizeof acc);
         for (int64_t n = 0; n < N; n++) {
             for (int64_t c = c0; c < c1; c++) {
-                if (dt == DDL_F32) {
-                    ch_sum(DDL_F32, x, n, n + 1, C, S, c, &acc[c - c0]);
+                if (mean != NULL) {
+                    ch_sqdev(dt, x, mean[c], n, n + 1, C, S, c, &acc[c - c0]);
                 } else {
-                    ch_sum(DDL_F64, x, n, n + 1, C, S, c, &acc[c - c0]);
+                    ch_sum(dt, x, n, n + 1, C, S, c, &acc[c - c0]);
                 }
             }
         }
         for (int64_t c = c0; c < c1; c++) {
-            sum[c] = lanes_total(acc[c - c0]);
+            out[c] = lanes_total(acc[c - c0]);
         }
+    }
+}
+
+KERNEL ddl_status ddl_batchnorm_sum_body(ddl_dtype dt, double *sum, const void *x, int64_t N,
+                                         int64_t C, int64_t S)
+{
+    DDL_CHECK(check_dims("batchnorm_sum", dt, N, C, S));
+    DDL_REQUIRE(C == 0 || (sum && (x || N * S == 0)), DDL_EINVAL, "batchnorm_sum: NULL buffer");
+    if (dt == DDL_F32) {
+        channel_sums(DDL_F32, sum, x, NULL, N, C, S);
+    } else {
+        channel_sums(DDL_F64, sum, x, NULL, N, C, S);
     }
     return DDL_OK;
 }
@@ -447,22 +439,10 @@ KERNEL ddl_status ddl_batchnorm_sqdev_body(ddl_dtype dt, double *sqdev, const vo
     DDL_CHECK(check_dims("batchnorm_sqdev", dt, N, C, S));
     DDL_REQUIRE(C == 0 || (sqdev && mean && (x || N * S == 0)), DDL_EINVAL,
                 "batchnorm_sqdev: NULL buffer");
-    bn_vd acc[BN_CBLOCK];
-    for (int64_t c0 = 0; c0 < C; c0 += BN_CBLOCK) {
-        const int64_t c1 = C - c0 < BN_CBLOCK ? C : c0 + BN_CBLOCK;
-        memset(acc, 0, sizeof acc);
-        for (int64_t n = 0; n < N; n++) {
-            for (int64_t c = c0; c < c1; c++) {
-                if (dt == DDL_F32) {
-                    ch_sqdev(DDL_F32, x, mean[c], n, n + 1, C, S, c, &acc[c - c0]);
-                } else {
-                    ch_sqdev(DDL_F64, x, mean[c], n, n + 1, C, S, c, &acc[c - c0]);
-                }
-            }
-        }
-        for (int64_t c = c0; c < c1; c++) {
-            sqdev[c] = lanes_total(acc[c - c0]);
-        }
+    if (dt == DDL_F32) {
+        channel_sums(DDL_F32, sqdev, x, mean, N, C, S);
+    } else {
+        channel_sums(DDL_F64, sqdev, x, mean, N, C, S);
     }
     return DDL_OK;
 }
@@ -606,18 +586,12 @@ KERNEL ddl_status backward_apply(ddl_dtype dt, void *dx, const void *dy, const v
             double g  = gamma ? ld(dt, gamma, c) : 1.0;
             double k1 = sum_dy ? sum_dy[c] / (double)V : 0.0;
             double k2 = sum_dy ? sum_dy_xhat[c] / (double)V : 0.0;
-            if (relu && dt == DDL_F32) {
-                ch_apply_relu(DDL_F32, dx, dy, y, x, mean[c], invstd[c], g, k1, k2, n, n + 1, C, S,
-                              c);
-            } else if (relu) {
-                ch_apply_relu(DDL_F64, dx, dy, y, x, mean[c], invstd[c], g, k1, k2, n, n + 1, C, S,
-                              c);
-            } else if (dt == DDL_F32) {
-                ch_apply(DDL_F32, dx, dy, x, mean[c], invstd[c], g, k1, k2, n, n + 1, C, S, c,
-                         into);
+            if (dt == DDL_F32) {
+                ch_apply(DDL_F32, dx, dy, y, x, mean[c], invstd[c], g, k1, k2, n, n + 1, C, S, c,
+                         into, relu);
             } else {
-                ch_apply(DDL_F64, dx, dy, x, mean[c], invstd[c], g, k1, k2, n, n + 1, C, S, c,
-                         into);
+                ch_apply(DDL_F64, dx, dy, y, x, mean[c], invstd[c], g, k1, k2, n, n + 1, C, S, c,
+                         into, relu);
             }
         }
     }
@@ -810,7 +784,7 @@ KERNEL void bn_backward_channel(ddl_dtype dt, void *dx, void *dgamma, void *dbet
         double V  = (double)(N * S);
         double k1 = batch_stats ? sdy / V : 0.0;
         double k2 = batch_stats ? sdyxh / V : 0.0;
-        ch_apply(dt, dx, dy, x, mean, invstd, g, k1, k2, 0, N, C, S, c, false);
+        ch_apply(dt, dx, dy, NULL, x, mean, invstd, g, k1, k2, 0, N, C, S, c, false, false);
     }
     if (dgamma) {
         acc(dt, dgamma, c, sdyxh);

@@ -484,6 +484,14 @@ static void put_dt(ddl_dtype dt, void *p, int64_t i, double v)
     }
 }
 
+// out[0..n) = in[0..n) in dt.
+static void to_dt(ddl_dtype dt, void *out, const double *in, int64_t n)
+{
+    for (int64_t i = 0; i < n; i++) {
+        put_dt(dt, out, i, in[i]);
+    }
+}
+
 // One comparison of test_fused_relu: forward, reduce and apply (batch and frozen
 // statistics, and in place), fused against unfused, on [FN, FC, FS] data of dtype dt.
 static void fused_vs_unfused(ddl_dtype dt, const void *x, const void *dy, const double *mean,
@@ -568,14 +576,10 @@ static void test_fused_relu(void)
         xd[FS]  = 0.25;
         mean[1] = 0.25;
         char x[FV * 8], dy[FV * 8], g[FC * 8], b[FC * 8];
-        for (int i = 0; i < FV; i++) {
-            put_dt(dt, x, i, xd[i]);
-            put_dt(dt, dy, i, dyd[i]);
-        }
-        for (int c = 0; c < FC; c++) {
-            put_dt(dt, g, c, gd[c]);
-            put_dt(dt, b, c, bd[c]);
-        }
+        to_dt(dt, x, xd, FV);
+        to_dt(dt, dy, dyd, FV);
+        to_dt(dt, g, gd, FC);
+        to_dt(dt, b, bd, FC);
         fused_vs_unfused(dt, x, dy, mean, invstd, g, b);
         fused_vs_unfused(dt, x, dy, mean, invstd, NULL, NULL); // gamma 1, beta 0
     }
@@ -687,15 +691,11 @@ static void test_widths(void)
             dyd[3] = INFINITY;
             yd[3]  = -1.0;
             char x[WMAX * 8], dy[WMAX * 8], y[WMAX * 8], g[WC * 8], b[WC * 8];
-            for (int64_t i = 0; i < V; i++) {
-                put_dt(dt, x, i, xd[i]);
-                put_dt(dt, dy, i, dyd[i]);
-                put_dt(dt, y, i, yd[i]);
-            }
-            for (int c = 0; c < WC; c++) {
-                put_dt(dt, g, c, gd[c]);
-                put_dt(dt, b, c, bd[c]);
-            }
+            to_dt(dt, x, xd, V);
+            to_dt(dt, dy, dyd, V);
+            to_dt(dt, y, yd, V);
+            to_dt(dt, g, gd, WC);
+            to_dt(dt, b, bd, WC);
             ddl_batchnorm_set_width(0);
             ASSERT_EQ(ddl_batchnorm_width(), 0);
             width_run(dt, S, x, dy, y, mean, invstd, g, b, &ref);
@@ -742,14 +742,10 @@ static void test_blocks(void)
             fill_uniform(gd, BC, 140 + si, 0.5, 1.5);
             fill_uniform(bd, BC, 150 + si, -0.5, 0.5);
             char x[BVMAX * 8], dy[BVMAX * 8], g[BC * 8], b[BC * 8];
-            for (int64_t i = 0; i < V; i++) {
-                put_dt(dt, x, i, xd[i]);
-                put_dt(dt, dy, i, dyd[i]);
-            }
-            for (int c = 0; c < BC; c++) {
-                put_dt(dt, g, c, gd[c]);
-                put_dt(dt, b, c, bd[c]);
-            }
+            to_dt(dt, x, xd, V);
+            to_dt(dt, dy, dyd, V);
+            to_dt(dt, g, gd, BC);
+            to_dt(dt, b, bd, BC);
             // Sequential.
             ddl_batchnorm_params p = ddl_batchnorm_params_default();
             double               m1[BC], is1[BC];

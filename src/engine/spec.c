@@ -1592,6 +1592,27 @@ bool spec_share_scratch(const ddl_spec_t *s)
     return s->tuning.share_scratch;
 }
 
+int spec_grad_alias_of(const ddl_spec_t *s, int p)
+{
+    if (spec_fused_relu_source(s, p) >= 0) {
+        return -1; // its gradient is its batch norm's
+    }
+    int consumer = -1, uses = 0;
+    for (int i = 0; i < s->nlayers; i++) {
+        for (int k = 0; k < s->layers[i].nin; k++) {
+            if (s->layers[i].in[k] == p) {
+                consumer = i;
+                uses++;
+            }
+        }
+    }
+    if (uses != 1 || strcmp(s->layers[consumer].kind->stem, "add") != 0 ||
+        s->layers[consumer].P_in != s->layers[p].P_out) {
+        return -1;
+    }
+    return consumer;
+}
+
 int spec_fused_relu_source(const ddl_spec_t *s, int j)
 {
     if (!s->tuning.fuse_bn_relu) {

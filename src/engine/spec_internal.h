@@ -137,6 +137,12 @@ static inline int spec_node_partition(const ddl_spec_t *s, int n)
 // Otherwise -1. DDL_FUSE_BN_RELU=0 in the environment turns fusion off (for comparing
 // the two; they give the same bits): s->tuning.
 int spec_fused_relu_source(const ddl_spec_t *s, int j);
+// The add layer whose output gradient is also layer p's (the model makes p's gradient a
+// view of the add's, so the add's backward has nothing to copy for it), or -1. It is when
+// that add is p's only consumer, on p's output partition, and p is no fused ReLU (whose
+// gradient is its batch norm's). Safe because nothing writes either gradient once the
+// add's backward has run: the add's consumers ran before it, and p has no other.
+int spec_grad_alias_of(const ddl_spec_t *s, int p);
 // Whether the model's layers share one scratch block for what lives only within a call
 // (ddl_layer_share_scratch; the estimate counts the largest need, not the sum).
 // DDL_SHARE_SCRATCH=0 gives every layer its own, to compare: s->tuning.

@@ -61,7 +61,9 @@ static ddl_status add_backward(ddl_layer_t *L, const ddl_tensor_t *dy, int n,
 {
     (void)L;
     for (int k = 0; k < n; k++) {
-        DDL_CHECK(ddl_tensor_copy(dy, dxs[k]));
+        if (dxs[k]->data != dy->data) { // else the operand's gradient is dy itself
+            DDL_CHECK(ddl_tensor_copy(dy, dxs[k]));
+        }
     }
     return DDL_OK;
 }

@@ -535,6 +535,25 @@ static ddl_status build_slots(ddl_model_t *m)
     return DDL_OK;
 }
 
+// A producer read only by an add takes the add's gradient as its own
+// (spec_grad_alias_of). In reverse order, so that an add whose own gradient is a later
+// add's is resolved first. Before build_slots, which reads the gradients.
+static ddl_status share_add_gradients(ddl_model_t *m)
+{
+    for (int t = m->nlayers - 1; t >= 0; t--) {
+        int p = m->spec->order[t], i = spec_grad_alias_of(m->spec, p);
+        if (i < 0) {
+            continue;
+        }
+        DDL_REQUIRE(ddl_shape_equal(&m->dact[p + 1]->shape, &m->dact[i + 1]->shape), DDL_EINTERNAL,
+                    "model: layers[%d]'s gradient and its add's differ", p);
+        ddl_tensor_destroy(&m->dact[p + 1]);
+        DDL_CHECK(ddl_tensor_view(m->spec->dt, &m->dact[i + 1]->shape, m->dact[i + 1]->data,
+                                  &m->dact[p + 1]));
+    }
+    return DDL_OK;
+}
+
 static ddl_status build(ddl_model_t *m)
 {
     if (m->full != NULL) {
@@ -554,19 +573,7 @@ static ddl_status build(ddl_model_t *m)
     ddl_layer_share_scratch(false, 0);
     DDL_CHECK(lst);
     if (m->full == NULL) { // a copy runs no backward
-        // A producer read only by an add takes the add's gradient as its own
-        // (spec_grad_alias_of). In reverse order, so that an add whose own gradient is a
-        // later add's is resolved first.
-        for (int t = m->nlayers - 1; t >= 0; t--) {
-            int p = m->spec->order[t], i = spec_grad_alias_of(m->spec, p);
-            if (i >= 0) {
-                DDL_REQUIRE(ddl_shape_equal(&m->dact[p + 1]->shape, &m->dact[i + 1]->shape),
-                            DDL_EINTERNAL, "model: layers[%d]'s gradient and its add's differ", p);
-                ddl_tensor_destroy(&m->dact[p + 1]);
-                DDL_CHECK(ddl_tensor_view(m->spec->dt, &m->dact[i + 1]->shape, m->dact[i + 1]->data,
-                                          &m->dact[p + 1]));
-            }
-        }
+        STAGE(share_add_gradients(m));
     }
     STAGE(build_slots(m));
     // A layer whose backward runs but whose operands' gradients nobody reads (a chain's

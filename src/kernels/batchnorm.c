@@ -56,8 +56,7 @@ static int bn_width_cap = -1;
 
 static int bn_width(void)
 {
-    int w = __builtin_cpu_supports("avx512f") ? 2 : __builtin_cpu_supports("avx2") ? 1 : 0;
-    return bn_width_cap >= 0 && bn_width_cap < w ? bn_width_cap : w;
+    return cpu_width(bn_width_cap);
 }
 
 int ddl_batchnorm_width(void)

@@ -57,4 +57,12 @@ KERNEL void put(ddl_dtype dt, void *p, int64_t i, double v, bool into)
     }
 }
 
+// The widest of the vector sets kernels are built for that the CPU has: 2 AVX-512F, 1
+// AVX2, 0 the baseline (SSE2); at most cap when cap >= 0 (a test's setting).
+KERNEL int cpu_width(int cap)
+{
+    int w = __builtin_cpu_supports("avx512f") ? 2 : __builtin_cpu_supports("avx2") ? 1 : 0;
+    return cap >= 0 && cap < w ? cap : w;
+}
+
 #endif // DDL_KERNELS_DTYPE_H

@@ -25,6 +25,7 @@
 #include "ddl/base.h"
 #include "ddl/kernels_pointwise.h"
 #include "kernels/dtype.h"
+#include "kernels/interpolate.h"
 
 #define MAXD DDL_INTERPOLATE_MAX_DIMS
 
@@ -226,64 +227,217 @@ static ddl_status make_dims(const char *who, ddl_dtype dt, const ddl_interpolate
 // ---- kernel ---------------------------------------------------------------------------
 
 // The taps of dims 1 and 2 are the same for every row and every plane: interp_run
-// computes them once per call into these tables when the local output extent fits
-// (TAPS_MAX; a larger one computes them per element as before). The same taps, so the
-// same bits; the per-element coordinate arithmetic (a float division, floorf) was most
-// of the kernel's time.
+// computes them once per call into tables when the local output extent fits (TAPS_MAX; a
+// larger one computes them per row and per element). The same taps, so the same bits; the
+// per-element coordinate arithmetic (a float division, floorf) would cost more than the
+// interpolation itself.
 #define TAPS_MAX 256
+// Longest local input row (dim 2) the row path buffers (ROW_MAX doubles on the stack).
+#define ROW_MAX 1024
 
-typedef struct tap_tables {
-    const tap *t1, *t2; // [d[1].out_n], [d[2].out_n], or NULL
-} tap_tables;
+// A tap made local: its inputs' offsets in the local x box (elements, the dim's stride
+// applied) and their weights.
+typedef struct ltap {
+    int     n;
+    int64_t off[2];
+    double  w[2];
+} ltap;
 
-KERNEL tap tap_of(ddl_dtype dt, const dim_spec *d, const tap *table, int64_t o)
+KERNEL ltap local_tap(ddl_dtype dt, const dim_spec *d, int64_t o, int64_t stride)
 {
-    return table != NULL ? table[o] : dim_tap(dt, d, d->out_start + o);
+    tap  t = dim_tap(dt, d, d->out_start + o);
+    ltap l = {.n = t.n};
+    for (int k = 0; k < 2; k++) {
+        l.off[k] = (t.i[k] - d->in_start) * stride;
+        l.w[k]   = t.w[k];
+    }
+    return l;
+}
+
+// The taps of a call: dim 1's per row (t1, or NULL: computed per row) and dim 2's by tap
+// rank, so that a row's loop reads arrays (n2 = 0: computed per element). Every tap of a
+// dim has the same count (2 for linear with in != out, else 1).
+typedef struct taps {
+    const ltap *t1;
+    int         n2;
+    int64_t     off2[2][TAPS_MAX];
+    double      w2[2][TAPS_MAX];
+} taps;
+
+// One output row (fixed o0, o1). Its at most 4 input rows (dims 0 and 1's tap pairs, in the
+// order a, c) start at base[k], with weight w01[k] = w0[a] * w1[c]. The dims are applied
+// one after another:
+//   z[i]  = sum over k of w01[k] * x[base[k] + i]        (dims 0 and 1, at dim-2 input i)
+//   y[o2] = sum over e of w2[e] * z[off2[e]]             (dim 2)
+// each sum in double from 0, in the order written, y rounded once: 2 terms per output
+// where the 8 corners of the whole stencil cost 8. z of a position is the same whether
+// it comes from the row buffer or is computed per tap (z_at), so every path gives the same
+// bits, at every vector width (no multiply-add is contracted: see CMakeLists.txt), and a
+// piece of the output equals the same piece of the whole. The backward is the transpose,
+// in the reverse order:
+//   h[i] = sum over o2, then e, with off2[e] = i, of w2[e] * dy[o2]   (dim 2, into buf)
+//   dx[base[k] + i] += w01[k] * h[i]                               (dims 0 and 1)
+// or, without the buffer, each term w01[k] * (w2[e] * dy[o2]) added on its own; dx is
+// rounded once per add.
+KERNEL double z_at(ddl_dtype dt, const void *x, const int64_t *base, const double *w01, int nk,
+                   int64_t i)
+{
+    double z = 0.0;
+    for (int k = 0; k < nk; k++) {
+        z += w01[k] * ld(dt, x, base[k] + i);
+    }
+    return z;
+}
+
+// The row through the buffer, with dim 2's taps from the table (n2 taps each).
+KERNEL void row_buffered(ddl_dtype dt, bool backward, void *y, const void *x, void *dx,
+                         const void *dy, int64_t row, int64_t out2, int64_t in2, const taps *tt,
+                         const int64_t *base, const double *w01, int nk, double *restrict buf)
+{
+    const int64_t *restrict oa = tt->off2[0], *restrict ob = tt->off2[1];
+    const double *restrict wa = tt->w2[0], *restrict wb = tt->w2[1];
+    if (!backward) {
+        for (int64_t i = 0; i < in2; i++) {
+            buf[i] = 0.0;
+        }
+        for (int k = 0; k < nk; k++) {
+            const double  wk = w01[k];
+            const int64_t bk = base[k];
+            for (int64_t i = 0; i < in2; i++) {
+                buf[i] += wk * ld(dt, x, bk + i);
+            }
+        }
+        if (tt->n2 == 2) {
+            for (int64_t o2 = 0; o2 < out2; o2++) {
+                st(dt, y, row + o2, (0.0 + wa[o2] * buf[oa[o2]]) + wb[o2] * buf[ob[o2]]);
+            }
+        } else {
+            for (int64_t o2 = 0; o2 < out2; o2++) {
+                st(dt, y, row + o2, 0.0 + wa[o2] * buf[oa[o2]]);
+            }
+        }
+        return;
+    }
+    for (int64_t i = 0; i < in2; i++) {
+        buf[i] = 0.0;
+    }
+    for (int64_t o2 = 0; o2 < out2; o2++) {
+        double g = ld(dt, dy, row + o2);
+        buf[oa[o2]] += wa[o2] * g;
+        if (tt->n2 == 2) {
+            buf[ob[o2]] += wb[o2] * g;
+        }
+    }
+    for (int k = 0; k < nk; k++) {
+        const double  wk = w01[k];
+        const int64_t bk = base[k];
+        for (int64_t i = 0; i < in2; i++) {
+            acc(dt, dx, bk + i, wk * buf[i]);
+        }
+    }
+}
+
+// The row tap by tap: dim 2's taps computed per element, z per tap.
+KERNEL void row_direct(ddl_dtype dt, bool backward, void *y, const void *x, void *dx,
+                       const void *dy, int64_t row, const dim_spec *d2, const int64_t *base,
+                       const double *w01, int nk)
+{
+    for (int64_t o2 = 0; o2 < d2->out_n; o2++) {
+        const ltap e = local_tap(dt, d2, o2, 1);
+        if (backward) {
+            double g = ld(dt, dy, row + o2);
+            for (int k = 0; k < nk; k++) {
+                for (int q = 0; q < e.n; q++) {
+                    acc(dt, dx, base[k] + e.off[q], w01[k] * (e.w[q] * g));
+                }
+            }
+        } else {
+            double v = 0.0;
+            for (int q = 0; q < e.n; q++) {
+                v += e.w[q] * z_at(dt, x, base, w01, nk, e.off[q]);
+            }
+            st(dt, y, row + o2, v);
+        }
+    }
 }
 
 // Forward: y = A x (dx, dy unused). Backward: dx += A^T dy (y, x unused).
-// Dims are (D, H, W) after padding; taps are made local by subtracting in_start.
+// Dims are (D, H, W) after padding.
 KERNEL void interp_kernel(ddl_dtype dt, bool backward, void *y, const void *x, void *dx,
-                          const void *dy, const dim_spec *d, const tap_tables *tt, int64_t B)
+                          const void *dy, const dim_spec *d, const taps *tt, int64_t B)
 {
-    int64_t in_vol  = d[0].in_n * d[1].in_n * d[2].in_n;
-    int64_t out_vol = d[0].out_n * d[1].out_n * d[2].out_n;
+    const int64_t s1 = d[2].in_n, s0 = d[1].in_n * s1;
+    const int64_t in_vol = d[0].in_n * s0, out_vol = d[0].out_n * d[1].out_n * d[2].out_n;
+    double        buf[ROW_MAX];
+    const bool    buffered = tt->n2 > 0 && d[2].in_n <= ROW_MAX;
     for (int64_t b = 0; b < B; b++) {
         int64_t xb = b * in_vol, yb = b * out_vol;
         for (int64_t o0 = 0; o0 < d[0].out_n; o0++) {
-            tap t0 = dim_tap(dt, &d[0], d[0].out_start + o0);
+            const ltap t0 = local_tap(dt, &d[0], o0, s0);
             for (int64_t o1 = 0; o1 < d[1].out_n; o1++) {
-                tap     t1  = tap_of(dt, &d[1], tt->t1, o1);
+                const ltap tc = tt->t1 != NULL ? tt->t1[o1] : local_tap(dt, &d[1], o1, s1);
+                int64_t    base[4];
+                double     w01[4];
+                int        nk = 0;
+                for (int a = 0; a < t0.n; a++) {
+                    for (int c = 0; c < tc.n; c++, nk++) {
+                        base[nk] = xb + t0.off[a] + tc.off[c];
+                        w01[nk]  = t0.w[a] * tc.w[c];
+                    }
+                }
                 int64_t row = yb + (o0 * d[1].out_n + o1) * d[2].out_n;
-                for (int64_t o2 = 0; o2 < d[2].out_n; o2++) {
-                    tap    t2 = tap_of(dt, &d[2], tt->t2, o2);
-                    double g  = backward ? ld(dt, dy, row + o2) : 0.0;
-                    double v  = 0.0;
-                    for (int a = 0; a < t0.n; a++) {
-                        int64_t i0 = t0.i[a] - d[0].in_start;
-                        for (int c = 0; c < t1.n; c++) {
-                            int64_t i01 = xb + (i0 * d[1].in_n + t1.i[c] - d[1].in_start) *
-                                                   d[2].in_n;
-                            double  w01 = t0.w[a] * t1.w[c];
-                            for (int e = 0; e < t2.n; e++) {
-                                int64_t i = i01 + t2.i[e] - d[2].in_start;
-                                double  w = w01 * t2.w[e];
-                                if (backward) {
-                                    acc(dt, dx, i, w * g);
-                                } else {
-                                    v += w * ld(dt, x, i);
-                                }
-                            }
-                        }
-                    }
-                    if (!backward) {
-                        st(dt, y, row + o2, v);
-                    }
+                if (buffered) {
+                    row_buffered(dt, backward, y, x, dx, dy, row, d[2].out_n, d[2].in_n, tt, base,
+                                 w01, nk, buf);
+                } else {
+                    row_direct(dt, backward, y, x, dx, dy, row, &d[2], base, w01, nk);
                 }
             }
         }
     }
 }
+
+// The kernel built at three vector widths, for AVX-512F, AVX2 and the baseline, one picked
+// per call by the CPU (as batch norm's, kernels/batchnorm.c): the same operations per
+// element at each, so the same bits (test_interpolate's test_widths).
+static int interp_width_cap = -1;
+
+static int interp_width(void)
+{
+    return cpu_width(interp_width_cap);
+}
+
+int ddl_interpolate_width(void)
+{
+    return interp_width();
+}
+
+int ddl_interpolate_set_width(int width)
+{
+    int old          = interp_width_cap;
+    interp_width_cap = width < 0 ? -1 : width;
+    return old;
+}
+
+#define INTERP_AT(name, attr)                                                                      \
+    attr static void name(ddl_dtype dt, bool backward, void *y, const void *x, void *dx,           \
+                          const void *dy, const dim_spec *d, const taps *tt, int64_t B)            \
+    {                                                                                              \
+        if (dt == DDL_F32) {                                                                       \
+            if (backward) {                                                                        \
+                interp_kernel(DDL_F32, true, NULL, NULL, dx, dy, d, tt, B);                        \
+            } else {                                                                               \
+                interp_kernel(DDL_F32, false, y, x, NULL, NULL, d, tt, B);                         \
+            }                                                                                      \
+        } else if (backward) {                                                                     \
+            interp_kernel(DDL_F64, true, NULL, NULL, dx, dy, d, tt, B);                            \
+        } else {                                                                                   \
+            interp_kernel(DDL_F64, false, y, x, NULL, NULL, d, tt, B);                             \
+        }                                                                                          \
+    }
+INTERP_AT(interp_avx512, __attribute__((target("avx512f"))))
+INTERP_AT(interp_avx2, __attribute__((target("avx2"))))
+INTERP_AT(interp_base, )
 
 // ---- public API -----------------------------------------------------------------------
 
@@ -331,32 +485,34 @@ static ddl_status interp_run(const char *who, ddl_dtype dt, bool backward, void 
         return DDL_OK;
     }
     DDL_REQUIRE(backward ? dy != NULL : (x && y), DDL_EINVAL, "%s: NULL buffer", who);
-    tap        t1[TAPS_MAX], t2[TAPS_MAX]; // on the stack: a step allocates nothing
-    tap_tables tt = {NULL, NULL};
+    ltap t1[TAPS_MAX]; // on the stack: a step allocates nothing
+    taps tt = {.t1 = NULL, .n2 = 0};
     if (d[1].out_n <= TAPS_MAX) {
         for (int64_t o = 0; o < d[1].out_n; o++) {
-            t1[o] = dim_tap(dt, &d[1], d[1].out_start + o);
+            t1[o] = local_tap(dt, &d[1], o, d[2].in_n);
         }
         tt.t1 = t1;
     }
     if (d[2].out_n <= TAPS_MAX) {
         for (int64_t o = 0; o < d[2].out_n; o++) {
-            t2[o] = dim_tap(dt, &d[2], d[2].out_start + o);
+            ltap e = local_tap(dt, &d[2], o, 1);
+            tt.n2  = e.n;
+            for (int q = 0; q < 2; q++) {
+                tt.off2[q][o] = e.off[q];
+                tt.w2[q][o]   = e.w[q];
+            }
         }
-        tt.t2 = t2;
     }
-    if (dt == DDL_F32) {
-        if (backward) {
-            interp_kernel(DDL_F32, true, NULL, NULL, dx, dy, d, &tt, B);
-        } else {
-            interp_kernel(DDL_F32, false, y, x, NULL, NULL, d, &tt, B);
-        }
-    } else {
-        if (backward) {
-            interp_kernel(DDL_F64, true, NULL, NULL, dx, dy, d, &tt, B);
-        } else {
-            interp_kernel(DDL_F64, false, y, x, NULL, NULL, d, &tt, B);
-        }
+    switch (interp_width()) {
+    case 2:
+        interp_avx512(dt, backward, y, x, dx, dy, d, &tt, B);
+        break;
+    case 1:
+        interp_avx2(dt, backward, y, x, dx, dy, d, &tt, B);
+        break;
+    default:
+        interp_base(dt, backward, y, x, dx, dy, d, &tt, B);
+        break;
     }
     return DDL_OK;
 }

@@ -10,6 +10,7 @@
 #include "ddl/decomp.h"
 #include "ddl/kernels_pointwise.h"
 #include "gradcheck.h"
+#include "kernels/interpolate.h"
 #include "test.h"
 
 #define MAXE 4096 // elements of the largest [B, spatial...] buffer used here
@@ -455,6 +456,9 @@ static void test_configs(void)
         {1, {150}, {300}, {0}},
         {2, {3, 130}, {0, 0}, {1.5, 2.0}},
         {2, {131, 2}, {262, 3}, {0, 0}},
+        // An input row longer than the kernel's row buffer (1024): the whole computes per
+        // tap, its pieces (1000 inputs and fewer) through the buffer.
+        {1, {2000}, {200}, {0}},
     };
     const int ncases = (int)(sizeof cases / sizeof cases[0]);
     for (int c = 0; c < ncases; c++) {
@@ -472,6 +476,61 @@ static void test_configs(void)
             }
             check_config(DDL_F64, &p);
             check_config(DDL_F32, &p);
+        }
+    }
+}
+
+// Every vector width the CPU has gives the bits of the widest, forward and backward, f32
+// and f64: 3-D upsampling as the U-Net's (rows through the buffer), 2-D downsampling, and a
+// row too long for the buffer.
+static void test_widths(void)
+{
+    const shape_case cases[] = {
+        {3, {5, 6, 7}, {0, 0, 0}, {2.0, 2.0, 2.0}},
+        {2, {9, 13}, {4, 6}, {0, 0}},
+        {1, {1100}, {1700}, {0}},
+    };
+    const int ncases = (int)(sizeof cases / sizeof cases[0]);
+    ddl_interpolate_set_width(-1);
+    const int top = ddl_interpolate_width(); // the CPU's widest
+    enum { N = 3 * 16 * 14 * 12 };
+    static double x[N], dy[N];
+    static char   gx[N * 8], gdy[N * 8], y[3][N * 8], dx[3][N * 8];
+    fill_uniform(x, N, 71);
+    fill_uniform(dy, N, 72);
+    for (int c = 0; c < ncases; c++) {
+        for (int m = 1; m < 3; m++) {
+            for (int f = 0; f < 2; f++) {
+                ddl_dtype              dt = f ? DDL_F64 : DDL_F32;
+                ddl_interpolate_params p  = {
+                     .mode = DDL_INTERPOLATE_LINEAR, .align_corners = m == 2, .ndim = cases[c].ndim};
+                int64_t ni = 3, no = 3; // B = 3
+                for (int k = 0; k < p.ndim; k++) {
+                    p.in_global[k]    = cases[c].in[k];
+                    p.scale_factor[k] = cases[c].sf[k];
+                    p.out_global[k]   = cases[c].sf[k] > 0
+                                            ? ddl_interpolate_out_size(cases[c].in[k], cases[c].sf[k])
+                                            : cases[c].out[k];
+                    ni *= p.in_global[k];
+                    no *= p.out_global[k];
+                }
+                ASSERT_LE(ni, N);
+                ASSERT_LE(no, N);
+                ddl_interpolate_window w = full_window(&p);
+                to_dt(dt, gx, x, ni);
+                to_dt(dt, gdy, dy, no);
+                size_t es = dt == DDL_F64 ? 8 : 4;
+                for (int width = top; width >= 0; width--) {
+                    ddl_interpolate_set_width(width);
+                    ASSERT_EQ(ddl_interpolate_width(), width);
+                    ASSERT_OK(ddl_interpolate_forward(dt, y[width], gx, &p, &w, 3));
+                    memset(dx[width], 0, (size_t)ni * es);
+                    ASSERT_OK(ddl_interpolate_backward(dt, dx[width], gdy, &p, &w, 3));
+                    ASSERT_TRUE(memcmp(y[width], y[top], (size_t)no * es) == 0);
+                    ASSERT_TRUE(memcmp(dx[width], dx[top], (size_t)ni * es) == 0);
+                }
+                ddl_interpolate_set_width(-1);
+            }
         }
     }
 }
@@ -522,6 +581,7 @@ int main(void)
     test_hand();
     test_need();
     test_configs();
+    test_widths();
     test_errors();
     printf("test_interpolate: ok\n");
     return 0;

@@ -297,14 +297,24 @@ KERNEL void row_buffered(ddl_dtype dt, bool backward, void *y, const void *x, vo
     const int64_t *restrict oa = tt->off2[0], *restrict ob = tt->off2[1];
     const double *restrict wa = tt->w2[0], *restrict wb = tt->w2[1];
     if (!backward) {
-        for (int64_t i = 0; i < in2; i++) {
-            buf[i] = 0.0;
-        }
-        for (int k = 0; k < nk; k++) {
-            const double  wk = w01[k];
-            const int64_t bk = base[k];
+        if (nk == 4) { // the 3-D linear case: one pass over the four rows
+            const int64_t b0 = base[0], b1 = base[1], b2 = base[2], b3 = base[3];
+            const double  u0 = w01[0], u1 = w01[1], u2 = w01[2], u3 = w01[3];
             for (int64_t i = 0; i < in2; i++) {
-                buf[i] += wk * ld(dt, x, bk + i);
+                buf[i] = (((0.0 + u0 * ld(dt, x, b0 + i)) + u1 * ld(dt, x, b1 + i)) +
+                          u2 * ld(dt, x, b2 + i)) +
+                         u3 * ld(dt, x, b3 + i);
+            }
+        } else {
+            for (int64_t i = 0; i < in2; i++) {
+                buf[i] = 0.0;
+            }
+            for (int k = 0; k < nk; k++) {
+                const double  wk = w01[k];
+                const int64_t bk = base[k];
+                for (int64_t i = 0; i < in2; i++) {
+                    buf[i] += wk * ld(dt, x, bk + i);
+                }
             }
         }
         if (tt->n2 == 2) {

@@ -13,7 +13,7 @@
 #include "kernels/interpolate.h"
 #include "test.h"
 
-#define MAXE 4096 // elements of the largest [B, spatial...] buffer used here
+#define MAXE 16384 // elements of the largest [B, spatial...] buffer used here
 
 static void fill_uniform(double *a, int64_t n, uint64_t seed)
 {
@@ -459,6 +459,9 @@ static void test_configs(void)
         // An input row longer than the kernel's row buffer (1024): the whole computes per
         // tap, its pieces (1000 inputs and fewer) through the buffer.
         {1, {2000}, {200}, {0}},
+        // 3-D (four input rows per output row) with rows past the tables: the whole per
+        // tap, its pieces through the buffer.
+        {3, {2, 2, 150}, {0, 0, 0}, {2.0, 2.0, 2.0}},
     };
     const int ncases = (int)(sizeof cases / sizeof cases[0]);
     for (int c = 0; c < ncases; c++) {

@@ -433,6 +433,20 @@ typedef struct shape_case {
     double  sf[3];
 } shape_case;
 
+// The params of a case in the given mode.
+static ddl_interpolate_params case_params(const shape_case *sc, ddl_interpolate_mode mode,
+                                          bool align)
+{
+    ddl_interpolate_params p = {.mode = mode, .align_corners = align, .ndim = sc->ndim};
+    for (int k = 0; k < p.ndim; k++) {
+        p.in_global[k]    = sc->in[k];
+        p.scale_factor[k] = sc->sf[k];
+        p.out_global[k] =
+            sc->sf[k] > 0 ? ddl_interpolate_out_size(sc->in[k], sc->sf[k]) : sc->out[k];
+    }
+    return p;
+}
+
 static void test_configs(void)
 {
     const shape_case cases[] = {
@@ -466,17 +480,8 @@ static void test_configs(void)
     const int ncases = (int)(sizeof cases / sizeof cases[0]);
     for (int c = 0; c < ncases; c++) {
         for (int m = 0; m < 3; m++) {
-            ddl_interpolate_params p = {
-                .mode          = m == 0 ? DDL_INTERPOLATE_NEAREST : DDL_INTERPOLATE_LINEAR,
-                .align_corners = m == 2,
-                .ndim          = cases[c].ndim};
-            for (int k = 0; k < p.ndim; k++) {
-                p.in_global[k]    = cases[c].in[k];
-                p.scale_factor[k] = cases[c].sf[k];
-                p.out_global[k]   = cases[c].sf[k] > 0
-                                        ? ddl_interpolate_out_size(cases[c].in[k], cases[c].sf[k])
-                                        : cases[c].out[k];
-            }
+            ddl_interpolate_params p = case_params(
+                &cases[c], m == 0 ? DDL_INTERPOLATE_NEAREST : DDL_INTERPOLATE_LINEAR, m == 2);
             check_config(DDL_F64, &p);
             check_config(DDL_F32, &p);
         }
@@ -505,15 +510,9 @@ static void test_widths(void)
         for (int m = 1; m < 3; m++) {
             for (int f = 0; f < 2; f++) {
                 ddl_dtype              dt = f ? DDL_F64 : DDL_F32;
-                ddl_interpolate_params p  = {
-                     .mode = DDL_INTERPOLATE_LINEAR, .align_corners = m == 2, .ndim = cases[c].ndim};
-                int64_t ni = 3, no = 3; // B = 3
+                ddl_interpolate_params p  = case_params(&cases[c], DDL_INTERPOLATE_LINEAR, m == 2);
+                int64_t                ni = 3, no = 3; // B = 3
                 for (int k = 0; k < p.ndim; k++) {
-                    p.in_global[k]    = cases[c].in[k];
-                    p.scale_factor[k] = cases[c].sf[k];
-                    p.out_global[k]   = cases[c].sf[k] > 0
-                                            ? ddl_interpolate_out_size(cases[c].in[k], cases[c].sf[k])
-                                            : cases[c].out[k];
                     ni *= p.in_global[k];
                     no *= p.out_global[k];
                 }

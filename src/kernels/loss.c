@@ -333,28 +333,66 @@ ddl_status ddl_cross_entropy_backward(ddl_dtype dt, void *dlogits, const void *d
 // Voxel (b, v) of logits [B, C, V] has its C logits at b*C*V + c*V + v. The loops run v
 // innermost so each class's logits stream through memory in order.
 
+// The voxels go in blocks of up to CE_ND_BLOCK: each pass over the classes then runs v
+// innermost, in memory order, and the backward keeps the block's exp(x - m), which it
+// needs twice (the sum, then each probability), in CE_ND_CACHE doubles (one class row per
+// CE_ND_BLOCK voxels at most). Every voxel's operations are those of one voxel at a time,
+// in the same order (max and sum over c ascending): the bits do not depend on the block.
+#define CE_ND_BLOCK 256
+#define CE_ND_CACHE 4096
+
+// The block's voxels [v0, v0 + nv) of sample b: m[i] = max_c x, s[i] = sum_c exp(x - m),
+// and with e != NULL e[c nv + i] = exp(x - m) (room for C nv doubles).
+KERNEL void ce_nd_block_stats(ddl_dtype dt, const void *logits, int64_t base, int64_t C, int64_t V,
+                              int64_t v0, int64_t nv, double *m, double *s, double *e)
+{
+    for (int64_t i = 0; i < nv; i++) {
+        m[i] = -INFINITY;
+        s[i] = 0.0;
+    }
+    for (int64_t c = 0; c < C; c++) {
+        for (int64_t i = 0; i < nv; i++) {
+            double x = ld(dt, logits, base + c * V + v0 + i);
+            m[i]     = x > m[i] ? x : m[i];
+        }
+    }
+    for (int64_t c = 0; c < C; c++) {
+        for (int64_t i = 0; i < nv; i++) {
+            double x = exp(ld(dt, logits, base + c * V + v0 + i) - m[i]);
+            s[i] += x;
+            if (e != NULL) {
+                e[c * nv + i] = x;
+            }
+        }
+    }
+}
+
+// Voxels per block: CE_ND_BLOCK, fewer when C classes of them pass the cache.
+static int64_t ce_nd_block(int64_t C)
+{
+    int64_t nb = CE_ND_CACHE / C;
+    return nb > CE_ND_BLOCK ? CE_ND_BLOCK : nb > 0 ? nb : 1;
+}
+
 KERNEL double ce_nd_forward_kernel(ddl_dtype dt, void *loss, const void *logits,
                                    const int64_t *labels, int64_t B, int64_t C, int64_t V)
 {
     double sum = 0.0;
+    double m[CE_ND_BLOCK], s[CE_ND_BLOCK];
     for (int64_t b = 0; b < B; b++) {
         int64_t base = b * C * V;
-        for (int64_t v = 0; v < V; v++) {
-            double m = -INFINITY;
-            for (int64_t c = 0; c < C; c++) {
-                double x = ld(dt, logits, base + c * V + v);
-                m        = x > m ? x : m;
+        for (int64_t v0 = 0; v0 < V; v0 += CE_ND_BLOCK) {
+            int64_t nv = V - v0 < CE_ND_BLOCK ? V - v0 : CE_ND_BLOCK;
+            ce_nd_block_stats(dt, logits, base, C, V, v0, nv, m, s, NULL);
+            for (int64_t i = 0; i < nv; i++) {
+                int64_t v = v0 + i;
+                // (m - x_label) first, as in the [B, C] kernel.
+                double l = (m[i] - ld(dt, logits, base + labels[b * V + v] * V + v)) + log(s[i]);
+                if (loss) {
+                    st(dt, loss, b * V + v, l);
+                }
+                sum += l;
             }
-            double s = 0.0;
-            for (int64_t c = 0; c < C; c++) {
-                s += exp(ld(dt, logits, base + c * V + v) - m);
-            }
-            // (m - x_label) first, as in the [B, C] kernel.
-            double l = (m - ld(dt, logits, base + labels[b * V + v] * V + v)) + log(s);
-            if (loss) {
-                st(dt, loss, b * V + v, l);
-            }
-            sum += l;
         }
     }
     return sum;
@@ -364,24 +402,27 @@ KERNEL void ce_nd_backward_kernel(ddl_dtype dt, void *dlogits, const void *dloss
                                   const void *logits, const int64_t *labels, int64_t B,
                                   int64_t C, int64_t V)
 {
+    const int64_t nb = ce_nd_block(C);
+    double        m[CE_ND_BLOCK], s[CE_ND_BLOCK], e[CE_ND_CACHE];
+    // A class count past the cache: one voxel at a time, its exps computed twice.
+    const bool cached = C <= CE_ND_CACHE;
     for (int64_t b = 0; b < B; b++) {
         int64_t base = b * C * V;
-        for (int64_t v = 0; v < V; v++) {
-            double m = -INFINITY;
-            for (int64_t c = 0; c < C; c++) {
-                double x = ld(dt, logits, base + c * V + v);
-                m        = x > m ? x : m;
+        for (int64_t v0 = 0; v0 < V; v0 += nb) {
+            int64_t nv = V - v0 < nb ? V - v0 : nb;
+            ce_nd_block_stats(dt, logits, base, C, V, v0, nv, m, s, cached ? e : NULL);
+            for (int64_t i = 0; i < nv; i++) {
+                s[i] = 1.0 / s[i];
             }
-            double s = 0.0;
             for (int64_t c = 0; c < C; c++) {
-                s += exp(ld(dt, logits, base + c * V + v) - m);
-            }
-            double  inv = 1.0 / s;
-            double  g   = dloss ? scale * ld(dt, dloss, b * V + v) : scale;
-            int64_t lab = labels[b * V + v];
-            for (int64_t c = 0; c < C; c++) {
-                double p = exp(ld(dt, logits, base + c * V + v) - m) * inv;
-                acc(dt, dlogits, base + c * V + v, g * (c == lab ? p - 1.0 : p));
+                for (int64_t i = 0; i < nv; i++) {
+                    int64_t v = v0 + i;
+                    double  g = dloss ? scale * ld(dt, dloss, b * V + v) : scale;
+                    double  x =
+                        cached ? e[c * nv + i] : exp(ld(dt, logits, base + c * V + v) - m[i]);
+                    double p = x * s[i];
+                    acc(dt, dlogits, base + c * V + v, g * (c == labels[b * V + v] ? p - 1.0 : p));
+                }
             }
         }
     }

@@ -6,6 +6,7 @@
 // 2 and 3 simulated ranks equal to the sequential result; on N-d input (one label per
 // voxel) against the [B, C] kernel on transposed logits; and argument errors.
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ddl/base.h"
@@ -458,6 +459,68 @@ static void test_ce_nd(void)
     ASSERT_STATUS(ddl_cross_entropy_nd_forward(DDL_F64, l, &sum, x, lab, NB, 0, NV), DDL_EINVAL);
 }
 
+// The N-d kernels go through the voxels in blocks (256, fewer past 16 classes, one voxel at
+// a time past 4096) and the backward keeps each block's exps: the bits must equal the
+// [B, C] kernels' on the transposed logits, whatever the block, its tail and the dtype.
+static void check_nd_blocks(ddl_dtype dt, int64_t B, int64_t C, int64_t V)
+{
+    const int64_t n  = B * C * V;
+    const size_t  es = dt == DDL_F32 ? sizeof(float) : sizeof(double);
+    double *x = malloc((size_t)n * sizeof(double)), *g = malloc((size_t)(B * V) * sizeof(double));
+    char   *xd = malloc((size_t)n * es), *xt = malloc((size_t)n * es);
+    char *dx = malloc((size_t)n * es), *dxt = malloc((size_t)n * es), *dxb = malloc((size_t)n * es);
+    char *l = malloc((size_t)(B * V) * es), *lt = malloc((size_t)(B * V) * es);
+    char *gd     = malloc((size_t)(B * V) * es);
+    int64_t *lab = malloc((size_t)(B * V) * sizeof(int64_t));
+    fill_uniform(x, n, 710 + (uint64_t)C, -8.0, 8.0);
+    fill_uniform(g, B * V, 711, -1.0, 1.0);
+    for (int64_t i = 0; i < B * V; i++) {
+        lab[i] = (int64_t)(ddl_rng_u64(712, 0, (uint64_t)i) % (uint64_t)C);
+    }
+    for (int64_t i = 0; i < n; i++) { // xd [B, C, V]; xt [B, V, C]; dx starts at -0.25
+        int64_t b = i / (C * V), c = i / V % C, v = i % V, j = (b * V + v) * C + c;
+        if (dt == DDL_F32) {
+            ((float *)xd)[i] = (float)x[i];
+            ((float *)xt)[j] = (float)x[i];
+            ((float *)dx)[i] = ((float *)dxt)[i] = -0.25f;
+        } else {
+            ((double *)xd)[i] = ((double *)xt)[j] = x[i];
+            ((double *)dx)[i] = ((double *)dxt)[i] = -0.25;
+        }
+    }
+    for (int64_t i = 0; i < B * V; i++) {
+        if (dt == DDL_F32) {
+            ((float *)gd)[i] = (float)g[i];
+        } else {
+            ((double *)gd)[i] = g[i];
+        }
+    }
+    double s, st;
+    ASSERT_OK(ddl_cross_entropy_nd_forward(dt, l, &s, xd, lab, B, C, V));
+    ASSERT_OK(ddl_cross_entropy_forward(dt, lt, &st, xt, lab, B * V, C));
+    ASSERT_TRUE(memcmp(l, lt, (size_t)(B * V) * es) == 0 && s == st);
+    ASSERT_OK(ddl_cross_entropy_nd_backward(dt, dx, gd, 0.75, xd, lab, B, C, V));
+    ASSERT_OK(ddl_cross_entropy_backward(dt, dxt, gd, 0.75, xt, lab, B * V, C));
+    for (int64_t i = 0; i < n; i++) { // dxb: dxt back in [B, C, V]
+        int64_t b = i / (C * V), c = i / V % C, v = i % V, j = (b * V + v) * C + c;
+        memcpy(dxb + (size_t)i * es, dxt + (size_t)j * es, es);
+    }
+    ASSERT_TRUE(memcmp(dx, dxb, (size_t)n * es) == 0);
+    free(x), free(g), free(xd), free(xt), free(dx), free(dxt), free(dxb), free(l), free(lt);
+    free(gd), free(lab);
+}
+
+static void test_ce_nd_blocks(void)
+{
+    for (int d = 0; d < 2; d++) {
+        ddl_dtype dt = d ? DDL_F32 : DDL_F64;
+        check_nd_blocks(dt, 2, 3, 600);  // 256-voxel blocks and a tail of 88
+        check_nd_blocks(dt, 2, 20, 530); // 204-voxel blocks (4096 / 20)
+        check_nd_blocks(dt, 1, 4097, 3); // past the cache: one voxel at a time
+        check_nd_blocks(dt, 3, 2, 1);
+    }
+}
+
 // The class dimension split over R simulated ranks with widths w[r] (summing to CC):
 // the local pieces, "all-reduced" here, give the sequential loss and gradient.
 static void check_split(ddl_dtype dt, int R, const int64_t *w)
@@ -609,6 +672,7 @@ int main(void)
     test_ce_random();
     test_ce_split();
     test_ce_nd();
+    test_ce_nd_blocks();
     test_errors();
     printf("test_loss_kernel: ok\n");
     return 0;

@@ -84,8 +84,8 @@ struct ddl_model {
     // call (ddl_layer_share_scratch): the model's own, sized to the largest need.
     void                    *layer_scratch;
     bool                    *run_back; // layer i's backward is needed
-    // Layer i is a ReLU fused into the batch norm before it (spec_fused_relu_source): it
-    // never runs, and its output and gradient are views of the batch norm's.
+    // Layer i is a ReLU fused into the batch norm or add before it (spec_fused_relu_source):
+    // it never runs, and its output and gradient are views of that layer's.
     bool                    *fused;
     ddl_shape          in_global;    // [batch, sample...]
     ddl_box                  in_box;       // this rank's box of it (act[0])
@@ -182,12 +182,14 @@ static ddl_status build_one_layer(ddl_model_t *m, int i, int *nparams)
     }
     int fp = spec_fused_relu_source(s, i);
     if (fp >= 0) {
-        // The batch norm before this ReLU applies it; their outputs share memory.
+        // The batch norm or add before this ReLU applies it; their outputs share memory.
+        bool bn     = strcmp(s->layers[fp].kind->stem, "batchnorm") == 0;
         m->fused[i] = true;
-        DDL_CHECK(ddl_batchnorm_fuse_relu(m->layers[fp], true));
+        DDL_CHECK(bn ? ddl_batchnorm_fuse_relu(m->layers[fp], true)
+                     : ddl_add_fuse_relu(m->layers[fp], true));
         DDL_REQUIRE(ddl_shape_equal(&L->y_shape, &m->act[fp + 1]->shape), DDL_EINTERNAL,
-                    "%s: layers[%d] (%s): the fused ReLU's output differs from its batch norm's",
-                    s->source, i, SL->name);
+                    "%s: layers[%d] (%s): the fused ReLU's output differs from its %s's", s->source,
+                    i, SL->name, bn ? "batch norm" : "add");
     }
     if (m->full != NULL) {
         // A short-batch copy: the full model's parameters, and its activation memory
@@ -704,20 +706,23 @@ static ddl_status build_buckets(ddl_model_t *m)
 static ddl_status agree_tuning(ddl_model_t *m)
 {
     const ddl_spec_t  *s        = m->spec;
-    static const char *names[3] = {"DDL_SHARE_SCRATCH", "DDL_SHARE_MIN_BYTES", "DDL_FUSE_BN_RELU"};
-    double v[3] = {s->tuning.share_scratch, s->tuning.share_min_bytes, s->tuning.fuse_bn_relu};
-    double mine[6], all[6];
-    for (int i = 0; i < 3; i++) {
-        mine[i]     = v[i];
-        mine[3 + i] = -v[i];
+    enum { NT = 4 };
+    static const char *names[NT] = {"DDL_SHARE_SCRATCH", "DDL_SHARE_MIN_BYTES", "DDL_FUSE_BN_RELU",
+                                    "DDL_FUSE_ADD_RELU"};
+    double v[NT] = {s->tuning.share_scratch, s->tuning.share_min_bytes, s->tuning.fuse_bn_relu,
+                    s->tuning.fuse_add_relu};
+    double mine[2 * NT], all[2 * NT];
+    for (int i = 0; i < NT; i++) {
+        mine[i]      = v[i];
+        mine[NT + i] = -v[i];
     }
-    DDL_CHECK_MPI(MPI_Allreduce(mine, all, 6, MPI_DOUBLE, MPI_MAX, m->comm));
-    for (int i = 0; i < 3; i++) {
-        DDL_REQUIRE(all[i] == -all[3 + i], DDL_EINVAL,
+    DDL_CHECK_MPI(MPI_Allreduce(mine, all, 2 * NT, MPI_DOUBLE, MPI_MAX, m->comm));
+    for (int i = 0; i < NT; i++) {
+        DDL_REQUIRE(all[i] == -all[NT + i], DDL_EINVAL,
                     "environment: %s differs between the ranks (%.17g on some, %.17g on others): "
                     "the ranks would build different layers; set it alike on every rank "
                     "(mpirun -x %s)",
-                    names[i], -all[3 + i], all[i], names[i]);
+                    names[i], -all[NT + i], all[i], names[i]);
     }
     return DDL_OK;
 }
@@ -1037,7 +1042,7 @@ static ddl_status forward(ddl_model_t *m, bool training)
         int          i = s->order[t], n = s->layers[i].nin;
         ddl_layer_t *L = m->layers[i];
         if (m->fused[i]) {
-            continue; // applied by its batch norm
+            continue; // applied by its batch norm or add
         }
         ddl_layer_set_training(L, training);
         ddl_layer_set_rng_step(L, step);
@@ -1058,7 +1063,7 @@ static ddl_status backward(ddl_model_t *m)
     for (int t = m->nlayers - 1; t >= 0; t--) {
         int i = s->order[t], n = s->layers[i].nin, j0 = m->slot0[i];
         if (!m->run_back[i] || m->fused[i]) {
-            continue; // a fused ReLU's gradient is its batch norm's: nothing to move
+            continue; // a fused ReLU's gradient is its batch norm's or add's: nothing to move
         }
         if (n == 1) {
             DDL_CHECK(ddl_layer_backward(m->layers[i], m->dact[i + 1], m->dx_to[j0]));

@@ -14,7 +14,7 @@ ddl_status ddl__model_named_state(ddl_model_t *m, bool with_optim, ddl_named_ten
                                   void **names);
 
 // How many layers the model runs fused into the layer before them (a ReLU into its batch
-// norm, spec_fused_relu_source). For tests. Local.
+// norm or add, spec_fused_relu_source). For tests. Local.
 int ddl__model_fused_count(const ddl_model_t *m);
 // The bytes of the layers' shared scratch block (give_scratch; 0 without one), and how
 // many layers (with the copies') use it. For tests. Local.

@@ -1368,6 +1368,7 @@ static ddl_status spec_read_tuning(ddl_spec_t *s)
 {
     DDL_CHECK(env_switch("DDL_SHARE_SCRATCH", true, &s->tuning.share_scratch));
     DDL_CHECK(env_switch("DDL_FUSE_BN_RELU", true, &s->tuning.fuse_bn_relu));
+    DDL_CHECK(env_switch("DDL_FUSE_ADD_RELU", true, &s->tuning.fuse_add_relu));
     const char *v             = env_setting("DDL_SHARE_MIN_BYTES");
     s->tuning.share_min_bytes = 2.0 * 1024 * 1024;
     DDL_REQUIRE(v == NULL || ddl_parse_bytes(v, &s->tuning.share_min_bytes), DDL_EINVAL,
@@ -1595,7 +1596,7 @@ bool spec_share_scratch(const ddl_spec_t *s)
 int spec_grad_alias_of(const ddl_spec_t *s, int p)
 {
     if (spec_fused_relu_source(s, p) >= 0) {
-        return -1; // its gradient is its batch norm's
+        return -1; // its gradient is its batch norm's (or add's)
     }
     int consumer = -1, uses = 0;
     for (int i = 0; i < s->nlayers; i++) {
@@ -1615,17 +1616,16 @@ int spec_grad_alias_of(const ddl_spec_t *s, int p)
 
 int spec_fused_relu_source(const ddl_spec_t *s, int j)
 {
-    if (!s->tuning.fuse_bn_relu) {
-        return -1;
-    }
     const spec_layer *R = &s->layers[j];
     if (strcmp(R->kind->stem, "activation") != 0 || R->act != DDL_ACT_RELU || R->nin != 1 ||
         R->in[0] == SPEC_INPUT) {
         return -1;
     }
-    int p = R->in[0];
-    if (strcmp(s->layers[p].kind->stem, "batchnorm") != 0 || p == s->nlayers - 1 ||
-        s->layers[p].P_out != R->P_in) {
+    int         p    = R->in[0];
+    const char *stem = s->layers[p].kind->stem;
+    bool        kind = (s->tuning.fuse_bn_relu && strcmp(stem, "batchnorm") == 0) ||
+                (s->tuning.fuse_add_relu && strcmp(stem, "add") == 0);
+    if (!kind || p == s->nlayers - 1 || s->layers[p].P_out != R->P_in) {
         return -1;
     }
     for (int i = 0; i < s->nlayers; i++) {

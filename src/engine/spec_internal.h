@@ -106,12 +106,14 @@ struct ddl_spec {
     //   DDL_SHARE_MIN_BYTES  a byte count (default 2M): share_min_bytes
     //                        (ddl_layer_share_scratch)
     //   DDL_FUSE_BN_RELU     0 or 1 (default 1): fuse_bn_relu (spec_fused_relu_source)
+    //   DDL_FUSE_ADD_RELU    0 or 1 (default 1): fuse_add_relu (spec_fused_relu_source)
     // and, checked only (their readers are below the engine): DDL_MEMORY_LIMIT (a byte
     // count > 0, ddl_mem_available) and DDL_CONV_DIRECT (ddl_conv_direct_setting_ok).
     struct {
         bool   share_scratch;
         double share_min_bytes;
         bool   fuse_bn_relu;
+        bool   fuse_add_relu;
     } tuning;
 };
 
@@ -130,12 +132,13 @@ static inline int spec_node_partition(const ddl_spec_t *s, int n)
     return n == SPEC_INPUT ? s->input_partition : s->layers[n].P_out;
 }
 
-// Fusion of a batch norm and the ReLU after it. Layer j is a fused ReLU, and this returns
-// its operand p, when j is a "relu" whose one operand is a batchnorm layer p that no other
-// layer reads and that is not the model's output: the model then runs p with the ReLU
-// fused (ddl_batchnorm_fuse_relu), skips j, and gives j's output and gradient p's memory.
-// Otherwise -1. DDL_FUSE_BN_RELU=0 in the environment turns fusion off (for comparing
-// the two; they give the same bits): s->tuning.
+// Fusion of a batch norm or an add and the ReLU after it. Layer j is a fused ReLU, and
+// this returns its operand p, when j is a "relu" whose one operand is a batchnorm or add
+// layer p that no other layer reads and that is not the model's output: the model then
+// runs p with the ReLU fused (ddl_batchnorm_fuse_relu, ddl_add_fuse_relu), skips j, and
+// gives j's output and gradient p's memory. Otherwise -1. DDL_FUSE_BN_RELU=0 and
+// DDL_FUSE_ADD_RELU=0 in the environment turn each off (for comparing; fused and unfused
+// give the same bits): s->tuning.
 int spec_fused_relu_source(const ddl_spec_t *s, int j);
 // The add layer whose output gradient is also layer p's (the model makes p's gradient a
 // view of the add's, so the add's backward has nothing to copy for it), or -1. It is when

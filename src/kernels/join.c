@@ -3,6 +3,8 @@
 //
 //   sum      y[i] = x_0[i] + ... + x_{n-1}[i]      (in double, in operand order, rounded
 //            once: for two f32 operands exactly the f32 sum PyTorch computes, -0 included)
+//   sum_relu y[i] = relu(the sum rounded)          (the residual add with its ReLU fused:
+//            the bits of sum, then ddl_relu_forward)
 //   rowmean  y[r] = scale * sum_s x[r*S + s]       dx[r*S + s] += scale * dy[r]
 //
 // A rank of a spatially split global pooling calls rowmean with scale = 1 / (the global
@@ -21,18 +23,24 @@ static ddl_status check_dt(const char *who, ddl_dtype dt)
 // Two f32 operands (the residual add) in float: a float sum of two floats rounded once is
 // the same as their exact double sum rounded to float (53 >= 2 * 24 + 2, so the double
 // rounding is innocuous), so this gives sum_body's bits in a loop the compiler vectorizes.
-// No restrict: y may alias an operand, element by element.
-static void sum2_f32(float *y, const float *a, const float *b, int64_t count)
+// With relu, the ReLU of ddl_relu_forward on the rounded sum (x > 0 or NaN keeps x). No
+// restrict: y may alias an operand, element by element.
+KERNEL void sum2_f32(float *y, const float *a, const float *b, int64_t count, bool relu)
 {
     for (int64_t i = 0; i < count; i++) {
-        y[i] = a[i] + b[i];
+        float v = a[i] + b[i];
+        y[i]    = !relu || !(v <= 0.0f) ? v : 0.0f;
     }
 }
 
-KERNEL void sum_body(ddl_dtype dt, void *y, int n, const void *const *xs, int64_t count)
+KERNEL void sum_body(ddl_dtype dt, void *y, int n, const void *const *xs, int64_t count, bool relu)
 {
     if (dt == DDL_F32 && n == 2) {
-        sum2_f32(y, xs[0], xs[1], count);
+        if (relu) {
+            sum2_f32(y, xs[0], xs[1], count, true);
+        } else {
+            sum2_f32(y, xs[0], xs[1], count, false);
+        }
         return;
     }
     for (int64_t i = 0; i < count; i++) {
@@ -40,22 +48,36 @@ KERNEL void sum_body(ddl_dtype dt, void *y, int n, const void *const *xs, int64_
         for (int k = 1; k < n; k++) {
             v += ld(dt, xs[k], i);
         }
+        if (relu) {
+            v = dt == DDL_F32 ? (double)(float)v : v; // the rounded sum, as the ReLU reads it
+            v = !(v <= 0.0) ? v : 0.0;
+        }
         st(dt, y, i, v);
     }
 }
 
-ddl_status ddl_sum_forward(ddl_dtype dt, void *y, int n, const void *const *xs, int64_t count)
+static ddl_status sum_run(const char *who, ddl_dtype dt, void *y, int n, const void *const *xs,
+                          int64_t count, bool relu)
 {
-    DDL_CHECK(check_dt("sum_forward", dt));
+    DDL_CHECK(check_dt(who, dt));
     DDL_REQUIRE(n >= 1 && count >= 0, DDL_EINVAL,
-                "sum_forward: %d operands of %lld elements (need >= 1 and >= 0)", n,
-                (long long)count);
+                "%s: %d operands of %lld elements (need >= 1 and >= 0)", who, n, (long long)count);
     if (dt == DDL_F32) {
-        sum_body(DDL_F32, y, n, xs, count);
+        sum_body(DDL_F32, y, n, xs, count, relu);
     } else {
-        sum_body(DDL_F64, y, n, xs, count);
+        sum_body(DDL_F64, y, n, xs, count, relu);
     }
     return DDL_OK;
+}
+
+ddl_status ddl_sum_forward(ddl_dtype dt, void *y, int n, const void *const *xs, int64_t count)
+{
+    return sum_run("sum_forward", dt, y, n, xs, count, false);
+}
+
+ddl_status ddl_sum_relu_forward(ddl_dtype dt, void *y, int n, const void *const *xs, int64_t count)
+{
+    return sum_run("sum_relu_forward", dt, y, n, xs, count, true);
 }
 
 KERNEL void rowmean_fwd_body(ddl_dtype dt, void *y, const void *x, int64_t R, int64_t S,

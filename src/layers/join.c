@@ -47,22 +47,49 @@ static ddl_status check_common(const char *kind, const ddl_partition_t *P_x, ddl
 
 // ---- Add ----------------------------------------------------------------------------
 
+// A ReLU fused on the output (ddl_add_fuse_relu): y = relu(sum_k x_k), and backward takes
+// the gradient of that: g = dy [y > 0] (ddl_activation_backward_into, the ReLU layer's own
+// kernel), then dx_k = g. The bits of this layer followed by a ReLU layer; one pass over
+// the activation fewer forward, and no buffer for the ReLU's output. Backward reads y of
+// the last forward by reference (the saved-tensor contract of ddl/layers.h).
+typedef struct add_impl {
+    bool        relu;
+    bool        ran;     // a forward has run (fusing is refused after it)
+    const void *y_saved; // with relu: y of the last forward
+    const void *ptr[];   // [n] operand pointers, filled per call
+} add_impl;
+
 static ddl_status add_forward(ddl_layer_t *L, int n, const ddl_tensor_t *const *xs, ddl_tensor_t *y)
 {
-    const void **ptr = L->impl; // [n] operand pointers, filled per call
+    add_impl *a = L->impl;
     for (int k = 0; k < n; k++) {
-        ptr[k] = xs[k]->data;
+        a->ptr[k] = xs[k]->data;
     }
-    return ddl_sum_forward(L->dt, y->data, n, ptr, ddl_tensor_numel(y));
+    a->ran = true;
+    if (!a->relu) {
+        return ddl_sum_forward(L->dt, y->data, n, a->ptr, ddl_tensor_numel(y));
+    }
+    a->y_saved = y->data;
+    return ddl_sum_relu_forward(L->dt, y->data, n, a->ptr, ddl_tensor_numel(y));
 }
 
 static ddl_status add_backward(ddl_layer_t *L, const ddl_tensor_t *dy, int n,
                                ddl_tensor_t *const *dxs)
 {
-    (void)L;
+    const add_impl     *a = L->impl;
+    const ddl_tensor_t *g = dy; // the gradient every operand takes
+    if (a->relu) {
+        DDL_REQUIRE(a->y_saved != NULL || ddl_tensor_numel(dy) == 0, DDL_EINVAL,
+                    "add: backward with a fused ReLU before any forward");
+        // Into the first operand's gradient, which may be dy's own memory
+        // (spec_grad_alias_of); dy is not read after this.
+        DDL_CHECK(ddl_activation_backward_into(DDL_ACTIVATION_RELU, 0.0, L->dt, dxs[0]->data,
+                                               dy->data, NULL, a->y_saved, ddl_tensor_numel(dy)));
+        g = dxs[0];
+    }
     for (int k = 0; k < n; k++) {
-        if (dxs[k]->data != dy->data) { // else the operand's gradient is dy itself
-            DDL_CHECK(ddl_tensor_copy(dy, dxs[k]));
+        if (dxs[k]->data != g->data) { // else the operand's gradient is g itself
+            DDL_CHECK(ddl_tensor_copy(g, dxs[k]));
         }
     }
     return DDL_OK;
@@ -100,7 +127,7 @@ ddl_status ddl_add_create(const ddl_partition_t *P_x, ddl_dtype dt, const ddl_sh
         st = ddl_layer_set_inputs(L, n, g, P_x);
     }
     if (st == DDL_OK) {
-        L->impl = ddl_calloc((size_t)n, sizeof(const void *));
+        L->impl = ddl_calloc(1, sizeof(add_impl) + (size_t)n * sizeof(const void *));
         st      = L->impl != NULL ? DDL_OK : ddl_set_error(DDL_ENOMEM, "add: out of memory");
     }
     ddl_free(g);
@@ -112,6 +139,17 @@ ddl_status ddl_add_create(const ddl_partition_t *P_x, ddl_dtype dt, const ddl_sh
     L->y_shape  = L->x_shape;
     L->P_out    = P_x;
     *out        = L;
+    return DDL_OK;
+}
+
+ddl_status ddl_add_fuse_relu(ddl_layer_t *L, bool on)
+{
+    DDL_REQUIRE(L != NULL && L->ops == &add_ops, DDL_EINVAL,
+                "add_fuse_relu: the layer is not an add layer");
+    add_impl *a = L->impl;
+    DDL_REQUIRE(!a->ran, DDL_EINVAL,
+                "add_fuse_relu: the layer has already run a forward; fuse before the first");
+    a->relu = on;
     return DDL_OK;
 }
 

@@ -1,17 +1,19 @@
-// A batch norm and the ReLU after it run fused (spec_fused_relu_source,
-// ddl_batchnorm_fuse_relu): the model with fusion must give exactly the bits of the model
-// without it (DDL_FUSE_BN_RELU=0), in f32 (where the ReLU reads the rounded normalized
-// value) and in f64, on 1, 2 and 4 ranks (the spatial dims split, so the statistics cross
-// ranks). The network has:
+// A batch norm or an add and the ReLU after it run fused (spec_fused_relu_source,
+// ddl_batchnorm_fuse_relu, ddl_add_fuse_relu): the model with fusion must give exactly the
+// bits of the model without it (DDL_FUSE_BN_RELU=0 DDL_FUSE_ADD_RELU=0), in f32 (where the
+// ReLU reads the rounded normalized value or sum) and in f64, on 1, 2 and 4 ranks (the
+// spatial dims split, so the statistics cross ranks). The network has:
 //   - b0 -> r0, fused, whose output r0 is read twice (c1 and the add): the gradient of a
 //     fused ReLU's output is a sum of two consumers';
 //   - b1 -> r1, fused;
 //   - b2 read by r2 and by the add: not fused (the batch norm's own output is needed);
-//   - a ReLU after the add: not fused (no batch norm).
+//   - the add -> r3, fused; the add's operand r2 has no other reader, so its gradient is
+//     the add's own (spec_grad_alias_of), which the fused add masks in place before the
+//     other two operands take it.
 // Compared, bit for bit: the loss and the hits of three Adam steps, every parameter after
 // them, an evaluation (running statistics: the frozen-statistics backward path is not
 // taken, but the eval forward is), and a prediction of a short batch (a forward-only
-// copy, which fuses on its own). The fused model must report 2 fused layers, the other 0:
+// copy, which fuses on its own). The fused model must report 3 fused layers, the other 0:
 // equal bits from two models that both skipped fusion would prove nothing.
 #include <stdio.h>
 #include <stdlib.h>
@@ -72,10 +74,12 @@ static ddl_model_t *make(int world, const char *dtype, bool fuse)
     ddl_model_t *m    = NULL;
     if (!fuse) {
         setenv("DDL_FUSE_BN_RELU", "0", 1);
+        setenv("DDL_FUSE_ADD_RELU", "0", 1);
     }
     ASSERT_OK(ddl_spec_parse(t, "fuse.json", world, &spec));
     ASSERT_OK(ddl_model_create(MPI_COMM_WORLD, spec, &m));
     unsetenv("DDL_FUSE_BN_RELU");
+    unsetenv("DDL_FUSE_ADD_RELU");
     ddl_spec_destroy(&spec);
     free(t);
     return m;
@@ -91,7 +95,7 @@ static void compare(int world, const char *dtype)
         labels[b] = b % CLASSES;
     }
     ddl_model_t *f = make(world, dtype, true), *u = make(world, dtype, false);
-    ASSERT_EQ(ddl__model_fused_count(f), 2);
+    ASSERT_EQ(ddl__model_fused_count(f), 3);
     ASSERT_EQ(ddl__model_fused_count(u), 0);
     double loss = ddl_test_same_bits(f, u, xs, xn * item, labels, B, STEPS, CLASSES, item,
                                      "the fused and the unfused model");

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "ddl/base.h"
+#include "ddl/kernels_pointwise.h"
 #include "layer_test.h"
 
 #define MAXD 5
@@ -376,11 +377,104 @@ static void check_errors(void)
     }
 }
 
+// Add with its ReLU fused (ddl_add_fuse_relu): forward relu(sum) and backward dy [y > 0]
+// to every operand, bit for bit against the add and the ReLU kernels unfused, with each
+// operand's gradient its own buffer and with one of them dy's own memory (the model's
+// operand read only by the add, spec_grad_alias_of), whose dy the others must still see
+// masked. Sums of exactly +0 and -0 (the ReLU gives +0 for both) and both signs are among
+// the values.
+static void check_add_relu(ddl_dtype dt, int n_op)
+{
+    int              ones[4] = {1, 1, 1, 1};
+    ddl_partition_t *P1      = ddl_test_partition_range(0, 4, ones);
+    ddl_shape        xg      = ddl_shape_make(4, (int64_t[]){2, 3, 4, 4});
+    ddl_layer_t     *A = NULL, *C = NULL;
+    ASSERT_OK(ddl_add_create(P1, dt, &xg, n_op, &A));
+    ASSERT_OK(ddl_add_fuse_relu(A, true));
+    const ddl_shape *xs   = ddl_layer_x_shape(A);
+    int64_t          n    = ddl_shape_numel(xs);
+    size_t           es   = ddl_dtype_size(dt);
+    ddl_tensor_t    *x[3] = {0}, *dx[3] = {0}, *y, *yr, *zr, *dy, *g;
+    for (int k = 0; k < n_op; k++) {
+        ASSERT_OK(ddl_tensor_create(dt, xs, &x[k]));
+        ASSERT_OK(ddl_tensor_create(dt, xs, &dx[k]));
+        layer_test_fill(x[k], P1, &xg, 30 + (uint64_t)k);
+    }
+    ASSERT_OK(ddl_tensor_create(dt, xs, &y));
+    ASSERT_OK(ddl_tensor_create(dt, xs, &yr));
+    ASSERT_OK(ddl_tensor_create(dt, xs, &zr));
+    ASSERT_OK(ddl_tensor_create(dt, xs, &dy));
+    ASSERT_OK(ddl_tensor_create(dt, xs, &g));
+    layer_test_fill(dy, P1, &xg, 40);
+    for (int64_t i = 0; i < n && n > 0; i += 7) { // sums of exactly 0 and -0
+        for (int k = 0; k < n_op; k++) {
+            double v = i % 2 ? -0.0 : k == 2 ? 0.0 : k ? -0.5 : 0.5; // -0, or +0
+            if (dt == DDL_F32) {
+                ((float *)x[k]->data)[i] = (float)v;
+            } else {
+                ((double *)x[k]->data)[i] = v;
+            }
+        }
+    }
+    const void *ptr[3] = {x[0]->data, x[1]->data, n_op > 2 ? x[2]->data : NULL};
+    ASSERT_OK(ddl_sum_forward(dt, yr->data, n_op, ptr, n));
+    ASSERT_OK(ddl_relu_forward(dt, zr->data, yr->data, n));
+    ASSERT_OK(ddl_activation_backward_into(DDL_ACTIVATION_RELU, 0.0, dt, g->data, dy->data, NULL,
+                                           zr->data, n));
+    ASSERT_OK(ddl_layer_forward_n(A, n_op, (const ddl_tensor_t *const *)x, y));
+    ASSERT_TRUE(memcmp(y->data, zr->data, (size_t)n * es) == 0);
+    // Every operand's gradient its own buffer (filled with garbage first).
+    for (int k = 0; k < n_op; k++) {
+        memset(dx[k]->data, 0x7f, (size_t)n * es);
+    }
+    ASSERT_OK(ddl_layer_backward_n(A, dy, n_op, dx));
+    for (int k = 0; k < n_op; k++) {
+        ASSERT_TRUE(memcmp(dx[k]->data, g->data, (size_t)n * es) == 0);
+    }
+    // Operand 1's gradient is dy's memory, the others' their own.
+    ddl_tensor_t *view = NULL, *dxa[3] = {dx[0], NULL, dx[2]};
+    ASSERT_OK(ddl_tensor_view(dt, xs, dy->data, &view));
+    dxa[1] = view;
+    memset(dx[0]->data, 0x7f, (size_t)n * es);
+    if (n_op > 2) {
+        memset(dx[2]->data, 0x7f, (size_t)n * es);
+    }
+    ASSERT_OK(ddl_layer_backward_n(A, dy, n_op, dxa));
+    for (int k = 0; k < n_op; k++) {
+        ASSERT_TRUE(memcmp(dxa[k]->data, g->data, (size_t)n * es) == 0);
+    }
+    // Fusing after a forward, or on another kind of layer, is refused.
+    expect_error(ddl_add_fuse_relu(A, false), DDL_EINVAL, "already run a forward");
+    ddl_shape g2[2] = {xg, xg};
+    ASSERT_OK(ddl_concat_create(P1, dt, 2, g2, &C));
+    expect_error(ddl_add_fuse_relu(C, true), DDL_EINVAL, "not an add layer");
+    ddl_tensor_destroy(&view);
+    for (int k = 0; k < n_op; k++) {
+        ddl_tensor_destroy(&x[k]);
+        ddl_tensor_destroy(&dx[k]);
+    }
+    ddl_tensor_destroy(&y);
+    ddl_tensor_destroy(&yr);
+    ddl_tensor_destroy(&zr);
+    ddl_tensor_destroy(&dy);
+    ddl_tensor_destroy(&g);
+    ddl_layer_destroy(&A);
+    ddl_layer_destroy(&C);
+    ddl_partition_destroy(&P1);
+    if (ddl_test_rank == 0) {
+        printf("ok add of %d operands with a fused ReLU (%s)\n", n_op,
+               dt == DDL_F32 ? "f32" : "f64");
+    }
+}
+
 int main(int argc, char **argv)
 {
     ddl_test_mpi_init(&argc, &argv);
     int64_t live = ddl_alloc_bytes_live();
     check_errors();
+    check_add_relu(DDL_F32, 2); // the residual add's own loop
+    check_add_relu(DDL_F32, 3);
+    check_add_relu(DDL_F64, 2);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         run_case(&cases[i]);
     }

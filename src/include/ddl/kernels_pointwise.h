@@ -281,6 +281,10 @@ DDL_EXTERN ddl_status ddl_interpolate_backward(ddl_dtype dt, void *dx, const voi
 // y[i] = sum over k < n of xs[k][i], for i < count (overwrites y; y may alias an operand).
 DDL_EXTERN ddl_status ddl_sum_forward(ddl_dtype dt, void *y, int n, const void *const *xs,
                                       int64_t count);
+// y[i] = relu(the sum above, rounded to dt): the bits of ddl_sum_forward then
+// ddl_relu_forward, in one pass (the residual add with its ReLU fused).
+DDL_EXTERN ddl_status ddl_sum_relu_forward(ddl_dtype dt, void *y, int n, const void *const *xs,
+                                           int64_t count);
 // x, dx [R, S]; y, dy [R]. Forward y[r] = scale * sum_s x[r, s] (overwrites y);
 // backward dx[r, s] += scale * dy[r]. Global average pooling: R = N*C, S = the spatial
 // size, scale = 1 / S (or 1 / the global spatial size for a piece of it).

@@ -294,6 +294,13 @@ DDL_EXTERN ddl_status ddl_activation_create(const ddl_partition_t *P_x, ddl_dtyp
 // communication); no parameters; linear. A multi-input layer (ddl_layer_forward_n).
 DDL_EXTERN ddl_status ddl_add_create(const ddl_partition_t *P_x, ddl_dtype dt,
                                      const ddl_shape *x_global, int n, ddl_layer_t **out);
+// Fuses (on) a ReLU onto the add's output: forward gives relu(x_0 + ... + x_{n-1}) and
+// backward takes the gradient of that (dy [y > 0], to every operand), the same bits as
+// this layer followed by a ReLU layer. One pass over the activation fewer forward, and the
+// caller needs no buffer for the ReLU's output; the layer then keeps a reference to its
+// y. Call before the first forward (EINVAL after it). Not collective; every rank of P_x
+// must set the same.
+DDL_EXTERN ddl_status ddl_add_fuse_relu(ddl_layer_t *L, bool on);
 
 // Concatenation along dim 1 (channels; U-Net skips): n >= 2 operands x_k of global
 // shapes x_globals[k], equal except in dim 1, all balanced over P_x, to y (channels in

@@ -99,6 +99,14 @@ static void test_sum(void)
     ASSERT_STATUS(ddl_sum_forward(DDL_F32, y, 0, xs2, N), DDL_EINVAL);
     ASSERT_STATUS(ddl_sum_forward(DDL_F32, y, 2, xs2, -1), DDL_EINVAL);
     ASSERT_STATUS(ddl_sum_forward((ddl_dtype)77, y, 2, xs2, N), DDL_EINVAL);
+    // The fused add + ReLU refuses the same, naming itself, and writes nothing.
+    float keep = y[0];
+    ASSERT_STATUS(ddl_sum_relu_forward(DDL_F32, y, 0, xs2, N), DDL_EINVAL);
+    ASSERT_TRUE(strstr(ddl_last_error(), "sum_relu_forward") != NULL);
+    ASSERT_STATUS(ddl_sum_relu_forward(DDL_F32, y, 2, xs2, -1), DDL_EINVAL);
+    ASSERT_STATUS(ddl_sum_relu_forward((ddl_dtype)77, y, 2, xs2, N), DDL_EINVAL);
+    ASSERT_TRUE(strstr(ddl_last_error(), "sum_relu_forward") != NULL);
+    ASSERT_TRUE(memcmp(&y[0], &keep, sizeof keep) == 0);
 }
 
 static void test_rowmean(void)

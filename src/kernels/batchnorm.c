@@ -66,9 +66,7 @@ int ddl_batchnorm_width(void)
 
 int ddl_batchnorm_set_width(int width)
 {
-    int old      = bn_width_cap;
-    bn_width_cap = width < 0 ? -1 : width;
-    return old;
+    return cpu_width_set_cap(&bn_width_cap, width);
 }
 
 #define BN_DISPATCH(name, params, args)                                                            \

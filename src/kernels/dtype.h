@@ -65,4 +65,13 @@ KERNEL int cpu_width(int cap)
     return cap >= 0 && cap < w ? cap : w;
 }
 
+// Sets *cap to width (a negative width: no cap) and returns the previous cap: the setter of
+// each kernel's cap for tests (ddl_batchnorm_set_width, ddl_interpolate_set_width).
+KERNEL int cpu_width_set_cap(int *cap, int width)
+{
+    int old = *cap;
+    *cap    = width < 0 ? -1 : width;
+    return old;
+}
+
 #endif // DDL_KERNELS_DTYPE_H

@@ -424,9 +424,7 @@ int ddl_interpolate_width(void)
 
 int ddl_interpolate_set_width(int width)
 {
-    int old          = interp_width_cap;
-    interp_width_cap = width < 0 ? -1 : width;
-    return old;
+    return cpu_width_set_cap(&interp_width_cap, width);
 }
 
 #define INTERP_AT(name, attr)                                                                      \

@@ -36,7 +36,7 @@ KERNEL void sum2_f32(float *y, const float *a, const float *b, int64_t count, bo
 KERNEL void sum_body(ddl_dtype dt, void *y, int n, const void *const *xs, int64_t count, bool relu)
 {
     if (dt == DDL_F32 && n == 2) {
-        if (relu) {
+        if (relu) { // a constant in each call: each loop compiles without the select's branch
             sum2_f32(y, xs[0], xs[1], count, true);
         } else {
             sum2_f32(y, xs[0], xs[1], count, false);

@@ -403,7 +403,7 @@ KERNEL void ce_nd_backward_kernel(ddl_dtype dt, void *dlogits, const void *dloss
                                   int64_t C, int64_t V)
 {
     const int64_t nb = ce_nd_block(C);
-    double        m[CE_ND_BLOCK], s[CE_ND_BLOCK], e[CE_ND_CACHE];
+    double        m[CE_ND_BLOCK], s[CE_ND_BLOCK], g[CE_ND_BLOCK], e[CE_ND_CACHE];
     // A class count past the cache: one voxel at a time, its exps computed twice.
     const bool cached = C <= CE_ND_CACHE;
     for (int64_t b = 0; b < B; b++) {
@@ -411,17 +411,18 @@ KERNEL void ce_nd_backward_kernel(ddl_dtype dt, void *dlogits, const void *dloss
         for (int64_t v0 = 0; v0 < V; v0 += nb) {
             int64_t nv = V - v0 < nb ? V - v0 : nb;
             ce_nd_block_stats(dt, logits, base, C, V, v0, nv, m, s, cached ? e : NULL);
-            for (int64_t i = 0; i < nv; i++) {
+            for (int64_t i = 0; i < nv; i++) { // per voxel: 1 / sum and its upstream factor
                 s[i] = 1.0 / s[i];
+                g[i] = dloss ? scale * ld(dt, dloss, b * V + v0 + i) : scale;
             }
             for (int64_t c = 0; c < C; c++) {
                 for (int64_t i = 0; i < nv; i++) {
                     int64_t v = v0 + i;
-                    double  g = dloss ? scale * ld(dt, dloss, b * V + v) : scale;
                     double  x =
                         cached ? e[c * nv + i] : exp(ld(dt, logits, base + c * V + v) - m[i]);
                     double p = x * s[i];
-                    acc(dt, dlogits, base + c * V + v, g * (c == labels[b * V + v] ? p - 1.0 : p));
+                    acc(dt, dlogits, base + c * V + v,
+                        g[i] * (c == labels[b * V + v] ? p - 1.0 : p));
                 }
             }
         }

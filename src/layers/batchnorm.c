@@ -15,11 +15,27 @@
 // Math, per channel c, over the V = N * prod(spatial) values of the global batch
 // (https://pytorch.org/docs/stable/generated/torch.nn.BatchNorm2d.html):
 //   R = SumReduce(P_x -> P_sum), B = Broadcast(P_sum -> P_x), both per channel piece;
-//   mean   = B(R(sum_local x) / V)
-//   var    = B(R(sum_local (x - mean)^2) / V)     (biased; two passes as in DistDL)
+//   mean   = sum(x) / V
+//   var    = sum (x - mean)^2 / V                 (biased)
 //   invstd = 1 / sqrt(var + eps),  xhat = (x - mean) * invstd
-//   y      = B(gamma) * xhat + B(beta)            (gamma = 1, beta = 0 without affine)
+//   y      = gamma * xhat + beta                  (gamma = 1, beta = 0 without affine)
 // Eval mode (L->training false) uses the running statistics for mean and var.
+//
+// The statistics in one round. Each rank sums its n_i values, s_i = sum x, and their
+// squared deviations from its own mean m_i = s_i / n_i, q_i = sum (x - m_i)^2 (two local
+// passes), and sends [s_i | q_i + n_i (m_i - K)^2], K the mean of the last training
+// forward (the same on every rank: it came in the broadcast; 0 before the first). On
+// P_sum, with S = R(s) and Q = R(q + n (m - K)^2):
+//   mean = S / V,  var = Q / V - (mean - K)^2     (sum_i q_i + n_i (m_i - mean)^2 = Q - V (mean -
+//   K)^2)
+// and [mean | var | gamma | beta] go back in one broadcast: one SumReduce and one
+// Broadcast per forward, where the statistics one after the other (DistDL's second pass
+// over the global mean) and gamma | beta took five. A rank that holds every value of its
+// channels (n_i = V: only the channels are split, or nothing) sends [s | q] and its root
+// takes var = q / V, the two passes over the global mean exactly. Split ranks cancel
+// (mean - K)^2 against Q / V: var's relative error is about eps_f64 (mean - K)^2 / var,
+// where K is the previous batch's mean (a few eps while the batches are alike; at the
+// first step, K = 0, 1e-10 for data whose mean is 1000 standard deviations off zero).
 //
 // Backward (the reverse composition; the adjoint of a Broadcast is a SumReduce and
 // that of a SumReduce a Broadcast). With the local sums s1 = sum dy, s2 = sum dy*xhat:
@@ -28,8 +44,9 @@
 //   eval      dx = B(gamma) * invstd * dy        (frozen statistics)
 //   both      dgamma += R(s2), dbeta += R(s1) on P_sum (the adjoint of B(gamma), B(beta))
 // The one SumReduce of [s1, s2] serves both the parameter gradients and, in training,
-// the broadcast to P_x. Statistics move as f64 whatever the layer's dtype; gamma and
-// beta are broadcast in the layer's dtype.
+// the broadcast to P_x. Statistics move as f64 whatever the layer's dtype, and so do
+// gamma and beta in the forward's broadcast (exact for f32 and f64). Per layer and
+// training step: two SumReduces and two Broadcasts.
 //
 // Running statistics (state, not parameters). Every P_x rank keeps running_mean and
 // running_var ([C_loc], dtype dt) for its own channels [c0, c0 + C_loc), initialized to
@@ -68,17 +85,20 @@ typedef struct bn_impl {
     int64_t           N, C, S;     // local block [N, C_loc, S] of x
     int64_t           V;           // global count per channel
     int64_t           nbt;         // num_batches_tracked
-    // Primitives: statistics of one [C_loc] vector, and of the pair [s1 | s2]
-    // ([2 C_loc]), both f64; gamma | beta ([2 C_loc], dt).
-    ddl_sum_reduce_t *sr1, *sr2;
-    ddl_broadcast_t  *bc1, *bc2, *bc_affine;
+    // Primitives, all f64: the SumReduce of a pair [2 C_loc] (the forward's [s | q + s m],
+    // the backward's [s1 | s2]), its Broadcast (the backward's), and the forward's
+    // Broadcast of [mean | var | gamma | beta] ([W C_loc], W = 4, or 2 without affine).
+    ddl_sum_reduce_t *sr2;
+    ddl_broadcast_t  *bc2, *bcs;
+    int64_t           W;
+    bool              shifted; // st holds a training forward's mean (the shift K)
     // Buffers (zero-volume where the rank holds no such piece).
-    ddl_tensor_t     *loc1, *red1;   // [C_loc] f64: local sums, reduced sums (P_sum)
     ddl_tensor_t     *mean, *var;    // [C_loc] f64: broadcast statistics
     ddl_tensor_t     *invstd;        // [C_loc] f64
-    ddl_tensor_t     *loc2, *red2;   // [2 C_loc] f64: [s1 | s2] local, reduced (P_sum)
+    ddl_tensor_t     *loc2, *red2;   // [2 C_loc] f64: a pair local, reduced (P_sum)
     ddl_tensor_t     *g2;            // [2 C_loc] f64: [s1 | s2] global, on every P_x rank
-    ddl_tensor_t     *ab_src, *ab;   // [2 C_loc] dt: gamma | beta on P_sum, on P_x
+    ddl_tensor_t     *st_src, *st;   // [W C_loc] f64: mean | var | gamma | beta on P_sum, on P_x
+    ddl_tensor_t     *ab;            // [2 C_loc] dt: gamma | beta on P_x
     const void       *x_saved;       // the caller's x of the last forward (not a copy)
     const void       *y_saved;       // and its y, with a fused ReLU (the ReLU's mask)
     ddl_tensor_t     *run_mean, *run_var;  // [C_loc] dt
@@ -116,17 +136,36 @@ static const void *beta_of(const bn_impl *b, ddl_dtype dt)
 
 // ---- forward -----------------------------------------------------------------
 
-// One batch statistic: out = B(R(loc) / V).
-static ddl_status stat_reduce(bn_impl *b, ddl_tensor_t *out)
+// The forward's statistics of x in one SumReduce (see the top): this rank's
+// [s | q + n (m - K)^2] (or [s | q] holding every value) into loc2, reduced onto P_sum,
+// [mean | var] there into st_src.
+static ddl_status stat_reduce(bn_impl *b, ddl_dtype dt, const void *x)
 {
-    DDL_CHECK(ddl_sum_reduce_forward(b->sr1, b->loc1, b->red1));
+    const int64_t C = b->C, n = b->N * b->S;
+    double       *s = f64(b->loc2), *m = f64(b->mean);
+    const double *K     = b->shifted ? f64(b->st) : NULL;
+    const bool    whole = n == b->V;
+    DDL_CHECK(ddl_batchnorm_sum(dt, s, x, b->N, C, b->S));
+    for (int64_t c = 0; c < C; c++) {
+        m[c] = n > 0 ? s[c] / (double)n : 0.0; // this rank's own mean (scratch until the broadcast)
+    }
+    DDL_CHECK(ddl_batchnorm_sqdev(dt, s + C, x, m, b->N, C, b->S));
+    for (int64_t c = 0; c < C && !whole; c++) {
+        double d = m[c] - (K != NULL ? K[c] : 0.0);
+        s[C + c] += (double)n * d * d;
+    }
+    DDL_CHECK(ddl_sum_reduce_forward(b->sr2, b->loc2, b->red2));
     if (b->root) {
-        double *r = f64(b->red1);
-        for (int64_t c = 0; c < b->C; c++) {
-            r[c] /= (double)b->V;
+        const double *r = f64(b->red2), V = (double)b->V;
+        double       *o = f64(b->st_src);
+        for (int64_t c = 0; c < C; c++) {
+            double mean = r[c] / V, d = mean - (K != NULL ? K[c] : 0.0);
+            double v = whole ? r[C + c] / V : r[C + c] / V - d * d;
+            o[c]     = mean;
+            o[C + c] = v < 0.0 ? 0.0 : v; // the cancellation can take a constant channel below 0
         }
     }
-    return ddl_broadcast_forward(b->bc1, b->red1, out);
+    return DDL_OK;
 }
 
 static ddl_status bn_forward(ddl_layer_t *L, const ddl_tensor_t *x, ddl_tensor_t *y)
@@ -144,35 +183,45 @@ static ddl_status bn_forward(ddl_layer_t *L, const ddl_tensor_t *x, ddl_tensor_t
     ddl_dtype dt = L->dt;
     b->x_saved   = x->data;  // the caller keeps x unchanged until backward (layers.h)
     b->y_saved   = y->data;  // and y
-    double *mean = f64(b->mean), *invstd = f64(b->invstd);
+    double       *mean = f64(b->mean), *var = f64(b->var), *invstd = f64(b->invstd);
+    const int64_t C = b->C;
+    // [mean | var | gamma | beta] in one broadcast from P_sum (the statistics only in
+    // training, gamma | beta only with affine; eval without affine moves nothing).
     if (L->training) {
-        DDL_CHECK(ddl_batchnorm_sum(dt, f64(b->loc1), x->data, b->N, b->C, b->S));
-        DDL_CHECK(stat_reduce(b, b->mean));
-        DDL_CHECK(ddl_batchnorm_sqdev(dt, f64(b->loc1), x->data, mean, b->N, b->C, b->S));
-        DDL_CHECK(stat_reduce(b, b->var));
-        const double *var = f64(b->var);
-        for (int64_t c = 0; c < b->C; c++) {
+        DDL_CHECK(stat_reduce(b, dt, x->data));
+    }
+    if (b->affine && b->root) {
+        double *o = f64(b->st_src) + 2 * C;
+        for (int64_t c = 0; c < C; c++) {
+            o[c]     = ddl_tensor_get(L->params[0].value, c);
+            o[C + c] = ddl_tensor_get(L->params[1].value, c);
+        }
+    }
+    if (L->training || b->affine) {
+        DDL_CHECK(ddl_broadcast_forward(b->bcs, b->st_src, b->st));
+    }
+    const double *st = f64(b->st);
+    if (L->training) {
+        b->shifted = true; // every rank of the channel holds the same st
+        for (int64_t c = 0; c < C; c++) {
+            mean[c]   = st[c];
+            var[c]    = st[C + c];
             invstd[c] = 1.0 / sqrt(var[c] + b->eps);
         }
         b->nbt++;
         double f = ddl_batchnorm_update_factor(&b->bp, b->nbt);
         DDL_CHECK(ddl_batchnorm_running_update(dt, b->run_mean->data, b->run_var->data, mean, var,
-                                               b->C, b->V, f));
+                                               C, b->V, f));
     } else {
-        for (int64_t c = 0; c < b->C; c++) {
+        for (int64_t c = 0; c < C; c++) {
             mean[c]   = ddl_tensor_get(b->run_mean, c);
             invstd[c] = 1.0 / sqrt(ddl_tensor_get(b->run_var, c) + b->eps);
         }
     }
     if (b->affine) {
-        if (b->root) {
-            size_t bytes = (size_t)b->C * ddl_dtype_size(dt);
-            if (bytes > 0) {
-                memcpy(b->ab_src->data, L->params[0].value->data, bytes);
-                memcpy((char *)b->ab_src->data + bytes, L->params[1].value->data, bytes);
-            }
+        for (int64_t c = 0; c < 2 * C; c++) {
+            ddl_tensor_set(b->ab, c, st[2 * C + c]); // exact: the values came from dt
         }
-        DDL_CHECK(ddl_broadcast_forward(b->bc_affine, b->ab_src, b->ab));
     }
     DDL_CHECK((b->relu ? ddl_batchnorm_normalize_relu : ddl_batchnorm_normalize)(
         dt, y->data, x->data, mean, invstd, gamma_of(b), beta_of(b, dt), b->N, b->C, b->S));
@@ -234,14 +283,11 @@ static void bn_destroy(ddl_layer_t *L)
     if (b == NULL) {
         return;
     }
-    ddl_sum_reduce_destroy(&b->sr1);
     ddl_sum_reduce_destroy(&b->sr2);
-    ddl_broadcast_destroy(&b->bc1);
     ddl_broadcast_destroy(&b->bc2);
-    ddl_broadcast_destroy(&b->bc_affine);
-    ddl_tensor_t **ts[] = {&b->loc1, &b->red1,   &b->mean,    &b->var,      &b->invstd,
-                           &b->loc2, &b->red2,   &b->g2,      &b->ab_src,   &b->ab,
-                           &b->run_mean, &b->run_var};
+    ddl_broadcast_destroy(&b->bcs);
+    ddl_tensor_t **ts[] = {&b->mean,   &b->var, &b->invstd, &b->loc2,     &b->red2,   &b->g2,
+                           &b->st_src, &b->st,  &b->ab,     &b->run_mean, &b->run_var};
     for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) {
         ddl_tensor_destroy(ts[i]);
     }
@@ -357,29 +403,24 @@ ddl_status ddl_batchnorm_create(const ddl_partition_t *P_x, ddl_dtype dt,
     // Primitives and buffers: [C_loc] on P_x ranks (zero elsewhere); the reduced
     // vectors and the owned parameters only on P_sum.
     int64_t   Cx = b->C, Cr = b->root ? b->C : 0;
-    ddl_shape s1 = ddl_shape_make(1, (int64_t[]){Cx});
+    b->W         = affine ? 4 : 2;
     ddl_shape s2 = ddl_shape_make(1, (int64_t[]){2 * Cx});
-    DDL_CHECK_GOTO(ddl_agree(U, ddl_sum_reduce_create(P_x, b->P_sum, false, false, DDL_F64, &s1, &b->sr1)), st,
-                   fail);
-    DDL_CHECK_GOTO(ddl_agree(U, ddl_broadcast_create(b->P_sum, P_x, false, false, DDL_F64, &s1, &b->bc1)), st,
-                   fail);
+    ddl_shape sw = ddl_shape_make(1, (int64_t[]){b->W * Cx});
     DDL_CHECK_GOTO(ddl_agree(U, ddl_sum_reduce_create(P_x, b->P_sum, false, false, DDL_F64, &s2, &b->sr2)), st,
                    fail);
     DDL_CHECK_GOTO(ddl_agree(U, ddl_broadcast_create(b->P_sum, P_x, false, false, DDL_F64, &s2, &b->bc2)), st,
                    fail);
-    if (affine) {
-        DDL_CHECK_GOTO(ddl_agree(U, ddl_broadcast_create(b->P_sum, P_x, false, false, dt, &s2, &b->bc_affine)),
-                       st, fail);
-    }
-    DDL_CHECK_GOTO(vec(DDL_F64, Cx, &b->loc1), st, fail);
-    DDL_CHECK_GOTO(vec(DDL_F64, Cr, &b->red1), st, fail);
+    DDL_CHECK_GOTO(
+        ddl_agree(U, ddl_broadcast_create(b->P_sum, P_x, false, false, DDL_F64, &sw, &b->bcs)), st,
+        fail);
     DDL_CHECK_GOTO(vec(DDL_F64, Cx, &b->mean), st, fail);
     DDL_CHECK_GOTO(vec(DDL_F64, Cx, &b->var), st, fail);
     DDL_CHECK_GOTO(vec(DDL_F64, Cx, &b->invstd), st, fail);
     DDL_CHECK_GOTO(vec(DDL_F64, 2 * Cx, &b->loc2), st, fail);
     DDL_CHECK_GOTO(vec(DDL_F64, 2 * Cr, &b->red2), st, fail);
     DDL_CHECK_GOTO(vec(DDL_F64, 2 * Cx, &b->g2), st, fail);
-    DDL_CHECK_GOTO(vec(dt, affine ? 2 * Cr : 0, &b->ab_src), st, fail);
+    DDL_CHECK_GOTO(vec(DDL_F64, b->W * Cr, &b->st_src), st, fail);
+    DDL_CHECK_GOTO(vec(DDL_F64, b->W * Cx, &b->st), st, fail);
     DDL_CHECK_GOTO(vec(dt, affine ? 2 * Cx : 0, &b->ab), st, fail);
     DDL_CHECK_GOTO(vec(dt, Cx, &b->run_mean), st, fail);
     DDL_CHECK_GOTO(vec(dt, Cx, &b->run_var), st, fail);

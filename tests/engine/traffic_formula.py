@@ -602,7 +602,9 @@ def linear_bytes(L, es, with_bwd):
 
 def batchnorm_bytes(L, es, with_bwd):
     # Per channel piece c: the P_x ranks holding it, summed onto (and broadcast from) the
-    # one at [0, c, 0...]. Statistics in f64; gamma | beta in the layer's dtype.
+    # one at [0, c, 0...]. All in f64: the forward's [sum | squares] pair summed, then
+    # [mean | var | gamma | beta] (without affine [mean | var]) broadcast; the backward's
+    # [sum dy | sum dy x_hat] pair summed and broadcast.
     P, C = L.Pin, L.x[1]
     groups = {}
     for r, c in P.members():
@@ -610,16 +612,12 @@ def batchnorm_bytes(L, es, with_bwd):
     st = sum((len(set(g)) - 1) * piece(C, P.shape[1], c)[1] for c, g in groups.items())
     gs = [(len(set(g)), piece(C, P.shape[1], c)[1]) for c, g in groups.items()]
     gs = [(g, n) for g, n in gs if g > 1]
-    L.fwd.add("sum_reduce/forward", 2 * st * F64)        # mean, then variance
-    L.fwd.add("broadcast/forward", 2 * st * F64)
+    w = 4 if L.cfg["affine"] else 2
+    L.fwd.add("sum_reduce/forward", 2 * st * F64)
+    L.fwd.add("broadcast/forward", w * st * F64)
     if gs:
-        for _ in range(2):
-            L.fwd.ops.append(("fan", "sum_reduce", [(g, n * F64) for g, n in gs]))
-            L.fwd.ops.append(("fan", "broadcast", [(g, n * F64) for g, n in gs]))
-    if L.cfg["affine"]:
-        L.fwd.add("broadcast/forward", 2 * st * es)     # gamma | beta
-        if gs:
-            L.fwd.ops.append(("fan", "broadcast", [(g, 2 * n * es) for g, n in gs]))
+        L.fwd.ops.append(("fan", "sum_reduce", [(g, 2 * n * F64) for g, n in gs]))
+        L.fwd.ops.append(("fan", "broadcast", [(g, w * n * F64) for g, n in gs]))
     if with_bwd:
         L.bwd.add("sum_reduce/forward", 2 * st * F64)    # [sum dy | sum dy x_hat]
         L.bwd.add("broadcast/forward", 2 * st * F64)

@@ -8,6 +8,8 @@
 //    eval-mode forward/backward; forward/backward allocate nothing;
 //  - with a fused ReLU: the same checks, and the bits of the unfused layer followed by a
 //    ReLU layer (training and eval);
+//  - the one-round statistics of split ranks on values far from zero, and a variance
+//    whose cancellation goes below zero;
 //  - PyTorch's running-statistics rule (unbiased variance, momentum and cumulative
 //    average) against values worked out by hand on a tiny case;
 //  - argument validation.
@@ -408,6 +410,73 @@ static void test_running_by_hand(void)
     }
 }
 
+// ---- the one-round statistics of split ranks, far from zero ---------------------------
+// x [12, 1] split by the batch over every rank (3 samples each on 4), against the
+// sequential layer, which holds every value and takes the two passes over the global
+// mean. Split ranks send their sums of squares about the last training mean K (0 at
+// first): step 0's values lie 1000 std 3.5 (mean^2 / var 8e4), step 1's 1000 std 3.5e-4
+// (8e12), where without the shift var would keep about 3 of its digits. eps 0, so y shows
+// var's error. Then values 131.99 + 1e-9 rank, where the first step's cancellation takes
+// var below 0 on 4 ranks: var is clamped at 0 (y finite, running var at least 0.9).
+
+static double offset_x(int step, int64_t n)
+{
+    double u = (double)n - 5.5; // sums to 0, exactly
+    return step < 2 ? 1000.0 + (step == 0 ? 1.0 : 1e-4) * u : 131.99 + 1e-9 * (double)(n / 3);
+}
+
+static void offset_fill(ddl_tensor_t *x, const ddl_box *b, int step)
+{
+    for (int64_t n = b->start[0], k = 0; n < b->stop[0]; n++, k++) {
+        ddl_tensor_set(x, k, offset_x(step, n));
+    }
+}
+
+static void test_offset_statistics(void)
+{
+    int              ws = world_size(), one[2] = {1, 1}, split[2] = {ws >= 4 ? 4 : 1, 1};
+    ddl_partition_t *P = ddl_test_partition_range(0, 2, split);
+    ddl_partition_t *S = ddl_test_partition_range(0, 2, one);
+    ddl_shape        g = ddl_shape_make(2, (int64_t[]){12, 1});
+    for (int layer = 0; layer < 2; layer++) {
+        double       eps = layer == 0 ? 0.0 : 1e-12;
+        ddl_layer_t *Ld = NULL, *Ls = NULL;
+        ASSERT_OK(ddl_batchnorm_create(P, DDL_F64, &g, eps, 0.1, false, &Ld));
+        ASSERT_OK(ddl_batchnorm_create(S, DDL_F64, &g, eps, 0.1, false, &Ls));
+        step_io d, s;
+        io_make(Ld, DDL_F64, 50, &d);
+        io_make(Ls, DDL_F64, 50, &s);
+        ddl_box db = ddl_partition_local_box(P, &g), sb = ddl_partition_local_box(S, &g);
+        for (int step = layer == 0 ? 0 : 2; step < (layer == 0 ? 2 : 3); step++) {
+            offset_fill(d.x, &db, step);
+            offset_fill(s.x, &sb, step);
+            run_both(Ld, Ls, &d, &s);
+            if (layer == 0) {
+                double e = gather_err(d.y, &db, &g, s.y);
+                if (e > 1e-9) {
+                    TEST_FAIL_("offset statistics, step %d: y error %.3e (tol 1e-9)", step, e);
+                }
+                continue;
+            }
+            for (int64_t k = 0; k < ddl_tensor_numel(d.y); k++) {
+                ASSERT_TRUE(isfinite(ddl_tensor_get(d.y, k)));
+            }
+            ddl_tensor_t *rm, *rv;
+            ASSERT_OK(ddl_batchnorm_running_stats(Ld, &rm, &rv));
+            ASSERT_TRUE(ddl_tensor_numel(rv) == 0 || ddl_tensor_get(rv, 0) >= (1.0 - 0.1) * 1.0);
+        }
+        io_free(&d);
+        io_free(&s);
+        ddl_layer_destroy(&Ld);
+        ddl_layer_destroy(&Ls);
+    }
+    ddl_partition_destroy(&P);
+    ddl_partition_destroy(&S);
+    if (ddl_test_rank == 0) {
+        printf("ok statistics of split ranks far from zero\n");
+    }
+}
+
 // ---- validation ----------------------------------------------------------------------
 
 static void test_validation(void)
@@ -499,6 +568,7 @@ int main(int argc, char **argv)
     int64_t live = ddl_alloc_bytes_live();
     test_validation();
     test_running_by_hand();
+    test_offset_statistics();
     int ws = world_size();
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         bn_case *c = &cases[i];

@@ -337,13 +337,13 @@ static void conv_estimate(spec_est *e, const spec_layer *L)
     double n = copy ? 1 : 2; // a buffer and (not in a copy) its gradient
     spec_est_add_param(e, Pw, spec_est_ceil_div(w + b, sp), halo ? (copy ? 1 : 1.5) : 0);
     // The feature layer (no P_w) keeps its workspace in the shared scratch, and its padded
-    // input and crop when the input is large (their gradients over the same bytes), a
-    // copy's as well (conv_setup). A small input's halo buffers are its own.
+    // input and crop when the input is large (their gradients over the same bytes), or in
+    // a copy (conv_setup). A small input's halo buffers in the model are its own.
     double ranks = L->P_in >= 0 && L->P_in < s->nparts ? s->parts[L->P_in].nranks : 1;
     double big   = spec_est_local_numel(s, &L->x_global, -1) * spec_est_item(e) / ranks >=
                  s->tuning.share_min_bytes;
     if (L->P_w < 0 && spec_est_shares(e)) {
-        bool   in_block = !halo || big;
+        bool   in_block = !halo || big || copy;
         double ws       = kernel_workspace(s, L, true, halo && in_block);
         if (halo && in_block) {
             add_window_halo(e, L, true, 1, ws);

@@ -833,11 +833,13 @@ static ddl_status conv_setup(ddl_layer_t *L, conv_impl *m, const ddl_partition_t
     int             nd  = c->ndim;
     bool            grads = ddl_layer_copy_source() == NULL; // a forward-only copy: no gradients
     // The feature layer shares its workspace, and its halo buffers when its input is
-    // large (ddl_layer_share_min_bytes; decided from global sizes, alike on every rank).
+    // large (ddl_layer_share_min_bytes; decided from global sizes, alike on every rank),
+    // or always in a forward-only copy: the threshold spares a small input the rebuild in
+    // backward, which a copy never runs.
     double per_rank =
         (double)ddl_shape_numel(xg) * (double)ddl_dtype_size(dt) / (double)ddl_partition_size(P_x);
     m->ws_shared = ddl_layer_scratch_shared() && c->kind == CONV_FEATURE;
-    m->shared    = m->ws_shared && (!c->halo || per_rank >= ddl_layer_share_min_bytes());
+    m->shared    = m->ws_shared && (!c->halo || !grads || per_rank >= ddl_layer_share_min_bytes());
 
     ddl_shape yg = {.ndim = nd, .d = {c->N, c->C_out}};
     for (int j = 0; j < c->nsp; j++) {

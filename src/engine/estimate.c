@@ -212,7 +212,7 @@ static void add_layer(spec_est *a, int li)
     }
     // A ReLU fused into its batch norm or add (spec_fused_relu_source) holds no output or
     // gradient of its own, only the scratch of a second consumer; a layer read only by an
-    // add no gradient of its own (spec_grad_alias_of).
+    // add or a batch norm no gradient of its own (spec_grad_alias_of).
     double copies = spec_fused_relu_source(s, li) >= 0 ? 0 : spec_grad_alias_of(s, li) >= 0 ? 1 : 2;
     if (!a->copy) {
         spec_est_add(a, L->P_out, SPEC_E_ACT, (copies + (uses > 1)) * yl * a->item);

@@ -537,10 +537,10 @@ static ddl_status build_slots(ddl_model_t *m)
     return DDL_OK;
 }
 
-// A producer read only by an add takes the add's gradient as its own
-// (spec_grad_alias_of). In reverse order, so that an add whose own gradient is a later
+// A producer read only by an add, or by a batch norm, takes that layer's gradient as its
+// own (spec_grad_alias_of). In reverse order, so that an add whose own gradient is a later
 // add's is resolved first. Before build_slots, which reads the gradients.
-static ddl_status share_add_gradients(ddl_model_t *m)
+static ddl_status share_gradients(ddl_model_t *m)
 {
     for (int t = m->nlayers - 1; t >= 0; t--) {
         int p = m->spec->order[t], i = spec_grad_alias_of(m->spec, p);
@@ -548,7 +548,7 @@ static ddl_status share_add_gradients(ddl_model_t *m)
             continue;
         }
         DDL_REQUIRE(ddl_shape_equal(&m->dact[p + 1]->shape, &m->dact[i + 1]->shape), DDL_EINTERNAL,
-                    "model: layers[%d]'s gradient and its add's differ", p);
+                    "model: layers[%d]'s gradient and its consumer's differ", p);
         ddl_tensor_destroy(&m->dact[p + 1]);
         DDL_CHECK(ddl_tensor_view(m->spec->dt, &m->dact[i + 1]->shape, m->dact[i + 1]->data,
                                   &m->dact[p + 1]));
@@ -575,7 +575,7 @@ static ddl_status build(ddl_model_t *m)
     ddl_layer_share_scratch(false, 0);
     DDL_CHECK(lst);
     if (m->full == NULL) { // a copy runs no backward
-        STAGE(share_add_gradients(m));
+        STAGE(share_gradients(m));
     }
     STAGE(build_slots(m));
     // A layer whose backward runs but whose operands' gradients nobody reads (a chain's
@@ -706,11 +706,11 @@ static ddl_status build_buckets(ddl_model_t *m)
 static ddl_status agree_tuning(ddl_model_t *m)
 {
     const ddl_spec_t  *s        = m->spec;
-    enum { NT = 4 };
+    enum { NT = 5 };
     static const char *names[NT] = {"DDL_SHARE_SCRATCH", "DDL_SHARE_MIN_BYTES", "DDL_FUSE_BN_RELU",
-                                    "DDL_FUSE_ADD_RELU"};
+                                    "DDL_FUSE_ADD_RELU", "DDL_SHARE_BN_GRAD"};
     double v[NT] = {s->tuning.share_scratch, s->tuning.share_min_bytes, s->tuning.fuse_bn_relu,
-                    s->tuning.fuse_add_relu};
+                    s->tuning.fuse_add_relu, s->tuning.share_bn_grad};
     double mine[2 * NT], all[2 * NT];
     for (int i = 0; i < NT; i++) {
         mine[i]      = v[i];
@@ -1562,6 +1562,15 @@ int ddl__model_fused_count(const ddl_model_t *m)
     int n = 0;
     for (int i = 0; i < m->nlayers; i++) {
         n += m->fused[i];
+    }
+    return n;
+}
+
+int ddl__model_grad_alias_count(const ddl_model_t *m)
+{
+    int n = 0;
+    for (int i = 0; i < m->nlayers && m->full == NULL; i++) {
+        n += spec_grad_alias_of(m->spec, i) >= 0;
     }
     return n;
 }

@@ -16,6 +16,9 @@ ddl_status ddl__model_named_state(ddl_model_t *m, bool with_optim, ddl_named_ten
 // How many layers the model runs fused into the layer before them (a ReLU into its batch
 // norm or add, spec_fused_relu_source). For tests. Local.
 int ddl__model_fused_count(const ddl_model_t *m);
+// For tests: how many layers' output gradients are views of their consumer's
+// (spec_grad_alias_of): 0 in a forward-only copy.
+int ddl__model_grad_alias_count(const ddl_model_t *m);
 // The bytes of the layers' shared scratch block (give_scratch; 0 without one), and how
 // many layers (with the copies') use it. For tests. Local.
 size_t ddl__model_scratch_bytes(const ddl_model_t *m, int *users);

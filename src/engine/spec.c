@@ -1369,6 +1369,7 @@ static ddl_status spec_read_tuning(ddl_spec_t *s)
     DDL_CHECK(env_switch("DDL_SHARE_SCRATCH", true, &s->tuning.share_scratch));
     DDL_CHECK(env_switch("DDL_FUSE_BN_RELU", true, &s->tuning.fuse_bn_relu));
     DDL_CHECK(env_switch("DDL_FUSE_ADD_RELU", true, &s->tuning.fuse_add_relu));
+    DDL_CHECK(env_switch("DDL_SHARE_BN_GRAD", true, &s->tuning.share_bn_grad));
     const char *v             = env_setting("DDL_SHARE_MIN_BYTES");
     s->tuning.share_min_bytes = 2.0 * 1024 * 1024;
     DDL_REQUIRE(v == NULL || ddl_parse_bytes(v, &s->tuning.share_min_bytes), DDL_EINVAL,
@@ -1607,9 +1608,24 @@ int spec_grad_alias_of(const ddl_spec_t *s, int p)
             }
         }
     }
-    if (uses != 1 || strcmp(s->layers[consumer].kind->stem, "add") != 0 ||
-        s->layers[consumer].P_in != s->layers[p].P_out) {
+    if (uses != 1 || s->layers[consumer].P_in != s->layers[p].P_out) {
         return -1;
+    }
+    const char *stem = s->layers[consumer].kind->stem;
+    if (strcmp(stem, "add") == 0) {
+        return consumer;
+    }
+    // A batch norm overwrites its dy with its dx: where that dy is its own, or an add's
+    // whose other operands have gradients of their own (copied from it before).
+    if (!s->tuning.share_bn_grad || strcmp(stem, "batchnorm") != 0) {
+        return -1;
+    }
+    int a = spec_grad_alias_of(s, consumer);
+    for (int k = 0; a >= 0 && k < s->layers[a].nin; k++) {
+        int q = s->layers[a].in[k];
+        if (q != consumer && q != SPEC_INPUT && spec_grad_alias_of(s, q) == a) {
+            return -1;
+        }
     }
     return consumer;
 }

@@ -107,6 +107,7 @@ struct ddl_spec {
     //                        (ddl_layer_share_scratch)
     //   DDL_FUSE_BN_RELU     0 or 1 (default 1): fuse_bn_relu (spec_fused_relu_source)
     //   DDL_FUSE_ADD_RELU    0 or 1 (default 1): fuse_add_relu (spec_fused_relu_source)
+    //   DDL_SHARE_BN_GRAD    0 or 1 (default 1): share_bn_grad (spec_grad_alias_of)
     // and, checked only (their readers are below the engine): DDL_MEMORY_LIMIT (a byte
     // count > 0, ddl_mem_available) and DDL_CONV_DIRECT (ddl_conv_direct_setting_ok).
     struct {
@@ -114,6 +115,7 @@ struct ddl_spec {
         double share_min_bytes;
         bool   fuse_bn_relu;
         bool   fuse_add_relu;
+        bool   share_bn_grad;
     } tuning;
 };
 
@@ -140,11 +142,18 @@ static inline int spec_node_partition(const ddl_spec_t *s, int n)
 // DDL_FUSE_ADD_RELU=0 in the environment turn each off (for comparing; fused and unfused
 // give the same bits): s->tuning.
 int spec_fused_relu_source(const ddl_spec_t *s, int j);
-// The add layer whose output gradient is also layer p's (the model makes p's gradient a
-// view of the add's, so the add's backward has nothing to copy for it), or -1. It is when
-// that add is p's only consumer, on p's output partition, and p is no fused ReLU (whose
-// gradient is its batch norm's). Safe because nothing writes either gradient once the
-// add's backward has run: the add's consumers ran before it, and p has no other.
+// The layer whose output gradient is also layer p's (the model makes p's gradient a view
+// of that layer's), or -1: p's only consumer, on p's output partition, p no fused ReLU
+// (whose gradient is its batch norm's), and either
+//   - an add: its backward has nothing to copy for p. Safe because nothing writes either
+//     gradient once the add's backward has run: the add's consumers ran before it, and p
+//     has no other;
+//   - a batch norm (with share_bn_grad): its backward overwrites its dy with its dx,
+//     element by element after reading it, so the write finds its line in cache and p's
+//     gradient needs no memory of its own. Where that dy is the batch norm's own, or an
+//     add's whose other operands have gradients of their own. Safe because nothing reads
+//     that dy after the batch norm's backward: its consumers ran before it, and so did
+//     the add, which copied it to its other operands.
 int spec_grad_alias_of(const ddl_spec_t *s, int p);
 // Whether the model's layers share one scratch block for what lives only within a call
 // (ddl_layer_share_scratch; the estimate counts the largest need, not the sum).

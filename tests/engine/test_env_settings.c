@@ -1,7 +1,6 @@
 // The engine's settings from the environment (DDL_SHARE_SCRATCH, DDL_SHARE_MIN_BYTES,
-// DDL_FUSE_BN_RELU, DDL_FUSE_ADD_RELU, DDL_MEMORY_LIMIT, DDL_CONV_DIRECT, DDL_HALO_OVERLAP;
-// engine/spec_internal.h,
-// `tuning`):
+// DDL_FUSE_BN_RELU, DDL_FUSE_ADD_RELU, DDL_SHARE_BN_GRAD, DDL_MEMORY_LIMIT, DDL_CONV_DIRECT,
+// DDL_HALO_OVERLAP; engine/spec_internal.h, `tuning`):
 //   - ddl_parse_bytes takes what a byte count is and nothing else;
 //   - a bad value fails the spec parse and the model's creation with DDL_EINVAL, naming
 //     the variable and the value, and leaves nothing allocated (each of them used to fall
@@ -153,7 +152,7 @@ int main(int argc, char **argv)
         {"DDL_SHARE_MIN_BYTES", "2MB"}, {"DDL_MEMORY_LIMIT", "abc"},
         {"DDL_MEMORY_LIMIT", "0"},      {"DDL_CONV_DIRECT", "avx512x"},
         {"DDL_CONV_DIRECT", "off"},     {"DDL_HALO_OVERLAP", "2"},
-        {"DDL_HALO_OVERLAP", "on"}};
+        {"DDL_HALO_OVERLAP", "on"},     {"DDL_SHARE_BN_GRAD", "yes"}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         check_refused(bad[i][0], bad[i][1], true);
     }
@@ -174,11 +173,13 @@ int main(int argc, char **argv)
         check_refused("DDL_SHARE_MIN_BYTES", "12 MiB", ddl_test_rank == 1);
         check_refused("DDL_FUSE_BN_RELU", "true", ddl_test_rank == 1);
         check_refused("DDL_FUSE_ADD_RELU", "no", ddl_test_rank == 1);
+        check_refused("DDL_SHARE_BN_GRAD", "2", ddl_test_rank == 1);
         // Good values that differ: both fail, with one message.
         static const char *const differ[][2] = {{"DDL_SHARE_SCRATCH", "0"},
                                                 {"DDL_SHARE_MIN_BYTES", "1M"},
                                                 {"DDL_FUSE_BN_RELU", "0"},
-                                                {"DDL_FUSE_ADD_RELU", "0"}};
+                                                {"DDL_FUSE_ADD_RELU", "0"},
+                                                {"DDL_SHARE_BN_GRAD", "0"}};
         for (size_t i = 0; i < sizeof differ / sizeof differ[0]; i++) {
             char *t = spec_text();
             if (ddl_test_rank == 1) {

@@ -498,8 +498,9 @@ static ddl_status build_slots(ddl_model_t *m)
         }
     }
     // In reverse order, the first backward to reach a needed gradient writes it; every
-    // later one writes its slot's scratch, then adds it in. Unneeded gradients (the
-    // input's, those leading to no parameter) are overwritten and never read.
+    // later one adds into it where the layer can (ddl_layer_set_dx_add: a convolution),
+    // else writes its slot's scratch, then adds it in. Unneeded gradients (the input's,
+    // those leading to no parameter) are overwritten and never read.
     size_t need[SPEC_MAX_INPUTS] = {0};
     for (int t = n - 1; t >= 0; t--) {
         int i = s->order[t];
@@ -510,7 +511,7 @@ static ddl_status build_slots(ddl_model_t *m)
             if (!m->run_back[i] || p == SPEC_INPUT || !m->run_back[p]) {
                 continue;
             }
-            if (seen[p]) {
+            if (seen[p] && !(s->layers[i].nin == 1 && ddl_layer_set_dx_add(m->layers[i], true))) {
                 m->dx_sum[j] = m->dact[p + 1];
                 m->dx_to[j]  = NULL; // a scratch view, below
                 size_t bytes = ddl_tensor_bytes(m->dact[p + 1]);

@@ -726,16 +726,18 @@ static ddl_status conv_backward(ddl_layer_t *L, const ddl_tensor_t *dy, ddl_tens
     // With the shared scratch in a halo layout the input's gradient takes the padded
     // input's place: dw and db first, from the input, then dx (which reads only dy and
     // w) over it.
+    // With dx_add (conv_can_add_dx: gin is dx itself) the kernel adds into it instead.
     bool  alias = m->shared && m->halo != NULL;
     void *gin   = L->dx_unused ? NULL : (fan ? m->dxw->data : gx);
-    if (gin != NULL && (fan ? m->in_w : m->in_x) && !alias) {
+    if (gin != NULL && (fan ? m->in_w : m->in_x) && !alias && !L->dx_add) {
         dx_clear_rest(m, dt, gin, fan ? m->nx_leaf : m->nx_blk);
     }
     void *dw, *db;
     kernel_grads(L, m, &dw, &db);
     if (m->work) {
         DDL_CHECK(ddl_conv_backward_ex(dt, &m->g, alias ? NULL : gin, dw, db, gy, m->conv_in,
-                                       kernel_w(L, m), m->ws, m->ws_bytes, DDL_CONV_DX_SET));
+                                       kernel_w(L, m), m->ws, m->ws_bytes,
+                                       L->dx_add ? 0u : DDL_CONV_DX_SET));
     }
     if (alias && gin != NULL && m->in_x) {
         dx_clear_rest(m, dt, gin, m->nx_blk);
@@ -814,11 +816,20 @@ static bool borrow_ws(conv_impl *m, const ddl_layer_t *from)
     return true;
 }
 
+// Backward can add into dx where its kernel writes dx itself: no halo (whose adjoint
+// overwrites the bulk), no fan-out over channels (whose sum overwrites), no staging.
+static bool conv_can_add_dx(const ddl_layer_t *L)
+{
+    const conv_impl *m = L->impl;
+    return m->x_bc == NULL && !m->c.halo && !m->dx_staged;
+}
+
 static const ddl_layer_ops conv_ops = {
     .forward     = conv_forward,
     .backward    = conv_backward,
     .destroy     = conv_destroy,
     .set_scratch = conv_set_scratch,
+    .can_add_dx  = conv_can_add_dx,
 };
 
 // Builds everything of a validated layer. P_y and P_w are P_x for the feature layer.

@@ -502,6 +502,12 @@ void ddl_layer_set_dx_unused(ddl_layer_t *L, bool unused)
     L->dx_unused = unused;
 }
 
+bool ddl_layer_set_dx_add(ddl_layer_t *L, bool add)
+{
+    L->dx_add = add && L->ops->can_add_dx != NULL && L->ops->can_add_dx(L);
+    return L->dx_add;
+}
+
 void ddl_layer_set_io_fixed(ddl_layer_t *L, bool fixed)
 {
     L->io_fixed = fixed;

@@ -31,6 +31,9 @@ typedef struct ddl_layer_ops {
     // its per-call buffers into p, a block of scratch_bytes (DDL_ALIGN-aligned) that
     // other layers use between its calls.
     void (*set_scratch)(ddl_layer_t *L, void *p);
+    // Optional: whether backward can add dx into its argument instead of overwriting it
+    // (ddl_layer_set_dx_add). Without it, the layer overwrites.
+    bool (*can_add_dx)(const ddl_layer_t *L);
 } ddl_layer_ops;
 
 struct ddl_layer {
@@ -52,6 +55,7 @@ struct ddl_layer {
     ddl_param              params[DDL_LAYER_MAX_PARAMS];
     ddl_layer_traffic      traffic;   // kept by ddl_layer_traffic_end
     bool                   dx_unused; // the caller ignores dx (ddl_layer_set_dx_unused)
+    bool                   dx_add;    // backward adds dx into its argument (ddl_layer_set_dx_add)
     bool                   io_fixed;  // no agreement on the tensors (ddl_layer_set_io_fixed)
     bool                   borrowed;  // params[k].value borrowed, no grad (lend_params)
     bool                   forwarded; // a forward was called (on every rank alike: collective)

@@ -414,12 +414,73 @@ static void check_placement(void)
     }
 }
 
+// ddl_layer_set_dx_add: a convolution whose kernel writes its input block in place adds
+// its dx into the argument (a model's later consumer of a tensor); one with a halo
+// refuses and keeps overwriting. Added: base + dx within rounding (the direct kernels add
+// each finished element once, the same bits as a copy added in; im2col's col2im adds tap
+// by tap), and never the overwritten dx alone.
+static void check_dx_add(void)
+{
+    int             one[4] = {1, 1, 1, 1}, split[4] = {1, 1, 2, 1};
+    ddl_shape       xg = ddl_shape_make(4, (int64_t[]){3, 4, 9, 9});
+    ddl_conv_params p  = {.nsp          = 2,
+                          .in_channels  = 4,
+                          .out_channels = 5,
+                          .kernel       = {3, 3},
+                          .stride       = {1, 1},
+                          .padding      = {1, 1},
+                          .dilation     = {1, 1}};
+    for (int halo = 0; halo < 2 && (halo == 0 || world_size() >= 2); halo++) {
+        ddl_partition_t *P = ddl_test_partition_range(0, 4, halo ? split : one);
+        ddl_layer_t     *L = NULL;
+        ASSERT_OK(ddl_conv_create(P, NULL, NULL, DDL_F64, &xg, &p, &L));
+        ddl_layer_init_params(L, 5, 300);
+        ddl_tensor_t *x, *y, *dy, *set, *sum;
+        ASSERT_OK(ddl_tensor_create(DDL_F64, ddl_layer_x_shape(L), &x));
+        ASSERT_OK(ddl_tensor_create(DDL_F64, ddl_layer_y_shape(L), &y));
+        ASSERT_OK(ddl_tensor_create(DDL_F64, ddl_layer_y_shape(L), &dy));
+        ASSERT_OK(ddl_tensor_create(DDL_F64, ddl_layer_x_shape(L), &set));
+        ASSERT_OK(ddl_tensor_create(DDL_F64, ddl_layer_x_shape(L), &sum));
+        layer_test_fill(x, P, &xg, 41);
+        layer_test_fill(dy, ddl_layer_P_out(L), ddl_layer_y_global(L), 42);
+        layer_test_fill(set, P, &xg, 43); // overwritten
+        layer_test_fill(sum, P, &xg, 44); // the base added into
+        ASSERT_OK(ddl_layer_forward(L, x, y));
+        ASSERT_OK(ddl_layer_backward(L, dy, set));
+        ASSERT_TRUE(ddl_layer_set_dx_add(L, true) == !halo);
+        ddl_tensor_t *base = NULL;
+        ASSERT_OK(ddl_tensor_create(DDL_F64, ddl_layer_x_shape(L), &base));
+        ASSERT_OK(ddl_tensor_copy(sum, base));
+        ASSERT_OK(ddl_layer_backward(L, dy, sum));
+        double err = 0.0, moved = 0.0;
+        for (int64_t i = 0; i < ddl_tensor_numel(sum); i++) {
+            double b = ddl_tensor_get(base, i), d = ddl_tensor_get(set, i);
+            double want = halo ? d : b + d, got = ddl_tensor_get(sum, i);
+            err   = fmax(err, fabs(got - want) / fmax(1.0, fabs(want)));
+            moved = fmax(moved, fabs(got - d));
+        }
+        ASSERT_TRUE(err <= 1e-13);
+        ASSERT_TRUE(halo ? moved == 0.0 : ddl_tensor_numel(sum) == 0 || moved > 0.1);
+        ASSERT_TRUE(!ddl_layer_set_dx_add(L, false));
+        ddl_tensor_t *ts[] = {x, y, dy, set, sum, base};
+        for (size_t i = 0; i < sizeof ts / sizeof ts[0]; i++) {
+            ddl_tensor_destroy(&ts[i]);
+        }
+        ddl_layer_destroy(&L);
+        ddl_partition_destroy(&P);
+    }
+    if (ddl_test_rank == 0) {
+        printf("ok dx added into its argument (and refused with a halo)\n");
+    }
+}
+
 int main(int argc, char **argv)
 {
     ddl_test_mpi_init(&argc, &argv);
     int64_t live = ddl_alloc_bytes_live();
     check_errors();
     check_placement();
+    check_dx_add();
     for (size_t i = 0; i < sizeof feature_cases / sizeof feature_cases[0]; i++) {
         run_case(&feature_cases[i]);
     }

@@ -132,6 +132,13 @@ DDL_EXTERN void       ddl_layer_set_rng_step(ddl_layer_t *L, uint64_t step);
 // does not compute its local dx either), and leaves dx unspecified; parameter gradients
 // are unchanged. Every rank must set the same value.
 DDL_EXTERN void       ddl_layer_set_dx_unused(ddl_layer_t *L, bool unused);
+// Asks backward to add the input gradient into dx instead of overwriting it (a model's
+// later consumer of a tensor, which would otherwise write a scratch copy and add that in).
+// Returns whether the layer does: a convolution whose kernel writes this rank's input
+// block in place (no halo, no fan-out over channels, no staging), which adds each element
+// of its own dx into dx once, so the sum is the one the copy would have given. Other
+// layers keep overwriting; add false restores that. Local: ranks may differ.
+DDL_EXTERN bool ddl_layer_set_dx_add(ddl_layer_t *L, bool add);
 // Halo exchanges behind computation (issue 19, item 5), for the convolutions on a feature
 // partition that keep their own halo buffers: backward computes dx first, starts its
 // exchange (H*), and computes dw and sums it onto the owners (B_w*) while the exchange

@@ -1594,6 +1594,16 @@ bool spec_share_scratch(const ddl_spec_t *s)
     return s->tuning.share_scratch;
 }
 
+// Layer i's place in the topological order (s->order).
+static int order_pos(const ddl_spec_t *s, int i)
+{
+    int t = 0;
+    while (t < s->nlayers && s->order[t] != i) {
+        t++;
+    }
+    return t;
+}
+
 int spec_grad_alias_of(const ddl_spec_t *s, int p)
 {
     if (spec_fused_relu_source(s, p) >= 0) {
@@ -1616,14 +1626,16 @@ int spec_grad_alias_of(const ddl_spec_t *s, int p)
         return consumer;
     }
     // A batch norm overwrites its dy with its dx: where that dy is its own, or an add's
-    // whose other operands have gradients of their own (copied from it before).
+    // whose other operands have gradients of their own (copied from it before) or read it
+    // in backwards that run before this one's (later in the topological order).
     if (!s->tuning.share_bn_grad || strcmp(stem, "batchnorm") != 0) {
         return -1;
     }
     int a = spec_grad_alias_of(s, consumer);
     for (int k = 0; a >= 0 && k < s->layers[a].nin; k++) {
         int q = s->layers[a].in[k];
-        if (q != consumer && q != SPEC_INPUT && spec_grad_alias_of(s, q) == a) {
+        if (q != consumer && q != SPEC_INPUT && spec_grad_alias_of(s, q) == a &&
+            order_pos(s, q) < order_pos(s, consumer)) {
             return -1;
         }
     }

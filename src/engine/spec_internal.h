@@ -151,9 +151,10 @@ int spec_fused_relu_source(const ddl_spec_t *s, int j);
 //   - a batch norm (with share_bn_grad): its backward overwrites its dy with its dx,
 //     element by element after reading it, so the write finds its line in cache and p's
 //     gradient needs no memory of its own. Where that dy is the batch norm's own, or an
-//     add's whose other operands have gradients of their own. Safe because nothing reads
-//     that dy after the batch norm's backward: its consumers ran before it, and so did
-//     the add, which copied it to its other operands.
+//     add's whose other operands have gradients of their own or run their backward
+//     before this one (later in the topological order). Safe because nothing reads that
+//     dy after the batch norm's backward: its consumers ran before it, and so did the add,
+//     which copied it to its other operands, and those other operands that share it.
 int spec_grad_alias_of(const ddl_spec_t *s, int p);
 // Whether the model's layers share one scratch block for what lives only within a call
 // (ddl_layer_share_scratch; the estimate counts the largest need, not the sum).

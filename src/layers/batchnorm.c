@@ -26,8 +26,8 @@
 // passes), and sends [s_i | q_i + n_i (m_i - K)^2], K the mean of the last training
 // forward (the same on every rank: it came in the broadcast; 0 before the first). On
 // P_sum, with S = R(s) and Q = R(q + n (m - K)^2):
-//   mean = S / V,  var = Q / V - (mean - K)^2     (sum_i q_i + n_i (m_i - mean)^2 = Q - V (mean -
-//   K)^2)
+//   mean = S / V,  var = Q / V - (mean - K)^2
+// (since sum_i q_i + n_i (m_i - mean)^2 = Q - V (mean - K)^2)
 // and [mean | var | gamma | beta] go back in one broadcast: one SumReduce and one
 // Broadcast per forward, where the statistics one after the other (DistDL's second pass
 // over the global mean) and gamma | beta took five. A rank that holds every value of its
@@ -85,19 +85,19 @@ typedef struct bn_impl {
     int64_t           N, C, S;     // local block [N, C_loc, S] of x
     int64_t           V;           // global count per channel
     int64_t           nbt;         // num_batches_tracked
-    // Primitives, all f64: the SumReduce of a pair [2 C_loc] (the forward's [s | q + s m],
-    // the backward's [s1 | s2]), its Broadcast (the backward's), and the forward's
-    // Broadcast of [mean | var | gamma | beta] ([W C_loc], W = 4, or 2 without affine).
+    // Primitives, all f64: the SumReduce of a pair [2 C_loc] (the forward's
+    // [s | q + n (m - K)^2], the backward's [s1 | s2]), its Broadcast (the backward's), and
+    // the forward's Broadcast of [mean | var | gamma | beta] ([4 C_loc], [2 C_loc] without
+    // affine).
     ddl_sum_reduce_t *sr2;
     ddl_broadcast_t  *bc2, *bcs;
-    int64_t           W;
     bool              shifted; // st holds a training forward's mean (the shift K)
     // Buffers (zero-volume where the rank holds no such piece).
     ddl_tensor_t     *mean, *var;    // [C_loc] f64: broadcast statistics
     ddl_tensor_t     *invstd;        // [C_loc] f64
     ddl_tensor_t     *loc2, *red2;   // [2 C_loc] f64: a pair local, reduced (P_sum)
     ddl_tensor_t     *g2;            // [2 C_loc] f64: [s1 | s2] global, on every P_x rank
-    ddl_tensor_t     *st_src, *st;   // [W C_loc] f64: mean | var | gamma | beta on P_sum, on P_x
+    ddl_tensor_t     *st_src, *st;   // bcs's: mean | var | gamma | beta on P_sum, on P_x
     ddl_tensor_t     *ab;            // [2 C_loc] dt: gamma | beta on P_x
     const void       *x_saved;       // the caller's x of the last forward (not a copy)
     const void       *y_saved;       // and its y, with a fused ReLU (the ReLU's mask)
@@ -403,9 +403,9 @@ ddl_status ddl_batchnorm_create(const ddl_partition_t *P_x, ddl_dtype dt,
     // Primitives and buffers: [C_loc] on P_x ranks (zero elsewhere); the reduced
     // vectors and the owned parameters only on P_sum.
     int64_t   Cx = b->C, Cr = b->root ? b->C : 0;
-    b->W         = affine ? 4 : 2;
+    int64_t   W  = affine ? 4 : 2; // [mean | var | gamma | beta], or [mean | var]
     ddl_shape s2 = ddl_shape_make(1, (int64_t[]){2 * Cx});
-    ddl_shape sw = ddl_shape_make(1, (int64_t[]){b->W * Cx});
+    ddl_shape sw = ddl_shape_make(1, (int64_t[]){W * Cx});
     DDL_CHECK_GOTO(ddl_agree(U, ddl_sum_reduce_create(P_x, b->P_sum, false, false, DDL_F64, &s2, &b->sr2)), st,
                    fail);
     DDL_CHECK_GOTO(ddl_agree(U, ddl_broadcast_create(b->P_sum, P_x, false, false, DDL_F64, &s2, &b->bc2)), st,
@@ -419,8 +419,8 @@ ddl_status ddl_batchnorm_create(const ddl_partition_t *P_x, ddl_dtype dt,
     DDL_CHECK_GOTO(vec(DDL_F64, 2 * Cx, &b->loc2), st, fail);
     DDL_CHECK_GOTO(vec(DDL_F64, 2 * Cr, &b->red2), st, fail);
     DDL_CHECK_GOTO(vec(DDL_F64, 2 * Cx, &b->g2), st, fail);
-    DDL_CHECK_GOTO(vec(DDL_F64, b->W * Cr, &b->st_src), st, fail);
-    DDL_CHECK_GOTO(vec(DDL_F64, b->W * Cx, &b->st), st, fail);
+    DDL_CHECK_GOTO(vec(DDL_F64, W * Cr, &b->st_src), st, fail);
+    DDL_CHECK_GOTO(vec(DDL_F64, W * Cx, &b->st), st, fail);
     DDL_CHECK_GOTO(vec(dt, affine ? 2 * Cx : 0, &b->ab), st, fail);
     DDL_CHECK_GOTO(vec(dt, Cx, &b->run_mean), st, fail);
     DDL_CHECK_GOTO(vec(dt, Cx, &b->run_var), st, fail);
